@@ -1,0 +1,319 @@
+//! Generation messages: the request a frontend sends a worker, the token chunks and the finish that come back.
+//!
+//! Owned, checked values and their FlatBuffers conversion; no sampling or model logic lives here.
+
+use flatbuffers::{FlatBufferBuilder, WIPOffset};
+
+use super::check::{self, invalid};
+use super::{MessageError, fb};
+
+/// Sampling parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// Temperature in [0, `MAX_TEMPERATURE`]; 0 is greedy.
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1].
+    pub top_p: f32,
+    /// Top-k cut-off; 0 is off.
+    pub top_k: u32,
+    /// Seed of the request's random stream; `None` lets the worker choose.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams { temperature: 1.0, top_p: 1.0, top_k: 0, seed: None }
+    }
+}
+
+impl SamplingParams {
+    fn check(&self) -> Result<(), MessageError> {
+        check::range("SamplingParams.temperature", self.temperature, 0.0, check::MAX_TEMPERATURE)?;
+        if !(self.top_p.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(invalid("SamplingParams.top_p", format!("{} is outside (0, 1]", self.top_p)));
+        }
+        Ok(())
+    }
+
+    fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::SamplingParams<'b>> {
+        fb::SamplingParams::create(
+            fbb,
+            &fb::SamplingParamsArgs {
+                temperature: self.temperature,
+                top_p: self.top_p,
+                top_k: self.top_k,
+                seed: self.seed,
+            },
+        )
+    }
+
+    fn read(t: Option<fb::SamplingParams<'_>>) -> Self {
+        t.map(|t| SamplingParams { temperature: t.temperature(), top_p: t.top_p(), top_k: t.top_k(), seed: t.seed() })
+            .unwrap_or_default()
+    }
+}
+
+/// The prompt: rendered text, or token ids of the model's tokenizer.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// Text already rendered with the model's chat template.
+    Text(String),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+/// Run a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateRequest {
+    /// Client-visible request id.
+    pub request_id: String,
+    /// W3C traceparent of the caller's span, empty for none.
+    pub trace_id: String,
+    /// Concrete model id.
+    pub model: String,
+    /// The prompt (never empty).
+    pub prompt: Prompt,
+    /// Sampling parameters.
+    pub sampling: SamplingParams,
+    /// Output token limit, at least 1.
+    pub max_tokens: u32,
+    /// Strings that end generation.
+    pub stop_sequences: Vec<String>,
+    /// One chunk per decode step (true) or one at the end (false).
+    pub stream: bool,
+    /// Return per-token log-probabilities.
+    pub logprobs: bool,
+}
+
+impl GenerateRequest {
+    pub(crate) fn check(&self) -> Result<(), MessageError> {
+        check::id("GenerateRequest.request_id", &self.request_id)?;
+        check::text("GenerateRequest.trace_id", &self.trace_id, 0, check::MAX_ID_LEN)?;
+        check::id("GenerateRequest.model", &self.model)?;
+        let empty = match &self.prompt {
+            Prompt::Text(text) => text.is_empty(),
+            Prompt::Tokens(tokens) => tokens.is_empty(),
+        };
+        if empty {
+            return Err(invalid("GenerateRequest.prompt", "must not be empty"));
+        }
+        self.sampling.check()?;
+        if self.max_tokens == 0 {
+            return Err(invalid("GenerateRequest.max_tokens", "must be at least 1"));
+        }
+        check::count("GenerateRequest.stop_sequences", self.stop_sequences.len(), check::MAX_STOP_SEQUENCES)?;
+        for stop in &self.stop_sequences {
+            if stop.is_empty() || stop.len() > check::MAX_STOP_SEQUENCE_LEN {
+                return Err(invalid(
+                    "GenerateRequest.stop_sequences",
+                    format!("each must be 1 to {} bytes", check::MAX_STOP_SEQUENCE_LEN),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::GenerateRequest<'b>> {
+        let request_id = fbb.create_string(&self.request_id);
+        let trace_id = fbb.create_string(&self.trace_id);
+        let model = fbb.create_string(&self.model);
+        let (prompt_text, prompt_tokens) = match &self.prompt {
+            Prompt::Text(text) => (Some(fbb.create_string(text)), None),
+            Prompt::Tokens(tokens) => (None, Some(fbb.create_vector(tokens))),
+        };
+        let sampling = self.sampling.write(fbb);
+        let stops: Vec<_> = self.stop_sequences.iter().map(|s| fbb.create_string(s)).collect();
+        let stops = fbb.create_vector(&stops);
+        fb::GenerateRequest::create(
+            fbb,
+            &fb::GenerateRequestArgs {
+                request_id: Some(request_id),
+                trace_id: Some(trace_id),
+                model: Some(model),
+                prompt_text,
+                prompt_tokens,
+                sampling: Some(sampling),
+                max_tokens: self.max_tokens,
+                stop_sequences: Some(stops),
+                stream: self.stream,
+                logprobs: self.logprobs,
+            },
+        )
+    }
+
+    pub(crate) fn read(t: fb::GenerateRequest<'_>) -> Result<Self, MessageError> {
+        let text = t.prompt_text().filter(|s| !s.is_empty());
+        let tokens = t.prompt_tokens().filter(|v| !v.is_empty());
+        let prompt = match (text, tokens) {
+            (Some(text), None) => Prompt::Text(text.to_owned()),
+            (None, Some(tokens)) => Prompt::Tokens(tokens.iter().collect()),
+            (Some(_), Some(_)) => {
+                return Err(invalid("GenerateRequest.prompt", "both prompt_text and prompt_tokens are set"));
+            }
+            (None, None) => return Err(invalid("GenerateRequest.prompt", "must not be empty")),
+        };
+        let stops = t.stop_sequences().unwrap_or_default();
+        check::count("GenerateRequest.stop_sequences", stops.len(), check::MAX_STOP_SEQUENCES)?;
+        let msg = GenerateRequest {
+            request_id: t.request_id().to_owned(),
+            trace_id: t.trace_id().unwrap_or_default().to_owned(),
+            model: t.model().to_owned(),
+            prompt,
+            sampling: SamplingParams::read(t.sampling()),
+            max_tokens: t.max_tokens(),
+            stop_sequences: stops.iter().map(str::to_owned).collect(),
+            stream: t.stream(),
+            logprobs: t.logprobs(),
+        };
+        msg.check()?;
+        Ok(msg)
+    }
+}
+
+/// Tokens produced since the last chunk.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct TokenChunk {
+    /// Token ids, in order.
+    pub token_ids: Vec<u32>,
+    /// Text these tokens decode to (may lag behind the ids while a character or stop sequence is pending).
+    pub text_delta: String,
+    /// One log-probability per token id, when requested.
+    pub logprobs: Option<Vec<f32>>,
+}
+
+impl TokenChunk {
+    pub(crate) fn check(&self) -> Result<(), MessageError> {
+        if let Some(lp) = &self.logprobs {
+            if lp.len() != self.token_ids.len() {
+                return Err(invalid(
+                    "TokenChunk.logprobs",
+                    format!("{} values for {} tokens", lp.len(), self.token_ids.len()),
+                ));
+            }
+            if lp.iter().any(|p| p.is_nan() || *p > 0.0) {
+                return Err(invalid("TokenChunk.logprobs", "log-probabilities must be <= 0"));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::TokenChunk<'b>> {
+        let token_ids = fbb.create_vector(&self.token_ids);
+        let text_delta = fbb.create_string(&self.text_delta);
+        let logprobs = self.logprobs.as_deref().map(|lp| fbb.create_vector(lp));
+        fb::TokenChunk::create(
+            fbb,
+            &fb::TokenChunkArgs { token_ids: Some(token_ids), text_delta: Some(text_delta), logprobs },
+        )
+    }
+
+    pub(crate) fn read(t: fb::TokenChunk<'_>) -> Result<Self, MessageError> {
+        let msg = TokenChunk {
+            token_ids: t.token_ids().map(|v| v.iter().collect()).unwrap_or_default(),
+            text_delta: t.text_delta().unwrap_or_default().to_owned(),
+            logprobs: t.logprobs().map(|v| v.iter().collect()),
+        };
+        msg.check()?;
+        Ok(msg)
+    }
+}
+
+/// Why a generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StopReason {
+    /// End-of-turn token.
+    EndTurn,
+    /// `max_tokens` reached.
+    MaxTokens,
+    /// A stop sequence matched.
+    StopSequence,
+}
+
+impl StopReason {
+    /// The Anthropic API's name for it.
+    pub fn name(self) -> &'static str {
+        match self {
+            StopReason::EndTurn => "end_turn",
+            StopReason::MaxTokens => "max_tokens",
+            StopReason::StopSequence => "stop_sequence",
+        }
+    }
+}
+
+/// Token counts of one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u32,
+    /// Generated tokens.
+    pub output_tokens: u32,
+    /// Prompt tokens served from cached KV blocks.
+    pub cached_input_tokens: u32,
+}
+
+/// Successful end of a generation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finish {
+    /// Why it ended.
+    pub stop_reason: StopReason,
+    /// The matched stop sequence, when `stop_reason` is `StopSequence`.
+    pub stop_sequence: Option<String>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+impl Finish {
+    pub(crate) fn check(&self) -> Result<(), MessageError> {
+        match (&self.stop_reason, &self.stop_sequence) {
+            (StopReason::StopSequence, Some(s)) if !s.is_empty() && s.len() <= check::MAX_STOP_SEQUENCE_LEN => Ok(()),
+            (StopReason::StopSequence, _) => {
+                Err(invalid("Finish.stop_sequence", "must name the matched stop sequence"))
+            }
+            (_, Some(_)) => Err(invalid("Finish.stop_sequence", "set although stop_reason is not stop_sequence")),
+            (_, None) => Ok(()),
+        }?;
+        if self.usage.cached_input_tokens > self.usage.input_tokens {
+            return Err(invalid("Finish.usage.cached_input_tokens", "exceeds input_tokens"));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::Finish<'b>> {
+        let stop_sequence = self.stop_sequence.as_deref().map(|s| fbb.create_string(s));
+        let usage = fb::Usage::create(
+            fbb,
+            &fb::UsageArgs {
+                input_tokens: self.usage.input_tokens,
+                output_tokens: self.usage.output_tokens,
+                cached_input_tokens: self.usage.cached_input_tokens,
+            },
+        );
+        let stop_reason = match self.stop_reason {
+            StopReason::EndTurn => fb::StopReason::EndTurn,
+            StopReason::MaxTokens => fb::StopReason::MaxTokens,
+            StopReason::StopSequence => fb::StopReason::StopSequence,
+        };
+        fb::Finish::create(fbb, &fb::FinishArgs { stop_reason, stop_sequence, usage: Some(usage) })
+    }
+
+    pub(crate) fn read(t: fb::Finish<'_>) -> Result<Self, MessageError> {
+        let stop_reason = match t.stop_reason() {
+            fb::StopReason::EndTurn => StopReason::EndTurn,
+            fb::StopReason::MaxTokens => StopReason::MaxTokens,
+            fb::StopReason::StopSequence => StopReason::StopSequence,
+            other => return Err(invalid("Finish.stop_reason", format!("unknown stop reason {}", other.0))),
+        };
+        let usage = t.usage();
+        let msg = Finish {
+            stop_reason,
+            stop_sequence: t.stop_sequence().filter(|s| !s.is_empty()).map(str::to_owned),
+            usage: Usage {
+                input_tokens: usage.input_tokens(),
+                output_tokens: usage.output_tokens(),
+                cached_input_tokens: usage.cached_input_tokens(),
+            },
+        };
+        msg.check()?;
+        Ok(msg)
+    }
+}

@@ -1,0 +1,284 @@
+//! Round trips for every message, and refusal of every kind of bad payload.
+
+use super::*;
+use crate::frame::{FrameDecoder, HARD_MAX_PAYLOAD};
+
+fn node(id: &str) -> NodeId {
+    NodeId::new(id).unwrap()
+}
+
+pub(crate) fn samples() -> Vec<Message> {
+    vec![
+        Message::Handshake(Handshake {
+            protocol_major: 1,
+            protocol_minor: 0,
+            role: Role::Worker,
+            node_id: node("worker-0"),
+            software_version: "zerolayer 0.1.0".into(),
+        }),
+        Message::RegisterWorker(RegisterWorker {
+            worker_id: node("worker-0"),
+            endpoint: "127.0.0.1:7100".into(),
+            device_class: ComputePool::Cpu,
+            models: vec![ModelInfo {
+                id: "smollm2-135m-instruct".into(),
+                weights_sha256: [7; 32],
+                context_length: 8192,
+                family: "llama".into(),
+            }],
+            kv_block_size: 16,
+            kv_blocks_total: 4096,
+            max_running_sequences: 32,
+        }),
+        Message::DeregisterWorker(DeregisterWorker { worker_id: node("worker-0"), reason: "shutdown".into() }),
+        Message::Ack(Ack { applied_index: 42 }),
+        Message::LoadReport(LoadReport {
+            worker_id: node("worker-0"),
+            sequence: 9,
+            queue_depth: 3,
+            running_sequences: 16,
+            kv_blocks_used: 100,
+            kv_blocks_free: 3996,
+            fragmentation_ratio: 0.125,
+            tokens_per_second: 431.5,
+        }),
+        Message::KvCacheEvents(KvCacheEvents {
+            worker_id: node("worker-0"),
+            sequence: 10,
+            model: "smollm2-135m-instruct".into(),
+            stored: vec![1, u64::MAX, 3],
+            evicted: vec![4],
+            cleared: false,
+        }),
+        Message::RouteRequest(RouteRequest {
+            request_id: "req_01".into(),
+            model: "smollm2".into(),
+            prompt_tokens: 120,
+            max_tokens: 256,
+            block_hashes: vec![11, 12, 13],
+            session_id: Some("user-7".into()),
+            hint: RouteHint::LowLatency,
+            input_semantic_weight: 0.6,
+            excluded_workers: vec![node("worker-3")],
+        }),
+        Message::RouteDecision(RouteDecision {
+            request_id: "req_01".into(),
+            worker_id: node("worker-0"),
+            endpoint: "[::1]:7100".into(),
+            model: "smollm2-135m-instruct".into(),
+            weights_sha256: [9; 32],
+            compute_pool: ComputePool::Hybrid,
+            predicted_billing_unit: 0.42,
+            reason: "least-loaded: queue 0".into(),
+            decision_nanos: 1800,
+        }),
+        Message::GenerateRequest(GenerateRequest {
+            request_id: "req_01".into(),
+            trace_id: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            model: "smollm2-135m-instruct".into(),
+            prompt: Prompt::Tokens(vec![1, 2, 3, 49151]),
+            sampling: SamplingParams { temperature: 0.0, top_p: 0.9, top_k: 40, seed: Some(0) },
+            max_tokens: 64,
+            stop_sequences: vec!["\n\nHuman:".into()],
+            stream: true,
+            logprobs: true,
+        }),
+        Message::GenerateRequest(GenerateRequest {
+            request_id: "req_02".into(),
+            trace_id: String::new(),
+            model: "m".into(),
+            prompt: Prompt::Text("<|im_start|>user\nHi<|im_end|>\n".into()),
+            sampling: SamplingParams::default(),
+            max_tokens: 1,
+            stop_sequences: vec![],
+            stream: false,
+            logprobs: false,
+        }),
+        Message::TokenChunk(TokenChunk {
+            token_ids: vec![504, 3],
+            text_delta: "Paris é".into(),
+            logprobs: Some(vec![-0.01, -2.5]),
+        }),
+        Message::TokenChunk(TokenChunk { token_ids: vec![5], text_delta: String::new(), logprobs: None }),
+        Message::Finish(Finish {
+            stop_reason: StopReason::StopSequence,
+            stop_sequence: Some("\n\nHuman:".into()),
+            usage: Usage { input_tokens: 120, output_tokens: 7, cached_input_tokens: 112 },
+        }),
+        Message::Finish(Finish {
+            stop_reason: StopReason::MaxTokens,
+            stop_sequence: None,
+            usage: Usage { input_tokens: 1, output_tokens: 64, cached_input_tokens: 0 },
+        }),
+        Message::Error(WireError { code: ErrorCode::Overloaded, message: "all pools busy".into(), retry_after_ms: 500 }),
+        Message::Cancel(Cancel { reason: "client disconnected".into() }),
+    ]
+}
+
+fn decode_one(bytes: &[u8]) -> Result<Message, String> {
+    let mut dec = FrameDecoder::new(HARD_MAX_PAYLOAD);
+    let mut input = bytes;
+    let frame = dec.decode(&mut input).map_err(|e| e.to_string())?.ok_or("incomplete")?;
+    assert!(input.is_empty());
+    Message::decode(&frame).map_err(|e| e.to_string())
+}
+
+#[test]
+fn every_sample_round_trips() {
+    let mut enc = Encoder::new(HARD_MAX_PAYLOAD);
+    for msg in samples() {
+        let bytes = enc.encode(&msg).unwrap();
+        assert_eq!(decode_one(&bytes).unwrap(), msg);
+    }
+}
+
+#[test]
+fn every_frame_kind_has_a_sample() {
+    let kinds: std::collections::HashSet<_> = samples().iter().map(Message::kind).collect();
+    assert_eq!(kinds.len(), FrameKind::ALL.len());
+}
+
+#[test]
+fn payload_under_another_kinds_header_is_refused() {
+    let mut enc = Encoder::new(HARD_MAX_PAYLOAD);
+    let ack = enc.encode(&Message::Ack(Ack { applied_index: 1 })).unwrap();
+    for kind in FrameKind::ALL {
+        if matches!(kind, FrameKind::Ack | FrameKind::Cancel | FrameKind::TokenChunk) {
+            continue; // Tables without required fields can legitimately read an Ack's bytes as empty.
+        }
+        let frame = RawFrame { kind, payload: ack.slice(crate::frame::HEADER_LEN..) };
+        assert!(Message::decode(&frame).is_err(), "{kind} accepted an Ack payload");
+    }
+}
+
+#[test]
+fn truncated_and_corrupted_payloads_never_panic() {
+    let mut enc = Encoder::new(HARD_MAX_PAYLOAD);
+    for msg in samples() {
+        let bytes = enc.encode(&msg).unwrap();
+        let payload = bytes.slice(crate::frame::HEADER_LEN..);
+        for cut in 0..payload.len() {
+            let frame = RawFrame { kind: msg.kind(), payload: payload.slice(..cut) };
+            let _ = Message::decode(&frame);
+        }
+        // Flip every byte through a few values: the verifier or the checks refuse, or the result is well-formed.
+        for i in 0..payload.len() {
+            for v in [0x00, 0x7f, 0x80, 0xff] {
+                let mut corrupted = payload.to_vec();
+                corrupted[i] = v;
+                let frame = RawFrame { kind: msg.kind(), payload: corrupted.into() };
+                if let Ok(decoded) = Message::decode(&frame) {
+                    decoded.check().unwrap();
+                }
+            }
+        }
+    }
+}
+
+fn raw(kind: FrameKind, build: impl FnOnce(&mut FlatBufferBuilder<'static>)) -> RawFrame {
+    let mut fbb = FlatBufferBuilder::new();
+    build(&mut fbb);
+    RawFrame { kind, payload: Bytes::copy_from_slice(fbb.finished_data()) }
+}
+
+fn invalid_field(frame: &RawFrame) -> &'static str {
+    match Message::decode(frame) {
+        Err(MessageError::Invalid { field, .. }) => field,
+        other => panic!("expected an invalid field, got {other:?}"),
+    }
+}
+
+#[test]
+fn out_of_range_fields_are_refused_with_the_field_named() {
+    let f = raw(FrameKind::Handshake, |fbb| {
+        let node_id = fbb.create_string("w0");
+        let t = fb::Handshake::create(fbb, &fb::HandshakeArgs { role: fb::Role(99), node_id: Some(node_id), ..Default::default() });
+        fbb.finish_minimal(t);
+    });
+    assert_eq!(invalid_field(&f), "Handshake.role");
+
+    let f = raw(FrameKind::Handshake, |fbb| {
+        let node_id = fbb.create_string("Bad_Id");
+        let t = fb::Handshake::create(fbb, &fb::HandshakeArgs { role: fb::Role::Worker, node_id: Some(node_id), ..Default::default() });
+        fbb.finish_minimal(t);
+    });
+    assert_eq!(invalid_field(&f), "Handshake.node_id");
+
+    let generate = |fbb: &mut FlatBufferBuilder<'static>, temperature: f32, text: bool, tokens: bool, max_tokens: u32| {
+        let request_id = fbb.create_string("r");
+        let model = fbb.create_string("m");
+        let prompt_text = text.then(|| fbb.create_string("hi"));
+        let prompt_tokens = tokens.then(|| fbb.create_vector(&[1u32, 2]));
+        let sampling = fb::SamplingParams::create(fbb, &fb::SamplingParamsArgs { temperature, top_p: 1.0, ..Default::default() });
+        let t = fb::GenerateRequest::create(
+            fbb,
+            &fb::GenerateRequestArgs {
+                request_id: Some(request_id),
+                model: Some(model),
+                prompt_text,
+                prompt_tokens,
+                sampling: Some(sampling),
+                max_tokens,
+                ..Default::default()
+            },
+        );
+        fbb.finish_minimal(t);
+    };
+    assert_eq!(invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, f32::NAN, true, false, 5))), "SamplingParams.temperature");
+    assert_eq!(invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 5.0, true, false, 5))), "SamplingParams.temperature");
+    assert_eq!(invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, true, true, 5))), "GenerateRequest.prompt");
+    assert_eq!(invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, false, false, 5))), "GenerateRequest.prompt");
+    assert_eq!(invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, false, true, 0))), "GenerateRequest.max_tokens");
+    assert!(Message::decode(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, false, true, 5))).is_ok());
+
+    let f = raw(FrameKind::RouteDecision, |fbb| {
+        let s = fbb.create_string("x");
+        let w = fbb.create_string("w0");
+        let e = fbb.create_string("h:1");
+        let sha = fbb.create_vector(&[0u8; 31]);
+        let t = fb::RouteDecision::create(
+            fbb,
+            &fb::RouteDecisionArgs {
+                request_id: Some(s),
+                worker_id: Some(w),
+                endpoint: Some(e),
+                model: Some(s),
+                weights_sha256: Some(sha),
+                compute_pool: fb::ComputePool::Gpu,
+                ..Default::default()
+            },
+        );
+        fbb.finish_minimal(t);
+    });
+    assert_eq!(invalid_field(&f), "RouteDecision.weights_sha256");
+
+    let f = raw(FrameKind::TokenChunk, |fbb| {
+        let ids = fbb.create_vector(&[1u32, 2]);
+        let lp = fbb.create_vector(&[-1.0f32]);
+        let t = fb::TokenChunk::create(fbb, &fb::TokenChunkArgs { token_ids: Some(ids), logprobs: Some(lp), ..Default::default() });
+        fbb.finish_minimal(t);
+    });
+    assert_eq!(invalid_field(&f), "TokenChunk.logprobs");
+}
+
+#[test]
+fn missing_required_fields_fail_verification() {
+    // A Cancel table has no field 1; an Error table requires its message there.
+    let f = raw(FrameKind::Error, |fbb| {
+        let reason = fbb.create_string("x");
+        let t = fb::Cancel::create(fbb, &fb::CancelArgs { reason: Some(reason) });
+        fbb.finish_minimal(t);
+    });
+    assert!(matches!(Message::decode(&f), Err(MessageError::Verify(_))), "{:?}", Message::decode(&f));
+}
+
+#[test]
+fn encoder_refuses_invalid_and_oversized_messages() {
+    let mut enc = Encoder::new(64);
+    let bad = Message::Error(WireError { code: ErrorCode::Internal, message: "x\u{0}".into(), retry_after_ms: 0 });
+    assert!(matches!(enc.encode(&bad), Err(EncodeError::Message(_))));
+    let big = Message::TokenChunk(TokenChunk { token_ids: vec![1; 100], ..Default::default() });
+    assert!(matches!(enc.encode(&big), Err(EncodeError::Frame(FrameError::TooLarge { .. }))));
+    // The encoder is still usable afterwards.
+    assert!(enc.encode(&Message::Ack(Ack::default())).is_ok());
+}

@@ -1,0 +1,343 @@
+//! Mutual TLS between tiers: a cluster CA, node certificates, and the rustls configurations QUIC uses.
+//!
+//! Every node certificate names its role and node id as DNS SANs (`{role}.zl.internal` and
+//! `{node_id}.{role}.zl.internal`). A client verifies a server against the role it expects; a server checks that
+//! the role and node id a client claims in its handshake are the ones its certificate was issued for. Only ring is
+//! used as the crypto provider. This module never opens sockets.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::RootCertStore;
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+use crate::message::{NodeId, Role};
+
+/// DNS suffix of every name in node certificates.
+pub const CLUSTER_DOMAIN: &str = "zl.internal";
+/// ALPN protocol id of zerolayer's RPC; bumped with the protocol's major version.
+pub const ALPN: &[u8] = b"zl/1";
+
+/// A certificate or key problem.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// Certificate generation failed.
+    #[error("certificate generation failed: {0}")]
+    Generate(#[from] rcgen::Error),
+    /// A PEM file could not be read or held no usable item.
+    #[error("{what}: {problem}")]
+    Pem {
+        /// Which input.
+        what: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// rustls refused the configuration.
+    #[error("TLS configuration refused: {0}")]
+    Rustls(#[from] rustls::Error),
+    /// The client-certificate verifier could not be built.
+    #[error("client certificate verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// A certificate is not valid for the identity it is used for.
+    #[error("certificate is not valid for {expected}: {problem}")]
+    Identity {
+        /// The DNS name the certificate should carry.
+        expected: String,
+        /// Why it does not.
+        problem: String,
+    },
+}
+
+/// The DNS name every node of `role` carries: what a client verifies a server against.
+pub fn role_name(role: Role) -> String {
+    format!("{}.{CLUSTER_DOMAIN}", role.name())
+}
+
+/// The DNS name unique to one node.
+pub fn node_name(role: Role, node_id: &NodeId) -> String {
+    format!("{node_id}.{}.{CLUSTER_DOMAIN}", role.name())
+}
+
+/// The one crypto provider used everywhere (ring).
+pub fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Make ring the process-wide default provider. Binaries call this first thing in `main` so that any library that
+/// asks rustls for the default finds exactly one. Calling it twice is harmless.
+pub fn install_default_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A certificate and its private key, PEM-encoded.
+#[derive(Clone)]
+pub struct PemPair {
+    /// The certificate.
+    pub cert_pem: String,
+    /// The PKCS#8 private key.
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for PemPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PemPair").field("cert_pem", &self.cert_pem).field("key_pem", &"<redacted>").finish()
+    }
+}
+
+/// A cluster certificate authority that issues node certificates.
+pub struct ClusterCa {
+    pem: PemPair,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl std::fmt::Debug for ClusterCa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterCa").finish_non_exhaustive()
+    }
+}
+
+fn validity(params: &mut CertificateParams, days: u32) {
+    let now = time::OffsetDateTime::now_utc();
+    // Back-date a little so peers with slightly slow clocks accept a fresh certificate.
+    params.not_before = now - time::Duration::hours(1);
+    params.not_after = now + time::Duration::days(i64::from(days));
+}
+
+impl ClusterCa {
+    /// A new CA with a fresh P-256 key, valid for `days`.
+    pub fn generate(common_name: &str, days: u32) -> Result<ClusterCa, TlsError> {
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, common_name);
+        dn.push(DnType::OrganizationName, "zerolayer");
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        validity(&mut params, days);
+        let key = KeyPair::generate()?;
+        let cert = params.self_signed(&key)?;
+        let pem = PemPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() };
+        Ok(ClusterCa { pem, issuer: Issuer::new(params, key) })
+    }
+
+    /// Load an existing CA (certificate and key) to issue more node certificates.
+    pub fn from_pem(cert_pem: &str, key_pem: &str) -> Result<ClusterCa, TlsError> {
+        let key = KeyPair::from_pem(key_pem)?;
+        let issuer = Issuer::from_ca_cert_pem(cert_pem, key)?;
+        let pem = PemPair { cert_pem: cert_pem.to_owned(), key_pem: key_pem.to_owned() };
+        Ok(ClusterCa { pem, issuer })
+    }
+
+    /// The CA certificate, which every node trusts.
+    pub fn cert_pem(&self) -> &str {
+        &self.pem.cert_pem
+    }
+
+    /// The CA's certificate and private key (keep the key offline in production).
+    pub fn pem(&self) -> &PemPair {
+        &self.pem
+    }
+
+    /// Issue a certificate for one node, valid for `days`, usable as both TLS client and server. `extra_names` are
+    /// added as SANs (DNS names, or IP addresses when they parse as one).
+    pub fn issue(&self, role: Role, node_id: &NodeId, extra_names: &[String], days: u32) -> Result<PemPair, TlsError> {
+        let mut names = vec![role_name(role), node_name(role, node_id)];
+        names.extend(extra_names.iter().cloned());
+        let mut params = CertificateParams::new(names)?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, node_name(role, node_id));
+        dn.push(DnType::OrganizationName, "zerolayer");
+        params.distinguished_name = dn;
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        params.use_authority_key_identifier_extension = true;
+        validity(&mut params, days);
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok(PemPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    }
+}
+
+fn pem_err(what: &str, problem: impl std::fmt::Display) -> TlsError {
+    TlsError::Pem { what: what.to_owned(), problem: problem.to_string() }
+}
+
+fn certs_from_pem(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem).collect::<Result<Vec<_>, _>>().map_err(|e| pem_err(what, e))?;
+    if certs.is_empty() {
+        return Err(pem_err(what, "no certificate found"));
+    }
+    Ok(certs)
+}
+
+/// Check that `cert` (already chain-verified by rustls) was issued for `role` and `node_id`.
+pub fn check_identity(cert: &CertificateDer<'_>, role: Role, node_id: &NodeId) -> Result<(), TlsError> {
+    let parsed = webpki::EndEntityCert::try_from(cert).map_err(|e| TlsError::Identity {
+        expected: node_name(role, node_id),
+        problem: format!("unparsable certificate: {e}"),
+    })?;
+    for name in [role_name(role), node_name(role, node_id)] {
+        let server_name = ServerName::try_from(name.as_str())
+            .map_err(|e| TlsError::Identity { expected: name.clone(), problem: e.to_string() })?;
+        parsed
+            .verify_is_valid_for_subject_name(&server_name)
+            .map_err(|e| TlsError::Identity { expected: name.clone(), problem: format!("{e:?}") })?;
+    }
+    Ok(())
+}
+
+/// This node's TLS identity: the cluster CA to trust, its certificate chain and key, and the role and node id the
+/// certificate was issued for.
+#[derive(Debug)]
+pub struct TlsIdentity {
+    roots: Arc<RootCertStore>,
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    role: Role,
+    node_id: NodeId,
+}
+
+impl Clone for TlsIdentity {
+    fn clone(&self) -> Self {
+        TlsIdentity {
+            roots: self.roots.clone(),
+            chain: self.chain.clone(),
+            key: self.key.clone_key(),
+            role: self.role,
+            node_id: self.node_id.clone(),
+        }
+    }
+}
+
+impl TlsIdentity {
+    /// Load from PEM text, checking that the certificate was issued for `role` and `node_id`.
+    pub fn from_pem(ca_pem: &str, cert: &PemPair, role: Role, node_id: NodeId) -> Result<TlsIdentity, TlsError> {
+        let mut roots = RootCertStore::empty();
+        for ca in certs_from_pem("cluster CA certificate", ca_pem.as_bytes())? {
+            roots.add(ca).map_err(|e| pem_err("cluster CA certificate", e))?;
+        }
+        let chain = certs_from_pem("node certificate", cert.cert_pem.as_bytes())?;
+        let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).map_err(|e| pem_err("node private key", e))?;
+        check_identity(&chain[0], role, &node_id)?;
+        Ok(TlsIdentity { roots: Arc::new(roots), chain, key, role, node_id })
+    }
+
+    /// Load from PEM files (production).
+    pub fn from_files(
+        ca_path: &Path,
+        cert_path: &Path,
+        key_path: &Path,
+        role: Role,
+        node_id: NodeId,
+    ) -> Result<TlsIdentity, TlsError> {
+        let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| pem_err(&p.display().to_string(), e));
+        let cert = PemPair { cert_pem: read(cert_path)?, key_pem: read(key_path)? };
+        Self::from_pem(&read(ca_path)?, &cert, role, node_id)
+    }
+
+    /// Issue a fresh certificate from `ca` and load it (development and tests).
+    pub fn issue(ca: &ClusterCa, role: Role, node_id: NodeId) -> Result<TlsIdentity, TlsError> {
+        let pair = ca.issue(role, &node_id, &["localhost".into(), "127.0.0.1".into()], 30)?;
+        Self::from_pem(ca.cert_pem(), &pair, role, node_id)
+    }
+
+    /// The role this identity was issued for.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The node id this identity was issued for.
+    pub fn node_id(&self) -> &NodeId {
+        &self.node_id
+    }
+
+    /// The key that signs QUIC stateless resets. Derived from the node's private key, so a restarted node with the
+    /// same certificate can reset connections its previous process held: peers then reconnect at once instead of
+    /// waiting for the idle timeout.
+    pub(crate) fn stateless_reset_key(&self) -> ring::hmac::Key {
+        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+        ctx.update(b"zerolayer stateless reset v1");
+        ctx.update(self.key.secret_der());
+        ring::hmac::Key::new(ring::hmac::HMAC_SHA256, ctx.finish().as_ref())
+    }
+
+    /// Server side: TLS 1.3 only, a client certificate from the cluster CA required, ALPN `zl/1`.
+    pub fn server_config(&self) -> Result<rustls::ServerConfig, TlsError> {
+        let verifier = WebPkiClientVerifier::builder_with_provider(self.roots.clone(), provider()).build()?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(self.chain.clone(), self.key.clone_key())?;
+        config.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(config)
+    }
+
+    /// Client side: TLS 1.3 only, trusts only the cluster CA, presents this node's certificate, ALPN `zl/1`.
+    pub fn client_config(&self) -> Result<rustls::ClientConfig, TlsError> {
+        let mut config = rustls::ClientConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])?
+            .with_root_certificates(self.roots.clone())
+            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())?;
+        config.alpn_protocols = vec![ALPN.to_vec()];
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> NodeId {
+        NodeId::new(s).unwrap()
+    }
+
+    #[test]
+    fn issued_certificates_carry_role_and_node_names() {
+        let ca = ClusterCa::generate("test CA", 1).unwrap();
+        let pair = ca.issue(Role::Worker, &id("w0"), &[], 1).unwrap();
+        let chain = certs_from_pem("c", pair.cert_pem.as_bytes()).unwrap();
+        check_identity(&chain[0], Role::Worker, &id("w0")).unwrap();
+        assert!(check_identity(&chain[0], Role::Orchestrator, &id("w0")).is_err());
+        assert!(check_identity(&chain[0], Role::Worker, &id("w1")).is_err());
+    }
+
+    #[test]
+    fn identity_refuses_a_certificate_for_another_node() {
+        let ca = ClusterCa::generate("test CA", 1).unwrap();
+        let pair = ca.issue(Role::Frontend, &id("f0"), &[], 1).unwrap();
+        assert!(TlsIdentity::from_pem(ca.cert_pem(), &pair, Role::Frontend, id("f0")).is_ok());
+        let err = TlsIdentity::from_pem(ca.cert_pem(), &pair, Role::Worker, id("f0")).unwrap_err();
+        assert!(matches!(err, TlsError::Identity { .. }), "{err}");
+    }
+
+    #[test]
+    fn reloaded_ca_issues_certificates_its_original_verifies() {
+        let ca = ClusterCa::generate("test CA", 1).unwrap();
+        let again = ClusterCa::from_pem(ca.cert_pem(), &ca.pem().key_pem).unwrap();
+        let pair = again.issue(Role::Worker, &id("w9"), &["10.0.0.9".into()], 1).unwrap();
+        let identity = TlsIdentity::from_pem(ca.cert_pem(), &pair, Role::Worker, id("w9")).unwrap();
+        identity.server_config().unwrap();
+        identity.client_config().unwrap();
+    }
+
+    #[test]
+    fn bad_pem_is_a_clear_error() {
+        let err = TlsIdentity::from_pem(
+            "not pem",
+            &PemPair { cert_pem: String::new(), key_pem: String::new() },
+            Role::Worker,
+            id("w0"),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("cluster CA certificate"), "{err}");
+        assert!(!format!("{:?}", PemPair { cert_pem: "c".into(), key_pem: "secret".into() }).contains("secret"));
+    }
+}
