@@ -297,7 +297,8 @@ mod tests {
     fn only_request_kinds_open_calls() {
         for kind in K::ALL {
             let opens = CallState::open(kind).is_ok();
-            let expected = !matches!(kind, K::Ack | K::RouteDecision | K::TokenChunk | K::Finish | K::Error | K::Cancel);
+            let expected =
+                !matches!(kind, K::Ack | K::RouteDecision | K::TokenChunk | K::Finish | K::Error | K::Cancel);
             assert_eq!(opens, expected, "{kind}");
         }
     }

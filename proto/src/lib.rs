@@ -30,6 +30,7 @@ pub mod tls;
     clippy::all,
     clippy::unwrap_used
 )]
+#[rustfmt::skip]
 #[path = "generated/zerolayer_generated.rs"]
 mod generated;
 

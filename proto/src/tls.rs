@@ -119,7 +119,8 @@ impl ClusterCa {
         dn.push(DnType::OrganizationName, "zerolayer");
         params.distinguished_name = dn;
         params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
         validity(&mut params, days);
         let key = KeyPair::generate()?;
         let cert = params.self_signed(&key)?;
@@ -259,14 +260,16 @@ impl TlsIdentity {
         &self.node_id
     }
 
-    /// The key that signs QUIC stateless resets. Derived from the node's private key, so a restarted node with the
-    /// same certificate can reset connections its previous process held: peers then reconnect at once instead of
-    /// waiting for the idle timeout.
-    pub(crate) fn stateless_reset_key(&self) -> ring::hmac::Key {
+    /// A 32-byte secret derived from the node's private key and `label`, stable across restarts of a node that
+    /// keeps its certificate. Used for QUIC's stateless-reset key and connection-id key (see `quic`).
+    pub(crate) fn derived_secret(&self, label: &[u8]) -> [u8; 32] {
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-        ctx.update(b"zerolayer stateless reset v1");
+        ctx.update(b"zerolayer derived secret v1\0");
+        ctx.update(label);
         ctx.update(self.key.secret_der());
-        ring::hmac::Key::new(ring::hmac::HMAC_SHA256, ctx.finish().as_ref())
+        let mut out = [0; 32];
+        out.copy_from_slice(ctx.finish().as_ref());
+        out
     }
 
     /// Server side: TLS 1.3 only, a client certificate from the cluster CA required, ALPN `zl/1`.

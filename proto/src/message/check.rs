@@ -30,7 +30,10 @@ pub(crate) fn invalid(field: &'static str, problem: impl Into<String>) -> Messag
 /// A string of `min..=max` bytes without control characters.
 pub(crate) fn text(field: &'static str, value: &str, min: usize, max: usize) -> Result<(), MessageError> {
     if value.len() < min {
-        return Err(invalid(field, if min == 1 { "must not be empty".to_string() } else { format!("shorter than {min} bytes") }));
+        return Err(invalid(
+            field,
+            if min == 1 { "must not be empty".to_string() } else { format!("shorter than {min} bytes") },
+        ));
     }
     if value.len() > max {
         return Err(invalid(field, format!("{} bytes, limit is {max}", value.len())));

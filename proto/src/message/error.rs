@@ -57,7 +57,10 @@ impl ErrorCode {
 
     /// True for codes where trying again (later or elsewhere) can succeed.
     pub fn is_retryable(self) -> bool {
-        matches!(self, ErrorCode::Overloaded | ErrorCode::Unavailable | ErrorCode::DeadlineExceeded | ErrorCode::NoQuorum)
+        matches!(
+            self,
+            ErrorCode::Overloaded | ErrorCode::Unavailable | ErrorCode::DeadlineExceeded | ErrorCode::NoQuorum
+        )
     }
 
     fn to_wire(self) -> fb::ErrorCode {

@@ -110,7 +110,11 @@ pub(crate) fn samples() -> Vec<Message> {
             stop_sequence: None,
             usage: Usage { input_tokens: 1, output_tokens: 64, cached_input_tokens: 0 },
         }),
-        Message::Error(WireError { code: ErrorCode::Overloaded, message: "all pools busy".into(), retry_after_ms: 500 }),
+        Message::Error(WireError {
+            code: ErrorCode::Overloaded,
+            message: "all pools busy".into(),
+            retry_after_ms: 500,
+        }),
         Message::Cancel(Cancel { reason: "client disconnected".into() }),
     ]
 }
@@ -192,43 +196,68 @@ fn invalid_field(frame: &RawFrame) -> &'static str {
 fn out_of_range_fields_are_refused_with_the_field_named() {
     let f = raw(FrameKind::Handshake, |fbb| {
         let node_id = fbb.create_string("w0");
-        let t = fb::Handshake::create(fbb, &fb::HandshakeArgs { role: fb::Role(99), node_id: Some(node_id), ..Default::default() });
+        let t = fb::Handshake::create(
+            fbb,
+            &fb::HandshakeArgs { role: fb::Role(99), node_id: Some(node_id), ..Default::default() },
+        );
         fbb.finish_minimal(t);
     });
     assert_eq!(invalid_field(&f), "Handshake.role");
 
     let f = raw(FrameKind::Handshake, |fbb| {
         let node_id = fbb.create_string("Bad_Id");
-        let t = fb::Handshake::create(fbb, &fb::HandshakeArgs { role: fb::Role::Worker, node_id: Some(node_id), ..Default::default() });
+        let t = fb::Handshake::create(
+            fbb,
+            &fb::HandshakeArgs { role: fb::Role::Worker, node_id: Some(node_id), ..Default::default() },
+        );
         fbb.finish_minimal(t);
     });
     assert_eq!(invalid_field(&f), "Handshake.node_id");
 
-    let generate = |fbb: &mut FlatBufferBuilder<'static>, temperature: f32, text: bool, tokens: bool, max_tokens: u32| {
-        let request_id = fbb.create_string("r");
-        let model = fbb.create_string("m");
-        let prompt_text = text.then(|| fbb.create_string("hi"));
-        let prompt_tokens = tokens.then(|| fbb.create_vector(&[1u32, 2]));
-        let sampling = fb::SamplingParams::create(fbb, &fb::SamplingParamsArgs { temperature, top_p: 1.0, ..Default::default() });
-        let t = fb::GenerateRequest::create(
-            fbb,
-            &fb::GenerateRequestArgs {
-                request_id: Some(request_id),
-                model: Some(model),
-                prompt_text,
-                prompt_tokens,
-                sampling: Some(sampling),
-                max_tokens,
-                ..Default::default()
-            },
-        );
-        fbb.finish_minimal(t);
-    };
-    assert_eq!(invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, f32::NAN, true, false, 5))), "SamplingParams.temperature");
-    assert_eq!(invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 5.0, true, false, 5))), "SamplingParams.temperature");
-    assert_eq!(invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, true, true, 5))), "GenerateRequest.prompt");
-    assert_eq!(invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, false, false, 5))), "GenerateRequest.prompt");
-    assert_eq!(invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, false, true, 0))), "GenerateRequest.max_tokens");
+    let generate =
+        |fbb: &mut FlatBufferBuilder<'static>, temperature: f32, text: bool, tokens: bool, max_tokens: u32| {
+            let request_id = fbb.create_string("r");
+            let model = fbb.create_string("m");
+            let prompt_text = text.then(|| fbb.create_string("hi"));
+            let prompt_tokens = tokens.then(|| fbb.create_vector(&[1u32, 2]));
+            let sampling = fb::SamplingParams::create(
+                fbb,
+                &fb::SamplingParamsArgs { temperature, top_p: 1.0, ..Default::default() },
+            );
+            let t = fb::GenerateRequest::create(
+                fbb,
+                &fb::GenerateRequestArgs {
+                    request_id: Some(request_id),
+                    model: Some(model),
+                    prompt_text,
+                    prompt_tokens,
+                    sampling: Some(sampling),
+                    max_tokens,
+                    ..Default::default()
+                },
+            );
+            fbb.finish_minimal(t);
+        };
+    assert_eq!(
+        invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, f32::NAN, true, false, 5))),
+        "SamplingParams.temperature"
+    );
+    assert_eq!(
+        invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 5.0, true, false, 5))),
+        "SamplingParams.temperature"
+    );
+    assert_eq!(
+        invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, true, true, 5))),
+        "GenerateRequest.prompt"
+    );
+    assert_eq!(
+        invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, false, false, 5))),
+        "GenerateRequest.prompt"
+    );
+    assert_eq!(
+        invalid_field(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, false, true, 0))),
+        "GenerateRequest.max_tokens"
+    );
     assert!(Message::decode(&raw(FrameKind::GenerateRequest, |b| generate(b, 0.5, false, true, 5))).is_ok());
 
     let f = raw(FrameKind::RouteDecision, |fbb| {
@@ -255,7 +284,10 @@ fn out_of_range_fields_are_refused_with_the_field_named() {
     let f = raw(FrameKind::TokenChunk, |fbb| {
         let ids = fbb.create_vector(&[1u32, 2]);
         let lp = fbb.create_vector(&[-1.0f32]);
-        let t = fb::TokenChunk::create(fbb, &fb::TokenChunkArgs { token_ids: Some(ids), logprobs: Some(lp), ..Default::default() });
+        let t = fb::TokenChunk::create(
+            fbb,
+            &fb::TokenChunkArgs { token_ids: Some(ids), logprobs: Some(lp), ..Default::default() },
+        );
         fbb.finish_minimal(t);
     });
     assert_eq!(invalid_field(&f), "TokenChunk.logprobs");

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use super::io::{FrameReader, FrameWriter, ReadFailure, WriteFailure, codes};
-use super::{CallError, PeerInfo, RpcError, RpcSettings, client_socket, handshake, quinn_runtime, reset_key};
+use super::{CallError, PeerInfo, RpcError, RpcSettings, client_socket, endpoint_config, handshake, quinn_runtime};
 use crate::call::{CallState, Delivery};
 use crate::message::{Cancel, Message, Role};
 use crate::tls::{TlsIdentity, role_name};
@@ -40,7 +40,7 @@ impl Client {
             .map_err(|e| RpcError::Config(e.to_string()))?;
         let mut config = quinn::ClientConfig::new(Arc::new(crypto));
         config.transport_config(Arc::new(settings.transport()?));
-        let endpoint_config = quinn::EndpointConfig::new(reset_key(identity));
+        let endpoint_config = endpoint_config(identity);
         let mut endpoint = quinn::Endpoint::new(endpoint_config, None, client_socket()?, quinn_runtime())?;
         endpoint.set_default_client_config(config);
         Ok(Client { endpoint, identity: identity.clone(), settings, pool: Mutex::new(HashMap::new()) })
@@ -121,13 +121,7 @@ impl Client {
                 }
             }
             let reader = FrameReader::new(recv, self.settings.max_payload);
-            return Ok(ResponseStream {
-                writer,
-                reader,
-                state: state.clone(),
-                peer: pooled.peer,
-                peer_reset: false,
-            });
+            return Ok(ResponseStream { writer, reader, state: state.clone(), peer: pooled.peer, peer_reset: false });
         }
         Err(last_err.unwrap_or_else(|| CallError::Connect { peer, reason: "no connection".into() }))
     }

@@ -30,7 +30,10 @@ fn check_peer(conn: &quinn::Connection, hs: &Handshake, allowed: &[Role]) -> Res
     if hs.protocol_major != PROTOCOL_MAJOR {
         return Err(WireError::new(
             ErrorCode::VersionMismatch,
-            format!("protocol major version {} is not supported (this node speaks {PROTOCOL_MAJOR})", hs.protocol_major),
+            format!(
+                "protocol major version {} is not supported (this node speaks {PROTOCOL_MAJOR})",
+                hs.protocol_major
+            ),
         ));
     }
     if !allowed.contains(&hs.role) {
@@ -38,7 +41,8 @@ fn check_peer(conn: &quinn::Connection, hs: &Handshake, allowed: &[Role]) -> Res
     }
     let cert = peer_certificate(conn)
         .ok_or_else(|| WireError::new(ErrorCode::PermissionDenied, "no client certificate presented"))?;
-    check_identity(&cert, hs.role, &hs.node_id).map_err(|e| WireError::new(ErrorCode::PermissionDenied, e.to_string()))?;
+    check_identity(&cert, hs.role, &hs.node_id)
+        .map_err(|e| WireError::new(ErrorCode::PermissionDenied, e.to_string()))?;
     Ok(PeerInfo {
         role: hs.role,
         node_id: hs.node_id.clone(),

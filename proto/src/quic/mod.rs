@@ -196,8 +196,18 @@ fn client_socket() -> std::io::Result<std::net::UdpSocket> {
         .or_else(|_| std::net::UdpSocket::bind(SocketAddr::from(([0u8; 4], 0))))
 }
 
-fn reset_key(identity: &crate::tls::TlsIdentity) -> Arc<dyn quinn::crypto::HmacKey> {
-    Arc::new(identity.stateless_reset_key())
+/// Endpoint settings whose secrets survive a restart: a restarted node recognises the connection ids its previous
+/// process issued (same id key) and answers packets on those dead connections with a valid stateless reset (same
+/// reset key), so peers drop them at once instead of waiting out the idle timeout.
+fn endpoint_config(identity: &crate::tls::TlsIdentity) -> quinn::EndpointConfig {
+    let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &identity.derived_secret(b"stateless reset"));
+    let cid_secret = identity.derived_secret(b"connection id");
+    let mut cid_key = [0u8; 8];
+    cid_key.copy_from_slice(&cid_secret[..8]);
+    let cid_key = u64::from_le_bytes(cid_key);
+    let mut config = quinn::EndpointConfig::new(Arc::new(reset_key));
+    config.cid_generator(move || Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key)));
+    config
 }
 
 fn quinn_runtime() -> Arc<dyn quinn::Runtime> {

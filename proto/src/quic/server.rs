@@ -10,7 +10,7 @@ use tokio::task::JoinSet;
 use tracing::Instrument;
 
 use super::io::{FrameReader, FrameWriter, ReadFailure, WriteFailure, codes};
-use super::{Cancellation, CallError, PeerInfo, RpcError, RpcSettings, handshake, quinn_runtime, reset_key};
+use super::{CallError, Cancellation, PeerInfo, RpcError, RpcSettings, endpoint_config, handshake, quinn_runtime};
 use crate::call::{CallPhase, CallState};
 use crate::message::{ErrorCode, Message, WireError};
 use crate::tls::TlsIdentity;
@@ -88,7 +88,7 @@ impl Server {
         let mut config = quinn::ServerConfig::with_crypto(Arc::new(crypto));
         config.transport_config(Arc::new(settings.transport()?));
         let socket = std::net::UdpSocket::bind(addr)?;
-        let endpoint = quinn::Endpoint::new(quinn::EndpointConfig::new(reset_key(identity)), Some(config), socket, quinn_runtime())?;
+        let endpoint = quinn::Endpoint::new(endpoint_config(identity), Some(config), socket, quinn_runtime())?;
         let local_addr = endpoint.local_addr()?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let ctx = Arc::new(ServerCtx { identity: identity.clone(), settings, handler, shutdown: shutdown_rx });
@@ -112,12 +112,6 @@ impl Server {
         let _ = tokio::time::timeout(grace, self.accept_task).await;
         self.endpoint.close(codes::CLOSE_NORMAL, b"server shutting down");
         let _ = tokio::time::timeout(Duration::from_secs(1), self.endpoint.wait_idle()).await;
-    }
-
-    /// Drop every connection at once, as a crash would (tests use this to simulate a dead peer).
-    pub fn abort(self) {
-        self.accept_task.abort();
-        self.endpoint.close(codes::CLOSE_NORMAL, b"aborted");
     }
 }
 
@@ -216,7 +210,9 @@ async fn serve_call<H: Handler>(
         Ok(Ok(None)) => return,
         Ok(Err(ReadFailure::Reset(_) | ReadFailure::Connection(_))) => return,
         Ok(Err(e)) => return refuse(&mut writer, &mut reader, ErrorCode::ProtocolViolation, e.to_string()).await,
-        Err(_) => return refuse(&mut writer, &mut reader, ErrorCode::DeadlineExceeded, "no request frame".into()).await,
+        Err(_) => {
+            return refuse(&mut writer, &mut reader, ErrorCode::DeadlineExceeded, "no request frame".into()).await;
+        }
     };
     let kind = request.kind();
     let state = match CallState::open(kind) {
@@ -237,7 +233,11 @@ async fn serve_call<H: Handler>(
         tokio::pin!(handler);
         tokio::select! {
             biased;
-            why = watcher => Err(why),
+            why = watcher => {
+                // Raise the signal while the handler still exists, so work it spawned sees it before it is dropped.
+                cancellation.cancel();
+                Err(why)
+            }
             result = &mut handler => Ok(result),
         }
     };

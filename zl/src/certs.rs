@@ -1,0 +1,133 @@
+//! `zl certs`: write a cluster CA and node certificates as PEM files.
+//!
+//! Private keys are written with mode 0600 and never overwritten unless `--force` is given.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use zl_proto::message::{NodeId, Role};
+use zl_proto::tls::{ClusterCa, PemPair};
+
+/// Certificate commands.
+#[derive(Subcommand, Debug)]
+pub(crate) enum CertsCommand {
+    /// Create a new cluster CA: `ca.pem` (give it to every node) and `ca.key` (keep it offline).
+    Init(InitArgs),
+    /// Issue a node certificate signed by the cluster CA: `{role}-{node-id}.pem` and `.key`.
+    Issue(IssueArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct InitArgs {
+    /// Directory to write ca.pem and ca.key into (created if missing).
+    #[arg(long, default_value = "certs")]
+    out: PathBuf,
+    /// CA validity in days.
+    #[arg(long, default_value_t = 3650)]
+    days: u32,
+    /// The CA's common name.
+    #[arg(long, default_value = "zerolayer cluster CA")]
+    name: String,
+    /// Overwrite existing files.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct IssueArgs {
+    /// Directory holding ca.pem and ca.key; the node's files are written here too unless --out is given.
+    #[arg(long, default_value = "certs")]
+    ca_dir: PathBuf,
+    /// Where to write the node's certificate and key.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The node's tier: frontend, orchestrator, worker or admin.
+    #[arg(long)]
+    role: String,
+    /// The node's id: a lowercase DNS label, e.g. worker-0.
+    #[arg(long)]
+    node_id: String,
+    /// Extra DNS names or IP addresses for the certificate (repeatable), e.g. the pod's service name.
+    #[arg(long = "san")]
+    sans: Vec<String>,
+    /// Validity in days.
+    #[arg(long, default_value_t = 365)]
+    days: u32,
+    /// Overwrite existing files.
+    #[arg(long)]
+    force: bool,
+}
+
+pub(crate) fn run(cmd: CertsCommand) -> Result<()> {
+    match cmd {
+        CertsCommand::Init(args) => init(&args),
+        CertsCommand::Issue(args) => issue(&args),
+    }
+}
+
+fn init(args: &InitArgs) -> Result<()> {
+    if args.days == 0 {
+        bail!("--days must be at least 1");
+    }
+    let ca = ClusterCa::generate(&args.name, args.days).context("generating the CA")?;
+    write_pair(&args.out, "ca", ca.pem(), args.force)?;
+    println!("wrote {} and {}", args.out.join("ca.pem").display(), args.out.join("ca.key").display());
+    Ok(())
+}
+
+fn issue(args: &IssueArgs) -> Result<()> {
+    let role = Role::from_name(&args.role)
+        .with_context(|| format!("unknown role {:?}: use frontend, orchestrator, worker or admin", args.role))?;
+    let node_id = NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
+    if args.days == 0 {
+        bail!("--days must be at least 1");
+    }
+    let read = |name: &str| {
+        let path = args.ca_dir.join(name);
+        fs::read_to_string(&path).with_context(|| format!("reading {} (run `zl certs init` first)", path.display()))
+    };
+    let ca = ClusterCa::from_pem(&read("ca.pem")?, &read("ca.key")?).context("loading the CA")?;
+    let pair = ca.issue(role, &node_id, &args.sans, args.days).context("issuing the certificate")?;
+    let out = args.out.as_ref().unwrap_or(&args.ca_dir);
+    let stem = format!("{}-{}", role.name(), node_id);
+    write_pair(out, &stem, &pair, args.force)?;
+    println!("wrote {} and {}", out.join(format!("{stem}.pem")).display(), out.join(format!("{stem}.key")).display());
+    Ok(())
+}
+
+fn write_pair(dir: &Path, stem: &str, pair: &PemPair, force: bool) -> Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let cert = dir.join(format!("{stem}.pem"));
+    let key = dir.join(format!("{stem}.key"));
+    for path in [&cert, &key] {
+        if path.exists() && !force {
+            bail!("{} already exists (use --force to overwrite)", path.display());
+        }
+    }
+    write_file(&key, pair.key_pem.as_bytes(), 0o600)?;
+    write_file(&cert, pair.cert_pem.as_bytes(), 0o644)?;
+    Ok(())
+}
+
+fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+    let mut options = fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(mode);
+    }
+    #[cfg(not(unix))]
+    let _ = mode;
+    let mut file = options.open(path).with_context(|| format!("writing {}", path.display()))?;
+    file.write_all(contents).with_context(|| format!("writing {}", path.display()))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
