@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -25,6 +26,8 @@ enum Seen {
 
 struct TestHandler {
     events: mpsc::UnboundedSender<Seen>,
+    /// Token chunks the handler has handed to the stream, across calls.
+    sent: Arc<AtomicU64>,
 }
 
 /// Reports when the handler's future is dropped (the server stopped it) and whether cancellation was raised.
@@ -71,6 +74,7 @@ impl Handler for TestHandler {
                     if out.send(Message::TokenChunk(chunk)).await.is_err() {
                         return Ok(());
                     }
+                    self.sent.fetch_add(1, Ordering::SeqCst);
                     if hang {
                         ctx.cancellation().cancelled().await;
                         std::future::pending::<()>().await;
@@ -96,16 +100,17 @@ struct Cluster {
     ca: ClusterCa,
     server: Server,
     events: mpsc::UnboundedReceiver<Seen>,
+    sent: Arc<AtomicU64>,
 }
 
 fn start(settings: RpcSettings) -> Cluster {
     let ca = ClusterCa::generate("test", 1).unwrap();
     let server_identity = TlsIdentity::issue(&ca, Role::Worker, id("w0")).unwrap();
     let (tx, events) = mpsc::unbounded_channel();
-    let server =
-        Server::spawn(LOOPBACK.parse().unwrap(), &server_identity, settings, Arc::new(TestHandler { events: tx }))
-            .unwrap();
-    Cluster { ca, server, events }
+    let sent = Arc::new(AtomicU64::new(0));
+    let handler = TestHandler { events: tx, sent: sent.clone() };
+    let server = Server::spawn(LOOPBACK.parse().unwrap(), &server_identity, settings, Arc::new(handler)).unwrap();
+    Cluster { ca, server, events, sent }
 }
 
 fn client(ca: &ClusterCa, role: Role, node: &str, settings: RpcSettings) -> Client {
@@ -294,7 +299,7 @@ fn spawn_crashable(
     let server = {
         let _guard = rt.enter();
         let (tx, _events) = mpsc::unbounded_channel();
-        Server::spawn(addr, identity, settings, Arc::new(TestHandler { events: tx })).unwrap()
+        Server::spawn(addr, identity, settings, Arc::new(TestHandler { events: tx, sent: Default::default() })).unwrap()
     };
     (rt, server)
 }
@@ -350,7 +355,7 @@ async fn a_certificate_from_another_ca_is_refused() {
         LOOPBACK.parse().unwrap(),
         &rogue_server_identity,
         RpcSettings::default(),
-        Arc::new(TestHandler { events: tx }),
+        Arc::new(TestHandler { events: tx, sent: Default::default() }),
     )
     .unwrap();
     let honest = client(&c.ca, Role::Frontend, "f0", RpcSettings::default());
@@ -414,4 +419,22 @@ async fn a_response_over_the_clients_limit_fails_the_call() {
         other => panic!("{other:?}"),
     }
     assert!(stream.next().await.is_none());
+}
+
+#[tokio::test]
+async fn a_slow_reader_holds_the_writer_back() {
+    let c = start(RpcSettings::default());
+    // The client grants 16 KiB of stream credit: the server can be at most that far ahead of what it reads.
+    let client = client(&c.ca, Role::Frontend, "f0", RpcSettings { stream_window: 16 * 1024, ..Default::default() });
+    let mut stream =
+        client.stream(c.server.local_addr(), Role::Worker, generate("slow", 100_000, vec![1])).await.unwrap();
+    assert!(matches!(stream.next().await, Some(Ok(Message::TokenChunk(_)))));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ahead = c.sent.load(Ordering::SeqCst);
+    // Each chunk frame is over 40 bytes, so 16 KiB holds well under 1,000 of them.
+    assert!(ahead < 1_000, "the server ran {ahead} frames ahead of a reader that read one");
+    for _ in 0..5_000 {
+        assert!(matches!(stream.next().await, Some(Ok(Message::TokenChunk(_)))));
+    }
+    assert!(c.sent.load(Ordering::SeqCst) > ahead, "reading did not let the writer continue");
 }
