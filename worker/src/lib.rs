@@ -1,7 +1,16 @@
-//! The worker tier: runs models with candle and streams tokens to frontends over the wire protocol (see
-//! docs/architecture.md).
+//! The worker tier: runs models and streams tokens to frontends over the wire protocol (see
+//! docs/architecture.md and docs/worker.md).
 //!
-//! Today it holds the worker's place in the wire protocol; the engine arrives with issue 2/6.
+//! Pure parts first: `kv` (paged KV-cache accounting with prefix sharing) and `scheduler` (continuous batching).
+
+pub mod engine;
+pub mod fetch;
+pub mod kv;
+pub mod model;
+pub mod sampling;
+pub mod scheduler;
+pub mod serve;
+pub mod stop;
 
 use zl_proto::message::Role;
 use zl_proto::quic::RpcSettings;

@@ -1,0 +1,6 @@
+//! Pure, dependency-free functions that more than one tier must compute identically: the worker when it caches
+//! KV blocks, the frontend when it hashes a prompt for routing, the orchestrator when it scores prefix overlap.
+//!
+//! Nothing here does IO, allocates threads or reads clocks.
+
+pub mod block_hash;

@@ -1,0 +1,212 @@
+//! The engine actor: one OS thread owns an `EngineCore` and steps it while there is work; callers talk to it
+//! through an `EngineHandle` (a command channel) and receive their tokens on a per-request channel.
+//!
+//! A caller that goes away (its `Generation` dropped, e.g. a client disconnected and the RPC stream was reset) is
+//! noticed before the next step and its sequence's KV blocks are freed at once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Instant;
+
+use tokio::sync::mpsc as tokio_mpsc;
+
+use super::state::{EngineCore, EngineStats, Event, Request, RequestError};
+use crate::kv::pool::KvEvent;
+use crate::scheduler::SeqId;
+
+enum Command {
+    Generate {
+        seq: SeqId,
+        req: Request,
+        out: tokio_mpsc::UnboundedSender<Event>,
+        accepted: tokio::sync::oneshot::Sender<Result<(), RequestError>>,
+    },
+    Cancel(SeqId),
+}
+
+/// Figures the actor publishes after every step.
+#[derive(Clone, Debug, Default)]
+pub struct Published {
+    /// Engine figures.
+    pub stats: EngineStats,
+    /// Output tokens per second over the last second.
+    pub tokens_per_second: f32,
+    /// Prefix-block events not yet reported to the orchestrators (bounded: see `MAX_PENDING_EVENTS`).
+    pub kv_events: Vec<KvEvent>,
+}
+
+/// Most KV events kept for the next report; past it the oldest are dropped (and the next report says `cleared`).
+pub const MAX_PENDING_EVENTS: usize = 65_536;
+
+/// A handle to a running engine. Cheap to clone.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Command>,
+    next: Arc<AtomicU64>,
+    published: Arc<Mutex<Published>>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineHandle").finish_non_exhaustive()
+    }
+}
+
+/// The engine thread has stopped.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("the engine has stopped")]
+pub struct EngineGone;
+
+/// A running request's output. Dropping it cancels the request.
+pub struct Generation {
+    seq: SeqId,
+    rx: tokio_mpsc::UnboundedReceiver<Event>,
+    tx: mpsc::Sender<Command>,
+    done: bool,
+}
+
+impl Generation {
+    /// The next event; `None` once the request finished (after its `Finished` event) or the engine stopped.
+    pub async fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        let ev = self.rx.recv().await;
+        if matches!(ev, Some(Event::Finished { .. }) | None) {
+            self.done = true;
+        }
+        ev
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.tx.send(Command::Cancel(self.seq));
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Start the engine thread for `core`, with a name for diagnostics.
+    pub fn spawn(core: EngineCore, name: &str) -> std::io::Result<EngineHandle> {
+        let (tx, rx) = mpsc::channel();
+        let published = Arc::new(Mutex::new(Published::default()));
+        let pub2 = published.clone();
+        let model = name.to_owned();
+        std::thread::Builder::new().name(format!("engine-{name}")).spawn(move || run(core, rx, pub2, &model))?;
+        Ok(EngineHandle { tx, next: Arc::new(AtomicU64::new(1)), published })
+    }
+
+    /// Submit a request. Refusals (context too long, pool too small) come back at once.
+    pub async fn generate(&self, req: Request) -> Result<Result<Generation, RequestError>, EngineGone> {
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        let (out, rx) = tokio_mpsc::unbounded_channel();
+        let (accepted, verdict) = tokio::sync::oneshot::channel();
+        self.tx.send(Command::Generate { seq, req, out, accepted }).map_err(|_| EngineGone)?;
+        match verdict.await.map_err(|_| EngineGone)? {
+            Ok(()) => Ok(Ok(Generation { seq, rx, tx: self.tx.clone(), done: false })),
+            Err(e) => Ok(Err(e)),
+        }
+    }
+
+    /// The latest published figures; `take_events` also takes the pending KV events.
+    pub fn published(&self, take_events: bool) -> Published {
+        let mut p = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        let events = if take_events { std::mem::take(&mut p.kv_events) } else { Vec::new() };
+        Published { stats: p.stats, tokens_per_second: p.tokens_per_second, kv_events: events }
+    }
+}
+
+fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<Published>>, model: &str) {
+    let mut outputs: HashMap<SeqId, tokio_mpsc::UnboundedSender<Event>> = HashMap::new();
+    let mut window_start = Instant::now();
+    let mut window_tokens = 0u64;
+    let mut rate = 0f32;
+    let labels = [("model", model.to_owned())];
+    loop {
+        // Block for a command when idle; otherwise take what has arrived and keep stepping.
+        let first = if core.has_work() {
+            None
+        } else {
+            match rx.recv() {
+                Ok(cmd) => Some(cmd),
+                Err(_) => return,
+            }
+        };
+        for cmd in first.into_iter().chain(rx.try_iter()) {
+            match cmd {
+                Command::Generate { seq, req, out, accepted } => {
+                    let verdict = core.add(seq, req);
+                    if verdict.is_ok() {
+                        outputs.insert(seq, out);
+                    }
+                    let _ = accepted.send(verdict);
+                }
+                Command::Cancel(seq) => {
+                    core.cancel(seq);
+                    outputs.remove(&seq);
+                }
+            }
+        }
+        // Callers that went away without a word.
+        let gone: Vec<SeqId> = outputs.iter().filter(|(_, tx)| tx.is_closed()).map(|(s, _)| *s).collect();
+        for seq in gone {
+            core.cancel(seq);
+            outputs.remove(&seq);
+            metrics::counter!("zl_worker_cancelled_total", &labels).increment(1);
+        }
+        let started = Instant::now();
+        let events = core.step();
+        let step_time = started.elapsed();
+        let mut tokens = 0u64;
+        for ev in events {
+            let seq = match &ev {
+                Event::Token { seq, .. } => {
+                    tokens += 1;
+                    *seq
+                }
+                Event::Finished { seq, .. } => *seq,
+            };
+            let finished = matches!(ev, Event::Finished { .. });
+            if let Some(tx) = outputs.get(&seq) {
+                let _ = tx.send(ev);
+            }
+            if finished {
+                outputs.remove(&seq);
+            }
+        }
+        if tokens > 0 {
+            metrics::counter!("zl_worker_output_tokens_total", &labels).increment(tokens);
+            metrics::histogram!("zl_worker_step_seconds", &labels).record(step_time.as_secs_f64());
+            metrics::histogram!("zl_worker_time_per_output_token_seconds", &labels).record(step_time.as_secs_f64());
+        }
+        window_tokens += tokens;
+        let elapsed = window_start.elapsed().as_secs_f32();
+        if elapsed >= 1.0 {
+            rate = window_tokens as f32 / elapsed;
+            window_start = Instant::now();
+            window_tokens = 0;
+        }
+        let stats = core.stats();
+        if let Some(kv) = stats.kv {
+            metrics::gauge!("zl_worker_kv_blocks_total", &labels).set(kv.total as f64);
+            metrics::gauge!("zl_worker_kv_blocks_used", &labels).set(kv.used as f64);
+            metrics::gauge!("zl_worker_kv_blocks_free", &labels).set(kv.free as f64);
+            metrics::gauge!("zl_worker_kv_blocks_cached", &labels).set(kv.cached as f64);
+            metrics::gauge!("zl_worker_kv_fragmentation_ratio", &labels).set(f64::from(kv.fragmentation));
+            metrics::gauge!("zl_worker_prefix_hit_rate", &labels).set(kv.hit_rate());
+        }
+        metrics::gauge!("zl_worker_queue_depth", &labels).set(stats.waiting as f64);
+        metrics::gauge!("zl_worker_running_sequences", &labels).set(stats.running as f64);
+        metrics::gauge!("zl_worker_tokens_per_second", &labels).set(f64::from(rate));
+        let new_events = core.drain_kv_events();
+        let mut p = published.lock().unwrap_or_else(|p| p.into_inner());
+        p.stats = stats;
+        p.tokens_per_second = rate;
+        p.kv_events.extend(new_events);
+        let excess = p.kv_events.len().saturating_sub(MAX_PENDING_EVENTS);
+        p.kv_events.drain(..excess);
+    }
+}

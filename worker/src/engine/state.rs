@@ -1,0 +1,242 @@
+//! The engine's synchronous state: scheduler, model, KV storage and per-request decoding state, advanced one step
+//! at a time. The actor (`engine::actor`) owns one of these on a dedicated thread; tests drive it directly.
+
+use std::collections::HashMap;
+
+use zl_proto::message::StopReason;
+
+use crate::kv::pool::BlockPool;
+use crate::model::LoadedModel;
+use crate::model::llama::{BatchItem, KvStore};
+use crate::model::tokenizer::Detokenizer;
+use crate::sampling::{Sampling, sample};
+use crate::scheduler::{AdmitError, Scheduler, SchedulerConfig, SeqId};
+use crate::stop::StopMatcher;
+
+/// A request as the engine runs it.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Sampling settings (seed included).
+    pub sampling: Sampling,
+    /// Output token limit, at least 1.
+    pub max_tokens: u32,
+    /// Stop strings.
+    pub stop_sequences: Vec<String>,
+}
+
+/// Something that happened to a sequence during a step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    /// New output.
+    Token {
+        /// The sequence.
+        seq: SeqId,
+        /// The sampled token.
+        token: u32,
+        /// Its log-probability.
+        logprob: f32,
+        /// Text that is final now (may be empty while a character or stop sequence is pending).
+        text: String,
+    },
+    /// The sequence ended; it has been removed and its blocks freed.
+    Finished {
+        /// The sequence.
+        seq: SeqId,
+        /// Why.
+        reason: StopReason,
+        /// The matched stop sequence.
+        stop_sequence: Option<String>,
+        /// Text released by the end (held-back text, when no stop sequence matched).
+        text: String,
+        /// Prompt tokens.
+        input_tokens: u32,
+        /// Output tokens.
+        output_tokens: u32,
+        /// Prompt tokens served from the prefix cache.
+        cached_input_tokens: u32,
+    },
+}
+
+/// Why a request was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// Prompt plus output do not fit the context window.
+    #[error("prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the context window of {context} tokens")]
+    ContextLength {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Output limit.
+        max_tokens: u32,
+        /// Window.
+        context: usize,
+    },
+    /// The KV pool can never hold it, or the prompt is empty.
+    #[error(transparent)]
+    Admit(#[from] AdmitError),
+    /// `max_tokens` is 0.
+    #[error("max_tokens must be at least 1")]
+    NoOutput,
+}
+
+struct SeqState {
+    sampling: Sampling,
+    max_tokens: u32,
+    generated: u32,
+    prompt_len: u32,
+    detok: Detokenizer,
+    stop: StopMatcher,
+}
+
+/// Engine figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    /// Sequences waiting to start.
+    pub waiting: usize,
+    /// Sequences in the running batch.
+    pub running: usize,
+    /// KV figures.
+    pub kv: Option<crate::kv::pool::KvStats>,
+}
+
+/// The synchronous engine.
+pub struct EngineCore {
+    model: LoadedModel,
+    kv: KvStore,
+    sched: Scheduler,
+    seqs: HashMap<SeqId, SeqState>,
+}
+
+impl std::fmt::Debug for EngineCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineCore").field("sequences", &self.seqs.len()).finish_non_exhaustive()
+    }
+}
+
+impl EngineCore {
+    /// An engine for `model` with a KV pool of `blocks` blocks of `block_size` tokens.
+    pub fn new(
+        model: LoadedModel,
+        blocks: usize,
+        block_size: usize,
+        config: SchedulerConfig,
+    ) -> Result<EngineCore, crate::scheduler::ConfigError> {
+        let kv = KvStore::new(model.llama.config(), blocks, block_size);
+        let sched = Scheduler::new(config, BlockPool::new(blocks, block_size))?;
+        Ok(EngineCore { model, kv, sched, seqs: HashMap::new() })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &LoadedModel {
+        &self.model
+    }
+
+    /// Queue a request under `seq`.
+    pub fn add(&mut self, seq: SeqId, req: Request) -> Result<(), RequestError> {
+        if req.max_tokens == 0 {
+            return Err(RequestError::NoOutput);
+        }
+        let context = self.model.llama.config().context_length;
+        if req.prompt.len() + req.max_tokens as usize > context {
+            return Err(RequestError::ContextLength { prompt: req.prompt.len(), max_tokens: req.max_tokens, context });
+        }
+        let prompt_len = req.prompt.len() as u32;
+        self.sched.add(seq, req.prompt, req.max_tokens as usize)?;
+        self.seqs.insert(
+            seq,
+            SeqState {
+                sampling: req.sampling,
+                max_tokens: req.max_tokens,
+                generated: 0,
+                prompt_len,
+                detok: Detokenizer::default(),
+                stop: StopMatcher::new(&req.stop_sequences),
+            },
+        );
+        Ok(())
+    }
+
+    /// Drop a sequence (its caller went away); its KV blocks are free when this returns.
+    pub fn cancel(&mut self, seq: SeqId) {
+        self.seqs.remove(&seq);
+        self.sched.remove(seq);
+    }
+
+    /// True when a step would do work.
+    pub fn has_work(&self) -> bool {
+        !self.sched.is_idle()
+    }
+
+    /// Current figures.
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            waiting: self.sched.waiting(),
+            running: self.sched.running(),
+            kv: Some(self.sched.pool().stats()),
+        }
+    }
+
+    /// Block-pool events since the last call (for the orchestrators).
+    pub fn drain_kv_events(&mut self) -> Vec<crate::kv::pool::KvEvent> {
+        self.sched.pool_mut().drain_events()
+    }
+
+    /// Run one step: schedule, run the model over the batch, sample, detokenize, check stops.
+    pub fn step(&mut self) -> Vec<Event> {
+        let plan = self.sched.schedule();
+        if plan.items.is_empty() {
+            return Vec::new();
+        }
+        let items: Vec<BatchItem<'_>> = plan
+            .items
+            .iter()
+            .map(|it| BatchItem { tokens: &it.tokens, start: it.start, blocks: &it.blocks, logits: it.sample })
+            .collect();
+        let logits = self.model.llama.forward(&items, &mut self.kv);
+        let mut events = Vec::new();
+        let mut sampled = HashMap::new();
+        let mut finished = Vec::new();
+        for (item, logits) in plan.items.iter().filter(|it| it.sample).zip(&logits) {
+            let Some(st) = self.seqs.get_mut(&item.seq) else { continue };
+            let s = sample(logits, &st.sampling, u64::from(st.generated));
+            st.generated += 1;
+            let mut end = None;
+            if self.model.tokenizer.stop_ids.contains(&s.token) {
+                end = Some((StopReason::EndTurn, None));
+            } else {
+                let delta = st.detok.push(&self.model.tokenizer, s.token).unwrap_or_default();
+                let stop = st.stop.push(&delta);
+                events.push(Event::Token { seq: item.seq, token: s.token, logprob: s.logprob, text: stop.emit });
+                if let Some(matched) = stop.stopped {
+                    end = Some((StopReason::StopSequence, Some(matched)));
+                } else if st.generated >= st.max_tokens {
+                    end = Some((StopReason::MaxTokens, None));
+                }
+            }
+            match end {
+                None => {
+                    sampled.insert(item.seq, s.token);
+                }
+                Some((reason, stop_sequence)) => {
+                    let text = if stop_sequence.is_some() { String::new() } else { st.stop.flush() };
+                    events.push(Event::Finished {
+                        seq: item.seq,
+                        reason,
+                        stop_sequence,
+                        text,
+                        input_tokens: st.prompt_len,
+                        output_tokens: st.generated,
+                        cached_input_tokens: self.sched.cached_prompt_tokens(item.seq) as u32,
+                    });
+                    finished.push(item.seq);
+                }
+            }
+        }
+        self.sched.complete(&plan, &sampled);
+        for seq in finished {
+            self.cancel(seq);
+        }
+        events
+    }
+}

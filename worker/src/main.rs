@@ -1,0 +1,177 @@
+//! `zl-worker`: serves models over zerolayer's RPC, fetches the default model, and benchmarks the engine.
+
+mod bench;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use zl_proto::message::{NodeId, Role};
+use zl_proto::quic::Server;
+use zl_proto::tls::TlsIdentity;
+use zl_worker::engine::{EngineCore, EngineHandle};
+use zl_worker::fetch;
+use zl_worker::model::gguf;
+use zl_worker::model::llama::KvStore;
+use zl_worker::scheduler::SchedulerConfig;
+use zl_worker::serve::{ServedModel, WorkerService};
+
+/// zerolayer worker: runs models and streams tokens to frontends.
+#[derive(Parser, Debug)]
+#[command(name = "zl-worker", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve models over QUIC (mutual TLS) with a Prometheus endpoint.
+    Serve(ServeArgs),
+    /// Download the bundled default model into the cache (once) and print its path.
+    FetchDefaultModel,
+    /// Measure prefill and decode throughput at several concurrency levels.
+    Bench(bench::BenchArgs),
+}
+
+/// Model and engine settings shared by `serve` and `bench`.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ModelArgs {
+    /// GGUF model file; default: the bundled SmolLM2-135M-Instruct (fetched into the cache).
+    #[arg(long, env = "ZL_MODEL")]
+    model: Option<PathBuf>,
+    /// KV-cache memory budget in MiB. Default 512: room for about 11k tokens of the default model.
+    #[arg(long, env = "ZL_KV_MEMORY_MB", default_value_t = 512)]
+    kv_memory_mb: usize,
+    /// Tokens per KV block.
+    #[arg(long, env = "ZL_KV_BLOCK_SIZE", default_value_t = 16)]
+    kv_block_size: usize,
+    /// Sequences in the running batch at most.
+    #[arg(long, env = "ZL_MAX_RUNNING", default_value_t = 32)]
+    max_running: usize,
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Id clients use for the model; default: the default model's id, or the file's stem.
+    #[arg(long, env = "ZL_MODEL_ID")]
+    model_id: Option<String>,
+    /// UDP address for the QUIC endpoint.
+    #[arg(long, env = "ZL_LISTEN", default_value = "127.0.0.1:7100")]
+    listen: SocketAddr,
+    /// TCP address for Prometheus metrics (`/metrics`).
+    #[arg(long, env = "ZL_METRICS_ADDR", default_value = "127.0.0.1:9100")]
+    metrics_addr: SocketAddr,
+    /// This worker's node id (a lowercase DNS label; must match its certificate).
+    #[arg(long, env = "ZL_NODE_ID", default_value = "worker-0")]
+    node_id: String,
+    /// Directory with ca.pem and worker-{node-id}.pem/.key (see `zl certs`).
+    #[arg(long, env = "ZL_TLS_DIR")]
+    tls_dir: PathBuf,
+}
+
+pub(crate) struct Loaded {
+    pub(crate) core: EngineCore,
+    pub(crate) sha256: [u8; 32],
+    pub(crate) path: PathBuf,
+}
+
+pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("zl-worker: {m}"))?,
+    };
+    eprintln!("zl-worker: loading {}", path.display());
+    let digest = fetch::sha256_file(&path)?;
+    let mut sha256 = [0u8; 32];
+    for (i, byte) in sha256.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&digest[i * 2..i * 2 + 2], 16)?;
+    }
+    let model = gguf::load(&path).with_context(|| format!("loading {}", path.display()))?;
+    let per_block = KvStore::bytes_per_block(model.llama.config(), args.kv_block_size);
+    let blocks = (args.kv_memory_mb * 1024 * 1024) / per_block.max(1);
+    if blocks < 2 {
+        bail!("--kv-memory-mb {} holds fewer than 2 KV blocks of {per_block} bytes", args.kv_memory_mb);
+    }
+    let config = SchedulerConfig { max_running: args.max_running, ..SchedulerConfig::default() };
+    let core = EngineCore::new(model, blocks, args.kv_block_size, config)?;
+    Ok(Loaded { core, sha256, path })
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let node_id = NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
+    let stem = format!("worker-{node_id}");
+    let identity = TlsIdentity::from_files(
+        &args.tls_dir.join("ca.pem"),
+        &args.tls_dir.join(format!("{stem}.pem")),
+        &args.tls_dir.join(format!("{stem}.key")),
+        Role::Worker,
+        node_id,
+    )
+    .context("loading TLS identity")?;
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(args.metrics_addr)
+        .install()
+        .context("starting the metrics endpoint")?;
+    let loaded = load(&args.model)?;
+    let id = args.model_id.clone().unwrap_or_else(|| {
+        if args.model.model.is_none() {
+            fetch::DEFAULT_MODEL_ID.to_owned()
+        } else {
+            loaded.path.file_stem().map_or("model".into(), |s| s.to_string_lossy().to_lowercase())
+        }
+    });
+    let cfg = loaded.core.model().llama.config().clone();
+    let tokenizer = Arc::new(loaded.core.model().tokenizer.clone());
+    let family = loaded.core.model().family.clone();
+    let engine = EngineHandle::spawn(loaded.core, &id)?;
+    let service = Arc::new(WorkerService::new(vec![ServedModel {
+        id: id.clone(),
+        weights_sha256: loaded.sha256,
+        context_length: cfg.context_length as u32,
+        family,
+        tokenizer,
+        engine,
+    }]));
+    let server = Server::spawn(args.listen, &identity, zl_worker::rpc_settings(), service.clone())?;
+    eprintln!("zl-worker: serving {id} on {} (metrics on http://{}/metrics)", server.local_addr(), args.metrics_addr);
+    shutdown_signal().await;
+    eprintln!("zl-worker: draining");
+    service.drain();
+    server.shutdown(Duration::from_secs(30)).await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+fn main() -> Result<()> {
+    zl_proto::tls::install_default_provider();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG")).init();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::FetchDefaultModel => {
+            let path = fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("zl-worker: {m}"))?;
+            println!("{}", path.display());
+            Ok(())
+        }
+        Command::Bench(args) => bench::run(&args),
+        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(args)),
+    }
+}

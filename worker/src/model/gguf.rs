@@ -1,0 +1,173 @@
+//! Loading a Llama-family GGUF file: shape from `llama.*` metadata, tokenizer from `tokenizer.ggml.*`, weights kept
+//! quantized where the kernels support the format (Q4_1, Q8_0) and dequantized to f32 otherwise.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+use candle_core::Device;
+use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+
+use super::kernels::Weight;
+use super::llama::{Layer, Llama, LlamaConfig};
+use super::tokenizer::{GgufVocab, TextTokenizer};
+use super::{LoadError, LoadedModel};
+
+fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value, LoadError> {
+    content.metadata.get(key).ok_or_else(|| LoadError::Format(format!("GGUF metadata {key} is missing")))
+}
+
+fn meta_usize(content: &Content, key: &str) -> Result<usize, LoadError> {
+    let v = meta(content, key)?;
+    let n = match v {
+        Value::U8(x) => u64::from(*x),
+        Value::U16(x) => u64::from(*x),
+        Value::U32(x) => u64::from(*x),
+        Value::U64(x) => *x,
+        Value::I32(x) if *x >= 0 => *x as u64,
+        Value::I64(x) if *x >= 0 => *x as u64,
+        other => return Err(LoadError::Format(format!("GGUF metadata {key} is not a count: {other:?}"))),
+    };
+    usize::try_from(n).map_err(|_| LoadError::Format(format!("GGUF metadata {key} is too large")))
+}
+
+fn meta_f32(content: &Content, key: &str) -> Result<f32, LoadError> {
+    match meta(content, key)? {
+        Value::F32(x) => Ok(*x),
+        Value::F64(x) => Ok(*x as f32),
+        other => Err(LoadError::Format(format!("GGUF metadata {key} is not a number: {other:?}"))),
+    }
+}
+
+fn meta_string(content: &Content, key: &str) -> Option<String> {
+    content.metadata.get(key).and_then(|v| v.to_string().ok()).cloned()
+}
+
+fn strings(content: &Content, key: &str) -> Result<Vec<String>, LoadError> {
+    let values = meta(content, key)?.to_vec().map_err(|e| LoadError::Format(format!("{key}: {e}")))?;
+    values.iter().map(|v| v.to_string().cloned().map_err(|e| LoadError::Format(format!("{key}: {e}")))).collect()
+}
+
+/// Read the tokenizer metadata.
+pub fn vocab(content: &Content) -> Result<GgufVocab, LoadError> {
+    let token_types = match content.metadata.get("tokenizer.ggml.token_type") {
+        Some(v) => v
+            .to_vec()
+            .map_err(|e| LoadError::Format(format!("token types: {e}")))?
+            .iter()
+            .map(|t| t.to_i32().map_err(|e| LoadError::Format(format!("token types: {e}"))))
+            .collect::<Result<_, _>>()?,
+        None => Vec::new(),
+    };
+    Ok(GgufVocab {
+        model: meta_string(content, "tokenizer.ggml.model").unwrap_or_default(),
+        pre: meta_string(content, "tokenizer.ggml.pre").unwrap_or_default(),
+        tokens: strings(content, "tokenizer.ggml.tokens")?,
+        merges: strings(content, "tokenizer.ggml.merges").unwrap_or_default(),
+        token_types,
+        eos: content.metadata.get("tokenizer.ggml.eos_token_id").and_then(|v| v.to_u32().ok()),
+        chat_template: meta_string(content, "tokenizer.chat_template"),
+    })
+}
+
+struct Reader<'a> {
+    content: &'a Content,
+    file: BufReader<File>,
+}
+
+impl Reader<'_> {
+    fn tensor(&mut self, name: &str) -> Result<QTensor, LoadError> {
+        self.content.tensor(&mut self.file, name, &Device::Cpu).map_err(|e| LoadError::Format(format!("{name}: {e}")))
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    fn vector(&mut self, name: &str) -> Result<Vec<f32>, LoadError> {
+        let t = self.tensor(name)?;
+        let deq = t.dequantize(&Device::Cpu).map_err(|e| LoadError::Format(format!("{name}: {e}")))?;
+        deq.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| LoadError::Format(format!("{name}: {e}")))
+    }
+
+    fn weight(&mut self, name: &str) -> Result<Weight, LoadError> {
+        let t = self.tensor(name)?;
+        let dims = t.shape().dims().to_vec();
+        let [rows, cols] = dims[..] else {
+            return Err(LoadError::Format(format!("{name} has shape {dims:?}, expected a matrix")));
+        };
+        let bad = |e: super::kernels::WeightError| LoadError::Format(format!("{name}: {e}"));
+        let data = || t.data().map_err(|e| LoadError::Format(format!("{name}: {e}")));
+        match t.dtype() {
+            GgmlDType::Q4_1 => Weight::from_q4_1(rows, cols, &data()?).map_err(bad),
+            GgmlDType::Q8_0 => Weight::from_q8_0(rows, cols, &data()?).map_err(bad),
+            _ => {
+                let deq = t.dequantize(&Device::Cpu).map_err(|e| LoadError::Format(format!("{name}: {e}")))?;
+                let values = deq
+                    .flatten_all()
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .map_err(|e| LoadError::Format(format!("{name}: {e}")))?;
+                Weight::from_f32(rows, cols, values).map_err(bad)
+            }
+        }
+    }
+}
+
+/// Load a GGUF model file.
+pub fn load(path: &Path) -> Result<LoadedModel, LoadError> {
+    let io = |e: std::io::Error| LoadError::Io(path.display().to_string(), e);
+    let mut file = BufReader::new(File::open(path).map_err(io)?);
+    let content = Content::read(&mut file).map_err(|e| LoadError::Format(format!("not a GGUF file: {e}")))?;
+    let arch = meta_string(&content, "general.architecture").unwrap_or_default();
+    if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
+        return Err(LoadError::Unsupported(format!("GGUF architecture {arch:?} (llama, mistral and qwen2 are)")));
+    }
+    let key = |k: &str| format!("{arch}.{k}");
+    let hidden = meta_usize(&content, &key("embedding_length"))?;
+    let heads = meta_usize(&content, &key("attention.head_count"))?;
+    let vocab_meta = vocab(&content)?;
+    let cfg = LlamaConfig {
+        hidden,
+        intermediate: meta_usize(&content, &key("feed_forward_length"))?,
+        layers: meta_usize(&content, &key("block_count"))?,
+        heads,
+        kv_heads: meta_usize(&content, &key("attention.head_count_kv")).unwrap_or(heads),
+        head_dim: meta_usize(&content, &key("attention.key_length")).unwrap_or(hidden / heads.max(1)),
+        vocab: vocab_meta.tokens.len(),
+        rms_eps: meta_f32(&content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
+        rope_theta: meta_f32(&content, &key("rope.freq_base")).unwrap_or(10_000.0),
+        context_length: meta_usize(&content, &key("context_length")).unwrap_or(4096),
+        // llama.cpp's converter permutes Llama/Mistral Q and K for adjacent-pair RoPE; Qwen2 keeps NeoX halves.
+        rope_interleaved: arch != "qwen2",
+    };
+    cfg.validate().map_err(LoadError::Format)?;
+    let mut r = Reader { content: &content, file };
+    let embed = r.weight("token_embd.weight")?;
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for i in 0..cfg.layers {
+        let p = |s: &str| format!("blk.{i}.{s}");
+        let qkv_bias = if r.has(&p("attn_q.bias")) {
+            Some((r.vector(&p("attn_q.bias"))?, r.vector(&p("attn_k.bias"))?, r.vector(&p("attn_v.bias"))?))
+        } else {
+            None
+        };
+        layers.push(Layer {
+            attn_norm: r.vector(&p("attn_norm.weight"))?,
+            wq: r.weight(&p("attn_q.weight"))?,
+            wk: r.weight(&p("attn_k.weight"))?,
+            wv: r.weight(&p("attn_v.weight"))?,
+            qkv_bias,
+            wo: r.weight(&p("attn_output.weight"))?,
+            ffn_norm: r.vector(&p("ffn_norm.weight"))?,
+            w_gate: r.weight(&p("ffn_gate.weight"))?,
+            w_up: r.weight(&p("ffn_up.weight"))?,
+            w_down: r.weight(&p("ffn_down.weight"))?,
+        });
+    }
+    let norm = r.vector("output_norm.weight")?;
+    let output = if r.has("output.weight") { Some(r.weight("output.weight")?) } else { None };
+    let llama = Llama::new(cfg, embed, layers, norm, output).map_err(LoadError::Format)?;
+    let tokenizer = TextTokenizer::from_gguf(&vocab_meta).map_err(|e| LoadError::Format(e.to_string()))?;
+    Ok(LoadedModel { llama, tokenizer, family: arch })
+}

@@ -1,0 +1,353 @@
+//! The Llama family's forward pass (Llama, Mistral, Qwen2, SmolLM), batched over sequences with a paged KV cache.
+//!
+//! One step takes every sequence's new tokens together: each weight multiplies all rows of the step at once (one
+//! matmul per weight for the whole batch), while attention runs per sequence over that sequence's own KV blocks.
+//! Every per-row operation (norms, RoPE, attention, activation) reads only its own row, in a fixed order, so the
+//! result for a sequence does not depend on what else is in the batch. No IO; weights arrive already loaded.
+
+use rayon::prelude::*;
+
+use super::kernels::{Weight, dot_f32};
+use crate::kv::pool::BlockId;
+
+/// Shape and constants of a Llama-family model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Model width.
+    pub hidden: usize,
+    /// MLP width.
+    pub intermediate: usize,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (grouped-query attention when fewer than `heads`).
+    pub kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Vocabulary size.
+    pub vocab: usize,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// RoPE base frequency.
+    pub rope_theta: f32,
+    /// Context window in tokens.
+    pub context_length: usize,
+    /// RoPE rotates adjacent pairs (GGUF's layout, whose Q/K weights are permuted for it) rather than the two
+    /// halves of each head (Hugging Face's layout).
+    pub rope_interleaved: bool,
+}
+
+impl LlamaConfig {
+    /// Width of all key (or value) heads together.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Check the shape is consistent.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.heads == 0 || self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+            return Err(format!("{} heads cannot share {} key/value heads", self.heads, self.kv_heads));
+        }
+        if self.head_dim % 2 != 0 || self.head_dim == 0 {
+            return Err(format!("head width {} must be even", self.head_dim));
+        }
+        if self.layers == 0 || self.hidden == 0 || self.vocab == 0 || self.context_length == 0 {
+            return Err("empty model dimensions".into());
+        }
+        Ok(())
+    }
+}
+
+/// One transformer block's weights.
+#[derive(Debug)]
+pub struct Layer {
+    /// RMSNorm before attention.
+    pub attn_norm: Vec<f32>,
+    /// Query projection.
+    pub wq: Weight,
+    /// Key projection.
+    pub wk: Weight,
+    /// Value projection.
+    pub wv: Weight,
+    /// Query, key and value biases (Qwen2).
+    pub qkv_bias: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
+    /// Attention output projection.
+    pub wo: Weight,
+    /// RMSNorm before the MLP.
+    pub ffn_norm: Vec<f32>,
+    /// MLP gate projection.
+    pub w_gate: Weight,
+    /// MLP up projection.
+    pub w_up: Weight,
+    /// MLP down projection.
+    pub w_down: Weight,
+}
+
+/// A loaded Llama-family model.
+#[derive(Debug)]
+pub struct Llama {
+    cfg: LlamaConfig,
+    embed: Weight,
+    layers: Vec<Layer>,
+    norm: Vec<f32>,
+    /// The LM head; `None` when tied to the embeddings.
+    output: Option<Weight>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+/// Keys and values of every layer, in fixed-size blocks addressed by `BlockId`.
+#[derive(Debug)]
+pub struct KvStore {
+    block_size: usize,
+    kv_dim: usize,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl KvStore {
+    /// Storage for `blocks` blocks of `block_size` tokens.
+    pub fn new(cfg: &LlamaConfig, blocks: usize, block_size: usize) -> Self {
+        let per_layer = blocks * block_size * cfg.kv_dim();
+        KvStore {
+            block_size,
+            kv_dim: cfg.kv_dim(),
+            k: (0..cfg.layers).map(|_| vec![0f32; per_layer]).collect(),
+            v: (0..cfg.layers).map(|_| vec![0f32; per_layer]).collect(),
+        }
+    }
+
+    /// Bytes per block across all layers (keys and values), for sizing the pool from a memory budget.
+    pub fn bytes_per_block(cfg: &LlamaConfig, block_size: usize) -> usize {
+        2 * cfg.layers * block_size * cfg.kv_dim() * std::mem::size_of::<f32>()
+    }
+
+    fn slot(&self, blocks: &[BlockId], pos: usize) -> usize {
+        (blocks[pos / self.block_size] as usize * self.block_size + pos % self.block_size) * self.kv_dim
+    }
+}
+
+/// One sequence's part of a step.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchItem<'a> {
+    /// Token ids to feed.
+    pub tokens: &'a [u32],
+    /// Position of the first of them.
+    pub start: usize,
+    /// The sequence's block table.
+    pub blocks: &'a [BlockId],
+    /// Return logits for the last token.
+    pub logits: bool,
+}
+
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let mean = dot_f32(x, x) / x.len() as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = v * scale * w;
+    }
+}
+
+impl Llama {
+    /// Assemble a model from loaded weights.
+    pub fn new(
+        cfg: LlamaConfig,
+        embed: Weight,
+        layers: Vec<Layer>,
+        norm: Vec<f32>,
+        output: Option<Weight>,
+    ) -> Result<Llama, String> {
+        cfg.validate()?;
+        if layers.len() != cfg.layers {
+            return Err(format!("{} layers loaded, config says {}", layers.len(), cfg.layers));
+        }
+        let check = |name: &str, w: &Weight, rows: usize, cols: usize| {
+            if w.rows() == rows && w.cols() == cols {
+                Ok(())
+            } else {
+                Err(format!("{name} is {}x{}, expected {rows}x{cols}", w.rows(), w.cols()))
+            }
+        };
+        let (h, kv, q) = (cfg.hidden, cfg.kv_dim(), cfg.heads * cfg.head_dim);
+        check("embeddings", &embed, cfg.vocab, h)?;
+        if let Some(out) = &output {
+            check("output", out, cfg.vocab, h)?;
+        }
+        for (i, l) in layers.iter().enumerate() {
+            check(&format!("layer {i} q"), &l.wq, q, h)?;
+            check(&format!("layer {i} k"), &l.wk, kv, h)?;
+            check(&format!("layer {i} v"), &l.wv, kv, h)?;
+            check(&format!("layer {i} o"), &l.wo, h, q)?;
+            check(&format!("layer {i} gate"), &l.w_gate, cfg.intermediate, h)?;
+            check(&format!("layer {i} up"), &l.w_up, cfg.intermediate, h)?;
+            check(&format!("layer {i} down"), &l.w_down, h, cfg.intermediate)?;
+            if l.attn_norm.len() != h || l.ffn_norm.len() != h {
+                return Err(format!("layer {i} norm width"));
+            }
+        }
+        if norm.len() != h {
+            return Err("final norm width".into());
+        }
+        let half = cfg.head_dim / 2;
+        let mut cos = Vec::with_capacity(cfg.context_length * half);
+        let mut sin = Vec::with_capacity(cfg.context_length * half);
+        for pos in 0..cfg.context_length {
+            for i in 0..half {
+                let freq = (cfg.rope_theta as f64).powf(-(2.0 * i as f64) / cfg.head_dim as f64);
+                let angle = pos as f64 * freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Ok(Llama { cfg, embed, layers, norm, output, cos, sin })
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    fn rope(&self, x: &mut [f32], pos: usize) {
+        let hd = self.cfg.head_dim;
+        let half = hd / 2;
+        let (cos, sin) = (&self.cos[pos * half..(pos + 1) * half], &self.sin[pos * half..(pos + 1) * half]);
+        for head in x.chunks_exact_mut(hd) {
+            for i in 0..half {
+                let (a, b) = if self.cfg.rope_interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos[i] - x1 * sin[i];
+                head[b] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
+    }
+
+    /// Run one step. Writes the new tokens' keys and values into `kv` and returns the last token's logits for
+    /// every item that asked for them, in item order.
+    pub fn forward(&self, items: &[BatchItem<'_>], kv: &mut KvStore) -> Vec<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (h, hd, kvd) = (cfg.hidden, cfg.head_dim, cfg.kv_dim());
+        let qd = cfg.heads * hd;
+        // Row r of the step belongs to item row_item[r], at position row_pos[r].
+        let mut row_item = Vec::new();
+        let mut row_pos = Vec::new();
+        for (i, item) in items.iter().enumerate() {
+            for t in 0..item.tokens.len() {
+                row_item.push(i);
+                row_pos.push(item.start + t);
+            }
+        }
+        let n = row_item.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        assert!(row_pos.iter().all(|&p| p < cfg.context_length), "position beyond the context window");
+        let mut x = vec![0f32; n * h];
+        let mut r = 0;
+        for item in items {
+            for &tok in item.tokens {
+                self.embed.row((tok as usize).min(cfg.vocab - 1), &mut x[r * h..(r + 1) * h]);
+                r += 1;
+            }
+        }
+        let mut hbuf = vec![0f32; n * h];
+        let mut q = vec![0f32; n * qd];
+        let mut k = vec![0f32; n * kvd];
+        let mut v = vec![0f32; n * kvd];
+        let mut attn = vec![0f32; n * qd];
+        let mut proj = vec![0f32; n * h];
+        let mut gate = vec![0f32; n * cfg.intermediate];
+        let mut up = vec![0f32; n * cfg.intermediate];
+        for (li, layer) in self.layers.iter().enumerate() {
+            for r in 0..n {
+                rms_norm(&x[r * h..(r + 1) * h], &layer.attn_norm, cfg.rms_eps, &mut hbuf[r * h..(r + 1) * h]);
+            }
+            layer.wq.matmul(&hbuf, n, &mut q);
+            layer.wk.matmul(&hbuf, n, &mut k);
+            layer.wv.matmul(&hbuf, n, &mut v);
+            if let Some((bq, bk, bv)) = &layer.qkv_bias {
+                for r in 0..n {
+                    q[r * qd..(r + 1) * qd].iter_mut().zip(bq).for_each(|(a, b)| *a += b);
+                    k[r * kvd..(r + 1) * kvd].iter_mut().zip(bk).for_each(|(a, b)| *a += b);
+                    v[r * kvd..(r + 1) * kvd].iter_mut().zip(bv).for_each(|(a, b)| *a += b);
+                }
+            }
+            for r in 0..n {
+                self.rope(&mut q[r * qd..(r + 1) * qd], row_pos[r]);
+                self.rope(&mut k[r * kvd..(r + 1) * kvd], row_pos[r]);
+                let slot = kv.slot(items[row_item[r]].blocks, row_pos[r]);
+                kv.k[li][slot..slot + kvd].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
+                kv.v[li][slot..slot + kvd].copy_from_slice(&v[r * kvd..(r + 1) * kvd]);
+            }
+            let kv_ref: &KvStore = kv;
+            attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {
+                let item = &items[row_item[r]];
+                self.attend(&q[r * qd..(r + 1) * qd], row_pos[r], item.blocks, kv_ref, li, out);
+            });
+            layer.wo.matmul(&attn, n, &mut proj);
+            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+            for r in 0..n {
+                rms_norm(&x[r * h..(r + 1) * h], &layer.ffn_norm, cfg.rms_eps, &mut hbuf[r * h..(r + 1) * h]);
+            }
+            layer.w_gate.matmul(&hbuf, n, &mut gate);
+            layer.w_up.matmul(&hbuf, n, &mut up);
+            gate.iter_mut().zip(&up).for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
+            layer.w_down.matmul(&gate, n, &mut proj);
+            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+        }
+        // Logits only for the last row of each item that wants them.
+        let mut last_rows = Vec::new();
+        let mut end = 0;
+        for item in items {
+            end += item.tokens.len();
+            if item.logits && !item.tokens.is_empty() {
+                last_rows.push(end - 1);
+            }
+        }
+        if last_rows.is_empty() {
+            return Vec::new();
+        }
+        let m = last_rows.len();
+        let mut normed = vec![0f32; m * h];
+        for (i, &r) in last_rows.iter().enumerate() {
+            rms_norm(&x[r * h..(r + 1) * h], &self.norm, cfg.rms_eps, &mut normed[i * h..(i + 1) * h]);
+        }
+        let mut logits = vec![0f32; m * cfg.vocab];
+        self.output.as_ref().unwrap_or(&self.embed).matmul(&normed, m, &mut logits);
+        logits.chunks_exact(cfg.vocab).map(<[f32]>::to_vec).collect()
+    }
+
+    /// Attention of one query row (all heads) over its sequence's positions `0..=pos`.
+    fn attend(&self, q: &[f32], pos: usize, blocks: &[BlockId], kv: &KvStore, layer: usize, out: &mut [f32]) {
+        let cfg = &self.cfg;
+        let (keys, values) = (&kv.k[layer], &kv.v[layer]);
+        let hd = cfg.head_dim;
+        let group = cfg.heads / cfg.kv_heads;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut scores = vec![0f32; pos + 1];
+        for head in 0..cfg.heads {
+            let g = head / group;
+            let qh = &q[head * hd..(head + 1) * hd];
+            let mut max = f32::NEG_INFINITY;
+            for (j, s) in scores.iter_mut().enumerate() {
+                let at = kv.slot(blocks, j) + g * hd;
+                *s = dot_f32(qh, &keys[at..at + hd]) * scale;
+                max = max.max(*s);
+            }
+            let mut sum = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            let o = &mut out[head * hd..(head + 1) * hd];
+            o.fill(0.0);
+            for (j, &s) in scores.iter().enumerate() {
+                let at = kv.slot(blocks, j) + g * hd;
+                let w = s / sum;
+                for (oi, &vi) in o.iter_mut().zip(&values[at..at + hd]) {
+                    *oi += w * vi;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,442 @@
+//! The continuous-batching scheduler: which sequences run in the next model step, and how much of each.
+//!
+//! Pure and synchronous: no IO, no clock, no model. The engine calls `schedule` to get a `StepPlan`, runs the
+//! model over it, then reports back with `complete`. Each step carries every running sequence's next decode token
+//! plus prefill chunks within a token budget, so a long prompt never stalls running decodes. When KV blocks run
+//! out, the most recently admitted sequence is preempted: its blocks are released and it is recomputed later
+//! (its full blocks usually survive in the prefix cache, so recomputation is cheap).
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::kv::pool::{BlockId, BlockPool, SeqBlocks};
+
+/// A sequence's id, unique within one engine.
+pub type SeqId = u64;
+
+/// Scheduler limits.
+#[derive(Clone, Debug)]
+pub struct SchedulerConfig {
+    /// Sequences in the running batch at most. Default 32: enough to saturate a CPU's matmul units, small enough
+    /// that each step stays short.
+    pub max_running: usize,
+    /// Tokens computed per step at most (decode tokens plus prefill chunk tokens). Default 512.
+    pub max_step_tokens: usize,
+    /// Prefill chunk size in tokens; chunks start at multiples of it, so a prompt is always cut at the same places
+    /// whatever else is running. Default 256.
+    pub prefill_chunk: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig { max_running: 32, max_step_tokens: 512, prefill_chunk: 256 }
+    }
+}
+
+/// Invalid scheduler limits.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid scheduler config: {0}")]
+pub struct ConfigError(String);
+
+impl SchedulerConfig {
+    /// Check the limits fit together.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.max_running == 0 || self.prefill_chunk == 0 {
+            return Err(ConfigError("max_running and prefill_chunk must be at least 1".into()));
+        }
+        if self.max_step_tokens < self.prefill_chunk + self.max_running {
+            return Err(ConfigError(format!(
+                "max_step_tokens ({}) must cover one prefill chunk ({}) plus a decode token per running sequence ({})",
+                self.max_step_tokens, self.prefill_chunk, self.max_running
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Work for one sequence in one step: compute the KV of `tokens` at positions `start..start + tokens.len()`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepItem {
+    /// The sequence.
+    pub seq: SeqId,
+    /// Position of the first token.
+    pub start: usize,
+    /// Token ids to feed.
+    pub tokens: Vec<u32>,
+    /// True when this item reaches the sequence's last known token, so its last logits pick the next token.
+    pub sample: bool,
+    /// The sequence's block table (covers every position up to the end of this item).
+    pub blocks: Vec<BlockId>,
+}
+
+/// One model step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StepPlan {
+    /// Items, decodes first, then prefill chunks.
+    pub items: Vec<StepItem>,
+    /// Sequences preempted while planning (their callers see no change; they are recomputed later).
+    pub preempted: Vec<SeqId>,
+}
+
+impl StepPlan {
+    /// Tokens computed in this step.
+    pub fn tokens(&self) -> usize {
+        self.items.iter().map(|i| i.tokens.len()).sum()
+    }
+}
+
+#[derive(Debug)]
+struct Seq {
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Tokens whose KV is written.
+    computed: usize,
+    blocks: Option<SeqBlocks>,
+    cached_prompt_tokens: usize,
+}
+
+/// Why a sequence cannot be admitted at all.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    /// The prompt plus output would need more blocks than the whole pool has.
+    #[error("the request needs {needed} KV blocks but the pool has {total}")]
+    TooLong {
+        /// Blocks needed.
+        needed: usize,
+        /// Blocks in the pool.
+        total: usize,
+    },
+    /// The prompt is empty.
+    #[error("empty prompt")]
+    EmptyPrompt,
+}
+
+/// The scheduler's state.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    pool: BlockPool,
+    seqs: HashMap<SeqId, Seq>,
+    waiting: VecDeque<SeqId>,
+    running: Vec<SeqId>,
+    preemptions: u64,
+}
+
+impl Scheduler {
+    /// A scheduler over `pool`.
+    pub fn new(config: SchedulerConfig, pool: BlockPool) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Scheduler {
+            config,
+            pool,
+            seqs: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            preemptions: 0,
+        })
+    }
+
+    /// The block pool (for figures and events).
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// The block pool, mutably (to drain events).
+    pub fn pool_mut(&mut self) -> &mut BlockPool {
+        &mut self.pool
+    }
+
+    /// Sequences waiting to be admitted.
+    pub fn waiting(&self) -> usize {
+        self.waiting.len()
+    }
+
+    /// Sequences in the running batch.
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    /// Preemptions so far.
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// True when there is nothing to do.
+    pub fn is_idle(&self) -> bool {
+        self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Prompt tokens of `seq` that were served from the prefix cache when it was (last) admitted.
+    pub fn cached_prompt_tokens(&self, seq: SeqId) -> usize {
+        self.seqs.get(&seq).map_or(0, |s| s.cached_prompt_tokens)
+    }
+
+    /// Queue a new sequence. `max_new_tokens` bounds its growth, so one that could never fit is refused now.
+    pub fn add(&mut self, id: SeqId, prompt: Vec<u32>, max_new_tokens: usize) -> Result<(), AdmitError> {
+        if prompt.is_empty() {
+            return Err(AdmitError::EmptyPrompt);
+        }
+        let bs = self.pool.block_size();
+        let needed = (prompt.len() + max_new_tokens).div_ceil(bs);
+        let total = self.pool.stats().total;
+        if needed > total {
+            return Err(AdmitError::TooLong { needed, total });
+        }
+        let prompt_len = prompt.len();
+        self.seqs.insert(id, Seq { tokens: prompt, prompt_len, computed: 0, blocks: None, cached_prompt_tokens: 0 });
+        self.waiting.push_back(id);
+        Ok(())
+    }
+
+    /// Drop a sequence wherever it is (finished, or its caller went away). Its blocks return to the pool now.
+    pub fn remove(&mut self, id: SeqId) {
+        if let Some(seq) = self.seqs.remove(&id) {
+            if let Some(blocks) = seq.blocks {
+                self.pool.release(blocks);
+            }
+        }
+        self.waiting.retain(|s| *s != id);
+        self.running.retain(|s| *s != id);
+    }
+
+    fn preempt(&mut self, id: SeqId) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            if let Some(blocks) = seq.blocks.take() {
+                self.pool.release(blocks);
+            }
+            seq.computed = 0;
+        }
+        self.running.retain(|s| *s != id);
+        self.waiting.push_front(id);
+        self.preemptions += 1;
+    }
+
+    /// Plan the next step.
+    pub fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        let mut budget = self.config.max_step_tokens;
+
+        // 1. One decode token for every running sequence whose prompt is done; preempt the newest when blocks run
+        //    out (possibly the sequence itself).
+        let mut i = 0;
+        while i < self.running.len() {
+            let id = self.running[i];
+            let seq = &self.seqs[&id];
+            if seq.tokens.len() - seq.computed != 1 {
+                i += 1;
+                continue;
+            }
+            loop {
+                let seq = self.seqs.get_mut(&id).expect("running sequences exist");
+                let blocks = seq.blocks.as_mut().expect("running sequences hold blocks");
+                // A prompt's last token was reserved at admission; a generated token needs a new slot.
+                if blocks.reserved() > blocks.len() || self.pool.reserve(blocks, 1).is_ok() {
+                    break;
+                }
+                let victim = *self.running.last().expect("running is not empty");
+                self.preempt(victim);
+                plan.preempted.push(victim);
+                plan.items.retain(|it| it.seq != victim);
+                if victim == id {
+                    break;
+                }
+            }
+            if !self.running.contains(&id) {
+                continue; // preempted itself; `i` now points at the next sequence
+            }
+            let seq = &self.seqs[&id];
+            plan.items.push(StepItem {
+                seq: id,
+                start: seq.computed,
+                tokens: vec![*seq.tokens.last().expect("non-empty")],
+                sample: true,
+                blocks: seq.blocks.as_ref().expect("held").table().to_vec(),
+            });
+            budget -= 1;
+            i += 1;
+        }
+
+        // 2. Admit waiting sequences (FCFS) while there is room; reserve their whole remaining prompt so prefill
+        //    never fails half-way. Not in a step that had to preempt: the victim would only take its blocks back.
+        while plan.preempted.is_empty() && self.running.len() < self.config.max_running {
+            let Some(&id) = self.waiting.front() else { break };
+            let seq = self.seqs.get_mut(&id).expect("waiting sequences exist");
+            let mut blocks = self.pool.start(&seq.tokens);
+            let rest = seq.tokens.len() - blocks.len();
+            if self.pool.reserve(&mut blocks, rest).is_err() {
+                self.pool.release(blocks);
+                break;
+            }
+            seq.computed = blocks.len();
+            seq.cached_prompt_tokens = blocks.cached_tokens().min(seq.prompt_len);
+            seq.blocks = Some(blocks);
+            self.waiting.pop_front();
+            self.running.push(id);
+        }
+
+        // 3. Prefill chunks, oldest first, each cut at a multiple of `prefill_chunk`, within the budget.
+        let chunk = self.config.prefill_chunk;
+        for &id in &self.running {
+            let seq = &self.seqs[&id];
+            let remaining = seq.tokens.len() - seq.computed;
+            if remaining == 0 || plan.items.iter().any(|it| it.seq == id) {
+                continue;
+            }
+            let end = ((seq.computed / chunk + 1) * chunk).min(seq.tokens.len());
+            let n = end - seq.computed;
+            if n > budget {
+                continue;
+            }
+            budget -= n;
+            plan.items.push(StepItem {
+                seq: id,
+                start: seq.computed,
+                tokens: seq.tokens[seq.computed..end].to_vec(),
+                sample: end == seq.tokens.len(),
+                blocks: seq.blocks.as_ref().expect("held").table().to_vec(),
+            });
+        }
+        plan
+    }
+
+    /// Report a finished step: every item's KV is now written, and each sampling item produced `sampled` (the next
+    /// token, or `None` when the sequence is finishing and will be removed).
+    pub fn complete(&mut self, plan: &StepPlan, sampled: &HashMap<SeqId, u32>) {
+        for item in &plan.items {
+            let Some(seq) = self.seqs.get_mut(&item.seq) else { continue }; // removed meanwhile
+            let Some(blocks) = seq.blocks.as_mut() else { continue }; // preempted meanwhile
+            if seq.computed != item.start {
+                continue;
+            }
+            self.pool.commit(blocks, &item.tokens);
+            seq.computed += item.tokens.len();
+            if item.sample {
+                if let Some(&token) = sampled.get(&item.seq) {
+                    seq.tokens.push(token);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(max_running: usize, max_step_tokens: usize, prefill_chunk: usize) -> SchedulerConfig {
+        SchedulerConfig { max_running, max_step_tokens, prefill_chunk }
+    }
+
+    /// Run a step, answering every sampling item with `token`.
+    fn step(s: &mut Scheduler, token: u32) -> StepPlan {
+        let plan = s.schedule();
+        let sampled = plan.items.iter().filter(|i| i.sample).map(|i| (i.seq, token)).collect();
+        s.complete(&plan, &sampled);
+        plan
+    }
+
+    #[test]
+    fn config_must_leave_room_for_a_chunk_and_the_decodes() {
+        assert!(config(4, 10, 8).validate().is_err());
+        assert!(config(4, 12, 8).validate().is_ok());
+        assert!(config(0, 100, 8).validate().is_err());
+    }
+
+    #[test]
+    fn a_long_prompt_is_prefilled_in_aligned_chunks_then_decoded() {
+        let mut s = Scheduler::new(config(4, 20, 8), BlockPool::new(64, 4)).unwrap();
+        s.add(1, (0..20).collect(), 10).unwrap();
+        let p = step(&mut s, 100);
+        assert_eq!((p.items[0].start, p.items[0].tokens.len(), p.items[0].sample), (0, 8, false));
+        let p = step(&mut s, 100);
+        assert_eq!((p.items[0].start, p.items[0].tokens.len(), p.items[0].sample), (8, 8, false));
+        let p = step(&mut s, 100);
+        assert_eq!((p.items[0].start, p.items[0].tokens.len(), p.items[0].sample), (16, 4, true));
+        let p = step(&mut s, 101);
+        assert_eq!(p.items[0].tokens, vec![100]);
+        assert_eq!(p.items[0].start, 20);
+        assert!(p.items[0].sample);
+    }
+
+    #[test]
+    fn decodes_keep_running_while_a_new_prompt_prefills() {
+        let mut s = Scheduler::new(config(4, 12, 8), BlockPool::new(64, 4)).unwrap();
+        s.add(1, vec![1, 2, 3], 50).unwrap();
+        step(&mut s, 9); // prefill seq 1, sample
+        s.add(2, (0..30).collect(), 5).unwrap();
+        for _ in 0..4 {
+            let p = step(&mut s, 9);
+            let decode = p.items.iter().find(|i| i.seq == 1).expect("seq 1 decodes every step");
+            assert_eq!(decode.tokens.len(), 1);
+            assert!(p.tokens() <= 12);
+        }
+    }
+
+    #[test]
+    fn running_batch_is_capped_and_later_sequences_wait() {
+        let mut s = Scheduler::new(config(2, 64, 8), BlockPool::new(64, 4)).unwrap();
+        for id in 0..3 {
+            s.add(id, vec![1, 2], 5).unwrap();
+        }
+        let p = step(&mut s, 5);
+        assert_eq!(p.items.len(), 2);
+        assert_eq!((s.running(), s.waiting()), (2, 1));
+        s.remove(0);
+        let p = s.schedule();
+        assert!(p.items.iter().any(|i| i.seq == 2), "a freed slot admits the next sequence");
+    }
+
+    #[test]
+    fn out_of_blocks_preempts_the_newest_and_recomputes_it_later() {
+        // 4 blocks of 2 tokens: two sequences of 3 prompt tokens take 2 blocks each; the first decode that needs
+        // a third block for either must preempt the newest.
+        let mut s = Scheduler::new(config(4, 16, 4), BlockPool::new(4, 2)).unwrap();
+        s.add(1, vec![1, 2, 3], 4).unwrap();
+        s.add(2, vec![4, 5, 6], 4).unwrap();
+        step(&mut s, 7); // prefill both; each now holds 4 tokens (3 + sampled) in 2 blocks
+        let p = step(&mut s, 8); // both decode into their second block's free slot
+        assert_eq!(p.items.len(), 2);
+        let p = step(&mut s, 9); // seq 1 needs a 3rd block: seq 2 (newest) is preempted
+        assert_eq!(p.preempted, vec![2]);
+        assert_eq!(p.items.iter().map(|i| i.seq).collect::<Vec<_>>(), vec![1]);
+        assert_eq!(s.preemptions(), 1);
+        s.remove(1);
+        // Seq 2 comes back: its first full block is still cached, the rest of prompt + generated tokens is
+        // recomputed in aligned chunks, and the last chunk samples its next token.
+        let p = step(&mut s, 10);
+        assert_eq!(p.items.len(), 1);
+        assert_eq!((p.items[0].seq, p.items[0].start, p.items[0].tokens.len(), p.items[0].sample), (2, 2, 2, false));
+        let p = step(&mut s, 10);
+        assert_eq!((p.items[0].start, p.items[0].tokens.clone(), p.items[0].sample), (4, vec![8], true));
+    }
+
+    #[test]
+    fn removing_a_sequence_returns_its_blocks_at_once() {
+        let mut s = Scheduler::new(config(4, 64, 16), BlockPool::new(16, 4)).unwrap();
+        s.add(1, (0..30).collect(), 10).unwrap();
+        step(&mut s, 1);
+        assert!(s.pool().stats().used > 0);
+        s.remove(1);
+        assert_eq!(s.pool().stats().used, 0);
+        assert!(s.is_idle());
+    }
+
+    #[test]
+    fn a_request_that_can_never_fit_is_refused_up_front() {
+        let mut s = Scheduler::new(config(4, 64, 16), BlockPool::new(4, 4)).unwrap();
+        assert_eq!(s.add(1, vec![1; 10], 10), Err(AdmitError::TooLong { needed: 5, total: 4 }));
+        assert_eq!(s.add(2, vec![], 1), Err(AdmitError::EmptyPrompt));
+    }
+
+    #[test]
+    fn a_repeated_prompt_starts_from_the_prefix_cache() {
+        let mut s = Scheduler::new(config(4, 64, 16), BlockPool::new(32, 4)).unwrap();
+        let prompt: Vec<u32> = (0..13).collect();
+        s.add(1, prompt.clone(), 2).unwrap();
+        step(&mut s, 50);
+        s.remove(1);
+        s.add(2, prompt, 2).unwrap();
+        let p = s.schedule();
+        assert_eq!(p.items[0].start, 12);
+        assert_eq!(s.cached_prompt_tokens(2), 12);
+    }
+}

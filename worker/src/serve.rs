@@ -1,0 +1,164 @@
+//! The worker's RPC face: turns `GenerateRequest` frames into engine requests and streams `TokenChunk` frames and
+//! a `Finish` back. Dropping the call (the frontend reset the stream) drops the `Generation`, which cancels the
+//! sequence and frees its KV blocks.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use zl_proto::message::{
+    ErrorCode, Finish, GenerateRequest, Message, Prompt, StopReason, TokenChunk, Usage, WireError,
+};
+use zl_proto::quic::{CallContext, Handler, Responder};
+
+use crate::engine::{EngineHandle, Event, Request, RequestError};
+use crate::model::tokenizer::TextTokenizer;
+use crate::sampling::Sampling;
+
+/// One model this worker serves.
+#[derive(Clone, Debug)]
+pub struct ServedModel {
+    /// The id clients use.
+    pub id: String,
+    /// SHA-256 of the weights.
+    pub weights_sha256: [u8; 32],
+    /// Context window.
+    pub context_length: u32,
+    /// Architecture family.
+    pub family: String,
+    /// Tokenizer, for text prompts.
+    pub tokenizer: Arc<TextTokenizer>,
+    /// The engine running it.
+    pub engine: EngineHandle,
+}
+
+/// The worker's RPC handler.
+#[derive(Debug)]
+pub struct WorkerService {
+    models: HashMap<String, ServedModel>,
+    draining: AtomicBool,
+    seeds: AtomicU64,
+}
+
+impl WorkerService {
+    /// Serve these models.
+    pub fn new(models: Vec<ServedModel>) -> Self {
+        let seed0 =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+        WorkerService {
+            models: models.into_iter().map(|m| (m.id.clone(), m)).collect(),
+            draining: AtomicBool::new(false),
+            seeds: AtomicU64::new(seed0),
+        }
+    }
+
+    /// Refuse new requests from now on (running ones finish).
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// The served models.
+    pub fn models(&self) -> impl Iterator<Item = &ServedModel> {
+        self.models.values()
+    }
+
+    async fn generate(&self, g: GenerateRequest, out: &mut Responder) -> Result<(), WireError> {
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(WireError::new(ErrorCode::Unavailable, "the worker is draining"));
+        }
+        let model = self
+            .models
+            .get(&g.model)
+            .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("model {:?} is not served here", g.model)))?;
+        let prompt = match g.prompt {
+            Prompt::Text(text) => model
+                .tokenizer
+                .encode(&text)
+                .map_err(|e| WireError::new(ErrorCode::InvalidRequest, format!("cannot tokenize the prompt: {e}")))?,
+            Prompt::Tokens(tokens) => {
+                let vocab = model.tokenizer.vocab_size() as u32;
+                if let Some(bad) = tokens.iter().find(|t| **t >= vocab) {
+                    return Err(WireError::new(
+                        ErrorCode::InvalidRequest,
+                        format!("token id {bad} is outside the vocabulary of {vocab}"),
+                    ));
+                }
+                tokens
+            }
+        };
+        let seed = g.sampling.seed.unwrap_or_else(|| self.seeds.fetch_add(0x9e37_79b9, Ordering::Relaxed));
+        let req = Request {
+            prompt,
+            sampling: Sampling {
+                temperature: g.sampling.temperature,
+                top_p: g.sampling.top_p,
+                top_k: g.sampling.top_k,
+                seed,
+            },
+            max_tokens: g.max_tokens,
+            stop_sequences: g.stop_sequences,
+        };
+        let mut generation = model
+            .engine
+            .generate(req)
+            .await
+            .map_err(|_| WireError::new(ErrorCode::Unavailable, "the engine has stopped"))?
+            .map_err(|e| match e {
+                RequestError::ContextLength { .. } => WireError::new(ErrorCode::ContextLengthExceeded, e.to_string()),
+                other => WireError::new(ErrorCode::InvalidRequest, other.to_string()),
+            })?;
+        let send_err = |e: zl_proto::CallError| WireError::new(ErrorCode::Cancelled, e.to_string());
+        let mut pending = TokenChunk { logprobs: g.logprobs.then(Vec::new), ..Default::default() };
+        while let Some(ev) = generation.next().await {
+            match ev {
+                Event::Token { token, logprob, text, .. } => {
+                    pending.token_ids.push(token);
+                    pending.text_delta.push_str(&text);
+                    if let Some(lp) = pending.logprobs.as_mut() {
+                        lp.push(logprob);
+                    }
+                    if g.stream {
+                        let chunk = std::mem::replace(
+                            &mut pending,
+                            TokenChunk { logprobs: g.logprobs.then(Vec::new), ..Default::default() },
+                        );
+                        out.send(Message::TokenChunk(chunk)).await.map_err(send_err)?;
+                    }
+                }
+                Event::Finished {
+                    reason,
+                    stop_sequence,
+                    text,
+                    input_tokens,
+                    output_tokens,
+                    cached_input_tokens,
+                    ..
+                } => {
+                    pending.text_delta.push_str(&text);
+                    if !pending.text_delta.is_empty() || !pending.token_ids.is_empty() {
+                        out.send(Message::TokenChunk(pending)).await.map_err(send_err)?;
+                    }
+                    let finish = Finish {
+                        stop_reason: reason,
+                        stop_sequence: if reason == StopReason::StopSequence { stop_sequence } else { None },
+                        usage: Usage { input_tokens, output_tokens, cached_input_tokens },
+                    };
+                    out.send(Message::Finish(finish)).await.map_err(send_err)?;
+                    return Ok(());
+                }
+            }
+        }
+        Err(WireError::new(ErrorCode::Unavailable, "the engine stopped during the request"))
+    }
+}
+
+impl Handler for WorkerService {
+    async fn call(&self, _ctx: CallContext, request: Message, out: &mut Responder) -> Result<(), WireError> {
+        match request {
+            Message::GenerateRequest(g) => self.generate(g, out).await,
+            other => {
+                Err(WireError::new(ErrorCode::InvalidRequest, format!("a worker does not serve {}", other.kind())))
+            }
+        }
+    }
+}
