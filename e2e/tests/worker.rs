@@ -1,0 +1,169 @@
+//! The real `zl-worker` process serving the bundled default model over QUIC with mutual TLS: streaming answers,
+//! concurrent requests, typed errors, and a cancelled stream freeing its KV blocks (read from `/metrics`).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use zl_e2e::{bin, zl};
+use zl_proto::TlsIdentity;
+use zl_proto::message::{ErrorCode, GenerateRequest, Message, NodeId, Prompt, Role, SamplingParams, StopReason};
+use zl_proto::quic::{CallError, Client, RpcSettings};
+
+struct Worker {
+    child: Child,
+    quic: SocketAddr,
+    metrics: SocketAddr,
+    _dir: tempfile::TempDir,
+    client: Client,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_udp() -> SocketAddr {
+    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn free_tcp() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+fn metrics(addr: SocketAddr) -> Option<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+fn gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| l.starts_with(name) && !l.starts_with('#')).find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+const PARIS: &str = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
+
+fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
+    Message::GenerateRequest(GenerateRequest {
+        request_id: id.into(),
+        trace_id: String::new(),
+        model: "smollm2-135m-instruct".into(),
+        prompt: Prompt::Text(prompt.into()),
+        sampling: SamplingParams { temperature: 0.0, top_p: 1.0, top_k: 0, seed: Some(1) },
+        max_tokens,
+        stop_sequences: vec![],
+        stream: true,
+        logprobs: false,
+    })
+}
+
+async fn start() -> Worker {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    for args in [
+        vec!["certs", "init", "--out", d],
+        vec!["certs", "issue", "--ca-dir", d, "--role", "worker", "--node-id", "worker-0"],
+        vec!["certs", "issue", "--ca-dir", d, "--role", "frontend", "--node-id", "fe-0"],
+    ] {
+        assert!(zl(&args).status.success());
+    }
+    let (quic, metrics_addr) = (free_udp(), free_tcp());
+    let child = Command::new(bin("zl-worker"))
+        .args(["serve", "--node-id", "worker-0", "--kv-memory-mb", "64", "--tls-dir", d])
+        .args(["--listen", &quic.to_string(), "--metrics-addr", &metrics_addr.to_string()])
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("zl-worker starts");
+    let identity = TlsIdentity::from_files(
+        &dir.path().join("ca.pem"),
+        &dir.path().join("frontend-fe-0.pem"),
+        &dir.path().join("frontend-fe-0.key"),
+        Role::Frontend,
+        NodeId::new("fe-0").unwrap(),
+    )
+    .unwrap();
+    let client = Client::new(&identity, RpcSettings::default()).unwrap();
+    let mut worker = Worker { child, quic, metrics: metrics_addr, _dir: dir, client };
+    // Ready once it answers a call (the model loads first).
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Some(status) = worker.child.try_wait().unwrap() {
+            panic!("zl-worker exited early: {status}");
+        }
+        if collect(&worker, generate("ready", PARIS, 1)).await.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "zl-worker never became ready");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    worker
+}
+
+async fn collect(w: &Worker, req: Message) -> Result<(String, StopReason, u32), CallError> {
+    let mut stream = w.client.stream(w.quic, Role::Worker, req).await?;
+    let mut text = String::new();
+    while let Some(msg) = stream.next().await {
+        match msg? {
+            Message::TokenChunk(c) => text.push_str(&c.text_delta),
+            Message::Finish(f) => return Ok((text, f.stop_reason, f.usage.output_tokens)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    Err(CallError::Protocol("no finish".into()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_process_serves_streams_and_frees_cancelled_sequences() {
+    let w = start().await;
+
+    // A streamed greedy answer, ended by the model's end-of-turn token.
+    let (text, reason, _) = collect(&w, generate("paris", PARIS, 32)).await.unwrap();
+    assert!(text.contains("Paris"), "{text:?}");
+    assert_eq!(reason, StopReason::EndTurn);
+
+    // Two concurrent streams both complete, and greedy answers are deterministic.
+    let (a, b) = tokio::join!(collect(&w, generate("c1", PARIS, 32)), collect(&w, generate("c2", PARIS, 32)));
+    assert_eq!(a.unwrap().0, text);
+    assert_eq!(b.unwrap().0, text);
+
+    // Typed errors.
+    let mut unknown = generate("nf", PARIS, 4);
+    if let Message::GenerateRequest(g) = &mut unknown {
+        g.model = "no-such-model".into();
+    }
+    match collect(&w, unknown).await {
+        Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::NotFound),
+        other => panic!("{other:?}"),
+    }
+    match collect(&w, generate("long", PARIS, 9000)).await {
+        Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::ContextLengthExceeded, "{}", e.message),
+        other => panic!("{other:?}"),
+    }
+
+    // A client that goes away mid-stream: its KV blocks return to the pool.
+    let counting =
+        "<|im_start|>user\nCount from one to five hundred, one number per line.<|im_end|>\n<|im_start|>assistant\n";
+    let mut stream = w.client.stream(w.quic, Role::Worker, generate("cancel", counting, 500)).await.unwrap();
+    for _ in 0..5 {
+        assert!(matches!(stream.next().await, Some(Ok(Message::TokenChunk(_)))));
+    }
+    let used = gauge(&metrics(w.metrics).unwrap(), "zl_worker_kv_blocks_used").unwrap();
+    assert!(used > 0.0, "a running sequence holds blocks");
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let used = metrics(w.metrics).and_then(|m| gauge(&m, "zl_worker_kv_blocks_used"));
+        if used == Some(0.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "blocks still used after cancel: {used:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
