@@ -8,8 +8,9 @@
 //!   size, the row's place in the batch, or the thread that runs it; so a sequence gets bit-identical logits alone
 //!   or batched, which makes seeded sampling reproducible and the response cache safe.
 //!
-//! Quantized weights stay quantized (GGUF Q4_1 and Q8_0, the formats of the bundled model); activations are
-//! quantized per row to 8 bits in blocks of 32, as llama.cpp does. Other formats are dequantized to f32 at load.
+//! Quantized weights stay quantized in memory (GGUF Q4_1 and Q8_0, the formats of the bundled model) and are
+//! dequantized one block of 32 at a time inside the kernel, against f32 activations. Other formats are dequantized
+//! to f32 at load.
 
 use half::f16;
 use rayon::prelude::*;
@@ -170,30 +171,10 @@ impl Weight {
         if n == 0 {
             return;
         }
-        // Each task fills a range of output columns for every batch row; it returns its values column-major and
-        // they are scattered afterwards (tasks never share output memory).
-        let compute = |c0: usize, c1: usize| -> Vec<f32> {
-            let mut vals = vec![0f32; (c1 - c0) * n];
-            match self {
-                Weight::F32 { w, .. } => {
-                    for c in c0..c1 {
-                        let wr = &w[c * cols..(c + 1) * cols];
-                        for r in 0..n {
-                            vals[(c - c0) * n + r] = dot_f32(wr, &x[r * cols..(r + 1) * cols]);
-                        }
-                    }
-                }
-                Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => unreachable!("quantized weights use the Q8 path"),
-            }
-            vals
-        };
-        let results: Vec<(usize, Vec<f32>)> = match self {
-            Weight::F32 { .. } => column_tasks(rows).map(|(c0, c1)| (c0, compute(c0, c1))).collect(),
-            Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => {
-                let xq = QuantRows::new(x, n, cols);
-                column_tasks(rows).map(|(c0, c1)| (c0, self.quant_columns(&xq, c0, c1))).collect()
-            }
-        };
+        // Each task fills a range of output columns for every batch row and returns them column-major; they are
+        // scattered afterwards, so tasks never share output memory.
+        let results: Vec<(usize, Vec<f32>)> =
+            column_tasks(rows).map(|(c0, c1)| (c0, columns(self, x, n, c0, c1))).collect();
         for (c0, vals) in results {
             let width = vals.len() / n;
             for dc in 0..width {
@@ -204,53 +185,31 @@ impl Weight {
         }
     }
 
-    fn quant_columns(&self, xq: &QuantRows, c0: usize, c1: usize) -> Vec<f32> {
-        let n = xq.n;
-        let bpr = xq.blocks_per_row;
-        let mut vals = vec![0f32; (c1 - c0) * n];
+    /// Block `b` of row `c` as f32 values.
+    #[inline(always)]
+    fn block(&self, c: usize, b: usize, w: &mut [f32; QK]) {
         match self {
-            Weight::Q4_1 { d, m, qs, .. } => {
-                for c in c0..c1 {
-                    for r in 0..n {
-                        let mut acc = 0f32;
-                        for b in 0..bpr {
-                            let wb = c * bpr + b;
-                            let xb = r * bpr + b;
-                            let wq = &qs[wb * 16..wb * 16 + 16];
-                            let aq = &xq.q[xb * QK..xb * QK + QK];
-                            let mut sum = 0i32;
-                            for j in 0..16 {
-                                sum += i32::from(wq[j] & 0x0f) * i32::from(aq[j])
-                                    + i32::from(wq[j] >> 4) * i32::from(aq[j + 16]);
-                            }
-                            acc += d[wb] * xq.d[xb] * sum as f32 + m[wb] * xq.s[xb];
-                        }
-                        vals[(c - c0) * n + r] = acc;
-                    }
+            Weight::Q4_1 { cols, d, m, qs, .. } => {
+                let blk = c * (cols / QK) + b;
+                let q = &qs[blk * 16..blk * 16 + 16];
+                let (d, m) = (d[blk], m[blk]);
+                for j in 0..16 {
+                    w[j] = d * f32::from(q[j] & 0x0f) + m;
+                    w[j + 16] = d * f32::from(q[j] >> 4) + m;
                 }
             }
-            Weight::Q8_0 { d, qs, .. } => {
-                for c in c0..c1 {
-                    for r in 0..n {
-                        let mut acc = 0f32;
-                        for b in 0..bpr {
-                            let wb = c * bpr + b;
-                            let xb = r * bpr + b;
-                            let wq = &qs[wb * QK..wb * QK + QK];
-                            let aq = &xq.q[xb * QK..xb * QK + QK];
-                            let mut sum = 0i32;
-                            for j in 0..QK {
-                                sum += i32::from(wq[j]) * i32::from(aq[j]);
-                            }
-                            acc += d[wb] * xq.d[xb] * sum as f32;
-                        }
-                        vals[(c - c0) * n + r] = acc;
-                    }
+            Weight::Q8_0 { cols, d, qs, .. } => {
+                let blk = c * (cols / QK) + b;
+                let q = &qs[blk * QK..blk * QK + QK];
+                let d = d[blk];
+                for j in 0..QK {
+                    w[j] = d * f32::from(q[j]);
                 }
             }
-            Weight::F32 { .. } => unreachable!("f32 weights use the f32 path"),
+            Weight::F32 { cols, w: values, .. } => {
+                w.copy_from_slice(&values[c * cols + b * QK..c * cols + b * QK + QK]);
+            }
         }
-        vals
     }
 }
 
@@ -259,6 +218,64 @@ fn column_tasks(rows: usize) -> impl IndexedParallelIterator<Item = (usize, usiz
     (0..rows.div_ceil(COLS_PER_TASK))
         .into_par_iter()
         .map(move |t| (t * COLS_PER_TASK, ((t + 1) * COLS_PER_TASK).min(rows)))
+}
+
+/// Output columns `c0..c1` for all `n` rows, column-major. Uses AVX2 where the CPU has it: the arithmetic is the
+/// same IEEE operations in the same order either way, so results are identical on every x86-64 machine.
+fn columns(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Vec<f32> {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        #[allow(unsafe_code)]
+        // SAFETY: `columns_avx2` only needs AVX2, which the CPU was just checked to have.
+        return unsafe { columns_avx2(weight, x, n, c0, c1) };
+    }
+    columns_generic(weight, x, n, c0, c1)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn columns_avx2(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Vec<f32> {
+    columns_generic(weight, x, n, c0, c1)
+}
+
+/// The kernel: for each weight row, dequantize one block of 32 at a time (kept in registers) and multiply it into
+/// every batch row, accumulating eight lanes per row in a fixed order. Weight bytes are read once per call.
+#[inline(always)]
+fn columns_generic(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Vec<f32> {
+    let cols = weight.cols();
+    let mut vals = vec![0f32; (c1 - c0) * n];
+    if cols % QK != 0 {
+        // Only plain f32 weights can have such widths (quantized formats are checked at load).
+        if let Weight::F32 { w, .. } = weight {
+            for c in c0..c1 {
+                for r in 0..n {
+                    vals[(c - c0) * n + r] = dot_f32(&w[c * cols..(c + 1) * cols], &x[r * cols..(r + 1) * cols]);
+                }
+            }
+        }
+        return vals;
+    }
+    let blocks = cols / QK;
+    let mut acc = vec![[0f32; 8]; n];
+    let mut w = [0f32; QK];
+    for c in c0..c1 {
+        acc.iter_mut().for_each(|a| *a = [0.0; 8]);
+        for b in 0..blocks {
+            weight.block(c, b, &mut w);
+            for (r, a) in acc.iter_mut().enumerate() {
+                let xr = &x[r * cols + b * QK..r * cols + b * QK + QK];
+                for i in 0..QK / 8 {
+                    for l in 0..8 {
+                        a[l] += w[i * 8 + l] * xr[i * 8 + l];
+                    }
+                }
+            }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            vals[(c - c0) * n + r] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+        }
+    }
+    vals
 }
 
 /// Dot product with eight accumulators in a fixed order (vectorisable, and the same order for every call).
@@ -275,38 +292,6 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
         tail += a[i] * b[i];
     }
     ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
-}
-
-/// Activation rows quantized to 8 bits per block of 32: `x ≈ d * q`, with `s = d * Σq` kept for Q4_1's offset.
-struct QuantRows {
-    n: usize,
-    blocks_per_row: usize,
-    d: Vec<f32>,
-    s: Vec<f32>,
-    q: Vec<i8>,
-}
-
-impl QuantRows {
-    fn new(x: &[f32], n: usize, cols: usize) -> Self {
-        let bpr = cols / QK;
-        let mut d = Vec::with_capacity(n * bpr);
-        let mut s = Vec::with_capacity(n * bpr);
-        let mut q = Vec::with_capacity(n * cols);
-        for block in x.chunks_exact(QK) {
-            let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let scale = amax / 127.0;
-            let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-            let mut sum = 0i32;
-            for &v in block {
-                let qi = (v * inv).round().clamp(-127.0, 127.0) as i8;
-                sum += i32::from(qi);
-                q.push(qi);
-            }
-            d.push(scale);
-            s.push(scale * sum as f32);
-        }
-        QuantRows { n, blocks_per_row: bpr, d, s, q }
-    }
 }
 
 #[cfg(test)]
