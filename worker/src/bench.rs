@@ -39,7 +39,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
-    let mut loaded = crate::load(&args.model)?;
+    let mut loaded = crate::load(&args.model)?.swap_remove(0);
     let core = &mut loaded.core;
     let topics = ["the sea", "a robot", "autumn", "a city at night", "a lost key", "mountains", "a library", "rain"];
     println!("model: {}", loaded.path.display());

@@ -59,17 +59,27 @@ pub fn cache_dir() -> PathBuf {
 
 /// SHA-256 of a file, hex.
 pub fn sha256_file(path: &Path) -> Result<String, FetchError> {
-    let mut file = std::fs::File::open(path).map_err(io(path))?;
+    let digest = sha256_files(&[path.to_owned()])?;
+    Ok(digest.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// SHA-256 of files read one after another (a sharded model's version pin).
+pub fn sha256_files(paths: &[PathBuf]) -> Result<[u8; 32], FetchError> {
     let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
     let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io(path))?;
-        if n == 0 {
-            break;
+    for path in paths {
+        let mut file = std::fs::File::open(path).map_err(io(path))?;
+        loop {
+            let n = file.read(&mut buf).map_err(io(path))?;
+            if n == 0 {
+                break;
+            }
+            ctx.update(&buf[..n]);
         }
-        ctx.update(&buf[..n]);
     }
-    Ok(ctx.finish().as_ref().iter().map(|b| format!("{b:02x}")).collect())
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ctx.finish().as_ref());
+    Ok(out)
 }
 
 /// Path of the default model in `cache`, fetching and verifying it first if needed. `progress` receives one-line

@@ -14,7 +14,6 @@ use zl_proto::quic::Server;
 use zl_proto::tls::TlsIdentity;
 use zl_worker::engine::{EngineCore, EngineHandle};
 use zl_worker::fetch;
-use zl_worker::model::gguf;
 use zl_worker::model::llama::KvStore;
 use zl_worker::scheduler::SchedulerConfig;
 use zl_worker::serve::{ServedModel, WorkerService};
@@ -40,10 +39,12 @@ enum Command {
 /// Model and engine settings shared by `serve` and `bench`.
 #[derive(Args, Debug, Clone)]
 pub(crate) struct ModelArgs {
-    /// GGUF model file; default: the bundled SmolLM2-135M-Instruct (fetched into the cache).
-    #[arg(long, env = "ZL_MODEL")]
-    model: Option<PathBuf>,
-    /// KV-cache memory budget in MiB. Default 512: room for about 11k tokens of the default model.
+    /// Model to serve, repeatable: a GGUF file or a Hugging Face directory, as `PATH` or `ID=PATH`. Default: the
+    /// bundled SmolLM2-135M-Instruct (fetched into the cache), served as smollm2-135m-instruct.
+    #[arg(long = "model", env = "ZL_MODELS", value_delimiter = ',')]
+    models: Vec<String>,
+    /// KV-cache memory budget in MiB, shared equally by the models. Default 512: about 11k tokens of the default
+    /// model.
     #[arg(long, env = "ZL_KV_MEMORY_MB", default_value_t = 512)]
     kv_memory_mb: usize,
     /// Tokens per KV block.
@@ -58,9 +59,6 @@ pub(crate) struct ModelArgs {
 struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// Id clients use for the model; default: the default model's id, or the file's stem.
-    #[arg(long, env = "ZL_MODEL_ID")]
-    model_id: Option<String>,
     /// UDP address for the QUIC endpoint.
     #[arg(long, env = "ZL_LISTEN", default_value = "127.0.0.1:7100")]
     listen: SocketAddr,
@@ -76,31 +74,66 @@ struct ServeArgs {
 }
 
 pub(crate) struct Loaded {
+    pub(crate) id: String,
     pub(crate) core: EngineCore,
     pub(crate) sha256: [u8; 32],
     pub(crate) path: PathBuf,
 }
 
-pub(crate) fn load(args: &ModelArgs) -> Result<Loaded> {
-    let path = match &args.model {
-        Some(p) => p.clone(),
-        None => fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("zl-worker: {m}"))?,
-    };
-    eprintln!("zl-worker: loading {}", path.display());
-    let digest = fetch::sha256_file(&path)?;
-    let mut sha256 = [0u8; 32];
-    for (i, byte) in sha256.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&digest[i * 2..i * 2 + 2], 16)?;
+/// The models to load: (id, path), the default model when none is named.
+fn model_specs(args: &ModelArgs) -> Result<Vec<(String, PathBuf)>> {
+    if args.models.is_empty() {
+        let path = fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("zl-worker: {m}"))?;
+        return Ok(vec![(fetch::DEFAULT_MODEL_ID.to_owned(), path)]);
     }
-    let model = gguf::load(&path).with_context(|| format!("loading {}", path.display()))?;
-    let per_block = KvStore::bytes_per_block(model.llama.config(), args.kv_block_size);
-    let blocks = (args.kv_memory_mb * 1024 * 1024) / per_block.max(1);
-    if blocks < 2 {
-        bail!("--kv-memory-mb {} holds fewer than 2 KV blocks of {per_block} bytes", args.kv_memory_mb);
+    let mut specs: Vec<(String, PathBuf)> = Vec::new();
+    for spec in &args.models {
+        let (id, path) = match spec.split_once('=') {
+            Some((id, path)) => (id.to_owned(), PathBuf::from(path)),
+            None => {
+                let path = PathBuf::from(spec);
+                let stem = path.file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().to_lowercase());
+                (stem, path)
+            }
+        };
+        if id.is_empty() || id.len() > 256 || id.chars().any(char::is_whitespace) {
+            bail!("--model {spec:?}: the id must be 1 to 256 characters without spaces");
+        }
+        if specs.iter().any(|(other, _)| *other == id) {
+            bail!("--model {spec:?}: id {id} is used twice");
+        }
+        specs.push((id, path));
     }
-    let config = SchedulerConfig { max_running: args.max_running, ..SchedulerConfig::default() };
-    let core = EngineCore::new(model, blocks, args.kv_block_size, config)?;
-    Ok(Loaded { core, sha256, path })
+    Ok(specs)
+}
+
+pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
+    let specs = model_specs(args)?;
+    let budget = args.kv_memory_mb * 1024 * 1024 / specs.len();
+    let mut loaded = Vec::new();
+    for (id, path) in specs {
+        eprintln!("zl-worker: loading {id} from {}", path.display());
+        let mut files: Vec<PathBuf> = if path.is_dir() {
+            std::fs::read_dir(&path)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect()
+        } else {
+            vec![path.clone()]
+        };
+        files.sort();
+        let digest = fetch::sha256_files(&files)?;
+        let model = zl_worker::model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+        let per_block = KvStore::bytes_per_block(model.llama.config(), args.kv_block_size);
+        let blocks = budget / per_block.max(1);
+        if blocks < 2 {
+            bail!("--kv-memory-mb {} leaves {id} fewer than 2 KV blocks of {per_block} bytes", args.kv_memory_mb);
+        }
+        let config = SchedulerConfig { max_running: args.max_running, ..SchedulerConfig::default() };
+        let core = EngineCore::new(model, blocks, args.kv_block_size, config)?;
+        loaded.push(Loaded { id, core, sha256: digest, path });
+    }
+    Ok(loaded)
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
@@ -118,28 +151,30 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .with_http_listener(args.metrics_addr)
         .install()
         .context("starting the metrics endpoint")?;
-    let loaded = load(&args.model)?;
-    let id = args.model_id.clone().unwrap_or_else(|| {
-        if args.model.model.is_none() {
-            fetch::DEFAULT_MODEL_ID.to_owned()
-        } else {
-            loaded.path.file_stem().map_or("model".into(), |s| s.to_string_lossy().to_lowercase())
-        }
-    });
-    let cfg = loaded.core.model().llama.config().clone();
-    let tokenizer = Arc::new(loaded.core.model().tokenizer.clone());
-    let family = loaded.core.model().family.clone();
-    let engine = EngineHandle::spawn(loaded.core, &id)?;
-    let service = Arc::new(WorkerService::new(vec![ServedModel {
-        id: id.clone(),
-        weights_sha256: loaded.sha256,
-        context_length: cfg.context_length as u32,
-        family,
-        tokenizer,
-        engine,
-    }]));
+    let mut served = Vec::new();
+    for loaded in load(&args.model)? {
+        let cfg = loaded.core.model().llama.config().clone();
+        let tokenizer = Arc::new(loaded.core.model().tokenizer.clone());
+        let family = loaded.core.model().family.clone();
+        let engine = EngineHandle::spawn(loaded.core, &loaded.id)?;
+        served.push(ServedModel {
+            id: loaded.id,
+            weights_sha256: loaded.sha256,
+            context_length: cfg.context_length as u32,
+            family,
+            tokenizer,
+            engine,
+        });
+    }
+    let ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
+    let service = Arc::new(WorkerService::new(served));
     let server = Server::spawn(args.listen, &identity, zl_worker::rpc_settings(), service.clone())?;
-    eprintln!("zl-worker: serving {id} on {} (metrics on http://{}/metrics)", server.local_addr(), args.metrics_addr);
+    eprintln!(
+        "zl-worker: serving {} on {} (metrics on http://{}/metrics)",
+        ids.join(", "),
+        server.local_addr(),
+        args.metrics_addr
+    );
     shutdown_signal().await;
     eprintln!("zl-worker: draining");
     service.drain();

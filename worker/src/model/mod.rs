@@ -1,6 +1,7 @@
 //! Models: loading (GGUF, Hugging Face safetensors), the Llama-family forward pass, kernels and tokenizers.
 
 pub mod gguf;
+pub mod hf;
 pub mod kernels;
 pub mod llama;
 pub mod tokenizer;
@@ -31,4 +32,9 @@ pub struct LoadedModel {
     pub tokenizer: TextTokenizer,
     /// Architecture family, e.g. "llama".
     pub family: String,
+}
+
+/// Load a model: a `.gguf` file, or a Hugging Face directory (config.json, safetensors, tokenizer.json).
+pub fn load(path: &std::path::Path) -> Result<LoadedModel, LoadError> {
+    if path.is_dir() { hf::load(path) } else { gguf::load(path) }
 }

@@ -1,0 +1,140 @@
+//! Loading a Hugging Face model directory: `config.json`, one or more `*.safetensors` shards, `tokenizer.json` and
+//! (optionally) `tokenizer_config.json` with the chat template. Llama, Mistral, Qwen2 and SmolLM layouts; weights of
+//! any float dtype are converted to f32.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::kernels::Weight;
+use super::llama::{Layer, Llama, LlamaConfig};
+use super::tokenizer::TextTokenizer;
+use super::{LoadError, LoadedModel};
+
+/// The fields of `config.json` this loader reads.
+#[derive(Debug, serde::Deserialize)]
+struct HfConfig {
+    model_type: Option<String>,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    vocab_size: usize,
+    rms_norm_eps: Option<f32>,
+    rope_theta: Option<f32>,
+    max_position_embeddings: Option<usize>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
+}
+
+struct Tensors(HashMap<String, Tensor>);
+
+impl Tensors {
+    fn take(&mut self, name: &str) -> Result<Tensor, LoadError> {
+        self.0.remove(name).ok_or_else(|| LoadError::Format(format!("tensor {name} is missing")))
+    }
+
+    fn values(t: &Tensor, name: &str) -> Result<Vec<f32>, LoadError> {
+        t.to_dtype(DType::F32)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| LoadError::Format(format!("{name}: {e}")))
+    }
+
+    fn vector(&mut self, name: &str) -> Result<Vec<f32>, LoadError> {
+        let t = self.take(name)?;
+        Self::values(&t, name)
+    }
+
+    fn weight(&mut self, name: &str) -> Result<Weight, LoadError> {
+        let t = self.take(name)?;
+        let [rows, cols] = t.dims()[..] else {
+            return Err(LoadError::Format(format!("{name} has shape {:?}, expected a matrix", t.dims())));
+        };
+        Weight::from_f32(rows, cols, Self::values(&t, name)?).map_err(|e| LoadError::Format(format!("{name}: {e}")))
+    }
+}
+
+/// Load a model directory.
+pub fn load(dir: &Path) -> Result<LoadedModel, LoadError> {
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read(&path).map_err(|e| LoadError::Io(path.display().to_string(), e))
+    };
+    let config: HfConfig =
+        serde_json::from_slice(&read("config.json")?).map_err(|e| LoadError::Format(format!("config.json: {e}")))?;
+    let family = config.model_type.clone().unwrap_or_else(|| "llama".into());
+    if !matches!(family.as_str(), "llama" | "mistral" | "qwen2") {
+        return Err(LoadError::Unsupported(format!("model_type {family:?} (llama, mistral and qwen2 are)")));
+    }
+    let cfg = LlamaConfig {
+        hidden: config.hidden_size,
+        intermediate: config.intermediate_size,
+        layers: config.num_hidden_layers,
+        heads: config.num_attention_heads,
+        kv_heads: config.num_key_value_heads.unwrap_or(config.num_attention_heads),
+        head_dim: config.head_dim.unwrap_or(config.hidden_size / config.num_attention_heads.max(1)),
+        vocab: config.vocab_size,
+        rms_eps: config.rms_norm_eps.unwrap_or(1e-5),
+        rope_theta: config.rope_theta.unwrap_or(10_000.0),
+        context_length: config.max_position_embeddings.unwrap_or(4096),
+        rope_interleaved: false,
+    };
+    cfg.validate().map_err(LoadError::Format)?;
+    let mut shards: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| LoadError::Io(dir.display().to_string(), e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    shards.sort();
+    if shards.is_empty() {
+        return Err(LoadError::Format(format!("no .safetensors files in {}", dir.display())));
+    }
+    let mut all = HashMap::new();
+    for shard in &shards {
+        let tensors = candle_core::safetensors::load(shard, &Device::Cpu)
+            .map_err(|e| LoadError::Format(format!("{}: {e}", shard.display())))?;
+        all.extend(tensors);
+    }
+    let mut t = Tensors(all);
+    let embed = t.weight("model.embed_tokens.weight")?;
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for i in 0..cfg.layers {
+        let p = |s: &str| format!("model.layers.{i}.{s}");
+        let qkv_bias = if t.0.contains_key(&p("self_attn.q_proj.bias")) {
+            Some((
+                t.vector(&p("self_attn.q_proj.bias"))?,
+                t.vector(&p("self_attn.k_proj.bias"))?,
+                t.vector(&p("self_attn.v_proj.bias"))?,
+            ))
+        } else {
+            None
+        };
+        layers.push(Layer {
+            attn_norm: t.vector(&p("input_layernorm.weight"))?,
+            wq: t.weight(&p("self_attn.q_proj.weight"))?,
+            wk: t.weight(&p("self_attn.k_proj.weight"))?,
+            wv: t.weight(&p("self_attn.v_proj.weight"))?,
+            qkv_bias,
+            wo: t.weight(&p("self_attn.o_proj.weight"))?,
+            ffn_norm: t.vector(&p("post_attention_layernorm.weight"))?,
+            w_gate: t.weight(&p("mlp.gate_proj.weight"))?,
+            w_up: t.weight(&p("mlp.up_proj.weight"))?,
+            w_down: t.weight(&p("mlp.down_proj.weight"))?,
+        });
+    }
+    let norm = t.vector("model.norm.weight")?;
+    let output = if config.tie_word_embeddings && !t.0.contains_key("lm_head.weight") {
+        None
+    } else {
+        Some(t.weight("lm_head.weight")?)
+    };
+    let llama = Llama::new(cfg, embed, layers, norm, output).map_err(LoadError::Format)?;
+    let tokenizer_config = read("tokenizer_config.json").ok();
+    let tokenizer = TextTokenizer::from_hf(&read("tokenizer.json")?, tokenizer_config.as_deref())
+        .map_err(|e| LoadError::Format(e.to_string()))?;
+    Ok(LoadedModel { llama, tokenizer, family })
+}

@@ -1,0 +1,230 @@
+//! The Hugging Face loading path on a small Llama the test writes itself (fixed-seed random weights, f32 and bf16
+//! safetensors, a byte-level BPE tokenizer.json): loading, chat templates, both RoPE layouts agreeing, and batch
+//! invariance through the engine.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::{AddedToken, Tokenizer};
+use zl_worker::engine::{EngineCore, Event, Request};
+use zl_worker::kv::pool::BlockPool;
+use zl_worker::model::hf;
+use zl_worker::model::kernels::Weight;
+use zl_worker::model::llama::{BatchItem, KvStore, Layer, Llama, LlamaConfig};
+use zl_worker::model::tokenizer::ChatMessage;
+use zl_worker::sampling::Sampling;
+
+const HIDDEN: usize = 64;
+const INTER: usize = 128;
+const LAYERS: usize = 2;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+const HD: usize = HIDDEN / HEADS;
+
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> f32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (((self.0 >> 40) as f32 / (1u64 << 24) as f32) - 0.5) * 0.4
+    }
+
+    fn matrix(&mut self, rows: usize, cols: usize) -> Vec<f32> {
+        (0..rows * cols).map(|_| self.next()).collect()
+    }
+}
+
+/// All weights, HF names, in generation order (so two calls give identical values).
+fn weights(vocab: usize) -> Vec<(String, (usize, usize), Vec<f32>)> {
+    let mut g = Gen(42);
+    let mut out = vec![("model.embed_tokens.weight".to_string(), (vocab, HIDDEN), g.matrix(vocab, HIDDEN))];
+    for i in 0..LAYERS {
+        let p = |s: &str| format!("model.layers.{i}.{s}");
+        let norm: Vec<f32> = (0..HIDDEN).map(|_| 1.0 + g.next()).collect();
+        out.push((p("input_layernorm.weight"), (HIDDEN, 1), norm));
+        out.push((p("self_attn.q_proj.weight"), (HIDDEN, HIDDEN), g.matrix(HIDDEN, HIDDEN)));
+        out.push((p("self_attn.k_proj.weight"), (KV_HEADS * HD, HIDDEN), g.matrix(KV_HEADS * HD, HIDDEN)));
+        out.push((p("self_attn.v_proj.weight"), (KV_HEADS * HD, HIDDEN), g.matrix(KV_HEADS * HD, HIDDEN)));
+        out.push((p("self_attn.o_proj.weight"), (HIDDEN, HIDDEN), g.matrix(HIDDEN, HIDDEN)));
+        let norm: Vec<f32> = (0..HIDDEN).map(|_| 1.0 + g.next()).collect();
+        out.push((p("post_attention_layernorm.weight"), (HIDDEN, 1), norm));
+        out.push((p("mlp.gate_proj.weight"), (INTER, HIDDEN), g.matrix(INTER, HIDDEN)));
+        out.push((p("mlp.up_proj.weight"), (INTER, HIDDEN), g.matrix(INTER, HIDDEN)));
+        out.push((p("mlp.down_proj.weight"), (HIDDEN, INTER), g.matrix(HIDDEN, INTER)));
+    }
+    out.push(("model.norm.weight".into(), (HIDDEN, 1), (0..HIDDEN).map(|_| 1.0 + g.next()).collect()));
+    out.push(("lm_head.weight".into(), (vocab, HIDDEN), g.matrix(vocab, HIDDEN)));
+    out
+}
+
+fn tokenizer() -> Tokenizer {
+    let vocab: Vocab = ByteLevel::alphabet().into_iter().enumerate().map(|(i, c)| (c.to_string(), i as u32)).collect();
+    let bpe = BPE::builder().vocab_and_merges(vocab, vec![]).build().unwrap();
+    let mut tok = Tokenizer::new(bpe);
+    tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
+    tok.with_decoder(Some(ByteLevel::default()));
+    tok.add_special_tokens([AddedToken::from("<|im_start|>", true), AddedToken::from("<|im_end|>", true)]).unwrap();
+    tok
+}
+
+fn write_model(dir: &Path) -> usize {
+    let tok = tokenizer();
+    let vocab = tok.get_vocab_size(true);
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string(false).unwrap()).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), r#"{"eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}"#)
+        .unwrap();
+    let config = serde_json::json!({
+        "model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": INTER, "num_hidden_layers": LAYERS,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "vocab_size": vocab, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "max_position_embeddings": 256, "tie_word_embeddings": false
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    // Two shards; the MLP weights in bf16 to exercise dtype conversion.
+    let mut a = HashMap::new();
+    let mut b = HashMap::new();
+    for (name, (rows, cols), values) in weights(vocab) {
+        let shape: Vec<usize> = if cols == 1 { vec![rows] } else { vec![rows, cols] };
+        let t = Tensor::from_vec(values, shape, &Device::Cpu).unwrap();
+        if name.contains("mlp") {
+            b.insert(name, t.to_dtype(DType::BF16).unwrap());
+        } else {
+            a.insert(name, t);
+        }
+    }
+    candle_core::safetensors::save(&a, dir.join("model-00001-of-00002.safetensors")).unwrap();
+    candle_core::safetensors::save(&b, dir.join("model-00002-of-00002.safetensors")).unwrap();
+    vocab
+}
+
+fn bf16_round(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|x| half::bf16::from_f32(*x).to_f32()).collect()
+}
+
+/// The same network with GGUF's Q/K row order and adjacent-pair RoPE.
+fn interleaved_twin(vocab: usize) -> Llama {
+    let mut w: HashMap<String, Vec<f32>> = weights(vocab).into_iter().map(|(n, _, v)| (n, v)).collect();
+    let permute = |m: &[f32], heads: usize| {
+        let mut out = vec![0f32; m.len()];
+        for h in 0..heads {
+            for i in 0..HD / 2 {
+                for (new, old) in [(2 * i, i), (2 * i + 1, i + HD / 2)] {
+                    let (dst, src) = ((h * HD + new) * HIDDEN, (h * HD + old) * HIDDEN);
+                    out[dst..dst + HIDDEN].copy_from_slice(&m[src..src + HIDDEN]);
+                }
+            }
+        }
+        out
+    };
+    let f = |rows, cols, v: Vec<f32>| Weight::from_f32(rows, cols, v).unwrap();
+    let mut layers = Vec::new();
+    for i in 0..LAYERS {
+        let mut take = |s: &str| w.remove(&format!("model.layers.{i}.{s}")).unwrap();
+        layers.push(Layer {
+            attn_norm: take("input_layernorm.weight"),
+            wq: f(HIDDEN, HIDDEN, permute(&take("self_attn.q_proj.weight"), HEADS)),
+            wk: f(KV_HEADS * HD, HIDDEN, permute(&take("self_attn.k_proj.weight"), KV_HEADS)),
+            wv: f(KV_HEADS * HD, HIDDEN, take("self_attn.v_proj.weight")),
+            qkv_bias: None,
+            wo: f(HIDDEN, HIDDEN, take("self_attn.o_proj.weight")),
+            ffn_norm: take("post_attention_layernorm.weight"),
+            w_gate: f(INTER, HIDDEN, bf16_round(&take("mlp.gate_proj.weight"))),
+            w_up: f(INTER, HIDDEN, bf16_round(&take("mlp.up_proj.weight"))),
+            w_down: f(HIDDEN, INTER, bf16_round(&take("mlp.down_proj.weight"))),
+        });
+    }
+    let cfg = LlamaConfig {
+        hidden: HIDDEN,
+        intermediate: INTER,
+        layers: LAYERS,
+        heads: HEADS,
+        kv_heads: KV_HEADS,
+        head_dim: HD,
+        vocab,
+        rms_eps: 1e-5,
+        rope_theta: 10_000.0,
+        context_length: 256,
+        rope_interleaved: true,
+    };
+    let embed = f(vocab, HIDDEN, w.remove("model.embed_tokens.weight").unwrap());
+    let norm = w.remove("model.norm.weight").unwrap();
+    let output = f(vocab, HIDDEN, w.remove("lm_head.weight").unwrap());
+    Llama::new(cfg, embed, layers, norm, Some(output)).unwrap()
+}
+
+fn logits(model: &Llama, tokens: &[u32]) -> Vec<f32> {
+    let mut kv = KvStore::new(model.config(), 8, 16);
+    let mut pool = BlockPool::new(8, 16);
+    let mut seq = pool.start(tokens);
+    pool.reserve(&mut seq, tokens.len()).unwrap();
+    let item = BatchItem { tokens, start: 0, blocks: seq.table(), logits: true };
+    model.forward(&[item], &mut kv).remove(0)
+}
+
+#[test]
+fn a_hugging_face_directory_loads_and_both_rope_layouts_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = write_model(dir.path());
+    let model = hf::load(dir.path()).unwrap();
+    assert_eq!(model.family, "llama");
+    assert_eq!(model.llama.config().kv_heads, KV_HEADS);
+    let tok = &model.tokenizer;
+    let ids = tok.encode("hello <|im_end|>").unwrap();
+    assert_eq!(tok.decode(&ids).unwrap(), "hello ");
+    assert!(tok.stop_ids.contains(&tok.encode("<|im_end|>").unwrap()[0]));
+    let chat = tok.render_chat(&[ChatMessage { role: "user".into(), content: "hi".into() }]).unwrap();
+    assert_eq!(chat, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+
+    let prompt = tok.encode(&chat).unwrap();
+    let a = logits(&model.llama, &prompt);
+    let b = logits(&interleaved_twin(vocab), &prompt);
+    let max_diff = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(max_diff < 1e-3, "halves and interleaved RoPE disagree by {max_diff}");
+}
+
+#[test]
+fn the_small_model_is_batch_invariant_through_the_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path());
+    let run = |others: u64| {
+        let model = hf::load(dir.path()).unwrap();
+        let mut engine = EngineCore::new(model, 64, 16, Default::default()).unwrap();
+        let target = engine.model().tokenizer.encode("<|im_start|>user\nthe sea<|im_end|>\n").unwrap();
+        let sampling = Sampling { temperature: 0.9, top_p: 0.9, top_k: 20, seed: 5 };
+        for i in 1..=others {
+            let prompt = engine.model().tokenizer.encode(&"x".repeat(i as usize * 3)).unwrap();
+            let s = Sampling { seed: i, ..sampling };
+            engine.add(i, Request { prompt, sampling: s, max_tokens: 5 + i as u32, stop_sequences: vec![] }).unwrap();
+        }
+        engine.add(0, Request { prompt: target, sampling, max_tokens: 12, stop_sequences: vec![] }).unwrap();
+        let mut tokens = Vec::new();
+        while engine.has_work() {
+            for ev in engine.step() {
+                if let Event::Token { seq: 0, token, .. } = ev {
+                    tokens.push(token);
+                }
+            }
+        }
+        tokens
+    };
+    let alone = run(0);
+    assert!(!alone.is_empty());
+    assert_eq!(alone, run(16));
+}
+
+#[test]
+fn a_directory_without_weights_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path());
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let err = hf::load(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("no .safetensors files"), "{err}");
+}
