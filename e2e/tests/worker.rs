@@ -75,8 +75,15 @@ async fn start() -> Worker {
         assert!(zl(&args).status.success());
     }
     let (quic, metrics_addr) = (free_udp(), free_tcp());
+    // Identity and KV budget come from a config file; addresses from flags.
+    let config = dir.path().join("worker.toml");
+    std::fs::write(
+        &config,
+        format!("node-id = \"worker-0\"\nkv-memory-mb = 64\ntls-dir = {d:?}\nlisten = \"127.0.0.1:1\"\n"),
+    )
+    .unwrap();
     let child = Command::new(bin("zl-worker"))
-        .args(["serve", "--node-id", "worker-0", "--kv-memory-mb", "64", "--tls-dir", d])
+        .args(["serve", "--config", config.to_str().unwrap()])
         .args(["--listen", &quic.to_string(), "--metrics-addr", &metrics_addr.to_string()])
         .stdin(Stdio::null())
         .spawn()

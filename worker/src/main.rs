@@ -1,6 +1,7 @@
 //! `zl-worker`: serves models over zerolayer's RPC, fetches the default model, and benchmarks the engine.
 
 mod bench;
+mod config;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use zl_proto::message::{NodeId, Role};
 use zl_proto::quic::Server;
 use zl_proto::tls::TlsIdentity;
@@ -29,6 +30,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve models over QUIC (mutual TLS) with a Prometheus endpoint.
+    #[command(args_override_self = true)]
     Serve(ServeArgs),
     /// Download the bundled default model into the cache (once) and print its path.
     FetchDefaultModel,
@@ -71,6 +73,10 @@ struct ServeArgs {
     /// Directory with ca.pem and worker-{node-id}.pem/.key (see `zl certs`).
     #[arg(long, env = "ZL_TLS_DIR")]
     tls_dir: PathBuf,
+    /// TOML file of settings named like these flags (see docs/zl-worker.example.toml); flags and ZL_* variables
+    /// override it.
+    #[arg(long, env = "ZL_CONFIG")]
+    config: Option<PathBuf>,
 }
 
 pub(crate) struct Loaded {
@@ -199,7 +205,8 @@ async fn shutdown_signal() {
 fn main() -> Result<()> {
     zl_proto::tls::install_default_provider();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG")).init();
-    let cli = Cli::parse();
+    let argv = config::expand(&Cli::command(), "serve", std::env::args_os().collect())?;
+    let cli = Cli::parse_from(argv);
     match cli.command {
         Command::FetchDefaultModel => {
             let path = fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("zl-worker: {m}"))?;
