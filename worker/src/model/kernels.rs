@@ -264,10 +264,14 @@ fn columns_generic(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -
             weight.block(c, b, &mut w);
             for (r, a) in acc.iter_mut().enumerate() {
                 let xr = &x[r * cols + b * QK..r * cols + b * QK + QK];
-                for i in 0..QK / 8 {
-                    for l in 0..8 {
-                        a[l] += w[i * 8 + l] * xr[i * 8 + l];
-                    }
+                // Four independent products, summed as a tree, then one add into the accumulator: a short
+                // dependency chain per block, and a fixed order.
+                for l in 0..8 {
+                    let p0 = w[l] * xr[l];
+                    let p1 = w[8 + l] * xr[8 + l];
+                    let p2 = w[16 + l] * xr[16 + l];
+                    let p3 = w[24 + l] * xr[24 + l];
+                    a[l] += (p0 + p1) + (p2 + p3);
                 }
             }
         }

@@ -250,6 +250,11 @@ impl Llama {
                 r += 1;
             }
         }
+        // Storage offsets of every position each item attends over, computed once for all layers and heads.
+        let item_slots: Vec<Vec<usize>> = items
+            .iter()
+            .map(|item| (0..item.start + item.tokens.len()).map(|p| kv.slot(item.blocks, p)).collect())
+            .collect();
         let mut hbuf = vec![0f32; n * h];
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
@@ -281,8 +286,8 @@ impl Llama {
             }
             let kv_ref: &KvStore = kv;
             attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {
-                let item = &items[row_item[r]];
-                self.attend(&q[r * qd..(r + 1) * qd], row_pos[r], item.blocks, kv_ref, li, out);
+                let slots = &item_slots[row_item[r]][..=row_pos[r]];
+                self.attend(&q[r * qd..(r + 1) * qd], slots, kv_ref, li, out);
             });
             layer.wo.matmul(&attn, n, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
@@ -318,19 +323,19 @@ impl Llama {
     }
 
     /// Attention of one query row (all heads) over its sequence's positions `0..=pos`.
-    fn attend(&self, q: &[f32], pos: usize, blocks: &[BlockId], kv: &KvStore, layer: usize, out: &mut [f32]) {
+    fn attend(&self, q: &[f32], slots: &[usize], kv: &KvStore, layer: usize, out: &mut [f32]) {
         let cfg = &self.cfg;
         let (keys, values) = (&kv.k[layer], &kv.v[layer]);
         let hd = cfg.head_dim;
         let group = cfg.heads / cfg.kv_heads;
         let scale = 1.0 / (hd as f32).sqrt();
-        let mut scores = vec![0f32; pos + 1];
+        let mut scores = vec![0f32; slots.len()];
         for head in 0..cfg.heads {
             let g = head / group;
             let qh = &q[head * hd..(head + 1) * hd];
             let mut max = f32::NEG_INFINITY;
-            for (j, s) in scores.iter_mut().enumerate() {
-                let at = kv.slot(blocks, j) + g * hd;
+            for (s, &slot) in scores.iter_mut().zip(slots) {
+                let at = slot + g * hd;
                 *s = dot_f32(qh, &keys[at..at + hd]) * scale;
                 max = max.max(*s);
             }
@@ -341,8 +346,8 @@ impl Llama {
             }
             let o = &mut out[head * hd..(head + 1) * hd];
             o.fill(0.0);
-            for (j, &s) in scores.iter().enumerate() {
-                let at = kv.slot(blocks, j) + g * hd;
+            for (&s, &slot) in scores.iter().zip(slots) {
+                let at = slot + g * hd;
                 let w = s / sum;
                 for (oi, &vi) in o.iter_mut().zip(&values[at..at + hd]) {
                     *oi += w * vi;
