@@ -119,15 +119,7 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
     let mut loaded = Vec::new();
     for (id, path) in specs {
         eprintln!("zl-worker: loading {id} from {}", path.display());
-        let mut files: Vec<PathBuf> = if path.is_dir() {
-            std::fs::read_dir(&path)?
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-                .collect()
-        } else {
-            vec![path.clone()]
-        };
-        files.sort();
+        let files = if path.is_dir() { zl_worker::model::hf::shards(&path)? } else { vec![path.clone()] };
         let digest = fetch::sha256_files(&files)?;
         let model = zl_worker::model::load(&path).with_context(|| format!("loading {}", path.display()))?;
         let per_block = KvStore::bytes_per_block(model.llama.config(), args.kv_block_size);

@@ -3,7 +3,7 @@
 //! any float dtype are converted to f32.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 
@@ -58,6 +58,20 @@ impl Tensors {
     }
 }
 
+/// The weight shards of a model directory, in name order (the order they are loaded and hashed in).
+pub fn shards(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let mut shards: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| LoadError::Io(dir.display().to_string(), e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    shards.sort();
+    if shards.is_empty() {
+        return Err(LoadError::Format(format!("no .safetensors files in {}", dir.display())));
+    }
+    Ok(shards)
+}
+
 /// Load a model directory.
 pub fn load(dir: &Path) -> Result<LoadedModel, LoadError> {
     let read = |name: &str| {
@@ -84,15 +98,7 @@ pub fn load(dir: &Path) -> Result<LoadedModel, LoadError> {
         rope_interleaved: false,
     };
     cfg.validate().map_err(LoadError::Format)?;
-    let mut shards: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| LoadError::Io(dir.display().to_string(), e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    shards.sort();
-    if shards.is_empty() {
-        return Err(LoadError::Format(format!("no .safetensors files in {}", dir.display())));
-    }
+    let shards = shards(dir)?;
     let mut all = HashMap::new();
     for shard in &shards {
         let tensors = candle_core::safetensors::load(shard, &Device::Cpu)
