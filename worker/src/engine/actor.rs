@@ -36,7 +36,8 @@ pub struct Published {
     pub kv_events: Vec<KvEvent>,
 }
 
-/// Most KV events kept for the next report; past it the oldest are dropped (and the next report says `cleared`).
+/// Most KV events kept for the next report; past it the oldest are dropped. Whoever reports them (the
+/// orchestrator link, issue 4) must then send a full resync (`KvCacheEvents.cleared`), which is not built yet.
 pub const MAX_PENDING_EVENTS: usize = 65_536;
 
 /// A handle to a running engine. Cheap to clone.
