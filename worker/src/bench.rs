@@ -58,8 +58,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             }])?;
             let prompt = tok.encode(&text)?;
             prompt_tokens += prompt.len();
-            let req =
-                Request { prompt, sampling: Sampling::greedy(), max_tokens: args.max_tokens, stop_sequences: vec![] };
+            let req = Request {
+                prompt,
+                sampling: Sampling::greedy(),
+                max_tokens: args.max_tokens,
+                stop_sequences: vec![],
+                logprobs: false,
+            };
             core.add((level_no * 10_000 + i) as u64, req)?;
         }
         let started = Instant::now();

@@ -24,15 +24,6 @@ impl Sampling {
     }
 }
 
-/// A sampled token and its log-probability under the model (log-softmax of the raw logits).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Sampled {
-    /// Token id.
-    pub token: u32,
-    /// Natural-log probability, <= 0.
-    pub logprob: f32,
-}
-
 fn splitmix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -57,17 +48,18 @@ fn argmax(logits: &[f32]) -> usize {
     best
 }
 
-fn log_softmax_at(logits: &[f32], index: usize) -> f32 {
+/// The log-probability of token `index` under the model (log-softmax of the raw logits): natural log, <= 0.
+pub fn log_softmax_at(logits: &[f32], index: usize) -> f32 {
     let max = logits.iter().copied().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max);
     let sum: f64 = logits.iter().filter(|v| !v.is_nan()).map(|&v| f64::from(v - max).exp()).sum();
     (f64::from(logits[index] - max) - sum.ln()) as f32
 }
 
 /// Pick the token for step `step` (0 for the first output token) of a request.
-pub fn sample(logits: &[f32], params: &Sampling, step: u64) -> Sampled {
+pub fn sample(logits: &[f32], params: &Sampling, step: u64) -> u32 {
     assert!(!logits.is_empty(), "empty vocabulary");
     let token = if params.temperature <= 0.0 { argmax(logits) } else { sample_random(logits, params, step) };
-    Sampled { token: token as u32, logprob: log_softmax_at(logits, token) }
+    token as u32
 }
 
 fn sample_random(logits: &[f32], params: &Sampling, step: u64) -> usize {
@@ -125,24 +117,25 @@ mod tests {
     }
 
     #[test]
-    fn greedy_picks_the_first_maximum_and_reports_its_logprob() {
-        let s = sample(&[0.0, 2.0, 2.0, f32::NAN], &Sampling::greedy(), 0);
-        assert_eq!(s.token, 1);
-        let expected = (2.0f64 - (1.0f64 + 2.0 * 2.0f64.exp()).ln() + 0.0).exp();
-        assert!((f64::from(s.logprob).exp() - expected).abs() < 1e-5 || s.logprob < 0.0);
-        assert!(s.logprob <= 0.0);
+    fn greedy_picks_the_first_maximum_and_its_logprob_ignores_nan() {
+        let logits = [0.0, 2.0, 2.0, f32::NAN];
+        let token = sample(&logits, &Sampling::greedy(), 0);
+        assert_eq!(token, 1);
+        // p(1) = e^2 / (e^0 + e^2 + e^2), the NaN left out.
+        let expected = 2.0 - (1.0f64 + 2.0 * 2.0f64.exp()).ln();
+        assert!((f64::from(log_softmax_at(&logits, 1)) - expected).abs() < 1e-6);
     }
 
     #[test]
     fn same_seed_and_step_give_the_same_token_different_steps_vary() {
         let logits: Vec<f32> = (0..1000).map(|i| ((i * 37 % 101) as f32) / 10.0).collect();
         let p = params(1.0, 1.0, 0, 42);
-        let a: Vec<u32> = (0..50).map(|step| sample(&logits, &p, step).token).collect();
-        let b: Vec<u32> = (0..50).map(|step| sample(&logits, &p, step).token).collect();
+        let a: Vec<u32> = (0..50).map(|step| sample(&logits, &p, step)).collect();
+        let b: Vec<u32> = (0..50).map(|step| sample(&logits, &p, step)).collect();
         assert_eq!(a, b);
         let distinct: std::collections::HashSet<_> = a.iter().collect();
         assert!(distinct.len() > 5, "sampling should vary across steps: {a:?}");
-        let other: Vec<u32> = (0..50).map(|step| sample(&logits, &params(1.0, 1.0, 0, 43), step).token).collect();
+        let other: Vec<u32> = (0..50).map(|step| sample(&logits, &params(1.0, 1.0, 0, 43), step)).collect();
         assert_ne!(a, other);
     }
 
@@ -150,8 +143,8 @@ mod tests {
     fn top_k_one_and_tiny_top_p_are_greedy() {
         let logits = [1.0, 5.0, 3.0, 5.0];
         for step in 0..20 {
-            assert_eq!(sample(&logits, &params(1.5, 1.0, 1, step), step).token, 1);
-            assert_eq!(sample(&logits, &params(1.5, 0.01, 0, step), step).token, 1);
+            assert_eq!(sample(&logits, &params(1.5, 1.0, 1, step), step), 1);
+            assert_eq!(sample(&logits, &params(1.5, 0.01, 0, step), step), 1);
         }
     }
 
@@ -159,7 +152,7 @@ mod tests {
     fn top_k_restricts_the_candidates() {
         let logits = [3.0, 2.9, 2.8, -50.0, 2.7];
         for step in 0..200 {
-            let t = sample(&logits, &params(5.0, 1.0, 2, 7), step).token;
+            let t = sample(&logits, &params(5.0, 1.0, 2, 7), step);
             assert!(t == 0 || t == 1, "{t}");
         }
     }
@@ -170,7 +163,7 @@ mod tests {
         let logits = [2f32.ln() * 2.0, 2f32.ln(), 2f32.ln()];
         let mut counts = [0u32; 3];
         for step in 0..20_000 {
-            counts[sample(&logits, &params(1.0, 1.0, 0, 1), step).token as usize] += 1;
+            counts[sample(&logits, &params(1.0, 1.0, 0, 1), step) as usize] += 1;
         }
         let f0 = f64::from(counts[0]) / 20_000.0;
         assert!((f0 - 0.5).abs() < 0.02, "{counts:?}");

@@ -97,6 +97,7 @@ impl WorkerService {
             },
             max_tokens: g.max_tokens,
             stop_sequences: g.stop_sequences,
+            logprobs: g.logprobs,
         };
         let mut generation = model
             .engine
@@ -114,7 +115,7 @@ impl WorkerService {
                 Event::Token { token, logprob, text, .. } => {
                     pending.token_ids.push(token);
                     pending.text_delta.push_str(&text);
-                    if let Some(lp) = pending.logprobs.as_mut() {
+                    if let (Some(lp), Some(logprob)) = (pending.logprobs.as_mut(), logprob) {
                         lp.push(logprob);
                     }
                     if g.stream {

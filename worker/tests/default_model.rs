@@ -63,7 +63,8 @@ fn run_all(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String)> {
 fn greedy_answer_names_paris() {
     let mut e = engine();
     let prompt = chat(&e, "What is the capital of France?");
-    e.add(1, Request { prompt, sampling: Sampling::greedy(), max_tokens: 24, stop_sequences: vec![] }).unwrap();
+    e.add(1, Request { prompt, sampling: Sampling::greedy(), max_tokens: 24, stop_sequences: vec![], logprobs: false })
+        .unwrap();
     let out = run_all(&mut e);
     let text = &out[&1].1;
     assert!(text.contains("Paris"), "answer was {text:?}");
@@ -76,6 +77,8 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
         sampling: Sampling { temperature: 0.8, top_p: 0.95, top_k: 50, seed: 1234 },
         max_tokens: 20,
         stop_sequences: vec![],
+        // Logprobs too: bit-identical logits give bit-identical log-probabilities.
+        logprobs: true,
     };
     let mut alone = engine();
     let req = target(&alone);
@@ -87,7 +90,8 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
     for i in 1..=16u64 {
         let prompt = chat(&busy, &format!("Tell me {} facts about {}.", i, topics[i as usize % topics.len()]));
         let sampling = Sampling { temperature: 0.5 + (i as f32) / 40.0, top_p: 0.9, top_k: 0, seed: i };
-        busy.add(i, Request { prompt, sampling, max_tokens: 8 + i as u32, stop_sequences: vec![] }).unwrap();
+        busy.add(i, Request { prompt, sampling, max_tokens: 8 + i as u32, stop_sequences: vec![], logprobs: false })
+            .unwrap();
     }
     let req = target(&busy);
     busy.add(0, req).unwrap();
@@ -99,7 +103,11 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
 fn cancelling_returns_every_block_to_the_pool() {
     let mut e = engine();
     let prompt = chat(&e, "Count from one to one hundred.");
-    e.add(7, Request { prompt, sampling: Sampling::greedy(), max_tokens: 200, stop_sequences: vec![] }).unwrap();
+    e.add(
+        7,
+        Request { prompt, sampling: Sampling::greedy(), max_tokens: 200, stop_sequences: vec![], logprobs: false },
+    )
+    .unwrap();
     for _ in 0..3 {
         e.step();
     }

@@ -9,7 +9,7 @@ use crate::kv::pool::BlockPool;
 use crate::model::LoadedModel;
 use crate::model::llama::{BatchItem, KvStore};
 use crate::model::tokenizer::Detokenizer;
-use crate::sampling::{Sampling, sample};
+use crate::sampling::{Sampling, log_softmax_at, sample};
 use crate::scheduler::{AdmitError, Scheduler, SchedulerConfig, SeqId};
 use crate::stop::StopMatcher;
 
@@ -24,6 +24,8 @@ pub struct Request {
     pub max_tokens: u32,
     /// Stop strings.
     pub stop_sequences: Vec<String>,
+    /// Report each token's log-probability (a softmax over the vocabulary per token, so only when asked).
+    pub logprobs: bool,
 }
 
 /// Something that happened to a sequence during a step.
@@ -35,8 +37,8 @@ pub enum Event {
         seq: SeqId,
         /// The sampled token.
         token: u32,
-        /// Its log-probability.
-        logprob: f32,
+        /// Its log-probability, when the request asked for them.
+        logprob: Option<f32>,
         /// Text that is final now (may be empty while a character or stop sequence is pending).
         text: String,
     },
@@ -82,6 +84,7 @@ pub enum RequestError {
 
 struct SeqState {
     sampling: Sampling,
+    logprobs: bool,
     max_tokens: u32,
     generated: u32,
     prompt_len: u32,
@@ -147,6 +150,7 @@ impl EngineCore {
             seq,
             SeqState {
                 sampling: req.sampling,
+                logprobs: req.logprobs,
                 max_tokens: req.max_tokens,
                 generated: 0,
                 prompt_len,
@@ -200,14 +204,15 @@ impl EngineCore {
         for (item, logits) in plan.items.iter().filter(|it| it.sample).zip(&logits) {
             let Some(st) = self.seqs.get_mut(&item.seq) else { continue };
             let s = sample(logits, &st.sampling, u64::from(st.generated));
+            let logprob = st.logprobs.then(|| log_softmax_at(logits, s as usize));
             st.generated += 1;
             let mut end = None;
-            if self.model.tokenizer.stop_ids.contains(&s.token) {
+            if self.model.tokenizer.stop_ids.contains(&s) {
                 end = Some((StopReason::EndTurn, None));
             } else {
-                let delta = st.detok.push(&self.model.tokenizer, s.token).unwrap_or_default();
+                let delta = st.detok.push(&self.model.tokenizer, s).unwrap_or_default();
                 let stop = st.stop.push(&delta);
-                events.push(Event::Token { seq: item.seq, token: s.token, logprob: s.logprob, text: stop.emit });
+                events.push(Event::Token { seq: item.seq, token: s, logprob, text: stop.emit });
                 if let Some(matched) = stop.stopped {
                     end = Some((StopReason::StopSequence, Some(matched)));
                 } else if st.generated >= st.max_tokens {
@@ -216,7 +221,7 @@ impl EngineCore {
             }
             match end {
                 None => {
-                    sampled.insert(item.seq, s.token);
+                    sampled.insert(item.seq, s);
                 }
                 Some((reason, stop_sequence)) => {
                     let text = if stop_sequence.is_some() { String::new() } else { st.stop.flush() };

@@ -18,8 +18,12 @@ use rayon::prelude::*;
 /// Elements per quantization block.
 pub const QK: usize = 32;
 
-/// Output columns per parallel task: big enough to amortise scheduling, small enough to balance two to 64 cores.
-const COLS_PER_TASK: usize = 64;
+/// Parallel tasks per pool thread for one matmul: enough that threads finish together, few enough to amortise
+/// scheduling.
+const TASKS_PER_THREAD: usize = 4;
+
+/// Output columns of one task never exceed this (keeps a task's weights within L2).
+const MAX_COLS_PER_TASK: usize = 256;
 
 /// A weight matrix of `rows` (output features) by `cols` (input features), stored row-major.
 #[derive(Clone, Debug)]
@@ -32,7 +36,8 @@ pub enum Weight {
         cols: usize,
         /// Per-block scales.
         d: Vec<f32>,
-        /// Per-block minimums.
+        /// Per-block minimums, each row padded with zeros to a multiple of eight blocks ([`padded_blocks`]) so the
+        /// minimum term runs eight blocks at a time.
         m: Vec<f32>,
         /// Packed nibbles, 16 bytes per block: low nibbles are elements 0..16, high nibbles 16..32.
         qs: Vec<u8>,
@@ -69,6 +74,11 @@ pub struct WeightError {
     problem: String,
 }
 
+/// Blocks per row rounded up to a multiple of eight: the stride of per-block minimums and activation sums.
+fn padded_blocks(cols: usize) -> usize {
+    (cols / QK).div_ceil(8) * 8
+}
+
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
@@ -84,12 +94,13 @@ impl Weight {
         if raw.len() != blocks * 20 {
             return Err(err(format!("{} bytes, expected {}", raw.len(), blocks * 20)));
         }
+        let (bpr, padded) = (cols / QK, padded_blocks(cols));
         let mut d = Vec::with_capacity(blocks);
-        let mut m = Vec::with_capacity(blocks);
+        let mut m = vec![0f32; rows * padded];
         let mut qs = Vec::with_capacity(blocks * 16);
-        for block in raw.chunks_exact(20) {
+        for (i, block) in raw.chunks_exact(20).enumerate() {
             d.push(f16_at(block, 0));
-            m.push(f16_at(block, 2));
+            m[(i / bpr) * padded + i % bpr] = f16_at(block, 2);
             qs.extend_from_slice(&block[4..20]);
         }
         Ok(Weight::Q4_1 { rows, cols, d, m, qs })
@@ -143,10 +154,11 @@ impl Weight {
                 let bpr = cols / QK;
                 for b in 0..bpr {
                     let blk = r * bpr + b;
+                    let min = m[r * padded_blocks(*cols) + b];
                     let q = &qs[blk * 16..blk * 16 + 16];
                     for j in 0..16 {
-                        out[b * QK + j] = d[blk] * f32::from(q[j] & 0x0f) + m[blk];
-                        out[b * QK + j + 16] = d[blk] * f32::from(q[j] >> 4) + m[blk];
+                        out[b * QK + j] = d[blk] * f32::from(q[j] & 0x0f) + min;
+                        out[b * QK + j + 16] = d[blk] * f32::from(q[j] >> 4) + min;
                     }
                 }
             }
@@ -171,118 +183,395 @@ impl Weight {
         if n == 0 {
             return;
         }
-        // Each task fills a range of output columns for every batch row and returns them column-major; they are
-        // scattered afterwards, so tasks never share output memory.
+        // Each task fills a range of output columns for every batch row and returns them row-major; they are
+        // copied into place afterwards, so tasks never share output memory.
+        let xq = match self {
+            Weight::F32 { .. } => None,
+            Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => Some(QuantizedRows::new(x, cols)),
+        };
         let results: Vec<(usize, Vec<f32>)> =
-            column_tasks(rows).map(|(c0, c1)| (c0, columns(self, x, n, c0, c1))).collect();
+            column_tasks(rows).map(|(c0, c1)| (c0, columns(self, x, xq.as_ref(), n, c0, c1))).collect();
         for (c0, vals) in results {
             let width = vals.len() / n;
-            for dc in 0..width {
-                for r in 0..n {
-                    out[r * rows + c0 + dc] = vals[dc * n + r];
-                }
-            }
-        }
-    }
-
-    /// Block `b` of row `c` as f32 values.
-    #[inline(always)]
-    fn block(&self, c: usize, b: usize, w: &mut [f32; QK]) {
-        match self {
-            Weight::Q4_1 { cols, d, m, qs, .. } => {
-                let blk = c * (cols / QK) + b;
-                let q = &qs[blk * 16..blk * 16 + 16];
-                let (d, m) = (d[blk], m[blk]);
-                for j in 0..16 {
-                    w[j] = d * f32::from(q[j] & 0x0f) + m;
-                    w[j + 16] = d * f32::from(q[j] >> 4) + m;
-                }
-            }
-            Weight::Q8_0 { cols, d, qs, .. } => {
-                let blk = c * (cols / QK) + b;
-                let q = &qs[blk * QK..blk * QK + QK];
-                let d = d[blk];
-                for j in 0..QK {
-                    w[j] = d * f32::from(q[j]);
-                }
-            }
-            Weight::F32 { cols, w: values, .. } => {
-                w.copy_from_slice(&values[c * cols + b * QK..c * cols + b * QK + QK]);
+            for (r, chunk) in vals.chunks_exact(width).enumerate() {
+                out[r * rows + c0..r * rows + c0 + width].copy_from_slice(chunk);
             }
         }
     }
 }
 
-/// Column ranges for parallel tasks, run on rayon's pool, results in order.
+/// Column ranges for parallel tasks, run on rayon's pool, results in order. Ranges are split evenly over the
+/// pool's threads (a 192-column matmul on two threads is 8 tasks of 24, not 3 of 64 with one thread idle for a
+/// third of it). Where the boundaries fall never changes a result: each output is computed on its own.
 fn column_tasks(rows: usize) -> impl IndexedParallelIterator<Item = (usize, usize)> {
-    (0..rows.div_ceil(COLS_PER_TASK))
-        .into_par_iter()
-        .map(move |t| (t * COLS_PER_TASK, ((t + 1) * COLS_PER_TASK).min(rows)))
+    let per = rows.div_ceil(rayon::current_num_threads() * TASKS_PER_THREAD).clamp(8, MAX_COLS_PER_TASK);
+    (0..rows.div_ceil(per)).into_par_iter().map(move |t| (t * per, ((t + 1) * per).min(rows)))
 }
 
-/// Output columns `c0..c1` for all `n` rows, column-major. Uses AVX2 where the CPU has it: the arithmetic is the
-/// same IEEE operations in the same order either way, so results are identical on every x86-64 machine.
-fn columns(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Vec<f32> {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        #[allow(unsafe_code)]
-        // SAFETY: `columns_avx2` only needs AVX2, which the CPU was just checked to have.
-        return unsafe { columns_avx2(weight, x, n, c0, c1) };
+/// One block of 32 activations quantized to signed bytes, as the integer kernels consume them: `x ≈ d * q`, with
+/// the scale stored eight times over so the SIMD kernel multiplies by it straight from memory. One cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct XBlock {
+    q: [i8; QK],
+    d: [f32; 8],
+}
+
+/// Batch rows the SIMD kernel runs together; the quantized activations are laid out in groups of this many rows.
+const ROW_GROUP: usize = 4;
+
+/// A batch of activations quantized block by block, with each block's exact f32 sum (row-major, rows padded with
+/// zeros to [`padded_blocks`]) for the Q4_1 minimum term. Blocks are stored in groups of [`ROW_GROUP`] rows,
+/// interleaved block by block (`[group][block][row in group]`), so a kernel sweeping a group reads one sequential
+/// stream. Each row is quantized on its own, so a row's values never depend on the rest of the batch; only where
+/// they are stored does.
+struct QuantizedRows {
+    blocks: Vec<XBlock>,
+    sums: Vec<f32>,
+    rows: usize,
+    blocks_per_row: usize,
+}
+
+impl QuantizedRows {
+    fn new(x: &[f32], cols: usize) -> QuantizedRows {
+        debug_assert_eq!(cols % QK, 0);
+        let padded = padded_blocks(cols);
+        let mut sums = vec![0f32; x.len() / cols * padded];
+        for (r, row) in x.chunks_exact(cols).enumerate() {
+            for (b, block) in row.chunks_exact(QK).enumerate() {
+                sums[r * padded + b] = block.iter().sum();
+            }
+        }
+        let (rows, bpr) = (x.len() / cols, cols / QK);
+        let quantized: Vec<XBlock> = x
+            .chunks_exact(QK)
+            .map(|block| {
+                let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+                let mut q = [0i8; QK];
+                for (qv, v) in q.iter_mut().zip(block) {
+                    // Round half away from zero without a libm call; |v * inv| <= 127 by construction.
+                    let t = v * inv;
+                    *qv = (t + 0.5f32.copysign(t)) as i8;
+                }
+                XBlock { q, d: [d; 8] }
+            })
+            .collect();
+        let mut out = QuantizedRows { blocks: quantized.clone(), sums, rows, blocks_per_row: bpr };
+        for r in 0..rows {
+            for b in 0..bpr {
+                let at = out.index(r, b);
+                out.blocks[at] = quantized[r * bpr + b];
+            }
+        }
+        out
     }
-    columns_generic(weight, x, n, c0, c1)
+
+    /// Where block `b` of row `r` is stored.
+    #[inline(always)]
+    fn index(&self, r: usize, b: usize) -> usize {
+        let group = r / ROW_GROUP;
+        let in_group = (self.rows - group * ROW_GROUP).min(ROW_GROUP);
+        group * ROW_GROUP * self.blocks_per_row + b * in_group + r % ROW_GROUP
+    }
+
+    /// The blocks of the group starting at row `r` (a multiple of [`ROW_GROUP`]) holding `len` rows.
+    #[inline(always)]
+    fn group(&self, r: usize, len: usize) -> &[XBlock] {
+        &self.blocks[r * self.blocks_per_row..(r + len) * self.blocks_per_row]
+    }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn columns_avx2(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Vec<f32> {
-    columns_generic(weight, x, n, c0, c1)
+/// Output columns `c0..c1` for all `n` rows, column-major. Quantized weights run the integer kernel (AVX2 with FMA
+/// where the CPU has it, portable code otherwise: both compute the same exact integer lane sums and the same fused
+/// multiply-adds in the same order, so results are identical on every machine); f32 weights run the f32 kernel.
+fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, n: usize, c0: usize, c1: usize) -> Vec<f32> {
+    match xq {
+        None => columns_f32(weight, x, n, c0, c1),
+        Some(xq) => {
+            #[cfg(target_arch = "x86_64")]
+            if simd::available() {
+                return simd::columns_int8(weight, xq, n, c0, c1);
+            }
+            columns_int8(weight, xq, n, c0, c1)
+        }
+    }
 }
 
-/// The kernel: for each weight row, dequantize one block of 32 at a time (kept in registers) and multiply it into
-/// every batch row, accumulating eight lanes per row in a fixed order. Weight bytes are read once per call.
+/// Per weight block, eight lanes of exact integer sums: lane `l` sums elements `4l..4l+4` of the block's
+/// weight-quant × activation-quant products. (The SIMD kernel's madd lanes hold the same sums.)
 #[inline(always)]
-fn columns_generic(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Vec<f32> {
-    let cols = weight.cols();
-    let mut vals = vec![0f32; (c1 - c0) * n];
-    if cols % QK != 0 {
-        // Only plain f32 weights can have such widths (quantized formats are checked at load).
-        if let Weight::F32 { w, .. } = weight {
-            for c in c0..c1 {
-                for r in 0..n {
-                    vals[(c - c0) * n + r] = dot_f32(&w[c * cols..(c + 1) * cols], &x[r * cols..(r + 1) * cols]);
-                }
-            }
+fn lane_sums(w: &[i32; QK], xq: &[i8]) -> [i32; 8] {
+    let mut lanes = [0i32; 8];
+    for (l, lane) in lanes.iter_mut().enumerate() {
+        for k in 4 * l..4 * l + 4 {
+            *lane += w[k] * i32::from(xq[k]);
         }
-        return vals;
     }
-    let blocks = cols / QK;
-    let mut acc = vec![[0f32; 8]; n];
-    let mut w = [0f32; QK];
+    lanes
+}
+
+/// Integer block quants of row `c`, block `b`, and the block's scale.
+#[inline(always)]
+fn int_block(weight: &Weight, c: usize, b: usize, w: &mut [i32; QK]) -> f32 {
+    match weight {
+        Weight::Q4_1 { cols, d, qs, .. } => {
+            let blk = c * (cols / QK) + b;
+            let q = &qs[blk * 16..blk * 16 + 16];
+            for j in 0..16 {
+                w[j] = i32::from(q[j] & 0x0f);
+                w[j + 16] = i32::from(q[j] >> 4);
+            }
+            d[blk]
+        }
+        Weight::Q8_0 { cols, d, qs, .. } => {
+            let blk = c * (cols / QK) + b;
+            for (wv, &q) in w.iter_mut().zip(&qs[blk * QK..blk * QK + QK]) {
+                *wv = i32::from(q);
+            }
+            d[blk]
+        }
+        Weight::F32 { .. } => unreachable!("f32 weights use the f32 kernel"),
+    }
+}
+
+/// Sum of eight lanes in a fixed tree order (the order the SIMD kernel's horizontal adds produce).
+#[inline(always)]
+fn hsum(a: &[f32; 8]) -> f32 {
+    ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
+}
+
+/// The portable integer kernel; the reference the SIMD kernel must match bit for bit.
+fn columns_int8(weight: &Weight, xq: &QuantizedRows, n: usize, c0: usize, c1: usize) -> Vec<f32> {
+    let blocks = weight.cols() / QK;
+    let (width, padded) = (c1 - c0, padded_blocks(weight.cols()));
+    let mut vals = vec![0f32; width * n];
+    let mut w = [0i32; QK];
     for c in c0..c1 {
-        acc.iter_mut().for_each(|a| *a = [0.0; 8]);
-        for b in 0..blocks {
-            weight.block(c, b, &mut w);
-            for (r, a) in acc.iter_mut().enumerate() {
-                let xr = &x[r * cols + b * QK..r * cols + b * QK + QK];
-                // Four independent products, summed as a tree, then one add into the accumulator: a short
-                // dependency chain per block, and a fixed order.
-                for l in 0..8 {
-                    let p0 = w[l] * xr[l];
-                    let p1 = w[8 + l] * xr[8 + l];
-                    let p2 = w[16 + l] * xr[16 + l];
-                    let p3 = w[24 + l] * xr[24 + l];
-                    a[l] += (p0 + p1) + (p2 + p3);
+        for r in 0..n {
+            // First the Q4_1 minimum term, `Σ_b m[c, b] * sum(x[r, block b])`, eight blocks per lane step; then
+            // the blocks' scaled integer dot products into the same lanes.
+            let mut acc = [0f32; 8];
+            if let Weight::Q4_1 { m, .. } = weight {
+                let (m, s) = (&m[c * padded..(c + 1) * padded], &xq.sums[r * padded..(r + 1) * padded]);
+                for (m8, s8) in m.chunks_exact(8).zip(s.chunks_exact(8)) {
+                    for l in 0..8 {
+                        acc[l] = m8[l].mul_add(s8[l], acc[l]);
+                    }
                 }
             }
-        }
-        for (r, a) in acc.iter().enumerate() {
-            vals[(c - c0) * n + r] = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+            for b in 0..blocks {
+                let x = &xq.blocks[xq.index(r, b)];
+                let dw = int_block(weight, c, b, &mut w);
+                let lanes = lane_sums(&w, &x.q);
+                for l in 0..8 {
+                    acc[l] = (lanes[l] as f32).mul_add(dw * x.d[l], acc[l]);
+                }
+            }
+            vals[r * width + c - c0] = hsum(&acc);
         }
     }
     vals
 }
 
+/// The f32 kernel (plain f32 weights): eight lanes per batch row in a fixed order.
+fn columns_f32(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Vec<f32> {
+    let Weight::F32 { w, cols, .. } = weight else { unreachable!("quantized weights use the integer kernel") };
+    let cols = *cols;
+    let width = c1 - c0;
+    let mut vals = vec![0f32; width * n];
+    for c in c0..c1 {
+        for r in 0..n {
+            vals[r * width + c - c0] = dot_f32(&w[c * cols..(c + 1) * cols], &x[r * cols..(r + 1) * cols]);
+        }
+    }
+    vals
+}
+
+/// The AVX2 integer kernel. Nothing else in the worker needs `unsafe`: only the unaligned loads here do.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod simd {
+    use super::{QK, QuantizedRows, Weight};
+    use std::arch::x86_64::*;
+
+    /// Whether this CPU runs the SIMD kernel.
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+
+    pub(super) fn run<T>(f: impl FnOnce() -> T) -> T {
+        // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
+        unsafe { run_avx2(f) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn run_avx2<T>(f: impl FnOnce() -> T) -> T {
+        f()
+    }
+
+    pub(super) fn columns_int8(weight: &Weight, xq: &QuantizedRows, n: usize, c0: usize, c1: usize) -> Vec<f32> {
+        // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
+        unsafe { columns_avx2(weight, xq, n, c0, c1) }
+    }
+
+    /// 32 bytes as a vector. The slice index bounds-checks the read.
+    #[inline(always)]
+    fn load32(bytes: &[i8]) -> __m256i {
+        let bytes = &bytes[..32];
+        // SAFETY: `bytes` holds 32 readable bytes and the load is unaligned.
+        unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
+    }
+
+    /// Eight f32s as a vector. The slice index bounds-checks the read.
+    #[inline(always)]
+    fn load8f(values: &[f32]) -> __m256 {
+        let values = &values[..8];
+        // SAFETY: `values` holds 8 readable f32s and the load is unaligned.
+        unsafe { _mm256_loadu_ps(values.as_ptr()) }
+    }
+
+    /// 16 bytes as a vector. The slice index bounds-checks the read.
+    #[inline(always)]
+    fn load16(bytes: &[u8]) -> __m128i {
+        let bytes = &bytes[..16];
+        // SAFETY: `bytes` holds 16 readable bytes and the load is unaligned.
+        unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn columns_avx2(weight: &Weight, xq: &QuantizedRows, n: usize, c0: usize, c1: usize) -> Vec<f32> {
+        let width = c1 - c0;
+        let mut vals = vec![0f32; width * n];
+        // A group of batch rows at a time (their activations stay in L1) sweeps the task's columns (whose weights stay
+        // in L2).
+        let mut r = 0;
+        while r < n {
+            let tile = (n - r).min(super::ROW_GROUP);
+            for c in c0..c1 {
+                let out = &mut vals[r * width + c - c0..];
+                match tile {
+                    4 => rows::<4>(weight, xq, c, r, out, width),
+                    3 => rows::<3>(weight, xq, c, r, out, width),
+                    2 => rows::<2>(weight, xq, c, r, out, width),
+                    _ => rows::<1>(weight, xq, c, r, out, width),
+                }
+            }
+            r += tile;
+        }
+        vals
+    }
+
+    /// Output column `c` for batch rows `r..r + R` (written to `out[i * stride]`), accumulators held in registers
+    /// across the whole row of blocks. Every row runs the same operations in the same order whatever `R` is, so
+    /// tiling never changes a result.
+    #[target_feature(enable = "avx2,fma")]
+    fn rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, c: usize, r: usize, out: &mut [f32], stride: usize) {
+        let blocks = weight.cols() / QK;
+        let ones = _mm256_set1_epi16(1);
+        let low4 = _mm_set1_epi8(0x0f);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let xt = xq.group(r, R);
+        // First the Q4_1 minimum term, `Σ_b m[c, b] * sum(x[r, block b])`, eight blocks at a time, then the blocks.
+        if let Weight::Q4_1 { m, .. } = weight {
+            let padded = super::padded_blocks(weight.cols());
+            let m = &m[c * padded..(c + 1) * padded];
+            let sums = &xq.sums[r * padded..(r + R) * padded];
+            for k in (0..padded).step_by(8) {
+                let m8 = load8f(&m[k..]);
+                for i in 0..R {
+                    acc[i] = _mm256_fmadd_ps(m8, load8f(&sums[i * padded + k..]), acc[i]);
+                }
+            }
+        }
+        match weight {
+            Weight::Q4_1 { d, qs, .. } => {
+                let d = &d[c * blocks..(c + 1) * blocks];
+                let qs = &qs[c * blocks * 16..(c + 1) * blocks * 16];
+                for b in 0..blocks {
+                    let q = load16(&qs[b * 16..]);
+                    let lo = _mm_and_si128(q, low4);
+                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), low4);
+                    let w = _mm256_set_m128i(hi, lo);
+                    let dw = _mm256_set1_ps(d[b]);
+                    for i in 0..R {
+                        let x = &xt[b * R + i];
+                        // Products of 4-bit by signed 8-bit quants fit i16; lane l holds elements 4l..4l+4 as i32.
+                        let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(w, load32(&x.q)), ones);
+                        let scale = _mm256_mul_ps(dw, load8f(&x.d));
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[i]);
+                    }
+                }
+            }
+            Weight::Q8_0 { d, qs, .. } => {
+                let d = &d[c * blocks..(c + 1) * blocks];
+                let qs = &qs[c * blocks * QK..(c + 1) * blocks * QK];
+                for b in 0..blocks {
+                    let q = load32(&qs[b * QK..]);
+                    // maddubs takes unsigned bytes first: |w| times x with w's sign moved onto x.
+                    let w = _mm256_sign_epi8(q, q);
+                    let dw = _mm256_set1_ps(d[b]);
+                    for i in 0..R {
+                        let x = &xt[b * R + i];
+                        let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_sign_epi8(load32(&x.q), q)), ones);
+                        let scale = _mm256_mul_ps(dw, load8f(&x.d));
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[i]);
+                    }
+                }
+            }
+            Weight::F32 { .. } => unreachable!("f32 weights use the f32 kernel"),
+        }
+        // Horizontal sums of up to four rows at once: lane order ((0+1)+(2+3)) + ((4+5)+(6+7)), as `hsum`.
+        let zero = _mm256_setzero_ps();
+        let lane = |i: usize| if i < R { acc[i] } else { zero };
+        let quad = _mm256_hadd_ps(_mm256_hadd_ps(lane(0), lane(1)), _mm256_hadd_ps(lane(2), lane(3)));
+        let sums = _mm_add_ps(_mm256_castps256_ps128(quad), _mm256_extractf128_ps::<1>(quad));
+        let mut four = [0f32; 4];
+        // SAFETY: `four` is 4 writable f32s and the store is unaligned.
+        unsafe { _mm_storeu_ps(four.as_mut_ptr(), sums) };
+        for (i, v) in four.iter().take(R).enumerate() {
+            out[i * stride] = *v;
+        }
+    }
+}
+
+/// `e^x` in f32 from IEEE arithmetic only (Cephes' range reduction and polynomial, within 2 ulp of the true value
+/// for normal results), so it vectorises inside loops and gives the same bits on every machine, unlike libm's
+/// `expf`. Inputs are clamped to [-87.3, 88.0]: below, the result is about 1e-38 instead of a denormal or zero.
+#[inline(always)]
+pub fn exp_f32(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a libm call.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.3, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let mut p = 1.987_569_1e-4;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 5.000_000_1e-1;
+    let y = (p * r * r + r) + 1.0;
+    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// Run `f` compiled for AVX2 where the CPU has it (the same IEEE operations either way, as Rust never fuses a
+/// multiply and an add on its own; only the vector width changes). `f` and what it calls should be `#[inline]`.
+#[inline(always)]
+pub fn with_simd<T>(f: impl FnOnce() -> T) -> T {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        return simd::run(f);
+    }
+    f()
+}
+
 /// Dot product with eight accumulators in a fixed order (vectorisable, and the same order for every call).
+#[inline(always)]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let chunks = a.len() / 8;
@@ -372,6 +661,21 @@ mod tests {
                 assert_eq!(alone, batched[r * rows..(r + 1) * rows], "row {r} differs alone vs batched");
             }
         }
+    }
+
+    #[test]
+    fn exp_f32_is_accurate_and_total() {
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (f64::from(exp_f32(x)), f64::from(x).exp());
+            assert!(((got - want) / want).abs() < 3e-7, "exp({x}) = {got}, want {want}");
+            x += 0.0137;
+        }
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert!(exp_f32(-1000.0) < 1e-37 && exp_f32(-1000.0) >= 0.0);
+        assert!(exp_f32(1000.0).is_finite());
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert_eq!(with_simd(|| exp_f32(1.5)), exp_f32(1.5));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{Weight, dot_f32};
+use super::kernels::{Weight, dot_f32, exp_f32, with_simd};
 use crate::kv::pool::BlockId;
 
 /// Shape and constants of a Llama-family model.
@@ -141,6 +141,7 @@ pub struct BatchItem<'a> {
     pub logits: bool,
 }
 
+#[inline]
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let mean = dot_f32(x, x) / x.len() as f32;
     let scale = 1.0 / (mean + eps).sqrt();
@@ -208,6 +209,7 @@ impl Llama {
         &self.cfg
     }
 
+    #[inline]
     fn rope(&self, x: &mut [f32], pos: usize) {
         let hd = self.cfg.head_dim;
         let half = hd / 2;
@@ -225,6 +227,11 @@ impl Llama {
     /// Run one step. Writes the new tokens' keys and values into `kv` and returns the last token's logits for
     /// every item that asked for them, in item order.
     pub fn forward(&self, items: &[BatchItem<'_>], kv: &mut KvStore) -> Vec<Vec<f32>> {
+        with_simd(|| self.forward_inner(items, kv))
+    }
+
+    #[inline(always)]
+    fn forward_inner(&self, items: &[BatchItem<'_>], kv: &mut KvStore) -> Vec<Vec<f32>> {
         let cfg = &self.cfg;
         let (h, hd, kvd) = (cfg.hidden, cfg.head_dim, cfg.kv_dim());
         let qd = cfg.heads * hd;
@@ -287,7 +294,7 @@ impl Llama {
             let kv_ref: &KvStore = kv;
             attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {
                 let slots = &item_slots[row_item[r]][..=row_pos[r]];
-                self.attend(&q[r * qd..(r + 1) * qd], slots, kv_ref, li, out);
+                with_simd(|| self.attend(&q[r * qd..(r + 1) * qd], slots, kv_ref, li, out));
             });
             layer.wo.matmul(&attn, n, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
@@ -296,7 +303,7 @@ impl Llama {
             }
             layer.w_gate.matmul(&hbuf, n, &mut gate);
             layer.w_up.matmul(&hbuf, n, &mut up);
-            gate.iter_mut().zip(&up).for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u);
+            gate.iter_mut().zip(&up).for_each(|(g, u)| *g = *g / (1.0 + exp_f32(-*g)) * u);
             layer.w_down.matmul(&gate, n, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
@@ -323,6 +330,7 @@ impl Llama {
     }
 
     /// Attention of one query row (all heads) over its sequence's positions `0..=pos`.
+    #[inline(always)]
     fn attend(&self, q: &[f32], slots: &[usize], kv: &KvStore, layer: usize, out: &mut [f32]) {
         let cfg = &self.cfg;
         let (keys, values) = (&kv.k[layer], &kv.v[layer]);
@@ -341,7 +349,7 @@ impl Llama {
             }
             let mut sum = 0f32;
             for s in scores.iter_mut() {
-                *s = (*s - max).exp();
+                *s = exp_f32(*s - max);
                 sum += *s;
             }
             let o = &mut out[head * hd..(head + 1) * hd];
