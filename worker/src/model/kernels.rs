@@ -12,7 +12,7 @@
 //! dequantized one block of 32 at a time inside the kernel, against f32 activations. Other formats are dequantized
 //! to f32 at load.
 
-use half::f16;
+use half::{bf16, f16};
 use rayon::prelude::*;
 
 /// Elements per quantization block.
@@ -187,7 +187,7 @@ impl Weight {
         // copied into place afterwards, so tasks never share output memory.
         let xq = match self {
             Weight::F32 { .. } => None,
-            Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => Some(QuantizedRows::new(x, cols)),
+            Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => Some(QuantizedRows::quantize(x, cols)),
         };
         let results: Vec<(usize, Vec<f32>)> =
             column_tasks(rows).map(|(c0, c1)| (c0, columns(self, x, xq.as_ref(), n, c0, c1))).collect();
@@ -233,36 +233,47 @@ struct QuantizedRows {
 }
 
 impl QuantizedRows {
+    /// Quantize with AVX2 code where the CPU has it (the same arithmetic either way).
+    fn quantize(x: &[f32], cols: usize) -> QuantizedRows {
+        #[cfg(target_arch = "x86_64")]
+        if simd::available() {
+            return simd::quantize(x, cols);
+        }
+        QuantizedRows::new(x, cols)
+    }
+
+    #[inline(always)]
     fn new(x: &[f32], cols: usize) -> QuantizedRows {
         debug_assert_eq!(cols % QK, 0);
-        let padded = padded_blocks(cols);
-        let mut sums = vec![0f32; x.len() / cols * padded];
-        for (r, row) in x.chunks_exact(cols).enumerate() {
-            for (b, block) in row.chunks_exact(QK).enumerate() {
-                sums[r * padded + b] = block.iter().sum();
-            }
-        }
-        let (rows, bpr) = (x.len() / cols, cols / QK);
-        let quantized: Vec<XBlock> = x
-            .chunks_exact(QK)
-            .map(|block| {
-                let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let (rows, bpr, padded) = (x.len() / cols, cols / QK, padded_blocks(cols));
+        let mut out = QuantizedRows {
+            blocks: vec![XBlock { q: [0; QK], d: [0.0; 8] }; rows * bpr],
+            sums: vec![0f32; rows * padded],
+            rows,
+            blocks_per_row: bpr,
+        };
+        // Plain loops over fixed-size arrays with eight-lane reductions in a fixed order: they vectorise.
+        for r in 0..rows {
+            for b in 0..bpr {
+                let block: &[f32; QK] = x[r * cols + b * QK..][..QK].try_into().expect("a block is 32 values");
+                let mut amax = [0f32; 8];
+                for c in 0..QK / 8 {
+                    for l in 0..8 {
+                        amax[l] = amax[l].max(block[c * 8 + l].abs());
+                    }
+                }
+                let amax = amax.iter().fold(0f32, |a, &v| a.max(v));
                 let d = amax / 127.0;
                 let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
                 let mut q = [0i8; QK];
-                for (qv, v) in q.iter_mut().zip(block) {
+                for (qv, &v) in q.iter_mut().zip(block) {
                     // Round half away from zero without a libm call; |v * inv| <= 127 by construction.
                     let t = v * inv;
                     *qv = (t + 0.5f32.copysign(t)) as i8;
                 }
-                XBlock { q, d: [d; 8] }
-            })
-            .collect();
-        let mut out = QuantizedRows { blocks: quantized.clone(), sums, rows, blocks_per_row: bpr };
-        for r in 0..rows {
-            for b in 0..bpr {
+                out.sums[r * padded + b] = sum_f32(block);
                 let at = out.index(r, b);
-                out.blocks[at] = quantized[r * bpr + b];
+                out.blocks[at] = XBlock { q, d: [d; 8] };
             }
         }
         out
@@ -393,7 +404,8 @@ fn columns_f32(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Ve
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod simd {
-    use super::{QK, QuantizedRows, Weight};
+    use super::{AttentionShape, QK, QuantizedRows, Weight};
+    use half::bf16;
     use std::arch::x86_64::*;
 
     /// Whether this CPU runs the SIMD kernel.
@@ -409,6 +421,62 @@ mod simd {
     #[target_feature(enable = "avx2,fma")]
     fn run_avx2<T>(f: impl FnOnce() -> T) -> T {
         f()
+    }
+
+    pub(super) fn attention(
+        q: &[f32],
+        slots: &[usize],
+        keys: &[bf16],
+        values: &[bf16],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
+        unsafe { attention_avx2(q, slots, keys, values, shape, out) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn attention_avx2(
+        q: &[f32],
+        slots: &[usize],
+        keys: &[bf16],
+        values: &[bf16],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) {
+        super::attention_with(q, slots, keys, values, shape, out, |a, b| dot_bf16(a, b));
+    }
+
+    /// `super::dot_bf16` with explicit vectors: the same eight lanes, the same order, the same tail.
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    fn dot_bf16(a: &[f32], b: &[bf16]) -> f32 {
+        let mut acc = _mm256_setzero_ps();
+        for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+            // SAFETY: `cb` is 8 bfloat16s, 16 readable bytes; the load is unaligned.
+            let raw = unsafe { _mm_loadu_si128(cb.as_ptr().cast()) };
+            let wide = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(load8f(ca), wide));
+        }
+        let mut tail = 0f32;
+        for i in a.len() / 8 * 8..a.len().min(b.len()) {
+            tail += a[i] * super::widen(b[i]);
+        }
+        // ((0+1)+(2+3)) + ((4+5)+(6+7)), as `super::hsum`.
+        let pairs = _mm256_hadd_ps(acc, acc);
+        let quads = _mm256_hadd_ps(pairs, pairs);
+        let sum = _mm_add_ss(_mm256_castps256_ps128(quads), _mm256_extractf128_ps::<1>(quads));
+        _mm_cvtss_f32(sum) + tail
+    }
+
+    pub(super) fn quantize(x: &[f32], cols: usize) -> QuantizedRows {
+        // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
+        unsafe { quantize_avx2(x, cols) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    fn quantize_avx2(x: &[f32], cols: usize) -> QuantizedRows {
+        QuantizedRows::new(x, cols)
     }
 
     pub(super) fn columns_int8(weight: &Weight, xq: &QuantizedRows, n: usize, c0: usize, c1: usize) -> Vec<f32> {
@@ -489,14 +557,14 @@ mod simd {
             Weight::Q4_1 { d, qs, .. } => {
                 let d = &d[c * blocks..(c + 1) * blocks];
                 let qs = &qs[c * blocks * 16..(c + 1) * blocks * 16];
-                for b in 0..blocks {
-                    let q = load16(&qs[b * 16..]);
+                // Zipped iterators: no index arithmetic or bounds checks inside the loop.
+                for ((q, &dv), xg) in qs.chunks_exact(16).zip(d).zip(xt.chunks_exact(R)) {
+                    let q = load16(q);
                     let lo = _mm_and_si128(q, low4);
                     let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), low4);
                     let w = _mm256_set_m128i(hi, lo);
-                    let dw = _mm256_set1_ps(d[b]);
-                    for i in 0..R {
-                        let x = &xt[b * R + i];
+                    let dw = _mm256_set1_ps(dv);
+                    for (i, x) in xg.iter().enumerate() {
                         // Products of 4-bit by signed 8-bit quants fit i16; lane l holds elements 4l..4l+4 as i32.
                         let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(w, load32(&x.q)), ones);
                         let scale = _mm256_mul_ps(dw, load8f(&x.d));
@@ -507,13 +575,12 @@ mod simd {
             Weight::Q8_0 { d, qs, .. } => {
                 let d = &d[c * blocks..(c + 1) * blocks];
                 let qs = &qs[c * blocks * QK..(c + 1) * blocks * QK];
-                for b in 0..blocks {
-                    let q = load32(&qs[b * QK..]);
+                for ((q, &dv), xg) in qs.chunks_exact(QK).zip(d).zip(xt.chunks_exact(R)) {
+                    let q = load32(q);
                     // maddubs takes unsigned bytes first: |w| times x with w's sign moved onto x.
                     let w = _mm256_sign_epi8(q, q);
-                    let dw = _mm256_set1_ps(d[b]);
-                    for i in 0..R {
-                        let x = &xt[b * R + i];
+                    let dw = _mm256_set1_ps(dv);
+                    for (i, x) in xg.iter().enumerate() {
                         let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_sign_epi8(load32(&x.q), q)), ones);
                         let scale = _mm256_mul_ps(dw, load8f(&x.d));
                         acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[i]);
@@ -554,7 +621,7 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 8.333_452e-3;
     p = p * r + 4.166_579_6e-2;
     p = p * r + 1.666_666_5e-1;
-    p = p * r + 5.000_000_1e-1;
+    p = p * r + 0.5;
     let y = (p * r * r + r) + 1.0;
     y * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
@@ -568,6 +635,109 @@ pub fn with_simd<T>(f: impl FnOnce() -> T) -> T {
         return simd::run(f);
     }
     f()
+}
+
+/// A bfloat16 as f32 (exact: the top half of the f32's bits).
+#[inline(always)]
+fn widen(b: bf16) -> f32 {
+    f32::from_bits(u32::from(b.to_bits()) << 16)
+}
+
+/// Dot product of f32 values with bfloat16 ones (the KV cache), eight accumulators in a fixed order.
+#[inline(always)]
+fn dot_bf16(a: &[f32], b: &[bf16]) -> f32 {
+    let mut acc = [0f32; 8];
+    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+        let (ca, cb): (&[f32; 8], &[bf16; 8]) = (ca.try_into().expect("8"), cb.try_into().expect("8"));
+        let wide: [f32; 8] = std::array::from_fn(|l| widen(cb[l]));
+        for l in 0..8 {
+            acc[l] += ca[l] * wide[l];
+        }
+    }
+    let mut tail = 0f32;
+    for i in a.len() / 8 * 8..a.len().min(b.len()) {
+        tail += a[i] * widen(b[i]);
+    }
+    hsum(&acc) + tail
+}
+
+/// Head layout of an attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (divides `heads`).
+    pub kv_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+}
+
+/// Attention of one query row (all heads, `q` is `heads * head_dim`) over the positions whose keys and values
+/// start at `slots` in one layer's bfloat16 KV storage (each slot holds `kv_heads * head_dim` values). Query heads
+/// that share a KV head (grouped-query attention) are scored together, so each key is read once per group; the
+/// softmax and the weighted sum of values run in fixed orders that depend only on this row, never on the batch.
+pub fn attention(q: &[f32], slots: &[usize], keys: &[bf16], values: &[bf16], shape: AttentionShape, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if simd::available() {
+        return simd::attention(q, slots, keys, values, shape, out);
+    }
+    attention_with(q, slots, keys, values, shape, out, dot_bf16);
+}
+
+/// The attention arithmetic, with the f32·bf16 dot product passed in (the portable one, or the SIMD one that
+/// computes the same lanes in the same order).
+#[inline(always)]
+fn attention_with(
+    q: &[f32],
+    slots: &[usize],
+    keys: &[bf16],
+    values: &[bf16],
+    shape: AttentionShape,
+    out: &mut [f32],
+    dot_bf16: impl Fn(&[f32], &[bf16]) -> f32,
+) {
+    let AttentionShape { heads, kv_heads, head_dim: hd } = shape;
+    let (group, kvd, n) = (heads / kv_heads, kv_heads * hd, slots.len());
+    let scale = 1.0 / (hd as f32).sqrt();
+    // Positions outer, heads inner: each position's keys and values (all KV heads, contiguous) are read once.
+    // scores[h * n + p]: head h, position p.
+    let mut scores = vec![0f32; heads * n];
+    for (p, &slot) in slots.iter().enumerate() {
+        let key = &keys[slot..slot + kvd];
+        for (h, qh) in q.chunks_exact(hd).enumerate() {
+            let g = h / group;
+            scores[h * n + p] = dot_bf16(qh, &key[g * hd..(g + 1) * hd]) * scale;
+        }
+    }
+    let mut inv = vec![0f32; heads];
+    for (s, inv) in scores.chunks_exact_mut(n.max(1)).zip(&mut inv) {
+        let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        s.iter_mut().for_each(|v| *v = exp_f32(*v - max));
+        *inv = 1.0 / sum_f32(s);
+    }
+    out.fill(0.0);
+    for (p, &slot) in slots.iter().enumerate() {
+        let value = &values[slot..slot + kvd];
+        for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+            let g = h / group;
+            let w = scores[h * n + p] * inv[h];
+            for (oi, &vi) in o.iter_mut().zip(&value[g * hd..(g + 1) * hd]) {
+                *oi += w * widen(vi);
+            }
+        }
+    }
+}
+
+/// Sum with eight accumulators in a fixed order.
+#[inline(always)]
+pub fn sum_f32(a: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    for c in a.chunks_exact(8) {
+        for l in 0..8 {
+            acc[l] += c[l];
+        }
+    }
+    hsum(&acc) + a.chunks_exact(8).remainder().iter().sum::<f32>()
 }
 
 /// Dot product with eight accumulators in a fixed order (vectorisable, and the same order for every call).
@@ -641,16 +811,10 @@ mod tests {
         let mut seed = 7;
         let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
         let x: Vec<f32> = (0..17 * cols).map(|_| lcg(&mut seed)).collect();
-        let mut q8 = Vec::new();
-        for block in w.chunks(QK) {
-            let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
-            q8.extend(f16::from_f32(amax / 127.0).to_le_bytes());
-            q8.extend(block.iter().map(|v| ((v / (amax / 127.0)).round() as i8) as u8));
-        }
         let weights = [
             Weight::from_f32(rows, cols, w.clone()).unwrap(),
             Weight::from_q4_1(rows, cols, &q4_1_raw(&w)).unwrap(),
-            Weight::from_q8_0(rows, cols, &q8).unwrap(),
+            Weight::from_q8_0(rows, cols, &q8_0_raw(&w)).unwrap(),
         ];
         for weight in &weights {
             let mut batched = vec![0f32; 17 * rows];
@@ -661,6 +825,47 @@ mod tests {
                 assert_eq!(alone, batched[r * rows..(r + 1) * rows], "row {r} differs alone vs batched");
             }
         }
+    }
+
+    fn q8_0_raw(values: &[f32]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        for block in values.chunks(QK) {
+            let amax = block.iter().fold(0f32, |a, v| a.max(v.abs()));
+            raw.extend(f16::from_f32(amax / 127.0).to_le_bytes());
+            raw.extend(block.iter().map(|v| ((v / (amax / 127.0)).round() as i8) as u8));
+        }
+        raw
+    }
+
+    #[test]
+    fn simd_and_portable_kernels_agree_bit_for_bit() {
+        let (rows, cols) = (37, 288);
+        let mut seed = 11;
+        let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
+        for weight in [
+            Weight::from_q4_1(rows, cols, &q4_1_raw(&w)).unwrap(),
+            Weight::from_q8_0(rows, cols, &q8_0_raw(&w)).unwrap(),
+        ] {
+            for n in [1, 3, 4, 9] {
+                let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut seed) * 3.0).collect();
+                let xq = QuantizedRows::quantize(&x, cols);
+                assert_eq!(columns(&weight, &x, Some(&xq), n, 0, rows), columns_int8(&weight, &xq, n, 0, rows));
+                let plain = QuantizedRows::new(&x, cols);
+                assert_eq!((xq.sums, xq.blocks.len()), (plain.sums, plain.blocks.len()));
+            }
+        }
+        let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 24 };
+        let kvd = shape.kv_heads * shape.head_dim;
+        let keys: Vec<bf16> = (0..10 * kvd).map(|_| bf16::from_f32(lcg(&mut seed))).collect();
+        let values: Vec<bf16> = (0..10 * kvd).map(|_| bf16::from_f32(lcg(&mut seed))).collect();
+        let q: Vec<f32> = (0..shape.heads * shape.head_dim).map(|_| lcg(&mut seed)).collect();
+        let slots: Vec<usize> = [3, 0, 7, 9, 1].iter().map(|s| s * kvd).collect();
+        let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+        attention(&q, &slots, &keys, &values, shape, &mut a);
+        attention_with(&q, &slots, &keys, &values, shape, &mut b, dot_bf16);
+        assert_eq!(a, b);
+        // Attention is a convex combination of the values: each output lies within the values' range.
+        assert!(a.iter().all(|v| v.abs() <= 1.0));
     }
 
     #[test]

@@ -7,8 +7,9 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{Weight, dot_f32, exp_f32, with_simd};
+use super::kernels::{AttentionShape, Weight, attention, dot_f32, exp_f32, with_simd};
 use crate::kv::pool::BlockId;
+use half::bf16;
 
 /// Shape and constants of a Llama-family model.
 #[derive(Clone, Debug, PartialEq)]
@@ -97,13 +98,15 @@ pub struct Llama {
     sin: Vec<f32>,
 }
 
-/// Keys and values of every layer, in fixed-size blocks addressed by `BlockId`.
+/// Keys and values of every layer, in fixed-size blocks addressed by `BlockId`, stored as bfloat16 (the precision
+/// the Llama family is trained in): half the memory of f32, so twice the tokens per budget and half the bytes
+/// attention reads per step. Rounding is to nearest even, a pure function of the value.
 #[derive(Debug)]
 pub struct KvStore {
     block_size: usize,
     kv_dim: usize,
-    k: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    k: Vec<Vec<bf16>>,
+    v: Vec<Vec<bf16>>,
 }
 
 impl KvStore {
@@ -113,14 +116,14 @@ impl KvStore {
         KvStore {
             block_size,
             kv_dim: cfg.kv_dim(),
-            k: (0..cfg.layers).map(|_| vec![0f32; per_layer]).collect(),
-            v: (0..cfg.layers).map(|_| vec![0f32; per_layer]).collect(),
+            k: (0..cfg.layers).map(|_| vec![bf16::ZERO; per_layer]).collect(),
+            v: (0..cfg.layers).map(|_| vec![bf16::ZERO; per_layer]).collect(),
         }
     }
 
     /// Bytes per block across all layers (keys and values), for sizing the pool from a memory budget.
     pub fn bytes_per_block(cfg: &LlamaConfig, block_size: usize) -> usize {
-        2 * cfg.layers * block_size * cfg.kv_dim() * std::mem::size_of::<f32>()
+        2 * cfg.layers * block_size * cfg.kv_dim() * std::mem::size_of::<bf16>()
     }
 
     fn slot(&self, blocks: &[BlockId], pos: usize) -> usize {
@@ -227,7 +230,9 @@ impl Llama {
     /// Run one step. Writes the new tokens' keys and values into `kv` and returns the last token's logits for
     /// every item that asked for them, in item order.
     pub fn forward(&self, items: &[BatchItem<'_>], kv: &mut KvStore) -> Vec<Vec<f32>> {
-        with_simd(|| self.forward_inner(items, kv))
+        // On a pool thread: the serial parts between parallel kernels then share the cores with the pool's other
+        // threads instead of competing with them from outside the pool.
+        rayon::scope(|_| with_simd(|| self.forward_inner(items, kv)))
     }
 
     #[inline(always)]
@@ -288,13 +293,15 @@ impl Llama {
                 self.rope(&mut q[r * qd..(r + 1) * qd], row_pos[r]);
                 self.rope(&mut k[r * kvd..(r + 1) * kvd], row_pos[r]);
                 let slot = kv.slot(items[row_item[r]].blocks, row_pos[r]);
-                kv.k[li][slot..slot + kvd].copy_from_slice(&k[r * kvd..(r + 1) * kvd]);
-                kv.v[li][slot..slot + kvd].copy_from_slice(&v[r * kvd..(r + 1) * kvd]);
+                let (ks, vs) = (&mut kv.k[li][slot..slot + kvd], &mut kv.v[li][slot..slot + kvd]);
+                ks.iter_mut().zip(&k[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = bf16::from_f32(s));
+                vs.iter_mut().zip(&v[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = bf16::from_f32(s));
             }
             let kv_ref: &KvStore = kv;
             attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {
                 let slots = &item_slots[row_item[r]][..=row_pos[r]];
-                with_simd(|| self.attend(&q[r * qd..(r + 1) * qd], slots, kv_ref, li, out));
+                let shape = AttentionShape { heads: cfg.heads, kv_heads: cfg.kv_heads, head_dim: hd };
+                attention(&q[r * qd..(r + 1) * qd], slots, &kv_ref.k[li], &kv_ref.v[li], shape, out);
             });
             layer.wo.matmul(&attn, n, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
@@ -327,40 +334,5 @@ impl Llama {
         let mut logits = vec![0f32; m * cfg.vocab];
         self.output.as_ref().unwrap_or(&self.embed).matmul(&normed, m, &mut logits);
         logits.chunks_exact(cfg.vocab).map(<[f32]>::to_vec).collect()
-    }
-
-    /// Attention of one query row (all heads) over its sequence's positions `0..=pos`.
-    #[inline(always)]
-    fn attend(&self, q: &[f32], slots: &[usize], kv: &KvStore, layer: usize, out: &mut [f32]) {
-        let cfg = &self.cfg;
-        let (keys, values) = (&kv.k[layer], &kv.v[layer]);
-        let hd = cfg.head_dim;
-        let group = cfg.heads / cfg.kv_heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut scores = vec![0f32; slots.len()];
-        for head in 0..cfg.heads {
-            let g = head / group;
-            let qh = &q[head * hd..(head + 1) * hd];
-            let mut max = f32::NEG_INFINITY;
-            for (s, &slot) in scores.iter_mut().zip(slots) {
-                let at = slot + g * hd;
-                *s = dot_f32(qh, &keys[at..at + hd]) * scale;
-                max = max.max(*s);
-            }
-            let mut sum = 0f32;
-            for s in scores.iter_mut() {
-                *s = exp_f32(*s - max);
-                sum += *s;
-            }
-            let o = &mut out[head * hd..(head + 1) * hd];
-            o.fill(0.0);
-            for (&s, &slot) in scores.iter().zip(slots) {
-                let at = slot + g * hd;
-                let w = s / sum;
-                for (oi, &vi) in o.iter_mut().zip(&values[at..at + hd]) {
-                    *oi += w * vi;
-                }
-            }
-        }
     }
 }
