@@ -12,7 +12,7 @@
 //! dequantized one block of 32 at a time inside the kernel, against f32 activations. Other formats are dequantized
 //! to f32 at load.
 
-use half::{bf16, f16};
+use half::f16;
 use rayon::prelude::*;
 
 /// Elements per quantization block.
@@ -405,7 +405,6 @@ fn columns_f32(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Ve
 #[allow(unsafe_code)]
 mod simd {
     use super::{AttentionShape, QK, QuantizedRows, Weight};
-    use half::bf16;
     use std::arch::x86_64::*;
 
     /// Whether this CPU runs the SIMD kernel.
@@ -426,8 +425,8 @@ mod simd {
     pub(super) fn attention(
         q: &[f32],
         slots: &[usize],
-        keys: &[bf16],
-        values: &[bf16],
+        keys: &[u16],
+        values: &[u16],
         shape: AttentionShape,
         out: &mut [f32],
     ) {
@@ -439,8 +438,8 @@ mod simd {
     fn attention_avx2(
         q: &[f32],
         slots: &[usize],
-        keys: &[bf16],
-        values: &[bf16],
+        keys: &[u16],
+        values: &[u16],
         shape: AttentionShape,
         out: &mut [f32],
     ) {
@@ -450,7 +449,7 @@ mod simd {
     /// `super::dot_bf16` with explicit vectors: the same eight lanes, the same order, the same tail.
     #[target_feature(enable = "avx2,fma")]
     #[inline]
-    fn dot_bf16(a: &[f32], b: &[bf16]) -> f32 {
+    fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
             // SAFETY: `cb` is 8 bfloat16s, 16 readable bytes; the load is unaligned.
@@ -637,18 +636,18 @@ pub fn with_simd<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// A bfloat16 as f32 (exact: the top half of the f32's bits).
+/// A bfloat16 (its bits) as f32: exact, the top half of the f32's bits.
 #[inline(always)]
-fn widen(b: bf16) -> f32 {
-    f32::from_bits(u32::from(b.to_bits()) << 16)
+fn widen(b: u16) -> f32 {
+    f32::from_bits(u32::from(b) << 16)
 }
 
 /// Dot product of f32 values with bfloat16 ones (the KV cache), eight accumulators in a fixed order.
 #[inline(always)]
-fn dot_bf16(a: &[f32], b: &[bf16]) -> f32 {
+fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
     let mut acc = [0f32; 8];
     for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-        let (ca, cb): (&[f32; 8], &[bf16; 8]) = (ca.try_into().expect("8"), cb.try_into().expect("8"));
+        let (ca, cb): (&[f32; 8], &[u16; 8]) = (ca.try_into().expect("8"), cb.try_into().expect("8"));
         let wide: [f32; 8] = std::array::from_fn(|l| widen(cb[l]));
         for l in 0..8 {
             acc[l] += ca[l] * wide[l];
@@ -673,10 +672,10 @@ pub struct AttentionShape {
 }
 
 /// Attention of one query row (all heads, `q` is `heads * head_dim`) over the positions whose keys and values
-/// start at `slots` in one layer's bfloat16 KV storage (each slot holds `kv_heads * head_dim` values). Query heads
+/// start at `slots` in one layer's KV storage (bfloat16 bits) (each slot holds `kv_heads * head_dim` values). Query heads
 /// that share a KV head (grouped-query attention) are scored together, so each key is read once per group; the
 /// softmax and the weighted sum of values run in fixed orders that depend only on this row, never on the batch.
-pub fn attention(q: &[f32], slots: &[usize], keys: &[bf16], values: &[bf16], shape: AttentionShape, out: &mut [f32]) {
+pub fn attention(q: &[f32], slots: &[usize], keys: &[u16], values: &[u16], shape: AttentionShape, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if simd::available() {
         return simd::attention(q, slots, keys, values, shape, out);
@@ -690,11 +689,11 @@ pub fn attention(q: &[f32], slots: &[usize], keys: &[bf16], values: &[bf16], sha
 fn attention_with(
     q: &[f32],
     slots: &[usize],
-    keys: &[bf16],
-    values: &[bf16],
+    keys: &[u16],
+    values: &[u16],
     shape: AttentionShape,
     out: &mut [f32],
-    dot_bf16: impl Fn(&[f32], &[bf16]) -> f32,
+    dot_bf16: impl Fn(&[f32], &[u16]) -> f32,
 ) {
     let AttentionShape { heads, kv_heads, head_dim: hd } = shape;
     let (group, kvd, n) = (heads / kv_heads, kv_heads * hd, slots.len());
@@ -760,6 +759,7 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::bf16;
 
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -856,8 +856,8 @@ mod tests {
         }
         let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 24 };
         let kvd = shape.kv_heads * shape.head_dim;
-        let keys: Vec<bf16> = (0..10 * kvd).map(|_| bf16::from_f32(lcg(&mut seed))).collect();
-        let values: Vec<bf16> = (0..10 * kvd).map(|_| bf16::from_f32(lcg(&mut seed))).collect();
+        let keys: Vec<u16> = (0..10 * kvd).map(|_| bf16::from_f32(lcg(&mut seed)).to_bits()).collect();
+        let values: Vec<u16> = (0..10 * kvd).map(|_| bf16::from_f32(lcg(&mut seed)).to_bits()).collect();
         let q: Vec<f32> = (0..shape.heads * shape.head_dim).map(|_| lcg(&mut seed)).collect();
         let slots: Vec<usize> = [3, 0, 7, 9, 1].iter().map(|s| s * kvd).collect();
         let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);

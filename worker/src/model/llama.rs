@@ -105,8 +105,9 @@ pub struct Llama {
 pub struct KvStore {
     block_size: usize,
     kv_dim: usize,
-    k: Vec<Vec<bf16>>,
-    v: Vec<Vec<bf16>>,
+    /// bfloat16 bits (plain `u16` so a fresh store is zeroed memory the OS maps lazily).
+    k: Vec<Vec<u16>>,
+    v: Vec<Vec<u16>>,
 }
 
 impl KvStore {
@@ -116,14 +117,14 @@ impl KvStore {
         KvStore {
             block_size,
             kv_dim: cfg.kv_dim(),
-            k: (0..cfg.layers).map(|_| vec![bf16::ZERO; per_layer]).collect(),
-            v: (0..cfg.layers).map(|_| vec![bf16::ZERO; per_layer]).collect(),
+            k: (0..cfg.layers).map(|_| vec![0u16; per_layer]).collect(),
+            v: (0..cfg.layers).map(|_| vec![0u16; per_layer]).collect(),
         }
     }
 
     /// Bytes per block across all layers (keys and values), for sizing the pool from a memory budget.
     pub fn bytes_per_block(cfg: &LlamaConfig, block_size: usize) -> usize {
-        2 * cfg.layers * block_size * cfg.kv_dim() * std::mem::size_of::<bf16>()
+        2 * cfg.layers * block_size * cfg.kv_dim() * std::mem::size_of::<u16>()
     }
 
     fn slot(&self, blocks: &[BlockId], pos: usize) -> usize {
@@ -294,8 +295,8 @@ impl Llama {
                 self.rope(&mut k[r * kvd..(r + 1) * kvd], row_pos[r]);
                 let slot = kv.slot(items[row_item[r]].blocks, row_pos[r]);
                 let (ks, vs) = (&mut kv.k[li][slot..slot + kvd], &mut kv.v[li][slot..slot + kvd]);
-                ks.iter_mut().zip(&k[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = bf16::from_f32(s));
-                vs.iter_mut().zip(&v[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = bf16::from_f32(s));
+                ks.iter_mut().zip(&k[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = bf16::from_f32(s).to_bits());
+                vs.iter_mut().zip(&v[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = bf16::from_f32(s).to_bits());
             }
             let kv_ref: &KvStore = kv;
             attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {
