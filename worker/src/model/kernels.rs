@@ -218,7 +218,7 @@ struct XBlock {
 }
 
 /// Batch rows the SIMD kernel runs together; the quantized activations are laid out in groups of this many rows.
-const ROW_GROUP: usize = 4;
+const ROW_GROUP: usize = 8;
 
 /// A batch of activations quantized block by block, with each block's exact f32 sum (row-major, rows padded with
 /// zeros to [`padded_blocks`]) for the Q4_1 minimum term. Blocks are stored in groups of [`ROW_GROUP`] rows,
@@ -519,6 +519,10 @@ mod simd {
             for c in c0..c1 {
                 let out = &mut vals[r * width + c - c0..];
                 match tile {
+                    8 => rows::<8>(weight, xq, c, r, out, width),
+                    7 => rows::<7>(weight, xq, c, r, out, width),
+                    6 => rows::<6>(weight, xq, c, r, out, width),
+                    5 => rows::<5>(weight, xq, c, r, out, width),
                     4 => rows::<4>(weight, xq, c, r, out, width),
                     3 => rows::<3>(weight, xq, c, r, out, width),
                     2 => rows::<2>(weight, xq, c, r, out, width),
@@ -591,13 +595,18 @@ mod simd {
         // Horizontal sums of up to four rows at once: lane order ((0+1)+(2+3)) + ((4+5)+(6+7)), as `hsum`.
         let zero = _mm256_setzero_ps();
         let lane = |i: usize| if i < R { acc[i] } else { zero };
-        let quad = _mm256_hadd_ps(_mm256_hadd_ps(lane(0), lane(1)), _mm256_hadd_ps(lane(2), lane(3)));
-        let sums = _mm_add_ps(_mm256_castps256_ps128(quad), _mm256_extractf128_ps::<1>(quad));
-        let mut four = [0f32; 4];
-        // SAFETY: `four` is 4 writable f32s and the store is unaligned.
-        unsafe { _mm_storeu_ps(four.as_mut_ptr(), sums) };
-        for (i, v) in four.iter().take(R).enumerate() {
-            out[i * stride] = *v;
+        for base in (0..R).step_by(4) {
+            let quad = _mm256_hadd_ps(
+                _mm256_hadd_ps(lane(base), lane(base + 1)),
+                _mm256_hadd_ps(lane(base + 2), lane(base + 3)),
+            );
+            let sums = _mm_add_ps(_mm256_castps256_ps128(quad), _mm256_extractf128_ps::<1>(quad));
+            let mut four = [0f32; 4];
+            // SAFETY: `four` is 4 writable f32s and the store is unaligned.
+            unsafe { _mm_storeu_ps(four.as_mut_ptr(), sums) };
+            for (i, v) in four.iter().take(R - base).enumerate() {
+                out[(base + i) * stride] = *v;
+            }
         }
     }
 }
