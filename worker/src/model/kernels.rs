@@ -177,7 +177,13 @@ impl Weight {
 
     /// `out[r * rows + c] = x[r * cols ..] · W[c]` for `n` rows of `x`.
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
-        let (rows, cols) = (self.rows(), self.cols());
+        self.matmul_input(&Input::new(x, n), out);
+    }
+
+    /// [`Weight::matmul`] over a prepared input, so several weights that read the same activations (Q, K and V;
+    /// gate and up) quantize them once.
+    pub fn matmul_input(&self, input: &Input<'_>, out: &mut [f32]) {
+        let (rows, cols, n, x) = (self.rows(), self.cols(), input.n, input.x);
         assert_eq!(x.len(), n * cols, "input shape");
         assert_eq!(out.len(), n * rows, "output shape");
         if n == 0 {
@@ -187,16 +193,33 @@ impl Weight {
         // copied into place afterwards, so tasks never share output memory.
         let xq = match self {
             Weight::F32 { .. } => None,
-            Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => Some(QuantizedRows::quantize(x, cols)),
+            Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => {
+                Some(input.quantized.get_or_init(|| QuantizedRows::quantize(x, cols)))
+            }
         };
         let results: Vec<(usize, Vec<f32>)> =
-            column_tasks(rows).map(|(c0, c1)| (c0, columns(self, x, xq.as_ref(), n, c0, c1))).collect();
+            column_tasks(rows).map(|(c0, c1)| (c0, columns(self, x, xq, n, c0, c1))).collect();
         for (c0, vals) in results {
             let width = vals.len() / n;
             for (r, chunk) in vals.chunks_exact(width).enumerate() {
                 out[r * rows + c0..r * rows + c0 + width].copy_from_slice(chunk);
             }
         }
+    }
+}
+
+/// Activations for one or more matmuls: `n` rows of f32, quantized for the integer kernels on first use.
+#[derive(Debug)]
+pub struct Input<'a> {
+    x: &'a [f32],
+    n: usize,
+    quantized: std::sync::OnceLock<QuantizedRows>,
+}
+
+impl<'a> Input<'a> {
+    /// `n` rows of equal width.
+    pub fn new(x: &'a [f32], n: usize) -> Self {
+        Input { x, n, quantized: std::sync::OnceLock::new() }
     }
 }
 
@@ -210,7 +233,7 @@ fn column_tasks(rows: usize) -> impl IndexedParallelIterator<Item = (usize, usiz
 
 /// One block of 32 activations quantized to signed bytes, as the integer kernels consume them: `x ≈ d * q`, with
 /// the scale stored eight times over so the SIMD kernel multiplies by it straight from memory. One cache line.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 #[repr(C, align(64))]
 struct XBlock {
     q: [i8; QK],
@@ -225,6 +248,7 @@ const ROW_GROUP: usize = 8;
 /// interleaved block by block (`[group][block][row in group]`), so a kernel sweeping a group reads one sequential
 /// stream. Each row is quantized on its own, so a row's values never depend on the rest of the batch; only where
 /// they are stored does.
+#[derive(Debug)]
 struct QuantizedRows {
     blocks: Vec<XBlock>,
     sums: Vec<f32>,

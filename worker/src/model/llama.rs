@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{AttentionShape, Weight, attention, dot_f32, exp_f32, with_simd};
+use super::kernels::{AttentionShape, Input, Weight, attention, dot_f32, exp_f32, with_simd};
 use crate::kv::pool::BlockId;
 use half::bf16;
 
@@ -280,9 +280,10 @@ impl Llama {
             for r in 0..n {
                 rms_norm(&x[r * h..(r + 1) * h], &layer.attn_norm, cfg.rms_eps, &mut hbuf[r * h..(r + 1) * h]);
             }
-            layer.wq.matmul(&hbuf, n, &mut q);
-            layer.wk.matmul(&hbuf, n, &mut k);
-            layer.wv.matmul(&hbuf, n, &mut v);
+            let input = Input::new(&hbuf, n);
+            layer.wq.matmul_input(&input, &mut q);
+            layer.wk.matmul_input(&input, &mut k);
+            layer.wv.matmul_input(&input, &mut v);
             if let Some((bq, bk, bv)) = &layer.qkv_bias {
                 for r in 0..n {
                     q[r * qd..(r + 1) * qd].iter_mut().zip(bq).for_each(|(a, b)| *a += b);
@@ -309,8 +310,9 @@ impl Llama {
             for r in 0..n {
                 rms_norm(&x[r * h..(r + 1) * h], &layer.ffn_norm, cfg.rms_eps, &mut hbuf[r * h..(r + 1) * h]);
             }
-            layer.w_gate.matmul(&hbuf, n, &mut gate);
-            layer.w_up.matmul(&hbuf, n, &mut up);
+            let input = Input::new(&hbuf, n);
+            layer.w_gate.matmul_input(&input, &mut gate);
+            layer.w_up.matmul_input(&input, &mut up);
             gate.iter_mut().zip(&up).for_each(|(g, u)| *g = *g / (1.0 + exp_f32(-*g)) * u);
             layer.w_down.matmul(&gate, n, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
