@@ -231,6 +231,37 @@ fn column_tasks(rows: usize) -> impl IndexedParallelIterator<Item = (usize, usiz
     (0..rows.div_ceil(per)).into_par_iter().map(move |t| (t * per, ((t + 1) * per).min(rows)))
 }
 
+/// Quantize one row group (up to [`ROW_GROUP`] rows of `x`) into its interleaved blocks and its rows' padded
+/// block sums.
+#[inline(always)]
+fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
+    let (rows, bpr) = (x.len() / cols, cols / QK);
+    let padded = sums.len() / rows.max(1);
+    // Plain loops over fixed-size arrays with eight-lane reductions in a fixed order: they vectorise.
+    for r in 0..rows {
+        for b in 0..bpr {
+            let block: &[f32; QK] = x[r * cols + b * QK..][..QK].try_into().expect("a block is 32 values");
+            let mut amax = [0f32; 8];
+            for c in 0..QK / 8 {
+                for l in 0..8 {
+                    amax[l] = amax[l].max(block[c * 8 + l].abs());
+                }
+            }
+            let amax = amax.iter().fold(0f32, |a, &v| a.max(v));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut q = [0i8; QK];
+            for (qv, &v) in q.iter_mut().zip(block) {
+                // Round half away from zero without a libm call; |v * inv| <= 127 by construction.
+                let t = v * inv;
+                *qv = (t + 0.5f32.copysign(t)) as i8;
+            }
+            sums[r * padded + b] = sum_f32(block);
+            blocks[b * rows + r] = XBlock { q, d: [d; 8] };
+        }
+    }
+}
+
 /// One block of 32 activations quantized to signed bytes, as the integer kernels consume them: `x ≈ d * q`, with
 /// the scale stored eight times over so the SIMD kernel multiplies by it straight from memory. One cache line.
 #[derive(Clone, Copy, Debug)]
@@ -257,17 +288,9 @@ struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    /// Quantize with AVX2 code where the CPU has it (the same arithmetic either way).
+    /// Quantize `x` (rows of `cols` values), one row group per parallel task, with AVX2 code where the CPU has
+    /// it (the same arithmetic either way).
     fn quantize(x: &[f32], cols: usize) -> QuantizedRows {
-        #[cfg(target_arch = "x86_64")]
-        if simd::available() {
-            return simd::quantize(x, cols);
-        }
-        QuantizedRows::new(x, cols)
-    }
-
-    #[inline(always)]
-    fn new(x: &[f32], cols: usize) -> QuantizedRows {
         debug_assert_eq!(cols % QK, 0);
         let (rows, bpr, padded) = (x.len() / cols, cols / QK, padded_blocks(cols));
         let mut out = QuantizedRows {
@@ -276,30 +299,17 @@ impl QuantizedRows {
             rows,
             blocks_per_row: bpr,
         };
-        // Plain loops over fixed-size arrays with eight-lane reductions in a fixed order: they vectorise.
-        for r in 0..rows {
-            for b in 0..bpr {
-                let block: &[f32; QK] = x[r * cols + b * QK..][..QK].try_into().expect("a block is 32 values");
-                let mut amax = [0f32; 8];
-                for c in 0..QK / 8 {
-                    for l in 0..8 {
-                        amax[l] = amax[l].max(block[c * 8 + l].abs());
-                    }
+        out.blocks
+            .par_chunks_mut(ROW_GROUP * bpr)
+            .zip(out.sums.par_chunks_mut(ROW_GROUP * padded))
+            .zip(x.par_chunks(ROW_GROUP * cols))
+            .for_each(|((blocks, sums), x)| {
+                #[cfg(target_arch = "x86_64")]
+                if simd::available() {
+                    return simd::quantize_group(x, cols, blocks, sums);
                 }
-                let amax = amax.iter().fold(0f32, |a, &v| a.max(v));
-                let d = amax / 127.0;
-                let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
-                let mut q = [0i8; QK];
-                for (qv, &v) in q.iter_mut().zip(block) {
-                    // Round half away from zero without a libm call; |v * inv| <= 127 by construction.
-                    let t = v * inv;
-                    *qv = (t + 0.5f32.copysign(t)) as i8;
-                }
-                out.sums[r * padded + b] = sum_f32(block);
-                let at = out.index(r, b);
-                out.blocks[at] = XBlock { q, d: [d; 8] };
-            }
-        }
+                quantize_group(x, cols, blocks, sums);
+            });
         out
     }
 
@@ -428,7 +438,7 @@ fn columns_f32(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Ve
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod simd {
-    use super::{AttentionShape, QK, QuantizedRows, Weight};
+    use super::{AttentionShape, QK, QuantizedRows, Weight, XBlock};
     use std::arch::x86_64::*;
 
     /// Whether this CPU runs the SIMD kernel.
@@ -492,14 +502,14 @@ mod simd {
         _mm_cvtss_f32(sum) + tail
     }
 
-    pub(super) fn quantize(x: &[f32], cols: usize) -> QuantizedRows {
+    pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
         // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
-        unsafe { quantize_avx2(x, cols) }
+        unsafe { quantize_group_avx2(x, cols, blocks, sums) }
     }
 
     #[target_feature(enable = "avx2,fma")]
-    fn quantize_avx2(x: &[f32], cols: usize) -> QuantizedRows {
-        QuantizedRows::new(x, cols)
+    fn quantize_group_avx2(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
+        super::quantize_group(x, cols, blocks, sums);
     }
 
     pub(super) fn columns_int8(weight: &Weight, xq: &QuantizedRows, n: usize, c0: usize, c1: usize) -> Vec<f32> {
@@ -883,8 +893,17 @@ mod tests {
                 let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut seed) * 3.0).collect();
                 let xq = QuantizedRows::quantize(&x, cols);
                 assert_eq!(columns(&weight, &x, Some(&xq), n, 0, rows), columns_int8(&weight, &xq, n, 0, rows));
-                let plain = QuantizedRows::new(&x, cols);
-                assert_eq!((xq.sums, xq.blocks.len()), (plain.sums, plain.blocks.len()));
+                // The portable quantizer, group by group, gives the same bytes.
+                let bpr = cols / QK;
+                for (g, xg) in x.chunks(ROW_GROUP * cols).enumerate() {
+                    let rows_here = xg.len() / cols;
+                    let mut blocks = vec![XBlock { q: [0; QK], d: [0.0; 8] }; rows_here * bpr];
+                    let mut sums = vec![0f32; rows_here * padded_blocks(cols)];
+                    quantize_group(xg, cols, &mut blocks, &mut sums);
+                    let at = g * ROW_GROUP * bpr;
+                    assert!(blocks.iter().zip(&xq.blocks[at..]).all(|(a, b)| a.q == b.q && a.d == b.d));
+                    assert_eq!(sums[..], xq.sums[g * ROW_GROUP * padded_blocks(cols)..][..sums.len()]);
+                }
             }
         }
         let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 24 };
