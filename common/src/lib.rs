@@ -3,4 +3,5 @@
 //!
 //! Nothing here does IO, allocates threads or reads clocks.
 
+pub mod billing;
 pub mod block_hash;
