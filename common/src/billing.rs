@@ -134,9 +134,39 @@ pub fn input_semantic_weight(text: &str) -> f32 {
 }
 
 const IMPERATIVES: &[&str] = &[
-    "add", "call", "check", "click", "configure", "copy", "create", "delete", "deploy", "disable", "download", "edit",
-    "enable", "ensure", "go", "install", "open", "press", "remove", "replace", "restart", "run", "save", "select",
-    "send", "set", "start", "stop", "type", "update", "use", "verify", "write",
+    "add",
+    "call",
+    "check",
+    "click",
+    "configure",
+    "copy",
+    "create",
+    "delete",
+    "deploy",
+    "disable",
+    "download",
+    "edit",
+    "enable",
+    "ensure",
+    "go",
+    "install",
+    "open",
+    "press",
+    "remove",
+    "replace",
+    "restart",
+    "run",
+    "save",
+    "select",
+    "send",
+    "set",
+    "start",
+    "stop",
+    "type",
+    "update",
+    "use",
+    "verify",
+    "write",
 ];
 
 /// A list item's text after its marker (`- `, `* `, `+ `, `1. `, `1) `), if the line is one.
@@ -181,10 +211,8 @@ fn structure(text: &str) -> f32 {
     }
     let items: Vec<&str> = lines.iter().filter_map(|l| list_item(l)).collect();
     if items.len() >= 2 {
-        let imperative = items
-            .iter()
-            .filter(|item| words(item).first().is_some_and(|w| IMPERATIVES.contains(&w.as_str())))
-            .count();
+        let imperative =
+            items.iter().filter(|item| words(item).first().is_some_and(|w| IMPERATIVES.contains(&w.as_str()))).count();
         return if imperative * 2 >= items.len() { 0.6 } else { 0.5 };
     }
     0.1

@@ -1,7 +1,13 @@
-//! The orchestrator tier: Raft-replicated routing state and microsecond route decisions (see
-//! docs/architecture.md). It is never on the token path.
+//! The orchestrator tier: routing state and microsecond route decisions (see docs/routing.md). It is never on the
+//! token path: the frontend asks it for a route, then streams from the worker directly.
 //!
-//! Today it holds the orchestrator's place in the wire protocol; routing arrives with issue 3/6.
+//! - [`state`]: the replicated routing state, a deterministic command-driven state machine.
+//! - [`load`]: the soft load view (load reports, KV-cache events), never replicated.
+//! - [`route`]: route decisions as pure functions over both, with pluggable policies.
+
+pub mod load;
+pub mod route;
+pub mod state;
 
 use zl_proto::message::Role;
 use zl_proto::quic::RpcSettings;

@@ -9,8 +9,22 @@ use super::{MessageError, fb};
 
 /// A node's id: a lowercase DNS label (1 to 63 bytes of `a-z`, `0-9`, `-`, not starting or ending with `-`), so it
 /// can appear in certificate names (`{id}.{role}.zl.internal`).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct NodeId(String);
+
+impl TryFrom<String> for NodeId {
+    type Error = MessageError;
+    fn try_from(id: String) -> Result<Self, MessageError> {
+        NodeId::new(id)
+    }
+}
+
+impl From<NodeId> for String {
+    fn from(id: NodeId) -> String {
+        id.0
+    }
+}
 
 impl NodeId {
     /// Check and wrap a node id.
@@ -109,7 +123,8 @@ impl std::fmt::Display for Role {
 }
 
 /// A compute pool, and a worker's device class.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ComputePool {
     /// Accelerator-resident models.
     Gpu,

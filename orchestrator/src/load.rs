@@ -1,0 +1,338 @@
+//! The soft load view: what workers report about themselves a few times a second (load, and which KV blocks they
+//! hold). Not replicated: each orchestrator keeps the newest report per worker, and after a restart rebuilds the
+//! view from the next reports within seconds.
+//!
+//! Pure and clock-free: every method that depends on time takes `now`, so tests drive missed heartbeats and late
+//! reports with an injected clock. Bounded: reports are accepted only for registered workers (the caller checks),
+//! each worker's block set is capped, and workers silent for longer than `forget_after` are dropped by
+//! [`LoadView::sweep`].
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use zl_proto::message::{KvCacheEvents, LoadReport, NodeId};
+
+/// Health and size settings.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadSettings {
+    /// A worker whose last report is older than this is unhealthy: no new requests go to it.
+    pub heartbeat_timeout: Duration,
+    /// A worker silent for this long is forgotten (its load and cached blocks dropped).
+    pub forget_after: Duration,
+    /// Cached block hashes kept per worker; events beyond it are ignored until evictions make room.
+    pub max_blocks_per_worker: usize,
+}
+
+impl Default for LoadSettings {
+    fn default() -> Self {
+        LoadSettings {
+            heartbeat_timeout: Duration::from_secs(3),
+            forget_after: Duration::from_secs(600),
+            max_blocks_per_worker: 1 << 20,
+        }
+    }
+}
+
+/// What happened to a report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accepted {
+    /// Applied.
+    Yes,
+    /// Older than one already applied (reordered or late); ignored.
+    Stale,
+}
+
+#[derive(Debug)]
+struct Soft {
+    slot: u32,
+    last_seen: Instant,
+    load: Option<LoadReport>,
+    load_at: Option<Instant>,
+    kv_sequence: Option<u64>,
+    /// (model tag, block hash) pairs held.
+    blocks: HashSet<(u64, u64)>,
+}
+
+/// The load view.
+#[derive(Debug, Default)]
+pub struct LoadView {
+    settings: LoadSettings,
+    workers: HashMap<NodeId, Soft>,
+    /// Slot to worker, for the prefix index.
+    slots: Vec<Option<NodeId>>,
+    free_slots: Vec<u32>,
+    /// (model tag, block hash) to the slots of workers holding it.
+    prefix: HashMap<(u64, u64), Vec<u32>>,
+}
+
+/// A model's tag in the prefix index (hashes of different models never mix).
+pub fn model_tag(model: &str) -> u64 {
+    // FNV-1a: stable across processes and platforms.
+    model.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+impl LoadView {
+    /// An empty view.
+    pub fn new(settings: LoadSettings) -> Self {
+        LoadView { settings, ..LoadView::default() }
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &LoadSettings {
+        &self.settings
+    }
+
+    fn soft(&mut self, id: &NodeId, now: Instant) -> &mut Soft {
+        if !self.workers.contains_key(id) {
+            let slot = match self.free_slots.pop() {
+                Some(s) => {
+                    self.slots[s as usize] = Some(id.clone());
+                    s
+                }
+                None => {
+                    self.slots.push(Some(id.clone()));
+                    (self.slots.len() - 1) as u32
+                }
+            };
+            self.workers.insert(
+                id.clone(),
+                Soft { slot, last_seen: now, load: None, load_at: None, kv_sequence: None, blocks: HashSet::new() },
+            );
+        }
+        self.workers.get_mut(id).expect("inserted above")
+    }
+
+    /// Apply a load report (also the worker's heartbeat).
+    pub fn report(&mut self, report: LoadReport, now: Instant) -> Accepted {
+        let soft = self.soft(&report.worker_id, now);
+        if soft.load.as_ref().is_some_and(|l| l.sequence >= report.sequence) {
+            return Accepted::Stale;
+        }
+        soft.last_seen = now;
+        soft.load = Some(report);
+        soft.load_at = Some(now);
+        Accepted::Yes
+    }
+
+    /// Apply KV-cache events.
+    pub fn kv_events(&mut self, events: &KvCacheEvents, now: Instant) -> Accepted {
+        let cap = self.settings.max_blocks_per_worker;
+        let tag = model_tag(&events.model);
+        let soft = self.soft(&events.worker_id, now);
+        if soft.kv_sequence.is_some_and(|s| s >= events.sequence) {
+            return Accepted::Stale;
+        }
+        soft.kv_sequence = Some(events.sequence);
+        soft.last_seen = now;
+        let slot = soft.slot;
+        let mut removed = Vec::new();
+        if events.cleared {
+            soft.blocks.retain(|&(t, h)| {
+                let keep = t != tag;
+                if !keep {
+                    removed.push((t, h));
+                }
+                keep
+            });
+        }
+        for &h in &events.evicted {
+            if soft.blocks.remove(&(tag, h)) {
+                removed.push((tag, h));
+            }
+        }
+        let mut added = Vec::new();
+        for &h in &events.stored {
+            if soft.blocks.len() >= cap {
+                break;
+            }
+            if soft.blocks.insert((tag, h)) {
+                added.push((tag, h));
+            }
+        }
+        for key in removed {
+            self.unindex(key, slot);
+        }
+        for key in added {
+            self.prefix.entry(key).or_default().push(slot);
+        }
+        Accepted::Yes
+    }
+
+    fn unindex(&mut self, key: (u64, u64), slot: u32) {
+        if let Some(holders) = self.prefix.get_mut(&key) {
+            holders.retain(|&s| s != slot);
+            if holders.is_empty() {
+                self.prefix.remove(&key);
+            }
+        }
+    }
+
+    /// Drop everything known about a worker (deregistered, or forgotten).
+    pub fn forget(&mut self, id: &NodeId) {
+        if let Some(soft) = self.workers.remove(id) {
+            for key in soft.blocks {
+                self.unindex(key, soft.slot);
+            }
+            self.slots[soft.slot as usize] = None;
+            self.free_slots.push(soft.slot);
+        }
+    }
+
+    /// Forget workers silent for longer than `forget_after`; returns how many.
+    pub fn sweep(&mut self, now: Instant) -> usize {
+        let stale: Vec<NodeId> = self
+            .workers
+            .iter()
+            .filter(|(_, s)| now.saturating_duration_since(s.last_seen) > self.settings.forget_after)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &stale {
+            self.forget(id);
+        }
+        stale.len()
+    }
+
+    /// A worker's newest load, if it reported within the heartbeat timeout, with its prefix-index slot.
+    pub fn healthy(&self, id: &NodeId, now: Instant) -> Option<(&LoadReport, u32)> {
+        let soft = self.workers.get(id)?;
+        let at = soft.load_at?;
+        if now.saturating_duration_since(at) > self.settings.heartbeat_timeout {
+            return None;
+        }
+        Some((soft.load.as_ref()?, soft.slot))
+    }
+
+    /// Age of a worker's newest load report.
+    pub fn age(&self, id: &NodeId, now: Instant) -> Option<Duration> {
+        Some(now.saturating_duration_since(self.workers.get(id)?.load_at?))
+    }
+
+    /// For each worker slot, how many leading blocks of `hashes` (a prompt's chained block hashes for `model`) it
+    /// holds; only slots with at least one are set. Walks the prompt once, stopping when no worker holds the next
+    /// block: cost proportional to the matched prefix times its holders, not to the number of workers.
+    pub fn prefix_overlap(&self, model: &str, hashes: &[u64], out: &mut HashMap<u32, u32>) {
+        out.clear();
+        let tag = model_tag(model);
+        for (i, &h) in hashes.iter().enumerate() {
+            let Some(holders) = self.prefix.get(&(tag, h)) else { break };
+            let mut advanced = false;
+            for &slot in holders {
+                let depth = out.entry(slot).or_insert(0);
+                if *depth == i as u32 {
+                    *depth += 1;
+                    advanced = true;
+                }
+            }
+            if !advanced {
+                break;
+            }
+        }
+        out.retain(|_, d| *d > 0);
+    }
+
+    /// Workers with any soft state.
+    pub fn len(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Whether no worker has soft state.
+    pub fn is_empty(&self) -> bool {
+        self.workers.is_empty()
+    }
+
+    /// Cached (model, block) entries across all workers.
+    pub fn cached_blocks(&self) -> usize {
+        self.workers.values().map(|s| s.blocks.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> NodeId {
+        NodeId::new(s).unwrap()
+    }
+
+    fn load(worker: &str, sequence: u64, queue: u32) -> LoadReport {
+        LoadReport {
+            worker_id: id(worker),
+            sequence,
+            queue_depth: queue,
+            running_sequences: 1,
+            kv_blocks_used: 10,
+            kv_blocks_free: 90,
+            fragmentation_ratio: 0.1,
+            tokens_per_second: 50.0,
+        }
+    }
+
+    fn events(worker: &str, sequence: u64, stored: &[u64], evicted: &[u64], cleared: bool) -> KvCacheEvents {
+        KvCacheEvents {
+            worker_id: id(worker),
+            sequence,
+            model: "m".into(),
+            stored: stored.to_vec(),
+            evicted: evicted.to_vec(),
+            cleared,
+        }
+    }
+
+    #[test]
+    fn missed_heartbeats_make_a_worker_unhealthy_and_late_reports_are_ignored() {
+        let t0 = Instant::now();
+        let mut v = LoadView::new(LoadSettings::default());
+        assert_eq!(v.report(load("w1", 5, 2), t0), Accepted::Yes);
+        assert_eq!(v.healthy(&id("w1"), t0 + Duration::from_secs(2)).unwrap().0.queue_depth, 2);
+        // A report that arrives late (older sequence) changes nothing.
+        assert_eq!(v.report(load("w1", 4, 9), t0 + Duration::from_secs(1)), Accepted::Stale);
+        assert_eq!(v.healthy(&id("w1"), t0 + Duration::from_secs(2)).unwrap().0.queue_depth, 2);
+        // No heartbeat for longer than the timeout: unhealthy; the next report heals it.
+        assert!(v.healthy(&id("w1"), t0 + Duration::from_millis(3001)).is_none());
+        v.report(load("w1", 6, 0), t0 + Duration::from_secs(4));
+        assert!(v.healthy(&id("w1"), t0 + Duration::from_secs(4)).is_some());
+        // Silent for longer than forget_after: dropped entirely.
+        assert_eq!(v.sweep(t0 + Duration::from_secs(700)), 1);
+        assert!(v.is_empty());
+    }
+
+    #[test]
+    fn prefix_overlap_counts_leading_blocks_per_worker() {
+        let t0 = Instant::now();
+        let mut v = LoadView::new(LoadSettings::default());
+        v.kv_events(&events("w1", 1, &[10, 11, 12], &[], false), t0);
+        v.kv_events(&events("w2", 1, &[10, 12], &[], false), t0);
+        let s1 = v.soft(&id("w1"), t0).slot;
+        let s2 = v.soft(&id("w2"), t0).slot;
+        let mut out = HashMap::new();
+        v.prefix_overlap("m", &[10, 11, 12, 13], &mut out);
+        assert_eq!(out.get(&s1), Some(&3));
+        assert_eq!(out.get(&s2), Some(&1), "w2 lacks block 11, so block 12 does not count");
+        v.prefix_overlap("other-model", &[10], &mut out);
+        assert!(out.is_empty(), "blocks of another model never match");
+        // Evictions and a clear remove blocks from the index.
+        v.kv_events(&events("w1", 2, &[], &[11], false), t0);
+        v.prefix_overlap("m", &[10, 11], &mut out);
+        assert_eq!(out.get(&s1), Some(&1));
+        v.kv_events(&events("w2", 2, &[20], &[], true), t0);
+        v.prefix_overlap("m", &[10], &mut out);
+        assert_eq!(out.get(&s2), None);
+        // Stale events are ignored; forgetting a worker empties its part of the index.
+        assert_eq!(v.kv_events(&events("w2", 1, &[10], &[], false), t0), Accepted::Stale);
+        v.forget(&id("w1"));
+        v.prefix_overlap("m", &[10], &mut out);
+        assert!(out.is_empty());
+        assert_eq!(v.cached_blocks(), 1);
+    }
+
+    #[test]
+    fn block_sets_are_capped() {
+        let t0 = Instant::now();
+        let settings = LoadSettings { max_blocks_per_worker: 3, ..LoadSettings::default() };
+        let mut v = LoadView::new(settings);
+        v.kv_events(&events("w1", 1, &[1, 2, 3, 4, 5], &[], false), t0);
+        assert_eq!(v.cached_blocks(), 3);
+        v.kv_events(&events("w1", 2, &[6], &[1], false), t0);
+        assert_eq!(v.cached_blocks(), 3);
+    }
+}

@@ -1,0 +1,46 @@
+//! Least-loaded: the candidate with the lowest load score
+//! `queue_depth + running_sequences / max_running_sequences + kv_used / (kv_used + kv_free)`: a queued request
+//! outweighs a full batch, which outweighs a full KV cache. Ties go to the lower worker id.
+
+use zl_proto::message::RouteRequest;
+
+use super::{Candidate, Pick, Policy};
+
+/// The least-loaded policy.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LeastLoaded;
+
+/// A candidate's load score (lower is better).
+pub(super) fn load_score(c: &Candidate<'_>) -> f64 {
+    let l = c.load;
+    let running = f64::from(l.running_sequences) / f64::from(c.worker.spec.max_running_sequences.max(1));
+    let kv_total = f64::from(l.kv_blocks_used) + f64::from(l.kv_blocks_free);
+    let kv = if kv_total > 0.0 { f64::from(l.kv_blocks_used) / kv_total } else { 0.0 };
+    f64::from(l.queue_depth) + running + kv
+}
+
+impl Policy for LeastLoaded {
+    fn name(&self) -> &'static str {
+        "least-loaded"
+    }
+
+    fn pick(&self, _request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick {
+        let mut best = 0;
+        let mut best_score = f64::INFINITY;
+        for (i, c) in candidates.iter().enumerate() {
+            let s = load_score(c);
+            if s < best_score {
+                best = i;
+                best_score = s;
+            }
+        }
+        let c = &candidates[best];
+        Pick {
+            index: best,
+            reason: format!(
+                "lowest load {best_score:.2} (queue {}, running {}/{})",
+                c.load.queue_depth, c.load.running_sequences, c.worker.spec.max_running_sequences
+            ),
+        }
+    }
+}

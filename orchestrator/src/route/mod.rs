@@ -1,0 +1,271 @@
+//! Route decisions: pure functions over (replicated state, load view, request).
+//!
+//! 1. **Models**: the requested name after alias resolution, then its fallback chain, in order.
+//! 2. **Versions**: a pinned version only; else a canary split picks one version by weight, deterministically
+//!    from the request id (a retry of the same request lands on the same version), with the split's other
+//!    versions after it; else any version.
+//! 3. **Candidates**: workers serving that model version that are registered, not draining, healthy (reported
+//!    within the heartbeat timeout) and not excluded by the request (workers that already failed it).
+//! 4. **Pool**: the request's predicted cost picks a pool (see [`predicted_cost`]); an operator pin or a client
+//!    hint reorders the pools tried; a pool whose candidates are all saturated (queue at least a full batch) is
+//!    skipped for the next.
+//! 5. **Policy**: one of the pluggable policies (one file each) picks among the pool's candidates and says why.
+//!
+//! No IO, no clock reads (the caller passes `now`), no allocation beyond a few small vectors.
+
+mod least_loaded;
+mod prefix_aware;
+mod round_robin;
+mod session_affinity;
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use zl_common::billing::predicted_billing_unit;
+use zl_proto::message::{ComputePool, LoadReport, RouteDecision, RouteHint, RouteRequest};
+
+use crate::load::LoadView;
+use crate::state::{ModelVersion, PoolThresholds, RoutingState, WorkerEntry};
+
+pub use least_loaded::LeastLoaded;
+pub use prefix_aware::PrefixAware;
+pub use round_robin::RoundRobin;
+pub use session_affinity::SessionAffinity;
+
+/// A worker that may serve the request.
+#[derive(Clone, Copy, Debug)]
+pub struct Candidate<'a> {
+    /// Its registration.
+    pub worker: &'a WorkerEntry,
+    /// The model version it would serve.
+    pub model: &'a ModelVersion,
+    /// Its newest load report.
+    pub load: &'a LoadReport,
+    /// Leading blocks of the prompt it holds in its KV cache.
+    pub prefix_blocks: u32,
+}
+
+/// A policy's choice.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pick {
+    /// Position in the candidate list.
+    pub index: usize,
+    /// Why, for the decision's `reason`.
+    pub reason: String,
+}
+
+/// A routing policy: picks one of a non-empty list of candidates (all in one pool, all with capacity, sorted by
+/// worker id).
+pub trait Policy: Send + Sync {
+    /// Its name, as configured and in metrics.
+    fn name(&self) -> &'static str;
+    /// The choice.
+    fn pick(&self, request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick;
+}
+
+/// The policies by name: `least-loaded`, `prefix-aware`, `session-affinity`, `round-robin`.
+pub fn policy_by_name(name: &str) -> Option<Box<dyn Policy>> {
+    Some(match name {
+        "least-loaded" => Box::new(LeastLoaded),
+        "prefix-aware" => Box::new(PrefixAware::default()),
+        "session-affinity" => Box::new(SessionAffinity),
+        "round-robin" => Box::new(RoundRobin::default()),
+        _ => return None,
+    })
+}
+
+/// Every policy name, for `--help` and errors.
+pub const POLICY_NAMES: &[&str] = &["least-loaded", "prefix-aware", "session-affinity", "round-robin"];
+
+/// Why no route was found.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum RouteError {
+    /// No registered worker serves the model (after aliases and fallbacks), and no alias names it.
+    #[error("model {0:?} is not served by this cluster")]
+    UnknownModel(String),
+    /// Workers serve the model but none is healthy, not draining and not excluded.
+    #[error("no healthy worker serves {0:?} right now")]
+    NoWorker(String),
+    /// Every pool that may serve the request is saturated.
+    #[error("every worker for {0:?} is at capacity")]
+    Saturated(String),
+}
+
+/// Suggested client back-off when no route is found.
+pub const RETRY_AFTER_MS: u32 = 1000;
+
+/// Tokens a request's size is measured against for its predicted cost.
+pub const COST_SIZE_TOKENS: f32 = 8192.0;
+
+/// A request's predicted cost in [0, 1]: the mean of its size (`(prompt_tokens + max_tokens) / 8192`, capped at 1)
+/// and its predicted billing unit.
+pub fn predicted_cost(request: &RouteRequest, predicted_unit: f32) -> f32 {
+    let size = ((request.prompt_tokens as f32 + request.max_tokens as f32) / COST_SIZE_TOKENS).min(1.0);
+    (0.5 * size + 0.5 * predicted_unit).clamp(0.0, 1.0)
+}
+
+/// The pool a cost maps to.
+pub fn pool_for_cost(cost: f32, t: &PoolThresholds) -> ComputePool {
+    if cost >= t.gpu {
+        ComputePool::Gpu
+    } else if cost >= t.hybrid {
+        ComputePool::Hybrid
+    } else {
+        ComputePool::Cpu
+    }
+}
+
+/// Pools in the order they are tried.
+pub fn pool_order(preferred: ComputePool, hint: RouteHint, pinned: Option<ComputePool>) -> Vec<ComputePool> {
+    use ComputePool::{Cpu, Gpu, Hybrid};
+    if let Some(pin) = pinned {
+        return vec![pin];
+    }
+    match hint {
+        RouteHint::LowLatency => vec![Gpu, Hybrid, Cpu],
+        RouteHint::LowCost => vec![Cpu, Hybrid, Gpu],
+        RouteHint::None => match preferred {
+            Gpu => vec![Gpu, Hybrid, Cpu],
+            Hybrid => vec![Hybrid, Gpu, Cpu],
+            Cpu => vec![Cpu, Hybrid, Gpu],
+        },
+    }
+}
+
+/// Whether a worker can take another request without queueing more than a full batch.
+pub fn has_capacity(worker: &WorkerEntry, load: &LoadReport) -> bool {
+    load.queue_depth < worker.spec.max_running_sequences
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A stable 64-bit hash of a string (FNV-1a, then mixed), the same on every node and platform.
+pub fn stable_hash(s: &str) -> u64 {
+    mix(crate::load::model_tag(s))
+}
+
+/// Version preferences for a model: pinned, canary order, or any.
+fn versions(state: &RoutingState, model: &str, request_id: &str) -> Vec<Option<String>> {
+    if let Some(pin) = state.pin(model) {
+        return vec![Some(pin.to_owned())];
+    }
+    let Some(split) = state.canary(model) else { return vec![None] };
+    let total: u64 = split.values().map(|&w| u64::from(w)).sum();
+    let mut point = stable_hash(request_id) % total.max(1);
+    let mut picked = None;
+    for (sha, &w) in split {
+        if point < u64::from(w) {
+            picked = Some(sha.clone());
+            break;
+        }
+        point -= u64::from(w);
+    }
+    let mut order: Vec<Option<String>> = picked.iter().cloned().map(Some).collect();
+    let mut rest: Vec<(&String, &u32)> =
+        split.iter().filter(|(sha, w)| Some(*sha) != picked.as_ref() && **w > 0).collect();
+    rest.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    order.extend(rest.into_iter().map(|(sha, _)| Some(sha.clone())));
+    order
+}
+
+/// Reusable scratch space, so a decision allocates little.
+#[derive(Debug, Default)]
+pub struct Scratch {
+    overlap: HashMap<u32, u32>,
+}
+
+/// Decide a route. `decision_nanos` is left 0 for the caller, which owns the clock.
+pub fn decide(
+    state: &RoutingState,
+    load: &LoadView,
+    request: &RouteRequest,
+    policy: &dyn Policy,
+    now: Instant,
+    scratch: &mut Scratch,
+) -> Result<RouteDecision, RouteError> {
+    let resolved = state.resolve_alias(&request.model).to_owned();
+    let mut chain = vec![resolved.clone()];
+    chain.extend(state.fallback(&resolved).iter().map(|m| state.resolve_alias(m).to_owned()));
+    let weights = state.billing_weights();
+    let unit = predicted_billing_unit(weights, request.input_semantic_weight.clamp(0.0, 1.0));
+    let cost = predicted_cost(request, unit);
+    let preferred = pool_for_cost(cost, state.pool_thresholds());
+    let index = state.index();
+    let mut known = false;
+    let mut saturated = false;
+    for (hop, model) in chain.iter().enumerate() {
+        let Some(servers) = index.by_model.get(model) else { continue };
+        known = true;
+        load.prefix_overlap(model, &request.block_hashes, &mut scratch.overlap);
+        for version in versions(state, model, &request.request_id) {
+            let mut candidates: Vec<Candidate<'_>> = Vec::new();
+            for &(wi, mi) in servers {
+                let worker = &index.workers[wi];
+                let mv = &worker.spec.models[mi];
+                if worker.draining
+                    || version.as_ref().is_some_and(|v| *v != mv.weights_sha256)
+                    || request.excluded_workers.contains(&worker.spec.id)
+                {
+                    continue;
+                }
+                let Some((report, slot)) = load.healthy(&worker.spec.id, now) else { continue };
+                let prefix_blocks = scratch.overlap.get(&slot).copied().unwrap_or(0);
+                candidates.push(Candidate { worker, model: mv, load: report, prefix_blocks });
+            }
+            if candidates.is_empty() {
+                continue;
+            }
+            for pool in pool_order(preferred, request.hint, state.pool_pin(model)) {
+                let in_pool: Vec<Candidate<'_>> = candidates
+                    .iter()
+                    .filter(|c| c.worker.spec.device_class == pool && has_capacity(c.worker, c.load))
+                    .copied()
+                    .collect();
+                if in_pool.is_empty() {
+                    saturated |= candidates.iter().any(|c| c.worker.spec.device_class == pool);
+                    continue;
+                }
+                let pick = policy.pick(request, &in_pool);
+                let chosen = in_pool[pick.index];
+                let mut reason = format!("{}: {}; pool {} (cost {cost:.2})", policy.name(), pick.reason, pool.name());
+                if hop > 0 {
+                    reason.push_str(&format!("; fallback from {}", chain[0]));
+                }
+                return Ok(RouteDecision {
+                    request_id: request.request_id.clone(),
+                    worker_id: chosen.worker.spec.id.clone(),
+                    endpoint: chosen.worker.spec.endpoint.clone(),
+                    model: model.clone(),
+                    weights_sha256: sha_bytes(&chosen.model.weights_sha256),
+                    compute_pool: pool,
+                    predicted_billing_unit: unit,
+                    reason,
+                    decision_nanos: 0,
+                });
+            }
+        }
+    }
+    if !known {
+        return Err(RouteError::UnknownModel(request.model.clone()));
+    }
+    if saturated {
+        return Err(RouteError::Saturated(request.model.clone()));
+    }
+    Err(RouteError::NoWorker(request.model.clone()))
+}
+
+/// Hex SHA-256 (as stored in the state) to bytes; zeros if malformed (never, for stored values).
+fn sha_bytes(hex: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()).unwrap_or(0);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

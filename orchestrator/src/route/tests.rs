@@ -1,0 +1,287 @@
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use zl_proto::message::{ComputePool, KvCacheEvents, LoadReport, NodeId, RouteHint, RouteRequest};
+
+use super::*;
+use crate::load::{LoadSettings, LoadView};
+use crate::state::{Command, ModelVersion, RoutingState, WorkerSpec, hex};
+
+fn id(s: &str) -> NodeId {
+    NodeId::new(s).unwrap()
+}
+
+fn sha(n: u8) -> String {
+    hex(&[n; 32])
+}
+
+struct World {
+    state: RoutingState,
+    load: LoadView,
+    now: Instant,
+    index: u64,
+    seq: u64,
+}
+
+impl World {
+    fn new() -> Self {
+        World {
+            state: RoutingState::default(),
+            load: LoadView::new(LoadSettings::default()),
+            now: Instant::now(),
+            index: 0,
+            seq: 0,
+        }
+    }
+
+    fn apply(&mut self, cmd: Command) {
+        self.index += 1;
+        self.state.apply(self.index, &cmd).unwrap();
+    }
+
+    fn worker(&mut self, name: &str, model: &str, version: u8, pool: ComputePool) {
+        self.apply(Command::RegisterWorker(WorkerSpec {
+            id: id(name),
+            endpoint: format!("{name}:7100"),
+            device_class: pool,
+            models: vec![ModelVersion {
+                id: model.into(),
+                weights_sha256: sha(version),
+                context_length: 8192,
+                family: "llama".into(),
+            }],
+            kv_block_size: 16,
+            kv_blocks_total: 1000,
+            max_running_sequences: 8,
+        }));
+        self.report(name, 0, 0);
+    }
+
+    fn report(&mut self, name: &str, queue: u32, running: u32) {
+        self.seq += 1;
+        self.load.report(
+            LoadReport {
+                worker_id: id(name),
+                sequence: self.seq,
+                queue_depth: queue,
+                running_sequences: running,
+                kv_blocks_used: 0,
+                kv_blocks_free: 1000,
+                fragmentation_ratio: 0.0,
+                tokens_per_second: 0.0,
+            },
+            self.now,
+        );
+    }
+
+    fn cache(&mut self, name: &str, model: &str, blocks: &[u64]) {
+        self.seq += 1;
+        let ev = KvCacheEvents {
+            worker_id: id(name),
+            sequence: self.seq,
+            model: model.into(),
+            stored: blocks.to_vec(),
+            evicted: vec![],
+            cleared: false,
+        };
+        self.load.kv_events(&ev, self.now);
+    }
+
+    fn route(&self, req: &RouteRequest, policy: &dyn Policy) -> Result<RouteDecision, RouteError> {
+        decide(&self.state, &self.load, req, policy, self.now, &mut Scratch::default())
+    }
+}
+
+fn req(model: &str) -> RouteRequest {
+    RouteRequest {
+        request_id: "req-1".into(),
+        model: model.into(),
+        prompt_tokens: 100,
+        max_tokens: 100,
+        block_hashes: vec![],
+        session_id: None,
+        hint: RouteHint::None,
+        input_semantic_weight: 0.5,
+        excluded_workers: vec![],
+    }
+}
+
+#[test]
+fn unknown_models_unhealthy_draining_and_excluded_workers() {
+    let mut w = World::new();
+    assert_eq!(w.route(&req("m"), &LeastLoaded), Err(RouteError::UnknownModel("m".into())));
+    w.worker("w1", "m", 1, ComputePool::Cpu);
+    w.worker("w2", "m", 1, ComputePool::Cpu);
+    assert!(w.route(&req("m"), &LeastLoaded).is_ok());
+    w.apply(Command::SetDrain { id: id("w1"), draining: true });
+    let mut r = req("m");
+    assert_eq!(w.route(&r, &LeastLoaded).unwrap().worker_id, id("w2"));
+    r.excluded_workers = vec![id("w2")];
+    assert_eq!(w.route(&r, &LeastLoaded), Err(RouteError::NoWorker("m".into())));
+    // w2's heartbeats stop: it is no longer a candidate.
+    w.apply(Command::SetDrain { id: id("w1"), draining: false });
+    w.now += Duration::from_secs(2);
+    w.report("w1", 0, 0);
+    w.now += Duration::from_secs(2);
+    assert_eq!(w.route(&req("m"), &LeastLoaded).unwrap().worker_id, id("w1"));
+}
+
+#[test]
+fn aliases_fallbacks_and_the_decision_fields() {
+    let mut w = World::new();
+    w.worker("w1", "big", 3, ComputePool::Gpu);
+    w.worker("w2", "small", 4, ComputePool::Cpu);
+    w.apply(Command::SetAlias { alias: "default".into(), target: Some("big".into()) });
+    w.apply(Command::SetFallback { model: "big".into(), chain: vec!["small".into()] });
+    let d = w.route(&req("default"), &LeastLoaded).unwrap();
+    assert_eq!((d.model.as_str(), d.endpoint.as_str()), ("big", "w1:7100"));
+    assert_eq!(d.weights_sha256, [3; 32]);
+    assert!(d.reason.starts_with("least-loaded: "), "{}", d.reason);
+    assert!((0.0..=1.0).contains(&d.predicted_billing_unit));
+    // The big model's only worker fails this request: the fallback serves it.
+    let mut r = req("default");
+    r.excluded_workers = vec![id("w1")];
+    let d = w.route(&r, &LeastLoaded).unwrap();
+    assert_eq!(d.model, "small");
+    assert!(d.reason.contains("fallback from big"), "{}", d.reason);
+}
+
+#[test]
+fn pools_follow_cost_hints_pins_and_saturation() {
+    let t = crate::state::PoolThresholds::default();
+    let mut r = req("m");
+    r.prompt_tokens = 8000;
+    r.max_tokens = 4000;
+    assert_eq!(pool_for_cost(predicted_cost(&r, 1.0), &t), ComputePool::Gpu);
+    r.prompt_tokens = 10;
+    r.max_tokens = 10;
+    assert_eq!(pool_for_cost(predicted_cost(&r, 0.1), &t), ComputePool::Cpu);
+    assert_eq!(pool_for_cost(predicted_cost(&r, 0.8), &t), ComputePool::Hybrid);
+
+    let mut w = World::new();
+    w.worker("g1", "m", 1, ComputePool::Gpu);
+    w.worker("c1", "m", 1, ComputePool::Cpu);
+    let mut r = req("m");
+    r.input_semantic_weight = 0.0;
+    assert_eq!(w.route(&r, &LeastLoaded).unwrap().compute_pool, ComputePool::Cpu);
+    r.hint = RouteHint::LowLatency;
+    assert_eq!(w.route(&r, &LeastLoaded).unwrap().compute_pool, ComputePool::Gpu);
+    // The cpu pool saturates (queue of a full batch): the request moves to the next pool.
+    r.hint = RouteHint::None;
+    w.report("c1", 8, 8);
+    assert_eq!(w.route(&r, &LeastLoaded).unwrap().compute_pool, ComputePool::Gpu);
+    // An operator pin to cpu is honoured even then: the answer is "saturated", not another pool.
+    w.apply(Command::PinPool { model: "m".into(), pool: Some(ComputePool::Cpu) });
+    assert_eq!(w.route(&r, &LeastLoaded), Err(RouteError::Saturated("m".into())));
+    w.apply(Command::PinPool { model: "m".into(), pool: None });
+    w.report("g1", 8, 8);
+    assert_eq!(w.route(&r, &LeastLoaded), Err(RouteError::Saturated("m".into())));
+}
+
+#[test]
+fn canary_weights_split_deterministically_and_pins_win() {
+    let mut w = World::new();
+    w.worker("v1", "m", 1, ComputePool::Cpu);
+    w.worker("v2", "m", 2, ComputePool::Cpu);
+    w.apply(Command::SetCanary { model: "m".into(), weights: BTreeMap::from([(sha(1), 90), (sha(2), 10)]) });
+    let mut to_v2 = 0;
+    for i in 0..2000 {
+        let mut r = req("m");
+        r.request_id = format!("req-{i}");
+        let first = w.route(&r, &LeastLoaded).unwrap();
+        assert_eq!(w.route(&r, &LeastLoaded).unwrap().worker_id, first.worker_id, "same request, same version");
+        if first.worker_id == id("v2") {
+            to_v2 += 1;
+        }
+    }
+    assert!((140..=260).contains(&to_v2), "about 10% of 2000 should go to the canary, got {to_v2}");
+    w.apply(Command::PinVersion { model: "m".into(), weights_sha256: Some(sha(2)) });
+    for i in 0..50 {
+        let mut r = req("m");
+        r.request_id = format!("req-{i}");
+        assert_eq!(w.route(&r, &LeastLoaded).unwrap().worker_id, id("v2"));
+    }
+    // The canary version's worker is excluded: the other version in the split takes it.
+    w.apply(Command::PinVersion { model: "m".into(), weights_sha256: None });
+    let mut r = req("m");
+    r.excluded_workers = vec![id("v2")];
+    for i in 0..50 {
+        r.request_id = format!("req-{i}");
+        assert_eq!(w.route(&r, &LeastLoaded).unwrap().worker_id, id("v1"));
+    }
+}
+
+#[test]
+fn least_loaded_and_round_robin() {
+    let mut w = World::new();
+    for name in ["w1", "w2", "w3"] {
+        w.worker(name, "m", 1, ComputePool::Cpu);
+    }
+    w.report("w1", 2, 4);
+    w.report("w2", 0, 6);
+    w.report("w3", 0, 2);
+    assert_eq!(w.route(&req("m"), &LeastLoaded).unwrap().worker_id, id("w3"));
+    let rr = RoundRobin::default();
+    let picks: Vec<NodeId> = (0..6).map(|_| w.route(&req("m"), &rr).unwrap().worker_id).collect();
+    assert_eq!(picks, [id("w1"), id("w2"), id("w3"), id("w1"), id("w2"), id("w3")]);
+}
+
+#[test]
+fn prefix_aware_prefers_cached_prefixes_unless_busy() {
+    let mut w = World::new();
+    for name in ["w1", "w2", "w3"] {
+        w.worker(name, "m", 1, ComputePool::Cpu);
+    }
+    w.cache("w2", "m", &[1, 2, 3, 4, 5, 6, 7, 8]);
+    w.cache("w3", "m", &[1, 2]);
+    let mut r = req("m");
+    r.block_hashes = (1..=10).collect();
+    let d = w.route(&r, &PrefixAware::default()).unwrap();
+    assert_eq!(d.worker_id, id("w2"));
+    assert!(d.reason.contains("8 of 10 prompt blocks cached"), "{}", d.reason);
+    // w2 gets busy: 2 queued + 4 running cost 24 blocks, more than the 8 it saves.
+    w.report("w2", 2, 4);
+    assert_eq!(w.route(&r, &PrefixAware::default()).unwrap().worker_id, id("w3"));
+    // The same blocks cached for another model do not count.
+    let mut other = r.clone();
+    other.model = "m2".into();
+    w.worker("w4", "m2", 1, ComputePool::Cpu);
+    assert_eq!(w.route(&other, &PrefixAware::default()).unwrap().worker_id, id("w4"));
+}
+
+#[test]
+fn session_affinity_is_sticky_and_moves_only_the_leavers_sessions() {
+    let mut w = World::new();
+    for i in 0..5 {
+        w.worker(&format!("w{i}"), "m", 1, ComputePool::Cpu);
+    }
+    let route = |w: &World, s: usize| {
+        let mut r = req("m");
+        r.session_id = Some(format!("session-{s}"));
+        w.route(&r, &SessionAffinity).unwrap().worker_id
+    };
+    let before: Vec<NodeId> = (0..200).map(|s| route(&w, s)).collect();
+    assert_eq!(before, (0..200).map(|s| route(&w, s)).collect::<Vec<_>>());
+    let used: std::collections::HashSet<&NodeId> = before.iter().collect();
+    assert_eq!(used.len(), 5, "sessions spread over every worker");
+    w.apply(Command::DeregisterWorker { id: id("w2") });
+    for (s, prev) in before.iter().enumerate() {
+        let now = route(&w, s);
+        if *prev != id("w2") {
+            assert_eq!(&now, prev, "session {s} moved although its worker stayed");
+        } else {
+            assert_ne!(now, id("w2"));
+        }
+    }
+    // Without a session id it is least-loaded.
+    let d = w.route(&req("m"), &SessionAffinity).unwrap();
+    assert!(d.reason.contains("no session id"), "{}", d.reason);
+}
+
+#[test]
+fn every_policy_has_a_name() {
+    for name in POLICY_NAMES {
+        assert_eq!(policy_by_name(name).unwrap().name(), *name);
+    }
+    assert!(policy_by_name("random").is_none());
+}

@@ -1,0 +1,707 @@
+//! The replicated routing state: a deterministic state machine.
+//!
+//! Every change is a [`Command`], applied in log order by [`RoutingState::apply`]; the same commands in the same
+//! order give the same state on every orchestrator (no clocks, no randomness, no hash-map iteration order: maps
+//! are `BTreeMap`s). A rejected command leaves the state untouched but still advances the applied index, so
+//! every node rejects it identically. Raft (issue 6/6) replicates exactly these commands and snapshots exactly
+//! this state ([`RoutingState::snapshot`]); until then a single node applies them as they arrive.
+//!
+//! What is here is what every orchestrator must agree on: who may serve what, how model names resolve, keys and
+//! quotas, and the billing and pool policy. Load is soft state and lives in [`crate::load`].
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+use zl_common::billing::BillingWeights;
+use zl_proto::message::{ComputePool, NodeId};
+
+/// Upper bounds that keep the state, and every snapshot, finite whatever clients send.
+pub mod limits {
+    /// Registered workers.
+    pub const MAX_WORKERS: usize = 10_000;
+    /// Aliases, pins, canaries, fallbacks, pool pins: each.
+    pub const MAX_MODEL_RULES: usize = 10_000;
+    /// API keys.
+    pub const MAX_KEYS: usize = 100_000;
+    /// Projects.
+    pub const MAX_PROJECTS: usize = 10_000;
+    /// Versions in one canary split, entries in one fallback chain.
+    pub const MAX_LIST: usize = 16;
+    /// Alias hops followed when resolving a name.
+    pub const MAX_ALIAS_DEPTH: usize = 8;
+    /// Bytes in a model id, alias, key id or project name.
+    pub const MAX_NAME: usize = 128;
+}
+
+/// One model version a worker serves.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelVersion {
+    /// Model id as clients name it.
+    pub id: String,
+    /// SHA-256 of the weights, lowercase hex: the version.
+    pub weights_sha256: String,
+    /// Context window in tokens.
+    pub context_length: u32,
+    /// Architecture family.
+    pub family: String,
+}
+
+/// What a worker registers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerSpec {
+    /// Stable worker id.
+    pub id: NodeId,
+    /// host:port of its QUIC endpoint.
+    pub endpoint: String,
+    /// The pool it serves.
+    pub device_class: ComputePool,
+    /// Models served.
+    pub models: Vec<ModelVersion>,
+    /// Tokens per KV block.
+    pub kv_block_size: u32,
+    /// KV blocks in its pool.
+    pub kv_blocks_total: u32,
+    /// Concurrent sequences before it queues.
+    pub max_running_sequences: u32,
+}
+
+/// A registered worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerEntry {
+    /// As registered.
+    pub spec: WorkerSpec,
+    /// Draining workers finish what they run and get no new requests.
+    pub draining: bool,
+}
+
+/// Per-project limits; 0 means unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quota {
+    /// Requests per minute.
+    pub requests_per_minute: u32,
+    /// Input plus output tokens per minute.
+    pub tokens_per_minute: u32,
+    /// Requests in flight.
+    pub max_concurrent: u32,
+}
+
+/// An API key: only the SHA-256 of its secret is stored.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiKey {
+    /// Public key id (shown in logs and the admin API).
+    pub key_id: String,
+    /// SHA-256 of the secret, lowercase hex.
+    pub secret_sha256: String,
+    /// Project the key bills to.
+    pub project: String,
+}
+
+/// Compute-pool thresholds on a request's predicted cost in [0, 1].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PoolThresholds {
+    /// Cost at or above which a request goes to the gpu pool.
+    pub gpu: f32,
+    /// Cost at or above which (and below `gpu`) a request goes to the hybrid pool; below it, cpu.
+    pub hybrid: f32,
+}
+
+impl Default for PoolThresholds {
+    fn default() -> Self {
+        PoolThresholds { gpu: 0.7, hybrid: 0.3 }
+    }
+}
+
+/// A change to the routing state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Command {
+    /// Add a worker, or replace its registration (a restarted worker registers again).
+    RegisterWorker(WorkerSpec),
+    /// Remove a worker.
+    DeregisterWorker {
+        /// The worker.
+        id: NodeId,
+    },
+    /// Start or stop draining a worker.
+    SetDrain {
+        /// The worker.
+        id: NodeId,
+        /// Draining or not.
+        draining: bool,
+    },
+    /// Point an alias at a model id or another alias; `None` removes it.
+    SetAlias {
+        /// The alias clients use.
+        alias: String,
+        /// What it resolves to.
+        target: Option<String>,
+    },
+    /// Serve a model only at one version; `None` unpins.
+    PinVersion {
+        /// Model id.
+        model: String,
+        /// Weights SHA-256, lowercase hex.
+        weights_sha256: Option<String>,
+    },
+    /// Split a model's traffic between versions by weight; empty clears.
+    SetCanary {
+        /// Model id.
+        model: String,
+        /// Weights SHA-256 (hex) to relative weight.
+        weights: BTreeMap<String, u32>,
+    },
+    /// Models to try, in order, when a model has no capacity; empty clears.
+    SetFallback {
+        /// Model id.
+        model: String,
+        /// Fallback model ids or aliases.
+        chain: Vec<String>,
+    },
+    /// Serve a model only from one pool; `None` unpins.
+    PinPool {
+        /// Model id.
+        model: String,
+        /// The pool.
+        pool: Option<ComputePool>,
+    },
+    /// Add an API key.
+    CreateKey(ApiKey),
+    /// Remove an API key.
+    RevokeKey {
+        /// Its id.
+        key_id: String,
+    },
+    /// Create or update a project and its quota.
+    SetProject {
+        /// Project name.
+        name: String,
+        /// Its limits.
+        quota: Quota,
+    },
+    /// Change the billing-unit weights.
+    SetBillingWeights(BillingWeights),
+    /// Change the compute-pool thresholds.
+    SetPoolThresholds(PoolThresholds),
+}
+
+impl Command {
+    /// Short name for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Command::RegisterWorker(_) => "register_worker",
+            Command::DeregisterWorker { .. } => "deregister_worker",
+            Command::SetDrain { .. } => "set_drain",
+            Command::SetAlias { .. } => "set_alias",
+            Command::PinVersion { .. } => "pin_version",
+            Command::SetCanary { .. } => "set_canary",
+            Command::SetFallback { .. } => "set_fallback",
+            Command::PinPool { .. } => "pin_pool",
+            Command::CreateKey(_) => "create_key",
+            Command::RevokeKey { .. } => "revoke_key",
+            Command::SetProject { .. } => "set_project",
+            Command::SetBillingWeights(_) => "set_billing_weights",
+            Command::SetPoolThresholds(_) => "set_pool_thresholds",
+        }
+    }
+}
+
+/// Why a command was rejected. Deterministic: every node rejects the same command the same way.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CommandError {
+    /// A named thing does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// A field is out of range or malformed.
+    #[error("invalid {field}: {problem}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+    /// A limit in [`limits`] would be exceeded.
+    #[error("limit reached: {0}")]
+    Limit(&'static str),
+    /// The thing already exists.
+    #[error("{0} already exists")]
+    Exists(String),
+}
+
+fn invalid(field: &'static str, problem: impl Into<String>) -> CommandError {
+    CommandError::Invalid { field, problem: problem.into() }
+}
+
+fn check_name(field: &'static str, name: &str) -> Result<(), CommandError> {
+    if name.is_empty() || name.len() > limits::MAX_NAME || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(invalid(field, format!("{name:?} must be 1 to {} printable bytes", limits::MAX_NAME)));
+    }
+    Ok(())
+}
+
+fn check_sha(field: &'static str, sha: &str) -> Result<(), CommandError> {
+    if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Err(invalid(field, "must be 64 lowercase hex digits"));
+    }
+    Ok(())
+}
+
+/// Index for route decisions: rebuilt whenever the worker set changes (rare), read on every decision (often).
+#[derive(Clone, Debug, Default)]
+pub struct RouteIndex {
+    /// Registered workers in id order.
+    pub workers: Vec<WorkerEntry>,
+    /// Model id to (position in `workers`, position of the model in the worker's list).
+    pub by_model: HashMap<String, Vec<(usize, usize)>>,
+}
+
+/// The replicated routing state.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RoutingState {
+    applied_index: u64,
+    workers: BTreeMap<NodeId, WorkerEntry>,
+    aliases: BTreeMap<String, String>,
+    pins: BTreeMap<String, String>,
+    canaries: BTreeMap<String, BTreeMap<String, u32>>,
+    fallbacks: BTreeMap<String, Vec<String>>,
+    pool_pins: BTreeMap<String, ComputePool>,
+    keys: BTreeMap<String, ApiKey>,
+    projects: BTreeMap<String, Quota>,
+    billing_weights: BillingWeights,
+    pool_thresholds: PoolThresholds,
+    #[serde(skip)]
+    index: RouteIndex,
+}
+
+impl PartialEq for RoutingState {
+    fn eq(&self, other: &Self) -> bool {
+        self.snapshot() == other.snapshot()
+    }
+}
+
+impl RoutingState {
+    /// Apply the command at log position `index`. On error the state is unchanged (the index still advances).
+    pub fn apply(&mut self, index: u64, cmd: &Command) -> Result<(), CommandError> {
+        self.applied_index = self.applied_index.max(index);
+        let result = self.apply_inner(cmd);
+        if result.is_ok()
+            && matches!(cmd, Command::RegisterWorker(_) | Command::DeregisterWorker { .. } | Command::SetDrain { .. })
+        {
+            self.rebuild_index();
+        }
+        result
+    }
+
+    fn apply_inner(&mut self, cmd: &Command) -> Result<(), CommandError> {
+        match cmd {
+            Command::RegisterWorker(spec) => {
+                Self::check_spec(spec)?;
+                if !self.workers.contains_key(&spec.id) && self.workers.len() >= limits::MAX_WORKERS {
+                    return Err(CommandError::Limit("workers"));
+                }
+                // A re-registration (a restarted worker) keeps the operator's drain flag.
+                let draining = self.workers.get(&spec.id).is_some_and(|w| w.draining);
+                self.workers.insert(spec.id.clone(), WorkerEntry { spec: spec.clone(), draining });
+            }
+            Command::DeregisterWorker { id } => {
+                self.workers.remove(id).ok_or_else(|| CommandError::NotFound(format!("worker {id}")))?;
+            }
+            Command::SetDrain { id, draining } => {
+                let w = self.workers.get_mut(id).ok_or_else(|| CommandError::NotFound(format!("worker {id}")))?;
+                w.draining = *draining;
+            }
+            Command::SetAlias { alias, target } => {
+                check_name("alias", alias)?;
+                match target {
+                    None => {
+                        self.aliases.remove(alias).ok_or_else(|| CommandError::NotFound(format!("alias {alias}")))?;
+                    }
+                    Some(target) => {
+                        check_name("target", target)?;
+                        Self::room(&self.aliases, alias, "aliases")?;
+                        // Refuse cycles and chains longer than the resolver follows.
+                        let mut at = target.as_str();
+                        for _ in 0..limits::MAX_ALIAS_DEPTH {
+                            if at == alias {
+                                return Err(invalid("target", format!("{alias} -> {target} makes a cycle")));
+                            }
+                            match self.aliases.get(at) {
+                                Some(next) => at = next,
+                                None => break,
+                            }
+                        }
+                        if self.aliases.contains_key(at) {
+                            return Err(invalid("target", "alias chain too long"));
+                        }
+                        self.aliases.insert(alias.clone(), target.clone());
+                    }
+                }
+            }
+            Command::PinVersion { model, weights_sha256 } => {
+                check_name("model", model)?;
+                match weights_sha256 {
+                    None => {
+                        self.pins.remove(model);
+                    }
+                    Some(sha) => {
+                        check_sha("weights_sha256", sha)?;
+                        Self::room(&self.pins, model, "pins")?;
+                        self.pins.insert(model.clone(), sha.clone());
+                    }
+                }
+            }
+            Command::SetCanary { model, weights } => {
+                check_name("model", model)?;
+                if weights.is_empty() {
+                    self.canaries.remove(model);
+                } else {
+                    if weights.len() > limits::MAX_LIST {
+                        return Err(CommandError::Limit("versions in a canary split"));
+                    }
+                    for sha in weights.keys() {
+                        check_sha("weights", sha)?;
+                    }
+                    if weights.values().all(|&w| w == 0) {
+                        return Err(invalid("weights", "at least one weight must be positive"));
+                    }
+                    Self::room(&self.canaries, model, "canaries")?;
+                    self.canaries.insert(model.clone(), weights.clone());
+                }
+            }
+            Command::SetFallback { model, chain } => {
+                check_name("model", model)?;
+                if chain.is_empty() {
+                    self.fallbacks.remove(model);
+                } else {
+                    if chain.len() > limits::MAX_LIST {
+                        return Err(CommandError::Limit("fallback chain entries"));
+                    }
+                    for m in chain {
+                        check_name("chain", m)?;
+                        if m == model {
+                            return Err(invalid("chain", "a model cannot fall back to itself"));
+                        }
+                    }
+                    Self::room(&self.fallbacks, model, "fallbacks")?;
+                    self.fallbacks.insert(model.clone(), chain.clone());
+                }
+            }
+            Command::PinPool { model, pool } => {
+                check_name("model", model)?;
+                match pool {
+                    None => {
+                        self.pool_pins.remove(model);
+                    }
+                    Some(pool) => {
+                        Self::room(&self.pool_pins, model, "pool pins")?;
+                        self.pool_pins.insert(model.clone(), *pool);
+                    }
+                }
+            }
+            Command::CreateKey(key) => {
+                check_name("key_id", &key.key_id)?;
+                check_sha("secret_sha256", &key.secret_sha256)?;
+                check_name("project", &key.project)?;
+                if self.keys.contains_key(&key.key_id) {
+                    return Err(CommandError::Exists(format!("key {}", key.key_id)));
+                }
+                if self.keys.len() >= limits::MAX_KEYS {
+                    return Err(CommandError::Limit("keys"));
+                }
+                if !self.projects.contains_key(&key.project) {
+                    return Err(CommandError::NotFound(format!("project {}", key.project)));
+                }
+                self.keys.insert(key.key_id.clone(), key.clone());
+            }
+            Command::RevokeKey { key_id } => {
+                self.keys.remove(key_id).ok_or_else(|| CommandError::NotFound(format!("key {key_id}")))?;
+            }
+            Command::SetProject { name, quota } => {
+                check_name("name", name)?;
+                if !self.projects.contains_key(name) && self.projects.len() >= limits::MAX_PROJECTS {
+                    return Err(CommandError::Limit("projects"));
+                }
+                self.projects.insert(name.clone(), *quota);
+            }
+            Command::SetBillingWeights(w) => {
+                if !w.is_valid() {
+                    return Err(invalid("billing weights", "each must be finite and in [0, 1]"));
+                }
+                self.billing_weights = *w;
+            }
+            Command::SetPoolThresholds(t) => {
+                let ok =
+                    t.gpu.is_finite() && t.hybrid.is_finite() && 0.0 <= t.hybrid && t.hybrid <= t.gpu && t.gpu <= 1.0;
+                if !ok {
+                    return Err(invalid("pool thresholds", "need 0 <= hybrid <= gpu <= 1"));
+                }
+                self.pool_thresholds = *t;
+            }
+        }
+        Ok(())
+    }
+
+    fn room<V>(map: &BTreeMap<String, V>, key: &str, what: &'static str) -> Result<(), CommandError> {
+        if !map.contains_key(key) && map.len() >= limits::MAX_MODEL_RULES {
+            return Err(CommandError::Limit(what));
+        }
+        Ok(())
+    }
+
+    fn check_spec(spec: &WorkerSpec) -> Result<(), CommandError> {
+        if spec.endpoint.is_empty() || spec.endpoint.len() > 255 || !spec.endpoint.contains(':') {
+            return Err(invalid("endpoint", "must be host:port"));
+        }
+        if spec.models.is_empty() || spec.models.len() > limits::MAX_LIST {
+            return Err(invalid("models", format!("a worker serves 1 to {} models", limits::MAX_LIST)));
+        }
+        for m in &spec.models {
+            check_name("model id", &m.id)?;
+            check_sha("weights_sha256", &m.weights_sha256)?;
+            if m.context_length == 0 {
+                return Err(invalid("context_length", "must be at least 1"));
+            }
+        }
+        if spec.kv_block_size == 0 || spec.max_running_sequences == 0 {
+            return Err(invalid("kv_block_size/max_running_sequences", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    fn rebuild_index(&mut self) {
+        let workers: Vec<WorkerEntry> = self.workers.values().cloned().collect();
+        let mut by_model: HashMap<String, Vec<(usize, usize)>> = HashMap::new();
+        for (wi, w) in workers.iter().enumerate() {
+            for (mi, m) in w.spec.models.iter().enumerate() {
+                by_model.entry(m.id.clone()).or_default().push((wi, mi));
+            }
+        }
+        self.index = RouteIndex { workers, by_model };
+    }
+
+    /// The state as bytes: canonical (sorted maps), so equal states give equal snapshots.
+    pub fn snapshot(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("the routing state always serializes")
+    }
+
+    /// Rebuild a state from [`RoutingState::snapshot`] bytes.
+    pub fn restore(bytes: &[u8]) -> Result<RoutingState, serde_json::Error> {
+        let mut state: RoutingState = serde_json::from_slice(bytes)?;
+        state.rebuild_index();
+        Ok(state)
+    }
+
+    /// Log position of the last applied command.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+
+    /// Registered workers, by id.
+    pub fn workers(&self) -> &BTreeMap<NodeId, WorkerEntry> {
+        &self.workers
+    }
+
+    /// The decision index.
+    pub fn index(&self) -> &RouteIndex {
+        &self.index
+    }
+
+    /// A model name after alias resolution, or `None` when the chain is broken (never, for stored aliases).
+    pub fn resolve_alias<'a>(&'a self, name: &'a str) -> &'a str {
+        let mut at = name;
+        for _ in 0..limits::MAX_ALIAS_DEPTH {
+            match self.aliases.get(at) {
+                Some(next) if !self.index.by_model.contains_key(at) => at = next,
+                _ => break,
+            }
+        }
+        at
+    }
+
+    /// The aliases.
+    pub fn aliases(&self) -> &BTreeMap<String, String> {
+        &self.aliases
+    }
+
+    /// The version a model is pinned to.
+    pub fn pin(&self, model: &str) -> Option<&str> {
+        self.pins.get(model).map(String::as_str)
+    }
+
+    /// A model's canary split.
+    pub fn canary(&self, model: &str) -> Option<&BTreeMap<String, u32>> {
+        self.canaries.get(model)
+    }
+
+    /// A model's fallback chain.
+    pub fn fallback(&self, model: &str) -> &[String] {
+        self.fallbacks.get(model).map_or(&[], Vec::as_slice)
+    }
+
+    /// The pool a model is pinned to.
+    pub fn pool_pin(&self, model: &str) -> Option<ComputePool> {
+        self.pool_pins.get(model).copied()
+    }
+
+    /// API keys by id.
+    pub fn keys(&self) -> &BTreeMap<String, ApiKey> {
+        &self.keys
+    }
+
+    /// Projects and their quotas.
+    pub fn projects(&self) -> &BTreeMap<String, Quota> {
+        &self.projects
+    }
+
+    /// The key whose secret this is, compared in constant time against the stored hash.
+    pub fn verify_key(&self, secret: &str) -> Option<&ApiKey> {
+        let digest = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+        let hex = hex(digest.as_ref());
+        // Every key is compared (no early exit), so timing reveals nothing about which, if any, matched.
+        let mut found = None;
+        for key in self.keys.values() {
+            if constant_time_eq(key.secret_sha256.as_bytes(), hex.as_bytes()) {
+                found = Some(key);
+            }
+        }
+        found
+    }
+
+    /// Billing weights.
+    pub fn billing_weights(&self) -> &BillingWeights {
+        &self.billing_weights
+    }
+
+    /// Pool thresholds.
+    pub fn pool_thresholds(&self) -> &PoolThresholds {
+        &self.pool_thresholds
+    }
+}
+
+/// Equality whose time depends only on the lengths, never on where the inputs differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Lowercase hex of bytes.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of an API key secret, as stored.
+pub fn secret_sha256(secret: &str) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, secret.as_bytes()).as_ref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sha(n: u8) -> String {
+        hex(&[n; 32])
+    }
+
+    pub(crate) fn spec(id: &str, model: &str, version: u8) -> WorkerSpec {
+        WorkerSpec {
+            id: NodeId::new(id).unwrap(),
+            endpoint: format!("{id}.local:7100"),
+            device_class: ComputePool::Cpu,
+            models: vec![ModelVersion {
+                id: model.into(),
+                weights_sha256: sha(version),
+                context_length: 8192,
+                family: "llama".into(),
+            }],
+            kv_block_size: 16,
+            kv_blocks_total: 1000,
+            max_running_sequences: 32,
+        }
+    }
+
+    fn id(s: &str) -> NodeId {
+        NodeId::new(s).unwrap()
+    }
+
+    #[test]
+    fn same_commands_same_state_and_rejections_change_nothing() {
+        let cmds = vec![
+            Command::RegisterWorker(spec("w1", "llama", 1)),
+            Command::RegisterWorker(spec("w2", "llama", 2)),
+            Command::SetDrain { id: id("w3"), draining: true },
+            Command::SetDrain { id: id("w1"), draining: true },
+            Command::SetAlias { alias: "default".into(), target: Some("llama".into()) },
+            Command::SetCanary { model: "llama".into(), weights: [(sha(1), 90), (sha(2), 10)].into() },
+            Command::SetProject { name: "acme".into(), quota: Quota { requests_per_minute: 60, ..Quota::default() } },
+            Command::CreateKey(ApiKey {
+                key_id: "k1".into(),
+                secret_sha256: secret_sha256("s3cret"),
+                project: "acme".into(),
+            }),
+            Command::CreateKey(ApiKey { key_id: "k2".into(), secret_sha256: sha(9), project: "nobody".into() }),
+            Command::SetBillingWeights(BillingWeights { input: 0.2, output: 0.6, context: 0.2 }),
+            Command::SetPoolThresholds(PoolThresholds { gpu: 0.2, hybrid: 0.5 }),
+            Command::DeregisterWorker { id: id("w2") },
+        ];
+        let run = || {
+            let mut s = RoutingState::default();
+            let outcomes: Vec<bool> = cmds.iter().enumerate().map(|(i, c)| s.apply(i as u64 + 1, c).is_ok()).collect();
+            (s, outcomes)
+        };
+        let (a, oa) = run();
+        let (b, ob) = run();
+        assert_eq!(a.snapshot(), b.snapshot());
+        assert_eq!(oa, ob);
+        assert_eq!(oa, vec![true, true, false, true, true, true, true, true, false, true, false, true]);
+        assert_eq!(a.applied_index(), 12);
+        assert!(a.workers()[&id("w1")].draining);
+        assert_eq!(a.workers().len(), 1);
+        assert_eq!(a.pool_thresholds(), &PoolThresholds::default(), "the rejected thresholds left no trace");
+        assert_eq!(a.verify_key("s3cret").map(|k| k.key_id.as_str()), Some("k1"));
+        assert!(a.verify_key("wrong").is_none());
+        let restored = RoutingState::restore(&a.snapshot()).unwrap();
+        assert_eq!(restored, a);
+        assert_eq!(restored.index().by_model["llama"].len(), 1);
+    }
+
+    #[test]
+    fn aliases_resolve_and_refuse_cycles() {
+        let mut s = RoutingState::default();
+        s.apply(1, &Command::RegisterWorker(spec("w1", "smol", 1))).unwrap();
+        let alias = |a: &str, t: &str| Command::SetAlias { alias: a.into(), target: Some(t.into()) };
+        s.apply(2, &alias("a", "b")).unwrap();
+        s.apply(3, &alias("b", "smol")).unwrap();
+        assert_eq!(s.resolve_alias("a"), "smol");
+        assert_eq!(s.resolve_alias("unknown"), "unknown");
+        assert!(matches!(s.apply(4, &alias("smol", "a")), Err(CommandError::Invalid { .. })));
+        assert!(s.apply(5, &alias("b", "a")).is_err());
+        // A served model id wins over an alias of the same name.
+        s.apply(6, &alias("c", "d")).unwrap();
+        assert_eq!(s.resolve_alias("smol"), "smol");
+    }
+
+    #[test]
+    fn bad_input_is_rejected_with_the_field_named() {
+        let mut s = RoutingState::default();
+        let mut bad = spec("w1", "m", 1);
+        bad.models[0].weights_sha256 = "xyz".into();
+        let err = s.apply(1, &Command::RegisterWorker(bad)).unwrap_err();
+        assert!(err.to_string().contains("weights_sha256"), "{err}");
+        let err = s.apply(2, &Command::SetCanary { model: "m".into(), weights: [(sha(1), 0)].into() }).unwrap_err();
+        assert!(err.to_string().contains("positive"));
+        let err = s.apply(3, &Command::SetFallback { model: "m".into(), chain: vec!["m".into()] }).unwrap_err();
+        assert!(err.to_string().contains("itself"));
+        assert!(s.apply(4, &Command::SetAlias { alias: "has space".into(), target: Some("m".into()) }).is_err());
+        let nan = BillingWeights { input: f32::NAN, output: 0.5, context: 0.2 };
+        assert!(s.apply(5, &Command::SetBillingWeights(nan)).is_err());
+        assert!(s.workers().is_empty());
+    }
+
+    #[test]
+    fn reregistration_keeps_the_drain_flag() {
+        let mut s = RoutingState::default();
+        s.apply(1, &Command::RegisterWorker(spec("w1", "m", 1))).unwrap();
+        s.apply(2, &Command::SetDrain { id: id("w1"), draining: true }).unwrap();
+        s.apply(3, &Command::RegisterWorker(spec("w1", "m", 2))).unwrap();
+        assert!(s.workers()[&id("w1")].draining);
+        assert_eq!(s.workers()[&id("w1")].spec.models[0].weights_sha256, sha(2));
+    }
+}
