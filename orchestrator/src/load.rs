@@ -8,9 +8,49 @@
 //! [`LoadView::sweep`].
 
 use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use zl_proto::message::{KvCacheEvents, LoadReport, NodeId};
+
+/// A fast, non-cryptographic hasher (the Fx multiply-rotate) for the maps a route decision reads. Every key it
+/// sees comes from authenticated peers (worker ids, block hashes that are already mixed by the chained block hash,
+/// internal slot numbers), so hash-flooding resistance is not needed here and SipHash's cost is.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.write_u64(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        for &b in chunks.remainder() {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A `HashMap` with [`FxHasher`].
+pub type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
+/// A `HashSet` with [`FxHasher`].
+pub type FxHashSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
 
 /// Health and size settings.
 #[derive(Clone, Copy, Debug)]
@@ -44,25 +84,35 @@ pub enum Accepted {
 
 #[derive(Debug)]
 struct Soft {
+    id: NodeId,
     slot: u32,
     last_seen: Instant,
     load: Option<LoadReport>,
     load_at: Option<Instant>,
     kv_sequence: Option<u64>,
     /// (model tag, block hash) pairs held.
-    blocks: HashSet<(u64, u64)>,
+    blocks: FxHashSet<(u64, u64)>,
 }
 
 /// The load view.
 #[derive(Debug, Default)]
 pub struct LoadView {
     settings: LoadSettings,
-    workers: HashMap<NodeId, Soft>,
-    /// Slot to worker, for the prefix index.
-    slots: Vec<Option<NodeId>>,
+    /// Worker id to slot.
+    by_id: FxHashMap<NodeId, u32>,
+    /// Each worker's soft state, by slot (slots are reused after a worker is forgotten).
+    slots: Vec<Option<Soft>>,
     free_slots: Vec<u32>,
+    /// Changes whenever a worker gains or loses a slot, so callers may cache id-to-slot lookups.
+    generation: u64,
     /// (model tag, block hash) to the slots of workers holding it.
-    prefix: HashMap<(u64, u64), Vec<u32>>,
+    prefix: FxHashMap<(u64, u64), Vec<u32>>,
+}
+
+/// A process-wide unique generation number.
+pub(crate) fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// A model's tag in the prefix index (hashes of different models never mix).
@@ -83,23 +133,38 @@ impl LoadView {
     }
 
     fn soft(&mut self, id: &NodeId, now: Instant) -> &mut Soft {
-        if !self.workers.contains_key(id) {
-            let slot = match self.free_slots.pop() {
-                Some(s) => {
-                    self.slots[s as usize] = Some(id.clone());
-                    s
-                }
-                None => {
-                    self.slots.push(Some(id.clone()));
+        let slot = match self.by_id.get(id) {
+            Some(&slot) => slot,
+            None => {
+                let slot = self.free_slots.pop().unwrap_or_else(|| {
+                    self.slots.push(None);
                     (self.slots.len() - 1) as u32
-                }
-            };
-            self.workers.insert(
-                id.clone(),
-                Soft { slot, last_seen: now, load: None, load_at: None, kv_sequence: None, blocks: HashSet::new() },
-            );
-        }
-        self.workers.get_mut(id).expect("inserted above")
+                });
+                self.slots[slot as usize] = Some(Soft {
+                    id: id.clone(),
+                    slot,
+                    last_seen: now,
+                    load: None,
+                    load_at: None,
+                    kv_sequence: None,
+                    blocks: FxHashSet::default(),
+                });
+                self.by_id.insert(id.clone(), slot);
+                self.generation = next_generation();
+                slot
+            }
+        };
+        self.slots[slot as usize].as_mut().expect("a mapped slot holds its worker")
+    }
+
+    /// Changes whenever a worker gains or loses a slot (unique across views).
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// A worker's slot.
+    pub fn slot_of(&self, id: &NodeId) -> Option<u32> {
+        self.by_id.get(id).copied()
     }
 
     /// Apply a load report (also the worker's heartbeat).
@@ -169,22 +234,25 @@ impl LoadView {
 
     /// Drop everything known about a worker (deregistered, or forgotten).
     pub fn forget(&mut self, id: &NodeId) {
-        if let Some(soft) = self.workers.remove(id) {
-            for key in soft.blocks {
-                self.unindex(key, soft.slot);
+        if let Some(slot) = self.by_id.remove(id) {
+            if let Some(soft) = self.slots[slot as usize].take() {
+                for key in soft.blocks {
+                    self.unindex(key, slot);
+                }
             }
-            self.slots[soft.slot as usize] = None;
-            self.free_slots.push(soft.slot);
+            self.free_slots.push(slot);
+            self.generation = next_generation();
         }
     }
 
     /// Forget workers silent for longer than `forget_after`; returns how many.
     pub fn sweep(&mut self, now: Instant) -> usize {
         let stale: Vec<NodeId> = self
-            .workers
+            .slots
             .iter()
-            .filter(|(_, s)| now.saturating_duration_since(s.last_seen) > self.settings.forget_after)
-            .map(|(id, _)| id.clone())
+            .flatten()
+            .filter(|s| now.saturating_duration_since(s.last_seen) > self.settings.forget_after)
+            .map(|s| s.id.clone())
             .collect();
         for id in &stale {
             self.forget(id);
@@ -194,23 +262,41 @@ impl LoadView {
 
     /// A worker's newest load, if it reported within the heartbeat timeout, with its prefix-index slot.
     pub fn healthy(&self, id: &NodeId, now: Instant) -> Option<(&LoadReport, u32)> {
-        let soft = self.workers.get(id)?;
+        let slot = self.slot_of(id)?;
+        Some((self.healthy_slot(slot, now)?, slot))
+    }
+
+    /// [`LoadView::healthy`] by slot.
+    pub fn healthy_slot(&self, slot: u32, now: Instant) -> Option<&LoadReport> {
+        self.healthy_since(slot, self.fresh_since(now))
+    }
+
+    /// Reports at or after this instant are fresh (`None`: every report is, the clock is younger than the timeout).
+    pub fn fresh_since(&self, now: Instant) -> Option<Instant> {
+        now.checked_sub(self.settings.heartbeat_timeout)
+    }
+
+    /// A slot's load if its newest report is at or after `since` (from [`LoadView::fresh_since`]): one comparison,
+    /// for the per-candidate loop of a route decision.
+    pub fn healthy_since(&self, slot: u32, since: Option<Instant>) -> Option<&LoadReport> {
+        let soft = self.slots.get(slot as usize)?.as_ref()?;
         let at = soft.load_at?;
-        if now.saturating_duration_since(at) > self.settings.heartbeat_timeout {
+        if since.is_some_and(|since| at < since) {
             return None;
         }
-        Some((soft.load.as_ref()?, soft.slot))
+        soft.load.as_ref()
     }
 
     /// Age of a worker's newest load report.
     pub fn age(&self, id: &NodeId, now: Instant) -> Option<Duration> {
-        Some(now.saturating_duration_since(self.workers.get(id)?.load_at?))
+        let soft = self.slots[self.slot_of(id)? as usize].as_ref()?;
+        Some(now.saturating_duration_since(soft.load_at?))
     }
 
     /// For each worker slot, how many leading blocks of `hashes` (a prompt's chained block hashes for `model`) it
     /// holds; only slots with at least one are set. Walks the prompt once, stopping when no worker holds the next
     /// block: cost proportional to the matched prefix times its holders, not to the number of workers.
-    pub fn prefix_overlap(&self, model: &str, hashes: &[u64], out: &mut HashMap<u32, u32>) {
+    pub fn prefix_overlap(&self, model: &str, hashes: &[u64], out: &mut FxHashMap<u32, u32>) {
         out.clear();
         let tag = model_tag(model);
         for (i, &h) in hashes.iter().enumerate() {
@@ -232,17 +318,17 @@ impl LoadView {
 
     /// Workers with any soft state.
     pub fn len(&self) -> usize {
-        self.workers.len()
+        self.by_id.len()
     }
 
     /// Whether no worker has soft state.
     pub fn is_empty(&self) -> bool {
-        self.workers.is_empty()
+        self.by_id.is_empty()
     }
 
     /// Cached (model, block) entries across all workers.
     pub fn cached_blocks(&self) -> usize {
-        self.workers.values().map(|s| s.blocks.len()).sum()
+        self.slots.iter().flatten().map(|s| s.blocks.len()).sum()
     }
 }
 
@@ -304,7 +390,7 @@ mod tests {
         v.kv_events(&events("w2", 1, &[10, 12], &[], false), t0);
         let s1 = v.soft(&id("w1"), t0).slot;
         let s2 = v.soft(&id("w2"), t0).slot;
-        let mut out = HashMap::new();
+        let mut out = FxHashMap::default();
         v.prefix_overlap("m", &[10, 11, 12, 13], &mut out);
         assert_eq!(out.get(&s1), Some(&3));
         assert_eq!(out.get(&s2), Some(&1), "w2 lacks block 11, so block 12 does not count");

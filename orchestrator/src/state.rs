@@ -248,8 +248,12 @@ fn check_sha(field: &'static str, sha: &str) -> Result<(), CommandError> {
 /// Index for route decisions: rebuilt whenever the worker set changes (rare), read on every decision (often).
 #[derive(Clone, Debug, Default)]
 pub struct RouteIndex {
+    /// Unique per rebuild, so callers may cache lookups keyed by it.
+    pub generation: u64,
     /// Registered workers in id order.
     pub workers: Vec<WorkerEntry>,
+    /// `route::stable_hash` of each worker's id, in the same order.
+    pub id_hashes: Vec<u64>,
     /// Model id to (position in `workers`, position of the model in the worker's list).
     pub by_model: HashMap<String, Vec<(usize, usize)>>,
 }
@@ -475,7 +479,8 @@ impl RoutingState {
                 by_model.entry(m.id.clone()).or_default().push((wi, mi));
             }
         }
-        self.index = RouteIndex { workers, by_model };
+        let id_hashes = workers.iter().map(|w| crate::route::stable_hash(w.spec.id.as_str())).collect();
+        self.index = RouteIndex { generation: crate::load::next_generation(), workers, id_hashes, by_model };
     }
 
     /// The state as bytes: canonical (sorted maps), so equal states give equal snapshots.

@@ -18,13 +18,12 @@ mod prefix_aware;
 mod round_robin;
 mod session_affinity;
 
-use std::collections::HashMap;
 use std::time::Instant;
 
 use zl_common::billing::predicted_billing_unit;
 use zl_proto::message::{ComputePool, LoadReport, RouteDecision, RouteHint, RouteRequest};
 
-use crate::load::LoadView;
+use crate::load::{FxHashMap, LoadView};
 use crate::state::{ModelVersion, PoolThresholds, RoutingState, WorkerEntry};
 
 pub use least_loaded::LeastLoaded;
@@ -43,6 +42,8 @@ pub struct Candidate<'a> {
     pub load: &'a LoadReport,
     /// Leading blocks of the prompt it holds in its KV cache.
     pub prefix_blocks: u32,
+    /// [`stable_hash`] of its id.
+    pub id_hash: u64,
 }
 
 /// A policy's choice.
@@ -175,7 +176,22 @@ fn versions(state: &RoutingState, model: &str, request_id: &str) -> Vec<Option<S
 /// Reusable scratch space, so a decision allocates little.
 #[derive(Debug, Default)]
 pub struct Scratch {
-    overlap: HashMap<u32, u32>,
+    overlap: FxHashMap<u32, u32>,
+    /// Load-view slot of each worker in the state's index, valid for the two generations below: rebuilt only when
+    /// a worker is registered, removed, or gains or loses soft state, so a decision does no string hashing.
+    slots: Vec<Option<u32>>,
+    generations: (u64, u64),
+}
+
+impl Scratch {
+    fn slots(&mut self, state: &RoutingState, load: &LoadView) -> &[Option<u32>] {
+        let generations = (state.index().generation, load.generation());
+        if self.generations != generations || self.slots.len() != state.index().workers.len() {
+            self.slots = state.index().workers.iter().map(|w| load.slot_of(&w.spec.id)).collect();
+            self.generations = generations;
+        }
+        &self.slots
+    }
 }
 
 /// Decide a route. `decision_nanos` is left 0 for the caller, which owns the clock.
@@ -201,32 +217,36 @@ pub fn decide(
         let Some(servers) = index.by_model.get(model) else { continue };
         known = true;
         load.prefix_overlap(model, &request.block_hashes, &mut scratch.overlap);
+        scratch.slots(state, load);
+        let fresh = load.fresh_since(now);
         for version in versions(state, model, &request.request_id) {
-            let mut candidates: Vec<Candidate<'_>> = Vec::new();
-            for &(wi, mi) in servers {
-                let worker = &index.workers[wi];
-                let mv = &worker.spec.models[mi];
-                if worker.draining
-                    || version.as_ref().is_some_and(|v| *v != mv.weights_sha256)
-                    || request.excluded_workers.contains(&worker.spec.id)
-                {
-                    continue;
-                }
-                let Some((report, slot)) = load.healthy(&worker.spec.id, now) else { continue };
-                let prefix_blocks = scratch.overlap.get(&slot).copied().unwrap_or(0);
-                candidates.push(Candidate { worker, model: mv, load: report, prefix_blocks });
-            }
-            if candidates.is_empty() {
-                continue;
-            }
+            // One pass over the model's workers per pool tried (usually one): the pool test comes first, so workers
+            // of other pools cost a comparison. Candidates stay in worker-id order.
+            let mut in_pool: Vec<Candidate<'_>> = Vec::with_capacity(servers.len());
             for pool in pool_order(preferred, request.hint, state.pool_pin(model)) {
-                let in_pool: Vec<Candidate<'_>> = candidates
-                    .iter()
-                    .filter(|c| c.worker.spec.device_class == pool && has_capacity(c.worker, c.load))
-                    .copied()
-                    .collect();
+                in_pool.clear();
+                for &(wi, mi) in servers {
+                    let worker = &index.workers[wi];
+                    if worker.spec.device_class != pool || worker.draining {
+                        continue;
+                    }
+                    let mv = &worker.spec.models[mi];
+                    if version.as_ref().is_some_and(|v| *v != mv.weights_sha256)
+                        || request.excluded_workers.contains(&worker.spec.id)
+                    {
+                        continue;
+                    }
+                    let Some(slot) = scratch.slots[wi] else { continue };
+                    let Some(report) = load.healthy_since(slot, fresh) else { continue };
+                    if !has_capacity(worker, report) {
+                        saturated = true;
+                        continue;
+                    }
+                    let prefix_blocks = scratch.overlap.get(&slot).copied().unwrap_or(0);
+                    let id_hash = index.id_hashes[wi];
+                    in_pool.push(Candidate { worker, model: mv, load: report, prefix_blocks, id_hash });
+                }
                 if in_pool.is_empty() {
-                    saturated |= candidates.iter().any(|c| c.worker.spec.device_class == pool);
                     continue;
                 }
                 let pick = policy.pick(request, &in_pool);

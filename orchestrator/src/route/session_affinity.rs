@@ -25,7 +25,7 @@ impl Policy for SessionAffinity {
         let mut best = 0;
         let mut best_weight = 0u64;
         for (i, c) in candidates.iter().enumerate() {
-            let weight = mix(key ^ stable_hash(c.worker.spec.id.as_str()));
+            let weight = mix(key ^ c.id_hash);
             if i == 0 || weight > best_weight {
                 best = i;
                 best_weight = weight;

@@ -1,0 +1,105 @@
+//! Route-decision latency with 10, 100 and 1,000 registered workers (all serving the model, so every one is a
+//! candidate) and 100,000 cached prefix blocks spread over them, for each policy.
+//! `cargo bench -p zl-orchestrator --bench route`
+
+use std::time::{Duration, Instant};
+
+use zl_orchestrator::load::{LoadSettings, LoadView};
+use zl_orchestrator::route::{POLICY_NAMES, Scratch, decide, policy_by_name};
+use zl_orchestrator::state::{Command, ModelVersion, RoutingState, WorkerSpec, hex};
+use zl_proto::message::{ComputePool, KvCacheEvents, LoadReport, NodeId, RouteHint, RouteRequest};
+
+const CACHED_BLOCKS: usize = 100_000;
+const DECISIONS: usize = 20_000;
+
+fn world(workers: usize, now: Instant) -> (RoutingState, LoadView) {
+    let mut state = RoutingState::default();
+    let mut load = LoadView::new(LoadSettings::default());
+    let pools = [ComputePool::Cpu, ComputePool::Hybrid, ComputePool::Gpu];
+    for i in 0..workers {
+        let id = NodeId::new(format!("worker-{i}")).expect("id");
+        let spec = WorkerSpec {
+            id: id.clone(),
+            endpoint: format!("10.0.{}.{}:7100", i / 250, i % 250),
+            device_class: pools[i % 3],
+            models: vec![ModelVersion {
+                id: "llama".into(),
+                weights_sha256: hex(&[1; 32]),
+                context_length: 8192,
+                family: "llama".into(),
+            }],
+            kv_block_size: 16,
+            kv_blocks_total: 100_000,
+            max_running_sequences: 64,
+        };
+        state.apply(i as u64 + 1, &Command::RegisterWorker(spec)).expect("register");
+        let report = LoadReport {
+            worker_id: id.clone(),
+            sequence: 1,
+            queue_depth: (i % 5) as u32,
+            running_sequences: (i % 40) as u32,
+            kv_blocks_used: (i * 37 % 1000) as u32,
+            kv_blocks_free: 1000,
+            fragmentation_ratio: 0.1,
+            tokens_per_second: 100.0,
+        };
+        load.report(report, now);
+        // Each worker caches a chain of blocks; chains share their first blocks with neighbours.
+        let per = CACHED_BLOCKS / workers;
+        let stored: Vec<u64> =
+            (0..per).map(|b| if b < 8 { (i / 4 * 1000 + b) as u64 } else { (i * per + b) as u64 | 1 << 40 }).collect();
+        let ev = KvCacheEvents {
+            worker_id: id,
+            sequence: 1,
+            model: "llama".into(),
+            stored,
+            evicted: vec![],
+            cleared: false,
+        };
+        load.kv_events(&ev, now);
+    }
+    (state, load)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn main() {
+    println!("{:>8} {:>18} {:>10} {:>10} {:>10}", "workers", "policy", "p50 us", "p99 us", "max us");
+    for workers in [10usize, 100, 1000] {
+        let now = Instant::now();
+        let (state, load) = world(workers, now);
+        for name in POLICY_NAMES {
+            let policy = policy_by_name(name).expect("policy");
+            let mut scratch = Scratch::default();
+            let mut times = Vec::with_capacity(DECISIONS);
+            for d in 0..DECISIONS {
+                let group = d % (workers / 4).max(1);
+                let request = RouteRequest {
+                    request_id: format!("req-{d}"),
+                    model: "llama".into(),
+                    prompt_tokens: 512,
+                    max_tokens: 256,
+                    block_hashes: (0..32).map(|b| (group * 1000 + b) as u64).collect(),
+                    session_id: Some(format!("session-{}", d % 500)),
+                    hint: RouteHint::None,
+                    input_semantic_weight: 0.5,
+                    excluded_workers: vec![],
+                };
+                let t = Instant::now();
+                let decision = decide(&state, &load, &request, policy.as_ref(), now, &mut scratch);
+                times.push(t.elapsed());
+                assert!(decision.is_ok(), "{decision:?}");
+            }
+            times.sort();
+            println!(
+                "{workers:>8} {name:>18} {:>10.2} {:>10.2} {:>10.2}",
+                percentile(&times, 0.5).as_secs_f64() * 1e6,
+                percentile(&times, 0.99).as_secs_f64() * 1e6,
+                times[times.len() - 1].as_secs_f64() * 1e6
+            );
+        }
+    }
+    println!("cached prefix blocks: {CACHED_BLOCKS}, decisions per row: {DECISIONS}");
+}
