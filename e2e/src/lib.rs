@@ -24,3 +24,83 @@ pub fn bin(name: &str) -> PathBuf {
 pub fn zl(args: &[&str]) -> Output {
     Command::new(bin("zl")).args(args).output().expect("zl could not be started")
 }
+
+/// A child process that is killed (and reaped) when dropped, so a failing test never leaves it running.
+#[derive(Debug)]
+pub struct Proc(pub std::process::Child);
+
+impl Proc {
+    /// Start `bin(name)` with `args`, stdin closed.
+    pub fn spawn(name: &str, args: &[&str]) -> Proc {
+        let child = Command::new(bin(name))
+            .args(args)
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name} could not be started: {e}"));
+        Proc(child)
+    }
+
+    /// Panic if the process has exited.
+    pub fn assert_running(&mut self, what: &str) {
+        if let Ok(Some(status)) = self.0.try_wait() {
+            panic!("{what} exited early: {status}");
+        }
+    }
+
+    /// Send SIGTERM (a graceful stop) and wait up to `timeout` for the exit; returns whether it exited cleanly.
+    pub fn terminate(&mut self, timeout: std::time::Duration) -> bool {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.0.try_wait() {
+                return status.success();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A free UDP port on 127.0.0.1 (for QUIC listeners).
+pub fn free_udp() -> std::net::SocketAddr {
+    std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("a free UDP port")
+}
+
+/// A free TCP port on 127.0.0.1 (for HTTP listeners).
+pub fn free_tcp() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("a free TCP port")
+}
+
+/// The body of `GET /metrics` from a Prometheus endpoint, or `None` if it is not up.
+pub fn metrics(addr: std::net::SocketAddr) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5))).ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+/// The first sample of metric `name` (any labels) in a Prometheus text body.
+pub fn gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines().filter(|l| l.starts_with(name) && !l.starts_with('#')).find_map(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// A throwaway cluster CA in `dir` and a certificate for each `(role, node id)`.
+pub fn certs(dir: &std::path::Path, nodes: &[(&str, &str)]) {
+    let d = dir.to_str().expect("a UTF-8 temp dir");
+    assert!(zl(&["certs", "init", "--out", d]).status.success(), "zl certs init failed");
+    for (role, id) in nodes {
+        let out = zl(&["certs", "issue", "--ca-dir", d, "--role", role, "--node-id", id]);
+        assert!(out.status.success(), "zl certs issue {role} {id} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}

@@ -2,50 +2,20 @@
 //! concurrent requests, typed errors, and a cancelled stream freeing its KV blocks (read from `/metrics`).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::process::{Child, Command, Stdio};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use zl_e2e::{bin, zl};
+use zl_e2e::{Proc, certs, free_tcp, free_udp, gauge, metrics};
 use zl_proto::TlsIdentity;
 use zl_proto::message::{ErrorCode, GenerateRequest, Message, NodeId, Prompt, Role, SamplingParams, StopReason};
 use zl_proto::quic::{CallError, Client, RpcSettings};
 
 struct Worker {
-    child: Child,
+    child: Proc,
     quic: SocketAddr,
     metrics: SocketAddr,
     _dir: tempfile::TempDir,
     client: Client,
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_udp() -> SocketAddr {
-    UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-fn free_tcp() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
-fn metrics(addr: SocketAddr) -> Option<String> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
-}
-
-fn gauge(text: &str, name: &str) -> Option<f64> {
-    text.lines().filter(|l| l.starts_with(name) && !l.starts_with('#')).find_map(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
 const PARIS: &str = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
@@ -67,13 +37,7 @@ fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
 async fn start() -> Worker {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    for args in [
-        vec!["certs", "init", "--out", d],
-        vec!["certs", "issue", "--ca-dir", d, "--role", "worker", "--node-id", "worker-0"],
-        vec!["certs", "issue", "--ca-dir", d, "--role", "frontend", "--node-id", "fe-0"],
-    ] {
-        assert!(zl(&args).status.success());
-    }
+    certs(dir.path(), &[("worker", "worker-0"), ("frontend", "fe-0")]);
     let (quic, metrics_addr) = (free_udp(), free_tcp());
     // Identity and KV budget come from a config file; addresses from flags.
     let config = dir.path().join("worker.toml");
@@ -82,12 +46,18 @@ async fn start() -> Worker {
         format!("node-id = \"worker-0\"\nkv-memory-mb = 64\ntls-dir = {d:?}\nlisten = \"127.0.0.1:1\"\n"),
     )
     .unwrap();
-    let child = Command::new(bin("zl-worker"))
-        .args(["serve", "--config", config.to_str().unwrap()])
-        .args(["--listen", &quic.to_string(), "--metrics-addr", &metrics_addr.to_string()])
-        .stdin(Stdio::null())
-        .spawn()
-        .expect("zl-worker starts");
+    let child = Proc::spawn(
+        "zl-worker",
+        &[
+            "serve",
+            "--config",
+            config.to_str().unwrap(),
+            "--listen",
+            &quic.to_string(),
+            "--metrics-addr",
+            &metrics_addr.to_string(),
+        ],
+    );
     let identity = TlsIdentity::from_files(
         &dir.path().join("ca.pem"),
         &dir.path().join("frontend-fe-0.pem"),
@@ -101,9 +71,7 @@ async fn start() -> Worker {
     // Ready once it answers a call (the model loads first).
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        if let Some(status) = worker.child.try_wait().unwrap() {
-            panic!("zl-worker exited early: {status}");
-        }
+        worker.child.assert_running("zl-worker");
         if collect(&worker, generate("ready", PARIS, 1)).await.is_ok() {
             break;
         }
@@ -133,7 +101,7 @@ async fn the_worker_process_serves_streams_and_frees_cancelled_sequences() {
     // A streamed greedy answer, ended by the model's end-of-turn token.
     let (text, reason, _) = collect(&w, generate("paris", PARIS, 32)).await.unwrap();
     assert!(text.contains("Paris"), "{text:?}");
-    assert_eq!(reason, StopReason::EndTurn);
+    assert_eq!(reason, StopReason::EndTurn, "{text:?}");
 
     // Two concurrent streams both complete, and greedy answers are deterministic.
     let (a, b) = tokio::join!(collect(&w, generate("c1", PARIS, 32)), collect(&w, generate("c2", PARIS, 32)));

@@ -7,6 +7,7 @@
 
 pub mod load;
 pub mod route;
+pub mod service;
 pub mod state;
 
 use zl_proto::message::Role;

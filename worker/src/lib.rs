@@ -3,6 +3,7 @@
 //!
 //! Pure parts first: `kv` (paged KV-cache accounting with prefix sharing) and `scheduler` (continuous batching).
 
+pub mod discovery;
 pub mod engine;
 pub mod fetch;
 pub mod kv;

@@ -1,7 +1,6 @@
 //! `zl-worker`: serves models over zerolayer's RPC, fetches the default model, and benchmarks the engine.
 
 mod bench;
-mod config;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,9 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
-use zl_proto::message::{NodeId, Role};
-use zl_proto::quic::Server;
-use zl_proto::tls::TlsIdentity;
+use zl_proto::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
+use zl_proto::quic::{Client, Server};
+use zl_worker::discovery::{DirectDiscovery, Discovery, ReportedModel, run_reporter};
 use zl_worker::engine::{EngineCore, EngineHandle};
 use zl_worker::fetch;
 use zl_worker::model::llama::KvStore;
@@ -77,6 +76,21 @@ struct ServeArgs {
     /// override it.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
+    /// Orchestrator QUIC addresses to register with (repeatable, or comma-separated); none runs standalone.
+    #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',')]
+    orchestrators: Vec<SocketAddr>,
+    /// host:port the orchestrators hand to frontends (default: the listen address).
+    #[arg(long, env = "ZL_ADVERTISE")]
+    advertise: Option<String>,
+    /// The pool this worker serves: cpu, hybrid or gpu.
+    #[arg(long, env = "ZL_DEVICE_CLASS", default_value = "cpu", value_parser = ["cpu", "hybrid", "gpu"])]
+    device_class: String,
+    /// How often load and KV events go to the orchestrators.
+    #[arg(long, env = "ZL_REPORT_INTERVAL_MS", default_value_t = 250)]
+    report_interval_ms: u64,
+    /// On shutdown, how long running requests may take to finish.
+    #[arg(long, env = "ZL_DRAIN_TIMEOUT_S", default_value_t = 30)]
+    drain_timeout_s: u64,
 }
 
 pub(crate) struct Loaded {
@@ -135,20 +149,19 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
+    let identity = zl_node::load_identity(&args.tls_dir, Role::Worker, &args.node_id)?;
     let node_id = NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
-    let stem = format!("worker-{node_id}");
-    let identity = TlsIdentity::from_files(
-        &args.tls_dir.join("ca.pem"),
-        &args.tls_dir.join(format!("{stem}.pem")),
-        &args.tls_dir.join(format!("{stem}.key")),
-        Role::Worker,
-        node_id,
-    )
-    .context("loading TLS identity")?;
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(args.metrics_addr)
-        .install()
-        .context("starting the metrics endpoint")?;
+    let advertise = match &args.advertise {
+        Some(a) => a.clone(),
+        None if args.listen.ip().is_unspecified() && !args.orchestrators.is_empty() => {
+            bail!("--listen {} is a wildcard address: give --advertise HOST:PORT for the orchestrators", args.listen)
+        }
+        None => args.listen.to_string(),
+    };
+    if args.report_interval_ms == 0 {
+        bail!("--report-interval-ms must be at least 1");
+    }
+    zl_node::install_metrics(args.metrics_addr)?;
     let mut served = Vec::new();
     for loaded in load(&args.model)? {
         let cfg = loaded.core.model().llama.config().clone();
@@ -165,39 +178,77 @@ async fn serve(args: ServeArgs) -> Result<()> {
         });
     }
     let ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
+    let registration = RegisterWorker {
+        worker_id: node_id.clone(),
+        endpoint: advertise,
+        device_class: match args.device_class.as_str() {
+            "gpu" => ComputePool::Gpu,
+            "hybrid" => ComputePool::Hybrid,
+            _ => ComputePool::Cpu,
+        },
+        models: served
+            .iter()
+            .map(|m| ModelInfo {
+                id: m.id.clone(),
+                weights_sha256: m.weights_sha256,
+                context_length: m.context_length,
+                family: m.family.clone(),
+            })
+            .collect(),
+        kv_block_size: args.model.kv_block_size as u32,
+        kv_blocks_total: served
+            .iter()
+            .filter_map(|m| m.engine.published(false).stats.kv.map(|kv| kv.total as u32))
+            .sum(),
+        max_running_sequences: args.model.max_running as u32,
+    };
+    let reported: Vec<ReportedModel> =
+        served.iter().map(|m| ReportedModel { id: m.id.clone(), engine: m.engine.clone() }).collect();
     let service = Arc::new(WorkerService::new(served));
     let server = Server::spawn(args.listen, &identity, zl_worker::rpc_settings(), service.clone())?;
+    let discovery =
+        Arc::new(DirectDiscovery::new(Client::new(&identity, zl_worker::rpc_settings())?, args.orchestrators.clone()));
+    let (stop_reports, stop_rx) = tokio::sync::watch::channel(false);
+    let reporter = (!args.orchestrators.is_empty()).then(|| {
+        let discovery = discovery.clone();
+        let interval = Duration::from_millis(args.report_interval_ms);
+        let registration = registration.clone();
+        tokio::spawn(async move { run_reporter(&*discovery, registration, reported, interval, stop_rx).await })
+    });
     eprintln!(
-        "zl-worker: serving {} on {} (metrics on http://{}/metrics)",
+        "zl-worker: serving {} on {} (metrics on http://{}/metrics){}",
         ids.join(", "),
         server.local_addr(),
-        args.metrics_addr
+        args.metrics_addr,
+        if args.orchestrators.is_empty() {
+            String::from(", standalone")
+        } else {
+            format!(", registering with {} orchestrator(s)", args.orchestrators.len())
+        }
     );
-    shutdown_signal().await;
+    zl_node::shutdown_signal().await;
+    // Drain: leave the routing tables first so no new request arrives, refuse any that still do, let running
+    // ones finish (up to the drain timeout), then close.
     eprintln!("zl-worker: draining");
     service.drain();
-    server.shutdown(Duration::from_secs(30)).await;
-    Ok(())
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
+    let _ = stop_reports.send(true);
+    if let Some(reporter) = reporter {
+        let _ = reporter.await;
+        discovery.deregister(&node_id, "graceful shutdown").await;
     }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.drain_timeout_s);
+    while service.busy() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    server.shutdown(Duration::from_secs(5)).await;
+    eprintln!("zl-worker: stopped");
+    Ok(())
 }
 
 fn main() -> Result<()> {
     zl_proto::tls::install_default_provider();
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG")).init();
-    let argv = config::expand(&Cli::command(), "serve", std::env::args_os().collect())?;
+    let argv = zl_node::config::expand(&Cli::command(), "serve", std::env::args_os().collect())?;
     let cli = Cli::parse_from(argv);
     match cli.command {
         Command::FetchDefaultModel => {

@@ -57,6 +57,14 @@ impl WorkerService {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Whether any model has requests waiting or running.
+    pub fn busy(&self) -> bool {
+        self.models.values().any(|m| {
+            let stats = m.engine.published(false).stats;
+            stats.waiting + stats.running > 0
+        })
+    }
+
     /// The served models.
     pub fn models(&self) -> impl Iterator<Item = &ServedModel> {
         self.models.values()

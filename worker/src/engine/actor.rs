@@ -23,6 +23,7 @@ enum Command {
         accepted: tokio::sync::oneshot::Sender<Result<(), RequestError>>,
     },
     Cancel(SeqId),
+    Resync,
 }
 
 /// Figures the actor publishes after every step.
@@ -34,10 +35,13 @@ pub struct Published {
     pub tokens_per_second: f32,
     /// Prefix-block events not yet reported to the orchestrators (bounded: see `MAX_PENDING_EVENTS`).
     pub kv_events: Vec<KvEvent>,
+    /// `kv_events` starts with a full snapshot (every held or cached block as `Stored`): the receiver must forget
+    /// what it knew of this model's cache first (`KvCacheEvents.cleared`).
+    pub resync: bool,
 }
 
-/// Most KV events kept for the next report; past it the oldest are dropped. Whoever reports them (the
-/// orchestrator link, issue 4) must then send a full resync (`KvCacheEvents.cleared`), which is not built yet.
+/// Most KV events kept for the next report. Past it (nobody has been taking them) the pending events are replaced
+/// by a full snapshot with `resync` set, so nothing is silently lost and memory stays bounded.
 pub const MAX_PENDING_EVENTS: usize = 65_536;
 
 /// A handle to a running engine. Cheap to clone.
@@ -115,8 +119,18 @@ impl EngineHandle {
     /// The latest published figures; `take_events` also takes the pending KV events.
     pub fn published(&self, take_events: bool) -> Published {
         let mut p = self.published.lock().unwrap_or_else(|p| p.into_inner());
-        let events = if take_events { std::mem::take(&mut p.kv_events) } else { Vec::new() };
-        Published { stats: p.stats, tokens_per_second: p.tokens_per_second, kv_events: events }
+        let (events, resync) = if take_events {
+            (std::mem::take(&mut p.kv_events), std::mem::take(&mut p.resync))
+        } else {
+            (Vec::new(), false)
+        };
+        Published { stats: p.stats, tokens_per_second: p.tokens_per_second, kv_events: events, resync }
+    }
+
+    /// Ask for a full snapshot of the cached blocks in the next [`EngineHandle::published`] (after an orchestrator
+    /// registration, or a report that did not arrive).
+    pub fn request_resync(&self) -> Result<(), EngineGone> {
+        self.tx.send(Command::Resync).map_err(|_| EngineGone)
     }
 }
 
@@ -149,6 +163,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
                     core.cancel(seq);
                     outputs.remove(&seq);
                 }
+                Command::Resync => resync(&mut core, &published),
             }
         }
         // Callers that went away without a word.
@@ -203,11 +218,23 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
         metrics::gauge!("zl_worker_running_sequences", &labels).set(stats.running as f64);
         metrics::gauge!("zl_worker_tokens_per_second", &labels).set(f64::from(rate));
         let new_events = core.drain_kv_events();
-        let mut p = published.lock().unwrap_or_else(|p| p.into_inner());
-        p.stats = stats;
-        p.tokens_per_second = rate;
-        p.kv_events.extend(new_events);
-        let excess = p.kv_events.len().saturating_sub(MAX_PENDING_EVENTS);
-        p.kv_events.drain(..excess);
+        let overflow = {
+            let mut p = published.lock().unwrap_or_else(|p| p.into_inner());
+            p.stats = stats;
+            p.tokens_per_second = rate;
+            p.kv_events.extend(new_events);
+            // A snapshot is as large as the pool, so the bound leaves room for one plus as many events again.
+            p.kv_events.len() > MAX_PENDING_EVENTS.max(2 * stats.kv.map_or(0, |kv| kv.total))
+        };
+        if overflow {
+            resync(&mut core, &published);
+        }
     }
+}
+
+fn resync(core: &mut EngineCore, published: &Mutex<Published>) {
+    let snapshot: Vec<KvEvent> = core.kv_snapshot().into_iter().map(KvEvent::Stored).collect();
+    let mut p = published.lock().unwrap_or_else(|p| p.into_inner());
+    p.kv_events = snapshot;
+    p.resync = true;
 }

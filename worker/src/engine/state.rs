@@ -181,6 +181,13 @@ impl EngineCore {
         }
     }
 
+    /// Every block hash the pool holds or caches, dropping pending events (the snapshot supersedes them): what a
+    /// worker sends the orchestrators to resynchronise their picture of its cache.
+    pub fn kv_snapshot(&mut self) -> Vec<zl_common::block_hash::BlockHash> {
+        self.sched.pool_mut().drain_events();
+        self.sched.pool().indexed_hashes()
+    }
+
     /// Block-pool events since the last call (for the orchestrators).
     pub fn drain_kv_events(&mut self) -> Vec<crate::kv::pool::KvEvent> {
         self.sched.pool_mut().drain_events()

@@ -287,6 +287,13 @@ impl BlockPool {
         }
     }
 
+    /// Hashes of every block indexed for sharing (held or cached), sorted: a full picture for a resync.
+    pub fn indexed_hashes(&self) -> Vec<BlockHash> {
+        let mut hashes: Vec<BlockHash> = self.index.keys().copied().collect();
+        hashes.sort_unstable();
+        hashes
+    }
+
     /// Take the events since the last call.
     pub fn drain_events(&mut self) -> Vec<KvEvent> {
         std::mem::take(&mut self.events)

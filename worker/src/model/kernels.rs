@@ -443,7 +443,9 @@ mod simd {
 
     /// Whether this CPU runs the SIMD kernel.
     pub(super) fn available() -> bool {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
     }
 
     pub(super) fn run<T>(f: impl FnOnce() -> T) -> T {
@@ -468,7 +470,7 @@ mod simd {
         unsafe { attention_avx2(q, slots, keys, values, shape, out) }
     }
 
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     fn attention_avx2(
         q: &[f32],
         slots: &[usize],
@@ -477,19 +479,42 @@ mod simd {
         shape: AttentionShape,
         out: &mut [f32],
     ) {
-        super::attention_with(q, slots, keys, values, shape, out, |a, b| dot_bf16(a, b));
+        super::attention_with(q, slots, keys, values, shape, out, &Avx2);
     }
 
-    /// `super::dot_bf16` with explicit vectors: the same eight lanes, the same order, the same tail.
-    #[target_feature(enable = "avx2,fma")]
+    /// [`super::KvMath`] with explicit vectors (F16C conversions).
+    struct Avx2;
+
+    impl super::KvMath for Avx2 {
+        #[inline(always)]
+        fn dot(&self, a: &[f32], b: &[u16]) -> f32 {
+            // SAFETY: only constructed inside `attention_avx2`, which runs when `available()` said the CPU has
+            // AVX2, FMA and F16C.
+            unsafe { dot_f16(a, b) }
+        }
+
+        #[inline(always)]
+        fn axpy(&self, o: &mut [f32], w: f32, b: &[u16]) {
+            // SAFETY: as for `dot`.
+            unsafe { axpy_f16(o, w, b) }
+        }
+    }
+
+    /// Eight f16 values as f32.
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
+    fn load8h(b: &[u16]) -> __m256 {
+        let b = &b[..8];
+        // SAFETY: `b` holds 8 readable u16s (16 bytes); the load is unaligned.
+        _mm256_cvtph_ps(unsafe { _mm_loadu_si128(b.as_ptr().cast()) })
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
         let mut acc = _mm256_setzero_ps();
         for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-            // SAFETY: `cb` is 8 bfloat16s, 16 readable bytes; the load is unaligned.
-            let raw = unsafe { _mm_loadu_si128(cb.as_ptr().cast()) };
-            let wide = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(raw)));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(load8f(ca), wide));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(load8f(ca), load8h(cb)));
         }
         let mut tail = 0f32;
         for i in a.len() / 8 * 8..a.len().min(b.len()) {
@@ -500,6 +525,21 @@ mod simd {
         let quads = _mm256_hadd_ps(pairs, pairs);
         let sum = _mm_add_ss(_mm256_castps256_ps128(quads), _mm256_extractf128_ps::<1>(quads));
         _mm_cvtss_f32(sum) + tail
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn axpy_f16(o: &mut [f32], w: f32, b: &[u16]) {
+        let wv = _mm256_set1_ps(w);
+        let n = o.len().min(b.len()) / 8 * 8;
+        for (co, cb) in o[..n].chunks_exact_mut(8).zip(b.chunks_exact(8)) {
+            let sum = _mm256_add_ps(load8f(co), _mm256_mul_ps(wv, load8h(cb)));
+            // SAFETY: `co` is 8 writable f32s; the store is unaligned.
+            unsafe { _mm256_storeu_ps(co.as_mut_ptr(), sum) };
+        }
+        for (oi, &bi) in o[n..].iter_mut().zip(&b[n..]) {
+            *oi += w * super::widen(bi);
+        }
     }
 
     pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
@@ -679,28 +719,47 @@ pub fn with_simd<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// A bfloat16 (its bits) as f32: exact, the top half of the f32's bits.
+/// A half-precision value (its bits) as f32 (exact).
 #[inline(always)]
 fn widen(b: u16) -> f32 {
-    f32::from_bits(u32::from(b) << 16)
+    f16::from_bits(b).to_f32()
 }
 
-/// Dot product of f32 values with bfloat16 ones (the KV cache), eight accumulators in a fixed order.
-#[inline(always)]
-fn dot_bf16(a: &[f32], b: &[u16]) -> f32 {
-    let mut acc = [0f32; 8];
-    for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-        let (ca, cb): (&[f32; 8], &[u16; 8]) = (ca.try_into().expect("8"), cb.try_into().expect("8"));
-        let wide: [f32; 8] = std::array::from_fn(|l| widen(cb[l]));
-        for l in 0..8 {
-            acc[l] += ca[l] * wide[l];
+/// The two operations attention does on the f16 KV cache. The portable and the SIMD implementations compute the
+/// same lanes in the same order with the same IEEE operations (f16 to f32 is exact; no fused multiply-add), so
+/// they agree bit for bit.
+trait KvMath {
+    /// `a · b` with eight accumulators (lane `l` takes elements `l, l+8, ...`), summed as [`hsum`], plus the tail.
+    fn dot(&self, a: &[f32], b: &[u16]) -> f32;
+    /// `o[i] += w * b[i]`.
+    fn axpy(&self, o: &mut [f32], w: f32, b: &[u16]);
+}
+
+/// Portable [`KvMath`].
+struct Portable;
+
+impl KvMath for Portable {
+    #[inline(always)]
+    fn dot(&self, a: &[f32], b: &[u16]) -> f32 {
+        let mut acc = [0f32; 8];
+        for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
+            for l in 0..8 {
+                acc[l] += ca[l] * widen(cb[l]);
+            }
+        }
+        let mut tail = 0f32;
+        for i in a.len() / 8 * 8..a.len().min(b.len()) {
+            tail += a[i] * widen(b[i]);
+        }
+        hsum(&acc) + tail
+    }
+
+    #[inline(always)]
+    fn axpy(&self, o: &mut [f32], w: f32, b: &[u16]) {
+        for (oi, &bi) in o.iter_mut().zip(b) {
+            *oi += w * widen(bi);
         }
     }
-    let mut tail = 0f32;
-    for i in a.len() / 8 * 8..a.len().min(b.len()) {
-        tail += a[i] * widen(b[i]);
-    }
-    hsum(&acc) + tail
 }
 
 /// Head layout of an attention call.
@@ -715,19 +774,18 @@ pub struct AttentionShape {
 }
 
 /// Attention of one query row (all heads, `q` is `heads * head_dim`) over the positions whose keys and values
-/// start at `slots` in one layer's KV storage (bfloat16 bits) (each slot holds `kv_heads * head_dim` values). Query heads
-/// that share a KV head (grouped-query attention) are scored together, so each key is read once per group; the
-/// softmax and the weighted sum of values run in fixed orders that depend only on this row, never on the batch.
+/// start at `slots` in one layer's KV storage (f16 bits; each slot holds `kv_heads * head_dim` values). Each
+/// position's keys and values are read once for all heads (grouped-query heads share them); the softmax and the
+/// weighted sum of values run in fixed orders that depend only on this row, never on the batch.
 pub fn attention(q: &[f32], slots: &[usize], keys: &[u16], values: &[u16], shape: AttentionShape, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if simd::available() {
         return simd::attention(q, slots, keys, values, shape, out);
     }
-    attention_with(q, slots, keys, values, shape, out, dot_bf16);
+    attention_with(q, slots, keys, values, shape, out, &Portable);
 }
 
-/// The attention arithmetic, with the f32·bf16 dot product passed in (the portable one, or the SIMD one that
-/// computes the same lanes in the same order).
+/// The attention arithmetic over a [`KvMath`].
 #[inline(always)]
 fn attention_with(
     q: &[f32],
@@ -736,7 +794,7 @@ fn attention_with(
     values: &[u16],
     shape: AttentionShape,
     out: &mut [f32],
-    dot_bf16: impl Fn(&[f32], &[u16]) -> f32,
+    kv: &impl KvMath,
 ) {
     let AttentionShape { heads, kv_heads, head_dim: hd } = shape;
     let (group, kvd, n) = (heads / kv_heads, kv_heads * hd, slots.len());
@@ -748,7 +806,7 @@ fn attention_with(
         let key = &keys[slot..slot + kvd];
         for (h, qh) in q.chunks_exact(hd).enumerate() {
             let g = h / group;
-            scores[h * n + p] = dot_bf16(qh, &key[g * hd..(g + 1) * hd]) * scale;
+            scores[h * n + p] = kv.dot(qh, &key[g * hd..(g + 1) * hd]) * scale;
         }
     }
     let mut inv = vec![0f32; heads];
@@ -762,10 +820,7 @@ fn attention_with(
         let value = &values[slot..slot + kvd];
         for (h, o) in out.chunks_exact_mut(hd).enumerate() {
             let g = h / group;
-            let w = scores[h * n + p] * inv[h];
-            for (oi, &vi) in o.iter_mut().zip(&value[g * hd..(g + 1) * hd]) {
-                *oi += w * widen(vi);
-            }
+            kv.axpy(o, scores[h * n + p] * inv[h], &value[g * hd..(g + 1) * hd]);
         }
     }
 }
@@ -802,7 +857,6 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use half::bf16;
 
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -906,15 +960,15 @@ mod tests {
                 }
             }
         }
-        let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 24 };
+        let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 20 };
         let kvd = shape.kv_heads * shape.head_dim;
-        let keys: Vec<u16> = (0..10 * kvd).map(|_| bf16::from_f32(lcg(&mut seed)).to_bits()).collect();
-        let values: Vec<u16> = (0..10 * kvd).map(|_| bf16::from_f32(lcg(&mut seed)).to_bits()).collect();
+        let keys: Vec<u16> = (0..10 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
+        let values: Vec<u16> = (0..10 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
         let q: Vec<f32> = (0..shape.heads * shape.head_dim).map(|_| lcg(&mut seed)).collect();
         let slots: Vec<usize> = [3, 0, 7, 9, 1].iter().map(|s| s * kvd).collect();
         let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
         attention(&q, &slots, &keys, &values, shape, &mut a);
-        attention_with(&q, &slots, &keys, &values, shape, &mut b, dot_bf16);
+        attention_with(&q, &slots, &keys, &values, shape, &mut b, &Portable);
         assert_eq!(a, b);
         // Attention is a convex combination of the values: each output lies within the values' range.
         assert!(a.iter().all(|v| v.abs() <= 1.0));

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use super::kernels::{AttentionShape, Input, Weight, attention, dot_f32, exp_f32, with_simd};
 use crate::kv::pool::BlockId;
-use half::bf16;
+use half::f16;
 
 /// Shape and constants of a Llama-family model.
 #[derive(Clone, Debug, PartialEq)]
@@ -98,14 +98,15 @@ pub struct Llama {
     sin: Vec<f32>,
 }
 
-/// Keys and values of every layer, in fixed-size blocks addressed by `BlockId`, stored as bfloat16 (the precision
-/// the Llama family is trained in): half the memory of f32, so twice the tokens per budget and half the bytes
-/// attention reads per step. Rounding is to nearest even, a pure function of the value.
+/// Keys and values of every layer, in fixed-size blocks addressed by `BlockId`, stored as IEEE half precision
+/// (as llama.cpp's default KV cache): half the memory of f32, so twice the tokens per budget and half the bytes
+/// attention reads per step. Rounding is to nearest even, a pure function of the value. (bfloat16, tried first,
+/// keeps too few mantissa bits: the bundled model's greedy answers drifted.)
 #[derive(Debug)]
 pub struct KvStore {
     block_size: usize,
     kv_dim: usize,
-    /// bfloat16 bits (plain `u16` so a fresh store is zeroed memory the OS maps lazily).
+    /// f16 bits (plain `u16` so a fresh store is zeroed memory the OS maps lazily).
     k: Vec<Vec<u16>>,
     v: Vec<Vec<u16>>,
 }
@@ -296,8 +297,8 @@ impl Llama {
                 self.rope(&mut k[r * kvd..(r + 1) * kvd], row_pos[r]);
                 let slot = kv.slot(items[row_item[r]].blocks, row_pos[r]);
                 let (ks, vs) = (&mut kv.k[li][slot..slot + kvd], &mut kv.v[li][slot..slot + kvd]);
-                ks.iter_mut().zip(&k[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = bf16::from_f32(s).to_bits());
-                vs.iter_mut().zip(&v[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = bf16::from_f32(s).to_bits());
+                ks.iter_mut().zip(&k[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = f16::from_f32(s).to_bits());
+                vs.iter_mut().zip(&v[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = f16::from_f32(s).to_bits());
             }
             let kv_ref: &KvStore = kv;
             attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {

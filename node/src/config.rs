@@ -1,4 +1,4 @@
-//! Configuration files for `zl-worker serve`: a TOML file whose keys are the long flag names (`listen`,
+//! Configuration files for a tier binary's `serve`: a TOML file whose keys are the long flag names (`listen`,
 //! `kv-memory-mb`, `model = [...]`). Precedence, highest first: command-line flags, `ZL_*` environment variables,
 //! the file, built-in defaults. The file is turned into flags placed before the real ones, so clap does all
 //! parsing and validation and reports errors in one format.
@@ -24,7 +24,8 @@ fn config_path(argv: &[OsString], subcommand: usize) -> Option<PathBuf> {
 }
 
 /// Insert the settings of the config file (if any) for `subcommand_name` into `argv`, right after the subcommand.
-pub(crate) fn expand(cmd: &clap::Command, subcommand_name: &str, argv: Vec<OsString>) -> Result<Vec<OsString>> {
+/// The file is named by `--config FILE` after the subcommand, or by `ZL_CONFIG`.
+pub fn expand(cmd: &clap::Command, subcommand_name: &str, argv: Vec<OsString>) -> Result<Vec<OsString>> {
     let Some(pos) = argv.iter().position(|a| a == subcommand_name) else { return Ok(argv) };
     let Some(path) = config_path(&argv, pos) else { return Ok(argv) };
     let sub = cmd.find_subcommand(subcommand_name).context("unknown subcommand")?;
@@ -34,8 +35,9 @@ pub(crate) fn expand(cmd: &clap::Command, subcommand_name: &str, argv: Vec<OsStr
     for (key, value) in &table {
         let Some(arg) = sub.get_arguments().find(|a| a.get_long() == Some(key.as_str())) else {
             bail!(
-                "{}: unknown setting {key:?} (settings are the long flags of `zl-worker {subcommand_name}`)",
-                path.display()
+                "{}: unknown setting {key:?} (settings are the long flags of `{} {subcommand_name}`)",
+                path.display(),
+                cmd.get_name()
             );
         };
         if key == "config" {

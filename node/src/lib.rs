@@ -1,0 +1,55 @@
+//! What every zerolayer tier binary (`zl-worker`, `zl-orchestrator`, `zl-frontend`) shares: TOML config files
+//! layered under flags and `ZL_*` variables, shutdown signals, loading a node's TLS identity from a directory
+//! written by `zl certs`, and the Prometheus endpoint.
+
+pub mod config;
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use zl_proto::message::{NodeId, Role};
+use zl_proto::tls::TlsIdentity;
+
+/// Load `{dir}/ca.pem` and the node's `{dir}/{role}-{id}.pem` / `.key`, as `zl certs issue` names them.
+pub fn load_identity(dir: &Path, role: Role, id: &str) -> Result<TlsIdentity> {
+    let node_id = NodeId::new(id.to_owned()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
+    let stem = format!("{}-{node_id}", role.name());
+    TlsIdentity::from_files(
+        &dir.join("ca.pem"),
+        &dir.join(format!("{stem}.pem")),
+        &dir.join(format!("{stem}.key")),
+        role,
+        node_id,
+    )
+    .with_context(|| format!("loading the TLS identity {stem} from {}", dir.display()))
+}
+
+/// Serve Prometheus metrics at `http://{addr}/metrics`.
+pub fn install_metrics(addr: SocketAddr) -> Result<()> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .with_context(|| format!("starting the metrics endpoint on {addr}"))
+}
+
+/// Resolves on Ctrl-C or SIGTERM (what Kubernetes sends before killing a pod).
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}

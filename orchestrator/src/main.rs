@@ -1,0 +1,107 @@
+//! `zl-orchestrator`: keeps the routing state, takes worker registrations and load reports, answers route
+//! requests.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use clap::{Args, CommandFactory, Parser, Subcommand};
+use zl_orchestrator::load::LoadSettings;
+use zl_orchestrator::route::{POLICY_NAMES, policy_by_name};
+use zl_orchestrator::service::Orchestrator;
+use zl_proto::message::Role;
+use zl_proto::quic::Server;
+
+/// zerolayer's orchestrator: routing state and route decisions.
+#[derive(Parser, Debug)]
+#[command(name = "zl-orchestrator", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve registrations, load reports and route requests over QUIC.
+    #[command(args_override_self = true)]
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// QUIC address (UDP) for workers, frontends and operators.
+    #[arg(long, env = "ZL_LISTEN", default_value = "127.0.0.1:7000")]
+    listen: SocketAddr,
+    /// Prometheus endpoint address.
+    #[arg(long, env = "ZL_METRICS_ADDR", default_value = "127.0.0.1:9000")]
+    metrics_addr: SocketAddr,
+    /// This orchestrator's id (a DNS label; its certificate must carry it).
+    #[arg(long, env = "ZL_NODE_ID", default_value = "orchestrator-0")]
+    node_id: String,
+    /// Directory with `ca.pem` and `orchestrator-{node-id}.pem`/`.key` (`zl certs`).
+    #[arg(long, env = "ZL_TLS_DIR")]
+    tls_dir: PathBuf,
+    /// Routing policy: least-loaded, prefix-aware, session-affinity or round-robin.
+    #[arg(long, env = "ZL_POLICY", default_value = "prefix-aware")]
+    policy: String,
+    /// A worker silent for this long gets no new requests.
+    #[arg(long, env = "ZL_HEARTBEAT_TIMEOUT_MS", default_value_t = 3000)]
+    heartbeat_timeout_ms: u64,
+    /// A worker silent for this long is forgotten from the soft load view.
+    #[arg(long, env = "ZL_FORGET_AFTER_S", default_value_t = 600)]
+    forget_after_s: u64,
+    /// TOML file whose keys are these flags' long names.
+    #[arg(long, env = "ZL_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let Some(policy) = policy_by_name(&args.policy) else {
+        bail!("--policy {:?}: choose one of {}", args.policy, POLICY_NAMES.join(", "));
+    };
+    if args.heartbeat_timeout_ms == 0 {
+        bail!("--heartbeat-timeout-ms must be at least 1");
+    }
+    let identity = zl_node::load_identity(&args.tls_dir, Role::Orchestrator, &args.node_id)?;
+    zl_node::install_metrics(args.metrics_addr)?;
+    let settings = LoadSettings {
+        heartbeat_timeout: Duration::from_millis(args.heartbeat_timeout_ms),
+        forget_after: Duration::from_secs(args.forget_after_s),
+        ..LoadSettings::default()
+    };
+    let node = Arc::new(Orchestrator::new(policy, settings));
+    let server = Server::spawn(args.listen, &identity, zl_orchestrator::rpc_settings(), node.clone())?;
+    let sweeper = {
+        let node = node.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                node.sweep(Instant::now());
+            }
+        })
+    };
+    eprintln!(
+        "zl-orchestrator: {} serving on {} with the {} policy (metrics on http://{}/metrics)",
+        args.node_id,
+        server.local_addr(),
+        node.policy_name(),
+        args.metrics_addr
+    );
+    zl_node::shutdown_signal().await;
+    eprintln!("zl-orchestrator: shutting down");
+    sweeper.abort();
+    server.shutdown(Duration::from_secs(5)).await;
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    zl_proto::tls::install_default_provider();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG")).init();
+    let argv = zl_node::config::expand(&Cli::command(), "serve", std::env::args_os().collect())?;
+    match Cli::parse_from(argv).command {
+        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(args)),
+    }
+}

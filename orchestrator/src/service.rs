@@ -1,0 +1,270 @@
+//! The orchestrator's RPC face: workers register, heartbeat with load reports, push KV-cache events and
+//! deregister; frontends ask for routes.
+//!
+//! Writes become [`Command`]s committed to the routing state through [`Orchestrator::commit`] (a single node applies
+//! them in arrival order today; the Raft group of issue 6/6 replaces exactly that function). Soft reports go to the
+//! load view. Route decisions read both under read locks and never wait on a write for long: writes are rare
+//! (registrations) or tiny (a report).
+//!
+//! Every caller is authenticated by mutual TLS before a frame is read; a worker may only speak for itself (its
+//! certificate's node id must equal the worker id in the message), and only frontends and operators get routes.
+
+use std::cell::RefCell;
+use std::sync::RwLock;
+use std::time::Instant;
+
+use zl_proto::message::{
+    Ack, DeregisterWorker, ErrorCode, KvCacheEvents, LoadReport, Message, NodeId, RegisterWorker, Role, RouteRequest,
+    WireError,
+};
+use zl_proto::quic::{CallContext, Handler, Responder};
+
+use crate::load::{Accepted, LoadSettings, LoadView};
+use crate::route::{self, Policy, RETRY_AFTER_MS, RouteError, Scratch};
+use crate::state::{Command, CommandError, ModelVersion, RoutingState, WorkerSpec, hex};
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Counts of workers by state, for metrics and the admin API.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkerCounts {
+    /// Reporting within the heartbeat timeout and not draining.
+    pub healthy: usize,
+    /// Registered but silent.
+    pub unhealthy: usize,
+    /// Draining.
+    pub draining: usize,
+}
+
+/// One orchestrator node.
+pub struct Orchestrator {
+    state: RwLock<RoutingState>,
+    load: RwLock<LoadView>,
+    policy: Box<dyn Policy>,
+}
+
+impl std::fmt::Debug for Orchestrator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Orchestrator").field("policy", &self.policy.name()).finish_non_exhaustive()
+    }
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // A panic while holding the lock cannot leave these structures half-updated in a way later readers could
+    // misread (every mutation is a single insert/remove or an apply that validates first), so poisoning is ignored.
+    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Orchestrator {
+    /// A node with an empty state.
+    pub fn new(policy: Box<dyn Policy>, load: LoadSettings) -> Self {
+        Orchestrator { state: RwLock::new(RoutingState::default()), load: RwLock::new(LoadView::new(load)), policy }
+    }
+
+    /// The routing policy's name.
+    pub fn policy_name(&self) -> &'static str {
+        self.policy.name()
+    }
+
+    /// Commit a command to the routing state; returns its log index.
+    pub fn commit(&self, cmd: &Command) -> Result<u64, CommandError> {
+        let mut state = write(&self.state);
+        let index = state.applied_index() + 1;
+        let result = state.apply(index, cmd);
+        let outcome = if result.is_ok() { "applied" } else { "rejected" };
+        metrics::counter!("zl_state_commands_total", "kind" => cmd.kind(), "outcome" => outcome).increment(1);
+        metrics::gauge!("zl_state_applied_index").set(index as f64);
+        result.map(|()| index)
+    }
+
+    /// Run `f` over the current routing state.
+    pub fn with_state<T>(&self, f: impl FnOnce(&RoutingState) -> T) -> T {
+        f(&read(&self.state))
+    }
+
+    /// Decide a route now.
+    pub fn route(&self, request: &RouteRequest) -> Result<zl_proto::message::RouteDecision, RouteError> {
+        let started = Instant::now();
+        let result = {
+            let state = read(&self.state);
+            let load = read(&self.load);
+            SCRATCH.with(|s| route::decide(&state, &load, request, self.policy.as_ref(), started, &mut s.borrow_mut()))
+        };
+        let elapsed = started.elapsed();
+        let outcome = match &result {
+            Ok(_) => "routed",
+            Err(RouteError::UnknownModel(_)) => "unknown_model",
+            Err(RouteError::NoWorker(_)) => "no_worker",
+            Err(RouteError::Saturated(_)) => "saturated",
+        };
+        metrics::counter!("zl_route_decisions_total", "policy" => self.policy.name(), "outcome" => outcome)
+            .increment(1);
+        metrics::histogram!("zl_route_decision_seconds").record(elapsed.as_secs_f64());
+        result.map(|mut d| {
+            d.decision_nanos = elapsed.as_nanos() as u64;
+            d
+        })
+    }
+
+    /// Register (or re-register) a worker. A re-registration starts its soft state afresh: a restarted worker
+    /// numbers its reports from 1 again.
+    pub fn register(&self, r: &RegisterWorker) -> Result<u64, CommandError> {
+        let spec = WorkerSpec {
+            id: r.worker_id.clone(),
+            endpoint: r.endpoint.clone(),
+            device_class: r.device_class,
+            models: r
+                .models
+                .iter()
+                .map(|m| ModelVersion {
+                    id: m.id.clone(),
+                    weights_sha256: hex(&m.weights_sha256),
+                    context_length: m.context_length,
+                    family: m.family.clone(),
+                })
+                .collect(),
+            kv_block_size: r.kv_block_size,
+            kv_blocks_total: r.kv_blocks_total,
+            max_running_sequences: r.max_running_sequences,
+        };
+        let index = self.commit(&Command::RegisterWorker(spec))?;
+        write(&self.load).forget(&r.worker_id);
+        tracing::info!(worker = %r.worker_id, endpoint = %r.endpoint, models = r.models.len(), "worker registered");
+        Ok(index)
+    }
+
+    /// Remove a worker and its soft state.
+    pub fn deregister(&self, id: &NodeId) -> Result<u64, CommandError> {
+        let index = self.commit(&Command::DeregisterWorker { id: id.clone() })?;
+        write(&self.load).forget(id);
+        tracing::info!(worker = %id, "worker deregistered");
+        Ok(index)
+    }
+
+    fn registered(&self, id: &NodeId) -> bool {
+        read(&self.state).workers().contains_key(id)
+    }
+
+    /// Apply a load report from a registered worker.
+    pub fn load_report(&self, report: LoadReport, now: Instant) -> Result<Accepted, WireError> {
+        if !self.registered(&report.worker_id) {
+            return Err(WireError::new(ErrorCode::NotFound, "register before reporting load"));
+        }
+        Ok(write(&self.load).report(report, now))
+    }
+
+    /// Apply KV-cache events from a registered worker.
+    pub fn kv_events(&self, events: &KvCacheEvents, now: Instant) -> Result<Accepted, WireError> {
+        if !self.registered(&events.worker_id) {
+            return Err(WireError::new(ErrorCode::NotFound, "register before sending KV events"));
+        }
+        Ok(write(&self.load).kv_events(events, now))
+    }
+
+    /// Forget soft state of workers silent past `forget_after`, and of workers no longer registered; update the
+    /// worker gauges. Run about once a second.
+    pub fn sweep(&self, now: Instant) -> WorkerCounts {
+        let state = read(&self.state);
+        let mut load = write(&self.load);
+        load.sweep(now);
+        let mut counts = WorkerCounts::default();
+        let mut oldest = 0f64;
+        for (id, w) in state.workers() {
+            if w.draining {
+                counts.draining += 1;
+            } else if load.healthy(id, now).is_some() {
+                counts.healthy += 1;
+            } else {
+                counts.unhealthy += 1;
+            }
+            if let Some(age) = load.age(id, now) {
+                oldest = oldest.max(age.as_secs_f64());
+            }
+        }
+        metrics::gauge!("zl_workers", "state" => "healthy").set(counts.healthy as f64);
+        metrics::gauge!("zl_workers", "state" => "unhealthy").set(counts.unhealthy as f64);
+        metrics::gauge!("zl_workers", "state" => "draining").set(counts.draining as f64);
+        metrics::gauge!("zl_soft_state_age_seconds").set(oldest);
+        metrics::gauge!("zl_cached_prefix_blocks").set(load.cached_blocks() as f64);
+        counts
+    }
+
+    fn speaks_for(ctx: &CallContext, worker: &NodeId) -> Result<(), WireError> {
+        let peer = &ctx.peer;
+        if peer.role == Role::Admin || (peer.role == Role::Worker && &peer.node_id == worker) {
+            return Ok(());
+        }
+        Err(WireError::new(
+            ErrorCode::PermissionDenied,
+            format!("{} {} may not speak for worker {worker}", peer.role.name(), peer.node_id),
+        ))
+    }
+}
+
+fn command_error(e: CommandError) -> WireError {
+    let code = match e {
+        CommandError::NotFound(_) => ErrorCode::NotFound,
+        CommandError::Limit(_) => ErrorCode::Overloaded,
+        CommandError::Invalid { .. } | CommandError::Exists(_) => ErrorCode::InvalidRequest,
+    };
+    WireError::new(code, e.to_string())
+}
+
+/// A route error as the wire carries it: unknown models are `NotFound`, everything else `Overloaded` with a
+/// retry hint (the frontend answers 529 `overloaded_error` with `retry-after`).
+pub fn route_error(e: &RouteError) -> WireError {
+    match e {
+        RouteError::UnknownModel(_) => WireError::new(ErrorCode::NotFound, e.to_string()),
+        RouteError::NoWorker(_) | RouteError::Saturated(_) => {
+            let mut err = WireError::new(ErrorCode::Overloaded, e.to_string());
+            err.retry_after_ms = RETRY_AFTER_MS;
+            err
+        }
+    }
+}
+
+impl Handler for Orchestrator {
+    async fn call(&self, ctx: CallContext, request: Message, out: &mut Responder) -> Result<(), WireError> {
+        let now = Instant::now();
+        let reply = match request {
+            Message::RouteRequest(r) => {
+                if !matches!(ctx.peer.role, Role::Frontend | Role::Admin) {
+                    return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends ask for routes"));
+                }
+                Message::RouteDecision(self.route(&r).map_err(|e| route_error(&e))?)
+            }
+            Message::RegisterWorker(r) => {
+                Self::speaks_for(&ctx, &r.worker_id)?;
+                Message::Ack(Ack { applied_index: self.register(&r).map_err(command_error)? })
+            }
+            Message::DeregisterWorker(DeregisterWorker { worker_id, reason }) => {
+                Self::speaks_for(&ctx, &worker_id)?;
+                tracing::info!(worker = %worker_id, %reason, "deregistration requested");
+                Message::Ack(Ack { applied_index: self.deregister(&worker_id).map_err(command_error)? })
+            }
+            Message::LoadReport(r) => {
+                Self::speaks_for(&ctx, &r.worker_id)?;
+                self.load_report(r, now)?;
+                Message::Ack(Ack { applied_index: 0 })
+            }
+            Message::KvCacheEvents(e) => {
+                Self::speaks_for(&ctx, &e.worker_id)?;
+                self.kv_events(&e, now)?;
+                Message::Ack(Ack { applied_index: 0 })
+            }
+            other => {
+                return Err(WireError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("an orchestrator does not serve {:?} calls", other.kind()),
+                ));
+            }
+        };
+        out.send(reply).await.map_err(|e| WireError::new(ErrorCode::Cancelled, e.to_string()))
+    }
+}

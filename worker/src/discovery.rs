@@ -1,0 +1,299 @@
+//! How a worker makes itself known: registration, heartbeats carrying load, KV-cache events, deregistration.
+//!
+//! [`Discovery`] is the seam; [`DirectDiscovery`] (the default) talks to the orchestrators over the cluster's QUIC
+//! RPC. A Consul implementation (register a service with the models and KV figures in its `Meta` and a TTL check)
+//! slots in behind the same trait.
+//!
+//! Until the orchestrators replicate their state (Raft, issue 6/6), each keeps its own copy, so the worker
+//! registers with every orchestrator it knows. Load and KV events are soft state kept per orchestrator, so they
+//! always go to every one.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use zl_proto::message::{
+    DeregisterWorker, ErrorCode, KvCacheEvents, LoadReport, Message, NodeId, RegisterWorker, Role,
+};
+use zl_proto::quic::{CallError, Client};
+
+use crate::engine::{EngineHandle, Published};
+use crate::kv::pool::KvEvent;
+
+/// Where a worker announces itself.
+pub trait Discovery: Send + Sync + 'static {
+    /// Publish the registration (where needed), the load report and the KV events. Returns `true` when some
+    /// receiver missed events or has just (re)registered, so the next heartbeat should carry a full KV snapshot.
+    fn heartbeat(
+        &self,
+        registration: &RegisterWorker,
+        load: &LoadReport,
+        kv: &[KvCacheEvents],
+    ) -> impl Future<Output = bool> + Send;
+
+    /// Leave: no new requests will be routed here.
+    fn deregister(&self, worker: &NodeId, reason: &str) -> impl Future<Output = ()> + Send;
+}
+
+/// Per-call deadline, so one unreachable orchestrator never stalls the heartbeat to the others.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Direct registration with the orchestrators.
+pub struct DirectDiscovery {
+    client: Client,
+    orchestrators: Vec<SocketAddr>,
+    registered: Mutex<Vec<bool>>,
+}
+
+impl std::fmt::Debug for DirectDiscovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectDiscovery").field("orchestrators", &self.orchestrators).finish_non_exhaustive()
+    }
+}
+
+impl DirectDiscovery {
+    /// Talk to these orchestrators with this client.
+    pub fn new(client: Client, orchestrators: Vec<SocketAddr>) -> Self {
+        let registered = Mutex::new(vec![false; orchestrators.len()]);
+        DirectDiscovery { client, orchestrators, registered }
+    }
+
+    async fn call(&self, to: SocketAddr, msg: Message) -> Result<Message, CallError> {
+        match tokio::time::timeout(CALL_TIMEOUT, self.client.call(to, Role::Orchestrator, msg)).await {
+            Ok(result) => result,
+            Err(_) => Err(CallError::Remote(zl_proto::message::WireError::new(
+                ErrorCode::DeadlineExceeded,
+                "no answer from the orchestrator in time",
+            ))),
+        }
+    }
+
+    fn set_registered(&self, i: usize, value: bool) {
+        self.registered.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[i] = value;
+    }
+
+    fn is_registered(&self, i: usize) -> bool {
+        self.registered.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[i]
+    }
+
+    /// One orchestrator's heartbeat; `true` when it needs a snapshot.
+    async fn beat(&self, i: usize, registration: &RegisterWorker, load: &LoadReport, kv: &[KvCacheEvents]) -> bool {
+        let to = self.orchestrators[i];
+        let mut resync = false;
+        if !self.is_registered(i) {
+            match self.call(to, Message::RegisterWorker(registration.clone())).await {
+                Ok(Message::Ack(_)) => {
+                    tracing::info!(orchestrator = %to, "registered");
+                    metrics::counter!("zl_worker_registrations_total").increment(1);
+                    self.set_registered(i, true);
+                    resync = true;
+                }
+                other => {
+                    tracing::warn!(orchestrator = %to, outcome = ?other.err(), "registration failed; retrying");
+                    return true;
+                }
+            }
+        }
+        let mut messages = vec![Message::LoadReport(load.clone())];
+        messages.extend(kv.iter().cloned().map(Message::KvCacheEvents));
+        for msg in messages {
+            match self.call(to, msg).await {
+                Ok(Message::Ack(_)) => {}
+                Err(CallError::Remote(e)) if e.code == ErrorCode::NotFound => {
+                    // The orchestrator lost our registration (it restarted): register again next beat.
+                    tracing::warn!(orchestrator = %to, "the orchestrator does not know this worker; re-registering");
+                    self.set_registered(i, false);
+                    return true;
+                }
+                other => {
+                    tracing::warn!(orchestrator = %to, outcome = ?other.err(), "heartbeat failed");
+                    metrics::counter!("zl_worker_heartbeat_failures_total").increment(1);
+                    return true;
+                }
+            }
+        }
+        resync
+    }
+}
+
+impl Discovery for DirectDiscovery {
+    async fn heartbeat(&self, registration: &RegisterWorker, load: &LoadReport, kv: &[KvCacheEvents]) -> bool {
+        let mut resync = false;
+        for i in 0..self.orchestrators.len() {
+            resync |= self.beat(i, registration, load, kv).await;
+        }
+        resync
+    }
+
+    async fn deregister(&self, worker: &NodeId, reason: &str) {
+        for (i, &to) in self.orchestrators.iter().enumerate() {
+            let msg = Message::DeregisterWorker(DeregisterWorker { worker_id: worker.clone(), reason: reason.into() });
+            match self.call(to, msg).await {
+                Ok(_) => tracing::info!(orchestrator = %to, "deregistered"),
+                Err(e) => tracing::warn!(orchestrator = %to, error = %e, "deregistration failed"),
+            }
+            self.set_registered(i, false);
+        }
+    }
+}
+
+/// One model's engine, as the reporter sees it.
+#[derive(Clone, Debug)]
+pub struct ReportedModel {
+    /// Model id.
+    pub id: String,
+    /// Its engine.
+    pub engine: EngineHandle,
+}
+
+/// The worker's load across its models: queue and running sequences and KV blocks summed, fragmentation weighted
+/// by blocks in use.
+pub fn load_report(worker: &NodeId, sequence: u64, published: &[Published]) -> LoadReport {
+    let mut report = LoadReport {
+        worker_id: worker.clone(),
+        sequence,
+        queue_depth: 0,
+        running_sequences: 0,
+        kv_blocks_used: 0,
+        kv_blocks_free: 0,
+        fragmentation_ratio: 0.0,
+        tokens_per_second: 0.0,
+    };
+    let mut weighted = 0f64;
+    for p in published {
+        report.queue_depth += p.stats.waiting as u32;
+        report.running_sequences += p.stats.running as u32;
+        report.tokens_per_second += p.tokens_per_second.max(0.0);
+        if let Some(kv) = p.stats.kv {
+            report.kv_blocks_used += (kv.used + kv.cached) as u32;
+            report.kv_blocks_free += kv.free as u32;
+            weighted += f64::from(kv.fragmentation) * kv.used as f64;
+        }
+    }
+    let used: f64 = published.iter().filter_map(|p| p.stats.kv).map(|kv| kv.used as f64).sum();
+    if used > 0.0 {
+        report.fragmentation_ratio = (weighted / used).clamp(0.0, 1.0) as f32;
+    }
+    report
+}
+
+/// A model's pending KV events as a message (`None` when there is nothing to say).
+pub fn kv_message(worker: &NodeId, sequence: u64, model: &str, published: &Published) -> Option<KvCacheEvents> {
+    if published.kv_events.is_empty() && !published.resync {
+        return None;
+    }
+    let mut stored = Vec::new();
+    let mut evicted = Vec::new();
+    for ev in &published.kv_events {
+        match *ev {
+            KvEvent::Stored(h) => stored.push(h),
+            KvEvent::Evicted(h) => {
+                // A block stored and evicted within one batch never needs to reach the orchestrator.
+                if let Some(pos) = stored.iter().rposition(|&s| s == h) {
+                    stored.swap_remove(pos);
+                } else {
+                    evicted.push(h);
+                }
+            }
+        }
+    }
+    Some(KvCacheEvents {
+        worker_id: worker.clone(),
+        sequence,
+        model: model.to_owned(),
+        stored,
+        evicted,
+        cleared: published.resync,
+    })
+}
+
+/// Heartbeat every `interval` until `stop` turns true: load report and KV events to every orchestrator, a full
+/// snapshot after any (re)registration or missed heartbeat.
+pub async fn run_reporter<D: Discovery>(
+    discovery: &D,
+    registration: RegisterWorker,
+    models: Vec<ReportedModel>,
+    interval: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let load_seq = AtomicU64::new(0);
+    let kv_seq = AtomicU64::new(0);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = stop.changed() => {}
+        }
+        if *stop.borrow() {
+            return;
+        }
+        let published: Vec<Published> = models.iter().map(|m| m.engine.published(true)).collect();
+        let worker = &registration.worker_id;
+        let load = load_report(worker, load_seq.fetch_add(1, Ordering::Relaxed) + 1, &published);
+        let kv: Vec<KvCacheEvents> = models
+            .iter()
+            .zip(&published)
+            .filter_map(|(m, p)| kv_message(worker, kv_seq.fetch_add(1, Ordering::Relaxed) + 1, &m.id, p))
+            .collect();
+        if discovery.heartbeat(&registration, &load, &kv).await {
+            for m in &models {
+                let _ = m.engine.request_resync();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::EngineStats;
+    use crate::kv::pool::KvStats;
+
+    fn published(waiting: usize, running: usize, used: usize, free: usize, frag: f32) -> Published {
+        Published {
+            stats: EngineStats {
+                waiting,
+                running,
+                kv: Some(KvStats {
+                    total: used + free,
+                    used,
+                    cached: 0,
+                    free,
+                    prefix_lookups: 0,
+                    prefix_hits: 0,
+                    fragmentation: frag,
+                }),
+            },
+            tokens_per_second: 10.0,
+            kv_events: vec![],
+            resync: false,
+        }
+    }
+
+    #[test]
+    fn load_is_summed_and_fragmentation_weighted() {
+        let id = NodeId::new("w1").unwrap();
+        let r = load_report(&id, 7, &[published(1, 2, 30, 70, 0.5), published(0, 1, 10, 90, 0.1)]);
+        assert_eq!((r.queue_depth, r.running_sequences, r.kv_blocks_used, r.kv_blocks_free), (1, 3, 40, 160));
+        assert!((r.fragmentation_ratio - 0.4).abs() < 1e-6);
+        assert_eq!(r.sequence, 7);
+        assert_eq!(r.tokens_per_second, 20.0);
+    }
+
+    #[test]
+    fn kv_messages_net_out_short_lived_blocks_and_mark_snapshots() {
+        let id = NodeId::new("w1").unwrap();
+        let mut p = published(0, 0, 0, 10, 0.0);
+        assert!(kv_message(&id, 1, "m", &p).is_none());
+        p.kv_events = vec![KvEvent::Stored(1), KvEvent::Stored(2), KvEvent::Evicted(1), KvEvent::Evicted(9)];
+        let m = kv_message(&id, 2, "m", &p).unwrap();
+        assert_eq!((m.stored, m.evicted, m.cleared), (vec![2], vec![9], false));
+        p.kv_events.clear();
+        p.resync = true;
+        let m = kv_message(&id, 3, "m", &p).unwrap();
+        assert!(m.cleared && m.stored.is_empty(), "an empty snapshot still clears");
+    }
+}
