@@ -1,12 +1,13 @@
 //! The real `zl-orchestrator` and `zl-worker` processes: the worker registers itself and heartbeats over QUIC,
 //! the orchestrator routes to it (and only frontends may ask), the route works for generation, KV events reach the
-//! orchestrator, and a gracefully stopped worker deregisters.
+//! orchestrator, `zl admin` drives the admin API (admin certificates only), and a gracefully stopped worker
+//! deregisters.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use zl_e2e::{Proc, certs, free_tcp, free_udp, gauge, metrics};
+use zl_e2e::{Proc, certs, free_tcp, free_udp, gauge, metrics, zl};
 use zl_proto::TlsIdentity;
 use zl_proto::message::{
     ComputePool, ErrorCode, GenerateRequest, LoadReport, Message, NodeId, Prompt, Role, RouteDecision, RouteHint,
@@ -55,8 +56,17 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
     zl_proto::tls::install_default_provider();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
-    certs(dir.path(), &[("orchestrator", "orch-0"), ("worker", "worker-0"), ("frontend", "fe-0")]);
-    let (orch_addr, orch_metrics) = (free_udp(), free_tcp());
+    certs(
+        dir.path(),
+        &[
+            ("orchestrator", "orch-0"),
+            ("worker", "worker-0"),
+            ("frontend", "fe-0"),
+            ("admin", "ops"),
+            ("worker", "ops"),
+        ],
+    );
+    let (orch_addr, orch_metrics, admin_addr) = (free_udp(), free_tcp(), free_tcp());
     let mut orch = Proc::spawn(
         "zl-orchestrator",
         &[
@@ -71,6 +81,8 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
             d,
             "--heartbeat-timeout-ms",
             "2000",
+            "--admin-listen",
+            &admin_addr.to_string(),
         ],
     );
     let (worker_addr, worker_metrics) = (free_udp(), free_tcp());
@@ -178,6 +190,50 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
     assert!(text.contains("zl_route_decisions_total"), "{text}");
     assert!(text.contains("zl_route_decision_seconds"), "{text}");
     assert_eq!(gauge(&text, "zl_workers{state=\"healthy\"}"), Some(1.0), "{text}");
+
+    // The admin API, through `zl admin` with the admin certificate.
+    let admin_addr = admin_addr.to_string();
+    let admin = |args: &[&str]| {
+        let mut all = vec!["admin", "--orchestrator", admin_addr.as_str(), "--tls-dir", d, "--node-id", "ops"];
+        all.extend_from_slice(args);
+        let out = zl(&all);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        (out.status.success(), text)
+    };
+    let (ok, text) = admin(&["workers"]);
+    assert!(ok && text.contains("worker-0") && text.contains("healthy") && text.contains(MODEL), "{text}");
+    let (ok, text) = admin(&["drain", "worker-0"]);
+    assert!(ok && text.contains("applied at index"), "{text}");
+    match route(&fe, orch_addr, MODEL).await {
+        Err(CallError::Remote(e)) => {
+            assert_eq!(e.code, ErrorCode::Overloaded, "{e:?}");
+            assert!(e.retry_after_ms > 0);
+        }
+        other => panic!("routed to a draining worker: {other:?}"),
+    }
+    assert!(admin(&["undrain", "worker-0"]).0);
+    assert!(admin(&["alias", "default", MODEL]).0);
+    assert_eq!(route(&fe, orch_addr, "default").await.unwrap().model, MODEL);
+    let (ok, text) = admin(&["keys", "create", "k1", "--project", "acme"]);
+    assert!(!ok && text.contains("project acme not found"), "{text}");
+    assert!(admin(&["project", "acme", "--rpm", "60"]).0);
+    let (ok, text) = admin(&["keys", "create", "k1", "--project", "acme"]);
+    let secret = text.lines().find(|l| l.starts_with("zl-")).unwrap_or_default().to_owned();
+    assert!(ok && secret.len() == 67, "{text}");
+    let (ok, text) = admin(&["pool-thresholds", "--gpu", "0.2", "--hybrid", "0.5"]);
+    assert!(!ok && text.contains("invalid"), "{text}");
+    let (ok, state) = admin(&["state"]);
+    assert!(ok && state.contains("\"k1\"") && state.contains("\"default\""), "{state}");
+    assert!(!state.contains(&secret), "the state must hold only the secret's hash");
+    // A certificate for any other role is refused, even with the admin's node id.
+    let mut all = vec!["admin", "--orchestrator", admin_addr.as_str(), "--tls-dir", d, "--node-id", "ops", "workers"];
+    std::fs::copy(dir.path().join("worker-ops.pem"), dir.path().join("admin-ops.pem")).unwrap();
+    std::fs::copy(dir.path().join("worker-ops.key"), dir.path().join("admin-ops.key")).unwrap();
+    let out = zl(&all);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a worker certificate administered the cluster");
+    assert!(err.contains("only admin certificates may administer"), "{err}");
+    all.clear();
 
     // A graceful stop deregisters: the model is no longer served.
     assert!(worker.terminate(Duration::from_secs(60)), "zl-worker did not stop cleanly");

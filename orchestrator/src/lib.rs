@@ -5,6 +5,7 @@
 //! - [`load`]: the soft load view (load reports, KV-cache events), never replicated.
 //! - [`route`]: route decisions as pure functions over both, with pluggable policies.
 
+pub mod admin;
 pub mod load;
 pub mod route;
 pub mod service;

@@ -287,6 +287,11 @@ impl LoadView {
         soft.load.as_ref()
     }
 
+    /// A worker's newest load report, however old.
+    pub fn latest(&self, id: &NodeId) -> Option<&LoadReport> {
+        self.slots[self.slot_of(id)? as usize].as_ref()?.load.as_ref()
+    }
+
     /// Age of a worker's newest load report.
     pub fn age(&self, id: &NodeId, now: Instant) -> Option<Duration> {
         let soft = self.slots[self.slot_of(id)? as usize].as_ref()?;

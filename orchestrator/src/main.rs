@@ -6,8 +6,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use clap::{Args, CommandFactory, Parser, Subcommand};
+use zl_orchestrator::admin::AdminService;
 use zl_orchestrator::load::LoadSettings;
 use zl_orchestrator::route::{POLICY_NAMES, policy_by_name};
 use zl_orchestrator::service::Orchestrator;
@@ -43,6 +44,9 @@ struct ServeArgs {
     /// Directory with `ca.pem` and `orchestrator-{node-id}.pem`/`.key` (`zl certs`).
     #[arg(long, env = "ZL_TLS_DIR")]
     tls_dir: PathBuf,
+    /// TCP address of the admin API (gRPC with mutual TLS; admin certificates only).
+    #[arg(long, env = "ZL_ADMIN_LISTEN", default_value = "127.0.0.1:7001")]
+    admin_listen: SocketAddr,
     /// Routing policy: least-loaded, prefix-aware, session-affinity or round-robin.
     #[arg(long, env = "ZL_POLICY", default_value = "prefix-aware")]
     policy: String,
@@ -73,6 +77,27 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     let node = Arc::new(Orchestrator::new(policy, settings));
     let server = Server::spawn(args.listen, &identity, zl_orchestrator::rpc_settings(), node.clone())?;
+    let admin = {
+        let tls = zl_admin::server_tls(&args.tls_dir, &args.node_id)?;
+        let service = AdminService::new(node.clone()).into_server();
+        let listener = tokio::net::TcpListener::bind(args.admin_listen)
+            .await
+            .with_context(|| format!("binding the admin API to {}", args.admin_listen))?;
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let router = tonic::transport::Server::builder().tls_config(tls)?.add_service(service);
+        let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            if let Err(e) = router
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stopped.await;
+                })
+                .await
+            {
+                tracing::error!(error = %e, "admin API stopped");
+            }
+        });
+        (stop_admin, task)
+    };
     let sweeper = {
         let node = node.clone();
         tokio::spawn(async move {
@@ -84,15 +109,18 @@ async fn serve(args: ServeArgs) -> Result<()> {
         })
     };
     eprintln!(
-        "zl-orchestrator: {} serving on {} with the {} policy (metrics on http://{}/metrics)",
+        "zl-orchestrator: {} serving on {} with the {} policy (admin API on {}, metrics on http://{}/metrics)",
         args.node_id,
         server.local_addr(),
         node.policy_name(),
+        args.admin_listen,
         args.metrics_addr
     );
     zl_node::shutdown_signal().await;
     eprintln!("zl-orchestrator: shutting down");
     sweeper.abort();
+    let _ = admin.0.send(());
+    let _ = admin.1.await;
     server.shutdown(Duration::from_secs(5)).await;
     Ok(())
 }

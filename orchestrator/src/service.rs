@@ -38,6 +38,17 @@ pub struct WorkerCounts {
     pub draining: usize,
 }
 
+/// A registered worker as the admin API shows it.
+#[derive(Clone, Debug)]
+pub struct WorkerView {
+    /// Its registration and drain flag.
+    pub entry: crate::state::WorkerEntry,
+    /// Reporting within the heartbeat timeout.
+    pub healthy: bool,
+    /// Its newest load report and that report's age.
+    pub load: Option<(LoadReport, std::time::Duration)>,
+}
+
 /// One orchestrator node.
 pub struct Orchestrator {
     state: RwLock<RoutingState>,
@@ -145,6 +156,25 @@ impl Orchestrator {
         write(&self.load).forget(id);
         tracing::info!(worker = %id, "worker deregistered");
         Ok(index)
+    }
+
+    /// Every registered worker with its soft state.
+    pub fn worker_views(&self, now: Instant) -> Vec<WorkerView> {
+        let state = read(&self.state);
+        let load = read(&self.load);
+        state
+            .workers()
+            .values()
+            .map(|entry| {
+                let id = &entry.spec.id;
+                let latest = load.latest(id).cloned();
+                WorkerView {
+                    entry: entry.clone(),
+                    healthy: load.healthy(id, now).is_some(),
+                    load: latest.zip(load.age(id, now)),
+                }
+            })
+            .collect()
     }
 
     fn registered(&self, id: &NodeId) -> bool {

@@ -195,6 +195,18 @@ pub fn check_identity(cert: &CertificateDer<'_>, role: Role, node_id: &NodeId) -
     Ok(())
 }
 
+/// Check that `cert` (already chain-verified) was issued for some node of `role` (it names `{role}.zl.internal`).
+pub fn check_role(cert: &CertificateDer<'_>, role: Role) -> Result<(), TlsError> {
+    let name = role_name(role);
+    let parsed = webpki::EndEntityCert::try_from(cert)
+        .map_err(|e| TlsError::Identity { expected: name.clone(), problem: format!("unparsable certificate: {e}") })?;
+    let server_name = ServerName::try_from(name.as_str())
+        .map_err(|e| TlsError::Identity { expected: name.clone(), problem: e.to_string() })?;
+    parsed
+        .verify_is_valid_for_subject_name(&server_name)
+        .map_err(|e| TlsError::Identity { expected: name.clone(), problem: format!("{e:?}") })
+}
+
 /// This node's TLS identity: the cluster CA to trust, its certificate chain and key, and the role and node id the
 /// certificate was issued for.
 #[derive(Debug)]

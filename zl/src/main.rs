@@ -1,8 +1,10 @@
 //! `zl`: zerolayer's command for operators and users.
 //!
-//! Today it generates the cluster CA and node certificates (`zl certs`) and prints its version (`zl version`).
-//! It owns argument parsing and file handling only; certificate logic lives in `zl_proto::tls`.
+//! Today it generates the cluster CA and node certificates (`zl certs`), administers orchestrators (`zl admin`)
+//! and prints its version (`zl version`). It owns argument parsing and output only; certificate logic lives in
+//! `zl_proto::tls`, the admin API in `zl_admin`.
 
+mod admin;
 mod certs;
 
 use std::process::ExitCode;
@@ -22,6 +24,8 @@ enum Command {
     /// Create the cluster CA and node certificates for mutual TLS between tiers.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
+    /// Administer the cluster through an orchestrator: workers, drains, aliases, canaries, keys, quotas, policy.
+    Admin(admin::AdminArgs),
     /// Print the version of this build and of its wire protocol.
     Version,
 }
@@ -31,6 +35,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Certs(cmd) => certs::run(cmd),
+        Command::Admin(args) => admin::run(args),
         Command::Version => {
             println!(
                 "zl {} (wire protocol {}.{})",

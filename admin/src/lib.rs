@@ -1,0 +1,58 @@
+//! zerolayer's operator admin API (`schemas/admin.proto`): gRPC over HTTP/2 with mutual TLS from the cluster CA,
+//! served by every orchestrator and called by `zl admin`. Only certificates issued for the `admin` role may call
+//! it: [`require_admin`] checks every request.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+use zl_proto::message::Role;
+
+/// Generated messages, client and server.
+#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
+pub mod pb {
+    tonic::include_proto!("zerolayer.admin.v1");
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("reading {}", path.display()))
+}
+
+/// The PEM files `zl certs issue` writes for a node: `{dir}/ca.pem`, `{dir}/{role}-{id}.pem` and `.key`.
+fn pems(dir: &Path, role: Role, id: &str) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>)> {
+    let stem = format!("{}-{id}", role.name());
+    Ok((read(&dir.join("ca.pem"))?, read(&dir.join(format!("{stem}.pem")))?, read(&dir.join(format!("{stem}.key")))?))
+}
+
+/// TLS for an orchestrator's admin endpoint: its own certificate, client certificates from the cluster CA required.
+pub fn server_tls(dir: &Path, node_id: &str) -> Result<ServerTlsConfig> {
+    let (ca, cert, key) = pems(dir, Role::Orchestrator, node_id)?;
+    Ok(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)).client_ca_root(Certificate::from_pem(ca)))
+}
+
+/// A channel to an orchestrator's admin endpoint, presenting the admin certificate `admin-{id}` from `dir`.
+pub async fn connect(addr: SocketAddr, dir: &Path, admin_id: &str) -> Result<Channel> {
+    let (ca, cert, key) = pems(dir, Role::Admin, admin_id)?;
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .identity(Identity::from_pem(cert, key))
+        .domain_name(zl_proto::tls::role_name(Role::Orchestrator));
+    Endpoint::from_shared(format!("https://{addr}"))?
+        .tls_config(tls)?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(10))
+        .connect()
+        .await
+        .with_context(|| format!("connecting to the admin API at {addr}"))
+}
+
+/// Refuse a request whose client certificate was not issued for the `admin` role.
+#[allow(clippy::result_large_err)]
+pub fn require_admin<T>(request: &tonic::Request<T>) -> Result<(), tonic::Status> {
+    let certs =
+        request.peer_certs().ok_or_else(|| tonic::Status::unauthenticated("a client certificate is required"))?;
+    let cert = certs.first().ok_or_else(|| tonic::Status::unauthenticated("a client certificate is required"))?;
+    zl_proto::tls::check_role(cert, Role::Admin)
+        .map_err(|e| tonic::Status::permission_denied(format!("only admin certificates may administer: {e}")))
+}

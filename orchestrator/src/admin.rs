@@ -1,0 +1,224 @@
+//! The operator admin API (`schemas/admin.proto`) on an orchestrator: reads come from the local state and load
+//! view; writes become routing-state commands through [`Orchestrator::commit`]. Every call must present an admin
+//! certificate from the cluster CA.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tonic::{Request, Response, Status};
+use zl_admin::pb;
+use zl_admin::require_admin;
+use zl_common::billing::BillingWeights;
+use zl_proto::message::{ComputePool, NodeId};
+
+use crate::service::Orchestrator;
+use crate::state::{ApiKey, Command, CommandError, PoolThresholds, Quota, secret_sha256};
+
+/// The admin service of one orchestrator.
+#[derive(Debug, Clone)]
+pub struct AdminService {
+    node: Arc<Orchestrator>,
+}
+
+impl AdminService {
+    /// Administer this node.
+    pub fn new(node: Arc<Orchestrator>) -> Self {
+        AdminService { node }
+    }
+
+    /// The tonic server for this service.
+    pub fn into_server(self) -> pb::admin_server::AdminServer<AdminService> {
+        pb::admin_server::AdminServer::new(self)
+    }
+
+    fn write(&self, cmd: Command) -> Result<Response<pb::WriteResponse>, Status> {
+        tracing::info!(command = cmd.kind(), "admin write");
+        let applied_index = self.node.commit(&cmd).map_err(status)?;
+        Ok(Response::new(pb::WriteResponse { applied_index }))
+    }
+}
+
+fn status(e: CommandError) -> Status {
+    match e {
+        CommandError::NotFound(_) => Status::not_found(e.to_string()),
+        CommandError::Exists(_) => Status::already_exists(e.to_string()),
+        CommandError::Invalid { .. } => Status::invalid_argument(e.to_string()),
+        CommandError::Limit(_) => Status::resource_exhausted(e.to_string()),
+    }
+}
+
+fn node_id(id: &str) -> Result<NodeId, Status> {
+    NodeId::new(id.to_owned()).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+fn optional(s: String) -> Option<String> {
+    if s.is_empty() { None } else { Some(s) }
+}
+
+/// A pool by name; empty is none.
+pub fn parse_pool(name: &str) -> Result<Option<ComputePool>, String> {
+    match name {
+        "" => Ok(None),
+        "gpu" => Ok(Some(ComputePool::Gpu)),
+        "hybrid" => Ok(Some(ComputePool::Hybrid)),
+        "cpu" => Ok(Some(ComputePool::Cpu)),
+        other => Err(format!("unknown pool {other:?}: use gpu, hybrid or cpu")),
+    }
+}
+
+/// A fresh API key secret: `zl-` and 32 random bytes in hex.
+pub fn generate_secret() -> Result<String, Status> {
+    let mut bytes = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+        .map_err(|_| Status::internal("no randomness available"))?;
+    Ok(format!("zl-{}", crate::state::hex(&bytes)))
+}
+
+#[tonic::async_trait]
+impl pb::admin_server::Admin for AdminService {
+    async fn list_workers(
+        &self,
+        req: Request<pb::ListWorkersRequest>,
+    ) -> Result<Response<pb::ListWorkersResponse>, Status> {
+        require_admin(&req)?;
+        let now = Instant::now();
+        let workers = self
+            .node
+            .worker_views(now)
+            .into_iter()
+            .map(|v| pb::Worker {
+                id: v.entry.spec.id.to_string(),
+                endpoint: v.entry.spec.endpoint.clone(),
+                device_class: v.entry.spec.device_class.name().into(),
+                models: v
+                    .entry
+                    .spec
+                    .models
+                    .iter()
+                    .map(|m| pb::WorkerModel {
+                        id: m.id.clone(),
+                        weights_sha256: m.weights_sha256.clone(),
+                        context_length: m.context_length,
+                        family: m.family.clone(),
+                    })
+                    .collect(),
+                draining: v.entry.draining,
+                healthy: v.healthy,
+                load: v.load.map(|(l, age)| pb::WorkerLoad {
+                    queue_depth: l.queue_depth,
+                    running_sequences: l.running_sequences,
+                    kv_blocks_used: l.kv_blocks_used,
+                    kv_blocks_free: l.kv_blocks_free,
+                    fragmentation_ratio: l.fragmentation_ratio,
+                    tokens_per_second: l.tokens_per_second,
+                    report_age_ms: age.as_millis() as u64,
+                }),
+                max_running_sequences: v.entry.spec.max_running_sequences,
+                kv_blocks_total: v.entry.spec.kv_blocks_total,
+            })
+            .collect();
+        Ok(Response::new(pb::ListWorkersResponse { workers }))
+    }
+
+    async fn set_drain(&self, req: Request<pb::SetDrainRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        self.write(Command::SetDrain { id: node_id(&r.worker_id)?, draining: r.draining })
+    }
+
+    async fn set_alias(&self, req: Request<pb::SetAliasRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        self.write(Command::SetAlias { alias: r.alias, target: optional(r.target) })
+    }
+
+    async fn pin_version(&self, req: Request<pb::PinVersionRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        self.write(Command::PinVersion { model: r.model, weights_sha256: optional(r.weights_sha256) })
+    }
+
+    async fn set_canary(&self, req: Request<pb::SetCanaryRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        let weights: BTreeMap<String, u32> = r.weights.into_iter().collect();
+        self.write(Command::SetCanary { model: r.model, weights })
+    }
+
+    async fn set_fallback(&self, req: Request<pb::SetFallbackRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        self.write(Command::SetFallback { model: r.model, chain: r.chain })
+    }
+
+    async fn pin_pool(&self, req: Request<pb::PinPoolRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        let pool = parse_pool(&r.pool).map_err(Status::invalid_argument)?;
+        self.write(Command::PinPool { model: r.model, pool })
+    }
+
+    async fn set_project(&self, req: Request<pb::SetProjectRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        let q = r.quota.unwrap_or_default();
+        let quota = Quota {
+            requests_per_minute: q.requests_per_minute,
+            tokens_per_minute: q.tokens_per_minute,
+            max_concurrent: q.max_concurrent,
+        };
+        self.write(Command::SetProject { name: r.name, quota })
+    }
+
+    async fn create_key(&self, req: Request<pb::CreateKeyRequest>) -> Result<Response<pb::CreateKeyResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        let secret = if r.secret.is_empty() { generate_secret()? } else { r.secret };
+        if secret.len() < 16 || secret.len() > 256 || secret.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(Status::invalid_argument("a key secret must be 16 to 256 printable characters"));
+        }
+        let key = ApiKey { key_id: r.key_id, secret_sha256: secret_sha256(&secret), project: r.project };
+        tracing::info!(key_id = %key.key_id, project = %key.project, "admin write: create_key");
+        let applied_index = self.node.commit(&Command::CreateKey(key)).map_err(status)?;
+        Ok(Response::new(pb::CreateKeyResponse { applied_index, secret }))
+    }
+
+    async fn revoke_key(&self, req: Request<pb::RevokeKeyRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        self.write(Command::RevokeKey { key_id: req.into_inner().key_id })
+    }
+
+    async fn list_keys(&self, req: Request<pb::ListKeysRequest>) -> Result<Response<pb::ListKeysResponse>, Status> {
+        require_admin(&req)?;
+        let keys = self.node.with_state(|s| {
+            s.keys().values().map(|k| pb::KeyInfo { key_id: k.key_id.clone(), project: k.project.clone() }).collect()
+        });
+        Ok(Response::new(pb::ListKeysResponse { keys }))
+    }
+
+    async fn set_billing_weights(
+        &self,
+        req: Request<pb::SetBillingWeightsRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        self.write(Command::SetBillingWeights(BillingWeights { input: r.input, output: r.output, context: r.context }))
+    }
+
+    async fn set_pool_thresholds(
+        &self,
+        req: Request<pb::SetPoolThresholdsRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        self.write(Command::SetPoolThresholds(PoolThresholds { gpu: r.gpu, hybrid: r.hybrid }))
+    }
+
+    async fn get_state(&self, req: Request<pb::GetStateRequest>) -> Result<Response<pb::GetStateResponse>, Status> {
+        require_admin(&req)?;
+        let (applied_index, bytes) = self.node.with_state(|s| (s.applied_index(), s.snapshot()));
+        let state_json = String::from_utf8(bytes).map_err(|_| Status::internal("state is not UTF-8"))?;
+        Ok(Response::new(pb::GetStateResponse { applied_index, state_json }))
+    }
+}

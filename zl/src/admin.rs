@@ -1,0 +1,301 @@
+//! `zl admin`: the operator admin API of an orchestrator (`schemas/admin.proto`), over gRPC with the admin's
+//! certificate from the cluster CA.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand};
+use zl_admin::pb;
+use zl_admin::pb::admin_client::AdminClient;
+
+/// Where and as whom.
+#[derive(Args, Debug)]
+pub(crate) struct AdminArgs {
+    /// An orchestrator's admin API address (its `--admin-listen`).
+    #[arg(long, env = "ZL_ADMIN_ADDR", default_value = "127.0.0.1:7001", global = true)]
+    orchestrator: SocketAddr,
+    /// Directory with `ca.pem` and `admin-{node-id}.pem`/`.key` (`zl certs issue --role admin`).
+    #[arg(long, env = "ZL_TLS_DIR", global = true)]
+    tls_dir: Option<PathBuf>,
+    /// The admin certificate's node id.
+    #[arg(long, env = "ZL_ADMIN_ID", default_value = "admin", global = true)]
+    node_id: String,
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum AdminCommand {
+    /// List registered workers with their health, models and load.
+    Workers,
+    /// Stop routing new requests to a worker (running ones finish).
+    Drain {
+        /// Worker id.
+        worker: String,
+    },
+    /// Route to a drained worker again.
+    Undrain {
+        /// Worker id.
+        worker: String,
+    },
+    /// Point an alias at a model (no target removes the alias).
+    Alias {
+        /// The alias.
+        alias: String,
+        /// Model id or alias.
+        target: Option<String>,
+    },
+    /// Serve a model only at one weights version (no sha256 unpins).
+    PinVersion {
+        /// Model id.
+        model: String,
+        /// Weights SHA-256, lowercase hex.
+        sha256: Option<String>,
+    },
+    /// Split a model's traffic between weights versions: SHA256=WEIGHT ... (none clears the split).
+    Canary {
+        /// Model id.
+        model: String,
+        /// SHA256=WEIGHT pairs.
+        weights: Vec<String>,
+    },
+    /// Models to try, in order, when a model has no capacity (none clears the chain).
+    Fallback {
+        /// Model id.
+        model: String,
+        /// Fallback models.
+        chain: Vec<String>,
+    },
+    /// Serve a model only from one pool: gpu, hybrid or cpu (none unpins).
+    PinPool {
+        /// Model id.
+        model: String,
+        /// The pool.
+        pool: Option<String>,
+    },
+    /// Create or update a project and its quota (0 is unlimited).
+    Project {
+        /// Project name.
+        name: String,
+        /// Requests per minute.
+        #[arg(long, default_value_t = 0)]
+        rpm: u32,
+        /// Tokens per minute.
+        #[arg(long, default_value_t = 0)]
+        tpm: u32,
+        /// Requests in flight.
+        #[arg(long, default_value_t = 0)]
+        concurrent: u32,
+    },
+    /// API keys.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+    /// Set the billing-unit weights, each in [0, 1].
+    BillingWeights {
+        /// Weight of the input's semantic weight.
+        #[arg(long)]
+        input: f32,
+        /// Weight of the output's action score.
+        #[arg(long)]
+        output: f32,
+        /// Weight of the context retention ratio.
+        #[arg(long)]
+        context: f32,
+    },
+    /// Set the compute-pool thresholds on predicted cost: 0 <= hybrid <= gpu <= 1.
+    PoolThresholds {
+        /// Cost at or above which requests go to the gpu pool.
+        #[arg(long)]
+        gpu: f32,
+        /// Cost at or above which (below gpu) requests go to the hybrid pool.
+        #[arg(long)]
+        hybrid: f32,
+    },
+    /// Print the whole routing state as JSON.
+    State,
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum KeysCommand {
+    /// List key ids and their projects.
+    List,
+    /// Create a key; prints the secret once.
+    Create {
+        /// Key id (public).
+        key_id: String,
+        /// Project the key bills to (must exist: `zl admin project NAME`).
+        #[arg(long)]
+        project: String,
+        /// Use this secret instead of generating one.
+        #[arg(long, env = "ZL_NEW_KEY_SECRET")]
+        secret: Option<String>,
+    },
+    /// Revoke a key.
+    Revoke {
+        /// Key id.
+        key_id: String,
+    },
+}
+
+fn written(what: &str, r: pb::WriteResponse) {
+    println!("{what} (applied at index {})", r.applied_index);
+}
+
+async fn run_async(args: AdminArgs) -> Result<()> {
+    let dir = args.tls_dir.context("--tls-dir (or ZL_TLS_DIR) is required: the admin certificate lives there")?;
+    let channel = zl_admin::connect(args.orchestrator, &dir, &args.node_id).await?;
+    let mut c = AdminClient::new(channel);
+    let call = |e: tonic::Status| anyhow::anyhow!("{}: {}", e.code(), e.message());
+    match args.command {
+        AdminCommand::Workers => {
+            let workers = c.list_workers(pb::ListWorkersRequest {}).await.map_err(call)?.into_inner().workers;
+            println!(
+                "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>11} {:>8}  models",
+                "WORKER", "ENDPOINT", "POOL", "STATE", "QUEUE", "RUNNING", "KV USED", "TOK/S"
+            );
+            for w in workers {
+                let state = if w.draining {
+                    "draining"
+                } else if w.healthy {
+                    "healthy"
+                } else {
+                    "silent"
+                };
+                let (queue, running, kv, tps) =
+                    w.load.as_ref().map_or(("-".into(), "-".into(), "-".into(), "-".into()), |l| {
+                        (
+                            l.queue_depth.to_string(),
+                            format!("{}/{}", l.running_sequences, w.max_running_sequences),
+                            format!("{}/{}", l.kv_blocks_used, l.kv_blocks_used + l.kv_blocks_free),
+                            format!("{:.1}", l.tokens_per_second),
+                        )
+                    });
+                let models: Vec<String> = w
+                    .models
+                    .iter()
+                    .map(|m| format!("{}@{}", m.id, &m.weights_sha256[..12.min(m.weights_sha256.len())]))
+                    .collect();
+                println!(
+                    "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>11} {:>8}  {}",
+                    w.id,
+                    w.endpoint,
+                    w.device_class,
+                    state,
+                    queue,
+                    running,
+                    kv,
+                    tps,
+                    models.join(", ")
+                );
+            }
+        }
+        AdminCommand::Drain { worker } => written(
+            &format!("draining {worker}"),
+            c.set_drain(pb::SetDrainRequest { worker_id: worker.clone(), draining: true })
+                .await
+                .map_err(call)?
+                .into_inner(),
+        ),
+        AdminCommand::Undrain { worker } => written(
+            &format!("routing to {worker} again"),
+            c.set_drain(pb::SetDrainRequest { worker_id: worker.clone(), draining: false })
+                .await
+                .map_err(call)?
+                .into_inner(),
+        ),
+        AdminCommand::Alias { alias, target } => written(
+            &format!("alias {alias} -> {}", target.as_deref().unwrap_or("(removed)")),
+            c.set_alias(pb::SetAliasRequest { alias: alias.clone(), target: target.clone().unwrap_or_default() })
+                .await
+                .map_err(call)?
+                .into_inner(),
+        ),
+        AdminCommand::PinVersion { model, sha256 } => written(
+            &format!("{model} pinned to {}", sha256.as_deref().unwrap_or("(any version)")),
+            c.pin_version(pb::PinVersionRequest {
+                model: model.clone(),
+                weights_sha256: sha256.clone().unwrap_or_default(),
+            })
+            .await
+            .map_err(call)?
+            .into_inner(),
+        ),
+        AdminCommand::Canary { model, weights } => {
+            let mut map = std::collections::HashMap::new();
+            for pair in &weights {
+                let Some((sha, w)) = pair.split_once('=') else { bail!("{pair:?}: expected SHA256=WEIGHT") };
+                let w: u32 = w.parse().with_context(|| format!("{pair:?}: the weight must be a whole number"))?;
+                map.insert(sha.to_owned(), w);
+            }
+            written(
+                &format!("canary split for {model} set"),
+                c.set_canary(pb::SetCanaryRequest { model, weights: map }).await.map_err(call)?.into_inner(),
+            );
+        }
+        AdminCommand::Fallback { model, chain } => written(
+            &format!("fallback chain for {model} set"),
+            c.set_fallback(pb::SetFallbackRequest { model, chain }).await.map_err(call)?.into_inner(),
+        ),
+        AdminCommand::PinPool { model, pool } => written(
+            &format!("{model} pinned to pool {}", pool.as_deref().unwrap_or("(any)")),
+            c.pin_pool(pb::PinPoolRequest { model: model.clone(), pool: pool.clone().unwrap_or_default() })
+                .await
+                .map_err(call)?
+                .into_inner(),
+        ),
+        AdminCommand::Project { name, rpm, tpm, concurrent } => written(
+            &format!("project {name} set"),
+            c.set_project(pb::SetProjectRequest {
+                name: name.clone(),
+                quota: Some(pb::Quota { requests_per_minute: rpm, tokens_per_minute: tpm, max_concurrent: concurrent }),
+            })
+            .await
+            .map_err(call)?
+            .into_inner(),
+        ),
+        AdminCommand::Keys(KeysCommand::List) => {
+            for k in c.list_keys(pb::ListKeysRequest {}).await.map_err(call)?.into_inner().keys {
+                println!("{}\t{}", k.key_id, k.project);
+            }
+        }
+        AdminCommand::Keys(KeysCommand::Create { key_id, project, secret }) => {
+            let r = c
+                .create_key(pb::CreateKeyRequest {
+                    key_id: key_id.clone(),
+                    project,
+                    secret: secret.unwrap_or_default(),
+                })
+                .await
+                .map_err(call)?
+                .into_inner();
+            eprintln!("key {key_id} created (applied at index {}); its secret, shown once:", r.applied_index);
+            println!("{}", r.secret);
+        }
+        AdminCommand::Keys(KeysCommand::Revoke { key_id }) => written(
+            &format!("key {key_id} revoked"),
+            c.revoke_key(pb::RevokeKeyRequest { key_id: key_id.clone() }).await.map_err(call)?.into_inner(),
+        ),
+        AdminCommand::BillingWeights { input, output, context } => written(
+            "billing weights set",
+            c.set_billing_weights(pb::SetBillingWeightsRequest { input, output, context })
+                .await
+                .map_err(call)?
+                .into_inner(),
+        ),
+        AdminCommand::PoolThresholds { gpu, hybrid } => written(
+            "pool thresholds set",
+            c.set_pool_thresholds(pb::SetPoolThresholdsRequest { gpu, hybrid }).await.map_err(call)?.into_inner(),
+        ),
+        AdminCommand::State => {
+            let r = c.get_state(pb::GetStateRequest {}).await.map_err(call)?.into_inner();
+            println!("{}", r.state_json);
+        }
+    }
+    Ok(())
+}
+
+/// Run one admin command.
+pub(crate) fn run(args: AdminArgs) -> Result<()> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build()?.block_on(run_async(args))
+}
