@@ -10,13 +10,12 @@ use zl_e2e::bin;
 #[test]
 fn example_configs_are_valid() {
     let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("docs");
-    for (binary, file) in [("zl-worker", "zl-worker.example.toml"), ("zl-orchestrator", "zl-orchestrator.example.toml")] {
+    for (binary, file) in [("zl-worker", "zl-worker.example.toml"), ("zl-orchestrator", "zl-orchestrator.example.toml")]
+    {
         let path = docs.join(file);
         // `--help` stops after parsing: the file's settings have been expanded into flags and validated by then.
-        let out = Command::new(bin(binary))
-            .args(["serve", "--config", path.to_str().unwrap(), "--help"])
-            .output()
-            .unwrap();
+        let out =
+            Command::new(bin(binary)).args(["serve", "--config", path.to_str().unwrap(), "--help"]).output().unwrap();
         assert!(
             out.status.success(),
             "{binary} rejects {file}: {}{}",
@@ -26,7 +25,8 @@ fn example_configs_are_valid() {
         // And a bad key is caught, so the check above is not vacuous.
         let bad = std::env::temp_dir().join(format!("zl-bad-{}-{binary}.toml", std::process::id()));
         std::fs::write(&bad, "no-such-setting = 1\n").unwrap();
-        let out = Command::new(bin(binary)).args(["serve", "--config", bad.to_str().unwrap(), "--help"]).output().unwrap();
+        let out =
+            Command::new(bin(binary)).args(["serve", "--config", bad.to_str().unwrap(), "--help"]).output().unwrap();
         std::fs::remove_file(&bad).unwrap();
         assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unknown setting"));
     }

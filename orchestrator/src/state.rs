@@ -598,7 +598,7 @@ pub fn secret_sha256(secret: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn sha(n: u8) -> String {
@@ -608,7 +608,7 @@ mod tests {
     pub(crate) fn spec(id: &str, model: &str, version: u8) -> WorkerSpec {
         WorkerSpec {
             id: NodeId::new(id).unwrap(),
-            endpoint: format!("{id}.local:7100"),
+            endpoint: format!("{id}:7100"),
             device_class: ComputePool::Cpu,
             models: vec![ModelVersion {
                 id: model.into(),

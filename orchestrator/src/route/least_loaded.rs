@@ -4,7 +4,7 @@
 
 use zl_proto::message::RouteRequest;
 
-use super::{Candidate, Pick, Policy};
+use super::{Candidate, Pick, Policy, lowest};
 
 /// The least-loaded policy.
 #[derive(Clone, Copy, Debug, Default)]
@@ -25,15 +25,7 @@ impl Policy for LeastLoaded {
     }
 
     fn pick(&self, _request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick {
-        let mut best = 0;
-        let mut best_score = f64::INFINITY;
-        for (i, c) in candidates.iter().enumerate() {
-            let s = load_score(c);
-            if s < best_score {
-                best = i;
-                best_score = s;
-            }
-        }
+        let (best, best_score) = lowest(candidates, load_score);
         let c = &candidates[best];
         Pick {
             index: best,

@@ -64,6 +64,18 @@ pub trait Policy: Send + Sync {
     fn pick(&self, request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick;
 }
 
+/// The candidate with the lowest score, and that score; ties go to the earlier (lower worker id) candidate.
+pub(crate) fn lowest(candidates: &[Candidate<'_>], score: impl Fn(&Candidate<'_>) -> f64) -> (usize, f64) {
+    let mut best = (0, f64::INFINITY);
+    for (i, c) in candidates.iter().enumerate() {
+        let s = score(c);
+        if s < best.1 {
+            best = (i, s);
+        }
+    }
+    best
+}
+
 /// The policies by name: `least-loaded`, `prefix-aware`, `session-affinity`, `round-robin`.
 pub fn policy_by_name(name: &str) -> Option<Box<dyn Policy>> {
     Some(match name {

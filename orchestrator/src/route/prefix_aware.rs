@@ -14,7 +14,7 @@
 
 use zl_proto::message::RouteRequest;
 
-use super::{Candidate, Pick, Policy};
+use super::{Candidate, Pick, Policy, lowest};
 
 /// The prefix-aware policy.
 #[derive(Clone, Copy, Debug)]
@@ -47,15 +47,7 @@ impl Policy for PrefixAware {
 
     fn pick(&self, request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick {
         let blocks = request.block_hashes.len();
-        let mut best = 0;
-        let mut best_cost = f64::INFINITY;
-        for (i, c) in candidates.iter().enumerate() {
-            let cost = self.cost(c, blocks);
-            if cost < best_cost {
-                best = i;
-                best_cost = cost;
-            }
-        }
+        let (best, best_cost) = lowest(candidates, |c| self.cost(c, blocks));
         let c = &candidates[best];
         Pick {
             index: best,

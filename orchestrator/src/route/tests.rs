@@ -5,7 +5,7 @@ use zl_proto::message::{ComputePool, KvCacheEvents, LoadReport, NodeId, RouteHin
 
 use super::*;
 use crate::load::{LoadSettings, LoadView};
-use crate::state::{Command, ModelVersion, RoutingState, WorkerSpec, hex};
+use crate::state::{Command, RoutingState, WorkerSpec, hex};
 
 fn id(s: &str) -> NodeId {
     NodeId::new(s).unwrap()
@@ -40,20 +40,12 @@ impl World {
     }
 
     fn worker(&mut self, name: &str, model: &str, version: u8, pool: ComputePool) {
-        self.apply(Command::RegisterWorker(WorkerSpec {
-            id: id(name),
-            endpoint: format!("{name}:7100"),
+        let spec = WorkerSpec {
             device_class: pool,
-            models: vec![ModelVersion {
-                id: model.into(),
-                weights_sha256: sha(version),
-                context_length: 8192,
-                family: "llama".into(),
-            }],
-            kv_block_size: 16,
-            kv_blocks_total: 1000,
             max_running_sequences: 8,
-        }));
+            ..crate::state::tests::spec(name, model, version)
+        };
+        self.apply(Command::RegisterWorker(spec));
         self.report(name, 0, 0);
     }
 
