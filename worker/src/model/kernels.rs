@@ -441,7 +441,7 @@ mod simd {
     use super::{AttentionShape, QK, QuantizedRows, Weight, XBlock};
     use std::arch::x86_64::*;
 
-    /// Whether this CPU runs the SIMD kernel.
+    /// Whether this CPU runs the SIMD kernels (AVX2, FMA, and F16C for the f16 KV cache).
     pub(super) fn available() -> bool {
         std::arch::is_x86_feature_detected!("avx2")
             && std::arch::is_x86_feature_detected!("fma")
@@ -449,7 +449,7 @@ mod simd {
     }
 
     pub(super) fn run<T>(f: impl FnOnce() -> T) -> T {
-        // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
+        // SAFETY: the caller checked `available()`, so the CPU has AVX2, FMA and F16C.
         unsafe { run_avx2(f) }
     }
 
@@ -466,7 +466,7 @@ mod simd {
         shape: AttentionShape,
         out: &mut [f32],
     ) {
-        // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
+        // SAFETY: the caller checked `available()`, so the CPU has AVX2, FMA and F16C.
         unsafe { attention_avx2(q, slots, keys, values, shape, out) }
     }
 
@@ -543,7 +543,7 @@ mod simd {
     }
 
     pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
-        // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
+        // SAFETY: the caller checked `available()`, so the CPU has AVX2, FMA and F16C.
         unsafe { quantize_group_avx2(x, cols, blocks, sums) }
     }
 
@@ -553,7 +553,7 @@ mod simd {
     }
 
     pub(super) fn columns_int8(weight: &Weight, xq: &QuantizedRows, n: usize, c0: usize, c1: usize) -> Vec<f32> {
-        // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
+        // SAFETY: the caller checked `available()`, so the CPU has AVX2, FMA and F16C.
         unsafe { columns_avx2(weight, xq, n, c0, c1) }
     }
 
