@@ -8,9 +8,11 @@
 //!   size, the row's place in the batch, or the thread that runs it; so a sequence gets bit-identical logits alone
 //!   or batched, which makes seeded sampling reproducible and the response cache safe.
 //!
-//! Quantized weights stay quantized in memory (GGUF Q4_1 and Q8_0, the formats of the bundled model) and are
-//! dequantized one block of 32 at a time inside the kernel, against f32 activations. Other formats are dequantized
-//! to f32 at load.
+//! Quantized weights stay quantized in memory (GGUF Q4_1 and Q8_0, the formats of the bundled model). Each
+//! activation row is quantized per block of 32 to int8 on its own, and every block product is an exact integer
+//! dot product, scaled and accumulated in a fixed order (AVX2 where the CPU has it, portable code otherwise, the
+//! same bits either way). Other formats are dequantized to f32 at load and use the f32 kernel. Attention over the
+//! f16 KV cache and the `exp` the model needs live here too, under the same rules.
 
 use half::f16;
 use rayon::prelude::*;
@@ -83,17 +85,30 @@ fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }
 
+/// Check that `raw` holds exactly the `rows x cols` blocks of a block format of `block_bytes` bytes per 32
+/// values; returns the number of blocks.
+fn check_blocks(
+    format: &'static str,
+    rows: usize,
+    cols: usize,
+    raw: &[u8],
+    block_bytes: usize,
+) -> Result<usize, WeightError> {
+    let err = |problem: String| WeightError { format, rows, cols, problem };
+    if cols % QK != 0 {
+        return Err(err("input features are not a multiple of 32".into()));
+    }
+    let blocks = rows * cols / QK;
+    if raw.len() != blocks * block_bytes {
+        return Err(err(format!("{} bytes, expected {}", raw.len(), blocks * block_bytes)));
+    }
+    Ok(blocks)
+}
+
 impl Weight {
     /// Parse raw GGUF Q4_1 blocks (20 bytes each: f16 d, f16 m, 16 bytes of nibbles).
     pub fn from_q4_1(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
-        let err = |problem: String| WeightError { format: "Q4_1", rows, cols, problem };
-        if cols % QK != 0 {
-            return Err(err("input features are not a multiple of 32".into()));
-        }
-        let blocks = rows * cols / QK;
-        if raw.len() != blocks * 20 {
-            return Err(err(format!("{} bytes, expected {}", raw.len(), blocks * 20)));
-        }
+        let blocks = check_blocks("Q4_1", rows, cols, raw, 20)?;
         let (bpr, padded) = (cols / QK, padded_blocks(cols));
         let mut d = Vec::with_capacity(blocks);
         let mut m = vec![0f32; rows * padded];
@@ -108,14 +123,7 @@ impl Weight {
 
     /// Parse raw GGUF Q8_0 blocks (34 bytes each: f16 d, 32 signed bytes).
     pub fn from_q8_0(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
-        let err = |problem: String| WeightError { format: "Q8_0", rows, cols, problem };
-        if cols % QK != 0 {
-            return Err(err("input features are not a multiple of 32".into()));
-        }
-        let blocks = rows * cols / QK;
-        if raw.len() != blocks * 34 {
-            return Err(err(format!("{} bytes, expected {}", raw.len(), blocks * 34)));
-        }
+        let blocks = check_blocks("Q8_0", rows, cols, raw, 34)?;
         let mut d = Vec::with_capacity(blocks);
         let mut qs = Vec::with_capacity(blocks * QK);
         for block in raw.chunks_exact(34) {
@@ -328,7 +336,7 @@ impl QuantizedRows {
     }
 }
 
-/// Output columns `c0..c1` for all `n` rows, column-major. Quantized weights run the integer kernel (AVX2 with FMA
+/// Output columns `c0..c1` for all `n` rows, row-major. Quantized weights run the integer kernel (AVX2 with FMA
 /// where the CPU has it, portable code otherwise: both compute the same exact integer lane sums and the same fused
 /// multiply-adds in the same order, so results are identical on every machine); f32 weights run the f32 kernel.
 fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, n: usize, c0: usize, c1: usize) -> Vec<f32> {
@@ -434,7 +442,9 @@ fn columns_f32(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Ve
     vals
 }
 
-/// The AVX2 integer kernel. Nothing else in the worker needs `unsafe`: only the unaligned loads here do.
+/// The AVX2 code: the integer kernel, attention over the f16 KV cache and activation quantization. Nothing else
+/// in the worker needs `unsafe`: only the unaligned loads and stores here, and entering `#[target_feature]`
+/// functions once `available()` has checked the CPU, do.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod simd {
