@@ -10,9 +10,9 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 
 use super::kernels::Weight;
-use super::llama::{Layer, Llama, LlamaConfig};
+use super::llama::{Llama, LlamaConfig};
 use super::tokenizer::{GgufVocab, TextTokenizer};
-use super::{LoadError, LoadedModel};
+use super::{LayerNames, LoadError, LoadedModel, TensorSource, load_layers};
 
 fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value, LoadError> {
     content.metadata.get(key).ok_or_else(|| LoadError::Format(format!("GGUF metadata {key} is missing")))
@@ -81,14 +81,23 @@ impl Reader<'_> {
         self.content.tensor(&mut self.file, name, &Device::Cpu).map_err(|e| LoadError::Format(format!("{name}: {e}")))
     }
 
+    /// All of a tensor's values as f32, whatever its GGUF type.
+    fn dequantized(t: &QTensor, name: &str) -> Result<Vec<f32>, LoadError> {
+        t.dequantize(&Device::Cpu)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .map_err(|e| LoadError::Format(format!("{name}: {e}")))
+    }
+}
+
+impl TensorSource for Reader<'_> {
     fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
 
     fn vector(&mut self, name: &str) -> Result<Vec<f32>, LoadError> {
         let t = self.tensor(name)?;
-        let deq = t.dequantize(&Device::Cpu).map_err(|e| LoadError::Format(format!("{name}: {e}")))?;
-        deq.flatten_all().and_then(|t| t.to_vec1::<f32>()).map_err(|e| LoadError::Format(format!("{name}: {e}")))
+        Self::dequantized(&t, name)
     }
 
     fn weight(&mut self, name: &str) -> Result<Weight, LoadError> {
@@ -102,14 +111,7 @@ impl Reader<'_> {
         match t.dtype() {
             GgmlDType::Q4_1 => Weight::from_q4_1(rows, cols, &data()?).map_err(bad),
             GgmlDType::Q8_0 => Weight::from_q8_0(rows, cols, &data()?).map_err(bad),
-            _ => {
-                let deq = t.dequantize(&Device::Cpu).map_err(|e| LoadError::Format(format!("{name}: {e}")))?;
-                let values = deq
-                    .flatten_all()
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .map_err(|e| LoadError::Format(format!("{name}: {e}")))?;
-                Weight::from_f32(rows, cols, values).map_err(bad)
-            }
+            _ => Weight::from_f32(rows, cols, Self::dequantized(&t, name)?).map_err(bad),
         }
     }
 }
@@ -144,27 +146,20 @@ pub fn load(path: &Path) -> Result<LoadedModel, LoadError> {
     cfg.validate().map_err(LoadError::Format)?;
     let mut r = Reader { content: &content, file };
     let embed = r.weight("token_embd.weight")?;
-    let mut layers = Vec::with_capacity(cfg.layers);
-    for i in 0..cfg.layers {
-        let p = |s: &str| format!("blk.{i}.{s}");
-        let qkv_bias = if r.has(&p("attn_q.bias")) {
-            Some((r.vector(&p("attn_q.bias"))?, r.vector(&p("attn_k.bias"))?, r.vector(&p("attn_v.bias"))?))
-        } else {
-            None
-        };
-        layers.push(Layer {
-            attn_norm: r.vector(&p("attn_norm.weight"))?,
-            wq: r.weight(&p("attn_q.weight"))?,
-            wk: r.weight(&p("attn_k.weight"))?,
-            wv: r.weight(&p("attn_v.weight"))?,
-            qkv_bias,
-            wo: r.weight(&p("attn_output.weight"))?,
-            ffn_norm: r.vector(&p("ffn_norm.weight"))?,
-            w_gate: r.weight(&p("ffn_gate.weight"))?,
-            w_up: r.weight(&p("ffn_up.weight"))?,
-            w_down: r.weight(&p("ffn_down.weight"))?,
-        });
-    }
+    let names = LayerNames {
+        prefix: |i| format!("blk.{i}."),
+        attn_norm: "attn_norm.weight",
+        q: "attn_q.weight",
+        k: "attn_k.weight",
+        v: "attn_v.weight",
+        qkv_bias: ["attn_q.bias", "attn_k.bias", "attn_v.bias"],
+        o: "attn_output.weight",
+        ffn_norm: "ffn_norm.weight",
+        gate: "ffn_gate.weight",
+        up: "ffn_up.weight",
+        down: "ffn_down.weight",
+    };
+    let layers = load_layers(&mut r, cfg.layers, &names)?;
     let norm = r.vector("output_norm.weight")?;
     let output = if r.has("output.weight") { Some(r.weight("output.weight")?) } else { None };
     let llama = Llama::new(cfg, embed, layers, norm, output).map_err(LoadError::Format)?;

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 
 use super::kernels::Weight;
-use super::llama::{Layer, Llama, LlamaConfig};
+use super::llama::{Llama, LlamaConfig};
 use super::tokenizer::TextTokenizer;
-use super::{LoadError, LoadedModel};
+use super::{LayerNames, LoadError, LoadedModel, TensorSource, load_layers};
 
 /// The fields of `config.json` this loader reads.
 #[derive(Debug, serde::Deserialize)]
@@ -42,6 +42,12 @@ impl Tensors {
             .and_then(|t| t.flatten_all())
             .and_then(|t| t.to_vec1::<f32>())
             .map_err(|e| LoadError::Format(format!("{name}: {e}")))
+    }
+}
+
+impl TensorSource for Tensors {
+    fn has(&self, name: &str) -> bool {
+        self.0.contains_key(name)
     }
 
     fn vector(&mut self, name: &str) -> Result<Vec<f32>, LoadError> {
@@ -107,37 +113,23 @@ pub fn load(dir: &Path) -> Result<LoadedModel, LoadError> {
     }
     let mut t = Tensors(all);
     let embed = t.weight("model.embed_tokens.weight")?;
-    let mut layers = Vec::with_capacity(cfg.layers);
-    for i in 0..cfg.layers {
-        let p = |s: &str| format!("model.layers.{i}.{s}");
-        let qkv_bias = if t.0.contains_key(&p("self_attn.q_proj.bias")) {
-            Some((
-                t.vector(&p("self_attn.q_proj.bias"))?,
-                t.vector(&p("self_attn.k_proj.bias"))?,
-                t.vector(&p("self_attn.v_proj.bias"))?,
-            ))
-        } else {
-            None
-        };
-        layers.push(Layer {
-            attn_norm: t.vector(&p("input_layernorm.weight"))?,
-            wq: t.weight(&p("self_attn.q_proj.weight"))?,
-            wk: t.weight(&p("self_attn.k_proj.weight"))?,
-            wv: t.weight(&p("self_attn.v_proj.weight"))?,
-            qkv_bias,
-            wo: t.weight(&p("self_attn.o_proj.weight"))?,
-            ffn_norm: t.vector(&p("post_attention_layernorm.weight"))?,
-            w_gate: t.weight(&p("mlp.gate_proj.weight"))?,
-            w_up: t.weight(&p("mlp.up_proj.weight"))?,
-            w_down: t.weight(&p("mlp.down_proj.weight"))?,
-        });
-    }
-    let norm = t.vector("model.norm.weight")?;
-    let output = if config.tie_word_embeddings && !t.0.contains_key("lm_head.weight") {
-        None
-    } else {
-        Some(t.weight("lm_head.weight")?)
+    let names = LayerNames {
+        prefix: |i| format!("model.layers.{i}."),
+        attn_norm: "input_layernorm.weight",
+        q: "self_attn.q_proj.weight",
+        k: "self_attn.k_proj.weight",
+        v: "self_attn.v_proj.weight",
+        qkv_bias: ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
+        o: "self_attn.o_proj.weight",
+        ffn_norm: "post_attention_layernorm.weight",
+        gate: "mlp.gate_proj.weight",
+        up: "mlp.up_proj.weight",
+        down: "mlp.down_proj.weight",
     };
+    let layers = load_layers(&mut t, cfg.layers, &names)?;
+    let norm = t.vector("model.norm.weight")?;
+    let output =
+        if config.tie_word_embeddings && !t.has("lm_head.weight") { None } else { Some(t.weight("lm_head.weight")?) };
     let llama = Llama::new(cfg, embed, layers, norm, output).map_err(LoadError::Format)?;
     let tokenizer_config = read("tokenizer_config.json").ok();
     let tokenizer = TextTokenizer::from_hf(&read("tokenizer.json")?, tokenizer_config.as_deref())

@@ -6,7 +6,8 @@ pub mod kernels;
 pub mod llama;
 pub mod tokenizer;
 
-use llama::Llama;
+use kernels::Weight;
+use llama::{Layer, Llama};
 use tokenizer::TextTokenizer;
 
 /// A model could not be loaded.
@@ -37,4 +38,60 @@ pub struct LoadedModel {
 /// Load a model: a `.gguf` file, or a Hugging Face directory (config.json, safetensors, tokenizer.json).
 pub fn load(path: &std::path::Path) -> Result<LoadedModel, LoadError> {
     if path.is_dir() { hf::load(path) } else { gguf::load(path) }
+}
+
+/// Where a loader reads named tensors from (a GGUF file, a set of safetensors).
+pub(crate) trait TensorSource {
+    /// Whether the tensor exists.
+    fn has(&self, name: &str) -> bool;
+    /// A 1-D tensor as f32.
+    fn vector(&mut self, name: &str) -> Result<Vec<f32>, LoadError>;
+    /// A matrix, kept quantized where the kernels support its format.
+    fn weight(&mut self, name: &str) -> Result<Weight, LoadError>;
+}
+
+/// The names of a decoder layer's tensors in one file format, after the layer's prefix.
+pub(crate) struct LayerNames {
+    /// Prefix of layer `i`'s tensor names.
+    pub prefix: fn(usize) -> String,
+    pub attn_norm: &'static str,
+    pub q: &'static str,
+    pub k: &'static str,
+    pub v: &'static str,
+    /// Q, K and V biases (Qwen2), loaded when the first exists.
+    pub qkv_bias: [&'static str; 3],
+    pub o: &'static str,
+    pub ffn_norm: &'static str,
+    pub gate: &'static str,
+    pub up: &'static str,
+    pub down: &'static str,
+}
+
+/// Load `count` decoder layers, whatever the format: the same assembly for GGUF and safetensors.
+pub(crate) fn load_layers(
+    src: &mut impl TensorSource,
+    count: usize,
+    names: &LayerNames,
+) -> Result<Vec<Layer>, LoadError> {
+    let mut layers = Vec::with_capacity(count);
+    for i in 0..count {
+        let prefix = (names.prefix)(i);
+        let p = |s: &str| format!("{prefix}{s}");
+        let [bq, bk, bv] = names.qkv_bias;
+        let qkv_bias =
+            if src.has(&p(bq)) { Some((src.vector(&p(bq))?, src.vector(&p(bk))?, src.vector(&p(bv))?)) } else { None };
+        layers.push(Layer {
+            attn_norm: src.vector(&p(names.attn_norm))?,
+            wq: src.weight(&p(names.q))?,
+            wk: src.weight(&p(names.k))?,
+            wv: src.weight(&p(names.v))?,
+            qkv_bias,
+            wo: src.weight(&p(names.o))?,
+            ffn_norm: src.vector(&p(names.ffn_norm))?,
+            w_gate: src.weight(&p(names.gate))?,
+            w_up: src.weight(&p(names.up))?,
+            w_down: src.weight(&p(names.down))?,
+        });
+    }
+    Ok(layers)
 }
