@@ -11,6 +11,20 @@ use anyhow::{Context, Result};
 use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::TlsIdentity;
 
+/// Start a tier binary: install the one TLS crypto provider, log to stderr (filter: `ZL_LOG`), and parse the
+/// command line with the config file of `serve` (if any) layered under flags and `ZL_*` variables.
+pub fn start<C: clap::Parser>() -> Result<C> {
+    zl_proto::tls::install_default_provider();
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG")).init();
+    let argv = config::expand(&C::command(), "serve", std::env::args_os().collect())?;
+    Ok(C::parse_from(argv))
+}
+
+/// Run a tier's async main on a multi-threaded runtime.
+pub fn block_on<T>(main: impl std::future::Future<Output = Result<T>>) -> Result<T> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(main)
+}
+
 /// Load `{dir}/ca.pem` and the node's `{dir}/{role}-{id}.pem` / `.key`, as `zl certs issue` names them.
 pub fn load_identity(dir: &Path, role: Role, id: &str) -> Result<TlsIdentity> {
     let node_id = NodeId::new(id.to_owned()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use zl_orchestrator::admin::AdminService;
 use zl_orchestrator::load::LoadSettings;
 use zl_orchestrator::route::{POLICY_NAMES, policy_by_name};
@@ -126,10 +126,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    zl_proto::tls::install_default_provider();
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG")).init();
-    let argv = zl_node::config::expand(&Cli::command(), "serve", std::env::args_os().collect())?;
-    match Cli::parse_from(argv).command {
-        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(args)),
+    match zl_node::start::<Cli>()?.command {
+        Command::Serve(args) => zl_node::block_on(serve(args)),
     }
 }

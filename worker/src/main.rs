@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, CommandFactory, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use zl_proto::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
 use zl_proto::quic::{Client, Server};
 use zl_worker::discovery::{DirectDiscovery, Discovery, ReportedModel, run_reporter};
@@ -246,17 +246,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    zl_proto::tls::install_default_provider();
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG")).init();
-    let argv = zl_node::config::expand(&Cli::command(), "serve", std::env::args_os().collect())?;
-    let cli = Cli::parse_from(argv);
-    match cli.command {
+    match zl_node::start::<Cli>()?.command {
         Command::FetchDefaultModel => {
             let path = fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("zl-worker: {m}"))?;
             println!("{}", path.display());
             Ok(())
         }
         Command::Bench(args) => bench::run(&args),
-        Command::Serve(args) => tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(serve(args)),
+        Command::Serve(args) => zl_node::block_on(serve(args)),
     }
 }
