@@ -274,6 +274,9 @@ pub struct RoutingState {
     pool_thresholds: PoolThresholds,
     #[serde(skip)]
     index: RouteIndex,
+    /// Key id by secret hash, so verifying a secret is one lookup, not a scan.
+    #[serde(skip)]
+    keys_by_secret: HashMap<String, String>,
 }
 
 impl PartialEq for RoutingState {
@@ -291,6 +294,9 @@ impl RoutingState {
             && matches!(cmd, Command::RegisterWorker(_) | Command::DeregisterWorker { .. } | Command::SetDrain { .. })
         {
             self.rebuild_index();
+        }
+        if result.is_ok() && matches!(cmd, Command::CreateKey(_) | Command::RevokeKey { .. }) {
+            self.rebuild_key_index();
         }
         result
     }
@@ -342,22 +348,15 @@ impl RoutingState {
             }
             Command::PinVersion { model, weights_sha256 } => {
                 check_name("model", model)?;
-                match weights_sha256 {
-                    None => {
-                        self.pins.remove(model);
-                    }
-                    Some(sha) => {
-                        check_sha("weights_sha256", sha)?;
-                        Self::room(&self.pins, model, "pins")?;
-                        self.pins.insert(model.clone(), sha.clone());
-                    }
+                if let Some(sha) = weights_sha256 {
+                    check_sha("weights_sha256", sha)?;
                 }
+                Self::set_rule(&mut self.pins, model, weights_sha256.as_ref(), "pins")?;
             }
             Command::SetCanary { model, weights } => {
                 check_name("model", model)?;
-                if weights.is_empty() {
-                    self.canaries.remove(model);
-                } else {
+                let split = (!weights.is_empty()).then_some(weights);
+                if split.is_some() {
                     if weights.len() > limits::MAX_LIST {
                         return Err(CommandError::Limit("versions in a canary split"));
                     }
@@ -367,15 +366,13 @@ impl RoutingState {
                     if weights.values().all(|&w| w == 0) {
                         return Err(invalid("weights", "at least one weight must be positive"));
                     }
-                    Self::room(&self.canaries, model, "canaries")?;
-                    self.canaries.insert(model.clone(), weights.clone());
                 }
+                Self::set_rule(&mut self.canaries, model, split, "canaries")?;
             }
             Command::SetFallback { model, chain } => {
                 check_name("model", model)?;
-                if chain.is_empty() {
-                    self.fallbacks.remove(model);
-                } else {
+                let fallback = (!chain.is_empty()).then_some(chain);
+                if fallback.is_some() {
                     if chain.len() > limits::MAX_LIST {
                         return Err(CommandError::Limit("fallback chain entries"));
                     }
@@ -385,21 +382,12 @@ impl RoutingState {
                             return Err(invalid("chain", "a model cannot fall back to itself"));
                         }
                     }
-                    Self::room(&self.fallbacks, model, "fallbacks")?;
-                    self.fallbacks.insert(model.clone(), chain.clone());
                 }
+                Self::set_rule(&mut self.fallbacks, model, fallback, "fallbacks")?;
             }
             Command::PinPool { model, pool } => {
                 check_name("model", model)?;
-                match pool {
-                    None => {
-                        self.pool_pins.remove(model);
-                    }
-                    Some(pool) => {
-                        Self::room(&self.pool_pins, model, "pool pins")?;
-                        self.pool_pins.insert(model.clone(), *pool);
-                    }
-                }
+                Self::set_rule(&mut self.pool_pins, model, pool.as_ref(), "pool pins")?;
             }
             Command::CreateKey(key) => {
                 check_name("key_id", &key.key_id)?;
@@ -444,6 +432,25 @@ impl RoutingState {
         Ok(())
     }
 
+    /// Set (within the rule limit) or clear (`None`) a per-model rule.
+    fn set_rule<V: Clone>(
+        map: &mut BTreeMap<String, V>,
+        model: &str,
+        value: Option<&V>,
+        what: &'static str,
+    ) -> Result<(), CommandError> {
+        match value {
+            None => {
+                map.remove(model);
+            }
+            Some(v) => {
+                Self::room(map, model, what)?;
+                map.insert(model.to_owned(), v.clone());
+            }
+        }
+        Ok(())
+    }
+
     fn room<V>(map: &BTreeMap<String, V>, key: &str, what: &'static str) -> Result<(), CommandError> {
         if !map.contains_key(key) && map.len() >= limits::MAX_MODEL_RULES {
             return Err(CommandError::Limit(what));
@@ -483,6 +490,10 @@ impl RoutingState {
         self.index = RouteIndex { generation: crate::load::next_generation(), workers, id_hashes, by_model };
     }
 
+    fn rebuild_key_index(&mut self) {
+        self.keys_by_secret = self.keys.values().map(|k| (k.secret_sha256.clone(), k.key_id.clone())).collect();
+    }
+
     /// The state as bytes: canonical (sorted maps), so equal states give equal snapshots.
     pub fn snapshot(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("the routing state always serializes")
@@ -492,6 +503,7 @@ impl RoutingState {
     pub fn restore(bytes: &[u8]) -> Result<RoutingState, serde_json::Error> {
         let mut state: RoutingState = serde_json::from_slice(bytes)?;
         state.rebuild_index();
+        state.rebuild_key_index();
         Ok(state)
     }
 
@@ -510,7 +522,8 @@ impl RoutingState {
         &self.index
     }
 
-    /// A model name after alias resolution, or `None` when the chain is broken (never, for stored aliases).
+    /// A model name after alias resolution (a served model id wins over an alias of the same name); a name that
+    /// is no alias resolves to itself.
     pub fn resolve_alias<'a>(&'a self, name: &'a str) -> &'a str {
         let mut at = name;
         for _ in 0..limits::MAX_ALIAS_DEPTH {
@@ -557,18 +570,12 @@ impl RoutingState {
         &self.projects
     }
 
-    /// The key whose secret this is, compared in constant time against the stored hash.
+    /// The key whose secret this is. The lookup is by the secret's SHA-256, so its timing depends on the hash,
+    /// which reveals nothing usable about the secret; the stored hash is then compared in constant time.
     pub fn verify_key(&self, secret: &str) -> Option<&ApiKey> {
-        let digest = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
-        let hex = hex(digest.as_ref());
-        // Every key is compared (no early exit), so timing reveals nothing about which, if any, matched.
-        let mut found = None;
-        for key in self.keys.values() {
-            if constant_time_eq(key.secret_sha256.as_bytes(), hex.as_bytes()) {
-                found = Some(key);
-            }
-        }
-        found
+        let hash = secret_sha256(secret);
+        let key = self.keys.get(self.keys_by_secret.get(&hash)?)?;
+        constant_time_eq(key.secret_sha256.as_bytes(), hash.as_bytes()).then_some(key)
     }
 
     /// Billing weights.
@@ -589,7 +596,8 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Lowercase hex of bytes.
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    bytes.iter().flat_map(|b| [DIGITS[usize::from(b >> 4)] as char, DIGITS[usize::from(b & 0x0f)] as char]).collect()
 }
 
 /// SHA-256 of an API key secret, as stored.
@@ -662,9 +670,12 @@ pub(crate) mod tests {
         assert_eq!(a.pool_thresholds(), &PoolThresholds::default(), "the rejected thresholds left no trace");
         assert_eq!(a.verify_key("s3cret").map(|k| k.key_id.as_str()), Some("k1"));
         assert!(a.verify_key("wrong").is_none());
-        let restored = RoutingState::restore(&a.snapshot()).unwrap();
+        let mut restored = RoutingState::restore(&a.snapshot()).unwrap();
         assert_eq!(restored, a);
         assert_eq!(restored.index().by_model["llama"].len(), 1);
+        assert_eq!(restored.verify_key("s3cret").map(|k| k.key_id.as_str()), Some("k1"));
+        restored.apply(13, &Command::RevokeKey { key_id: "k1".into() }).unwrap();
+        assert!(restored.verify_key("s3cret").is_none(), "a revoked key no longer verifies");
     }
 
     #[test]
