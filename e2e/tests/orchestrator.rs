@@ -225,6 +225,7 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
     let (ok, state) = admin(&["state"]);
     assert!(ok && state.contains("\"k1\"") && state.contains("\"default\""), "{state}");
     assert!(!state.contains(&secret), "the state must hold only the secret's hash");
+    assert!(state.contains("\"kv_blocks_total\":") && !state.contains("\"kv_blocks_total\":0"), "{state}");
     // A certificate for any other role is refused, even with the admin's node id.
     let mut all = vec!["admin", "--orchestrator", admin_addr.as_str(), "--tls-dir", d, "--node-id", "ops", "workers"];
     std::fs::copy(dir.path().join("worker-ops.pem"), dir.path().join("admin-ops.pem")).unwrap();

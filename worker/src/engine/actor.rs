@@ -97,7 +97,9 @@ impl EngineHandle {
     /// Start the engine thread for `core`, with a name for diagnostics.
     pub fn spawn(core: EngineCore, name: &str) -> std::io::Result<EngineHandle> {
         let (tx, rx) = mpsc::channel();
-        let published = Arc::new(Mutex::new(Published::default()));
+        // Figures are published from the start (an idle engine blocks before its first step), so a registration
+        // made right after spawning sees the real KV pool size.
+        let published = Arc::new(Mutex::new(Published { stats: core.stats(), ..Published::default() }));
         let pub2 = published.clone();
         let model = name.to_owned();
         std::thread::Builder::new().name(format!("engine-{name}")).spawn(move || run(core, rx, pub2, &model))?;
