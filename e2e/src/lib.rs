@@ -104,3 +104,9 @@ pub fn certs(dir: &std::path::Path, nodes: &[(&str, &str)]) {
         assert!(out.status.success(), "zl certs issue {role} {id} failed: {}", String::from_utf8_lossy(&out.stderr));
     }
 }
+
+/// A QUIC client with the identity `zl certs issue` wrote to `dir` for `role` and node `id`.
+pub fn client(dir: &std::path::Path, role: zl_proto::message::Role, id: &str) -> zl_proto::quic::Client {
+    let identity = zl_node::load_identity(dir, role, id).expect("the test certificates load");
+    zl_proto::quic::Client::new(&identity, zl_proto::quic::RpcSettings::default()).expect("a QUIC client")
+}

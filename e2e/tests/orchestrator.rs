@@ -7,28 +7,14 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use zl_e2e::{Proc, certs, free_tcp, free_udp, gauge, metrics, zl};
-use zl_proto::TlsIdentity;
+use zl_e2e::{Proc, certs, client, free_tcp, free_udp, gauge, metrics, zl};
 use zl_proto::message::{
     ComputePool, ErrorCode, GenerateRequest, LoadReport, Message, NodeId, Prompt, Role, RouteDecision, RouteHint,
     RouteRequest, SamplingParams,
 };
-use zl_proto::quic::{CallError, Client, RpcSettings};
+use zl_proto::quic::{CallError, Client};
 
 const MODEL: &str = "smollm2-135m-instruct";
-
-fn client(dir: &std::path::Path, role: Role, id: &str) -> Client {
-    let stem = format!("{}-{id}", role.name());
-    let identity = TlsIdentity::from_files(
-        &dir.join("ca.pem"),
-        &dir.join(format!("{stem}.pem")),
-        &dir.join(format!("{stem}.key")),
-        role,
-        NodeId::new(id).unwrap(),
-    )
-    .unwrap();
-    Client::new(&identity, RpcSettings::default()).unwrap()
-}
 
 fn route_request(model: &str) -> Message {
     Message::RouteRequest(RouteRequest {

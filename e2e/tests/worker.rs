@@ -6,9 +6,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use zl_e2e::{Proc, certs, free_tcp, free_udp, gauge, metrics};
-use zl_proto::TlsIdentity;
-use zl_proto::message::{ErrorCode, GenerateRequest, Message, NodeId, Prompt, Role, SamplingParams, StopReason};
-use zl_proto::quic::{CallError, Client, RpcSettings};
+use zl_proto::message::{ErrorCode, GenerateRequest, Message, Prompt, Role, SamplingParams, StopReason};
+use zl_proto::quic::{CallError, Client};
 
 struct Worker {
     child: Proc,
@@ -58,15 +57,7 @@ async fn start() -> Worker {
             &metrics_addr.to_string(),
         ],
     );
-    let identity = TlsIdentity::from_files(
-        &dir.path().join("ca.pem"),
-        &dir.path().join("frontend-fe-0.pem"),
-        &dir.path().join("frontend-fe-0.key"),
-        Role::Frontend,
-        NodeId::new("fe-0").unwrap(),
-    )
-    .unwrap();
-    let client = Client::new(&identity, RpcSettings::default()).unwrap();
+    let client = zl_e2e::client(dir.path(), Role::Frontend, "fe-0");
     let mut worker = Worker { child, quic, metrics: metrics_addr, _dir: dir, client };
     // Ready once it answers a call (the model loads first).
     let deadline = Instant::now() + Duration::from_secs(180);
