@@ -1,7 +1,8 @@
-//! Pure, dependency-free functions that more than one tier must compute identically: the worker when it caches
+//! Pure functions that more than one tier must compute identically: the worker when it caches
 //! KV blocks, the frontend when it hashes a prompt for routing, the orchestrator when it scores prefix overlap.
 //!
 //! Nothing here does IO, allocates threads or reads clocks.
 
 pub mod billing;
 pub mod block_hash;
+pub mod keys;

@@ -167,6 +167,8 @@ impl pb::admin_server::Admin for AdminService {
             requests_per_minute: q.requests_per_minute,
             tokens_per_minute: q.tokens_per_minute,
             max_concurrent: q.max_concurrent,
+            input_tokens_per_minute: q.input_tokens_per_minute,
+            output_tokens_per_minute: q.output_tokens_per_minute,
         };
         self.write(Command::SetProject { name: r.name, quota })
     }

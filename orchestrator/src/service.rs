@@ -14,8 +14,8 @@ use std::sync::RwLock;
 use std::time::Instant;
 
 use zl_proto::message::{
-    Ack, DeregisterWorker, ErrorCode, KvCacheEvents, LoadReport, Message, NodeId, RegisterWorker, Role, RouteRequest,
-    WireError,
+    Ack, ApiKeyEntry, DeregisterWorker, ErrorCode, KvCacheEvents, LoadReport, Message, ModelInfo, NodeId, ProjectQuota,
+    RegisterWorker, Role, RouteRequest, StateSync, WireError,
 };
 use zl_proto::quic::{CallContext, Handler, Responder};
 
@@ -225,6 +225,67 @@ impl Orchestrator {
         counts
     }
 
+    /// What frontends cache: keys, quotas and the models some non-draining worker serves (aliases listed under
+    /// their own names). Lists are left out when the caller already holds `known_index`; the count of healthy,
+    /// non-draining workers (soft state) is always current.
+    pub fn state_sync(&self, known_index: u64, now: Instant) -> StateSync {
+        let state = read(&self.state);
+        let load = read(&self.load);
+        let serving = state.workers().iter().filter(|(id, w)| !w.draining && load.healthy(id, now).is_some()).count();
+        let mut sync = StateSync {
+            applied_index: state.applied_index(),
+            unchanged: known_index != 0 && known_index == state.applied_index(),
+            serving_workers: serving as u32,
+            billing_weights: {
+                let w = state.billing_weights();
+                Some([w.input, w.output, w.context])
+            },
+            ..StateSync::default()
+        };
+        if sync.unchanged {
+            return sync;
+        }
+        sync.keys = state
+            .keys()
+            .values()
+            .map(|k| ApiKeyEntry {
+                key_id: k.key_id.clone(),
+                secret_sha256: k.secret_sha256.clone(),
+                project: k.project.clone(),
+            })
+            .collect();
+        sync.projects = state
+            .projects()
+            .iter()
+            .map(|(name, q)| ProjectQuota {
+                project: name.clone(),
+                requests_per_minute: q.requests_per_minute,
+                tokens_per_minute: q.tokens_per_minute,
+                max_concurrent: q.max_concurrent,
+                input_tokens_per_minute: q.input_tokens_per_minute,
+                output_tokens_per_minute: q.output_tokens_per_minute,
+            })
+            .collect();
+        let mut models = std::collections::BTreeMap::new();
+        for w in state.workers().values().filter(|w| !w.draining) {
+            for m in &w.spec.models {
+                models.entry(m.id.clone()).or_insert_with(|| ModelInfo {
+                    id: m.id.clone(),
+                    weights_sha256: route::sha_bytes(&m.weights_sha256),
+                    context_length: m.context_length,
+                    family: m.family.clone(),
+                });
+            }
+        }
+        for alias in state.aliases().keys() {
+            if let Some(target) = models.get(state.resolve_alias(alias)).cloned() {
+                models.insert(alias.clone(), ModelInfo { id: alias.clone(), ..target });
+            }
+        }
+        sync.models = models.into_values().collect();
+        sync
+    }
+
     fn speaks_for(ctx: &CallContext, worker: &NodeId) -> Result<(), WireError> {
         let peer = &ctx.peer;
         if peer.role == Role::Admin || (peer.role == Role::Worker && &peer.node_id == worker) {
@@ -268,6 +329,12 @@ impl Handler for Orchestrator {
                     return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends ask for routes"));
                 }
                 Message::RouteDecision(self.route(&r).map_err(|e| route_error(&e))?)
+            }
+            Message::StateSyncRequest(r) => {
+                if !matches!(ctx.peer.role, Role::Frontend | Role::Admin) {
+                    return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends sync routing state"));
+                }
+                Message::StateSync(self.state_sync(r.known_index, now))
             }
             Message::RegisterWorker(r) => {
                 Self::speaks_for(&ctx, &r.worker_id)?;

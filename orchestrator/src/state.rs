@@ -83,6 +83,12 @@ pub struct Quota {
     pub tokens_per_minute: u32,
     /// Requests in flight.
     pub max_concurrent: u32,
+    /// Input tokens per minute.
+    #[serde(default)]
+    pub input_tokens_per_minute: u32,
+    /// Output tokens per minute.
+    #[serde(default)]
+    pub output_tokens_per_minute: u32,
 }
 
 /// An API key: only the SHA-256 of its secret is stored.
@@ -573,9 +579,7 @@ impl RoutingState {
     /// The key whose secret this is. The lookup is by the secret's SHA-256, so its timing depends on the hash,
     /// which reveals nothing usable about the secret; the stored hash is then compared in constant time.
     pub fn verify_key(&self, secret: &str) -> Option<&ApiKey> {
-        let hash = secret_sha256(secret);
-        let key = self.keys.get(self.keys_by_secret.get(&hash)?)?;
-        constant_time_eq(key.secret_sha256.as_bytes(), hash.as_bytes()).then_some(key)
+        self.keys.get(zl_common::keys::verify_secret(&self.keys_by_secret, secret)?)
     }
 
     /// Billing weights.
@@ -589,21 +593,7 @@ impl RoutingState {
     }
 }
 
-/// Equality whose time depends only on the lengths, never on where the inputs differ.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// Lowercase hex of bytes.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    bytes.iter().flat_map(|b| [DIGITS[usize::from(b >> 4)] as char, DIGITS[usize::from(b & 0x0f)] as char]).collect()
-}
-
-/// SHA-256 of an API key secret, as stored.
-pub fn secret_sha256(secret: &str) -> String {
-    hex(ring::digest::digest(&ring::digest::SHA256, secret.as_bytes()).as_ref())
-}
+pub use zl_common::keys::{hex, secret_sha256};
 
 #[cfg(test)]
 pub(crate) mod tests {

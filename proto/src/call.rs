@@ -43,8 +43,17 @@ impl CallShape {
                 Some(CallShape::Unary { reply: K::Ack })
             }
             K::RouteRequest => Some(CallShape::Unary { reply: K::RouteDecision }),
+            K::ModelCardRequest => Some(CallShape::Unary { reply: K::ModelCard }),
+            K::StateSyncRequest => Some(CallShape::Unary { reply: K::StateSync }),
             K::GenerateRequest => Some(CallShape::ServerStreaming { item: K::TokenChunk, terminal: K::Finish }),
-            K::Ack | K::RouteDecision | K::TokenChunk | K::Finish | K::Error | K::Cancel => None,
+            K::Ack
+            | K::RouteDecision
+            | K::TokenChunk
+            | K::Finish
+            | K::Error
+            | K::Cancel
+            | K::ModelCard
+            | K::StateSync => None,
         }
     }
 }
@@ -297,8 +306,17 @@ mod tests {
     fn only_request_kinds_open_calls() {
         for kind in K::ALL {
             let opens = CallState::open(kind).is_ok();
-            let expected =
-                !matches!(kind, K::Ack | K::RouteDecision | K::TokenChunk | K::Finish | K::Error | K::Cancel);
+            let expected = !matches!(
+                kind,
+                K::Ack
+                    | K::RouteDecision
+                    | K::TokenChunk
+                    | K::Finish
+                    | K::Error
+                    | K::Cancel
+                    | K::ModelCard
+                    | K::StateSync
+            );
             assert_eq!(opens, expected, "{kind}");
         }
     }

@@ -44,11 +44,19 @@ pub enum FrameKind {
     Error = 12,
     /// `Cancel`.
     Cancel = 13,
+    /// `ModelCardRequest`.
+    ModelCardRequest = 14,
+    /// `ModelCard`.
+    ModelCard = 15,
+    /// `StateSyncRequest`.
+    StateSyncRequest = 16,
+    /// `StateSync`.
+    StateSync = 17,
 }
 
 impl FrameKind {
     /// Every kind, in wire-value order.
-    pub const ALL: [FrameKind; 13] = [
+    pub const ALL: [FrameKind; 17] = [
         FrameKind::Handshake,
         FrameKind::RegisterWorker,
         FrameKind::DeregisterWorker,
@@ -62,6 +70,10 @@ impl FrameKind {
         FrameKind::Finish,
         FrameKind::Error,
         FrameKind::Cancel,
+        FrameKind::ModelCardRequest,
+        FrameKind::ModelCard,
+        FrameKind::StateSyncRequest,
+        FrameKind::StateSync,
     ];
 
     /// The kind with this wire value, if any.
@@ -90,6 +102,10 @@ impl FrameKind {
             FrameKind::Finish => "finish",
             FrameKind::Error => "error",
             FrameKind::Cancel => "cancel",
+            FrameKind::ModelCardRequest => "model_card_request",
+            FrameKind::ModelCard => "model_card",
+            FrameKind::StateSyncRequest => "state_sync_request",
+            FrameKind::StateSync => "state_sync",
         }
     }
 }
@@ -288,7 +304,7 @@ mod tests {
             assert_eq!(FrameKind::from_wire(kind.to_wire()), Some(kind));
         }
         assert_eq!(FrameKind::from_wire(0), None);
-        assert_eq!(FrameKind::from_wire(14), None);
+        assert_eq!(FrameKind::from_wire(18), None);
         assert_eq!(FrameKind::from_wire(u16::MAX), None);
     }
 

@@ -175,6 +175,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             family,
             tokenizer,
             engine,
+            kv_block_size: args.model.kv_block_size as u32,
         });
     }
     let ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();

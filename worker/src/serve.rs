@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use zl_proto::message::{
-    ErrorCode, Finish, GenerateRequest, Message, Prompt, StopReason, TokenChunk, Usage, WireError,
+    ErrorCode, Finish, GenerateRequest, Message, ModelCard, Prompt, StopReason, TokenChunk, Usage, WireError,
 };
 use zl_proto::quic::{CallContext, Handler, Responder};
 
@@ -30,12 +30,37 @@ pub struct ServedModel {
     pub tokenizer: Arc<TextTokenizer>,
     /// The engine running it.
     pub engine: EngineHandle,
+    /// Tokens per KV block.
+    pub kv_block_size: u32,
+}
+
+impl ServedModel {
+    /// The card a frontend tokenises and checks this model's prompts with.
+    pub fn card(&self) -> Result<ModelCard, WireError> {
+        let parts = self
+            .tokenizer
+            .to_parts()
+            .map_err(|e| WireError::new(ErrorCode::Internal, format!("cannot export the tokenizer: {e}")))?;
+        Ok(ModelCard {
+            model: self.id.clone(),
+            weights_sha256: self.weights_sha256,
+            context_length: self.context_length,
+            tokenizer_json: parts.tokenizer_json,
+            chat_template: parts.chat_template,
+            bos_token: parts.bos,
+            eos_token: parts.eos,
+            stop_token_ids: parts.stop_ids,
+            kv_block_size: self.kv_block_size,
+        })
+    }
 }
 
 /// The worker's RPC handler.
 #[derive(Debug)]
 pub struct WorkerService {
     models: HashMap<String, ServedModel>,
+    /// Model cards, built once on first request.
+    cards: std::sync::Mutex<HashMap<String, Arc<ModelCard>>>,
     draining: AtomicBool,
     seeds: AtomicU64,
 }
@@ -47,6 +72,7 @@ impl WorkerService {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         WorkerService {
             models: models.into_iter().map(|m| (m.id.clone(), m)).collect(),
+            cards: Default::default(),
             draining: AtomicBool::new(false),
             seeds: AtomicU64::new(seed0),
         }
@@ -68,6 +94,20 @@ impl WorkerService {
     /// The served models.
     pub fn models(&self) -> impl Iterator<Item = &ServedModel> {
         self.models.values()
+    }
+
+    fn card(&self, model: &str) -> Result<Arc<ModelCard>, WireError> {
+        let served = self
+            .models
+            .get(model)
+            .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("model {model:?} is not served here")))?;
+        let mut cards = self.cards.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(card) = cards.get(model) {
+            return Ok(card.clone());
+        }
+        let card = Arc::new(served.card()?);
+        cards.insert(model.to_owned(), card.clone());
+        Ok(card)
     }
 
     async fn generate(&self, g: GenerateRequest, out: &mut Responder) -> Result<(), WireError> {
@@ -165,6 +205,12 @@ impl Handler for WorkerService {
     async fn call(&self, _ctx: CallContext, request: Message, out: &mut Responder) -> Result<(), WireError> {
         match request {
             Message::GenerateRequest(g) => self.generate(g, out).await,
+            Message::ModelCardRequest(r) => {
+                let card = self.card(&r.model)?;
+                out.send(Message::ModelCard((*card).clone()))
+                    .await
+                    .map_err(|e| WireError::new(ErrorCode::Cancelled, e.to_string()))
+            }
             other => {
                 Err(WireError::new(ErrorCode::InvalidRequest, format!("a worker does not serve {}", other.kind())))
             }

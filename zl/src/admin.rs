@@ -87,6 +87,12 @@ pub(crate) enum AdminCommand {
         /// Requests in flight.
         #[arg(long, default_value_t = 0)]
         concurrent: u32,
+        /// Input tokens per minute.
+        #[arg(long, default_value_t = 0)]
+        itpm: u32,
+        /// Output tokens per minute.
+        #[arg(long, default_value_t = 0)]
+        otpm: u32,
     },
     /// API keys.
     #[command(subcommand)]
@@ -244,11 +250,17 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                 .map_err(call)?
                 .into_inner(),
         ),
-        AdminCommand::Project { name, rpm, tpm, concurrent } => written(
+        AdminCommand::Project { name, rpm, tpm, concurrent, itpm, otpm } => written(
             &format!("project {name} set"),
             c.set_project(pb::SetProjectRequest {
                 name: name.clone(),
-                quota: Some(pb::Quota { requests_per_minute: rpm, tokens_per_minute: tpm, max_concurrent: concurrent }),
+                quota: Some(pb::Quota {
+                    requests_per_minute: rpm,
+                    tokens_per_minute: tpm,
+                    max_concurrent: concurrent,
+                    input_tokens_per_minute: itpm,
+                    output_tokens_per_minute: otpm,
+                }),
             })
             .await
             .map_err(call)?

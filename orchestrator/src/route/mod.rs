@@ -291,7 +291,7 @@ pub fn decide(
 }
 
 /// Hex SHA-256 (as stored in the state) to bytes; zeros if malformed (never, for stored values).
-fn sha_bytes(hex: &str) -> [u8; 32] {
+pub(crate) fn sha_bytes(hex: &str) -> [u8; 32] {
     let mut out = [0u8; 32];
     for (i, byte) in out.iter_mut().enumerate() {
         *byte = hex.get(2 * i..2 * i + 2).and_then(|h| u8::from_str_radix(h, 16).ok()).unwrap_or(0);

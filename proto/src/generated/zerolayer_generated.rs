@@ -3225,6 +3225,972 @@ impl ::core::fmt::Debug for Cancel<'_> {
       ds.finish()
   }
 }
+pub enum ModelCardRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A frontend asks a worker for a model's card: what it needs to tokenise and check requests before routing them
+/// (frontend -> worker). Answered with `ModelCard`.
+pub struct ModelCardRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ModelCardRequest<'a> {
+  type Inner = ModelCardRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ModelCardRequest<'a> {
+  pub const VT_MODEL: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ModelCardRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ModelCardRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ModelCardRequest<'bldr>> {
+    let mut builder = ModelCardRequestBuilder::new(_fbb);
+    if let Some(x) = args.model { builder.add_model(x); }
+    builder.finish()
+  }
+
+
+  /// Concrete model id.
+  #[inline]
+  pub fn model(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ModelCardRequest::VT_MODEL, None).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ModelCardRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("model", Self::VT_MODEL, true)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ModelCardRequestArgs<'a> {
+    pub model: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for ModelCardRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ModelCardRequestArgs {
+      model: None, // required field
+    }
+  }
+}
+
+pub struct ModelCardRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ModelCardRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_model(&mut self, model: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ModelCardRequest::VT_MODEL, model);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ModelCardRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ModelCardRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ModelCardRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, ModelCardRequest::VT_MODEL,"model");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ModelCardRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ModelCardRequest");
+      ds.field("model", &self.model());
+      ds.finish()
+  }
+}
+pub enum ModelCardOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Everything a frontend needs to tokenise prompts for a model exactly as the worker will.
+pub struct ModelCard<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ModelCard<'a> {
+  type Inner = ModelCard<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ModelCard<'a> {
+  pub const VT_MODEL: ::flatbuffers::VOffsetT = 4;
+  pub const VT_WEIGHTS_SHA256: ::flatbuffers::VOffsetT = 6;
+  pub const VT_CONTEXT_LENGTH: ::flatbuffers::VOffsetT = 8;
+  pub const VT_TOKENIZER_JSON: ::flatbuffers::VOffsetT = 10;
+  pub const VT_CHAT_TEMPLATE: ::flatbuffers::VOffsetT = 12;
+  pub const VT_BOS_TOKEN: ::flatbuffers::VOffsetT = 14;
+  pub const VT_EOS_TOKEN: ::flatbuffers::VOffsetT = 16;
+  pub const VT_STOP_TOKEN_IDS: ::flatbuffers::VOffsetT = 18;
+  pub const VT_KV_BLOCK_SIZE: ::flatbuffers::VOffsetT = 20;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ModelCard { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ModelCardArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ModelCard<'bldr>> {
+    let mut builder = ModelCardBuilder::new(_fbb);
+    builder.add_kv_block_size(args.kv_block_size);
+    if let Some(x) = args.stop_token_ids { builder.add_stop_token_ids(x); }
+    if let Some(x) = args.eos_token { builder.add_eos_token(x); }
+    if let Some(x) = args.bos_token { builder.add_bos_token(x); }
+    if let Some(x) = args.chat_template { builder.add_chat_template(x); }
+    if let Some(x) = args.tokenizer_json { builder.add_tokenizer_json(x); }
+    builder.add_context_length(args.context_length);
+    if let Some(x) = args.weights_sha256 { builder.add_weights_sha256(x); }
+    if let Some(x) = args.model { builder.add_model(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn model(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ModelCard::VT_MODEL, None).unwrap()}
+  }
+  /// SHA-256 of the weights, 32 bytes.
+  #[inline]
+  pub fn weights_sha256(&self) -> ::flatbuffers::Vector<'a, u8> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ModelCard::VT_WEIGHTS_SHA256, None).unwrap()}
+  }
+  /// Context window in tokens (prompt + output).
+  #[inline]
+  pub fn context_length(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ModelCard::VT_CONTEXT_LENGTH, Some(0)).unwrap()}
+  }
+  /// The Hugging Face `tokenizer.json` document (rebuilt from GGUF metadata for GGUF models).
+  #[inline]
+  pub fn tokenizer_json(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ModelCard::VT_TOKENIZER_JSON, None).unwrap()}
+  }
+  /// The Jinja chat template the worker renders prompts with.
+  #[inline]
+  pub fn chat_template(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ModelCard::VT_CHAT_TEMPLATE, None).unwrap()}
+  }
+  /// Beginning- and end-of-sequence token strings the template may reference.
+  #[inline]
+  pub fn bos_token(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ModelCard::VT_BOS_TOKEN, None)}
+  }
+  #[inline]
+  pub fn eos_token(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ModelCard::VT_EOS_TOKEN, None)}
+  }
+  /// Token ids that end a turn.
+  #[inline]
+  pub fn stop_token_ids(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(ModelCard::VT_STOP_TOKEN_IDS, None)}
+  }
+  /// Tokens per KV block, for the prompt's chained block hashes.
+  #[inline]
+  pub fn kv_block_size(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ModelCard::VT_KV_BLOCK_SIZE, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ModelCard<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("model", Self::VT_MODEL, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("weights_sha256", Self::VT_WEIGHTS_SHA256, true)?
+     .visit_field::<u32>("context_length", Self::VT_CONTEXT_LENGTH, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("tokenizer_json", Self::VT_TOKENIZER_JSON, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("chat_template", Self::VT_CHAT_TEMPLATE, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("bos_token", Self::VT_BOS_TOKEN, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("eos_token", Self::VT_EOS_TOKEN, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("stop_token_ids", Self::VT_STOP_TOKEN_IDS, false)?
+     .visit_field::<u32>("kv_block_size", Self::VT_KV_BLOCK_SIZE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ModelCardArgs<'a> {
+    pub model: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub weights_sha256: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub context_length: u32,
+    pub tokenizer_json: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub chat_template: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub bos_token: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub eos_token: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub stop_token_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub kv_block_size: u32,
+}
+impl<'a> Default for ModelCardArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ModelCardArgs {
+      model: None, // required field
+      weights_sha256: None, // required field
+      context_length: 0,
+      tokenizer_json: None, // required field
+      chat_template: None, // required field
+      bos_token: None,
+      eos_token: None,
+      stop_token_ids: None,
+      kv_block_size: 0,
+    }
+  }
+}
+
+pub struct ModelCardBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ModelCardBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_model(&mut self, model: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ModelCard::VT_MODEL, model);
+  }
+  #[inline]
+  pub fn add_weights_sha256(&mut self, weights_sha256: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ModelCard::VT_WEIGHTS_SHA256, weights_sha256);
+  }
+  #[inline]
+  pub fn add_context_length(&mut self, context_length: u32) {
+    self.fbb_.push_slot::<u32>(ModelCard::VT_CONTEXT_LENGTH, context_length, 0);
+  }
+  #[inline]
+  pub fn add_tokenizer_json(&mut self, tokenizer_json: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ModelCard::VT_TOKENIZER_JSON, tokenizer_json);
+  }
+  #[inline]
+  pub fn add_chat_template(&mut self, chat_template: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ModelCard::VT_CHAT_TEMPLATE, chat_template);
+  }
+  #[inline]
+  pub fn add_bos_token(&mut self, bos_token: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ModelCard::VT_BOS_TOKEN, bos_token);
+  }
+  #[inline]
+  pub fn add_eos_token(&mut self, eos_token: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ModelCard::VT_EOS_TOKEN, eos_token);
+  }
+  #[inline]
+  pub fn add_stop_token_ids(&mut self, stop_token_ids: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ModelCard::VT_STOP_TOKEN_IDS, stop_token_ids);
+  }
+  #[inline]
+  pub fn add_kv_block_size(&mut self, kv_block_size: u32) {
+    self.fbb_.push_slot::<u32>(ModelCard::VT_KV_BLOCK_SIZE, kv_block_size, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ModelCardBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ModelCardBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ModelCard<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, ModelCard::VT_MODEL,"model");
+    self.fbb_.required(o, ModelCard::VT_WEIGHTS_SHA256,"weights_sha256");
+    self.fbb_.required(o, ModelCard::VT_TOKENIZER_JSON,"tokenizer_json");
+    self.fbb_.required(o, ModelCard::VT_CHAT_TEMPLATE,"chat_template");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ModelCard<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ModelCard");
+      ds.field("model", &self.model());
+      ds.field("weights_sha256", &self.weights_sha256());
+      ds.field("context_length", &self.context_length());
+      ds.field("tokenizer_json", &self.tokenizer_json());
+      ds.field("chat_template", &self.chat_template());
+      ds.field("bos_token", &self.bos_token());
+      ds.field("eos_token", &self.eos_token());
+      ds.field("stop_token_ids", &self.stop_token_ids());
+      ds.field("kv_block_size", &self.kv_block_size());
+      ds.finish()
+  }
+}
+pub enum StateSyncRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A frontend asks an orchestrator for the routing state it caches: keys, quotas, models
+/// (frontend -> orchestrator). Answered with `StateSync`.
+pub struct StateSyncRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for StateSyncRequest<'a> {
+  type Inner = StateSyncRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> StateSyncRequest<'a> {
+  pub const VT_KNOWN_INDEX: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    StateSyncRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args StateSyncRequestArgs
+  ) -> ::flatbuffers::WIPOffset<StateSyncRequest<'bldr>> {
+    let mut builder = StateSyncRequestBuilder::new(_fbb);
+    builder.add_known_index(args.known_index);
+    builder.finish()
+  }
+
+
+  /// The applied index of the state the caller holds; 0 for none.
+  #[inline]
+  pub fn known_index(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(StateSyncRequest::VT_KNOWN_INDEX, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for StateSyncRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("known_index", Self::VT_KNOWN_INDEX, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct StateSyncRequestArgs {
+    pub known_index: u64,
+}
+impl<'a> Default for StateSyncRequestArgs {
+  #[inline]
+  fn default() -> Self {
+    StateSyncRequestArgs {
+      known_index: 0,
+    }
+  }
+}
+
+pub struct StateSyncRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> StateSyncRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_known_index(&mut self, known_index: u64) {
+    self.fbb_.push_slot::<u64>(StateSyncRequest::VT_KNOWN_INDEX, known_index, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> StateSyncRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    StateSyncRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<StateSyncRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for StateSyncRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("StateSyncRequest");
+      ds.field("known_index", &self.known_index());
+      ds.finish()
+  }
+}
+pub enum ApiKeyEntryOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// An API key as frontends see it: only the hash of its secret.
+pub struct ApiKeyEntry<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ApiKeyEntry<'a> {
+  type Inner = ApiKeyEntry<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ApiKeyEntry<'a> {
+  pub const VT_KEY_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_SECRET_SHA256: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PROJECT: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ApiKeyEntry { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ApiKeyEntryArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ApiKeyEntry<'bldr>> {
+    let mut builder = ApiKeyEntryBuilder::new(_fbb);
+    if let Some(x) = args.project { builder.add_project(x); }
+    if let Some(x) = args.secret_sha256 { builder.add_secret_sha256(x); }
+    if let Some(x) = args.key_id { builder.add_key_id(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn key_id(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ApiKeyEntry::VT_KEY_ID, None).unwrap()}
+  }
+  /// SHA-256 of the secret, 64 lowercase hex characters.
+  #[inline]
+  pub fn secret_sha256(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ApiKeyEntry::VT_SECRET_SHA256, None).unwrap()}
+  }
+  #[inline]
+  pub fn project(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ApiKeyEntry::VT_PROJECT, None).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ApiKeyEntry<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("key_id", Self::VT_KEY_ID, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("secret_sha256", Self::VT_SECRET_SHA256, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, true)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ApiKeyEntryArgs<'a> {
+    pub key_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub secret_sha256: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for ApiKeyEntryArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ApiKeyEntryArgs {
+      key_id: None, // required field
+      secret_sha256: None, // required field
+      project: None, // required field
+    }
+  }
+}
+
+pub struct ApiKeyEntryBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ApiKeyEntryBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_key_id(&mut self, key_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ApiKeyEntry::VT_KEY_ID, key_id);
+  }
+  #[inline]
+  pub fn add_secret_sha256(&mut self, secret_sha256: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ApiKeyEntry::VT_SECRET_SHA256, secret_sha256);
+  }
+  #[inline]
+  pub fn add_project(&mut self, project: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ApiKeyEntry::VT_PROJECT, project);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ApiKeyEntryBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ApiKeyEntryBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ApiKeyEntry<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, ApiKeyEntry::VT_KEY_ID,"key_id");
+    self.fbb_.required(o, ApiKeyEntry::VT_SECRET_SHA256,"secret_sha256");
+    self.fbb_.required(o, ApiKeyEntry::VT_PROJECT,"project");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ApiKeyEntry<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ApiKeyEntry");
+      ds.field("key_id", &self.key_id());
+      ds.field("secret_sha256", &self.secret_sha256());
+      ds.field("project", &self.project());
+      ds.finish()
+  }
+}
+pub enum ProjectQuotaOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A project's limits; 0 means unlimited.
+pub struct ProjectQuota<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ProjectQuota<'a> {
+  type Inner = ProjectQuota<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ProjectQuota<'a> {
+  pub const VT_PROJECT: ::flatbuffers::VOffsetT = 4;
+  pub const VT_REQUESTS_PER_MINUTE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_TOKENS_PER_MINUTE: ::flatbuffers::VOffsetT = 8;
+  pub const VT_MAX_CONCURRENT: ::flatbuffers::VOffsetT = 10;
+  pub const VT_INPUT_TOKENS_PER_MINUTE: ::flatbuffers::VOffsetT = 12;
+  pub const VT_OUTPUT_TOKENS_PER_MINUTE: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ProjectQuota { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ProjectQuotaArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ProjectQuota<'bldr>> {
+    let mut builder = ProjectQuotaBuilder::new(_fbb);
+    builder.add_output_tokens_per_minute(args.output_tokens_per_minute);
+    builder.add_input_tokens_per_minute(args.input_tokens_per_minute);
+    builder.add_max_concurrent(args.max_concurrent);
+    builder.add_tokens_per_minute(args.tokens_per_minute);
+    builder.add_requests_per_minute(args.requests_per_minute);
+    if let Some(x) = args.project { builder.add_project(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn project(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ProjectQuota::VT_PROJECT, None).unwrap()}
+  }
+  #[inline]
+  pub fn requests_per_minute(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ProjectQuota::VT_REQUESTS_PER_MINUTE, Some(0)).unwrap()}
+  }
+  /// Input plus output tokens per minute.
+  #[inline]
+  pub fn tokens_per_minute(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ProjectQuota::VT_TOKENS_PER_MINUTE, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn max_concurrent(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ProjectQuota::VT_MAX_CONCURRENT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn input_tokens_per_minute(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ProjectQuota::VT_INPUT_TOKENS_PER_MINUTE, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_tokens_per_minute(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ProjectQuota::VT_OUTPUT_TOKENS_PER_MINUTE, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ProjectQuota<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, true)?
+     .visit_field::<u32>("requests_per_minute", Self::VT_REQUESTS_PER_MINUTE, false)?
+     .visit_field::<u32>("tokens_per_minute", Self::VT_TOKENS_PER_MINUTE, false)?
+     .visit_field::<u32>("max_concurrent", Self::VT_MAX_CONCURRENT, false)?
+     .visit_field::<u32>("input_tokens_per_minute", Self::VT_INPUT_TOKENS_PER_MINUTE, false)?
+     .visit_field::<u32>("output_tokens_per_minute", Self::VT_OUTPUT_TOKENS_PER_MINUTE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ProjectQuotaArgs<'a> {
+    pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub requests_per_minute: u32,
+    pub tokens_per_minute: u32,
+    pub max_concurrent: u32,
+    pub input_tokens_per_minute: u32,
+    pub output_tokens_per_minute: u32,
+}
+impl<'a> Default for ProjectQuotaArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ProjectQuotaArgs {
+      project: None, // required field
+      requests_per_minute: 0,
+      tokens_per_minute: 0,
+      max_concurrent: 0,
+      input_tokens_per_minute: 0,
+      output_tokens_per_minute: 0,
+    }
+  }
+}
+
+pub struct ProjectQuotaBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ProjectQuotaBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_project(&mut self, project: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ProjectQuota::VT_PROJECT, project);
+  }
+  #[inline]
+  pub fn add_requests_per_minute(&mut self, requests_per_minute: u32) {
+    self.fbb_.push_slot::<u32>(ProjectQuota::VT_REQUESTS_PER_MINUTE, requests_per_minute, 0);
+  }
+  #[inline]
+  pub fn add_tokens_per_minute(&mut self, tokens_per_minute: u32) {
+    self.fbb_.push_slot::<u32>(ProjectQuota::VT_TOKENS_PER_MINUTE, tokens_per_minute, 0);
+  }
+  #[inline]
+  pub fn add_max_concurrent(&mut self, max_concurrent: u32) {
+    self.fbb_.push_slot::<u32>(ProjectQuota::VT_MAX_CONCURRENT, max_concurrent, 0);
+  }
+  #[inline]
+  pub fn add_input_tokens_per_minute(&mut self, input_tokens_per_minute: u32) {
+    self.fbb_.push_slot::<u32>(ProjectQuota::VT_INPUT_TOKENS_PER_MINUTE, input_tokens_per_minute, 0);
+  }
+  #[inline]
+  pub fn add_output_tokens_per_minute(&mut self, output_tokens_per_minute: u32) {
+    self.fbb_.push_slot::<u32>(ProjectQuota::VT_OUTPUT_TOKENS_PER_MINUTE, output_tokens_per_minute, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ProjectQuotaBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ProjectQuotaBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ProjectQuota<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, ProjectQuota::VT_PROJECT,"project");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ProjectQuota<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ProjectQuota");
+      ds.field("project", &self.project());
+      ds.field("requests_per_minute", &self.requests_per_minute());
+      ds.field("tokens_per_minute", &self.tokens_per_minute());
+      ds.field("max_concurrent", &self.max_concurrent());
+      ds.field("input_tokens_per_minute", &self.input_tokens_per_minute());
+      ds.field("output_tokens_per_minute", &self.output_tokens_per_minute());
+      ds.finish()
+  }
+}
+pub enum StateSyncOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The part of the routing state frontends cache (orchestrator -> frontend).
+pub struct StateSync<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for StateSync<'a> {
+  type Inner = StateSync<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> StateSync<'a> {
+  pub const VT_APPLIED_INDEX: ::flatbuffers::VOffsetT = 4;
+  pub const VT_UNCHANGED: ::flatbuffers::VOffsetT = 6;
+  pub const VT_KEYS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_PROJECTS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_MODELS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_SERVING_WORKERS: ::flatbuffers::VOffsetT = 14;
+  pub const VT_BILLING_WEIGHTS: ::flatbuffers::VOffsetT = 16;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    StateSync { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args StateSyncArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<StateSync<'bldr>> {
+    let mut builder = StateSyncBuilder::new(_fbb);
+    builder.add_applied_index(args.applied_index);
+    if let Some(x) = args.billing_weights { builder.add_billing_weights(x); }
+    builder.add_serving_workers(args.serving_workers);
+    if let Some(x) = args.models { builder.add_models(x); }
+    if let Some(x) = args.projects { builder.add_projects(x); }
+    if let Some(x) = args.keys { builder.add_keys(x); }
+    builder.add_unchanged(args.unchanged);
+    builder.finish()
+  }
+
+
+  /// Raft applied index of this state.
+  #[inline]
+  pub fn applied_index(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(StateSync::VT_APPLIED_INDEX, Some(0)).unwrap()}
+  }
+  /// True when `applied_index` equals the caller's `known_index`: the lists below are then empty.
+  #[inline]
+  pub fn unchanged(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(StateSync::VT_UNCHANGED, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn keys(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ApiKeyEntry<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ApiKeyEntry>>>>(StateSync::VT_KEYS, None)}
+  }
+  #[inline]
+  pub fn projects(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ProjectQuota<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ProjectQuota>>>>(StateSync::VT_PROJECTS, None)}
+  }
+  /// Models some healthy, non-draining worker serves (one entry per id), and aliases as their own ids.
+  #[inline]
+  pub fn models(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ModelInfo<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ModelInfo>>>>(StateSync::VT_MODELS, None)}
+  }
+  /// Registered workers able to serve, for readiness.
+  #[inline]
+  pub fn serving_workers(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(StateSync::VT_SERVING_WORKERS, Some(0)).unwrap()}
+  }
+  /// Billing-unit weights (input, output, context), each in [0, 1]; empty for the defaults.
+  #[inline]
+  pub fn billing_weights(&self) -> Option<::flatbuffers::Vector<'a, f32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, f32>>>(StateSync::VT_BILLING_WEIGHTS, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for StateSync<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("applied_index", Self::VT_APPLIED_INDEX, false)?
+     .visit_field::<bool>("unchanged", Self::VT_UNCHANGED, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ApiKeyEntry>>>>("keys", Self::VT_KEYS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ProjectQuota>>>>("projects", Self::VT_PROJECTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ModelInfo>>>>("models", Self::VT_MODELS, false)?
+     .visit_field::<u32>("serving_workers", Self::VT_SERVING_WORKERS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, f32>>>("billing_weights", Self::VT_BILLING_WEIGHTS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct StateSyncArgs<'a> {
+    pub applied_index: u64,
+    pub unchanged: bool,
+    pub keys: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ApiKeyEntry<'a>>>>>,
+    pub projects: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ProjectQuota<'a>>>>>,
+    pub models: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ModelInfo<'a>>>>>,
+    pub serving_workers: u32,
+    pub billing_weights: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, f32>>>,
+}
+impl<'a> Default for StateSyncArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    StateSyncArgs {
+      applied_index: 0,
+      unchanged: false,
+      keys: None,
+      projects: None,
+      models: None,
+      serving_workers: 0,
+      billing_weights: None,
+    }
+  }
+}
+
+pub struct StateSyncBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> StateSyncBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_applied_index(&mut self, applied_index: u64) {
+    self.fbb_.push_slot::<u64>(StateSync::VT_APPLIED_INDEX, applied_index, 0);
+  }
+  #[inline]
+  pub fn add_unchanged(&mut self, unchanged: bool) {
+    self.fbb_.push_slot::<bool>(StateSync::VT_UNCHANGED, unchanged, false);
+  }
+  #[inline]
+  pub fn add_keys(&mut self, keys: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ApiKeyEntry<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(StateSync::VT_KEYS, keys);
+  }
+  #[inline]
+  pub fn add_projects(&mut self, projects: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ProjectQuota<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(StateSync::VT_PROJECTS, projects);
+  }
+  #[inline]
+  pub fn add_models(&mut self, models: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<ModelInfo<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(StateSync::VT_MODELS, models);
+  }
+  #[inline]
+  pub fn add_serving_workers(&mut self, serving_workers: u32) {
+    self.fbb_.push_slot::<u32>(StateSync::VT_SERVING_WORKERS, serving_workers, 0);
+  }
+  #[inline]
+  pub fn add_billing_weights(&mut self, billing_weights: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , f32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(StateSync::VT_BILLING_WEIGHTS, billing_weights);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> StateSyncBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    StateSyncBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<StateSync<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for StateSync<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("StateSync");
+      ds.field("applied_index", &self.applied_index());
+      ds.field("unchanged", &self.unchanged());
+      ds.field("keys", &self.keys());
+      ds.field("projects", &self.projects());
+      ds.field("models", &self.models());
+      ds.field("serving_workers", &self.serving_workers());
+      ds.field("billing_weights", &self.billing_weights());
+      ds.finish()
+  }
+}
 }  // pub mod wire
 }  // pub mod zl
 

@@ -224,7 +224,7 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
-    fn check(&self) -> Result<(), MessageError> {
+    pub(crate) fn check(&self) -> Result<(), MessageError> {
         check::id("ModelInfo.id", &self.id)?;
         check::text("ModelInfo.family", &self.family, 0, check::MAX_ID_LEN)?;
         if self.context_length == 0 {
@@ -233,7 +233,7 @@ impl ModelInfo {
         Ok(())
     }
 
-    fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::ModelInfo<'b>> {
+    pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::ModelInfo<'b>> {
         let id = fbb.create_string(&self.id);
         let sha = fbb.create_vector(&self.weights_sha256);
         let family = fbb.create_string(&self.family);
@@ -248,7 +248,7 @@ impl ModelInfo {
         )
     }
 
-    fn read(t: fb::ModelInfo<'_>) -> Result<Self, MessageError> {
+    pub(crate) fn read(t: fb::ModelInfo<'_>) -> Result<Self, MessageError> {
         let msg = ModelInfo {
             id: t.id().to_owned(),
             weights_sha256: check::sha256("ModelInfo.weights_sha256", t.weights_sha256().bytes())?,

@@ -9,6 +9,7 @@ mod control;
 mod error;
 mod generate;
 mod route;
+mod sync;
 
 use bytes::{Bytes, BytesMut};
 use flatbuffers::{FlatBufferBuilder, VerifierOptions};
@@ -26,6 +27,10 @@ pub use control::{
 pub use error::{Cancel, ErrorCode, WireError};
 pub use generate::{Finish, GenerateRequest, Prompt, SamplingParams, StopReason, TokenChunk, Usage};
 pub use route::{RouteDecision, RouteHint, RouteRequest};
+pub use sync::{
+    ApiKeyEntry, MAX_STOP_TOKEN_IDS, MAX_SYNC_ITEMS, ModelCard, ModelCardRequest, ProjectQuota, StateSync,
+    StateSyncRequest,
+};
 
 /// A payload that is not a valid message.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -60,6 +65,10 @@ pub enum Message {
     Finish(Finish),
     Error(WireError),
     Cancel(Cancel),
+    ModelCardRequest(ModelCardRequest),
+    ModelCard(ModelCard),
+    StateSyncRequest(StateSyncRequest),
+    StateSync(StateSync),
 }
 
 impl Message {
@@ -79,6 +88,10 @@ impl Message {
             Message::Finish(_) => FrameKind::Finish,
             Message::Error(_) => FrameKind::Error,
             Message::Cancel(_) => FrameKind::Cancel,
+            Message::ModelCardRequest(_) => FrameKind::ModelCardRequest,
+            Message::ModelCard(_) => FrameKind::ModelCard,
+            Message::StateSyncRequest(_) => FrameKind::StateSyncRequest,
+            Message::StateSync(_) => FrameKind::StateSync,
         }
     }
 
@@ -98,6 +111,10 @@ impl Message {
             Message::Finish(m) => m.check(),
             Message::Error(m) => m.check(),
             Message::Cancel(m) => m.check(),
+            Message::ModelCardRequest(m) => m.check(),
+            Message::ModelCard(m) => m.check(),
+            Message::StateSyncRequest(_) => Ok(()),
+            Message::StateSync(m) => m.check(),
         }
     }
 
@@ -131,6 +148,14 @@ impl Message {
             FrameKind::Finish => Message::Finish(Finish::read(root::<fb::Finish<'_>>(&opts, buf)?)?),
             FrameKind::Error => Message::Error(WireError::read(root::<fb::Error<'_>>(&opts, buf)?)?),
             FrameKind::Cancel => Message::Cancel(Cancel::read(root::<fb::Cancel<'_>>(&opts, buf)?)?),
+            FrameKind::ModelCardRequest => {
+                Message::ModelCardRequest(ModelCardRequest::read(root::<fb::ModelCardRequest<'_>>(&opts, buf)?)?)
+            }
+            FrameKind::ModelCard => Message::ModelCard(ModelCard::read(root::<fb::ModelCard<'_>>(&opts, buf)?)?),
+            FrameKind::StateSyncRequest => {
+                Message::StateSyncRequest(StateSyncRequest::read(root::<fb::StateSyncRequest<'_>>(&opts, buf)?)?)
+            }
+            FrameKind::StateSync => Message::StateSync(StateSync::read(root::<fb::StateSync<'_>>(&opts, buf)?)?),
         })
     }
 
@@ -149,6 +174,10 @@ impl Message {
             Message::Finish(m) => m.write(fbb).as_union_value(),
             Message::Error(m) => m.write(fbb).as_union_value(),
             Message::Cancel(m) => m.write(fbb).as_union_value(),
+            Message::ModelCardRequest(m) => m.write(fbb).as_union_value(),
+            Message::ModelCard(m) => m.write(fbb).as_union_value(),
+            Message::StateSyncRequest(m) => m.write(fbb).as_union_value(),
+            Message::StateSync(m) => m.write(fbb).as_union_value(),
         };
         fbb.finish_minimal(root);
     }

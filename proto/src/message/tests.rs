@@ -116,6 +116,44 @@ pub(crate) fn samples() -> Vec<Message> {
             retry_after_ms: 500,
         }),
         Message::Cancel(Cancel { reason: "client disconnected".into() }),
+        Message::ModelCardRequest(ModelCardRequest { model: "smollm2-135m-instruct".into() }),
+        Message::ModelCard(ModelCard {
+            model: "smollm2-135m-instruct".into(),
+            weights_sha256: [3; 32],
+            context_length: 8192,
+            tokenizer_json: "{\"model\":{}}".into(),
+            chat_template: "{{ messages }}".into(),
+            bos_token: "<|im_start|>".into(),
+            eos_token: "<|im_end|>".into(),
+            stop_token_ids: vec![0, 2],
+            kv_block_size: 16,
+        }),
+        Message::StateSyncRequest(StateSyncRequest { known_index: 41 }),
+        Message::StateSync(StateSync {
+            applied_index: 42,
+            unchanged: false,
+            keys: vec![ApiKeyEntry {
+                key_id: "key-1".into(),
+                secret_sha256: "ab".repeat(32),
+                project: "default".into(),
+            }],
+            projects: vec![ProjectQuota {
+                project: "default".into(),
+                requests_per_minute: 60,
+                tokens_per_minute: 0,
+                max_concurrent: 4,
+                input_tokens_per_minute: 10_000,
+                output_tokens_per_minute: 2_000,
+            }],
+            models: vec![ModelInfo {
+                id: "smollm2-135m-instruct".into(),
+                weights_sha256: [3; 32],
+                context_length: 8192,
+                family: "llama".into(),
+            }],
+            serving_workers: 1,
+            billing_weights: Some([0.3, 0.5, 0.2]),
+        }),
     ]
 }
 
@@ -147,7 +185,14 @@ fn payload_under_another_kinds_header_is_refused() {
     let mut enc = Encoder::new(HARD_MAX_PAYLOAD);
     let ack = enc.encode(&Message::Ack(Ack { applied_index: 1 })).unwrap();
     for kind in FrameKind::ALL {
-        if matches!(kind, FrameKind::Ack | FrameKind::Cancel | FrameKind::TokenChunk) {
+        if matches!(
+            kind,
+            FrameKind::Ack
+                | FrameKind::Cancel
+                | FrameKind::TokenChunk
+                | FrameKind::StateSyncRequest
+                | FrameKind::StateSync
+        ) {
             continue; // Tables without required fields can legitimately read an Ack's bytes as empty.
         }
         let frame = RawFrame { kind, payload: ack.slice(crate::frame::HEADER_LEN..) };

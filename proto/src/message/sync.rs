@@ -1,0 +1,312 @@
+//! What frontends cache: a model's card (from a worker) and the key, quota and model part of the routing state
+//! (from an orchestrator). Owned, checked values and their FlatBuffers conversion.
+
+use flatbuffers::{FlatBufferBuilder, WIPOffset};
+
+use super::check::{self, invalid};
+use super::control::ModelInfo;
+use super::{MessageError, fb};
+
+/// Most keys, projects or models one `StateSync` may carry.
+pub const MAX_SYNC_ITEMS: usize = 100_000;
+/// Most stop-token ids in a model card.
+pub const MAX_STOP_TOKEN_IDS: usize = 64;
+
+/// Ask a worker for a model's card.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelCardRequest {
+    /// Concrete model id.
+    pub model: String,
+}
+
+impl ModelCardRequest {
+    pub(crate) fn check(&self) -> Result<(), MessageError> {
+        check::id("ModelCardRequest.model", &self.model)
+    }
+
+    pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::ModelCardRequest<'b>> {
+        let model = fbb.create_string(&self.model);
+        fb::ModelCardRequest::create(fbb, &fb::ModelCardRequestArgs { model: Some(model) })
+    }
+
+    pub(crate) fn read(t: fb::ModelCardRequest<'_>) -> Result<Self, MessageError> {
+        let msg = ModelCardRequest { model: t.model().to_owned() };
+        msg.check()?;
+        Ok(msg)
+    }
+}
+
+/// What a frontend needs to tokenise prompts for a model exactly as the worker does.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelCard {
+    /// Concrete model id.
+    pub model: String,
+    /// SHA-256 of the weights.
+    pub weights_sha256: [u8; 32],
+    /// Context window in tokens.
+    pub context_length: u32,
+    /// A Hugging Face `tokenizer.json` document.
+    pub tokenizer_json: String,
+    /// The Jinja chat template.
+    pub chat_template: String,
+    /// Beginning-of-sequence token string.
+    pub bos_token: String,
+    /// End-of-sequence token string.
+    pub eos_token: String,
+    /// Token ids that end a turn.
+    pub stop_token_ids: Vec<u32>,
+    /// Tokens per KV block.
+    pub kv_block_size: u32,
+}
+
+impl ModelCard {
+    pub(crate) fn check(&self) -> Result<(), MessageError> {
+        check::id("ModelCard.model", &self.model)?;
+        if self.context_length == 0 {
+            return Err(invalid("ModelCard.context_length", "must be at least 1"));
+        }
+        if self.kv_block_size == 0 {
+            return Err(invalid("ModelCard.kv_block_size", "must be at least 1"));
+        }
+        if self.tokenizer_json.is_empty() {
+            return Err(invalid("ModelCard.tokenizer_json", "must not be empty"));
+        }
+        if self.chat_template.is_empty() {
+            return Err(invalid("ModelCard.chat_template", "must not be empty"));
+        }
+        check::text("ModelCard.bos_token", &self.bos_token, 0, check::MAX_ID_LEN)?;
+        check::text("ModelCard.eos_token", &self.eos_token, 0, check::MAX_ID_LEN)?;
+        check::count("ModelCard.stop_token_ids", self.stop_token_ids.len(), MAX_STOP_TOKEN_IDS)
+    }
+
+    pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::ModelCard<'b>> {
+        let model = fbb.create_string(&self.model);
+        let sha = fbb.create_vector(&self.weights_sha256);
+        let tokenizer_json = fbb.create_string(&self.tokenizer_json);
+        let chat_template = fbb.create_string(&self.chat_template);
+        let bos_token = fbb.create_string(&self.bos_token);
+        let eos_token = fbb.create_string(&self.eos_token);
+        let stop = fbb.create_vector(&self.stop_token_ids);
+        fb::ModelCard::create(
+            fbb,
+            &fb::ModelCardArgs {
+                model: Some(model),
+                weights_sha256: Some(sha),
+                context_length: self.context_length,
+                tokenizer_json: Some(tokenizer_json),
+                chat_template: Some(chat_template),
+                bos_token: Some(bos_token),
+                eos_token: Some(eos_token),
+                stop_token_ids: Some(stop),
+                kv_block_size: self.kv_block_size,
+            },
+        )
+    }
+
+    pub(crate) fn read(t: fb::ModelCard<'_>) -> Result<Self, MessageError> {
+        let stop = t.stop_token_ids().unwrap_or_default();
+        check::count("ModelCard.stop_token_ids", stop.len(), MAX_STOP_TOKEN_IDS)?;
+        let msg = ModelCard {
+            model: t.model().to_owned(),
+            weights_sha256: check::sha256("ModelCard.weights_sha256", t.weights_sha256().bytes())?,
+            context_length: t.context_length(),
+            tokenizer_json: t.tokenizer_json().to_owned(),
+            chat_template: t.chat_template().to_owned(),
+            bos_token: t.bos_token().unwrap_or_default().to_owned(),
+            eos_token: t.eos_token().unwrap_or_default().to_owned(),
+            stop_token_ids: stop.iter().collect(),
+            kv_block_size: t.kv_block_size(),
+        };
+        msg.check()?;
+        Ok(msg)
+    }
+}
+
+/// Ask an orchestrator for the state frontends cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateSyncRequest {
+    /// Applied index of the state the caller holds; 0 for none.
+    pub known_index: u64,
+}
+
+impl StateSyncRequest {
+    pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::StateSyncRequest<'b>> {
+        fb::StateSyncRequest::create(fbb, &fb::StateSyncRequestArgs { known_index: self.known_index })
+    }
+
+    pub(crate) fn read(t: fb::StateSyncRequest<'_>) -> Result<Self, MessageError> {
+        Ok(StateSyncRequest { known_index: t.known_index() })
+    }
+}
+
+/// An API key as frontends see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiKeyEntry {
+    /// Public key id.
+    pub key_id: String,
+    /// SHA-256 of the secret, lowercase hex.
+    pub secret_sha256: String,
+    /// Project the key bills to.
+    pub project: String,
+}
+
+impl ApiKeyEntry {
+    fn check(&self) -> Result<(), MessageError> {
+        check::id("ApiKeyEntry.key_id", &self.key_id)?;
+        check::id("ApiKeyEntry.project", &self.project)?;
+        if self.secret_sha256.len() != 64 || !self.secret_sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return Err(invalid("ApiKeyEntry.secret_sha256", "must be 64 lowercase hex characters"));
+        }
+        Ok(())
+    }
+}
+
+/// A project's limits; 0 means unlimited.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ProjectQuota {
+    /// Project name.
+    pub project: String,
+    /// Requests per minute.
+    pub requests_per_minute: u32,
+    /// Input plus output tokens per minute.
+    pub tokens_per_minute: u32,
+    /// Requests in flight.
+    pub max_concurrent: u32,
+    /// Input tokens per minute.
+    pub input_tokens_per_minute: u32,
+    /// Output tokens per minute.
+    pub output_tokens_per_minute: u32,
+}
+
+/// The part of the routing state frontends cache.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct StateSync {
+    /// Applied index of this state.
+    pub applied_index: u64,
+    /// The caller's state is current; the lists are empty.
+    pub unchanged: bool,
+    /// API keys.
+    pub keys: Vec<ApiKeyEntry>,
+    /// Project quotas.
+    pub projects: Vec<ProjectQuota>,
+    /// Models served by some healthy, non-draining worker, and aliases.
+    pub models: Vec<ModelInfo>,
+    /// Workers able to serve.
+    pub serving_workers: u32,
+    /// Billing-unit weights (input, output, context); `None` for the defaults.
+    pub billing_weights: Option<[f32; 3]>,
+}
+
+impl StateSync {
+    pub(crate) fn check(&self) -> Result<(), MessageError> {
+        check::count("StateSync.keys", self.keys.len(), MAX_SYNC_ITEMS)?;
+        check::count("StateSync.projects", self.projects.len(), MAX_SYNC_ITEMS)?;
+        check::count("StateSync.models", self.models.len(), MAX_SYNC_ITEMS)?;
+        for key in &self.keys {
+            key.check()?;
+        }
+        if let Some(w) = self.billing_weights {
+            for w in w {
+                check::range("StateSync.billing_weights", w, 0.0, 1.0)?;
+            }
+        }
+        for p in &self.projects {
+            check::id("ProjectQuota.project", &p.project)?;
+        }
+        self.models.iter().try_for_each(ModelInfo::check)
+    }
+
+    pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::StateSync<'b>> {
+        let keys: Vec<_> = self
+            .keys
+            .iter()
+            .map(|k| {
+                let key_id = fbb.create_string(&k.key_id);
+                let secret = fbb.create_string(&k.secret_sha256);
+                let project = fbb.create_string(&k.project);
+                fb::ApiKeyEntry::create(
+                    fbb,
+                    &fb::ApiKeyEntryArgs { key_id: Some(key_id), secret_sha256: Some(secret), project: Some(project) },
+                )
+            })
+            .collect();
+        let keys = fbb.create_vector(&keys);
+        let projects: Vec<_> = self
+            .projects
+            .iter()
+            .map(|p| {
+                let project = fbb.create_string(&p.project);
+                fb::ProjectQuota::create(
+                    fbb,
+                    &fb::ProjectQuotaArgs {
+                        project: Some(project),
+                        requests_per_minute: p.requests_per_minute,
+                        tokens_per_minute: p.tokens_per_minute,
+                        max_concurrent: p.max_concurrent,
+                        input_tokens_per_minute: p.input_tokens_per_minute,
+                        output_tokens_per_minute: p.output_tokens_per_minute,
+                    },
+                )
+            })
+            .collect();
+        let projects = fbb.create_vector(&projects);
+        let models: Vec<_> = self.models.iter().map(|m| m.write(fbb)).collect();
+        let models = fbb.create_vector(&models);
+        let weights = self.billing_weights.map(|w| fbb.create_vector(&w));
+        fb::StateSync::create(
+            fbb,
+            &fb::StateSyncArgs {
+                applied_index: self.applied_index,
+                unchanged: self.unchanged,
+                keys: Some(keys),
+                projects: Some(projects),
+                models: Some(models),
+                serving_workers: self.serving_workers,
+                billing_weights: weights,
+            },
+        )
+    }
+
+    pub(crate) fn read(t: fb::StateSync<'_>) -> Result<Self, MessageError> {
+        let keys = t.keys().unwrap_or_default();
+        let projects = t.projects().unwrap_or_default();
+        let models = t.models().unwrap_or_default();
+        check::count("StateSync.keys", keys.len(), MAX_SYNC_ITEMS)?;
+        check::count("StateSync.projects", projects.len(), MAX_SYNC_ITEMS)?;
+        check::count("StateSync.models", models.len(), MAX_SYNC_ITEMS)?;
+        let msg = StateSync {
+            applied_index: t.applied_index(),
+            unchanged: t.unchanged(),
+            keys: keys
+                .iter()
+                .map(|k| ApiKeyEntry {
+                    key_id: k.key_id().to_owned(),
+                    secret_sha256: k.secret_sha256().to_owned(),
+                    project: k.project().to_owned(),
+                })
+                .collect(),
+            projects: projects
+                .iter()
+                .map(|p| ProjectQuota {
+                    project: p.project().to_owned(),
+                    requests_per_minute: p.requests_per_minute(),
+                    tokens_per_minute: p.tokens_per_minute(),
+                    max_concurrent: p.max_concurrent(),
+                    input_tokens_per_minute: p.input_tokens_per_minute(),
+                    output_tokens_per_minute: p.output_tokens_per_minute(),
+                })
+                .collect(),
+            models: models.iter().map(ModelInfo::read).collect::<Result<_, _>>()?,
+            serving_workers: t.serving_workers(),
+            billing_weights: match t.billing_weights() {
+                None => None,
+                Some(w) if w.is_empty() => None,
+                Some(w) if w.len() == 3 => Some([w.get(0), w.get(1), w.get(2)]),
+                Some(w) => return Err(invalid("StateSync.billing_weights", format!("{} values, need 3", w.len()))),
+            },
+        };
+        msg.check()?;
+        Ok(msg)
+    }
+}

@@ -1,0 +1,348 @@
+//! Tokenizers and chat templates: a Hugging Face `tokenizer.json`, or a byte-level BPE tokenizer rebuilt from a
+//! GGUF file's own `tokenizer.ggml.*` metadata (as llama.cpp does), and the model's Jinja chat template rendered
+//! with minijinja (ChatML when the model has none). Shared by the worker (which generates with it) and the frontend
+//! (which counts, checks and hashes prompts with the very same tokenizer, sent over as a model card).
+
+use std::collections::HashMap;
+
+use tokenizers::models::bpe::{BPE, Vocab};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::{AddedToken, Tokenizer};
+
+/// ChatML, used when a model ships no template.
+pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + \
+     message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+/// A tokenizer or template problem.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// The tokenizer could not be built or used.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The chat template failed to parse or render.
+    #[error("chat template: {0}")]
+    Template(String),
+}
+
+/// One chat message, already flattened to text.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ChatMessage {
+    /// "system", "user" or "assistant".
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// GGUF tokenizer metadata, as read from the file.
+#[derive(Debug, Default)]
+pub struct GgufVocab {
+    /// `tokenizer.ggml.model`, e.g. "gpt2".
+    pub model: String,
+    /// `tokenizer.ggml.pre`, e.g. "smollm".
+    pub pre: String,
+    /// Token strings by id.
+    pub tokens: Vec<String>,
+    /// Merge rules, "left right".
+    pub merges: Vec<String>,
+    /// Token types by id (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte).
+    pub token_types: Vec<i32>,
+    /// End-of-sequence token id.
+    pub eos: Option<u32>,
+    /// Chat template.
+    pub chat_template: Option<String>,
+}
+
+/// A tokenizer in portable form: what a worker sends a frontend in a model card, so both tokenise alike.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TokenizerParts {
+    /// A Hugging Face `tokenizer.json` document.
+    pub tokenizer_json: String,
+    /// The Jinja chat template.
+    pub chat_template: String,
+    /// Beginning-of-sequence token string.
+    pub bos: String,
+    /// End-of-sequence token string.
+    pub eos: String,
+    /// Token ids that end a turn.
+    pub stop_ids: Vec<u32>,
+}
+
+/// A model's tokenizer, stop tokens and chat template.
+#[derive(Clone)]
+pub struct TextTokenizer {
+    inner: Tokenizer,
+    /// Token ids that end a turn (EOS, `<|im_end|>`, `<|eot_id|>`, ...).
+    pub stop_ids: Vec<u32>,
+    template: String,
+    bos: String,
+    eos: String,
+}
+
+impl std::fmt::Debug for TextTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextTokenizer").field("stop_ids", &self.stop_ids).finish_non_exhaustive()
+    }
+}
+
+/// Turn names that end a turn in the common chat formats.
+const END_OF_TURN: [&str; 5] = ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<|end|>"];
+
+impl TextTokenizer {
+    /// Rebuild a byte-level BPE tokenizer from GGUF metadata.
+    pub fn from_gguf(vocab: &GgufVocab) -> Result<TextTokenizer, TokenizerError> {
+        if vocab.model != "gpt2" {
+            return Err(TokenizerError::Tokenizer(format!(
+                "GGUF tokenizer model {:?} is not supported (byte-level BPE, \"gpt2\", is)",
+                vocab.model
+            )));
+        }
+        let ids: Vocab = vocab.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let merges = vocab
+            .merges
+            .iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                    .ok_or_else(|| TokenizerError::Tokenizer(format!("bad merge {m:?}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(ids, merges)
+            .build()
+            .map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
+        let mut inner = Tokenizer::new(bpe);
+        let byte_level = ByteLevel::new(false, true, true);
+        // Pre-tokenizers by `tokenizer.ggml.pre`: the digit split is what SmolLM's and StarCoder's tokenizer.json
+        // declare; plain GPT-2 byte-level for the rest.
+        let pre: PreTokenizerWrapper = match vocab.pre.as_str() {
+            "smollm" | "starcoder" | "refact" => {
+                Sequence::new(vec![Digits::new(true).into(), byte_level.into()]).into()
+            }
+            _ => byte_level.into(),
+        };
+        inner.with_pre_tokenizer(Some(pre));
+        inner.with_decoder(Some(ByteLevel::default()));
+        // Control and user-defined tokens are matched whole in the input (chat markers like <|im_start|>).
+        let specials: Vec<AddedToken> = vocab
+            .tokens
+            .iter()
+            .zip(&vocab.token_types)
+            .filter(|(_, t)| **t == 3 || **t == 4)
+            .map(|(s, t)| AddedToken::from(s.clone(), *t == 3))
+            .collect();
+        inner.add_special_tokens(specials).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
+        let eos = vocab.eos.and_then(|id| vocab.tokens.get(id as usize)).cloned().unwrap_or_default();
+        let mut stop_ids: Vec<u32> = vocab.eos.into_iter().collect();
+        for name in END_OF_TURN {
+            if let Some(id) = vocab.tokens.iter().position(|t| t == name) {
+                stop_ids.push(id as u32);
+            }
+        }
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
+        Ok(TextTokenizer {
+            inner,
+            stop_ids,
+            template: vocab.chat_template.clone().unwrap_or_else(|| CHATML_TEMPLATE.to_owned()),
+            bos: String::new(),
+            eos,
+        })
+    }
+
+    /// Load a Hugging Face `tokenizer.json`, with the chat template and special tokens of `tokenizer_config.json`
+    /// when given.
+    pub fn from_hf(tokenizer_json: &[u8], tokenizer_config: Option<&[u8]>) -> Result<TextTokenizer, TokenizerError> {
+        let inner = Tokenizer::from_bytes(tokenizer_json).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
+        let config: HashMap<String, serde_json::Value> = match tokenizer_config {
+            Some(bytes) => serde_json::from_slice(bytes).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?,
+            None => HashMap::new(),
+        };
+        let token_str = |key: &str| match config.get(key) {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(serde_json::Value::Object(o)) => o.get("content").and_then(|c| c.as_str()).map(str::to_owned),
+            _ => None,
+        };
+        let eos = token_str("eos_token").unwrap_or_default();
+        let mut stop_ids = Vec::new();
+        for name in END_OF_TURN.iter().copied().chain(std::iter::once(eos.as_str())) {
+            if let Some(id) = inner.token_to_id(name) {
+                stop_ids.push(id);
+            }
+        }
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
+        let template = match config.get("chat_template") {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            _ => CHATML_TEMPLATE.to_owned(),
+        };
+        Ok(TextTokenizer { inner, stop_ids, template, bos: token_str("bos_token").unwrap_or_default(), eos })
+    }
+
+    /// This tokenizer in portable form.
+    pub fn to_parts(&self) -> Result<TokenizerParts, TokenizerError> {
+        Ok(TokenizerParts {
+            tokenizer_json: self.inner.to_string(false).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?,
+            chat_template: self.template.clone(),
+            bos: self.bos.clone(),
+            eos: self.eos.clone(),
+            stop_ids: self.stop_ids.clone(),
+        })
+    }
+
+    /// Rebuild a tokenizer from its portable form; the template is checked to parse.
+    pub fn from_parts(parts: &TokenizerParts) -> Result<TextTokenizer, TokenizerError> {
+        let inner = Tokenizer::from_bytes(parts.tokenizer_json.as_bytes())
+            .map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
+        minijinja::Environment::new()
+            .template_from_str(&parts.chat_template)
+            .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        Ok(TextTokenizer {
+            inner,
+            stop_ids: parts.stop_ids.clone(),
+            template: parts.chat_template.clone(),
+            bos: parts.bos.clone(),
+            eos: parts.eos.clone(),
+        })
+    }
+
+    /// Token ids of `text`; special-token markers in it are matched as special tokens.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self.inner.encode(text, false).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Text of `ids`, special tokens skipped.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.inner.decode(ids, true).map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+    }
+
+    /// The vocabulary size the tokenizer knows (added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// Render `messages` with the model's chat template, ending with the assistant's turn opener.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, TokenizerError> {
+        let mut env = minijinja::Environment::new();
+        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template("chat", &self.template).map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let tmpl = env.get_template("chat").map_err(|e| TokenizerError::Template(e.to_string()))?;
+        tmpl.render(minijinja::context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => self.bos,
+            eos_token => self.eos,
+        })
+        .map_err(|e| TokenizerError::Template(e.to_string()))
+    }
+
+    /// Incremental detokenizer for one sequence.
+    pub fn stream(&self) -> Detokenizer {
+        Detokenizer::default()
+    }
+}
+
+/// Turns a growing list of token ids into text deltas. It decodes only a short window (the tokens since the last
+/// emitted text plus the ones before them, for context), and holds back an incomplete UTF-8 character.
+#[derive(Debug, Default)]
+pub struct Detokenizer {
+    ids: Vec<u32>,
+    prefix: usize,
+    read: usize,
+}
+
+impl Detokenizer {
+    /// Add one token; returns the new, complete text (possibly empty).
+    pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<String, TokenizerError> {
+        self.ids.push(id);
+        let before = tok.decode(&self.ids[self.prefix..self.read])?;
+        let now = tok.decode(&self.ids[self.prefix..])?;
+        // A trailing U+FFFD means the last token ended inside a multi-byte character: wait for more.
+        if now.len() <= before.len() || now.ends_with('\u{fffd}') || !now.is_char_boundary(before.len()) {
+            return Ok(String::new());
+        }
+        let delta = now[before.len()..].to_owned();
+        self.prefix = self.read;
+        self.read = self.ids.len();
+        Ok(delta)
+    }
+}
+
+/// A small byte-level vocabulary (the 256 byte tokens, a few merges, ChatML markers) for tests of crates that need
+/// a real tokenizer but not a real model.
+pub mod testing {
+    use super::GgufVocab;
+
+    /// The GPT-2 byte-to-unicode mapping's printable form of byte `b`.
+    fn byte_char(b: u8) -> char {
+        match b {
+            b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff => char::from(b),
+            _ => {
+                // Unprintable bytes map past U+0100 in order, as GPT-2's bytes_to_unicode does.
+                let skipped = (0u16..=255)
+                    .filter(|&c| !matches!(c as u8, b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff))
+                    .position(|c| c == u16::from(b))
+                    .unwrap_or(0);
+                char::from_u32(256 + skipped as u32).unwrap_or('?')
+            }
+        }
+    }
+
+    /// Byte tokens 0..256, merges for "he", "ll", "hell", "hello", then `<|endoftext|>` (260),
+    /// `<|im_start|>` (261) and `<|im_end|>` (262, the end of sequence).
+    pub fn tiny_vocab() -> GgufVocab {
+        let mut tokens: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
+        let merges = vec!["h e".to_owned(), "l l".to_owned(), "he ll".to_owned(), "hell o".to_owned()];
+        tokens.extend(["he", "ll", "hell", "hello"].map(str::to_owned));
+        let mut token_types = vec![1; tokens.len()];
+        for special in ["<|endoftext|>", "<|im_start|>", "<|im_end|>"] {
+            tokens.push(special.to_owned());
+            token_types.push(3);
+        }
+        GgufVocab {
+            model: "gpt2".into(),
+            pre: "smollm".into(),
+            eos: Some(tokens.len() as u32 - 1),
+            tokens,
+            merges,
+            token_types,
+            chat_template: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn tokenizer_survives_its_portable_form() {
+        let tok = TextTokenizer::from_gguf(&testing::tiny_vocab()).unwrap();
+        let again = TextTokenizer::from_parts(&tok.to_parts().unwrap()).unwrap();
+        let chat = [ChatMessage { role: "user".into(), content: "hello 123, héllo!".into() }];
+        let text = tok.render_chat(&chat).unwrap();
+        assert_eq!(again.render_chat(&chat).unwrap(), text);
+        let ids = tok.encode(&text).unwrap();
+        assert_eq!(again.encode(&text).unwrap(), ids);
+        assert!(ids.contains(&262), "<|im_end|> is one special token: {ids:?}");
+        assert!(ids.contains(&259), "hello merges into one token: {ids:?}");
+        assert_eq!(tok.decode(&ids).unwrap(), again.decode(&ids).unwrap());
+        assert_eq!(again.stop_ids, tok.stop_ids);
+    }
+
+    #[test]
+    fn a_broken_card_is_an_error_not_a_panic() {
+        let mut parts = TextTokenizer::from_gguf(&testing::tiny_vocab()).unwrap().to_parts().unwrap();
+        parts.chat_template = "{% for %}".into();
+        assert!(TextTokenizer::from_parts(&parts).is_err());
+        parts.tokenizer_json = "{".into();
+        assert!(TextTokenizer::from_parts(&parts).is_err());
+    }
+}
