@@ -47,6 +47,26 @@ pub fn install_metrics(addr: SocketAddr) -> Result<()> {
         .with_context(|| format!("starting the metrics endpoint on {addr}"))
 }
 
+/// Record metrics for a tier that serves `/metrics` itself (the frontend, on its HTTP port): returns the
+/// renderer of the Prometheus text. Upkeep (histogram compaction) runs on every render and every 5 s.
+pub fn metrics_renderer() -> Result<std::sync::Arc<dyn Fn() -> String + Send + Sync>> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("installing the metrics recorder")?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(std::sync::Arc::new(move || {
+        handle.run_upkeep();
+        handle.render()
+    }))
+}
+
 /// Resolves on Ctrl-C or SIGTERM (what Kubernetes sends before killing a pod).
 pub async fn shutdown_signal() {
     #[cfg(unix)]

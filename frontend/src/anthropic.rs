@@ -1,0 +1,421 @@
+//! The Anthropic Messages API: request parsing with Anthropic's validation rules, the `message` object, and the
+//! streaming event sequence (`message_start`, `content_block_start`, `ping`, `content_block_delta`...,
+//! `content_block_stop`, `message_delta`, `message_stop`; `error` if the stream fails after the 200).
+
+use serde_json::{Map, Value, json};
+use zl_proto::message::StopReason;
+use zl_text::ChatMessage;
+
+use crate::cache::FinishInfo;
+use crate::error::ApiError;
+use crate::gateway::GenRequest;
+
+/// Most stop sequences and their longest length (the wire's limits).
+const MAX_STOP: usize = zl_proto::message::MAX_STOP_SEQUENCES;
+
+/// Field access with Anthropic-style messages (`field: problem`).
+pub(crate) struct Fields<'a> {
+    obj: &'a Map<String, Value>,
+}
+
+impl<'a> Fields<'a> {
+    pub(crate) fn of(body: &'a Value) -> Result<Self, ApiError> {
+        body.as_object().map(|obj| Fields { obj }).ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&'a Value> {
+        self.obj.get(name).filter(|v| !v.is_null())
+    }
+
+    pub(crate) fn string(&self, name: &str) -> Result<Option<&'a str>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(_) => Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid string"))),
+        }
+    }
+
+    pub(crate) fn required_string(&self, name: &str) -> Result<&'a str, ApiError> {
+        self.string(name)?.ok_or_else(|| ApiError::invalid_param(name, format!("{name}: Field required")))
+    }
+
+    pub(crate) fn number(&self, name: &str, lo: f64, hi: f64) -> Result<Option<f64>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => {
+                let v = n.as_f64().unwrap_or(f64::NAN);
+                if !(lo..=hi).contains(&v) {
+                    return Err(ApiError::invalid_param(
+                        name,
+                        format!("{name}: Input should be between {lo} and {hi}, got {v}"),
+                    ));
+                }
+                Ok(Some(v))
+            }
+            Some(_) => Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid number"))),
+        }
+    }
+
+    pub(crate) fn integer(&self, name: &str, lo: u64, hi: u64) -> Result<Option<u64>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Number(n)) => match n.as_u64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64)) {
+                Some(v) if (lo..=hi).contains(&v) => Ok(Some(v)),
+                Some(v) => Err(ApiError::invalid_param(name, format!("{name}: Input should be between {lo} and {hi}, got {v}"))),
+                None if n.as_i64().is_some() => Err(ApiError::invalid_param(
+                    name,
+                    format!("{name}: Input should be greater than or equal to {lo}, got {n}"),
+                )),
+                None => Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid integer"))),
+            },
+            Some(_) => Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid integer"))),
+        }
+    }
+
+    pub(crate) fn boolean(&self, name: &str) -> Result<Option<bool>, ApiError> {
+        match self.get(name) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(_) => Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid boolean"))),
+        }
+    }
+
+    pub(crate) fn stop_list(&self, name: &str, allow_string: bool) -> Result<Vec<String>, ApiError> {
+        let list = match self.get(name) {
+            None => return Ok(vec![]),
+            Some(Value::String(s)) if allow_string => vec![s.clone()],
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| ApiError::invalid_param(name, format!("{name}: every item must be a string")))?,
+            Some(_) => return Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid list"))),
+        };
+        if list.len() > MAX_STOP {
+            return Err(ApiError::invalid_param(name, format!("{name}: at most {MAX_STOP} stop sequences")));
+        }
+        for s in &list {
+            if s.is_empty() || s.len() > zl_proto::message::MAX_STOP_SEQUENCE_LEN {
+                return Err(ApiError::invalid_param(
+                    name,
+                    format!("{name}: each stop sequence must be 1 to {} bytes", zl_proto::message::MAX_STOP_SEQUENCE_LEN),
+                ));
+            }
+        }
+        Ok(list)
+    }
+}
+
+/// Text of a `content` field: a string, or an array of text blocks (anything else is refused by name).
+fn content_text(value: &Value, field: &str) -> Result<String, ApiError> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(blocks) => {
+            let mut text = String::new();
+            for (i, block) in blocks.iter().enumerate() {
+                let ty = block.get("type").and_then(Value::as_str).unwrap_or("");
+                match ty {
+                    "text" => match block.get("text") {
+                        Some(Value::String(t)) => text.push_str(t),
+                        _ => return Err(ApiError::invalid(format!("{field}.{i}.text: Field required"))),
+                    },
+                    "image" | "document" | "tool_use" | "tool_result" | "thinking" | "redacted_thinking" => {
+                        return Err(ApiError::invalid(format!(
+                            "{field}.{i}: content blocks of type \"{ty}\" are not supported by this server yet; send text"
+                        )));
+                    }
+                    "" => return Err(ApiError::invalid(format!("{field}.{i}.type: Field required"))),
+                    other => return Err(ApiError::invalid(format!("{field}.{i}.type: unknown content block type {other:?}"))),
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(ApiError::invalid(format!("{field}: Input should be a valid string or list of content blocks"))),
+    }
+}
+
+/// Parse a `POST /v1/messages` (or, with `count_only`, a `count_tokens`) body.
+pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
+    let f = Fields::of(body)?;
+    let model = f.required_string("model")?;
+    if model.is_empty() {
+        return Err(ApiError::invalid_param("model", "model: String should have at least 1 character"));
+    }
+    for unsupported in ["tools", "tool_choice", "mcp_servers", "container"] {
+        if f.get(unsupported).is_some_and(|v| !v.as_array().is_some_and(Vec::is_empty)) {
+            return Err(ApiError::invalid_param(
+                unsupported,
+                format!("{unsupported}: tool use is not supported by this server yet"),
+            ));
+        }
+    }
+    if let Some(thinking) = f.get("thinking")
+        && thinking.get("type").and_then(Value::as_str) != Some("disabled")
+    {
+        return Err(ApiError::invalid_param("thinking", "thinking: extended thinking is not supported by this server"));
+    }
+    let messages = match f.get("messages") {
+        None => return Err(ApiError::invalid_param("messages", "messages: Field required")),
+        Some(Value::Array(m)) => m,
+        Some(_) => return Err(ApiError::invalid_param("messages", "messages: Input should be a valid list")),
+    };
+    if messages.is_empty() {
+        return Err(ApiError::invalid_param("messages", "messages: at least one message is required"));
+    }
+    let mut chat = Vec::with_capacity(messages.len());
+    for (i, m) in messages.iter().enumerate() {
+        let role = match m.get("role") {
+            Some(Value::String(r)) if r == "user" || r == "assistant" => r.clone(),
+            Some(Value::String(r)) => {
+                return Err(ApiError::invalid(format!(
+                    "messages.{i}.role: Input should be 'user' or 'assistant', got {r:?} (put system prompts in the top-level system field)"
+                )));
+            }
+            _ => return Err(ApiError::invalid(format!("messages.{i}.role: Field required"))),
+        };
+        let content = m.get("content").ok_or_else(|| ApiError::invalid(format!("messages.{i}.content: Field required")))?;
+        let text = content_text(content, &format!("messages.{i}.content"))?;
+        if i == 0 && role != "user" {
+            return Err(ApiError::invalid("messages: the first message must use the \"user\" role"));
+        }
+        if let Some(prev) = chat.last().map(|c: &ChatMessage| c.role.clone())
+            && prev == role
+        {
+            return Err(ApiError::invalid(format!(
+                "messages: roles must alternate between \"user\" and \"assistant\", but messages.{} and messages.{i} are both \"{role}\"",
+                i - 1
+            )));
+        }
+        chat.push(ChatMessage { role, content: text });
+    }
+    let system = match f.get("system") {
+        None => None,
+        Some(v) => Some(content_text(v, "system")?),
+    };
+    let max_tokens = match f.integer("max_tokens", 1, u64::from(u32::MAX))? {
+        Some(m) => Some(m as u32),
+        None if count_only => None,
+        None => {
+            if f.get("max_tokens").is_none() {
+                return Err(ApiError::invalid_param("max_tokens", "max_tokens: Field required"));
+            }
+            None
+        }
+    };
+    let temperature = f.number("temperature", 0.0, 1.0)?.unwrap_or(1.0) as f32;
+    let top_p = match f.number("top_p", 0.0, 1.0)? {
+        Some(p) if p == 0.0 => return Err(ApiError::invalid_param("top_p", "top_p: Input should be greater than 0")),
+        Some(p) => p as f32,
+        None => 1.0,
+    };
+    let top_k = f.integer("top_k", 0, u64::from(u32::MAX))?.unwrap_or(0) as u32;
+    let stop = f.stop_list("stop_sequences", false)?;
+    let stream = f.boolean("stream")?.unwrap_or(false);
+    // zerolayer extension: a sampling seed (the official SDK sends it with `extra_body={"seed": N}`).
+    let seed = f.integer("seed", 0, u64::MAX)?;
+    let user = match f.get("metadata") {
+        None => None,
+        Some(Value::Object(meta)) => match meta.get("user_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(u)) if u.len() <= 256 => Some(u.clone()).filter(|u| !u.is_empty()),
+            Some(Value::String(_)) => {
+                return Err(ApiError::invalid_param("metadata", "metadata.user_id: at most 256 characters"));
+            }
+            Some(_) => return Err(ApiError::invalid_param("metadata", "metadata.user_id: Input should be a valid string")),
+        },
+        Some(_) => return Err(ApiError::invalid_param("metadata", "metadata: Input should be a valid dictionary")),
+    };
+    Ok(GenRequest {
+        model: model.to_owned(),
+        system,
+        messages: chat,
+        max_tokens,
+        temperature,
+        top_p,
+        top_k,
+        stop,
+        seed,
+        stream,
+        user,
+    })
+}
+
+/// Anthropic's `stop_reason`.
+pub fn stop_reason(r: StopReason) -> &'static str {
+    match r {
+        StopReason::EndTurn => "end_turn",
+        StopReason::MaxTokens => "max_tokens",
+        StopReason::StopSequence => "stop_sequence",
+    }
+}
+
+fn usage(f: &FinishInfo) -> Value {
+    json!({
+        "input_tokens": f.input_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": f.cached_input_tokens,
+        "output_tokens": f.output_tokens,
+        "billing_unit": round4(f.billing_unit),
+    })
+}
+
+/// A float rounded to 4 decimals, so JSON shows 0.1234, not 0.12340000271797180.
+pub(crate) fn round4(x: f32) -> f64 {
+    (f64::from(x) * 1e4).round() / 1e4
+}
+
+/// The non-streaming `message` object.
+pub fn message(id: &str, model: &str, text: &str, f: &FinishInfo) -> Value {
+    json!({
+        "id": id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": text}],
+        "stop_reason": stop_reason(f.stop_reason),
+        "stop_sequence": f.stop_sequence,
+        "usage": usage(f),
+    })
+}
+
+/// One server-sent event.
+pub fn event(name: &str, data: &Value) -> String {
+    format!("event: {name}\ndata: {data}\n\n")
+}
+
+/// The events before the first text: `message_start`, `content_block_start`, `ping`.
+pub fn stream_start(id: &str, model: &str, input_tokens: u32) -> String {
+    let start = json!({
+        "type": "message_start",
+        "message": {
+            "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": input_tokens, "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0, "output_tokens": 0},
+        },
+    });
+    let mut out = event("message_start", &start);
+    out += &event("content_block_start", &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}));
+    out += &event("ping", &json!({"type": "ping"}));
+    out
+}
+
+/// One `content_block_delta`.
+pub fn stream_delta(text: &str) -> String {
+    event(
+        "content_block_delta",
+        &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
+    )
+}
+
+/// The closing events: `content_block_stop`, `message_delta` (stop reason, cumulative usage), `message_stop`.
+pub fn stream_end(f: &FinishInfo) -> String {
+    let mut out = event("content_block_stop", &json!({"type": "content_block_stop", "index": 0}));
+    out += &event(
+        "message_delta",
+        &json!({
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason(f.stop_reason), "stop_sequence": f.stop_sequence},
+            "usage": usage(f),
+        }),
+    );
+    out += &event("message_stop", &json!({"type": "message_stop"}));
+    out
+}
+
+/// The `error` event for a stream that fails after the 200.
+pub fn stream_error(e: &ApiError) -> String {
+    event("error", &json!({"type": "error", "error": {"type": e.kind.anthropic_type(), "message": e.message}}))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn ok(body: Value) -> GenRequest {
+        parse(&body, false).unwrap()
+    }
+
+    fn err(body: Value) -> String {
+        parse(&body, false).unwrap_err().message
+    }
+
+    #[test]
+    fn parses_strings_and_blocks() {
+        let r = ok(json!({
+            "model": "m", "max_tokens": 5, "system": [{"type": "text", "text": "be brief"}],
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]},
+                {"role": "user", "content": "again"}
+            ],
+            "temperature": 0, "top_k": 3, "stop_sequences": ["\n\n"], "metadata": {"user_id": "u1"}, "stream": true
+        }));
+        assert_eq!(r.system.as_deref(), Some("be brief"));
+        assert_eq!(r.messages[1].content, "hello");
+        assert_eq!((r.max_tokens, r.temperature, r.top_k, r.stream), (Some(5), 0.0, 3, true));
+        assert_eq!(r.user.as_deref(), Some("u1"));
+        assert_eq!(r.stop, vec!["\n\n".to_owned()]);
+    }
+
+    #[test]
+    fn refuses_precisely() {
+        let m = |extra: Value| {
+            let mut base = json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                base[k] = v.clone();
+            }
+            err(base)
+        };
+        assert_eq!(m(json!({"temperature": 5})), "temperature: Input should be between 0 and 1, got 5");
+        assert_eq!(m(json!({"temperature": "hot"})), "temperature: Input should be a valid number");
+        assert_eq!(m(json!({"max_tokens": 0})), "max_tokens: Input should be between 1 and 4294967295, got 0");
+        assert_eq!(m(json!({"max_tokens": -3})), "max_tokens: Input should be greater than or equal to 1, got -3");
+        assert_eq!(m(json!({"top_p": 2})), "top_p: Input should be between 0 and 1, got 2");
+        assert_eq!(m(json!({"messages": []})), "messages: at least one message is required");
+        assert!(m(json!({"tools": [{"name": "x"}]})).contains("tool use is not supported"));
+        assert!(
+            m(json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}))
+                .contains("\"image\" are not supported")
+        );
+        assert!(
+            m(json!({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}))
+                .contains("must alternate")
+        );
+        assert!(m(json!({"messages": [{"role": "system", "content": "a"}]})).contains("top-level system"));
+        assert_eq!(err(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})), "max_tokens: Field required");
+        assert_eq!(err(json!({"max_tokens": 1, "messages": []})), "model: Field required");
+        assert_eq!(err(json!([1])), "the request body must be a JSON object");
+        // count_tokens needs no max_tokens.
+        assert!(parse(&json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]}), true).is_ok());
+    }
+
+    #[test]
+    fn stream_events_are_byte_exact() {
+        let f = FinishInfo {
+            stop_reason: StopReason::MaxTokens,
+            stop_sequence: None,
+            input_tokens: 7,
+            output_tokens: 2,
+            cached_input_tokens: 0,
+            billing_unit: 0.25,
+        };
+        assert_eq!(
+            stream_start("msg_1", "m", 7),
+            "event: message_start\ndata: {\"message\":{\"content\":[],\"id\":\"msg_1\",\"model\":\"m\",\"role\":\"assistant\",\"stop_reason\":null,\"stop_sequence\":null,\"type\":\"message\",\"usage\":{\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"input_tokens\":7,\"output_tokens\":0}},\"type\":\"message_start\"}\n\n\
+             event: content_block_start\ndata: {\"content_block\":{\"text\":\"\",\"type\":\"text\"},\"index\":0,\"type\":\"content_block_start\"}\n\n\
+             event: ping\ndata: {\"type\":\"ping\"}\n\n"
+        );
+        assert_eq!(
+            stream_delta("Hi"),
+            "event: content_block_delta\ndata: {\"delta\":{\"text\":\"Hi\",\"type\":\"text_delta\"},\"index\":0,\"type\":\"content_block_delta\"}\n\n"
+        );
+        assert_eq!(
+            stream_end(&f),
+            "event: content_block_stop\ndata: {\"index\":0,\"type\":\"content_block_stop\"}\n\n\
+             event: message_delta\ndata: {\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"type\":\"message_delta\",\"usage\":{\"billing_unit\":0.25,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"input_tokens\":7,\"output_tokens\":2}}\n\n\
+             event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+        );
+    }
+}

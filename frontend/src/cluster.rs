@@ -1,0 +1,223 @@
+//! What the frontend caches of the cluster: API keys (hashes only), project quotas, the served models and billing
+//! weights, pulled from an orchestrator about once a second (only when the routing state changed); and model cards
+//! (tokenizer, chat template, context window), fetched once per model from a worker that serves it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use zl_common::billing::BillingWeights;
+use zl_common::keys::hex;
+use zl_proto::message::{ModelInfo, ProjectQuota, RouteRequest, StateSync};
+use zl_text::{TextTokenizer, TokenizerParts};
+
+use crate::error::{ApiError, ErrorKind};
+use crate::upstream::Upstream;
+
+/// An authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyInfo {
+    /// Public key id.
+    pub key_id: String,
+    /// Project it bills to.
+    pub project: String,
+}
+
+/// Everything a frontend needs to tokenise and check a model's prompts.
+#[derive(Debug)]
+pub struct Card {
+    /// Concrete model id.
+    pub model: String,
+    /// Weights SHA-256, hex.
+    pub weights: String,
+    /// Context window in tokens.
+    pub context_length: u32,
+    /// Tokens per KV block on the workers.
+    pub kv_block_size: u32,
+    /// The model's tokenizer and chat template.
+    pub tokenizer: TextTokenizer,
+}
+
+#[derive(Debug, Default)]
+struct Synced {
+    index: u64,
+    keys: HashMap<String, KeyInfo>,
+    projects: HashMap<String, ProjectQuota>,
+    models: BTreeMap<String, ModelInfo>,
+    serving_workers: u32,
+    weights: BillingWeights,
+    last_ok: Option<Instant>,
+    ever_ok: bool,
+}
+
+/// The cached cluster state.
+#[derive(Debug, Default)]
+pub struct Cluster {
+    synced: RwLock<Synced>,
+    cards: Mutex<HashMap<String, Arc<Card>>>,
+}
+
+/// How stale the synced state may be before `/readyz` and `x-zl-health` say so.
+pub const STALE_AFTER: Duration = Duration::from_secs(5);
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Cluster {
+    /// Apply a sync reply.
+    pub fn apply(&self, sync: StateSync, now: Instant) {
+        let mut s = self.synced.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.last_ok = Some(now);
+        s.ever_ok = true;
+        s.serving_workers = sync.serving_workers;
+        if sync.unchanged {
+            return;
+        }
+        s.index = sync.applied_index;
+        s.keys = sync
+            .keys
+            .into_iter()
+            .map(|k| (k.secret_sha256, KeyInfo { key_id: k.key_id, project: k.project }))
+            .collect();
+        s.projects = sync.projects.into_iter().map(|p| (p.project.clone(), p)).collect();
+        s.models = sync.models.into_iter().map(|m| (m.id.clone(), m)).collect();
+        s.weights = sync
+            .billing_weights
+            .map(|[input, output, context]| BillingWeights { input, output, context })
+            .unwrap_or_default();
+        // A model whose weights changed (or that is gone) needs a new card.
+        let models = &s.models;
+        self.cards
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|_, card| models.get(&card.model).is_some_and(|m| hex(&m.weights_sha256) == card.weights));
+    }
+
+    /// The applied index of the cached state (0 before the first sync).
+    pub fn index(&self) -> u64 {
+        read(&self.synced).index
+    }
+
+    /// The key with this secret.
+    pub fn verify(&self, secret: &str) -> Option<KeyInfo> {
+        zl_common::keys::verify_secret(&read(&self.synced).keys, secret).cloned()
+    }
+
+    /// A project's quota (all zero, unlimited, if it has none).
+    pub fn project(&self, name: &str) -> ProjectQuota {
+        read(&self.synced).projects.get(name).cloned().unwrap_or_default()
+    }
+
+    /// Whether the project exists in the routing state.
+    pub fn project_known(&self, name: &str) -> bool {
+        read(&self.synced).projects.contains_key(name)
+    }
+
+    /// The served models, by id.
+    pub fn models(&self) -> Vec<ModelInfo> {
+        read(&self.synced).models.values().cloned().collect()
+    }
+
+    /// Whether some worker serves `model` (`None`: not known yet, no sync has succeeded).
+    pub fn serves(&self, model: &str) -> Option<bool> {
+        let s = read(&self.synced);
+        s.ever_ok.then(|| s.models.contains_key(model))
+    }
+
+    /// Billing weights.
+    pub fn billing_weights(&self) -> BillingWeights {
+        read(&self.synced).weights
+    }
+
+    /// Ready: an orchestrator answered recently and some worker can serve.
+    pub fn ready(&self, now: Instant) -> Result<(), String> {
+        let s = read(&self.synced);
+        match s.last_ok {
+            None => Err("no orchestrator has answered yet".into()),
+            Some(t) if now.saturating_duration_since(t) > STALE_AFTER => {
+                Err(format!("no orchestrator has answered for {:.0?}", now.saturating_duration_since(t)))
+            }
+            Some(_) if s.serving_workers == 0 => Err("no healthy worker is registered".into()),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// `ok`, or `degraded` while the cached state is stale or no worker is healthy (`x-zl-health`).
+    pub fn health(&self, now: Instant) -> &'static str {
+        if self.ready(now).is_ok() { "ok" } else { "degraded" }
+    }
+
+    /// The card for `model` (as the client named it: an alias resolves through a route), fetched from a worker
+    /// on first use.
+    pub async fn card(&self, upstream: &dyn Upstream, model: &str, request_id: &str) -> Result<Arc<Card>, ApiError> {
+        if let Some(card) = self.cards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(model) {
+            return Ok(card.clone());
+        }
+        if self.serves(model) == Some(false) {
+            return Err(not_found(model));
+        }
+        // A route with no prompt tells which concrete model and which worker serve the name.
+        let probe = RouteRequest {
+            request_id: format!("{request_id}-card"),
+            model: model.to_owned(),
+            prompt_tokens: 0,
+            max_tokens: 1,
+            block_hashes: vec![],
+            session_id: None,
+            hint: Default::default(),
+            input_semantic_weight: 0.0,
+            excluded_workers: vec![],
+        };
+        let decision = upstream.route(probe).await.map_err(|e| {
+            let err = ApiError::from_call(&e, "routing");
+            if err.kind == ErrorKind::NotFound { not_found(model) } else { err }
+        })?;
+        let card = upstream
+            .model_card(decision.endpoint.clone(), decision.model.clone())
+            .await
+            .map_err(|e| ApiError::from_call(&e, "fetching the model card"))?;
+        let tokenizer = TextTokenizer::from_parts(&TokenizerParts {
+            tokenizer_json: card.tokenizer_json,
+            chat_template: card.chat_template,
+            bos: card.bos_token,
+            eos: card.eos_token,
+            stop_ids: card.stop_token_ids,
+        })
+        .map_err(|e| ApiError::internal(format!("the worker's model card for {model} is unusable: {e}")))?;
+        let card = Arc::new(Card {
+            model: card.model,
+            weights: hex(&card.weights_sha256),
+            context_length: card.context_length,
+            kv_block_size: card.kv_block_size,
+            tokenizer,
+        });
+        self.cards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(model.to_owned(), card.clone());
+        tracing::info!(model, concrete = %card.model, "model card loaded");
+        Ok(card)
+    }
+}
+
+/// 404 for a model no worker serves.
+pub fn not_found(model: &str) -> ApiError {
+    ApiError::new(ErrorKind::NotFound, format!("model: {model}"))
+}
+
+/// Keep `cluster` in step with the routing state: one sync call per `interval`, asking only for changes.
+pub async fn sync_loop(cluster: Arc<Cluster>, upstream: Arc<dyn Upstream>, interval: Duration) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticker.tick().await;
+        match upstream.sync(cluster.index()).await {
+            Ok(sync) => {
+                metrics::gauge!("zl_frontend_state_index").set(sync.applied_index as f64);
+                cluster.apply(sync, Instant::now());
+            }
+            Err(e) => {
+                metrics::counter!("zl_frontend_sync_failures_total").increment(1);
+                tracing::warn!(error = %e, "routing state sync failed");
+            }
+        }
+    }
+}

@@ -1,0 +1,671 @@
+//! One request's path through the frontend, independent of which API it came in on: authenticate, prepare
+//! (sanitise, render the chat template, tokenise, check the context), answer from the response cache, admit
+//! against rate limits, route, stream from the worker (retrying once on another worker if the first fails
+//! before its first token), and settle limits, cache and metrics when the generation ends.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use zl_common::billing::{self, Signals};
+use zl_proto::CallError;
+use zl_proto::message::{
+    ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteHint, RouteRequest, SamplingParams,
+};
+use zl_text::ChatMessage;
+
+use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
+use crate::cluster::{Card, Cluster, KeyInfo};
+use crate::error::{ApiError, ErrorKind};
+use crate::limits::{KeyLimits, ProjectLimits, RateFigures, RateLimiter, Reservation};
+use crate::upstream::{TokenSource, Upstream};
+
+/// Frontend behaviour that does not come from the routing state.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    /// Require an API key (off only for local experiments).
+    pub require_auth: bool,
+    /// Limits for keys whose project sets none; 0 is unlimited.
+    pub default_limits: KeyLimits,
+    /// This replica's share of every limit.
+    pub limit_share: f64,
+    /// Response cache size in bytes (0 disables it).
+    pub cache_bytes: usize,
+    /// Refuse prompts whose text exceeds this many UTF-8 bytes (0: no limit).
+    pub max_prompt_bytes: usize,
+    /// Strip BOMs and invisible bidi/zero-width characters before tokenising.
+    pub sanitize: bool,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            require_auth: true,
+            default_limits: KeyLimits { requests: 4_000, input_tokens: 2_000_000, output_tokens: 400_000 },
+            limit_share: 1.0,
+            cache_bytes: 256 * 1024 * 1024,
+            max_prompt_bytes: 0,
+            sanitize: false,
+        }
+    }
+}
+
+/// A generation request, whichever API it came from.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenRequest {
+    /// Model id or alias.
+    pub model: String,
+    /// System prompt.
+    pub system: Option<String>,
+    /// The conversation, oldest first.
+    pub messages: Vec<ChatMessage>,
+    /// Output limit; `None` fills the context window (OpenAI without `max_tokens`).
+    pub max_tokens: Option<u32>,
+    /// In [0, 2]; 0 is greedy.
+    pub temperature: f32,
+    /// In (0, 1].
+    pub top_p: f32,
+    /// 0 is off.
+    pub top_k: u32,
+    /// Stop sequences.
+    pub stop: Vec<String>,
+    /// Sampling seed.
+    pub seed: Option<u64>,
+    /// Stream the answer.
+    pub stream: bool,
+    /// End-user id, for session affinity.
+    pub user: Option<String>,
+}
+
+/// Whether the answer came from the response cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheStatus {
+    /// Answered from the cache.
+    Hit,
+    /// Cacheable, not cached yet.
+    Miss,
+    /// Not cacheable (sampled without a seed), or the client asked to bypass it.
+    Bypass,
+}
+
+impl CacheStatus {
+    /// Header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheStatus::Hit => "hit",
+            CacheStatus::Miss => "miss",
+            CacheStatus::Bypass => "bypass",
+        }
+    }
+}
+
+/// What is known about a request before its first token: the response headers' content.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    /// Concrete model id.
+    pub model: String,
+    /// Prompt tokens.
+    pub input_tokens: u32,
+    /// The worker streaming the answer ("cache" for hits).
+    pub worker: String,
+    /// Compute pool.
+    pub pool: &'static str,
+    /// Predicted billing unit (the final one arrives with the finish).
+    pub predicted_billing_unit: f32,
+    /// Time spent routing, in milliseconds.
+    pub route_ms: f64,
+    /// Cache status.
+    pub cache: CacheStatus,
+    /// Rate-limit figures after admission.
+    pub rate: RateFigures,
+}
+
+/// One event of a generation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenEvent {
+    /// More text.
+    Delta(String),
+    /// The end.
+    Finish(FinishInfo),
+}
+
+/// Options that come from request headers rather than the body.
+#[derive(Clone, Debug, Default)]
+pub struct RequestOptions {
+    /// `x-zl-cache: bypass`.
+    pub bypass_cache: bool,
+    /// `x-zl-route-hint`.
+    pub hint: RouteHint,
+}
+
+impl RequestOptions {
+    /// Read them from headers.
+    pub fn from_headers(headers: &HeaderMap) -> Result<Self, ApiError> {
+        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+        let bypass_cache = match text("x-zl-cache") {
+            None => false,
+            Some(v) if v.eq_ignore_ascii_case("bypass") => true,
+            Some(v) => return Err(ApiError::invalid(format!("x-zl-cache: {v:?} is not a request value; use \"bypass\""))),
+        };
+        let hint = match text("x-zl-route-hint") {
+            None => RouteHint::None,
+            Some("low-latency") => RouteHint::LowLatency,
+            Some("low-cost") => RouteHint::LowCost,
+            Some(v) => {
+                return Err(ApiError::invalid(format!("x-zl-route-hint: {v:?} must be \"low-latency\" or \"low-cost\"")));
+            }
+        };
+        Ok(RequestOptions { bypass_cache, hint })
+    }
+}
+
+/// The frontend's shared state.
+pub struct Gateway {
+    upstream: Arc<dyn Upstream>,
+    cluster: Arc<Cluster>,
+    limiter: Mutex<RateLimiter>,
+    cache: Mutex<ResponseCache>,
+    config: GatewayConfig,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").field("config", &self.config).finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A prepared request: rendered, tokenised, checked.
+#[derive(Debug)]
+pub struct Prepared {
+    /// The request.
+    pub req: GenRequest,
+    /// The model's card.
+    pub card: Arc<Card>,
+    /// The prompt as the model sees it.
+    pub prompt: String,
+    /// Its tokens.
+    pub tokens: Vec<u32>,
+    /// The output limit after defaults.
+    pub max_tokens: u32,
+}
+
+impl Gateway {
+    /// A gateway over these tiers.
+    pub fn new(upstream: Arc<dyn Upstream>, cluster: Arc<Cluster>, config: GatewayConfig) -> Self {
+        Gateway {
+            upstream,
+            cluster,
+            limiter: Mutex::new(RateLimiter::new(config.limit_share)),
+            cache: Mutex::new(ResponseCache::new(config.cache_bytes)),
+            config,
+        }
+    }
+
+    /// The cached cluster state.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
+    /// The tiers behind this frontend.
+    pub fn upstream(&self) -> &Arc<dyn Upstream> {
+        &self.upstream
+    }
+
+    /// Forget idle rate-limit state (run now and then).
+    pub fn sweep(&self) {
+        lock(&self.limiter).sweep(Instant::now(), Duration::from_secs(600));
+    }
+
+    /// The caller's key: `x-api-key`, or `Authorization: Bearer` (what the current Anthropic and OpenAI SDKs send).
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<KeyInfo, ApiError> {
+        let header = |name: &str| headers.get(name).map(|v| v.to_str().map(str::trim));
+        let secret = match (header("x-api-key"), header("authorization")) {
+            (Some(Ok(k)), _) if !k.is_empty() => Some(k.to_owned()),
+            (_, Some(Ok(auth))) => {
+                let (scheme, token) = auth.split_once(' ').unwrap_or((auth, ""));
+                if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
+                    return Err(ApiError::new(
+                        ErrorKind::Authentication,
+                        "authorization header must be \"Bearer <api key>\"",
+                    ));
+                }
+                Some(token.trim().to_owned())
+            }
+            (Some(Err(_)), _) | (_, Some(Err(_))) => {
+                return Err(ApiError::new(ErrorKind::Authentication, "the API key header is not valid text"));
+            }
+            _ => None,
+        };
+        let Some(secret) = secret else {
+            if !self.config.require_auth {
+                return Ok(KeyInfo { key_id: "anonymous".into(), project: "default".into() });
+            }
+            return Err(ApiError::new(ErrorKind::Authentication, "x-api-key header is required"));
+        };
+        match self.cluster.verify(&secret) {
+            Some(key) => Ok(key),
+            None if !self.config.require_auth => Ok(KeyInfo { key_id: "anonymous".into(), project: "default".into() }),
+            None => Err(ApiError::new(ErrorKind::Authentication, "invalid x-api-key")),
+        }
+    }
+
+    /// Render, tokenise and check a request.
+    pub async fn prepare(&self, mut req: GenRequest, request_id: &str) -> Result<Prepared, ApiError> {
+        if self.config.sanitize {
+            let mut removed = 0;
+            let mut clean = |s: &mut String| {
+                let (c, n) = crate::sanitize::sanitize(s);
+                removed += n;
+                *s = c;
+            };
+            if let Some(system) = req.system.as_mut() {
+                clean(system);
+            }
+            for m in &mut req.messages {
+                clean(&mut m.content);
+            }
+            if removed > 0 {
+                metrics::counter!("zl_frontend_sanitized_chars_total").increment(removed as u64);
+            }
+        }
+        if self.config.max_prompt_bytes > 0 {
+            let bytes = req.system.as_ref().map_or(0, String::len) + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
+            if bytes > self.config.max_prompt_bytes {
+                return Err(ApiError::invalid(format!(
+                    "prompt is too long: {bytes} bytes of text > {} byte limit",
+                    self.config.max_prompt_bytes
+                )));
+            }
+        }
+        let card = self.cluster.card(self.upstream.as_ref(), &req.model, request_id).await?;
+        let prompt = render(&card, &req)?;
+        let tokens = card
+            .tokenizer
+            .encode(&prompt)
+            .map_err(|e| ApiError::invalid(format!("the prompt cannot be tokenised: {e}")))?;
+        let context = card.context_length as usize;
+        let max_tokens = match req.max_tokens {
+            Some(m) => m,
+            None => context.saturating_sub(tokens.len()).min(u32::MAX as usize) as u32,
+        };
+        if tokens.len() + max_tokens as usize > context || max_tokens == 0 {
+            return Err(ApiError::invalid_param(
+                "max_tokens",
+                format!(
+                    "prompt is too long: {} tokens + max_tokens {} > {} maximum context of {}",
+                    tokens.len(),
+                    max_tokens,
+                    context,
+                    card.model
+                ),
+            ));
+        }
+        Ok(Prepared { req, card, prompt, tokens, max_tokens })
+    }
+
+    /// Count a request's prompt tokens with the model's own tokenizer and template.
+    pub async fn count_tokens(&self, req: GenRequest, request_id: &str) -> Result<usize, ApiError> {
+        let card = self.cluster.card(self.upstream.as_ref(), &req.model, request_id).await?;
+        let prompt = render(&card, &req)?;
+        card.tokenizer
+            .encode(&prompt)
+            .map(|t| t.len())
+            .map_err(|e| ApiError::invalid(format!("the prompt cannot be tokenised: {e}")))
+    }
+
+    fn limits_for(&self, key: &KeyInfo) -> (KeyLimits, ProjectLimits) {
+        let q = self.cluster.project(&key.project);
+        let d = self.config.default_limits;
+        let pick = |v: u32, default: u32| if v > 0 { v } else { default };
+        let limits = KeyLimits {
+            requests: pick(q.requests_per_minute, d.requests),
+            input_tokens: pick(q.input_tokens_per_minute, d.input_tokens),
+            output_tokens: pick(q.output_tokens_per_minute, d.output_tokens),
+        };
+        (limits, ProjectLimits { tokens: q.tokens_per_minute, max_concurrent: q.max_concurrent })
+    }
+
+    /// Start a prepared request: from the cache, or routed to a worker and streaming. Errors before the first
+    /// token are returned here (the HTTP status is still free); errors after it come from the [`Generation`].
+    pub async fn start(
+        self: &Arc<Self>,
+        key: &KeyInfo,
+        p: Prepared,
+        opts: &RequestOptions,
+        request_id: &str,
+    ) -> Result<(Meta, Generation), (ApiError, RateFigures)> {
+        let cacheable = (p.req.temperature == 0.0 || p.req.seed.is_some()) && lock(&self.cache).enabled();
+        let cache_key = (cacheable && !opts.bypass_cache).then(|| {
+            CacheKeyParts {
+                model: &p.card.model,
+                weights: &p.card.weights,
+                prompt: &p.prompt,
+                max_tokens: p.max_tokens,
+                temperature: p.req.temperature,
+                top_p: p.req.top_p,
+                top_k: p.req.top_k,
+                seed: p.req.seed,
+                stop: &p.req.stop,
+            }
+            .key()
+        });
+        let (limits, quota) = self.limits_for(key);
+        let input_tokens = p.tokens.len() as u32;
+        let admitted = lock(&self.limiter).admit(
+            &key.key_id,
+            &key.project,
+            limits,
+            quota,
+            input_tokens,
+            p.max_tokens,
+            Instant::now(),
+        );
+        let (reservation, rate) = match admitted {
+            Ok(ok) => ok,
+            Err(refusal) => {
+                metrics::counter!("zl_frontend_rate_limited_total", "dimension" => refusal.dimension).increment(1);
+                let err = ApiError::new(ErrorKind::RateLimit, refusal.message)
+                    .retry_after(refusal.retry_after.as_secs_f64().ceil() as u64);
+                return Err((err, refusal.figures));
+            }
+        };
+        let settle = Settle { gateway: self.clone(), reservation: Some(reservation), output_tokens: 0 };
+        if let Some(k) = &cache_key
+            && let Some(hit) = lock(&self.cache).get(k)
+        {
+            metrics::counter!("zl_frontend_cache_total", "result" => "hit").increment(1);
+            let meta = Meta {
+                model: hit.model.clone(),
+                input_tokens,
+                worker: "cache".into(),
+                pool: "cache",
+                predicted_billing_unit: hit.finish.billing_unit,
+                route_ms: 0.0,
+                cache: CacheStatus::Hit,
+                rate,
+            };
+            let mut events: VecDeque<GenEvent> = hit.deltas.iter().cloned().map(GenEvent::Delta).collect();
+            events.push_back(GenEvent::Finish(hit.finish.clone()));
+            return Ok((meta, Generation { source: Source::Replay(events), settle, live: None }));
+        }
+        let cache_status = match cache_key {
+            Some(_) => CacheStatus::Miss,
+            None => CacheStatus::Bypass,
+        };
+        metrics::counter!("zl_frontend_cache_total", "result" => cache_status.as_str()).increment(1);
+        let routed = Instant::now();
+        let (decision, source, first) = match self.route_and_open(&p, opts, request_id).await {
+            Ok(ok) => ok,
+            Err(e) => return Err((e, rate)),
+        };
+        let route_ms = routed.elapsed().as_secs_f64() * 1e3;
+        let meta = Meta {
+            model: decision.model.clone(),
+            input_tokens,
+            worker: decision.worker_id.to_string(),
+            pool: decision.compute_pool.name(),
+            predicted_billing_unit: decision.predicted_billing_unit,
+            route_ms,
+            cache: cache_status,
+            rate,
+        };
+        let billing_input = billing_text(&p.req);
+        let live = Live {
+            model: decision.model,
+            first: Some(first),
+            output: String::new(),
+            deltas: Vec::new(),
+            billing_input,
+            cache_key,
+            started: routed,
+            last_token: None,
+            output_tokens: 0,
+        };
+        Ok((meta, Generation { source: Source::Worker(source), settle, live: Some(live) }))
+    }
+
+    /// Route and open the worker stream, reading its first frame; if the worker fails before that, route once
+    /// more without it.
+    async fn route_and_open(
+        &self,
+        p: &Prepared,
+        opts: &RequestOptions,
+        request_id: &str,
+    ) -> Result<(RouteDecision, Box<dyn TokenSource>, Message), ApiError> {
+        let block_hashes = zl_common::block_hash::block_hashes(&p.tokens, p.card.kv_block_size.max(1) as usize);
+        let mut excluded: Vec<NodeId> = Vec::new();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let route = RouteRequest {
+                request_id: request_id.to_owned(),
+                model: p.req.model.clone(),
+                prompt_tokens: p.tokens.len() as u32,
+                max_tokens: p.max_tokens,
+                block_hashes: block_hashes.clone(),
+                session_id: p.req.user.clone(),
+                hint: opts.hint,
+                input_semantic_weight: billing::input_semantic_weight(&p.prompt),
+                excluded_workers: excluded.clone(),
+            };
+            let t0 = Instant::now();
+            let decision = self.upstream.route(route).await.map_err(|e| {
+                let err = ApiError::from_call(&e, "routing");
+                if err.kind == ErrorKind::NotFound { crate::cluster::not_found(&p.req.model) } else { err }
+            })?;
+            metrics::histogram!("zl_frontend_route_seconds").record(t0.elapsed().as_secs_f64());
+            let request = GenerateRequest {
+                request_id: request_id.to_owned(),
+                trace_id: String::new(),
+                model: decision.model.clone(),
+                prompt: Prompt::Tokens(p.tokens.clone()),
+                sampling: SamplingParams {
+                    temperature: p.req.temperature,
+                    top_p: p.req.top_p,
+                    top_k: p.req.top_k,
+                    seed: p.req.seed,
+                },
+                max_tokens: p.max_tokens,
+                stop_sequences: p.req.stop.clone(),
+                stream: true,
+                logprobs: false,
+            };
+            let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
+                Ok(mut source) => match source.next().await {
+                    Some(Ok(first)) => Ok((source, first)),
+                    Some(Err(e)) => Err(e),
+                    None => Err(CallError::Protocol("the worker ended the call without an answer".into())),
+                },
+                Err(e) => Err(e),
+            };
+            match opened {
+                Ok((source, first)) => return Ok((decision, source, first)),
+                Err(e) if attempt == 1 && retry_elsewhere(&e) => {
+                    metrics::counter!("zl_frontend_retries_total").increment(1);
+                    tracing::warn!(worker = %decision.worker_id, error = %e, "worker failed before the first token; retrying on another");
+                    excluded.push(decision.worker_id);
+                }
+                Err(e) => return Err(ApiError::from_call(&e, "the worker")),
+            }
+        }
+    }
+
+    fn finish_live(&self, live: &Live, finish: &FinishInfo) {
+        let Some(key) = live.cache_key else { return };
+        lock(&self.cache).insert(
+            key,
+            CachedAnswer { deltas: live.deltas.clone(), finish: finish.clone(), model: live.model.clone() },
+        );
+        metrics::gauge!("zl_frontend_cache_bytes").set(lock(&self.cache).used() as f64);
+    }
+}
+
+/// Whether a failure before the first token may be retried on another worker: the worker was unreachable, died,
+/// is draining or overloaded, or failed internally. Request errors (bad input, context too long) are final.
+fn retry_elsewhere(e: &CallError) -> bool {
+    match e {
+        CallError::Connect { .. } | CallError::ConnectionLost(_) | CallError::Cancelled(_) => true,
+        CallError::Remote(w) => {
+            matches!(w.code, ErrorCode::Unavailable | ErrorCode::Overloaded | ErrorCode::Internal | ErrorCode::DeadlineExceeded)
+        }
+        CallError::Protocol(_) | CallError::Encode(_) => false,
+    }
+}
+
+/// The chat template applied to the system prompt and messages.
+fn render(card: &Card, req: &GenRequest) -> Result<String, ApiError> {
+    let mut messages = Vec::with_capacity(req.messages.len() + 1);
+    if let Some(system) = &req.system {
+        messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+    }
+    messages.extend(req.messages.iter().cloned());
+    card.tokenizer
+        .render_chat(&messages)
+        .map_err(|e| ApiError::invalid(format!("the model's chat template refused the messages: {e}")))
+}
+
+/// The text the billing signals read: the system prompt and every message, in order.
+fn billing_text(req: &GenRequest) -> String {
+    let mut text = req.system.clone().unwrap_or_default();
+    for m in &req.messages {
+        if !text.is_empty() {
+            text.push('\n');
+        }
+        text.push_str(&m.content);
+    }
+    text
+}
+
+/// Gives back a request's unused rate-limit reservation when it ends, however it ends.
+struct Settle {
+    gateway: Arc<Gateway>,
+    reservation: Option<Reservation>,
+    output_tokens: u32,
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if let Some(r) = self.reservation.take() {
+            lock(&self.gateway.limiter).settle(&r, self.output_tokens, Instant::now());
+        }
+    }
+}
+
+enum Source {
+    Replay(VecDeque<GenEvent>),
+    Worker(Box<dyn TokenSource>),
+}
+
+struct Live {
+    model: String,
+    first: Option<Message>,
+    output: String,
+    deltas: Vec<String>,
+    billing_input: String,
+    cache_key: Option<[u8; 32]>,
+    started: Instant,
+    last_token: Option<Instant>,
+    output_tokens: u32,
+}
+
+/// A running generation. Dropping it (the client went away) cancels the worker's sequence.
+pub struct Generation {
+    source: Source,
+    settle: Settle,
+    live: Option<Live>,
+}
+
+impl std::fmt::Debug for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generation").finish_non_exhaustive()
+    }
+}
+
+impl Generation {
+    /// The next event; `None` after the finish. An error ends the generation.
+    pub async fn next(&mut self) -> Option<Result<GenEvent, ApiError>> {
+        let msg = match &mut self.source {
+            Source::Replay(events) => {
+                let ev = events.pop_front()?;
+                if let GenEvent::Finish(f) = &ev {
+                    self.settle.output_tokens = f.output_tokens;
+                }
+                return Some(Ok(ev));
+            }
+            Source::Worker(source) => {
+                let live = self.live.as_mut()?;
+                match live.first.take() {
+                    Some(first) => Ok(first),
+                    None => match source.next().await {
+                        Some(r) => r,
+                        None => return None,
+                    },
+                }
+            }
+        };
+        let live = self.live.as_mut()?;
+        match msg {
+            Ok(Message::TokenChunk(chunk)) => {
+                let now = Instant::now();
+                let n = chunk.token_ids.len() as u32;
+                match live.last_token {
+                    None => metrics::histogram!("zl_frontend_ttft_seconds", "model" => live.model.clone())
+                        .record(now.duration_since(live.started).as_secs_f64()),
+                    Some(prev) if n > 0 => metrics::histogram!("zl_frontend_itl_seconds", "model" => live.model.clone())
+                        .record(now.duration_since(prev).as_secs_f64() / f64::from(n)),
+                    Some(_) => {}
+                }
+                live.last_token = Some(now);
+                live.output_tokens += n;
+                self.settle.output_tokens = live.output_tokens;
+                live.output.push_str(&chunk.text_delta);
+                live.deltas.push(chunk.text_delta.clone());
+                Some(Ok(GenEvent::Delta(chunk.text_delta)))
+            }
+            Ok(Message::Finish(f)) => {
+                let signals = Signals::measure(&live.billing_input, &live.output);
+                let unit = billing::billing_unit(&self.settle.gateway.cluster.billing_weights(), &signals);
+                let finish = FinishInfo {
+                    stop_reason: f.stop_reason,
+                    stop_sequence: f.stop_sequence,
+                    input_tokens: f.usage.input_tokens,
+                    output_tokens: f.usage.output_tokens,
+                    cached_input_tokens: f.usage.cached_input_tokens,
+                    billing_unit: unit,
+                };
+                self.settle.output_tokens = f.usage.output_tokens;
+                metrics::counter!("zl_frontend_output_tokens_total", "model" => live.model.clone())
+                    .increment(u64::from(f.usage.output_tokens));
+                metrics::histogram!("zl_frontend_billing_unit").record(f64::from(unit));
+                self.settle.gateway.finish_live(live, &finish);
+                self.live = None;
+                Some(Ok(GenEvent::Finish(finish)))
+            }
+            Ok(other) => {
+                self.live = None;
+                Some(Err(ApiError::internal(format!("the worker sent an unexpected {} frame", other.kind()))))
+            }
+            Err(e) => {
+                self.live = None;
+                Some(Err(ApiError::from_call(&e, "the worker failed during the generation")))
+            }
+        }
+    }
+
+    /// Every event until the end: the text, and the finish (or the error that ended it).
+    pub async fn collect(mut self) -> Result<(String, FinishInfo), ApiError> {
+        let mut text = String::new();
+        while let Some(ev) = self.next().await {
+            match ev? {
+                GenEvent::Delta(d) => text.push_str(&d),
+                GenEvent::Finish(f) => return Ok((text, f)),
+            }
+        }
+        Err(ApiError::internal("the generation ended without a finish"))
+    }
+}

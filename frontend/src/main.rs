@@ -1,0 +1,157 @@
+//! `zl-frontend`: the HTTP edge of a zerolayer cluster (Anthropic Messages and OpenAI Chat Completions APIs).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand};
+use zl_frontend::cluster::{Cluster, sync_loop};
+use zl_frontend::gateway::{Gateway, GatewayConfig};
+use zl_frontend::http::{self, App};
+use zl_frontend::limits::KeyLimits;
+use zl_frontend::upstream::{QuicUpstream, Upstream};
+use zl_proto::message::Role;
+use zl_proto::quic::Client;
+
+/// zerolayer's frontend: the Anthropic and OpenAI APIs in front of the cluster.
+#[derive(Parser, Debug)]
+#[command(name = "zl-frontend", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the HTTP APIs.
+    #[command(args_override_self = true)]
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// HTTP address (HTTP/1.1 and h2c; HTTP/2 over TLS with --tls-cert).
+    #[arg(long, env = "ZL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    http_addr: SocketAddr,
+    /// Orchestrator QUIC addresses (repeat, or comma-separate); calls are spread over them and fail over.
+    #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',', required = true)]
+    orchestrators: Vec<SocketAddr>,
+    /// This frontend's id (a DNS label; its certificate must carry it).
+    #[arg(long, env = "ZL_NODE_ID", default_value = "frontend-0")]
+    node_id: String,
+    /// Directory with `ca.pem` and `frontend-{node-id}.pem`/`.key` (`zl certs`), for the cluster's mutual TLS.
+    #[arg(long, env = "ZL_TLS_DIR")]
+    tls_dir: PathBuf,
+    /// PEM certificate chain for HTTPS on --http-addr (with --tls-key). Without it the API is plain HTTP.
+    #[arg(long, env = "ZL_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, env = "ZL_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Require an API key on every API request ("false" only for local experiments).
+    #[arg(long, env = "ZL_REQUIRE_AUTH", default_value_t = true, action = clap::ArgAction::Set)]
+    require_auth: bool,
+    /// Requests per minute per key when its project sets no limit (0: unlimited).
+    #[arg(long, env = "ZL_DEFAULT_RPM", default_value_t = 4000)]
+    default_rpm: u32,
+    /// Input tokens per minute per key when its project sets no limit (0: unlimited).
+    #[arg(long, env = "ZL_DEFAULT_ITPM", default_value_t = 2_000_000)]
+    default_itpm: u32,
+    /// Output tokens per minute per key when its project sets no limit (0: unlimited).
+    #[arg(long, env = "ZL_DEFAULT_OTPM", default_value_t = 400_000)]
+    default_otpm: u32,
+    /// Frontend replicas sharing the limits: each enforces 1/N of every limit.
+    #[arg(long, env = "ZL_REPLICAS", default_value_t = 1)]
+    replicas: u32,
+    /// Response cache size in MiB (0 disables it).
+    #[arg(long, env = "ZL_CACHE_MB", default_value_t = 256)]
+    cache_mb: usize,
+    /// Refuse prompts with more UTF-8 bytes of text than this (0: no limit beyond the context window).
+    #[arg(long, env = "ZL_MAX_PROMPT_BYTES", default_value_t = 0)]
+    max_prompt_bytes: usize,
+    /// Strip BOMs and invisible bidi/zero-width characters from prompts before tokenising.
+    #[arg(long, env = "ZL_SANITIZE", default_value_t = false, action = clap::ArgAction::Set)]
+    sanitize: bool,
+    /// Largest request body in MiB (answered with 413 request_too_large above it).
+    #[arg(long, env = "ZL_BODY_LIMIT_MB", default_value_t = 32)]
+    body_limit_mb: usize,
+    /// How often the cached routing state (keys, quotas, models) is refreshed.
+    #[arg(long, env = "ZL_SYNC_INTERVAL_MS", default_value_t = 1000)]
+    sync_interval_ms: u64,
+    /// On shutdown, how long open requests and streams may take to finish.
+    #[arg(long, env = "ZL_DRAIN_TIMEOUT_S", default_value_t = 30)]
+    drain_timeout_s: u64,
+    /// TOML file whose keys are these flags' long names.
+    #[arg(long, env = "ZL_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    if args.replicas == 0 || args.sync_interval_ms == 0 || args.body_limit_mb == 0 {
+        bail!("--replicas, --sync-interval-ms and --body-limit-mb must be at least 1");
+    }
+    let identity = zl_node::load_identity(&args.tls_dir, Role::Frontend, &args.node_id)?;
+    let metrics = zl_node::metrics_renderer()?;
+    let client = Client::new(&identity, zl_frontend::rpc_settings())?;
+    let upstream: Arc<dyn Upstream> = Arc::new(QuicUpstream::new(client, args.orchestrators.clone()));
+    let cluster = Arc::new(Cluster::default());
+    let config = GatewayConfig {
+        require_auth: args.require_auth,
+        default_limits: KeyLimits {
+            requests: args.default_rpm,
+            input_tokens: args.default_itpm,
+            output_tokens: args.default_otpm,
+        },
+        limit_share: 1.0 / f64::from(args.replicas),
+        cache_bytes: args.cache_mb * 1024 * 1024,
+        max_prompt_bytes: args.max_prompt_bytes,
+        sanitize: args.sanitize,
+    };
+    let gateway = Arc::new(Gateway::new(upstream.clone(), cluster.clone(), config));
+    let sync = tokio::spawn(sync_loop(cluster, upstream, Duration::from_millis(args.sync_interval_ms)));
+    let sweeper = {
+        let gateway = gateway.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(60));
+            loop {
+                tick.tick().await;
+                gateway.sweep();
+            }
+        })
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(http::tls_config(cert, key)?),
+        _ => None,
+    };
+    let app = App { gateway, metrics: Some(metrics), body_limit: args.body_limit_mb * 1024 * 1024 };
+    let listener = tokio::net::TcpListener::bind(args.http_addr)
+        .await
+        .with_context(|| format!("binding the HTTP API to {}", args.http_addr))?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    eprintln!(
+        "zl-frontend: {} serving {scheme}://{} (orchestrators: {})",
+        args.node_id,
+        listener.local_addr()?,
+        args.orchestrators.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    );
+    http::serve(
+        listener,
+        http::router(app),
+        tls,
+        zl_node::shutdown_signal(),
+        Duration::from_secs(args.drain_timeout_s),
+    )
+    .await;
+    eprintln!("zl-frontend: stopped");
+    sync.abort();
+    sweeper.abort();
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    match zl_node::start::<Cli>()?.command {
+        Command::Serve(args) => zl_node::block_on(serve(args)),
+    }
+}

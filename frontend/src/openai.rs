@@ -1,0 +1,280 @@
+//! The OpenAI Chat Completions API: request parsing, the `chat.completion` object, streaming
+//! `chat.completion.chunk`s ending with `data: [DONE]`, and `stream_options.include_usage`.
+
+use serde_json::{Value, json};
+use zl_proto::message::StopReason;
+use zl_text::ChatMessage;
+
+use crate::anthropic::Fields;
+use crate::cache::FinishInfo;
+use crate::error::ApiError;
+use crate::gateway::GenRequest;
+
+/// A parsed request and the OpenAI-only options.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ChatRequest {
+    /// The common request.
+    pub req: GenRequest,
+    /// Send a usage chunk before `[DONE]`.
+    pub include_usage: bool,
+}
+
+fn text_of(value: &Value, field: &str) -> Result<String, ApiError> {
+    match value {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for (i, part) in parts.iter().enumerate() {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("text") => text.push_str(part.get("text").and_then(Value::as_str).ok_or_else(|| {
+                        ApiError::invalid_param(field, format!("{field}[{i}].text: a string is required"))
+                    })?),
+                    Some(other) => {
+                        return Err(ApiError::invalid_param(
+                            field,
+                            format!("{field}[{i}]: content parts of type {other:?} are not supported by this server yet"),
+                        ));
+                    }
+                    None => return Err(ApiError::invalid_param(field, format!("{field}[{i}].type is required"))),
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(ApiError::invalid_param(field, format!("{field}: expected a string or an array of content parts"))),
+    }
+}
+
+/// Parse a `POST /v1/chat/completions` body.
+pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
+    let f = Fields::of(body)?;
+    let model = f.required_string("model")?;
+    if model.is_empty() {
+        return Err(ApiError::invalid_param("model", "model: must not be empty"));
+    }
+    if f.get("tools").is_some_and(|t| !t.as_array().is_some_and(Vec::is_empty)) || f.get("functions").is_some() {
+        return Err(ApiError::invalid_param("tools", "tools: tool calls are not supported by this server yet"));
+    }
+    if let Some(n) = f.integer("n", 1, 128)?
+        && n != 1
+    {
+        return Err(ApiError::invalid_param("n", "n: only n=1 is supported"));
+    }
+    if f.boolean("logprobs")? == Some(true) {
+        return Err(ApiError::invalid_param("logprobs", "logprobs: not supported by this server yet"));
+    }
+    let messages = match f.get("messages") {
+        Some(Value::Array(m)) if !m.is_empty() => m,
+        Some(Value::Array(_)) => return Err(ApiError::invalid_param("messages", "messages: at least one message is required")),
+        Some(_) => return Err(ApiError::invalid_param("messages", "messages: expected an array")),
+        None => return Err(ApiError::invalid_param("messages", "messages: Field required")),
+    };
+    let mut system: Option<String> = None;
+    let mut chat: Vec<ChatMessage> = Vec::new();
+    for (i, m) in messages.iter().enumerate() {
+        let field = format!("messages[{i}]");
+        let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
+            ApiError::invalid_param("messages", format!("{field}.role: required, one of system, developer, user, assistant"))
+        })?;
+        let content = match m.get("content") {
+            None | Some(Value::Null) => String::new(),
+            Some(c) => text_of(c, &format!("{field}.content"))?,
+        };
+        match role {
+            "system" | "developer" => match &mut system {
+                Some(s) => {
+                    s.push('\n');
+                    s.push_str(&content);
+                }
+                None => system = Some(content),
+            },
+            "user" | "assistant" => match chat.last_mut() {
+                // Consecutive turns of one role are joined, as chat templates expect alternation.
+                Some(last) if last.role == role => {
+                    last.content.push('\n');
+                    last.content.push_str(&content);
+                }
+                _ => chat.push(ChatMessage { role: role.to_owned(), content }),
+            },
+            "tool" | "function" => {
+                return Err(ApiError::invalid_param("messages", format!("{field}.role: {role:?} messages are not supported yet")));
+            }
+            other => {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("{field}.role: {other:?} is not one of system, developer, user, assistant"),
+                ));
+            }
+        }
+    }
+    if chat.is_empty() {
+        return Err(ApiError::invalid_param("messages", "messages: at least one user message is required"));
+    }
+    let max_tokens = match (f.integer("max_completion_tokens", 1, u64::from(u32::MAX))?, f.integer("max_tokens", 1, u64::from(u32::MAX))?) {
+        (Some(m), _) | (None, Some(m)) => Some(m as u32),
+        (None, None) => None,
+    };
+    let temperature = f.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
+    let top_p = match f.number("top_p", 0.0, 1.0)? {
+        Some(p) if p == 0.0 => return Err(ApiError::invalid_param("top_p", "top_p: must be greater than 0")),
+        Some(p) => p as f32,
+        None => 1.0,
+    };
+    let stop = f.stop_list("stop", true)?;
+    let seed = match f.get("seed") {
+        None => None,
+        Some(Value::Number(n)) => Some(
+            n.as_u64()
+                .or_else(|| n.as_i64().map(|i| i as u64))
+                .ok_or_else(|| ApiError::invalid_param("seed", "seed: Input should be a valid integer"))?,
+        ),
+        Some(_) => return Err(ApiError::invalid_param("seed", "seed: Input should be a valid integer")),
+    };
+    let stream = f.boolean("stream")?.unwrap_or(false);
+    let include_usage = match f.get("stream_options") {
+        None => false,
+        Some(Value::Object(o)) => match o.get("include_usage") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => {
+                return Err(ApiError::invalid_param("stream_options", "stream_options.include_usage: expected a boolean"));
+            }
+        },
+        Some(_) => return Err(ApiError::invalid_param("stream_options", "stream_options: expected an object")),
+    };
+    if include_usage && !stream {
+        return Err(ApiError::invalid_param("stream_options", "stream_options: only allowed when stream is true"));
+    }
+    let user = f.string("user")?.filter(|u| !u.is_empty()).map(str::to_owned);
+    Ok(ChatRequest {
+        req: GenRequest {
+            model: model.to_owned(),
+            system,
+            messages: chat,
+            max_tokens,
+            temperature,
+            top_p,
+            top_k: 0,
+            stop,
+            seed,
+            stream,
+            user,
+        },
+        include_usage,
+    })
+}
+
+/// OpenAI's `finish_reason`.
+pub fn finish_reason(r: StopReason) -> &'static str {
+    match r {
+        StopReason::EndTurn | StopReason::StopSequence => "stop",
+        StopReason::MaxTokens => "length",
+    }
+}
+
+fn usage(f: &FinishInfo) -> Value {
+    json!({
+        "prompt_tokens": f.input_tokens,
+        "completion_tokens": f.output_tokens,
+        "total_tokens": f.input_tokens + f.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": f.cached_input_tokens},
+        "billing_unit": crate::anthropic::round4(f.billing_unit),
+    })
+}
+
+/// The non-streaming `chat.completion`.
+pub fn completion(id: &str, created: u64, model: &str, fingerprint: &str, text: &str, f: &FinishInfo) -> Value {
+    json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "refusal": null},
+            "logprobs": null,
+            "finish_reason": finish_reason(f.stop_reason),
+        }],
+        "usage": usage(f),
+    })
+}
+
+/// One `chat.completion.chunk` as a server-sent event.
+pub fn chunk(id: &str, created: u64, model: &str, fingerprint: &str, delta: Value, finish: Option<StopReason>) -> String {
+    let data = json!({
+        "id": id,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "system_fingerprint": fingerprint,
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish.map(finish_reason)}],
+    });
+    format!("data: {data}\n\n")
+}
+
+/// The usage chunk (`choices` empty) sent before `[DONE]` when `stream_options.include_usage` is set.
+pub fn usage_chunk(id: &str, created: u64, model: &str, fingerprint: &str, f: &FinishInfo) -> String {
+    let data = json!({
+        "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
+        "system_fingerprint": fingerprint, "choices": [], "usage": usage(f),
+    });
+    format!("data: {data}\n\n")
+}
+
+/// The end of a stream.
+pub const DONE: &str = "data: [DONE]\n\n";
+
+/// An error after the stream began (what OpenAI sends then).
+pub fn stream_error(e: &ApiError) -> String {
+    format!("data: {}\n\n", e.body(crate::error::Dialect::OpenAi, ""))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn parses_roles_parts_and_options() {
+        let r = parse(&json!({
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "sys"},
+                {"role": "developer", "content": [{"type": "text", "text": "dev"}]},
+                {"role": "user", "content": "hi"}
+            ],
+            "max_completion_tokens": 9, "seed": 42, "stop": "END", "stream": true,
+            "stream_options": {"include_usage": true}, "n": 1
+        }))
+        .unwrap();
+        assert_eq!(r.req.system.as_deref(), Some("sys\ndev"));
+        assert_eq!(r.req.messages.len(), 1);
+        assert_eq!((r.req.max_tokens, r.req.seed, r.include_usage), (Some(9), Some(42), true));
+        assert_eq!(r.req.stop, vec!["END".to_owned()]);
+    }
+
+    #[test]
+    fn refuses_precisely() {
+        let m = |extra: Value| {
+            let mut base = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                base[k] = v.clone();
+            }
+            parse(&base).unwrap_err()
+        };
+        assert_eq!(m(json!({"n": 2})).param.as_deref(), Some("n"));
+        assert_eq!(m(json!({"temperature": 3})).message, "temperature: Input should be between 0 and 2, got 3");
+        assert_eq!(m(json!({"messages": []})).message, "messages: at least one message is required");
+        assert!(m(json!({"stream_options": {"include_usage": true}})).message.contains("only allowed when stream"));
+        assert!(m(json!({"messages": [{"role": "wizard", "content": "x"}]})).message.contains("not one of"));
+    }
+
+    #[test]
+    fn chunks_are_byte_exact() {
+        assert_eq!(
+            chunk("c1", 5, "m", "fp", json!({"content": "Hi"}), None),
+            "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null,\"index\":0,\"logprobs\":null}],\"created\":5,\"id\":\"c1\",\"model\":\"m\",\"object\":\"chat.completion.chunk\",\"system_fingerprint\":\"fp\"}\n\n"
+        );
+    }
+}

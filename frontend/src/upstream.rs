@@ -1,0 +1,170 @@
+//! The frontend's view of the cluster behind it: ask an orchestrator for a route or for the state frontends cache,
+//! ask a worker for a model card or a generation. [`QuicUpstream`] speaks the `proto` RPC to the real tiers; tests
+//! put a fake behind the same trait to run the HTTP router without sockets.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use zl_proto::CallError;
+use zl_proto::message::{
+    ErrorCode, GenerateRequest, Message, ModelCard, ModelCardRequest, Role, RouteDecision, RouteRequest, StateSync,
+    StateSyncRequest, WireError,
+};
+use zl_proto::quic::{Client, ResponseStream};
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The responses of one generation: `TokenChunk`s then a `Finish`, or an error. Dropping it cancels the
+/// generation on the worker (its KV blocks are freed at once).
+pub trait TokenSource: Send {
+    /// The next frame, `None` after the call ended.
+    fn next(&mut self) -> BoxFuture<'_, Option<Result<Message, CallError>>>;
+}
+
+/// The tiers behind the frontend.
+pub trait Upstream: Send + Sync + 'static {
+    /// A route decision from some orchestrator (another one is tried if one is unreachable).
+    fn route(&self, request: RouteRequest) -> BoxFuture<'_, Result<RouteDecision, CallError>>;
+    /// The routing state frontends cache, from some orchestrator.
+    fn sync(&self, known_index: u64) -> BoxFuture<'_, Result<StateSync, CallError>>;
+    /// A model's card from the worker at `endpoint`.
+    fn model_card(&self, endpoint: String, model: String) -> BoxFuture<'_, Result<ModelCard, CallError>>;
+    /// Start a streaming generation on the worker at `endpoint`.
+    fn generate(
+        &self,
+        endpoint: String,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<Box<dyn TokenSource>, CallError>>;
+}
+
+impl TokenSource for ResponseStream {
+    fn next(&mut self) -> BoxFuture<'_, Option<Result<Message, CallError>>> {
+        Box::pin(ResponseStream::next(self))
+    }
+}
+
+/// Per-call deadline for control calls (routes, syncs, cards): a dead orchestrator costs at most this before the
+/// next one is tried.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The real tiers over QUIC.
+pub struct QuicUpstream {
+    client: Client,
+    orchestrators: Vec<SocketAddr>,
+    next: AtomicUsize,
+}
+
+impl std::fmt::Debug for QuicUpstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuicUpstream").field("orchestrators", &self.orchestrators).finish_non_exhaustive()
+    }
+}
+
+fn timed_out(what: &str) -> CallError {
+    CallError::Remote(WireError::new(ErrorCode::DeadlineExceeded, format!("no answer from the {what} in time")))
+}
+
+async fn endpoint_addr(endpoint: &str) -> Result<SocketAddr, CallError> {
+    if let Ok(addr) = endpoint.parse() {
+        return Ok(addr);
+    }
+    let fail = |reason: String| CallError::Connect { peer: SocketAddr::from(([0, 0, 0, 0], 0)), reason };
+    tokio::net::lookup_host(endpoint)
+        .await
+        .map_err(|e| fail(format!("cannot resolve {endpoint}: {e}")))?
+        .next()
+        .ok_or_else(|| fail(format!("{endpoint} resolves to no address")))
+}
+
+/// Whether another orchestrator may answer where this one failed: it was unreachable or too slow, never a typed
+/// refusal (unknown model, overloaded), which every replica would repeat.
+fn try_next_orchestrator(e: &CallError) -> bool {
+    match e {
+        CallError::Connect { .. } | CallError::ConnectionLost(_) | CallError::Cancelled(_) => true,
+        CallError::Remote(w) => matches!(w.code, ErrorCode::DeadlineExceeded | ErrorCode::Unavailable),
+        CallError::Protocol(_) | CallError::Encode(_) => false,
+    }
+}
+
+impl QuicUpstream {
+    /// Call these orchestrators (spreading calls over them) with this client.
+    pub fn new(client: Client, orchestrators: Vec<SocketAddr>) -> Self {
+        QuicUpstream { client, orchestrators, next: AtomicUsize::new(0) }
+    }
+
+    /// A unary call to the orchestrators: each is tried once, starting with the next in turn.
+    async fn orchestrator_call(&self, request: Message) -> Result<Message, CallError> {
+        let n = self.orchestrators.len();
+        if n == 0 {
+            return Err(CallError::Remote(WireError::new(ErrorCode::Unavailable, "no orchestrator is configured")));
+        }
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut last = None;
+        for i in 0..n {
+            let to = self.orchestrators[(start + i) % n];
+            let call = self.client.call(to, Role::Orchestrator, request.clone());
+            let result = tokio::time::timeout(CONTROL_TIMEOUT, call).await.unwrap_or_else(|_| Err(timed_out("orchestrator")));
+            match result {
+                Ok(reply) => return Ok(reply),
+                Err(e) if try_next_orchestrator(&e) => {
+                    tracing::debug!(orchestrator = %to, error = %e, "orchestrator unavailable; trying the next");
+                    metrics::counter!("zl_frontend_orchestrator_failovers_total").increment(1);
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| timed_out("orchestrators")))
+    }
+}
+
+fn unexpected(what: &str, got: &Message) -> CallError {
+    CallError::Protocol(format!("expected {what}, got {}", got.kind()))
+}
+
+impl Upstream for QuicUpstream {
+    fn route(&self, request: RouteRequest) -> BoxFuture<'_, Result<RouteDecision, CallError>> {
+        Box::pin(async move {
+            match self.orchestrator_call(Message::RouteRequest(request)).await? {
+                Message::RouteDecision(d) => Ok(d),
+                other => Err(unexpected("a route decision", &other)),
+            }
+        })
+    }
+
+    fn sync(&self, known_index: u64) -> BoxFuture<'_, Result<StateSync, CallError>> {
+        Box::pin(async move {
+            match self.orchestrator_call(Message::StateSyncRequest(StateSyncRequest { known_index })).await? {
+                Message::StateSync(s) => Ok(s),
+                other => Err(unexpected("a state sync", &other)),
+            }
+        })
+    }
+
+    fn model_card(&self, endpoint: String, model: String) -> BoxFuture<'_, Result<ModelCard, CallError>> {
+        Box::pin(async move {
+            let to = endpoint_addr(&endpoint).await?;
+            let call = self.client.call(to, Role::Worker, Message::ModelCardRequest(ModelCardRequest { model }));
+            match tokio::time::timeout(CONTROL_TIMEOUT * 5, call).await.unwrap_or_else(|_| Err(timed_out("worker")))? {
+                Message::ModelCard(card) => Ok(card),
+                other => Err(unexpected("a model card", &other)),
+            }
+        })
+    }
+
+    fn generate(
+        &self,
+        endpoint: String,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<Box<dyn TokenSource>, CallError>> {
+        Box::pin(async move {
+            let to = endpoint_addr(&endpoint).await?;
+            let stream = self.client.stream(to, Role::Worker, Message::GenerateRequest(request)).await?;
+            Ok(Box::new(stream) as Box<dyn TokenSource>)
+        })
+    }
+}

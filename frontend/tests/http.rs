@@ -1,0 +1,547 @@
+//! The HTTP router as a `tower::Service`, without sockets, against a scripted upstream (orchestrator and worker
+//! answers): both APIs' shapes and streams byte for byte, every error case, auth, rate limits, the cache, the
+//! retry before the first token and cancellation on client disconnect.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+use zl_common::keys::secret_sha256;
+use zl_frontend::cluster::Cluster;
+use zl_frontend::gateway::{Gateway, GatewayConfig};
+use zl_frontend::http::{App, router};
+use zl_frontend::limits::KeyLimits;
+use zl_frontend::upstream::{BoxFuture, TokenSource, Upstream};
+use zl_proto::CallError;
+use zl_proto::message::{
+    ApiKeyEntry, ComputePool, ErrorCode, Finish, GenerateRequest, Message, ModelCard, ModelInfo, NodeId, Prompt,
+    ProjectQuota, RouteDecision, RouteRequest, StateSync, StopReason, TokenChunk, Usage, WireError,
+};
+use zl_text::TextTokenizer;
+
+const KEY: &str = "sk-zl-test-key";
+const MODEL: &str = "tiny";
+
+/// How the scripted worker behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WorkerMode {
+    /// Streams "Hello world" in three chunks.
+    Normal,
+    /// Worker w1 fails before its first token; others are normal.
+    FirstWorkerDies,
+    /// Fails after the first chunk.
+    DiesMidStream,
+    /// Streams forever (until the caller goes away).
+    Endless,
+}
+
+#[derive(Default)]
+struct Recorded {
+    routes: Vec<RouteRequest>,
+    generates: Vec<(String, GenerateRequest)>,
+}
+
+struct Fake {
+    mode: Mutex<WorkerMode>,
+    overloaded: Mutex<bool>,
+    recorded: Mutex<Recorded>,
+    dropped_streams: Arc<AtomicUsize>,
+}
+
+struct Script {
+    frames: VecDeque<Result<Message, CallError>>,
+    endless: bool,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl Drop for Script {
+    fn drop(&mut self) {
+        self.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl TokenSource for Script {
+    fn next(&mut self) -> BoxFuture<'_, Option<Result<Message, CallError>>> {
+        Box::pin(async move {
+            if self.endless {
+                tokio::task::yield_now().await;
+                return Some(Ok(Message::TokenChunk(TokenChunk { token_ids: vec![1], text_delta: "x".into(), logprobs: None })));
+            }
+            self.frames.pop_front()
+        })
+    }
+}
+
+fn chunk(text: &str) -> Result<Message, CallError> {
+    Ok(Message::TokenChunk(TokenChunk { token_ids: vec![7], text_delta: text.into(), logprobs: None }))
+}
+
+fn tokenizer() -> TextTokenizer {
+    TextTokenizer::from_gguf(&zl_text::testing::tiny_vocab()).unwrap()
+}
+
+impl Upstream for Fake {
+    fn route(&self, request: RouteRequest) -> BoxFuture<'_, Result<RouteDecision, CallError>> {
+        Box::pin(async move {
+            if request.model != MODEL {
+                return Err(CallError::Remote(WireError::new(ErrorCode::NotFound, "unknown model")));
+            }
+            if *self.overloaded.lock().unwrap() {
+                let mut e = WireError::new(ErrorCode::Overloaded, "every pool is saturated");
+                e.retry_after_ms = 2500;
+                return Err(CallError::Remote(e));
+            }
+            let worker = if request.excluded_workers.iter().any(|w| w.as_str() == "w1") { "w2" } else { "w1" };
+            // The card probe (a route with no prompt) is not a request's route.
+            if request.prompt_tokens > 0 {
+                self.recorded.lock().unwrap().routes.push(request.clone());
+            }
+            Ok(RouteDecision {
+                request_id: request.request_id,
+                worker_id: NodeId::new(worker).unwrap(),
+                endpoint: format!("{worker}.local:7100"),
+                model: MODEL.into(),
+                weights_sha256: [0xab; 32],
+                compute_pool: ComputePool::Cpu,
+                predicted_billing_unit: 0.06,
+                reason: "test".into(),
+                decision_nanos: 1000,
+            })
+        })
+    }
+
+    fn sync(&self, _known_index: u64) -> BoxFuture<'_, Result<StateSync, CallError>> {
+        Box::pin(async move { Ok(sync_state(0)) })
+    }
+
+    fn model_card(&self, _endpoint: String, model: String) -> BoxFuture<'_, Result<ModelCard, CallError>> {
+        Box::pin(async move {
+            let parts = tokenizer().to_parts().unwrap();
+            Ok(ModelCard {
+                model,
+                weights_sha256: [0xab; 32],
+                context_length: 64,
+                tokenizer_json: parts.tokenizer_json,
+                chat_template: parts.chat_template,
+                bos_token: parts.bos,
+                eos_token: parts.eos,
+                stop_token_ids: parts.stop_ids,
+                kv_block_size: 4,
+            })
+        })
+    }
+
+    fn generate(
+        &self,
+        endpoint: String,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<Box<dyn TokenSource>, CallError>> {
+        Box::pin(async move {
+            let mode = *self.mode.lock().unwrap();
+            let Prompt::Tokens(prompt) = &request.prompt else { panic!("the frontend sends tokens") };
+            let input = prompt.len() as u32;
+            self.recorded.lock().unwrap().generates.push((endpoint.clone(), request.clone()));
+            let finish = Ok(Message::Finish(Finish {
+                stop_reason: StopReason::EndTurn,
+                stop_sequence: None,
+                usage: Usage { input_tokens: input, output_tokens: 3, cached_input_tokens: 0 },
+            }));
+            let frames: VecDeque<_> = match mode {
+                WorkerMode::FirstWorkerDies if endpoint.starts_with("w1") => {
+                    vec![Err(CallError::ConnectionLost("worker killed".into()))].into()
+                }
+                WorkerMode::DiesMidStream => {
+                    vec![chunk("Hello"), Err(CallError::ConnectionLost("worker killed".into()))].into()
+                }
+                _ => vec![chunk("Hello"), chunk(" wor"), chunk("ld"), finish].into(),
+            };
+            Ok(Box::new(Script { frames, endless: mode == WorkerMode::Endless, dropped: self.dropped_streams.clone() })
+                as Box<dyn TokenSource>)
+        })
+    }
+}
+
+fn sync_state(index: u64) -> StateSync {
+    StateSync {
+        applied_index: 5 + index,
+        unchanged: false,
+        keys: vec![ApiKeyEntry { key_id: "key-1".into(), secret_sha256: secret_sha256(KEY), project: "acme".into() }],
+        projects: vec![ProjectQuota { project: "acme".into(), ..ProjectQuota::default() }],
+        models: vec![ModelInfo { id: MODEL.into(), weights_sha256: [0xab; 32], context_length: 64, family: "llama".into() }],
+        serving_workers: 1,
+        billing_weights: None,
+    }
+}
+
+struct Harness {
+    app: axum::Router,
+    fake: Arc<Fake>,
+}
+
+fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
+    let fake = Arc::new(Fake {
+        mode: Mutex::new(WorkerMode::Normal),
+        overloaded: Mutex::new(false),
+        recorded: Mutex::default(),
+        dropped_streams: Arc::default(),
+    });
+    let cluster = Arc::new(Cluster::default());
+    cluster.apply(sync_state(0), Instant::now());
+    let gateway = Arc::new(Gateway::new(fake.clone(), cluster, config));
+    Harness { app: router(App { gateway, metrics: None, body_limit }), fake }
+}
+
+fn harness() -> Harness {
+    harness_with(GatewayConfig::default(), 1024 * 1024)
+}
+
+fn post(path: &str, body: impl Into<Body>) -> axum::http::request::Builder {
+    let _ = body;
+    Request::post(path).header("content-type", "application/json")
+}
+
+impl Harness {
+    async fn send(&self, req: Request<Body>) -> Response<Body> {
+        self.app.clone().oneshot(req).await.unwrap()
+    }
+
+    async fn anthropic(&self, body: Value) -> Response<Body> {
+        let req = post("/v1/messages", ())
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        self.send(req).await
+    }
+
+    async fn openai(&self, body: Value) -> Response<Body> {
+        let req = post("/v1/chat/completions", ())
+            .header("authorization", format!("Bearer {KEY}"))
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        self.send(req).await
+    }
+}
+
+async fn text(resp: Response<Body>) -> String {
+    String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+async fn json_of(resp: Response<Body>) -> Value {
+    serde_json::from_str(&text(resp).await).unwrap()
+}
+
+fn header<'a>(resp: &'a Response<Body>, name: &str) -> &'a str {
+    resp.headers().get(name).map(|v| v.to_str().unwrap()).unwrap_or_else(|| panic!("no {name} header"))
+}
+
+fn hello(extra: Value) -> Value {
+    let mut body = json!({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}
+
+#[tokio::test]
+async fn a_message_comes_back_with_every_header() {
+    let h = harness();
+    let resp = h.anthropic(hello(json!({"temperature": 0.5}))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(header(&resp, "request-id").starts_with("req_"));
+    assert_eq!(header(&resp, "x-zl-worker"), "w1");
+    assert_eq!(header(&resp, "x-zl-compute-path"), "cpu");
+    assert_eq!(header(&resp, "x-zl-cache"), "bypass", "sampled without a seed is not cacheable");
+    assert_eq!(header(&resp, "x-zl-health"), "ok");
+    assert!(header(&resp, "x-zl-route-ms").parse::<f64>().is_ok());
+    assert!(header(&resp, "x-zl-billing-unit").parse::<f64>().is_ok());
+    assert_eq!(header(&resp, "anthropic-ratelimit-requests-limit"), "4000");
+    assert_eq!(header(&resp, "anthropic-ratelimit-requests-remaining"), "3999");
+    assert!(header(&resp, "anthropic-ratelimit-output-tokens-reset").ends_with('Z'));
+    let body = json_of(resp).await;
+    assert!(body["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(body["type"], "message");
+    assert_eq!(body["role"], "assistant");
+    assert_eq!(body["content"], json!([{"type": "text", "text": "Hello world"}]));
+    assert_eq!(body["stop_reason"], "end_turn");
+    assert_eq!(body["stop_sequence"], Value::Null);
+    assert_eq!(body["usage"]["output_tokens"], 3);
+    assert!(body["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    assert!(body["usage"]["billing_unit"].as_f64().is_some());
+    // The worker got tokens, the sampling parameters, and the route got block hashes of the prompt.
+    let rec = h.fake.recorded.lock().unwrap();
+    let (_, g) = &rec.generates[0];
+    assert_eq!(g.sampling.temperature, 0.5);
+    assert_eq!(g.max_tokens, 8);
+    let route = &rec.routes[0];
+    assert!(route.prompt_tokens >= 4);
+    assert_eq!(route.prompt_tokens as usize / 4, route.block_hashes.len());
+}
+
+#[tokio::test]
+async fn the_stream_is_anthropics_event_sequence_byte_for_byte() {
+    let h = harness();
+    let resp = h.anthropic(hello(json!({"stream": true, "temperature": 0.7}))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "content-type"), "text/event-stream; charset=utf-8");
+    let body = text(resp).await;
+    let id = body.split("\"id\":\"").nth(1).unwrap().split('"').next().unwrap().to_owned();
+    let input = body.split("\"input_tokens\":").nth(1).unwrap().split(',').next().unwrap().to_owned();
+    let unit = body.split("\"billing_unit\":").nth(1).unwrap().split(',').next().unwrap().to_owned();
+    let expected = format!(
+        "event: message_start\ndata: {{\"message\":{{\"content\":[],\"id\":\"{id}\",\"model\":\"tiny\",\"role\":\"assistant\",\"stop_reason\":null,\"stop_sequence\":null,\"type\":\"message\",\"usage\":{{\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"input_tokens\":{input},\"output_tokens\":0}}}},\"type\":\"message_start\"}}\n\n\
+         event: content_block_start\ndata: {{\"content_block\":{{\"text\":\"\",\"type\":\"text\"}},\"index\":0,\"type\":\"content_block_start\"}}\n\n\
+         event: ping\ndata: {{\"type\":\"ping\"}}\n\n\
+         event: content_block_delta\ndata: {{\"delta\":{{\"text\":\"Hello\",\"type\":\"text_delta\"}},\"index\":0,\"type\":\"content_block_delta\"}}\n\n\
+         event: content_block_delta\ndata: {{\"delta\":{{\"text\":\" wor\",\"type\":\"text_delta\"}},\"index\":0,\"type\":\"content_block_delta\"}}\n\n\
+         event: content_block_delta\ndata: {{\"delta\":{{\"text\":\"ld\",\"type\":\"text_delta\"}},\"index\":0,\"type\":\"content_block_delta\"}}\n\n\
+         event: content_block_stop\ndata: {{\"index\":0,\"type\":\"content_block_stop\"}}\n\n\
+         event: message_delta\ndata: {{\"delta\":{{\"stop_reason\":\"end_turn\",\"stop_sequence\":null}},\"type\":\"message_delta\",\"usage\":{{\"billing_unit\":{unit},\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":{zero},\"input_tokens\":{input},\"output_tokens\":3}}}}\n\n\
+         event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n",
+        zero = 0
+    );
+    assert_eq!(body, expected);
+}
+
+#[tokio::test]
+async fn a_stream_that_fails_after_the_200_ends_with_an_error_event() {
+    let h = harness();
+    *h.fake.mode.lock().unwrap() = WorkerMode::DiesMidStream;
+    let resp = h.anthropic(hello(json!({"stream": true}))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = text(resp).await;
+    assert!(body.contains("event: content_block_delta"));
+    assert!(
+        body.ends_with("event: error\ndata: {\"error\":{\"message\":\"the worker failed during the generation: connection lost: worker killed\",\"type\":\"overloaded_error\"},\"type\":\"error\"}\n\n"),
+        "{body}"
+    );
+    assert!(!body.contains("message_stop"));
+}
+
+#[tokio::test]
+async fn a_worker_failing_before_the_first_token_is_retried_elsewhere() {
+    let h = harness();
+    *h.fake.mode.lock().unwrap() = WorkerMode::FirstWorkerDies;
+    let resp = h.anthropic(hello(json!({}))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-zl-worker"), "w2");
+    let rec = h.fake.recorded.lock().unwrap();
+    assert_eq!(rec.routes.len(), 2);
+    assert_eq!(rec.routes[1].excluded_workers, vec![NodeId::new("w1").unwrap()]);
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_cancels_the_worker_stream() {
+    let h = harness();
+    *h.fake.mode.lock().unwrap() = WorkerMode::Endless;
+    let resp = h.anthropic(hello(json!({"stream": true}))).await;
+    let mut body = resp.into_body();
+    for _ in 0..5 {
+        body.frame().await.unwrap().unwrap();
+    }
+    assert_eq!(h.fake.dropped_streams.load(Ordering::SeqCst), 0);
+    drop(body);
+    assert_eq!(h.fake.dropped_streams.load(Ordering::SeqCst), 1, "dropping the body drops the worker call");
+}
+
+#[tokio::test]
+async fn deterministic_requests_are_answered_from_the_cache() {
+    let h = harness();
+    for stream in [false, true] {
+        let body = hello(json!({"temperature": 0, "stream": stream, "messages": [{"role": "user", "content": format!("hi {stream}")}]}));
+        let first = h.anthropic(body.clone()).await;
+        assert_eq!(header(&first, "x-zl-cache"), "miss");
+        let first_text = text(first).await;
+        let second = h.anthropic(body.clone()).await;
+        assert_eq!(header(&second, "x-zl-cache"), "hit");
+        assert_eq!(header(&second, "x-zl-worker"), "cache");
+        let second_text = text(second).await;
+        // Identical apart from the message id.
+        let strip = |s: &str| s.split("msg_").map(|p| p.get(24..).unwrap_or(p)).collect::<String>();
+        assert_eq!(strip(&first_text), strip(&second_text));
+        let bypass = Request::post("/v1/messages")
+            .header("x-api-key", KEY)
+            .header("x-zl-cache", "bypass")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        assert_eq!(header(&h.send(bypass).await, "x-zl-cache"), "bypass");
+    }
+    // Seeded sampling is cacheable too.
+    let seeded = hello(json!({"temperature": 0.9, "seed": 7}));
+    h.anthropic(seeded.clone()).await;
+    assert_eq!(header(&h.anthropic(seeded).await, "x-zl-cache"), "hit");
+    assert_eq!(h.fake.recorded.lock().unwrap().generates.len(), 5, "2 misses + 2 bypasses + 1 seeded miss");
+}
+
+async fn error_of(resp: Response<Body>) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    assert!(header(&resp, "request-id").starts_with("req_"));
+    (status, json_of(resp).await)
+}
+
+#[tokio::test]
+async fn every_error_is_anthropics_body_and_status() {
+    let h = harness();
+    let check = |(status, body): (u16, Value), want_status: u16, want_type: &str, want_msg: &str| {
+        assert_eq!(status, want_status, "{body}");
+        assert_eq!(body["type"], "error");
+        assert_eq!(body["error"]["type"], want_type, "{body}");
+        assert!(body["error"]["message"].as_str().unwrap().contains(want_msg), "{body}");
+        assert!(body["request_id"].as_str().unwrap().starts_with("req_"));
+    };
+    let no_key = Request::post("/v1/messages").body(Body::from(hello(json!({})).to_string())).unwrap();
+    check(error_of(h.send(no_key).await).await, 401, "authentication_error", "x-api-key header is required");
+    let bad_key =
+        Request::post("/v1/messages").header("x-api-key", "nope").body(Body::from(hello(json!({})).to_string())).unwrap();
+    check(error_of(h.send(bad_key).await).await, 401, "authentication_error", "invalid x-api-key");
+    let bad_json = Request::post("/v1/messages").header("x-api-key", KEY).body(Body::from("{\"model\": ")).unwrap();
+    check(error_of(h.send(bad_json).await).await, 400, "invalid_request_error", "not valid JSON");
+    let bad_utf8 = Request::post("/v1/messages").header("x-api-key", KEY).body(Body::from(vec![b'{', 0xff, b'}'])).unwrap();
+    check(error_of(h.send(bad_utf8).await).await, 400, "invalid_request_error", "not valid UTF-8");
+    check(error_of(h.anthropic(hello(json!({"temperature": 5}))).await).await, 400, "invalid_request_error", "temperature");
+    check(error_of(h.anthropic(hello(json!({"max_tokens": 0}))).await).await, 400, "invalid_request_error", "max_tokens");
+    check(error_of(h.anthropic(hello(json!({"top_p": 2}))).await).await, 400, "invalid_request_error", "top_p");
+    check(error_of(h.anthropic(hello(json!({"messages": []}))).await).await, 400, "invalid_request_error", "at least one");
+    check(error_of(h.anthropic(hello(json!({"model": "nope"}))).await).await, 404, "not_found_error", "model: nope");
+    check(
+        error_of(h.anthropic(hello(json!({"max_tokens": 60}))).await).await,
+        400,
+        "invalid_request_error",
+        "prompt is too long",
+    );
+    *h.fake.overloaded.lock().unwrap() = true;
+    let resp = h.anthropic(hello(json!({}))).await;
+    assert_eq!(header(&resp, "retry-after"), "3");
+    check(error_of(resp).await, 529, "overloaded_error", "saturated");
+    let unknown = Request::get("/v1/nothing").header("x-api-key", KEY).body(Body::empty()).unwrap();
+    check(error_of(h.send(unknown).await).await, 404, "not_found_error", "Not found");
+}
+
+#[tokio::test]
+async fn large_bodies_get_413_request_too_large() {
+    let h = harness_with(GatewayConfig::default(), 1024);
+    let big = hello(json!({"messages": [{"role": "user", "content": "x".repeat(2000)}]}));
+    let (status, body) = error_of(h.anthropic(big).await).await;
+    assert_eq!(status, 413);
+    assert_eq!(body["error"]["type"], "request_too_large");
+}
+
+#[tokio::test]
+async fn rate_limits_answer_429_with_retry_after_and_headers() {
+    let config = GatewayConfig {
+        default_limits: KeyLimits { requests: 2, input_tokens: 0, output_tokens: 0 },
+        ..GatewayConfig::default()
+    };
+    let h = harness_with(config, 1024 * 1024);
+    for left in ["1", "0"] {
+        let resp = h.anthropic(hello(json!({}))).await;
+        assert_eq!(resp.status(), 200);
+        assert_eq!(header(&resp, "anthropic-ratelimit-requests-remaining"), left);
+    }
+    let resp = h.anthropic(hello(json!({}))).await;
+    assert_eq!(resp.status().as_u16(), 429);
+    assert_eq!(header(&resp, "retry-after"), "30");
+    assert_eq!(header(&resp, "anthropic-ratelimit-requests-limit"), "2");
+    let (_, body) = error_of(resp).await;
+    assert_eq!(body["error"]["type"], "rate_limit_error");
+}
+
+#[tokio::test]
+async fn openai_completions_streams_and_errors() {
+    let h = harness();
+    let resp = h.openai(json!({"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "seed": 3})).await;
+    assert_eq!(resp.status(), 200);
+    let body = json_of(resp).await;
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["content"], "Hello world");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(body["usage"]["completion_tokens"], 3);
+    assert_eq!(body["system_fingerprint"], "zl-abababababab");
+    // Without max_tokens the rest of the context window is the limit.
+    let g = h.fake.recorded.lock().unwrap().generates[0].1.clone();
+    let Prompt::Tokens(prompt) = &g.prompt else { unreachable!() };
+    assert_eq!(g.max_tokens as usize, 64 - prompt.len());
+    assert_eq!(g.sampling.seed, Some(3));
+
+    let resp = h
+        .openai(json!({"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "stream": true,
+                       "stream_options": {"include_usage": true}, "max_tokens": 5}))
+        .await;
+    let body = text(resp).await;
+    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 7, "{body}");
+    assert!(events[0].contains("\"delta\":{\"content\":\"\",\"role\":\"assistant\"}"));
+    assert!(events[1].contains("\"delta\":{\"content\":\"Hello\"}"));
+    assert!(events[4].contains("\"finish_reason\":\"stop\""));
+    assert!(events[5].contains("\"choices\":[]") && events[5].contains("\"total_tokens\""));
+    assert_eq!(events[6], "data: [DONE]");
+
+    let resp = h.openai(json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]})).await;
+    assert_eq!(resp.status(), 404);
+    let body = json_of(resp).await;
+    assert_eq!(body["error"]["code"], "model_not_found");
+    assert!(body["error"]["message"].as_str().unwrap().contains("nope"));
+    let resp = h.openai(json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 3})).await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(json_of(resp).await["error"]["param"], "n");
+}
+
+#[tokio::test]
+async fn count_tokens_and_models_in_both_shapes() {
+    let h = harness();
+    let req = post("/v1/messages/count_tokens", ())
+        .header("x-api-key", KEY)
+        .body(Body::from(json!({"model": MODEL, "messages": [{"role": "user", "content": "hello"}]}).to_string()))
+        .unwrap();
+    let resp = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let n = json_of(resp).await["input_tokens"].as_u64().unwrap();
+    let tok = tokenizer();
+    let rendered =
+        tok.render_chat(&[zl_text::ChatMessage { role: "user".into(), content: "hello".into() }]).unwrap();
+    assert_eq!(n as usize, tok.encode(&rendered).unwrap().len());
+
+    let anthropic = Request::get("/v1/models?limit=1")
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "2023-06-01")
+        .body(Body::empty())
+        .unwrap();
+    let body = json_of(h.send(anthropic).await).await;
+    assert_eq!(
+        body,
+        json!({"data": [{"type": "model", "id": "tiny", "display_name": "tiny", "created_at": "1970-01-01T00:00:00Z"}],
+               "has_more": false, "first_id": "tiny", "last_id": "tiny"})
+    );
+    let openai = Request::get("/v1/models").header("authorization", format!("Bearer {KEY}")).body(Body::empty()).unwrap();
+    let body = json_of(h.send(openai).await).await;
+    assert_eq!(body, json!({"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0, "owned_by": "zerolayer"}]}));
+    let one = Request::get("/v1/models/tiny").header("x-api-key", KEY).header("anthropic-version", "x").body(Body::empty()).unwrap();
+    assert_eq!(json_of(h.send(one).await).await["id"], "tiny");
+    let missing =
+        Request::get("/v1/models/nope").header("x-api-key", KEY).header("anthropic-version", "x").body(Body::empty()).unwrap();
+    assert_eq!(h.send(missing).await.status(), 404);
+    let bad_limit =
+        Request::get("/v1/models?limit=0").header("x-api-key", KEY).header("anthropic-version", "x").body(Body::empty()).unwrap();
+    assert_eq!(h.send(bad_limit).await.status(), 400);
+}
+
+#[tokio::test]
+async fn health_and_readiness() {
+    let h = harness();
+    let resp = h.send(Request::get("/healthz").body(Body::empty()).unwrap()).await;
+    assert_eq!(resp.status(), 200);
+    assert!(header(&resp, "request-id").starts_with("req_"));
+    assert_eq!(h.send(Request::get("/readyz").body(Body::empty()).unwrap()).await.status(), 200);
+    // A frontend that never synced is not ready.
+    let gateway = Arc::new(Gateway::new(h.fake.clone(), Arc::new(Cluster::default()), GatewayConfig::default()));
+    let cold = router(App { gateway, metrics: None, body_limit: 1024 });
+    let resp = cold.oneshot(Request::get("/readyz").body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), 503);
+}
