@@ -110,3 +110,41 @@ pub fn client(dir: &std::path::Path, role: zl_proto::message::Role, id: &str) ->
     let identity = zl_node::load_identity(dir, role, id).expect("the test certificates load");
     zl_proto::quic::Client::new(&identity, zl_proto::quic::RpcSettings::default()).expect("a QUIC client")
 }
+
+/// One plain HTTP/1.1 request to `addr`; returns the status and the body (`None` if nothing answered).
+pub fn http(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(2)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(120))).ok()?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let (_, body) = text.split_once("\r\n\r\n")?;
+    Some((status, body.to_owned()))
+}
+
+/// The workspace's Python virtualenv interpreter, with the official SDKs (`scripts/test` installs them).
+///
+/// Panics with instructions when it is missing, since a test that silently skips proves nothing.
+pub fn python() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(".venv").join("bin").join("python");
+    assert!(path.is_file(), "{} is missing: run scripts/test, which installs the Python SDKs", path.display());
+    path
+}

@@ -10,8 +10,11 @@ use zl_e2e::bin;
 #[test]
 fn example_configs_are_valid() {
     let docs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("docs");
-    for (binary, file) in [("zl-worker", "zl-worker.example.toml"), ("zl-orchestrator", "zl-orchestrator.example.toml")]
-    {
+    for (binary, file) in [
+        ("zl-worker", "zl-worker.example.toml"),
+        ("zl-orchestrator", "zl-orchestrator.example.toml"),
+        ("zl-frontend", "zl-frontend.example.toml"),
+    ] {
         let path = docs.join(file);
         // `--help` stops after parsing: the file's settings have been expanded into flags and validated by then.
         let out =

@@ -20,7 +20,9 @@ pub(crate) struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     pub(crate) fn of(body: &'a Value) -> Result<Self, ApiError> {
-        body.as_object().map(|obj| Fields { obj }).ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))
+        body.as_object()
+            .map(|obj| Fields { obj })
+            .ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))
     }
 
     pub(crate) fn get(&self, name: &str) -> Option<&'a Value> {
@@ -59,15 +61,20 @@ impl<'a> Fields<'a> {
     pub(crate) fn integer(&self, name: &str, lo: u64, hi: u64) -> Result<Option<u64>, ApiError> {
         match self.get(name) {
             None => Ok(None),
-            Some(Value::Number(n)) => match n.as_u64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64)) {
-                Some(v) if (lo..=hi).contains(&v) => Ok(Some(v)),
-                Some(v) => Err(ApiError::invalid_param(name, format!("{name}: Input should be between {lo} and {hi}, got {v}"))),
-                None if n.as_i64().is_some() => Err(ApiError::invalid_param(
-                    name,
-                    format!("{name}: Input should be greater than or equal to {lo}, got {n}"),
-                )),
-                None => Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid integer"))),
-            },
+            Some(Value::Number(n)) => {
+                match n.as_u64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64)) {
+                    Some(v) if (lo..=hi).contains(&v) => Ok(Some(v)),
+                    Some(v) => Err(ApiError::invalid_param(
+                        name,
+                        format!("{name}: Input should be between {lo} and {hi}, got {v}"),
+                    )),
+                    None if n.as_i64().is_some() => Err(ApiError::invalid_param(
+                        name,
+                        format!("{name}: Input should be greater than or equal to {lo}, got {n}"),
+                    )),
+                    None => Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid integer"))),
+                }
+            }
             Some(_) => Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid integer"))),
         }
     }
@@ -98,7 +105,10 @@ impl<'a> Fields<'a> {
             if s.is_empty() || s.len() > zl_proto::message::MAX_STOP_SEQUENCE_LEN {
                 return Err(ApiError::invalid_param(
                     name,
-                    format!("{name}: each stop sequence must be 1 to {} bytes", zl_proto::message::MAX_STOP_SEQUENCE_LEN),
+                    format!(
+                        "{name}: each stop sequence must be 1 to {} bytes",
+                        zl_proto::message::MAX_STOP_SEQUENCE_LEN
+                    ),
                 ));
             }
         }
@@ -125,7 +135,11 @@ fn content_text(value: &Value, field: &str) -> Result<String, ApiError> {
                         )));
                     }
                     "" => return Err(ApiError::invalid(format!("{field}.{i}.type: Field required"))),
-                    other => return Err(ApiError::invalid(format!("{field}.{i}.type: unknown content block type {other:?}"))),
+                    other => {
+                        return Err(ApiError::invalid(format!(
+                            "{field}.{i}.type: unknown content block type {other:?}"
+                        )));
+                    }
                 }
             }
             Ok(text)
@@ -173,7 +187,8 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
             }
             _ => return Err(ApiError::invalid(format!("messages.{i}.role: Field required"))),
         };
-        let content = m.get("content").ok_or_else(|| ApiError::invalid(format!("messages.{i}.content: Field required")))?;
+        let content =
+            m.get("content").ok_or_else(|| ApiError::invalid(format!("messages.{i}.content: Field required")))?;
         let text = content_text(content, &format!("messages.{i}.content"))?;
         if i == 0 && role != "user" {
             return Err(ApiError::invalid("messages: the first message must use the \"user\" role"));
@@ -204,7 +219,7 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
     };
     let temperature = f.number("temperature", 0.0, 1.0)?.unwrap_or(1.0) as f32;
     let top_p = match f.number("top_p", 0.0, 1.0)? {
-        Some(p) if p == 0.0 => return Err(ApiError::invalid_param("top_p", "top_p: Input should be greater than 0")),
+        Some(0.0) => return Err(ApiError::invalid_param("top_p", "top_p: Input should be greater than 0")),
         Some(p) => p as f32,
         None => 1.0,
     };
@@ -221,7 +236,9 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
             Some(Value::String(_)) => {
                 return Err(ApiError::invalid_param("metadata", "metadata.user_id: at most 256 characters"));
             }
-            Some(_) => return Err(ApiError::invalid_param("metadata", "metadata.user_id: Input should be a valid string")),
+            Some(_) => {
+                return Err(ApiError::invalid_param("metadata", "metadata.user_id: Input should be a valid string"));
+            }
         },
         Some(_) => return Err(ApiError::invalid_param("metadata", "metadata: Input should be a valid dictionary")),
     };
@@ -294,7 +311,10 @@ pub fn stream_start(id: &str, model: &str, input_tokens: u32) -> String {
         },
     });
     let mut out = event("message_start", &start);
-    out += &event("content_block_start", &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}));
+    out += &event(
+        "content_block_start",
+        &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    );
     out += &event("ping", &json!({"type": "ping"}));
     out
 }
@@ -384,7 +404,10 @@ mod tests {
                 .contains("must alternate")
         );
         assert!(m(json!({"messages": [{"role": "system", "content": "a"}]})).contains("top-level system"));
-        assert_eq!(err(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})), "max_tokens: Field required");
+        assert_eq!(
+            err(json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]})),
+            "max_tokens: Field required"
+        );
         assert_eq!(err(json!({"max_tokens": 1, "messages": []})), "model: Field required");
         assert_eq!(err(json!([1])), "the request body must be a JSON object");
         // count_tokens needs no max_tokens.

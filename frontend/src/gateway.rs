@@ -146,14 +146,18 @@ impl RequestOptions {
         let bypass_cache = match text("x-zl-cache") {
             None => false,
             Some(v) if v.eq_ignore_ascii_case("bypass") => true,
-            Some(v) => return Err(ApiError::invalid(format!("x-zl-cache: {v:?} is not a request value; use \"bypass\""))),
+            Some(v) => {
+                return Err(ApiError::invalid(format!("x-zl-cache: {v:?} is not a request value; use \"bypass\"")));
+            }
         };
         let hint = match text("x-zl-route-hint") {
             None => RouteHint::None,
             Some("low-latency") => RouteHint::LowLatency,
             Some("low-cost") => RouteHint::LowCost,
             Some(v) => {
-                return Err(ApiError::invalid(format!("x-zl-route-hint: {v:?} must be \"low-latency\" or \"low-cost\"")));
+                return Err(ApiError::invalid(format!(
+                    "x-zl-route-hint: {v:?} must be \"low-latency\" or \"low-cost\""
+                )));
             }
         };
         Ok(RequestOptions { bypass_cache, hint })
@@ -274,7 +278,8 @@ impl Gateway {
             }
         }
         if self.config.max_prompt_bytes > 0 {
-            let bytes = req.system.as_ref().map_or(0, String::len) + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
+            let bytes = req.system.as_ref().map_or(0, String::len)
+                + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
             if bytes > self.config.max_prompt_bytes {
                 return Err(ApiError::invalid(format!(
                     "prompt is too long: {bytes} bytes of text > {} byte limit",
@@ -511,7 +516,10 @@ fn retry_elsewhere(e: &CallError) -> bool {
     match e {
         CallError::Connect { .. } | CallError::ConnectionLost(_) | CallError::Cancelled(_) => true,
         CallError::Remote(w) => {
-            matches!(w.code, ErrorCode::Unavailable | ErrorCode::Overloaded | ErrorCode::Internal | ErrorCode::DeadlineExceeded)
+            matches!(
+                w.code,
+                ErrorCode::Unavailable | ErrorCode::Overloaded | ErrorCode::Internal | ErrorCode::DeadlineExceeded
+            )
         }
         CallError::Protocol(_) | CallError::Encode(_) => false,
     }
@@ -616,8 +624,10 @@ impl Generation {
                 match live.last_token {
                     None => metrics::histogram!("zl_frontend_ttft_seconds", "model" => live.model.clone())
                         .record(now.duration_since(live.started).as_secs_f64()),
-                    Some(prev) if n > 0 => metrics::histogram!("zl_frontend_itl_seconds", "model" => live.model.clone())
-                        .record(now.duration_since(prev).as_secs_f64() / f64::from(n)),
+                    Some(prev) if n > 0 => {
+                        metrics::histogram!("zl_frontend_itl_seconds", "model" => live.model.clone())
+                            .record(now.duration_since(prev).as_secs_f64() / f64::from(n))
+                    }
                     Some(_) => {}
                 }
                 live.last_token = Some(now);

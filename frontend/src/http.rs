@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::anthropic;
 use crate::cluster::KeyInfo;
 use crate::error::{ApiError, Dialect, ErrorKind};
-use crate::gateway::{GenEvent, Gateway, Generation, Meta, RequestOptions};
+use crate::gateway::{Gateway, GenEvent, Generation, Meta, RequestOptions};
 use crate::limits::{Figures, RateFigures};
 use crate::openai;
 
@@ -375,13 +375,16 @@ async fn chat_completions(State(app): State<App>, req: Request) -> Response {
         let model = meta.model.clone();
         if stream {
             let recorder = Recorder { api: "chat_completions", model: model_name, status: 200, started };
-            let head = openai::chunk(&id, created, &model, &fingerprint, json!({"role": "assistant", "content": ""}), None);
+            let head =
+                openai::chunk(&id, created, &model, &fingerprint, json!({"role": "assistant", "content": ""}), None);
             let body = event_body(
                 generation,
                 head,
                 recorder,
                 move |ev| match ev {
-                    GenEvent::Delta(d) => openai::chunk(&id, created, &model, &fingerprint, json!({"content": d}), None),
+                    GenEvent::Delta(d) => {
+                        openai::chunk(&id, created, &model, &fingerprint, json!({"content": d}), None)
+                    }
                     GenEvent::Finish(f) => {
                         let mut out = openai::chunk(&id, created, &model, &fingerprint, json!({}), Some(f.stop_reason));
                         if include_usage {
@@ -434,7 +437,9 @@ fn models_dialect(headers: &HeaderMap) -> Dialect {
 
 fn model_object(dialect: Dialect, id: &str) -> Value {
     match dialect {
-        Dialect::Anthropic => json!({"type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z"}),
+        Dialect::Anthropic => {
+            json!({"type": "model", "id": id, "display_name": id, "created_at": "1970-01-01T00:00:00Z"})
+        }
         Dialect::OpenAi => json!({"id": id, "object": "model", "created": 0, "owned_by": "zerolayer"}),
     }
 }
@@ -480,7 +485,9 @@ async fn list_models(
     };
     let ids: Vec<String> = app.gateway.cluster().models().into_iter().map(|m| m.id).collect();
     let body = match dialect {
-        Dialect::OpenAi => json!({"object": "list", "data": ids.iter().map(|id| model_object(dialect, id)).collect::<Vec<_>>()}),
+        Dialect::OpenAi => {
+            json!({"object": "list", "data": ids.iter().map(|id| model_object(dialect, id)).collect::<Vec<_>>()})
+        }
         Dialect::Anthropic => {
             let limit = match params.limit.as_deref().map(str::parse::<usize>) {
                 None => 20,
@@ -525,9 +532,8 @@ async fn healthz() -> Response {
 async fn readyz(State(app): State<App>) -> Response {
     match app.gateway.cluster().ready(Instant::now()) {
         Ok(()) => axum::Json(json!({"status": "ready"})).into_response(),
-        Err(reason) => {
-            (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "not ready", "reason": reason}))).into_response()
-        }
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "not ready", "reason": reason})))
+            .into_response(),
     }
 }
 
@@ -547,7 +553,8 @@ async fn fallback(State(app): State<App>, req: Request) -> Response {
 
 async fn method_not_allowed(req: Request) -> Response {
     let e = ApiError::invalid(format!("method {} is not allowed on {}", req.method(), req.uri().path()));
-    let mut resp = (StatusCode::METHOD_NOT_ALLOWED, axum::Json(e.body(Dialect::Anthropic, &request_id(&req)))).into_response();
+    let mut resp =
+        (StatusCode::METHOD_NOT_ALLOWED, axum::Json(e.body(Dialect::Anthropic, &request_id(&req)))).into_response();
     set(resp.headers_mut(), "x-zl-health", "ok");
     resp
 }

@@ -169,7 +169,7 @@ impl RateLimiter {
         input_tokens: u32,
         max_output: u32,
         now: Instant,
-    ) -> Result<(Reservation, RateFigures), Refusal> {
+    ) -> Result<(Reservation, RateFigures), Box<Refusal>> {
         let share = self.share;
         let state = self.keys.entry(key.to_owned()).or_default();
         state.last_used = Some(now);
@@ -215,12 +215,12 @@ impl RateLimiter {
                 ),
                 (_, Some(_)) => format!("rate limit exceeded: {} per minute", dimension.replace('_', " ")),
             };
-            return Err(Refusal {
+            return Err(Box::new(Refusal {
                 dimension,
                 message,
                 retry_after: wait.unwrap_or(Duration::from_secs(60)),
                 figures,
-            });
+            }));
         }
         for (_, bucket, amount) in checks {
             bucket.level -= amount;
@@ -320,8 +320,7 @@ mod tests {
     #[test]
     fn an_impossible_request_says_so() {
         let mut rl = RateLimiter::new(1.0);
-        let refused =
-            rl.admit("k", "p", LIMITS, ProjectLimits::default(), 5000, 1, Instant::now()).unwrap_err();
+        let refused = rl.admit("k", "p", LIMITS, ProjectLimits::default(), 5000, 1, Instant::now()).unwrap_err();
         assert_eq!(refused.dimension, "input_tokens");
         assert!(refused.message.contains("at all"), "{}", refused.message);
     }
@@ -343,7 +342,10 @@ mod tests {
         let quota = ProjectLimits { tokens: 0, max_concurrent: 2 };
         let (a, _) = rl.admit("k1", "p", KeyLimits::default(), quota, 1, 1, t0).unwrap();
         rl.admit("k2", "p", KeyLimits::default(), quota, 1, 1, t0).unwrap();
-        assert_eq!(rl.admit("k3", "p", KeyLimits::default(), quota, 1, 1, t0).unwrap_err().dimension, "project_concurrency");
+        assert_eq!(
+            rl.admit("k3", "p", KeyLimits::default(), quota, 1, 1, t0).unwrap_err().dimension,
+            "project_concurrency"
+        );
         rl.admit("k3", "other", KeyLimits::default(), quota, 1, 1, t0).unwrap();
         rl.settle(&a, 1, t0);
         rl.admit("k3", "p", KeyLimits::default(), quota, 1, 1, t0).unwrap();

@@ -32,7 +32,9 @@ fn text_of(value: &Value, field: &str) -> Result<String, ApiError> {
                     Some(other) => {
                         return Err(ApiError::invalid_param(
                             field,
-                            format!("{field}[{i}]: content parts of type {other:?} are not supported by this server yet"),
+                            format!(
+                                "{field}[{i}]: content parts of type {other:?} are not supported by this server yet"
+                            ),
                         ));
                     }
                     None => return Err(ApiError::invalid_param(field, format!("{field}[{i}].type is required"))),
@@ -64,7 +66,9 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     }
     let messages = match f.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => m,
-        Some(Value::Array(_)) => return Err(ApiError::invalid_param("messages", "messages: at least one message is required")),
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid_param("messages", "messages: at least one message is required"));
+        }
         Some(_) => return Err(ApiError::invalid_param("messages", "messages: expected an array")),
         None => return Err(ApiError::invalid_param("messages", "messages: Field required")),
     };
@@ -73,7 +77,10 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     for (i, m) in messages.iter().enumerate() {
         let field = format!("messages[{i}]");
         let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
-            ApiError::invalid_param("messages", format!("{field}.role: required, one of system, developer, user, assistant"))
+            ApiError::invalid_param(
+                "messages",
+                format!("{field}.role: required, one of system, developer, user, assistant"),
+            )
         })?;
         let content = match m.get("content") {
             None | Some(Value::Null) => String::new(),
@@ -96,7 +103,10 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
                 _ => chat.push(ChatMessage { role: role.to_owned(), content }),
             },
             "tool" | "function" => {
-                return Err(ApiError::invalid_param("messages", format!("{field}.role: {role:?} messages are not supported yet")));
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("{field}.role: {role:?} messages are not supported yet"),
+                ));
             }
             other => {
                 return Err(ApiError::invalid_param(
@@ -109,13 +119,16 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     if chat.is_empty() {
         return Err(ApiError::invalid_param("messages", "messages: at least one user message is required"));
     }
-    let max_tokens = match (f.integer("max_completion_tokens", 1, u64::from(u32::MAX))?, f.integer("max_tokens", 1, u64::from(u32::MAX))?) {
+    let max_tokens = match (
+        f.integer("max_completion_tokens", 1, u64::from(u32::MAX))?,
+        f.integer("max_tokens", 1, u64::from(u32::MAX))?,
+    ) {
         (Some(m), _) | (None, Some(m)) => Some(m as u32),
         (None, None) => None,
     };
     let temperature = f.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
     let top_p = match f.number("top_p", 0.0, 1.0)? {
-        Some(p) if p == 0.0 => return Err(ApiError::invalid_param("top_p", "top_p: must be greater than 0")),
+        Some(0.0) => return Err(ApiError::invalid_param("top_p", "top_p: must be greater than 0")),
         Some(p) => p as f32,
         None => 1.0,
     };
@@ -136,7 +149,10 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
             Some(_) => {
-                return Err(ApiError::invalid_param("stream_options", "stream_options.include_usage: expected a boolean"));
+                return Err(ApiError::invalid_param(
+                    "stream_options",
+                    "stream_options.include_usage: expected a boolean",
+                ));
             }
         },
         Some(_) => return Err(ApiError::invalid_param("stream_options", "stream_options: expected an object")),
@@ -200,7 +216,14 @@ pub fn completion(id: &str, created: u64, model: &str, fingerprint: &str, text: 
 }
 
 /// One `chat.completion.chunk` as a server-sent event.
-pub fn chunk(id: &str, created: u64, model: &str, fingerprint: &str, delta: Value, finish: Option<StopReason>) -> String {
+pub fn chunk(
+    id: &str,
+    created: u64,
+    model: &str,
+    fingerprint: &str,
+    delta: Value,
+    finish: Option<StopReason>,
+) -> String {
     let data = json!({
         "id": id,
         "object": "chat.completion.chunk",

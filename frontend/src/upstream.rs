@@ -107,7 +107,8 @@ impl QuicUpstream {
         for i in 0..n {
             let to = self.orchestrators[(start + i) % n];
             let call = self.client.call(to, Role::Orchestrator, request.clone());
-            let result = tokio::time::timeout(CONTROL_TIMEOUT, call).await.unwrap_or_else(|_| Err(timed_out("orchestrator")));
+            let result =
+                tokio::time::timeout(CONTROL_TIMEOUT, call).await.unwrap_or_else(|_| Err(timed_out("orchestrator")));
             match result {
                 Ok(reply) => return Ok(reply),
                 Err(e) if try_next_orchestrator(&e) => {

@@ -21,8 +21,8 @@ use zl_frontend::limits::KeyLimits;
 use zl_frontend::upstream::{BoxFuture, TokenSource, Upstream};
 use zl_proto::CallError;
 use zl_proto::message::{
-    ApiKeyEntry, ComputePool, ErrorCode, Finish, GenerateRequest, Message, ModelCard, ModelInfo, NodeId, Prompt,
-    ProjectQuota, RouteDecision, RouteRequest, StateSync, StopReason, TokenChunk, Usage, WireError,
+    ApiKeyEntry, ComputePool, ErrorCode, Finish, GenerateRequest, Message, ModelCard, ModelInfo, NodeId, ProjectQuota,
+    Prompt, RouteDecision, RouteRequest, StateSync, StopReason, TokenChunk, Usage, WireError,
 };
 use zl_text::TextTokenizer;
 
@@ -72,7 +72,11 @@ impl TokenSource for Script {
         Box::pin(async move {
             if self.endless {
                 tokio::task::yield_now().await;
-                return Some(Ok(Message::TokenChunk(TokenChunk { token_ids: vec![1], text_delta: "x".into(), logprobs: None })));
+                return Some(Ok(Message::TokenChunk(TokenChunk {
+                    token_ids: vec![1],
+                    text_delta: "x".into(),
+                    logprobs: None,
+                })));
             }
             self.frames.pop_front()
         })
@@ -174,7 +178,12 @@ fn sync_state(index: u64) -> StateSync {
         unchanged: false,
         keys: vec![ApiKeyEntry { key_id: "key-1".into(), secret_sha256: secret_sha256(KEY), project: "acme".into() }],
         projects: vec![ProjectQuota { project: "acme".into(), ..ProjectQuota::default() }],
-        models: vec![ModelInfo { id: MODEL.into(), weights_sha256: [0xab; 32], context_length: 64, family: "llama".into() }],
+        models: vec![ModelInfo {
+            id: MODEL.into(),
+            weights_sha256: [0xab; 32],
+            context_length: 64,
+            family: "llama".into(),
+        }],
         serving_workers: 1,
         billing_weights: None,
     }
@@ -355,7 +364,9 @@ async fn a_client_that_goes_away_cancels_the_worker_stream() {
 async fn deterministic_requests_are_answered_from_the_cache() {
     let h = harness();
     for stream in [false, true] {
-        let body = hello(json!({"temperature": 0, "stream": stream, "messages": [{"role": "user", "content": format!("hi {stream}")}]}));
+        let body = hello(
+            json!({"temperature": 0, "stream": stream, "messages": [{"role": "user", "content": format!("hi {stream}")}]}),
+        );
         let first = h.anthropic(body.clone()).await;
         assert_eq!(header(&first, "x-zl-cache"), "miss");
         let first_text = text(first).await;
@@ -398,17 +409,35 @@ async fn every_error_is_anthropics_body_and_status() {
     };
     let no_key = Request::post("/v1/messages").body(Body::from(hello(json!({})).to_string())).unwrap();
     check(error_of(h.send(no_key).await).await, 401, "authentication_error", "x-api-key header is required");
-    let bad_key =
-        Request::post("/v1/messages").header("x-api-key", "nope").body(Body::from(hello(json!({})).to_string())).unwrap();
+    let bad_key = Request::post("/v1/messages")
+        .header("x-api-key", "nope")
+        .body(Body::from(hello(json!({})).to_string()))
+        .unwrap();
     check(error_of(h.send(bad_key).await).await, 401, "authentication_error", "invalid x-api-key");
     let bad_json = Request::post("/v1/messages").header("x-api-key", KEY).body(Body::from("{\"model\": ")).unwrap();
     check(error_of(h.send(bad_json).await).await, 400, "invalid_request_error", "not valid JSON");
-    let bad_utf8 = Request::post("/v1/messages").header("x-api-key", KEY).body(Body::from(vec![b'{', 0xff, b'}'])).unwrap();
+    let bad_utf8 =
+        Request::post("/v1/messages").header("x-api-key", KEY).body(Body::from(vec![b'{', 0xff, b'}'])).unwrap();
     check(error_of(h.send(bad_utf8).await).await, 400, "invalid_request_error", "not valid UTF-8");
-    check(error_of(h.anthropic(hello(json!({"temperature": 5}))).await).await, 400, "invalid_request_error", "temperature");
-    check(error_of(h.anthropic(hello(json!({"max_tokens": 0}))).await).await, 400, "invalid_request_error", "max_tokens");
+    check(
+        error_of(h.anthropic(hello(json!({"temperature": 5}))).await).await,
+        400,
+        "invalid_request_error",
+        "temperature",
+    );
+    check(
+        error_of(h.anthropic(hello(json!({"max_tokens": 0}))).await).await,
+        400,
+        "invalid_request_error",
+        "max_tokens",
+    );
     check(error_of(h.anthropic(hello(json!({"top_p": 2}))).await).await, 400, "invalid_request_error", "top_p");
-    check(error_of(h.anthropic(hello(json!({"messages": []}))).await).await, 400, "invalid_request_error", "at least one");
+    check(
+        error_of(h.anthropic(hello(json!({"messages": []}))).await).await,
+        400,
+        "invalid_request_error",
+        "at least one",
+    );
     check(error_of(h.anthropic(hello(json!({"model": "nope"}))).await).await, 404, "not_found_error", "model: nope");
     check(
         error_of(h.anthropic(hello(json!({"max_tokens": 60}))).await).await,
@@ -504,8 +533,7 @@ async fn count_tokens_and_models_in_both_shapes() {
     assert_eq!(resp.status(), 200);
     let n = json_of(resp).await["input_tokens"].as_u64().unwrap();
     let tok = tokenizer();
-    let rendered =
-        tok.render_chat(&[zl_text::ChatMessage { role: "user".into(), content: "hello".into() }]).unwrap();
+    let rendered = tok.render_chat(&[zl_text::ChatMessage { role: "user".into(), content: "hello".into() }]).unwrap();
     assert_eq!(n as usize, tok.encode(&rendered).unwrap().len());
 
     let anthropic = Request::get("/v1/models?limit=1")
@@ -519,16 +547,30 @@ async fn count_tokens_and_models_in_both_shapes() {
         json!({"data": [{"type": "model", "id": "tiny", "display_name": "tiny", "created_at": "1970-01-01T00:00:00Z"}],
                "has_more": false, "first_id": "tiny", "last_id": "tiny"})
     );
-    let openai = Request::get("/v1/models").header("authorization", format!("Bearer {KEY}")).body(Body::empty()).unwrap();
+    let openai =
+        Request::get("/v1/models").header("authorization", format!("Bearer {KEY}")).body(Body::empty()).unwrap();
     let body = json_of(h.send(openai).await).await;
-    assert_eq!(body, json!({"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0, "owned_by": "zerolayer"}]}));
-    let one = Request::get("/v1/models/tiny").header("x-api-key", KEY).header("anthropic-version", "x").body(Body::empty()).unwrap();
+    assert_eq!(
+        body,
+        json!({"object": "list", "data": [{"id": "tiny", "object": "model", "created": 0, "owned_by": "zerolayer"}]})
+    );
+    let one = Request::get("/v1/models/tiny")
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "x")
+        .body(Body::empty())
+        .unwrap();
     assert_eq!(json_of(h.send(one).await).await["id"], "tiny");
-    let missing =
-        Request::get("/v1/models/nope").header("x-api-key", KEY).header("anthropic-version", "x").body(Body::empty()).unwrap();
+    let missing = Request::get("/v1/models/nope")
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "x")
+        .body(Body::empty())
+        .unwrap();
     assert_eq!(h.send(missing).await.status(), 404);
-    let bad_limit =
-        Request::get("/v1/models?limit=0").header("x-api-key", KEY).header("anthropic-version", "x").body(Body::empty()).unwrap();
+    let bad_limit = Request::get("/v1/models?limit=0")
+        .header("x-api-key", KEY)
+        .header("anthropic-version", "x")
+        .body(Body::empty())
+        .unwrap();
     assert_eq!(h.send(bad_limit).await.status(), 400);
 }
 

@@ -119,3 +119,17 @@ fn cancelling_returns_every_block_to_the_pool() {
     assert_eq!(after.free + after.cached, after.total);
     assert!(!e.has_work());
 }
+
+#[test]
+fn the_tokenizer_a_frontend_rebuilds_from_the_card_matches_the_workers() {
+    let model = load();
+    let tok = &model.tokenizer;
+    let again = zl_text::TextTokenizer::from_parts(&tok.to_parts().unwrap()).unwrap();
+    for text in ["What is the capital of France?", "  spaces, digits 12345 and ünïcödé 中文 👍\n\ttabs", ""] {
+        let messages = [ChatMessage { role: "user".into(), content: text.into() }];
+        let prompt = tok.render_chat(&messages).unwrap();
+        assert_eq!(again.render_chat(&messages).unwrap(), prompt);
+        assert_eq!(again.encode(&prompt).unwrap(), tok.encode(&prompt).unwrap(), "{prompt:?}");
+    }
+    assert_eq!(again.stop_ids, tok.stop_ids);
+}

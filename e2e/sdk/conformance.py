@@ -1,0 +1,133 @@
+"""The official Anthropic and OpenAI Python SDKs against a running zerolayer frontend.
+
+Run by e2e/tests/frontend.rs with ZL_BASE_URL, ZL_API_KEY, ZL_LIMITED_KEY (a key whose project allows one request
+per minute) and ZL_MODEL set. Every check raises on failure; the last line printed is "conformance: ok".
+"""
+
+import os
+import sys
+
+import anthropic
+import openai
+
+BASE = os.environ["ZL_BASE_URL"]
+KEY = os.environ["ZL_API_KEY"]
+LIMITED = os.environ["ZL_LIMITED_KEY"]
+MODEL = os.environ["ZL_MODEL"]
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# Without a system prompt the GGUF's template injects SmolLM's own, after which this 135M model talks about French
+# landmarks instead (candle's reference implementation does the same).
+SYSTEM = "You are a helpful assistant."
+
+
+def expect(exc_type, fn):
+    try:
+        fn()
+    except exc_type as e:
+        return e
+    raise AssertionError(f"expected {exc_type.__name__}")
+
+
+def check_anthropic():
+    client = anthropic.Anthropic(base_url=BASE, api_key=KEY, max_retries=0, timeout=120)
+
+    # The current SDK has no sampling parameters of its own; they travel in extra_body.
+    greedy = {"temperature": 0}
+    msg = client.messages.create(model=MODEL, max_tokens=24, extra_body=greedy, system=SYSTEM, messages=QUESTION)
+    assert msg.type == "message" and msg.role == "assistant", msg
+    assert msg.id.startswith("msg_"), msg.id
+    assert "Paris" in msg.content[0].text, msg.content
+    assert msg.stop_reason in ("end_turn", "max_tokens"), msg.stop_reason
+    assert msg.usage.input_tokens > 0 and 0 < msg.usage.output_tokens <= 24, msg.usage
+    print("anthropic create:", repr(msg.content[0].text))
+
+    # The same deterministic request again: identical text, served from the cache.
+    raw = client.messages.with_raw_response.create(
+        model=MODEL, max_tokens=24, extra_body=greedy, system=SYSTEM, messages=QUESTION
+    )
+    assert raw.headers["x-zl-cache"] == "hit", raw.headers
+    assert raw.headers["request-id"].startswith("req_")
+    assert raw.parse().content[0].text == msg.content[0].text
+
+    with client.messages.stream(
+        model=MODEL, max_tokens=16, extra_body={"temperature": 0.7, "seed": 11}, system="Answer briefly.",
+        messages=[{"role": "user", "content": "Name a colour."}],
+    ) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed and final.content[0].text == streamed, (streamed, final)
+    assert final.usage.output_tokens > 0
+
+    events = [e.type for e in client.messages.create(
+        model=MODEL, max_tokens=8, extra_body=greedy, stream=True, messages=[{"role": "user", "content": "Hi!"}]
+    )]
+    # The SDK's iterator drops `ping` events; the raw stream below shows them.
+    assert events[:2] == ["message_start", "content_block_start"], events
+    assert events[-3:] == ["content_block_stop", "message_delta", "message_stop"], events
+    assert set(events[2:-3]) == {"content_block_delta"}, events
+    with client.messages.with_streaming_response.create(
+        model=MODEL, max_tokens=8, extra_body=greedy, stream=True, messages=[{"role": "user", "content": "Hi!"}]
+    ) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        names = [line[len("event: "):] for line in response.iter_lines() if line.startswith("event: ")]
+    assert names[:3] == ["message_start", "content_block_start", "ping"], names
+    assert names[3:] == events[2:], (names, events)
+
+    count = client.messages.count_tokens(model=MODEL, system=SYSTEM, messages=QUESTION)
+    assert count.input_tokens == msg.usage.input_tokens, (count, msg.usage)
+
+    models = list(client.models.list())
+    assert [m.id for m in models] == [MODEL], models
+    assert client.models.retrieve(MODEL).id == MODEL
+
+    bad = anthropic.Anthropic(base_url=BASE, api_key="sk-wrong", max_retries=0)
+    expect(anthropic.AuthenticationError, lambda: bad.messages.create(model=MODEL, max_tokens=4, messages=QUESTION))
+    e = expect(anthropic.NotFoundError, lambda: client.messages.create(model="no-such-model", max_tokens=4, messages=QUESTION))
+    assert e.body["error"]["type"] == "not_found_error", e.body
+    e = expect(anthropic.BadRequestError, lambda: client.messages.create(model=MODEL, max_tokens=4, extra_body={"temperature": 5}, messages=QUESTION))
+    assert "temperature" in e.message, e.message
+    expect(anthropic.NotFoundError, lambda: client.models.retrieve("no-such-model"))
+
+    limited = anthropic.Anthropic(base_url=BASE, api_key=LIMITED, max_retries=0)
+    limited.messages.create(model=MODEL, max_tokens=2, messages=QUESTION)
+    e = expect(anthropic.RateLimitError, lambda: limited.messages.create(model=MODEL, max_tokens=2, messages=QUESTION))
+    assert int(e.response.headers["retry-after"]) > 0
+    assert e.response.headers["anthropic-ratelimit-requests-remaining"] == "0"
+
+
+def check_openai():
+    client = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120)
+
+    done = client.chat.completions.create(
+        model=MODEL, max_tokens=24, temperature=0, messages=[{"role": "system", "content": SYSTEM}] + QUESTION
+    )
+    assert done.object == "chat.completion", done
+    assert "Paris" in done.choices[0].message.content, done
+    assert done.choices[0].finish_reason in ("stop", "length")
+    assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+
+    chunks = list(client.chat.completions.create(
+        model=MODEL, max_tokens=8, seed=5, stream=True, stream_options={"include_usage": True},
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}],
+    ))
+    assert chunks[-1].usage is not None and chunks[-1].choices == [], chunks[-1]
+    assert chunks[-2].choices[0].finish_reason in ("stop", "length"), chunks[-2]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text, chunks
+
+    assert [m.id for m in client.models.list()] == [MODEL]
+
+    bad = openai.OpenAI(base_url=BASE + "/v1", api_key="sk-wrong", max_retries=0)
+    expect(openai.AuthenticationError, lambda: bad.chat.completions.create(model=MODEL, messages=QUESTION))
+    expect(openai.NotFoundError, lambda: client.chat.completions.create(model="no-such-model", messages=QUESTION))
+    expect(openai.BadRequestError, lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, n=2))
+    limited = openai.OpenAI(base_url=BASE + "/v1", api_key=LIMITED, max_retries=0)
+    expect(openai.RateLimitError, lambda: limited.chat.completions.create(model=MODEL, max_tokens=2, messages=QUESTION))
+
+
+check_anthropic()
+print("anthropic: ok")
+check_openai()
+print("openai: ok")
+print("conformance: ok")
+sys.stdout.flush()

@@ -1,0 +1,133 @@
+//! The three real tiers as processes (orchestrator, worker with the default model, frontend) driven over HTTP by
+//! the official `anthropic` and `openai` Python SDKs: create, stream (helpers and raw events), count_tokens,
+//! models list/get, the cache, and errors surfacing as the SDKs' own exception classes.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::time::{Duration, Instant};
+
+use zl_e2e::{Proc, certs, free_tcp, free_udp, gauge, http, python, zl};
+
+const MODEL: &str = "smollm2-135m-instruct";
+const KEY: &str = "sk-zl-e2e-main-key-0123456789";
+const LIMITED: &str = "sk-zl-e2e-limited-key-0123456789";
+
+#[test]
+fn the_official_sdks_work_against_the_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    certs(dir.path(), &[("orchestrator", "orch-0"), ("worker", "worker-0"), ("frontend", "fe-0"), ("admin", "ops")]);
+    let (orch_addr, orch_metrics, admin_addr) = (free_udp(), free_tcp(), free_tcp());
+    let orch_s = orch_addr.to_string();
+    let mut orch = Proc::spawn(
+        "zl-orchestrator",
+        &[
+            "serve",
+            "--listen",
+            &orch_s,
+            "--metrics-addr",
+            &orch_metrics.to_string(),
+            "--node-id",
+            "orch-0",
+            "--tls-dir",
+            d,
+            "--admin-listen",
+            &admin_addr.to_string(),
+        ],
+    );
+    let (worker_addr, worker_metrics) = (free_udp(), free_tcp());
+    let mut worker = Proc::spawn(
+        "zl-worker",
+        &[
+            "serve",
+            "--listen",
+            &worker_addr.to_string(),
+            "--metrics-addr",
+            &worker_metrics.to_string(),
+            "--node-id",
+            "worker-0",
+            "--tls-dir",
+            d,
+            "--kv-memory-mb",
+            "64",
+            "--orchestrator",
+            &orch_s,
+            "--report-interval-ms",
+            "200",
+        ],
+    );
+    let http_addr = free_tcp();
+    let mut frontend = Proc::spawn(
+        "zl-frontend",
+        &[
+            "serve",
+            "--http-addr",
+            &http_addr.to_string(),
+            "--orchestrator",
+            &orch_s,
+            "--node-id",
+            "fe-0",
+            "--tls-dir",
+            d,
+            "--sync-interval-ms",
+            "200",
+        ],
+    );
+    let admin_s = admin_addr.to_string();
+    let admin = |args: &[&str]| {
+        let mut all = vec!["admin", "--orchestrator", admin_s.as_str(), "--tls-dir", d, "--node-id", "ops"];
+        all.extend_from_slice(args);
+        let out = zl(&all);
+        assert!(out.status.success(), "zl {all:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+
+    // Ready once the worker has loaded the model and registered (bounded wait).
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        orch.assert_running("zl-orchestrator");
+        worker.assert_running("zl-worker");
+        frontend.assert_running("zl-frontend");
+        if let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the frontend never became ready");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    admin(&["project", "acme"]);
+    admin(&["project", "tiny", "--rpm", "1"]);
+    admin(&["keys", "create", "main", "--project", "acme", "--secret", KEY]);
+    admin(&["keys", "create", "limited", "--project", "tiny", "--secret", LIMITED]);
+    // The frontend learns new keys within its sync interval.
+    let auth = format!("Bearer {KEY}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while http(http_addr, "GET", "/v1/models", &[("authorization", &auth)], "").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "the frontend never accepted the new key");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let out = std::process::Command::new(python())
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/conformance.py"))
+        .env("ZL_BASE_URL", format!("http://{http_addr}"))
+        .env("ZL_API_KEY", KEY)
+        .env("ZL_LIMITED_KEY", LIMITED)
+        .env("ZL_MODEL", MODEL)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("conformance: ok"),
+        "SDK conformance failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{stdout}");
+
+    let (status, text) = http(http_addr, "GET", "/metrics", &[], "").unwrap();
+    assert_eq!(status, 200);
+    assert!(gauge(&text, "zl_frontend_requests_total").is_some(), "{text}");
+    assert!(text.contains("zl_frontend_cache_total{result=\"hit\"}"), "{text}");
+    assert!(text.contains("zl_frontend_rate_limited_total{dimension=\"requests\"}"), "{text}");
+    assert!(text.contains("zl_frontend_ttft_seconds"), "{text}");
+
+    assert!(frontend.terminate(Duration::from_secs(20)), "zl-frontend did not stop cleanly");
+    assert!(worker.terminate(Duration::from_secs(60)), "zl-worker did not stop cleanly");
+    assert!(orch.terminate(Duration::from_secs(20)), "zl-orchestrator did not stop cleanly");
+}
