@@ -1,0 +1,268 @@
+//! A scripted upstream (orchestrator and worker answers) behind the frontend's router, shared by the handler and
+//! server tests.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs, dead_code, unreachable_pub)]
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::http::{Request, Response};
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+use zl_common::keys::secret_sha256;
+use zl_frontend::cluster::Cluster;
+use zl_frontend::gateway::{Gateway, GatewayConfig};
+use zl_frontend::http::{App, router};
+use zl_frontend::upstream::{BoxFuture, TokenSource, Upstream};
+use zl_proto::CallError;
+use zl_proto::message::{
+    ApiKeyEntry, ComputePool, ErrorCode, Finish, GenerateRequest, Message, ModelCard, ModelInfo, NodeId, ProjectQuota,
+    Prompt, RouteDecision, RouteRequest, StateSync, StopReason, TokenChunk, Usage, WireError,
+};
+use zl_text::TextTokenizer;
+
+pub const KEY: &str = "sk-zl-test-key";
+pub const MODEL: &str = "tiny";
+
+/// How the scripted worker behaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerMode {
+    /// Streams "Hello world" in three chunks.
+    Normal,
+    /// Worker w1 fails before its first token; others are normal.
+    FirstWorkerDies,
+    /// Fails after the first chunk.
+    DiesMidStream,
+    /// Streams forever (until the caller goes away).
+    Endless,
+    /// Streams "Hello world" slowly: 100 ms before each frame.
+    Slow,
+}
+
+#[derive(Default)]
+pub struct Recorded {
+    pub routes: Vec<RouteRequest>,
+    pub generates: Vec<(String, GenerateRequest)>,
+}
+
+pub struct Fake {
+    pub mode: Mutex<WorkerMode>,
+    pub overloaded: Mutex<bool>,
+    pub recorded: Mutex<Recorded>,
+    pub dropped_streams: Arc<AtomicUsize>,
+}
+
+struct Script {
+    frames: VecDeque<Result<Message, CallError>>,
+    endless: bool,
+    slow: bool,
+    dropped: Arc<AtomicUsize>,
+}
+
+impl Drop for Script {
+    fn drop(&mut self) {
+        self.dropped.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl TokenSource for Script {
+    fn next(&mut self) -> BoxFuture<'_, Option<Result<Message, CallError>>> {
+        Box::pin(async move {
+            if self.slow {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            if self.endless {
+                tokio::task::yield_now().await;
+                return Some(Ok(Message::TokenChunk(TokenChunk {
+                    token_ids: vec![1],
+                    text_delta: "x".into(),
+                    logprobs: None,
+                })));
+            }
+            self.frames.pop_front()
+        })
+    }
+}
+
+pub fn chunk(text: &str) -> Result<Message, CallError> {
+    Ok(Message::TokenChunk(TokenChunk { token_ids: vec![7], text_delta: text.into(), logprobs: None }))
+}
+
+pub fn tokenizer() -> TextTokenizer {
+    TextTokenizer::from_gguf(&zl_text::testing::tiny_vocab()).unwrap()
+}
+
+impl Upstream for Fake {
+    fn route(&self, request: RouteRequest) -> BoxFuture<'_, Result<RouteDecision, CallError>> {
+        Box::pin(async move {
+            if request.model != MODEL {
+                return Err(CallError::Remote(WireError::new(ErrorCode::NotFound, "unknown model")));
+            }
+            if *self.overloaded.lock().unwrap() {
+                let mut e = WireError::new(ErrorCode::Overloaded, "every pool is saturated");
+                e.retry_after_ms = 2500;
+                return Err(CallError::Remote(e));
+            }
+            let worker = if request.excluded_workers.iter().any(|w| w.as_str() == "w1") { "w2" } else { "w1" };
+            // The card probe (a route with no prompt) is not a request's route.
+            if request.prompt_tokens > 0 {
+                self.recorded.lock().unwrap().routes.push(request.clone());
+            }
+            Ok(RouteDecision {
+                request_id: request.request_id,
+                worker_id: NodeId::new(worker).unwrap(),
+                endpoint: format!("{worker}.local:7100"),
+                model: MODEL.into(),
+                weights_sha256: [0xab; 32],
+                compute_pool: ComputePool::Cpu,
+                predicted_billing_unit: 0.06,
+                reason: "test".into(),
+                decision_nanos: 1000,
+            })
+        })
+    }
+
+    fn sync(&self, _known_index: u64) -> BoxFuture<'_, Result<StateSync, CallError>> {
+        Box::pin(async move { Ok(sync_state(0)) })
+    }
+
+    fn model_card(&self, _endpoint: String, model: String) -> BoxFuture<'_, Result<ModelCard, CallError>> {
+        Box::pin(async move {
+            let parts = tokenizer().to_parts().unwrap();
+            Ok(ModelCard {
+                model,
+                weights_sha256: [0xab; 32],
+                context_length: 64,
+                tokenizer_json: parts.tokenizer_json,
+                chat_template: parts.chat_template,
+                bos_token: parts.bos,
+                eos_token: parts.eos,
+                stop_token_ids: parts.stop_ids,
+                kv_block_size: 4,
+            })
+        })
+    }
+
+    fn generate(
+        &self,
+        endpoint: String,
+        request: GenerateRequest,
+    ) -> BoxFuture<'_, Result<Box<dyn TokenSource>, CallError>> {
+        Box::pin(async move {
+            let mode = *self.mode.lock().unwrap();
+            let Prompt::Tokens(prompt) = &request.prompt else { panic!("the frontend sends tokens") };
+            let input = prompt.len() as u32;
+            self.recorded.lock().unwrap().generates.push((endpoint.clone(), request.clone()));
+            let finish = Ok(Message::Finish(Finish {
+                stop_reason: StopReason::EndTurn,
+                stop_sequence: None,
+                usage: Usage { input_tokens: input, output_tokens: 3, cached_input_tokens: 0 },
+            }));
+            let frames: VecDeque<_> = match mode {
+                WorkerMode::FirstWorkerDies if endpoint.starts_with("w1") => {
+                    vec![Err(CallError::ConnectionLost("worker killed".into()))].into()
+                }
+                WorkerMode::DiesMidStream => {
+                    vec![chunk("Hello"), Err(CallError::ConnectionLost("worker killed".into()))].into()
+                }
+                _ => vec![chunk("Hello"), chunk(" wor"), chunk("ld"), finish].into(),
+            };
+            Ok(Box::new(Script {
+                frames,
+                endless: mode == WorkerMode::Endless,
+                slow: mode == WorkerMode::Slow,
+                dropped: self.dropped_streams.clone(),
+            }) as Box<dyn TokenSource>)
+        })
+    }
+}
+
+pub fn sync_state(index: u64) -> StateSync {
+    StateSync {
+        applied_index: 5 + index,
+        unchanged: false,
+        keys: vec![ApiKeyEntry { key_id: "key-1".into(), secret_sha256: secret_sha256(KEY), project: "acme".into() }],
+        projects: vec![ProjectQuota { project: "acme".into(), ..ProjectQuota::default() }],
+        models: vec![ModelInfo {
+            id: MODEL.into(),
+            weights_sha256: [0xab; 32],
+            context_length: 64,
+            family: "llama".into(),
+        }],
+        serving_workers: 1,
+        billing_weights: None,
+    }
+}
+
+pub struct Harness {
+    pub app: axum::Router,
+    pub fake: Arc<Fake>,
+}
+
+pub fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
+    let fake = Arc::new(Fake {
+        mode: Mutex::new(WorkerMode::Normal),
+        overloaded: Mutex::new(false),
+        recorded: Mutex::default(),
+        dropped_streams: Arc::default(),
+    });
+    let cluster = Arc::new(Cluster::default());
+    cluster.apply(sync_state(0), Instant::now());
+    let gateway = Arc::new(Gateway::new(fake.clone(), cluster, config));
+    Harness { app: router(App { gateway, metrics: None, body_limit }), fake }
+}
+
+pub fn harness() -> Harness {
+    harness_with(GatewayConfig::default(), 1024 * 1024)
+}
+
+pub fn post(path: &str, body: impl Into<Body>) -> axum::http::request::Builder {
+    let _ = body;
+    Request::post(path).header("content-type", "application/json")
+}
+
+impl Harness {
+    pub async fn send(&self, req: Request<Body>) -> Response<Body> {
+        self.app.clone().oneshot(req).await.unwrap()
+    }
+
+    pub async fn anthropic(&self, body: Value) -> Response<Body> {
+        let req = post("/v1/messages", ())
+            .header("x-api-key", KEY)
+            .header("anthropic-version", "2023-06-01")
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        self.send(req).await
+    }
+
+    pub async fn openai(&self, body: Value) -> Response<Body> {
+        let req = post("/v1/chat/completions", ())
+            .header("authorization", format!("Bearer {KEY}"))
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        self.send(req).await
+    }
+}
+
+pub async fn text(resp: Response<Body>) -> String {
+    String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+pub async fn json_of(resp: Response<Body>) -> Value {
+    serde_json::from_str(&text(resp).await).unwrap()
+}
+
+pub fn header<'a>(resp: &'a Response<Body>, name: &str) -> &'a str {
+    resp.headers().get(name).map(|v| v.to_str().unwrap()).unwrap_or_else(|| panic!("no {name} header"))
+}
+
+pub fn hello(extra: Value) -> Value {
+    let mut body = json!({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    body
+}

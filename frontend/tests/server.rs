@@ -1,0 +1,110 @@
+//! The real server loop on 127.0.0.1: HTTP/1.1, h2c (HTTP/2 with prior knowledge), HTTPS with HTTP/2 chosen by
+//! ALPN, and a graceful shutdown that lets an open stream finish while refusing new connections.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Request, Version};
+use common::*;
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+use zl_frontend::gateway::GatewayConfig;
+use zl_frontend::http::serve;
+
+async fn start(
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> (std::net::SocketAddr, Harness, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let h = harness_with(GatewayConfig::default(), 1024 * 1024);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let app = h.app.clone();
+    let task = tokio::spawn(async move {
+        serve(listener, app, tls, async { drop(stopped.await) }, Duration::from_secs(10)).await;
+    });
+    (addr, h, stop, task)
+}
+
+async fn body_text(resp: hyper::Response<hyper::body::Incoming>) -> String {
+    String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+fn healthz(version: Version) -> Request<Body> {
+    // HTTP/2 needs an absolute URI (scheme and authority become pseudo-headers).
+    let uri = if version == Version::HTTP_2 { "http://localhost/healthz" } else { "/healthz" };
+    Request::get(uri).version(version).header("host", "localhost").body(Body::empty()).unwrap()
+}
+
+#[tokio::test]
+async fn http1_and_h2c_on_one_port() {
+    let (addr, _h, _stop, _task) = start(None).await;
+
+    let io = TokioIo::new(TcpStream::connect(addr).await.unwrap());
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let resp = h1.send_request(healthz(Version::HTTP_11)).await.unwrap();
+    assert_eq!((resp.version(), resp.status().as_u16()), (Version::HTTP_11, 200));
+    assert!(resp.headers().contains_key("request-id"));
+
+    let io = TokioIo::new(TcpStream::connect(addr).await.unwrap());
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.unwrap();
+    tokio::spawn(conn);
+    let resp = h2.send_request(healthz(Version::HTTP_2)).await.unwrap();
+    assert_eq!((resp.version(), resp.status().as_u16()), (Version::HTTP_2, 200));
+    assert_eq!(body_text(resp).await, r#"{"status":"ok"}"#);
+}
+
+#[tokio::test]
+async fn https_negotiates_http2_by_alpn() {
+    zl_proto::tls::install_default_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert_path, cert.cert.pem()).unwrap();
+    std::fs::write(&key_path, cert.signing_key.serialize_pem()).unwrap();
+    let tls = zl_frontend::http::tls_config(&cert_path, &key_path).unwrap();
+    let (addr, _h, _stop, _task) = start(Some(tls)).await;
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).unwrap();
+    let mut client = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+    client.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(client));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let tls_stream = connector.connect(name, tcp).await.unwrap();
+    assert_eq!(tls_stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls_stream)).await.unwrap();
+    tokio::spawn(conn);
+    let resp = h2.send_request(healthz(Version::HTTP_2)).await.unwrap();
+    assert_eq!((resp.version(), resp.status().as_u16()), (Version::HTTP_2, 200));
+}
+
+#[tokio::test]
+async fn shutdown_drains_open_streams_and_refuses_new_connections() {
+    let (addr, h, stop, task) = start(None).await;
+    *h.fake.mode.lock().unwrap() = WorkerMode::Slow;
+    let io = TokioIo::new(TcpStream::connect(addr).await.unwrap());
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let req = Request::post("/v1/messages")
+        .header("host", "localhost")
+        .header("x-api-key", KEY)
+        .body(Body::from(hello(serde_json::json!({"stream": true})).to_string()))
+        .unwrap();
+    let resp = h1.send_request(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    stop.send(()).unwrap();
+    // The open stream still runs to its end...
+    let text = body_text(resp).await;
+    assert!(text.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"), "{text}");
+    // ...and the server stops once it has, without waiting for the drain timeout.
+    tokio::time::timeout(Duration::from_secs(5), task).await.expect("the server stopped").unwrap();
+    assert!(TcpStream::connect(addr).await.is_err(), "the listener is closed");
+}
