@@ -98,7 +98,7 @@ fn issue(args: &IssueArgs) -> Result<()> {
     Ok(())
 }
 
-fn write_pair(dir: &Path, stem: &str, pair: &PemPair, force: bool) -> Result<()> {
+pub(crate) fn write_pair(dir: &Path, stem: &str, pair: &PemPair, force: bool) -> Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let cert = dir.join(format!("{stem}.pem"));
     let key = dir.join(format!("{stem}.key"));
@@ -112,7 +112,7 @@ fn write_pair(dir: &Path, stem: &str, pair: &PemPair, force: bool) -> Result<()>
     Ok(())
 }
 
-fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
+pub(crate) fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     let mut options = fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
     #[cfg(unix)]

@@ -1,11 +1,13 @@
 //! `zl`: zerolayer's command for operators and users.
 //!
-//! Today it generates the cluster CA and node certificates (`zl certs`), administers orchestrators (`zl admin`)
-//! and prints its version (`zl version`). It owns argument parsing and output only; certificate logic lives in
-//! `zl_proto::tls`, the admin API in `zl_admin`.
+//! `zl up` runs a whole cluster on this machine, `zl chat` talks to one, `zl certs` makes the cluster CA and node
+//! certificates, `zl admin` administers orchestrators, `zl version` prints the build. Certificate logic lives in
+//! `zl_proto::tls`, the admin API in `zl_admin`; this crate owns argument parsing, processes and output.
 
 mod admin;
 mod certs;
+mod chat;
+mod up;
 
 use std::process::ExitCode;
 
@@ -21,6 +23,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the whole cluster on this machine (orchestrator, worker, frontend as separate processes) with the
+    /// bundled default model; Ctrl-C stops it.
+    Up(up::UpArgs),
+    /// Chat with a running cluster in this terminal, streaming tokens as they come.
+    Chat(chat::ChatArgs),
     /// Create the cluster CA and node certificates for mutual TLS between tiers.
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -34,6 +41,8 @@ fn main() -> ExitCode {
     zl_proto::tls::install_default_provider();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Up(args) => up::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Certs(cmd) => certs::run(cmd),
         Command::Admin(args) => admin::run(args),
         Command::Version => {

@@ -1,0 +1,342 @@
+//! The whole cluster as users run it: `zl up` (banner, readiness, concurrent streams, the response cache, a client
+//! disconnect freeing the worker's KV blocks, `zl chat`, Ctrl-C stopping everything, a dying child stopping the
+//! whole), and separate tier processes surviving a worker killed mid-stream and its restart.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use zl_e2e::{
+    Proc, alive, bin, certs, free_tcp, free_udp, http, http_stream, metric_sum, metrics, request, signal, zl,
+};
+
+const MODEL: &str = "smollm2-135m-instruct";
+const KEY: &str = "sk-zl-e2e-cluster-0123456789";
+
+fn body(max_tokens: u32, stream: bool, temperature: f32, content: &str) -> String {
+    serde_json::json!({
+        "model": MODEL, "max_tokens": max_tokens, "stream": stream, "temperature": temperature,
+        "system": "You are a helpful assistant.",
+        "messages": [{"role": "user", "content": content}],
+    })
+    .to_string()
+}
+
+fn post(addr: SocketAddr, body: &str) -> zl_e2e::HttpResponse {
+    request(addr, "POST", "/v1/messages", &[("x-api-key", KEY)], body).expect("the frontend answers")
+}
+
+/// Wait (bounded) for `path` of `cluster.json` to appear and the API to be ready; returns the parsed file.
+fn wait_up(data: &std::path::Path, http_addr: SocketAddr, up: &mut std::process::Child) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Ok(Some(status)) = up.try_wait() {
+            panic!("zl up exited early: {status}");
+        }
+        if let Ok(text) = std::fs::read_to_string(data.join("cluster.json"))
+            && let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "")
+        {
+            return serde_json::from_str(&text).unwrap();
+        }
+        assert!(Instant::now() < deadline, "zl up never became ready");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn pids(state: &Value) -> Vec<(String, u32)> {
+    state["pids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["name"].as_str().unwrap().to_owned(), p["pid"].as_u64().unwrap() as u32))
+        .collect()
+}
+
+fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Ok(Some(status)) = child.try_wait() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "did not exit within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn kv_used(state: &Value) -> f64 {
+    state["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            let addr: SocketAddr = w["metrics"].as_str().unwrap().parse().unwrap();
+            metric_sum(&metrics(addr).unwrap_or_default(), "zl_worker_kv_blocks_used")
+        })
+        .sum()
+}
+
+#[test]
+fn zl_up_runs_serves_and_stops_the_whole_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let http_addr = free_tcp();
+    let out_path = dir.path().join("up.out");
+    let err_path = dir.path().join("up.err");
+    let mut up = Command::new(bin("zl"))
+        .args(["up", "--data-dir", data.to_str().unwrap(), "--http-addr", &http_addr.to_string()])
+        .args(["--api-key", KEY, "--workers", "2", "--kv-memory-mb", "64"])
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let state = wait_up(&data, http_addr, &mut up);
+    let tiers = pids(&state);
+    assert_eq!(tiers.len(), 4, "1 orchestrator, 2 workers, 1 frontend: {tiers:?}");
+    // The banner follows cluster.json closely; give it a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    let banner = std::fs::read_to_string(&out_path).unwrap();
+    for want in ["zerolayer is up", KEY, MODEL, &format!("http://{http_addr}"), "curl ", "import anthropic"] {
+        assert!(banner.contains(want), "the banner lacks {want:?}:\n{banner}");
+    }
+
+    // Two concurrent streams both complete.
+    let streams: Vec<_> = (0..2)
+        .map(|i| {
+            std::thread::spawn(move || {
+                post(http_addr, &body(24, true, 0.8, &format!("Tell me a short fact about number {i}.")))
+            })
+        })
+        .collect();
+    for s in streams {
+        let r = s.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert!(r.body.starts_with("event: message_start"), "{}", r.body);
+        assert!(r.body.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"), "{}", r.body);
+    }
+
+    // A deterministic request twice: the same answer, the second from the cache.
+    let question = body(24, false, 0.0, "What is the capital of France?");
+    let first = post(http_addr, &question);
+    let second = post(http_addr, &question);
+    assert_eq!((first.status, second.status), (200, 200), "{}", first.body);
+    assert_eq!((first.header("x-zl-cache"), second.header("x-zl-cache")), (Some("miss"), Some("hit")));
+    let content = |r: &zl_e2e::HttpResponse| serde_json::from_str::<Value>(&r.body).unwrap()["content"].clone();
+    assert_eq!(content(&first), content(&second));
+    assert!(content(&first)[0]["text"].as_str().unwrap().contains("Paris"), "{}", first.body);
+
+    // A client that disconnects mid-stream frees the worker's KV blocks.
+    let baseline = kv_used(&state);
+    let mut stream = http_stream(
+        http_addr,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", KEY)],
+        &body(2000, true, 0.8, "Write a very long story about the sea."),
+    )
+    .unwrap();
+    assert_eq!(stream.status, 200);
+    let mut seen = String::new();
+    while seen.matches("content_block_delta").count() < 3 {
+        seen.push_str(&stream.next_piece().expect("the stream continues"));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kv_used(&state) <= baseline {
+        assert!(Instant::now() < deadline, "the running sequence never showed in the KV figures");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    drop(stream);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while kv_used(&state) > baseline {
+        assert!(Instant::now() < deadline, "KV blocks not freed after the client left: {}", kv_used(&state));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // zl chat finds the cluster through the data dir and streams an answer.
+    let mut chat = Command::new(bin("zl"))
+        .args(["chat", "--data-dir", data.to_str().unwrap(), "--temperature", "0", "--max-tokens", "16"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(chat.stdin.as_mut().unwrap(), b"What is the capital of France?\n\n").unwrap();
+    let out = chat.wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && said.contains("Paris"), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
+
+    // A child that dies stops the whole cluster, and says so.
+    let (name, pid) = tiers.iter().find(|(n, _)| n == "worker-1").cloned().unwrap();
+    signal(pid, "-KILL");
+    let status = wait_exit(&mut up, Duration::from_secs(60));
+    assert!(!status.success());
+    let err = std::fs::read_to_string(&err_path).unwrap();
+    assert!(err.contains(&format!("{name} exited")), "{err}");
+    for (name, pid) in &tiers {
+        assert!(!alive(*pid), "{name} was left running");
+    }
+
+    // Ctrl-C (SIGINT to zl up) stops every child cleanly.
+    let mut up = Command::new(bin("zl"))
+        .args(["up", "--data-dir", data.to_str().unwrap(), "--http-addr", &http_addr.to_string()])
+        .args(["--api-key", KEY, "--kv-memory-mb", "64"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let state = wait_up(&data, http_addr, &mut up);
+    signal(up.id(), "-INT");
+    assert!(wait_exit(&mut up, Duration::from_secs(60)).success(), "zl up did not stop cleanly");
+    for (name, pid) in pids(&state) {
+        assert!(!alive(pid), "{name} was left running");
+    }
+}
+
+#[test]
+fn a_worker_killed_mid_stream_fails_cleanly_and_the_cluster_recovers_when_it_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    certs(
+        dir.path(),
+        &[
+            ("orchestrator", "orch-0"),
+            ("worker", "worker-a"),
+            ("worker", "worker-b"),
+            ("frontend", "fe-0"),
+            ("admin", "ops"),
+        ],
+    );
+    let (orch_addr, orch_metrics, admin_addr) = (free_udp(), free_tcp(), free_tcp());
+    let orch_s = orch_addr.to_string();
+    let mut orch = Proc::spawn(
+        "zl-orchestrator",
+        &[
+            "serve",
+            "--listen",
+            &orch_s,
+            "--metrics-addr",
+            &orch_metrics.to_string(),
+            "--node-id",
+            "orch-0",
+            "--tls-dir",
+            d,
+            "--admin-listen",
+            &admin_addr.to_string(),
+            "--heartbeat-timeout-ms",
+            "1500",
+        ],
+    );
+    let worker_args = |id: &str, listen: SocketAddr, metrics: SocketAddr| -> Vec<String> {
+        [
+            "serve",
+            "--listen",
+            &listen.to_string(),
+            "--metrics-addr",
+            &metrics.to_string(),
+            "--node-id",
+            id,
+            "--tls-dir",
+            d,
+            "--kv-memory-mb",
+            "64",
+            "--orchestrator",
+            &orch_s,
+            "--report-interval-ms",
+            "200",
+        ]
+        .map(str::to_owned)
+        .to_vec()
+    };
+    let addrs = [("worker-a", free_udp(), free_tcp()), ("worker-b", free_udp(), free_tcp())];
+    let spawn_worker = |i: usize| {
+        let (id, listen, metrics) = addrs[i];
+        let args = worker_args(id, listen, metrics);
+        Proc::spawn("zl-worker", &args.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let mut workers = [Some(spawn_worker(0)), Some(spawn_worker(1))];
+    let http_addr = free_tcp();
+    let mut frontend = Proc::spawn(
+        "zl-frontend",
+        &[
+            "serve",
+            "--http-addr",
+            &http_addr.to_string(),
+            "--orchestrator",
+            &orch_s,
+            "--node-id",
+            "fe-0",
+            "--tls-dir",
+            d,
+            "--sync-interval-ms",
+            "200",
+        ],
+    );
+    let admin_s = admin_addr.to_string();
+    for args in [vec!["project", "p"], vec!["keys", "create", "k", "--project", "p", "--secret", KEY]] {
+        let mut all = vec!["admin", "--orchestrator", admin_s.as_str(), "--tls-dir", d, "--node-id", "ops"];
+        all.extend(args);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !zl(&all).status.success() {
+            assert!(Instant::now() < deadline, "zl admin never succeeded");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    let healthy = || metric_sum(&metrics(orch_metrics).unwrap_or_default(), "zl_workers{state=\"healthy\"}");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while healthy() < 2.0 || http(http_addr, "GET", "/v1/models", &[("x-api-key", KEY)], "").map(|r| r.0) != Some(200) {
+        orch.assert_running("zl-orchestrator");
+        frontend.assert_running("zl-frontend");
+        assert!(Instant::now() < deadline, "the cluster never had two healthy workers");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    // Kill the worker serving a stream, mid-stream: the client gets an `error` event, not a hang or a torn body.
+    let mut stream = http_stream(
+        http_addr,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", KEY)],
+        &body(2000, true, 0.8, "Write a very long story about mountains."),
+    )
+    .unwrap();
+    assert_eq!(stream.status, 200);
+    let serving = stream.header("x-zl-worker").unwrap().to_owned();
+    let victim = addrs.iter().position(|a| a.0 == serving).unwrap();
+    let mut seen = String::new();
+    while seen.matches("content_block_delta").count() < 2 {
+        seen.push_str(&stream.next_piece().expect("the stream continues"));
+    }
+    let mut killed = workers[victim].take().unwrap();
+    signal(killed.0.id(), "-KILL");
+    let _ = killed.0.wait();
+    drop(killed);
+    let rest = stream.rest();
+    assert!(rest.contains("event: error\ndata: {\"error\":{\"message\":"), "{rest}");
+    assert!(!rest.contains("message_stop"), "{rest}");
+
+    // The next request is answered by the survivor (retried before its first token if routed to the dead one), or
+    // refused with a clean 529 while the orchestrator still counts the dead worker.
+    let next = post(http_addr, &body(8, false, 0.0, "Hello!"));
+    match next.status {
+        200 => assert_ne!(next.header("x-zl-worker"), Some(serving.as_str())),
+        529 => assert!(next.body.contains("overloaded_error") && next.header("retry-after").is_some(), "{}", next.body),
+        other => panic!("unexpected {other}: {}", next.body),
+    }
+
+    // Restart the killed worker: it registers again and the cluster is whole, nothing else restarted.
+    workers[victim] = Some(spawn_worker(victim));
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while healthy() < 2.0 {
+        assert!(Instant::now() < deadline, "the restarted worker never became healthy again");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for i in 0..4 {
+        let r = post(http_addr, &body(8, false, 0.5, &format!("Say hello {i}.")));
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    orch.assert_running("zl-orchestrator");
+    frontend.assert_running("zl-frontend");
+}

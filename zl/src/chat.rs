@@ -1,0 +1,185 @@
+//! `zl chat`: a small interactive chat against a running cluster, streaming tokens as they come. It speaks the
+//! Anthropic Messages API over plain HTTP/1.1 (the local cluster's); the URL, key and model default to the ones
+//! `zl up` wrote to its data dir.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use serde_json::{Value, json};
+
+#[derive(Args, Debug)]
+pub(crate) struct ChatArgs {
+    /// The frontend's URL (http only), e.g. http://127.0.0.1:8080. Default: the running `zl up`'s.
+    #[arg(long, env = "ZL_URL")]
+    url: Option<String>,
+    /// API key. Default: the running `zl up`'s.
+    #[arg(long, env = "ZL_API_KEY")]
+    api_key: Option<String>,
+    /// Model id. Default: the running `zl up`'s.
+    #[arg(long)]
+    model: Option<String>,
+    /// A system prompt.
+    #[arg(long, default_value = "You are a helpful assistant.")]
+    system: String,
+    /// Longest answer, in tokens.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: u32,
+    /// Sampling temperature (0 is greedy).
+    #[arg(long, default_value_t = 0.7)]
+    temperature: f32,
+    /// `zl up`'s data dir, to find its cluster.json.
+    #[arg(long, env = "ZL_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+}
+
+/// A chunked HTTP/1.1 body, de-chunked.
+struct Chunked<R> {
+    inner: R,
+    left: usize,
+    done: bool,
+}
+
+impl<R: BufRead> Read for Chunked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.done {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let mut line = String::new();
+            self.inner.read_line(&mut line)?;
+            if line.trim().is_empty() {
+                // The CRLF after the previous chunk.
+                line.clear();
+                self.inner.read_line(&mut line)?;
+            }
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or(""), 16)
+                .map_err(|_| std::io::Error::other(format!("bad chunk size {line:?}")))?;
+            if size == 0 {
+                self.done = true;
+                return Ok(0);
+            }
+            self.left = size;
+        }
+        let n = buf.len().min(self.left);
+        let read = self.inner.read(&mut buf[..n])?;
+        self.left -= read;
+        Ok(read)
+    }
+}
+
+fn host_port(url: &str) -> Result<String> {
+    let Some(rest) = url.strip_prefix("http://") else {
+        bail!("--url {url}: zl chat speaks plain http:// only (the local cluster's); use an SDK for https");
+    };
+    let host = rest.trim_end_matches('/');
+    Ok(if host.contains(':') { host.to_owned() } else { format!("{host}:80") })
+}
+
+/// Send one turn and print the answer as it streams; returns the full answer.
+fn turn(addr: &str, key: &str, body: &Value, out: &mut impl Write) -> Result<String> {
+    let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(300)))?;
+    let payload = body.to_string();
+    write!(
+        stream,
+        "POST /v1/messages HTTP/1.1\r\nHost: {addr}\r\nx-api-key: {key}\r\nanthropic-version: 2023-06-01\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nConnection: close\r\n\r\n{payload}",
+        payload.len()
+    )?;
+    let mut reader = BufReader::new(stream);
+    let mut status_line = String::new();
+    reader.read_line(&mut status_line)?;
+    let status: u16 = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let mut chunked = false;
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line)?;
+        if line.trim().is_empty() {
+            break;
+        }
+        if line.to_ascii_lowercase().starts_with("transfer-encoding:") && line.to_ascii_lowercase().contains("chunked")
+        {
+            chunked = true;
+        }
+    }
+    let body: Box<dyn BufRead> = if chunked {
+        Box::new(BufReader::new(Chunked { inner: reader, left: 0, done: false }))
+    } else {
+        Box::new(reader)
+    };
+    if status != 200 {
+        let text: String = body.lines().map_while(Result::ok).collect();
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or(text);
+        bail!("HTTP {status}: {message}");
+    }
+    let mut answer = String::new();
+    for line in body.lines() {
+        let line = line?;
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        let event: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+        match event["type"].as_str() {
+            Some("content_block_delta") => {
+                let text = event["delta"]["text"].as_str().unwrap_or("");
+                answer.push_str(text);
+                write!(out, "{text}")?;
+                out.flush()?;
+            }
+            Some("error") => bail!("the stream failed: {}", event["error"]["message"].as_str().unwrap_or("?")),
+            Some("message_stop") => break,
+            _ => {}
+        }
+    }
+    writeln!(out)?;
+    Ok(answer)
+}
+
+pub(crate) fn run(args: ChatArgs) -> Result<()> {
+    let data = args.data_dir.clone().unwrap_or_else(crate::up::default_data_dir);
+    let local: Value = std::fs::read_to_string(data.join("cluster.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(Value::Null);
+    let pick = |given: &Option<String>, field: &str, flag: &str| -> Result<String> {
+        given.clone().or_else(|| local[field].as_str().map(str::to_owned)).with_context(|| {
+            format!(
+                "no {flag}: pass it, or start a cluster with `zl up` (its {} was not found)",
+                data.join("cluster.json").display()
+            )
+        })
+    };
+    let url = pick(&args.url, "http", "--url")?;
+    let key = pick(&args.api_key, "api_key", "--api-key")?;
+    let model = pick(&args.model, "model", "--model")?;
+    let addr = host_port(&url)?;
+    eprintln!("zl chat with {model} at {url}. An empty line or Ctrl-D ends it.");
+    let mut history: Vec<Value> = Vec::new();
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    loop {
+        write!(stdout, "> ")?;
+        stdout.flush()?;
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 || line.trim().is_empty() {
+            return Ok(());
+        }
+        history.push(json!({"role": "user", "content": line.trim_end()}));
+        let body = json!({
+            "model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "system": args.system, "stream": true, "messages": history,
+        });
+        match turn(&addr, &key, &body, &mut stdout) {
+            Ok(answer) => history.push(json!({"role": "assistant", "content": answer})),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                history.pop();
+            }
+        }
+    }
+}

