@@ -277,3 +277,109 @@ pub fn python() -> PathBuf {
     assert!(path.is_file(), "{} is missing: run scripts/test, which installs the Python SDKs", path.display());
     path
 }
+
+/// A running `zl-orchestrator` and its addresses.
+#[derive(Debug)]
+pub struct OrchestratorProc {
+    /// The process.
+    pub proc: Proc,
+    /// QUIC address.
+    pub quic: std::net::SocketAddr,
+    /// Admin API address.
+    pub admin: std::net::SocketAddr,
+    /// Prometheus address.
+    pub metrics: std::net::SocketAddr,
+}
+
+/// Start `zl-orchestrator serve` as node `id` with the certificates in `tls`, on free ports, plus `extra` flags.
+pub fn start_orchestrator(tls: &std::path::Path, id: &str, extra: &[&str]) -> OrchestratorProc {
+    let (quic, admin, metrics) = (free_udp(), free_tcp(), free_tcp());
+    let (q, a, m) = (quic.to_string(), admin.to_string(), metrics.to_string());
+    let mut args = vec!["serve", "--listen", &q, "--admin-listen", &a, "--metrics-addr", &m, "--node-id", id];
+    let tls = tls.to_str().expect("a UTF-8 path");
+    args.extend(["--tls-dir", tls]);
+    args.extend_from_slice(extra);
+    OrchestratorProc { proc: Proc::spawn("zl-orchestrator", &args), quic, admin, metrics }
+}
+
+/// A running `zl-worker` and its addresses.
+#[derive(Debug)]
+pub struct WorkerProc {
+    /// The process.
+    pub proc: Proc,
+    /// QUIC address.
+    pub quic: std::net::SocketAddr,
+    /// Prometheus address.
+    pub metrics: std::net::SocketAddr,
+}
+
+/// Start `zl-worker serve` (default model, 64 MiB of KV cache, reports every 200 ms) as node `id`, registering with
+/// `orchestrator`, on the given addresses (free ones for a new worker, the old ones to restart it).
+pub fn start_worker_at(
+    tls: &std::path::Path,
+    id: &str,
+    orchestrator: std::net::SocketAddr,
+    quic: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
+) -> WorkerProc {
+    let (q, m, o) = (quic.to_string(), metrics.to_string(), orchestrator.to_string());
+    let tls = tls.to_str().expect("a UTF-8 path");
+    let args = [
+        "serve",
+        "--listen",
+        &q,
+        "--metrics-addr",
+        &m,
+        "--node-id",
+        id,
+        "--tls-dir",
+        tls,
+        "--kv-memory-mb",
+        "64",
+        "--orchestrator",
+        &o,
+        "--report-interval-ms",
+        "200",
+    ];
+    WorkerProc { proc: Proc::spawn("zl-worker", &args), quic, metrics }
+}
+
+/// [`start_worker_at`] on free ports.
+pub fn start_worker(tls: &std::path::Path, id: &str, orchestrator: std::net::SocketAddr) -> WorkerProc {
+    start_worker_at(tls, id, orchestrator, free_udp(), free_tcp())
+}
+
+/// Start `zl-frontend serve` as node `id` on a free HTTP port, syncing from `orchestrator` every 200 ms.
+pub fn start_frontend(
+    tls: &std::path::Path,
+    id: &str,
+    orchestrator: std::net::SocketAddr,
+) -> (Proc, std::net::SocketAddr) {
+    let http = free_tcp();
+    let (h, o) = (http.to_string(), orchestrator.to_string());
+    let tls = tls.to_str().expect("a UTF-8 path");
+    let args = [
+        "serve",
+        "--http-addr",
+        &h,
+        "--orchestrator",
+        &o,
+        "--node-id",
+        id,
+        "--tls-dir",
+        tls,
+        "--sync-interval-ms",
+        "200",
+    ];
+    (Proc::spawn("zl-frontend", &args), http)
+}
+
+/// Run `zl admin ARGS` against `admin` with the admin certificate `ops` in `tls`; panics if it fails.
+pub fn admin(tls: &std::path::Path, admin: std::net::SocketAddr, args: &[&str]) {
+    let a = admin.to_string();
+    let mut all =
+        vec!["admin", "--orchestrator", &a, "--tls-dir", tls.to_str().expect("a UTF-8 path"), "--node-id", "ops"];
+    all.extend_from_slice(args);
+    let out = zl(&all);
+    assert!(out.status.success(), "zl {all:?}: {}", String::from_utf8_lossy(&out.stderr));
+}

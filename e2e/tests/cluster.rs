@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use zl_e2e::{
-    Proc, alive, bin, certs, free_tcp, free_udp, http, http_stream, metric_sum, metrics, request, signal, zl,
+    admin, alive, bin, certs, free_tcp, http, http_stream, metric_sum, metrics, request, signal, start_frontend,
+    start_orchestrator, start_worker, start_worker_at,
 };
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -198,7 +199,6 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
 #[test]
 fn a_worker_killed_mid_stream_fails_cleanly_and_the_cluster_recovers_when_it_returns() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_str().unwrap();
     certs(
         dir.path(),
         &[
@@ -209,88 +209,25 @@ fn a_worker_killed_mid_stream_fails_cleanly_and_the_cluster_recovers_when_it_ret
             ("admin", "ops"),
         ],
     );
-    let (orch_addr, orch_metrics, admin_addr) = (free_udp(), free_tcp(), free_tcp());
-    let orch_s = orch_addr.to_string();
-    let mut orch = Proc::spawn(
-        "zl-orchestrator",
-        &[
-            "serve",
-            "--listen",
-            &orch_s,
-            "--metrics-addr",
-            &orch_metrics.to_string(),
-            "--node-id",
-            "orch-0",
-            "--tls-dir",
-            d,
-            "--admin-listen",
-            &admin_addr.to_string(),
-            "--heartbeat-timeout-ms",
-            "1500",
-        ],
-    );
-    let worker_args = |id: &str, listen: SocketAddr, metrics: SocketAddr| -> Vec<String> {
-        [
-            "serve",
-            "--listen",
-            &listen.to_string(),
-            "--metrics-addr",
-            &metrics.to_string(),
-            "--node-id",
-            id,
-            "--tls-dir",
-            d,
-            "--kv-memory-mb",
-            "64",
-            "--orchestrator",
-            &orch_s,
-            "--report-interval-ms",
-            "200",
-        ]
-        .map(str::to_owned)
-        .to_vec()
-    };
-    let addrs = [("worker-a", free_udp(), free_tcp()), ("worker-b", free_udp(), free_tcp())];
-    let spawn_worker = |i: usize| {
-        let (id, listen, metrics) = addrs[i];
-        let args = worker_args(id, listen, metrics);
-        Proc::spawn("zl-worker", &args.iter().map(String::as_str).collect::<Vec<_>>())
-    };
-    let mut workers = [Some(spawn_worker(0)), Some(spawn_worker(1))];
-    let http_addr = free_tcp();
-    let mut frontend = Proc::spawn(
-        "zl-frontend",
-        &[
-            "serve",
-            "--http-addr",
-            &http_addr.to_string(),
-            "--orchestrator",
-            &orch_s,
-            "--node-id",
-            "fe-0",
-            "--tls-dir",
-            d,
-            "--sync-interval-ms",
-            "200",
-        ],
-    );
-    let admin_s = admin_addr.to_string();
-    for args in [vec!["project", "p"], vec!["keys", "create", "k", "--project", "p", "--secret", KEY]] {
-        let mut all = vec!["admin", "--orchestrator", admin_s.as_str(), "--tls-dir", d, "--node-id", "ops"];
-        all.extend(args);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !zl(&all).status.success() {
-            assert!(Instant::now() < deadline, "zl admin never succeeded");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
+    let mut orch = start_orchestrator(dir.path(), "orch-0", &["--heartbeat-timeout-ms", "1500"]);
+    let ids = ["worker-a", "worker-b"];
+    let mut workers = ids.map(|id| Some(start_worker(dir.path(), id, orch.quic)));
+    let addrs = workers.each_ref().map(|w| w.as_ref().map(|w| (w.quic, w.metrics)).unwrap());
+    let (mut frontend, http_addr) = start_frontend(dir.path(), "fe-0", orch.quic);
+    let orch_metrics = orch.metrics;
     let healthy = || metric_sum(&metrics(orch_metrics).unwrap_or_default(), "zl_workers{state=\"healthy\"}");
     let deadline = Instant::now() + Duration::from_secs(240);
-    while healthy() < 2.0 || http(http_addr, "GET", "/v1/models", &[("x-api-key", KEY)], "").map(|r| r.0) != Some(200) {
-        orch.assert_running("zl-orchestrator");
+    while healthy() < 2.0 {
+        orch.proc.assert_running("zl-orchestrator");
         frontend.assert_running("zl-frontend");
         assert!(Instant::now() < deadline, "the cluster never had two healthy workers");
         std::thread::sleep(Duration::from_millis(250));
+    }
+    admin(dir.path(), orch.admin, &["project", "p"]);
+    admin(dir.path(), orch.admin, &["keys", "create", "k", "--project", "p", "--secret", KEY]);
+    while http(http_addr, "GET", "/v1/models", &[("x-api-key", KEY)], "").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "the frontend never accepted the key");
+        std::thread::sleep(Duration::from_millis(100));
     }
 
     // Kill the worker serving a stream, mid-stream: the client gets an `error` event, not a hang or a torn body.
@@ -304,14 +241,14 @@ fn a_worker_killed_mid_stream_fails_cleanly_and_the_cluster_recovers_when_it_ret
     .unwrap();
     assert_eq!(stream.status, 200);
     let serving = stream.header("x-zl-worker").unwrap().to_owned();
-    let victim = addrs.iter().position(|a| a.0 == serving).unwrap();
+    let victim = ids.iter().position(|id| *id == serving).unwrap();
     let mut seen = String::new();
     while seen.matches("content_block_delta").count() < 2 {
         seen.push_str(&stream.next_piece().expect("the stream continues"));
     }
     let mut killed = workers[victim].take().unwrap();
-    signal(killed.0.id(), "-KILL");
-    let _ = killed.0.wait();
+    signal(killed.proc.0.id(), "-KILL");
+    let _ = killed.proc.0.wait();
     drop(killed);
     let rest = stream.rest();
     assert!(rest.contains("event: error\ndata: {\"error\":{\"message\":"), "{rest}");
@@ -327,7 +264,8 @@ fn a_worker_killed_mid_stream_fails_cleanly_and_the_cluster_recovers_when_it_ret
     }
 
     // Restart the killed worker: it registers again and the cluster is whole, nothing else restarted.
-    workers[victim] = Some(spawn_worker(victim));
+    let (quic, metrics) = addrs[victim];
+    workers[victim] = Some(start_worker_at(dir.path(), ids[victim], orch.quic, quic, metrics));
     let deadline = Instant::now() + Duration::from_secs(120);
     while healthy() < 2.0 {
         assert!(Instant::now() < deadline, "the restarted worker never became healthy again");
@@ -337,6 +275,6 @@ fn a_worker_killed_mid_stream_fails_cleanly_and_the_cluster_recovers_when_it_ret
         let r = post(http_addr, &body(8, false, 0.5, &format!("Say hello {i}.")));
         assert_eq!(r.status, 200, "{}", r.body);
     }
-    orch.assert_running("zl-orchestrator");
+    orch.proc.assert_running("zl-orchestrator");
     frontend.assert_running("zl-frontend");
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use zl_e2e::{Proc, certs, free_tcp, free_udp, gauge, http, python, zl};
+use zl_e2e::{admin, certs, gauge, http, python, start_frontend, start_orchestrator, start_worker};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const KEY: &str = "sk-zl-e2e-main-key-0123456789";
@@ -14,77 +14,17 @@ const LIMITED: &str = "sk-zl-e2e-limited-key-0123456789";
 #[test]
 fn the_official_sdks_work_against_the_cluster() {
     let dir = tempfile::tempdir().unwrap();
-    let d = dir.path().to_str().unwrap();
     certs(dir.path(), &[("orchestrator", "orch-0"), ("worker", "worker-0"), ("frontend", "fe-0"), ("admin", "ops")]);
-    let (orch_addr, orch_metrics, admin_addr) = (free_udp(), free_tcp(), free_tcp());
-    let orch_s = orch_addr.to_string();
-    let mut orch = Proc::spawn(
-        "zl-orchestrator",
-        &[
-            "serve",
-            "--listen",
-            &orch_s,
-            "--metrics-addr",
-            &orch_metrics.to_string(),
-            "--node-id",
-            "orch-0",
-            "--tls-dir",
-            d,
-            "--admin-listen",
-            &admin_addr.to_string(),
-        ],
-    );
-    let (worker_addr, worker_metrics) = (free_udp(), free_tcp());
-    let mut worker = Proc::spawn(
-        "zl-worker",
-        &[
-            "serve",
-            "--listen",
-            &worker_addr.to_string(),
-            "--metrics-addr",
-            &worker_metrics.to_string(),
-            "--node-id",
-            "worker-0",
-            "--tls-dir",
-            d,
-            "--kv-memory-mb",
-            "64",
-            "--orchestrator",
-            &orch_s,
-            "--report-interval-ms",
-            "200",
-        ],
-    );
-    let http_addr = free_tcp();
-    let mut frontend = Proc::spawn(
-        "zl-frontend",
-        &[
-            "serve",
-            "--http-addr",
-            &http_addr.to_string(),
-            "--orchestrator",
-            &orch_s,
-            "--node-id",
-            "fe-0",
-            "--tls-dir",
-            d,
-            "--sync-interval-ms",
-            "200",
-        ],
-    );
-    let admin_s = admin_addr.to_string();
-    let admin = |args: &[&str]| {
-        let mut all = vec!["admin", "--orchestrator", admin_s.as_str(), "--tls-dir", d, "--node-id", "ops"];
-        all.extend_from_slice(args);
-        let out = zl(&all);
-        assert!(out.status.success(), "zl {all:?}: {}", String::from_utf8_lossy(&out.stderr));
-    };
+    let mut orch = start_orchestrator(dir.path(), "orch-0", &[]);
+    let mut worker = start_worker(dir.path(), "worker-0", orch.quic);
+    let (mut frontend, http_addr) = start_frontend(dir.path(), "fe-0", orch.quic);
+    let admin = |args: &[&str]| admin(dir.path(), orch.admin, args);
 
     // Ready once the worker has loaded the model and registered (bounded wait).
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
-        orch.assert_running("zl-orchestrator");
-        worker.assert_running("zl-worker");
+        orch.proc.assert_running("zl-orchestrator");
+        worker.proc.assert_running("zl-worker");
         frontend.assert_running("zl-frontend");
         if let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "") {
             break;
@@ -128,6 +68,6 @@ fn the_official_sdks_work_against_the_cluster() {
     assert!(text.contains("zl_frontend_ttft_seconds"), "{text}");
 
     assert!(frontend.terminate(Duration::from_secs(20)), "zl-frontend did not stop cleanly");
-    assert!(worker.terminate(Duration::from_secs(60)), "zl-worker did not stop cleanly");
-    assert!(orch.terminate(Duration::from_secs(20)), "zl-orchestrator did not stop cleanly");
+    assert!(worker.proc.terminate(Duration::from_secs(60)), "zl-worker did not stop cleanly");
+    assert!(orch.proc.terminate(Duration::from_secs(20)), "zl-orchestrator did not stop cleanly");
 }

@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use zl_e2e::{Proc, certs, client, free_tcp, free_udp, gauge, metrics, zl};
+use zl_e2e::{certs, client, gauge, metrics, start_orchestrator, start_worker, zl};
 use zl_proto::message::{
     ComputePool, ErrorCode, GenerateRequest, LoadReport, Message, NodeId, Prompt, Role, RouteDecision, RouteHint,
     RouteRequest, SamplingParams,
@@ -52,46 +52,10 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
             ("worker", "ops"),
         ],
     );
-    let (orch_addr, orch_metrics, admin_addr) = (free_udp(), free_tcp(), free_tcp());
-    let mut orch = Proc::spawn(
-        "zl-orchestrator",
-        &[
-            "serve",
-            "--listen",
-            &orch_addr.to_string(),
-            "--metrics-addr",
-            &orch_metrics.to_string(),
-            "--node-id",
-            "orch-0",
-            "--tls-dir",
-            d,
-            "--heartbeat-timeout-ms",
-            "2000",
-            "--admin-listen",
-            &admin_addr.to_string(),
-        ],
-    );
-    let (worker_addr, worker_metrics) = (free_udp(), free_tcp());
-    let mut worker = Proc::spawn(
-        "zl-worker",
-        &[
-            "serve",
-            "--listen",
-            &worker_addr.to_string(),
-            "--metrics-addr",
-            &worker_metrics.to_string(),
-            "--node-id",
-            "worker-0",
-            "--tls-dir",
-            d,
-            "--kv-memory-mb",
-            "64",
-            "--orchestrator",
-            &orch_addr.to_string(),
-            "--report-interval-ms",
-            "100",
-        ],
-    );
+    let orch = start_orchestrator(dir.path(), "orch-0", &["--heartbeat-timeout-ms", "2000"]);
+    let (orch_addr, orch_metrics, admin_addr, mut orch) = (orch.quic, orch.metrics, orch.admin, orch.proc);
+    let worker = start_worker(dir.path(), "worker-0", orch_addr);
+    let (worker_addr, mut worker) = (worker.quic, worker.proc);
     let fe = client(dir.path(), Role::Frontend, "fe-0");
 
     // Routed once the worker has loaded its model, registered and reported load (bounded wait).
