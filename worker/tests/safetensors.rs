@@ -161,7 +161,7 @@ fn logits(model: &Llama, tokens: &[u32]) -> Vec<f32> {
     let mut seq = pool.start(tokens);
     pool.reserve(&mut seq, tokens.len()).unwrap();
     let item = BatchItem { tokens, start: 0, blocks: seq.table(), logits: true };
-    model.forward(&[item], &mut kv).remove(0)
+    model.forward(&[item], &mut kv)
 }
 
 #[test]

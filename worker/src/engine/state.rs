@@ -208,7 +208,8 @@ impl EngineCore {
         let mut events = Vec::new();
         let mut sampled = HashMap::new();
         let mut finished = Vec::new();
-        for (item, logits) in plan.items.iter().filter(|it| it.sample).zip(&logits) {
+        let vocab = self.model.llama.config().vocab;
+        for (item, logits) in plan.items.iter().filter(|it| it.sample).zip(logits.chunks_exact(vocab)) {
             let Some(st) = self.seqs.get_mut(&item.seq) else { continue };
             let s = sample(logits, &st.sampling, u64::from(st.generated));
             let logprob = st.logprobs.then(|| log_softmax_at(logits, s as usize));
