@@ -258,6 +258,12 @@ impl Gateway {
         }
     }
 
+    /// The caller's current rate-limit figures (for responses that admit nothing: errors, listings, counts).
+    pub fn rate_figures(&self, key: &KeyInfo) -> RateFigures {
+        let (limits, _) = self.limits_for(key);
+        lock(&self.limiter).figures_or_full(&key.key_id, limits)
+    }
+
     /// Render, tokenise and check a request.
     pub async fn prepare(&self, mut req: GenRequest, request_id: &str) -> Result<Prepared, ApiError> {
         if self.config.sanitize {

@@ -237,10 +237,12 @@ async fn admitted(
     parse: impl FnOnce(&Value) -> Result<crate::gateway::GenRequest, ApiError>,
 ) -> Result<(KeyInfo, crate::gateway::Prepared, RequestOptions), Failure> {
     let key = app.gateway.authenticate(req.headers()).map_err(fail)?;
-    let opts = RequestOptions::from_headers(req.headers()).map_err(fail)?;
-    let body = read_json(app, req).await.map_err(fail)?;
-    let gen_req = parse(&body).map_err(fail)?;
-    let prepared = app.gateway.prepare(gen_req, rid).await.map_err(fail)?;
+    // From here on the caller is known: failures carry its rate-limit figures too.
+    let known = |e: ApiError| (e, Some(app.gateway.rate_figures(&key)));
+    let opts = RequestOptions::from_headers(req.headers()).map_err(known)?;
+    let body = read_json(app, req).await.map_err(known)?;
+    let gen_req = parse(&body).map_err(known)?;
+    let prepared = app.gateway.prepare(gen_req, rid).await.map_err(known)?;
     Ok((key, prepared, opts))
 }
 
@@ -411,21 +413,24 @@ async fn chat_completions(State(app): State<App>, req: Request) -> Response {
 
 async fn count_tokens(State(app): State<App>, req: Request) -> Response {
     let rid = request_id(&req);
+    let key = match app.gateway.authenticate(req.headers()) {
+        Ok(key) => key,
+        Err(e) => return error_response(&app, Dialect::Anthropic, &rid, &e, None),
+    };
+    let rate = app.gateway.rate_figures(&key);
     let result = async {
-        app.gateway.authenticate(req.headers())?;
         let body = read_json(&app, req).await?;
         let gen_req = anthropic::parse(&body, true)?;
-        let n = app.gateway.count_tokens(gen_req, &rid).await?;
-        Ok::<_, ApiError>(n)
+        app.gateway.count_tokens(gen_req, &rid).await
     }
     .await;
     match result {
         Ok(n) => {
             let mut resp = axum::Json(json!({"input_tokens": n})).into_response();
-            zl_headers(resp.headers_mut(), None, None, app.gateway.cluster().health(Instant::now()));
+            zl_headers(resp.headers_mut(), None, Some(&rate), app.gateway.cluster().health(Instant::now()));
             resp
         }
-        Err(e) => error_response(&app, Dialect::Anthropic, &rid, &e, None),
+        Err(e) => error_response(&app, Dialect::Anthropic, &rid, &e, Some(&rate)),
     }
 }
 
@@ -477,11 +482,12 @@ async fn list_models(
 ) -> Response {
     let rid = request_id(&req);
     let dialect = models_dialect(req.headers());
-    if let Err(e) = app.gateway.authenticate(req.headers()) {
-        return error_response(&app, dialect, &rid, &e, None);
-    }
+    let rate = match app.gateway.authenticate(req.headers()) {
+        Ok(key) => app.gateway.rate_figures(&key),
+        Err(e) => return error_response(&app, dialect, &rid, &e, None),
+    };
     let Ok(Query(params)) = query else {
-        return error_response(&app, dialect, &rid, &ApiError::invalid("the query string is malformed"), None);
+        return error_response(&app, dialect, &rid, &ApiError::invalid("the query string is malformed"), Some(&rate));
     };
     let ids: Vec<String> = app.gateway.cluster().models().into_iter().map(|m| m.id).collect();
     let body = match dialect {
@@ -494,7 +500,7 @@ async fn list_models(
                 Some(Ok(l)) if (1..=1000).contains(&l) => l,
                 Some(_) => {
                     let e = ApiError::invalid_param("limit", "limit: Input should be an integer between 1 and 1000");
-                    return error_response(&app, dialect, &rid, &e, None);
+                    return error_response(&app, dialect, &rid, &e, Some(&rate));
                 }
             };
             let (items, has_more) = page(&ids, limit, params.after_id.as_deref(), params.before_id.as_deref());
@@ -507,21 +513,22 @@ async fn list_models(
         }
     };
     let mut resp = axum::Json(body).into_response();
-    zl_headers(resp.headers_mut(), None, None, app.gateway.cluster().health(Instant::now()));
+    zl_headers(resp.headers_mut(), None, Some(&rate), app.gateway.cluster().health(Instant::now()));
     resp
 }
 
 async fn get_model(State(app): State<App>, Path(id): Path<String>, req: Request) -> Response {
     let rid = request_id(&req);
     let dialect = models_dialect(req.headers());
-    if let Err(e) = app.gateway.authenticate(req.headers()) {
-        return error_response(&app, dialect, &rid, &e, None);
-    }
+    let rate = match app.gateway.authenticate(req.headers()) {
+        Ok(key) => app.gateway.rate_figures(&key),
+        Err(e) => return error_response(&app, dialect, &rid, &e, None),
+    };
     if !app.gateway.cluster().models().iter().any(|m| m.id == id) {
-        return error_response(&app, dialect, &rid, &crate::cluster::not_found(&id), None);
+        return error_response(&app, dialect, &rid, &crate::cluster::not_found(&id), Some(&rate));
     }
     let mut resp = axum::Json(model_object(dialect, &id)).into_response();
-    zl_headers(resp.headers_mut(), None, None, app.gateway.cluster().health(Instant::now()));
+    zl_headers(resp.headers_mut(), None, Some(&rate), app.gateway.cluster().health(Instant::now()));
     resp
 }
 

@@ -108,6 +108,14 @@ pub struct Refusal {
     pub figures: RateFigures,
 }
 
+/// The `tokens-*` figures: whichever of input and output has less left.
+fn tighter(input: Option<Figures>, output: Option<Figures>) -> Option<Figures> {
+    match (input, output) {
+        (Some(i), Some(o)) => Some(if i.remaining <= o.remaining { i } else { o }),
+        (i, o) => i.or(o),
+    }
+}
+
 #[derive(Debug, Default)]
 struct KeyState {
     requests: Option<Bucket>,
@@ -265,11 +273,24 @@ impl RateLimiter {
         let requests = state.requests.map(|b| b.figures());
         let input_tokens = state.input.map(|b| b.figures());
         let output_tokens = state.output.map(|b| b.figures());
-        let tokens = match (input_tokens, output_tokens) {
-            (Some(i), Some(o)) => Some(if i.remaining <= o.remaining { i } else { o }),
-            (i, o) => i.or(o),
-        };
+        let tokens = tighter(input_tokens, output_tokens);
         RateFigures { requests, tokens, input_tokens, output_tokens }
+    }
+
+    /// [`RateLimiter::figures`], or full buckets under `limits` for a key this replica has not seen yet.
+    pub fn figures_or_full(&self, key: &str, limits: KeyLimits) -> RateFigures {
+        if self.keys.contains_key(key) {
+            return self.figures(key, "");
+        }
+        let full = |limit: u32| {
+            (limit > 0).then(|| {
+                let cap = (f64::from(limit) * self.share).max(1.0) as u64;
+                Figures { limit: cap, remaining: cap, reset_in: Duration::ZERO }
+            })
+        };
+        let (input_tokens, output_tokens) = (full(limits.input_tokens), full(limits.output_tokens));
+        let tokens = tighter(input_tokens, output_tokens);
+        RateFigures { requests: full(limits.requests), tokens, input_tokens, output_tokens }
     }
 
     /// Forget keys idle for longer than `idle` (their buckets are full again by then anyway).
