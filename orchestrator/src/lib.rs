@@ -10,6 +10,7 @@ pub mod load;
 pub mod route;
 pub mod service;
 pub mod state;
+pub mod storage;
 
 use zl_proto::message::Role;
 use zl_proto::quic::RpcSettings;
