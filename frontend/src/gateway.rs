@@ -113,7 +113,7 @@ pub struct Meta {
     pub pool: &'static str,
     /// Predicted billing unit (the final one arrives with the finish).
     pub predicted_billing_unit: f32,
-    /// Time spent routing, in milliseconds.
+    /// Time spent getting route decisions (both of them when the first worker failed), in milliseconds.
     pub route_ms: f64,
     /// Cache status.
     pub cache: CacheStatus,
@@ -410,11 +410,11 @@ impl Gateway {
         };
         metrics::counter!("zl_frontend_cache_total", "result" => cache_status.as_str()).increment(1);
         let routed = Instant::now();
-        let (decision, source, first) = match self.route_and_open(&p, opts, request_id).await {
+        let (decision, source, first, route_time) = match self.route_and_open(&p, opts, request_id).await {
             Ok(ok) => ok,
             Err(e) => return Err((e, rate)),
         };
-        let route_ms = routed.elapsed().as_secs_f64() * 1e3;
+        let route_ms = route_time.as_secs_f64() * 1e3;
         let meta = Meta {
             model: decision.model.clone(),
             input_tokens,
@@ -447,10 +447,11 @@ impl Gateway {
         p: &Prepared,
         opts: &RequestOptions,
         request_id: &str,
-    ) -> Result<(RouteDecision, Box<dyn TokenSource>, Message), ApiError> {
+    ) -> Result<(RouteDecision, Box<dyn TokenSource>, Message, Duration), ApiError> {
         let block_hashes = zl_common::block_hash::block_hashes(&p.tokens, p.card.kv_block_size.max(1) as usize);
         let mut excluded: Vec<NodeId> = Vec::new();
         let mut attempt = 0;
+        let mut route_time = Duration::ZERO;
         loop {
             attempt += 1;
             let route = RouteRequest {
@@ -469,6 +470,7 @@ impl Gateway {
                 let err = ApiError::from_call(&e, "routing");
                 if err.kind == ErrorKind::NotFound { crate::cluster::not_found(&p.req.model) } else { err }
             })?;
+            route_time += t0.elapsed();
             metrics::histogram!("zl_frontend_route_seconds").record(t0.elapsed().as_secs_f64());
             let request = GenerateRequest {
                 request_id: request_id.to_owned(),
@@ -495,7 +497,7 @@ impl Gateway {
                 Err(e) => Err(e),
             };
             match opened {
-                Ok((source, first)) => return Ok((decision, source, first)),
+                Ok((source, first)) => return Ok((decision, source, first, route_time)),
                 Err(e) if attempt == 1 && retry_elsewhere(&e) => {
                     metrics::counter!("zl_frontend_retries_total").increment(1);
                     tracing::warn!(worker = %decision.worker_id, error = %e, "worker failed before the first token; retrying on another");
