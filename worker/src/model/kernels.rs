@@ -508,6 +508,70 @@ mod simd {
             // SAFETY: as for `dot`.
             unsafe { axpy_f16(o, w, b) }
         }
+
+        #[inline(always)]
+        fn dot_heads(&self, q: &[f32], b: &[u16], out: &mut [f32]) {
+            for (qs, os) in q.chunks(4 * b.len()).zip(out.chunks_mut(4)) {
+                // SAFETY: as for `dot`.
+                unsafe { dot_heads_f16(qs, b, os) }
+            }
+        }
+
+        #[inline(always)]
+        fn axpy_heads(&self, o: &mut [f32], w: &[f32], b: &[u16]) {
+            for (os, ws) in o.chunks_mut(4 * b.len()).zip(w.chunks(4)) {
+                // SAFETY: as for `dot`.
+                unsafe { axpy_heads_f16(os, ws, b) }
+            }
+        }
+    }
+
+    /// Up to four heads' `dot_f16` with one key: each 8-value chunk of the key is widened once. Per head, the same
+    /// lanes, operations and order as `dot_f16`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn dot_heads_f16(q: &[f32], b: &[u16], out: &mut [f32]) {
+        let (hd, heads) = (b.len(), out.len().min(4));
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for k in 0..hd / 8 {
+            let kb = load8h(&b[8 * k..]);
+            for (h, a) in acc.iter_mut().enumerate().take(heads) {
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(load8f(&q[h * hd + 8 * k..]), kb));
+            }
+        }
+        for (h, o) in out.iter_mut().enumerate().take(heads) {
+            let mut tail = 0f32;
+            for i in hd / 8 * 8..hd {
+                tail += q[h * hd + i] * super::widen(b[i]);
+            }
+            let pairs = _mm256_hadd_ps(acc[h], acc[h]);
+            let quads = _mm256_hadd_ps(pairs, pairs);
+            let sum = _mm_add_ss(_mm256_castps256_ps128(quads), _mm256_extractf128_ps::<1>(quads));
+            *o = _mm_cvtss_f32(sum) + tail;
+        }
+    }
+
+    /// Up to four heads' `axpy_f16` with one value: each 8-value chunk widened once; per head the same operations.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    fn axpy_heads_f16(o: &mut [f32], w: &[f32], b: &[u16]) {
+        let hd = b.len();
+        let heads = w.len().min(o.len() / hd.max(1));
+        let n = hd / 8 * 8;
+        for k in 0..n / 8 {
+            let vb = load8h(&b[8 * k..]);
+            for (h, &wh) in w.iter().enumerate().take(heads) {
+                let co = &mut o[h * hd + 8 * k..h * hd + 8 * k + 8];
+                let sum = _mm256_add_ps(load8f(co), _mm256_mul_ps(_mm256_set1_ps(wh), vb));
+                // SAFETY: `co` is 8 writable f32s; the store is unaligned.
+                unsafe { _mm256_storeu_ps(co.as_mut_ptr(), sum) };
+            }
+        }
+        for (h, &wh) in w.iter().enumerate().take(heads) {
+            for i in n..hd {
+                o[h * hd + i] += wh * super::widen(b[i]);
+            }
+        }
     }
 
     /// Eight f16 values as f32.
@@ -743,6 +807,21 @@ trait KvMath {
     fn dot(&self, a: &[f32], b: &[u16]) -> f32;
     /// `o[i] += w * b[i]`.
     fn axpy(&self, o: &mut [f32], w: f32, b: &[u16]);
+
+    /// [`KvMath::dot`] of each head's query (consecutive in `q`, `b.len()` values each) with the same key `b`,
+    /// into `out` (grouped-query heads share a key; a SIMD implementation widens it once for all of them).
+    fn dot_heads(&self, q: &[f32], b: &[u16], out: &mut [f32]) {
+        for (qh, o) in q.chunks_exact(b.len()).zip(out) {
+            *o = self.dot(qh, b);
+        }
+    }
+
+    /// [`KvMath::axpy`] of the same value `b` into each head's output (consecutive in `o`) with that head's weight.
+    fn axpy_heads(&self, o: &mut [f32], w: &[f32], b: &[u16]) {
+        for (oh, &wh) in o.chunks_exact_mut(b.len()).zip(w) {
+            self.axpy(oh, wh, b);
+        }
+    }
 }
 
 /// Portable [`KvMath`].
@@ -812,11 +891,14 @@ fn attention_with(
     // Positions outer, heads inner: each position's keys and values (all KV heads, contiguous) are read once.
     // scores[h * n + p]: head h, position p.
     let mut scores = vec![0f32; heads * n];
+    let mut dots = vec![0f32; group];
     for (p, &slot) in slots.iter().enumerate() {
         let key = &keys[slot..slot + kvd];
-        for (h, qh) in q.chunks_exact(hd).enumerate() {
-            let g = h / group;
-            scores[h * n + p] = kv.dot(qh, &key[g * hd..(g + 1) * hd]) * scale;
+        for (g, qg) in q.chunks_exact(group * hd).enumerate() {
+            kv.dot_heads(qg, &key[g * hd..(g + 1) * hd], &mut dots);
+            for (i, d) in dots.iter().enumerate() {
+                scores[(g * group + i) * n + p] = d * scale;
+            }
         }
     }
     let mut inv = vec![0f32; heads];
@@ -826,11 +908,15 @@ fn attention_with(
         *inv = 1.0 / sum_f32(s);
     }
     out.fill(0.0);
+    let mut weights = vec![0f32; group];
     for (p, &slot) in slots.iter().enumerate() {
         let value = &values[slot..slot + kvd];
-        for (h, o) in out.chunks_exact_mut(hd).enumerate() {
-            let g = h / group;
-            kv.axpy(o, scores[h * n + p] * inv[h], &value[g * hd..(g + 1) * hd]);
+        for (g, og) in out.chunks_exact_mut(group * hd).enumerate() {
+            for (i, w) in weights.iter_mut().enumerate() {
+                let h = g * group + i;
+                *w = scores[h * n + p] * inv[h];
+            }
+            kv.axpy_heads(og, &weights, &value[g * hd..(g + 1) * hd]);
         }
     }
 }
@@ -970,18 +1056,58 @@ mod tests {
                 }
             }
         }
-        let shape = AttentionShape { heads: 6, kv_heads: 2, head_dim: 20 };
-        let kvd = shape.kv_heads * shape.head_dim;
-        let keys: Vec<u16> = (0..10 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
-        let values: Vec<u16> = (0..10 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
-        let q: Vec<f32> = (0..shape.heads * shape.head_dim).map(|_| lcg(&mut seed)).collect();
-        let slots: Vec<usize> = [3, 0, 7, 9, 1].iter().map(|s| s * kvd).collect();
-        let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-        attention(&q, &slots, &keys, &values, shape, &mut a);
-        attention_with(&q, &slots, &keys, &values, shape, &mut b, &Portable);
-        assert_eq!(a, b);
-        // Attention is a convex combination of the values: each output lies within the values' range.
-        assert!(a.iter().all(|v| v.abs() <= 1.0));
+        // Groups of 3 (with a tail inside each head), 5 (more than the SIMD path's 4 heads at a time) and 1.
+        for (heads, kv_heads, head_dim) in [(6, 2, 20), (10, 2, 16), (4, 4, 64)] {
+            let shape = AttentionShape { heads, kv_heads, head_dim };
+            let kvd = shape.kv_heads * shape.head_dim;
+            let keys: Vec<u16> = (0..10 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
+            let values: Vec<u16> = (0..10 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
+            let q: Vec<f32> = (0..shape.heads * shape.head_dim).map(|_| lcg(&mut seed)).collect();
+            let slots: Vec<usize> = [3, 0, 7, 9, 1].iter().map(|s| s * kvd).collect();
+            let (mut a, mut b, mut c) = (vec![0f32; q.len()], vec![0f32; q.len()], vec![0f32; q.len()]);
+            attention(&q, &slots, &keys, &values, shape, &mut a);
+            attention_with(&q, &slots, &keys, &values, shape, &mut b, &Portable);
+            assert_eq!(a, b, "{shape:?}");
+            // The grouped calls are exactly the per-head ones.
+            per_head_attention(&q, &slots, &keys, &values, shape, &mut c);
+            assert_eq!(a, c, "{shape:?}");
+            // Attention is a convex combination of the values: each output lies within the values' range.
+            assert!(a.iter().all(|v| v.abs() <= 1.0));
+        }
+    }
+
+    /// Attention written head by head with the portable `dot` and `axpy`: what the grouped code must equal.
+    fn per_head_attention(
+        q: &[f32],
+        slots: &[usize],
+        keys: &[u16],
+        values: &[u16],
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) {
+        let AttentionShape { heads, kv_heads, head_dim: hd } = shape;
+        let (group, n) = (heads / kv_heads, slots.len());
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut scores = vec![0f32; heads * n];
+        for (p, &slot) in slots.iter().enumerate() {
+            for (h, qh) in q.chunks_exact(hd).enumerate() {
+                let g = h / group;
+                scores[h * n + p] = Portable.dot(qh, &keys[slot + g * hd..slot + (g + 1) * hd]) * scale;
+            }
+        }
+        let mut inv = vec![0f32; heads];
+        for (s, inv) in scores.chunks_exact_mut(n).zip(&mut inv) {
+            let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            s.iter_mut().for_each(|v| *v = exp_f32(*v - max));
+            *inv = 1.0 / sum_f32(s);
+        }
+        out.fill(0.0);
+        for (p, &slot) in slots.iter().enumerate() {
+            for (h, o) in out.chunks_exact_mut(hd).enumerate() {
+                let g = h / group;
+                Portable.axpy(o, scores[h * n + p] * inv[h], &values[slot + g * hd..slot + (g + 1) * hd]);
+            }
+        }
     }
 
     #[test]
