@@ -4,6 +4,7 @@
 //! (which counts, checks and hashes prompts with the very same tokenizer, sent over as a model card).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
@@ -77,8 +78,20 @@ pub struct TextTokenizer {
     /// Token ids that end a turn (EOS, `<|im_end|>`, `<|eot_id|>`, ...).
     pub stop_ids: Vec<u32>,
     template: String,
+    /// The template compiled once (or why it does not compile, reported when rendering).
+    compiled: Arc<Result<minijinja::Environment<'static>, String>>,
     bos: String,
     eos: String,
+}
+
+/// The environment chat templates render in: the template under "chat", and `raise_exception`.
+fn compile(template: &str) -> Result<minijinja::Environment<'static>, String> {
+    let mut env = minijinja::Environment::new();
+    env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+        Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+    });
+    env.add_template_owned("chat", template.to_owned()).map_err(|e| e.to_string())?;
+    Ok(env)
 }
 
 impl std::fmt::Debug for TextTokenizer {
@@ -143,13 +156,8 @@ impl TextTokenizer {
         }
         stop_ids.sort_unstable();
         stop_ids.dedup();
-        Ok(TextTokenizer {
-            inner,
-            stop_ids,
-            template: vocab.chat_template.clone().unwrap_or_else(|| CHATML_TEMPLATE.to_owned()),
-            bos: String::new(),
-            eos,
-        })
+        let template = vocab.chat_template.clone().unwrap_or_else(|| CHATML_TEMPLATE.to_owned());
+        Ok(TextTokenizer { inner, stop_ids, compiled: Arc::new(compile(&template)), template, bos: String::new(), eos })
     }
 
     /// Load a Hugging Face `tokenizer.json`, with the chat template and special tokens of `tokenizer_config.json`
@@ -178,7 +186,8 @@ impl TextTokenizer {
             Some(serde_json::Value::String(s)) => s.clone(),
             _ => CHATML_TEMPLATE.to_owned(),
         };
-        Ok(TextTokenizer { inner, stop_ids, template, bos: token_str("bos_token").unwrap_or_default(), eos })
+        let bos = token_str("bos_token").unwrap_or_default();
+        Ok(TextTokenizer { inner, stop_ids, compiled: Arc::new(compile(&template)), template, bos, eos })
     }
 
     /// This tokenizer in portable form.
@@ -196,13 +205,12 @@ impl TextTokenizer {
     pub fn from_parts(parts: &TokenizerParts) -> Result<TextTokenizer, TokenizerError> {
         let inner = Tokenizer::from_bytes(parts.tokenizer_json.as_bytes())
             .map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
-        minijinja::Environment::new()
-            .template_from_str(&parts.chat_template)
-            .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let compiled = compile(&parts.chat_template).map_err(TokenizerError::Template)?;
         Ok(TextTokenizer {
             inner,
             stop_ids: parts.stop_ids.clone(),
             template: parts.chat_template.clone(),
+            compiled: Arc::new(Ok(compiled)),
             bos: parts.bos.clone(),
             eos: parts.eos.clone(),
         })
@@ -226,11 +234,7 @@ impl TextTokenizer {
 
     /// Render `messages` with the model's chat template, ending with the assistant's turn opener.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, TokenizerError> {
-        let mut env = minijinja::Environment::new();
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
-        env.add_template("chat", &self.template).map_err(|e| TokenizerError::Template(e.to_string()))?;
+        let env = self.compiled.as_ref().as_ref().map_err(|e| TokenizerError::Template(e.clone()))?;
         let tmpl = env.get_template("chat").map_err(|e| TokenizerError::Template(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => messages,
