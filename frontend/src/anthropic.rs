@@ -116,36 +116,58 @@ impl<'a> Fields<'a> {
     }
 }
 
-/// Text of a `content` field: a string, or an array of text blocks (anything else is refused by name).
-fn content_text(value: &Value, field: &str) -> Result<String, ApiError> {
+/// Why a `content` value is not plain text.
+pub(crate) enum PartProblem<'a> {
+    /// Neither a string nor an array.
+    NotTextOrList,
+    /// Item `i` has no `type` string.
+    NoType(usize),
+    /// Item `i` is of a type other than `text`.
+    Type(usize, &'a str),
+    /// Item `i` is a `text` item without a `text` string.
+    NoText(usize),
+}
+
+/// The text of a `content` value as both APIs shape it: a string, or an array of `{"type": "text", "text": ...}`
+/// items, concatenated. Each API words the problems its own way.
+pub(crate) fn text_parts(value: &Value) -> Result<String, PartProblem<'_>> {
     match value {
         Value::String(s) => Ok(s.clone()),
-        Value::Array(blocks) => {
+        Value::Array(items) => {
             let mut text = String::new();
-            for (i, block) in blocks.iter().enumerate() {
-                let ty = block.get("type").and_then(Value::as_str).unwrap_or("");
-                match ty {
-                    "text" => match block.get("text") {
-                        Some(Value::String(t)) => text.push_str(t),
-                        _ => return Err(ApiError::invalid(format!("{field}.{i}.text: Field required"))),
-                    },
-                    "image" | "document" | "tool_use" | "tool_result" | "thinking" | "redacted_thinking" => {
-                        return Err(ApiError::invalid(format!(
-                            "{field}.{i}: content blocks of type \"{ty}\" are not supported by this server yet; send text"
-                        )));
+            for (i, item) in items.iter().enumerate() {
+                match item.get("type").and_then(Value::as_str) {
+                    Some("text") => {
+                        text.push_str(item.get("text").and_then(Value::as_str).ok_or(PartProblem::NoText(i))?)
                     }
-                    "" => return Err(ApiError::invalid(format!("{field}.{i}.type: Field required"))),
-                    other => {
-                        return Err(ApiError::invalid(format!(
-                            "{field}.{i}.type: unknown content block type {other:?}"
-                        )));
-                    }
+                    Some(other) => return Err(PartProblem::Type(i, other)),
+                    None => return Err(PartProblem::NoType(i)),
                 }
             }
             Ok(text)
         }
-        _ => Err(ApiError::invalid(format!("{field}: Input should be a valid string or list of content blocks"))),
+        _ => Err(PartProblem::NotTextOrList),
     }
+}
+
+/// Text of a `content` field: a string, or an array of text blocks (anything else is refused by name).
+fn content_text(value: &Value, field: &str) -> Result<String, ApiError> {
+    text_parts(value).map_err(|problem| {
+        ApiError::invalid(match problem {
+            PartProblem::NoText(i) => format!("{field}.{i}.text: Field required"),
+            PartProblem::NoType(i) | PartProblem::Type(i, "") => format!("{field}.{i}.type: Field required"),
+            PartProblem::Type(
+                i,
+                ty @ ("image" | "document" | "tool_use" | "tool_result" | "thinking" | "redacted_thinking"),
+            ) => {
+                format!("{field}.{i}: content blocks of type \"{ty}\" are not supported by this server yet; send text")
+            }
+            PartProblem::Type(i, other) => format!("{field}.{i}.type: unknown content block type {other:?}"),
+            PartProblem::NotTextOrList => {
+                format!("{field}: Input should be a valid string or list of content blocks")
+            }
+        })
+    })
 }
 
 /// Parse a `POST /v1/messages` (or, with `count_only`, a `count_tokens`) body.

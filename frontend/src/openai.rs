@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 use zl_proto::message::StopReason;
 use zl_text::ChatMessage;
 
-use crate::anthropic::Fields;
+use crate::anthropic::{Fields, PartProblem, text_parts};
 use crate::cache::FinishInfo;
 use crate::error::ApiError;
 use crate::gateway::GenRequest;
@@ -20,30 +20,17 @@ pub struct ChatRequest {
 }
 
 fn text_of(value: &Value, field: &str) -> Result<String, ApiError> {
-    match value {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => {
-            let mut text = String::new();
-            for (i, part) in parts.iter().enumerate() {
-                match part.get("type").and_then(Value::as_str) {
-                    Some("text") => text.push_str(part.get("text").and_then(Value::as_str).ok_or_else(|| {
-                        ApiError::invalid_param(field, format!("{field}[{i}].text: a string is required"))
-                    })?),
-                    Some(other) => {
-                        return Err(ApiError::invalid_param(
-                            field,
-                            format!(
-                                "{field}[{i}]: content parts of type {other:?} are not supported by this server yet"
-                            ),
-                        ));
-                    }
-                    None => return Err(ApiError::invalid_param(field, format!("{field}[{i}].type is required"))),
-                }
+    text_parts(value).map_err(|problem| {
+        let message = match problem {
+            PartProblem::NoText(i) => format!("{field}[{i}].text: a string is required"),
+            PartProblem::Type(i, other) => {
+                format!("{field}[{i}]: content parts of type {other:?} are not supported by this server yet")
             }
-            Ok(text)
-        }
-        _ => Err(ApiError::invalid_param(field, format!("{field}: expected a string or an array of content parts"))),
-    }
+            PartProblem::NoType(i) => format!("{field}[{i}].type is required"),
+            PartProblem::NotTextOrList => format!("{field}: expected a string or an array of content parts"),
+        };
+        ApiError::invalid_param(field, message)
+    })
 }
 
 /// Parse a `POST /v1/chat/completions` body.
