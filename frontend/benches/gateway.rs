@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::http::Request;
 use common::*;
+use futures_util::FutureExt;
 use http_body_util::BodyExt;
 use hyper_util::rt::TokioIo;
 use tower::ServiceExt;
@@ -48,54 +49,54 @@ fn report(label: &str, mut lat: Vec<Duration>, wall: Duration) {
     );
 }
 
-async fn in_process(h: &Harness, clients: usize) {
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let app = h.app.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            for _ in 0..REQUESTS / clients {
-                let t = Instant::now();
-                let resp = app.clone().oneshot(request()).await.unwrap();
-                assert_eq!(resp.status(), 200);
-                resp.into_body().collect().await.unwrap();
-                lat.push(t.elapsed());
-            }
-            lat
-        }));
+/// `n` requests one after another through `send`, each read to its end; their latencies.
+async fn timed<B, Fut>(n: usize, mut send: impl FnMut() -> Fut) -> Vec<Duration>
+where
+    Fut: std::future::Future<Output = axum::http::Response<B>>,
+    B: axum::body::HttpBody,
+    B::Error: std::fmt::Debug,
+{
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let resp = send().await;
+        assert_eq!(resp.status(), 200);
+        resp.into_body().collect().await.unwrap();
+        lat.push(t.elapsed());
     }
+    lat
+}
+
+/// `clients` concurrent clients, each made by `client` and sending its share of [`REQUESTS`]; prints the figures.
+async fn run<Fut>(label: &str, clients: usize, client: impl Fn(usize) -> Fut)
+where
+    Fut: std::future::Future<Output = Vec<Duration>> + Send + 'static,
+{
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..clients).map(|_| tokio::spawn(client(REQUESTS / clients))).collect();
     let mut lat = Vec::new();
     for t in tasks {
         lat.extend(t.await.unwrap());
     }
-    report(&format!("in process, {clients} client(s)"), lat, started.elapsed());
+    report(&format!("{label}, {clients} client(s)"), lat, started.elapsed());
+}
+
+async fn in_process(h: &Harness, clients: usize) {
+    run("in process", clients, |n| {
+        let app = h.app.clone();
+        async move { timed(n, || app.clone().oneshot(request()).map(Result::unwrap)).await }
+    })
+    .await;
 }
 
 async fn loopback(addr: std::net::SocketAddr, clients: usize) {
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        tasks.push(tokio::spawn(async move {
-            let io = TokioIo::new(tokio::net::TcpStream::connect(addr).await.unwrap());
-            let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
-            tokio::spawn(conn);
-            let mut lat = Vec::new();
-            for _ in 0..REQUESTS / clients {
-                let t = Instant::now();
-                let resp = sender.send_request(request()).await.unwrap();
-                assert_eq!(resp.status(), 200);
-                resp.into_body().collect().await.unwrap();
-                lat.push(t.elapsed());
-            }
-            lat
-        }));
-    }
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.extend(t.await.unwrap());
-    }
-    report(&format!("loopback HTTP/1.1, {clients} client(s)"), lat, started.elapsed());
+    run("loopback HTTP/1.1", clients, |n| async move {
+        let io = TokioIo::new(tokio::net::TcpStream::connect(addr).await.unwrap());
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        timed(n, || sender.send_request(request()).map(Result::unwrap)).await
+    })
+    .await;
 }
 
 fn main() {
