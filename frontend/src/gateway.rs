@@ -409,11 +409,14 @@ impl Gateway {
             None => CacheStatus::Bypass,
         };
         metrics::counter!("zl_frontend_cache_total", "result" => cache_status.as_str()).increment(1);
+        // The text the billing signals read, once: its weight goes into the route, and the final unit reads it too.
+        let billing_input = billing_text(&p.req);
         let routed = Instant::now();
-        let (decision, source, first, route_time) = match self.route_and_open(&p, opts, request_id).await {
-            Ok(ok) => ok,
-            Err(e) => return Err((e, rate)),
-        };
+        let (decision, source, first, route_time) =
+            match self.route_and_open(&p, &billing_input, opts, request_id).await {
+                Ok(ok) => ok,
+                Err(e) => return Err((e, rate)),
+            };
         let route_ms = route_time.as_secs_f64() * 1e3;
         let meta = Meta {
             model: decision.model.clone(),
@@ -425,12 +428,11 @@ impl Gateway {
             cache: cache_status,
             rate,
         };
-        let billing_input = billing_text(&p.req);
         let live = Live {
             model: decision.model,
             first: Some(first),
             output: String::new(),
-            deltas: Vec::new(),
+            delta_ends: cache_key.map(|_| Vec::new()),
             billing_input,
             cache_key,
             started: routed,
@@ -445,9 +447,11 @@ impl Gateway {
     async fn route_and_open(
         &self,
         p: &Prepared,
+        billing_input: &str,
         opts: &RequestOptions,
         request_id: &str,
     ) -> Result<(RouteDecision, Box<dyn TokenSource>, Message, Duration), ApiError> {
+        let input_semantic_weight = billing::input_semantic_weight(billing_input);
         let block_hashes = zl_common::block_hash::block_hashes(&p.tokens, p.card.kv_block_size.max(1) as usize);
         let mut excluded: Vec<NodeId> = Vec::new();
         let mut attempt = 0;
@@ -462,7 +466,7 @@ impl Gateway {
                 block_hashes: block_hashes.clone(),
                 session_id: p.req.user.clone(),
                 hint: opts.hint,
-                input_semantic_weight: billing::input_semantic_weight(&p.prompt),
+                input_semantic_weight,
                 excluded_workers: excluded.clone(),
             };
             let t0 = Instant::now();
@@ -510,10 +514,8 @@ impl Gateway {
 
     fn finish_live(&self, live: &Live, finish: &FinishInfo) {
         let Some(key) = live.cache_key else { return };
-        lock(&self.cache).insert(
-            key,
-            CachedAnswer { deltas: live.deltas.clone(), finish: finish.clone(), model: live.model.clone() },
-        );
+        lock(&self.cache)
+            .insert(key, CachedAnswer { deltas: live.deltas(), finish: finish.clone(), model: live.model.clone() });
         metrics::gauge!("zl_frontend_cache_bytes").set(lock(&self.cache).used() as f64);
     }
 }
@@ -580,13 +582,23 @@ enum Source {
 struct Live {
     model: String,
     first: Option<Message>,
+    /// The text so far, and (for a cacheable answer) where each delta ended in it.
     output: String,
-    deltas: Vec<String>,
+    delta_ends: Option<Vec<usize>>,
     billing_input: String,
     cache_key: Option<[u8; 32]>,
     started: Instant,
     last_token: Option<Instant>,
     output_tokens: u32,
+}
+
+impl Live {
+    /// The deltas as the worker sent them (for the cache).
+    fn deltas(&self) -> Vec<String> {
+        let ends = self.delta_ends.as_deref().unwrap_or_default();
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        starts.zip(ends).map(|(a, &b)| self.output[a..b].to_owned()).collect()
+    }
 }
 
 /// A running generation. Dropping it (the client went away) cancels the worker's sequence.
@@ -642,7 +654,9 @@ impl Generation {
                 live.output_tokens += n;
                 self.settle.output_tokens = live.output_tokens;
                 live.output.push_str(&chunk.text_delta);
-                live.deltas.push(chunk.text_delta.clone());
+                if let Some(ends) = live.delta_ends.as_mut() {
+                    ends.push(live.output.len());
+                }
                 Some(Ok(GenEvent::Delta(chunk.text_delta)))
             }
             Ok(Message::Finish(f)) => {
