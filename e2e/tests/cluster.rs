@@ -19,7 +19,7 @@ const KEY: &str = "sk-zl-e2e-cluster-0123456789";
 fn body(max_tokens: u32, stream: bool, temperature: f32, content: &str) -> String {
     serde_json::json!({
         "model": MODEL, "max_tokens": max_tokens, "stream": stream, "temperature": temperature,
-        "system": "You are a helpful assistant.",
+        "system": "Answer the question in one English sentence.",
         "messages": [{"role": "user", "content": content}],
     })
     .to_string()
@@ -158,6 +158,7 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     // zl chat finds the cluster through the data dir and streams an answer.
     let mut chat = Command::new(bin("zl"))
         .args(["chat", "--data-dir", data.to_str().unwrap(), "--temperature", "0", "--max-tokens", "16"])
+        .args(["--system", "Answer the question in one English sentence."])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -29,9 +29,10 @@ fn chat(engine: &EngineCore, user: &str) -> Vec<u32> {
     let tok = &engine.model().tokenizer;
     // An explicit system prompt: without one the GGUF's template injects SmolLM's own ("You are a helpful AI
     // assistant named SmolLM, ..."), after which this 135M model answers the France question with French
-    // landmarks instead of the capital, in candle's reference implementation exactly as here.
+    // landmarks instead of the capital, in candle's reference implementation exactly as here. This one keeps the
+    // answer's first token well clear of the 8-bit activation noise (docs/worker.md, "A quirk worth knowing").
     let messages = [
-        ChatMessage { role: "system".into(), content: "You are a helpful assistant.".into() },
+        ChatMessage { role: "system".into(), content: "Answer the question in one English sentence.".into() },
         ChatMessage { role: "user".into(), content: user.into() },
     ];
     tok.encode(&tok.render_chat(&messages).unwrap()).unwrap()
