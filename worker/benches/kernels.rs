@@ -1,57 +1,95 @@
-//! Kernel micro-benchmark: one Q4_1 matmul of the default model's FFN shape at batch 1 and 16, side by side.
-//! `cargo bench -p zl-worker --bench kernels`
+//! Kernel micro-benchmark, side by side in one run: Q4_1 and Q8_0 matmuls of the default model's FFN shape at
+//! several batch sizes, and attention of one query row (the default model's heads) over several context lengths.
+//! `cargo bench -p zl-worker --bench kernels` (`ZL_KERNEL_BATCHES=1,16` picks the batch sizes).
 
 use std::time::Instant;
-use zl_worker::model::kernels::Weight;
+use zl_worker::model::kernels::{AttentionShape, Weight, attention};
+
+/// Deterministic pseudo-random numbers.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u32 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (self.0 >> 33) as u32
+    }
+
+    fn unit(&mut self) -> f32 {
+        (self.next() % 1000) as f32 / 500.0 - 1.0
+    }
+}
+
+/// Best of five rounds of `iters` calls (this is a shared, noisy machine), in seconds per call.
+fn best_of_five(iters: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..5)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            t.elapsed().as_secs_f64() / iters as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn matmul(name: &str, w: &Weight, sizes: &[usize], rng: &mut Lcg) {
+    let (rows, cols) = (w.rows(), w.cols());
+    println!("{name} {rows}x{cols}");
+    let mut base = 0.0;
+    for &n in sizes {
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.unit()).collect();
+        let mut out = vec![0f32; n * rows];
+        let per = best_of_five(2000 / n.max(1) + 50, || w.matmul(&x, n, &mut out));
+        let rate = n as f64 / per;
+        if base == 0.0 {
+            base = rate;
+        }
+        println!(
+            "  n={n:>3}: {:>8.1} us/matmul, {:>6.1} GMAC/s, {:>8.0} rows/s ({:.2}x n={})",
+            per * 1e6,
+            (rows * cols * n) as f64 / per / 1e9,
+            rate,
+            rate / base,
+            sizes[0]
+        );
+    }
+}
 
 fn main() {
     let (rows, cols) = (1536usize, 576usize);
     let blocks = rows * cols / 32;
-    let mut seed = 1u64;
-    let mut next = || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (seed >> 33) as u32
-    };
-    let mut raw = Vec::with_capacity(blocks * 20);
-    for _ in 0..blocks {
-        raw.extend(half::f16::from_f32(0.01).to_le_bytes());
-        raw.extend(half::f16::from_f32(-0.07).to_le_bytes());
-        raw.extend((0..16).map(|_| next() as u8));
-    }
-    let w = Weight::from_q4_1(rows, cols, &raw).expect("weight");
-    let threads = rayon::current_num_threads();
-    println!("Q4_1 {rows}x{cols}, rayon threads {threads}");
-    let mut base = 0.0;
+    let mut rng = Lcg(1);
+    println!("rayon threads {}", rayon::current_num_threads());
     let sizes: Vec<usize> = std::env::var("ZL_KERNEL_BATCHES")
         .ok()
         .map(|v| v.split(',').filter_map(|s| s.parse().ok()).collect())
         .unwrap_or(vec![1, 4, 16, 32]);
-    for n in sizes {
-        let x: Vec<f32> = (0..n * cols).map(|_| (next() % 1000) as f32 / 500.0 - 1.0).collect();
-        let mut out = vec![0f32; n * rows];
-        let iters = 2000 / n.max(1) + 50;
-        w.matmul(&x, n, &mut out);
-        // Best of five rounds: this is a shared, noisy machine.
-        let per = (0..5)
-            .map(|_| {
-                let t = Instant::now();
-                for _ in 0..iters {
-                    w.matmul(&x, n, &mut out);
-                }
-                t.elapsed().as_secs_f64() / iters as f64
-            })
-            .fold(f64::INFINITY, f64::min);
-        let pairs = (blocks * n) as f64;
-        let rate = n as f64 / per;
-        if n == 1 {
-            base = rate;
-        }
-        println!(
-            "n={n:>3}: {:>8.1} us/matmul, {:>6.2} ns per block-row, {:>8.0} rows/s ({:.2}x n=1)",
-            per * 1e6,
-            per * 1e9 / pairs,
-            rate,
-            rate / base
-        );
+
+    let mut q4 = Vec::with_capacity(blocks * 20);
+    let mut q8 = Vec::with_capacity(blocks * 34);
+    for _ in 0..blocks {
+        q4.extend(half::f16::from_f32(0.01).to_le_bytes());
+        q4.extend(half::f16::from_f32(-0.07).to_le_bytes());
+        q4.extend((0..16).map(|_| rng.next() as u8));
+        q8.extend(half::f16::from_f32(0.001).to_le_bytes());
+        q8.extend((0..32).map(|_| rng.next() as u8));
+    }
+    matmul("Q4_1", &Weight::from_q4_1(rows, cols, &q4).expect("Q4_1 weight"), &sizes, &mut rng);
+    matmul("Q8_0", &Weight::from_q8_0(rows, cols, &q8).expect("Q8_0 weight"), &sizes, &mut rng);
+
+    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64 };
+    let kvd = shape.kv_heads * shape.head_dim;
+    println!("attention, {} heads over {} KV heads of {}", shape.heads, shape.kv_heads, shape.head_dim);
+    for n in [32usize, 160, 1024] {
+        let f16s =
+            |rng: &mut Lcg| -> Vec<u16> { (0..n * kvd).map(|_| half::f16::from_f32(rng.unit()).to_bits()).collect() };
+        let (keys, values) = (f16s(&mut rng), f16s(&mut rng));
+        let q: Vec<f32> = (0..shape.heads * shape.head_dim).map(|_| rng.unit()).collect();
+        let slots: Vec<usize> = (0..n).map(|p| p * kvd).collect();
+        let mut out = vec![0f32; q.len()];
+        let per = best_of_five(100_000 / n, || attention(&q, &slots, &keys, &values, shape, &mut out));
+        let macs = 2 * shape.heads * shape.head_dim * n;
+        println!("  {n:>5} positions: {:>8.1} us/row, {:>6.1} GMAC/s", per * 1e6, macs as f64 / per / 1e9);
     }
 }

@@ -30,29 +30,33 @@ const MAX_COLS_PER_TASK: usize = 256;
 /// A weight matrix of `rows` (output features) by `cols` (input features), stored row-major.
 #[derive(Clone, Debug)]
 pub enum Weight {
-    /// GGUF Q4_1: per block of 32, `x = d * q + m` with 4-bit `q`.
+    /// GGUF Q4_1: per block of 32, `x = d * q + m` with 4-bit `q`. Stored in tiles of [`TILE`] output features
+    /// (the last tile padded with zero features), block by block, so that one vector holds the same elements of
+    /// eight features and a kernel's lanes are output features: no horizontal sums.
     Q4_1 {
         /// Output features.
         rows: usize,
         /// Input features (a multiple of 32).
         cols: usize,
-        /// Per-block scales.
+        /// Scales, `[tile][block][feature in tile]`.
         d: Vec<f32>,
-        /// Per-block minimums, each row padded with zeros to a multiple of eight blocks ([`padded_blocks`]) so the
-        /// minimum term runs eight blocks at a time.
+        /// Minimums, laid out as `d`.
         m: Vec<f32>,
-        /// Packed nibbles, 16 bytes per block: low nibbles are elements 0..16, high nibbles 16..32.
+        /// Packed nibbles, 128 bytes per tile and block, as four 32-byte chunks: bytes `4j..4j + 4` of chunk `k`
+        /// are bytes `4k..4k + 4` of feature `j`'s GGUF block (low nibbles are elements `4k..4k + 4`, high nibbles
+        /// elements `16 + 4k..16 + 4k + 4`).
         qs: Vec<u8>,
     },
-    /// GGUF Q8_0: per block of 32, `x = d * q` with 8-bit `q`.
+    /// GGUF Q8_0: per block of 32, `x = d * q` with 8-bit `q`. Tiled like Q4_1.
     Q8_0 {
         /// Output features.
         rows: usize,
         /// Input features (a multiple of 32).
         cols: usize,
-        /// Per-block scales.
+        /// Scales, `[tile][block][feature in tile]`.
         d: Vec<f32>,
-        /// Quants, 32 per block.
+        /// Quants, 256 per tile and block, as eight 32-byte chunks: bytes `4j..4j + 4` of chunk `k` are elements
+        /// `4k..4k + 4` of feature `j`'s block.
         qs: Vec<i8>,
     },
     /// Plain f32.
@@ -76,9 +80,25 @@ pub struct WeightError {
     problem: String,
 }
 
-/// Blocks per row rounded up to a multiple of eight: the stride of per-block minimums and activation sums.
-fn padded_blocks(cols: usize) -> usize {
-    (cols / QK).div_ceil(8) * 8
+/// Output features per tile of the Q4_1 layout.
+const TILE: usize = 8;
+
+/// Where GGUF byte `i` (0..16) of feature `c`'s block `b` lives in the tiled Q4_1 layout.
+#[inline(always)]
+fn q4_1_byte(blocks_per_row: usize, c: usize, b: usize, i: usize) -> usize {
+    ((c / TILE) * blocks_per_row + b) * 128 + (i / 4) * 32 + (c % TILE) * 4 + i % 4
+}
+
+/// Where element `i` (0..32) of feature `c`'s block `b` lives in the tiled Q8_0 layout.
+#[inline(always)]
+fn q8_0_at(blocks_per_row: usize, c: usize, b: usize, i: usize) -> usize {
+    ((c / TILE) * blocks_per_row + b) * 256 + (i / 4) * 32 + (c % TILE) * 4 + i % 4
+}
+
+/// Where the scale (and Q4_1's minimum) of feature `c`'s block `b` live in the tiled layouts.
+#[inline(always)]
+fn tile_scale(blocks_per_row: usize, c: usize, b: usize) -> usize {
+    ((c / TILE) * blocks_per_row + b) * TILE + c % TILE
 }
 
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
@@ -108,27 +128,35 @@ fn check_blocks(
 impl Weight {
     /// Parse raw GGUF Q4_1 blocks (20 bytes each: f16 d, f16 m, 16 bytes of nibbles).
     pub fn from_q4_1(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
-        let blocks = check_blocks("Q4_1", rows, cols, raw, 20)?;
-        let (bpr, padded) = (cols / QK, padded_blocks(cols));
-        let mut d = Vec::with_capacity(blocks);
-        let mut m = vec![0f32; rows * padded];
-        let mut qs = Vec::with_capacity(blocks * 16);
+        check_blocks("Q4_1", rows, cols, raw, 20)?;
+        let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
+        let mut d = vec![0f32; tiles * bpr * TILE];
+        let mut m = vec![0f32; tiles * bpr * TILE];
+        let mut qs = vec![0u8; tiles * bpr * 128];
         for (i, block) in raw.chunks_exact(20).enumerate() {
-            d.push(f16_at(block, 0));
-            m[(i / bpr) * padded + i % bpr] = f16_at(block, 2);
-            qs.extend_from_slice(&block[4..20]);
+            let (c, b) = (i / bpr, i % bpr);
+            d[tile_scale(bpr, c, b)] = f16_at(block, 0);
+            m[tile_scale(bpr, c, b)] = f16_at(block, 2);
+            for (k, four) in block[4..20].chunks_exact(4).enumerate() {
+                let at = q4_1_byte(bpr, c, b, 4 * k);
+                qs[at..at + 4].copy_from_slice(four);
+            }
         }
         Ok(Weight::Q4_1 { rows, cols, d, m, qs })
     }
 
     /// Parse raw GGUF Q8_0 blocks (34 bytes each: f16 d, 32 signed bytes).
     pub fn from_q8_0(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
-        let blocks = check_blocks("Q8_0", rows, cols, raw, 34)?;
-        let mut d = Vec::with_capacity(blocks);
-        let mut qs = Vec::with_capacity(blocks * QK);
-        for block in raw.chunks_exact(34) {
-            d.push(f16_at(block, 0));
-            qs.extend(block[2..34].iter().map(|&b| b as i8));
+        check_blocks("Q8_0", rows, cols, raw, 34)?;
+        let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
+        let mut d = vec![0f32; tiles * bpr * TILE];
+        let mut qs = vec![0i8; tiles * bpr * 256];
+        for (i, block) in raw.chunks_exact(34).enumerate() {
+            let (c, b) = (i / bpr, i % bpr);
+            d[tile_scale(bpr, c, b)] = f16_at(block, 0);
+            for (e, &q) in block[2..34].iter().enumerate() {
+                qs[q8_0_at(bpr, c, b, e)] = q as i8;
+            }
         }
         Ok(Weight::Q8_0 { rows, cols, d, qs })
     }
@@ -161,21 +189,19 @@ impl Weight {
             Weight::Q4_1 { cols, d, m, qs, .. } => {
                 let bpr = cols / QK;
                 for b in 0..bpr {
-                    let blk = r * bpr + b;
-                    let min = m[r * padded_blocks(*cols) + b];
-                    let q = &qs[blk * 16..blk * 16 + 16];
+                    let (scale, min) = (d[tile_scale(bpr, r, b)], m[tile_scale(bpr, r, b)]);
                     for j in 0..16 {
-                        out[b * QK + j] = d[blk] * f32::from(q[j] & 0x0f) + min;
-                        out[b * QK + j + 16] = d[blk] * f32::from(q[j] >> 4) + min;
+                        let q = qs[q4_1_byte(bpr, r, b, j)];
+                        out[b * QK + j] = scale * f32::from(q & 0x0f) + min;
+                        out[b * QK + j + 16] = scale * f32::from(q >> 4) + min;
                     }
                 }
             }
             Weight::Q8_0 { cols, d, qs, .. } => {
                 let bpr = cols / QK;
                 for b in 0..bpr {
-                    let blk = r * bpr + b;
                     for j in 0..QK {
-                        out[b * QK + j] = d[blk] * f32::from(qs[blk * QK + j]);
+                        out[b * QK + j] = d[tile_scale(bpr, r, b)] * f32::from(qs[q8_0_at(bpr, r, b, j)]);
                     }
                 }
             }
@@ -197,22 +223,25 @@ impl Weight {
         if n == 0 {
             return;
         }
-        // Each task fills a range of output columns for every batch row and returns them row-major; they are
-        // copied into place afterwards, so tasks never share output memory.
         let xq = match self {
             Weight::F32 { .. } => None,
             Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => {
                 Some(input.quantized.get_or_init(|| QuantizedRows::quantize(x, cols)))
             }
         };
-        let results: Vec<(usize, Vec<f32>)> =
-            column_tasks(rows).map(|(c0, c1)| (c0, columns(self, x, xq, n, c0, c1))).collect();
-        for (c0, vals) in results {
-            let width = vals.len() / n;
-            for (r, chunk) in vals.chunks_exact(width).enumerate() {
-                out[r * rows + c0..r * rows + c0 + width].copy_from_slice(chunk);
+        // Each task fills a range of output columns for every batch row, written in place: its part of each output
+        // row is split off, so tasks never share output memory.
+        let tasks = column_tasks(rows);
+        let mut parts: Vec<Vec<&mut [f32]>> = tasks.iter().map(|_| Vec::with_capacity(n)).collect();
+        for row in out.chunks_exact_mut(rows) {
+            let mut rest = row;
+            for (part, &(c0, c1)) in parts.iter_mut().zip(&tasks) {
+                let (mine, after) = std::mem::take(&mut rest).split_at_mut(c1 - c0);
+                part.push(mine);
+                rest = after;
             }
         }
+        parts.into_par_iter().zip(tasks).for_each(|(mut part, (c0, _))| columns(self, x, xq, c0, &mut part));
     }
 }
 
@@ -231,20 +260,22 @@ impl<'a> Input<'a> {
     }
 }
 
-/// Column ranges for parallel tasks, run on rayon's pool, results in order. Ranges are split evenly over the
+/// Column ranges for parallel tasks. Ranges are split evenly over the
 /// pool's threads (a 192-column matmul on two threads is 8 tasks of 24, not 3 of 64 with one thread idle for a
-/// third of it). Where the boundaries fall never changes a result: each output is computed on its own.
-fn column_tasks(rows: usize) -> impl IndexedParallelIterator<Item = (usize, usize)> {
-    let per = rows.div_ceil(rayon::current_num_threads() * TASKS_PER_THREAD).clamp(8, MAX_COLS_PER_TASK);
-    (0..rows.div_ceil(per)).into_par_iter().map(move |t| (t * per, ((t + 1) * per).min(rows)))
+/// third of it), and start on [`TILE`] boundaries. Where the boundaries fall never changes a result: each output
+/// is computed on its own.
+fn column_tasks(rows: usize) -> Vec<(usize, usize)> {
+    let per = rows
+        .div_ceil(rayon::current_num_threads() * TASKS_PER_THREAD)
+        .clamp(TILE, MAX_COLS_PER_TASK)
+        .next_multiple_of(TILE);
+    (0..rows.div_ceil(per)).map(|t| (t * per, ((t + 1) * per).min(rows))).collect()
 }
 
-/// Quantize one row group (up to [`ROW_GROUP`] rows of `x`) into its interleaved blocks and its rows' padded
-/// block sums.
+/// Quantize one row group (up to [`ROW_GROUP`] rows of `x`) into its interleaved blocks and its rows' block sums.
 #[inline(always)]
 fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
     let (rows, bpr) = (x.len() / cols, cols / QK);
-    let padded = sums.len() / rows.max(1);
     // Plain loops over fixed-size arrays with eight-lane reductions in a fixed order: they vectorise.
     for r in 0..rows {
         for b in 0..bpr {
@@ -264,7 +295,7 @@ fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32
                 let t = v * inv;
                 *qv = (t + 0.5f32.copysign(t)) as i8;
             }
-            sums[r * padded + b] = sum_f32(block);
+            sums[r * bpr + b] = sum_f32(block);
             blocks[b * rows + r] = XBlock { q, d: [d; 8] };
         }
     }
@@ -282,8 +313,8 @@ struct XBlock {
 /// Batch rows the SIMD kernel runs together; the quantized activations are laid out in groups of this many rows.
 const ROW_GROUP: usize = 8;
 
-/// A batch of activations quantized block by block, with each block's exact f32 sum (row-major, rows padded with
-/// zeros to [`padded_blocks`]) for the Q4_1 minimum term. Blocks are stored in groups of [`ROW_GROUP`] rows,
+/// A batch of activations quantized block by block, with each block's f32 sum (row-major) for the Q4_1 minimum
+/// term. Blocks are stored in groups of [`ROW_GROUP`] rows,
 /// interleaved block by block (`[group][block][row in group]`), so a kernel sweeping a group reads one sequential
 /// stream. Each row is quantized on its own, so a row's values never depend on the rest of the batch; only where
 /// they are stored does.
@@ -300,16 +331,16 @@ impl QuantizedRows {
     /// it (the same arithmetic either way).
     fn quantize(x: &[f32], cols: usize) -> QuantizedRows {
         debug_assert_eq!(cols % QK, 0);
-        let (rows, bpr, padded) = (x.len() / cols, cols / QK, padded_blocks(cols));
+        let (rows, bpr) = (x.len() / cols, cols / QK);
         let mut out = QuantizedRows {
             blocks: vec![XBlock { q: [0; QK], d: [0.0; 8] }; rows * bpr],
-            sums: vec![0f32; rows * padded],
+            sums: vec![0f32; rows * bpr],
             rows,
             blocks_per_row: bpr,
         };
         out.blocks
             .par_chunks_mut(ROW_GROUP * bpr)
-            .zip(out.sums.par_chunks_mut(ROW_GROUP * padded))
+            .zip(out.sums.par_chunks_mut(ROW_GROUP * bpr))
             .zip(x.par_chunks(ROW_GROUP * cols))
             .for_each(|((blocks, sums), x)| {
                 #[cfg(target_arch = "x86_64")]
@@ -328,64 +359,21 @@ impl QuantizedRows {
         let in_group = (self.rows - group * ROW_GROUP).min(ROW_GROUP);
         group * ROW_GROUP * self.blocks_per_row + b * in_group + r % ROW_GROUP
     }
-
-    /// The blocks of the group starting at row `r` (a multiple of [`ROW_GROUP`]) holding `len` rows.
-    #[inline(always)]
-    fn group(&self, r: usize, len: usize) -> &[XBlock] {
-        &self.blocks[r * self.blocks_per_row..(r + len) * self.blocks_per_row]
-    }
 }
 
-/// Output columns `c0..c1` for all `n` rows, row-major. Quantized weights run the integer kernel (AVX2 with FMA
+/// Output columns `c0..c0 + out[r].len()` of every batch row `r` into `out[r]`. Quantized weights run the integer kernel (AVX2 with FMA
 /// where the CPU has it, portable code otherwise: both compute the same exact integer lane sums and the same fused
 /// multiply-adds in the same order, so results are identical on every machine); f32 weights run the f32 kernel.
-fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, n: usize, c0: usize, c1: usize) -> Vec<f32> {
+fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, c0: usize, out: &mut [&mut [f32]]) {
     match xq {
-        None => columns_f32(weight, x, n, c0, c1),
+        None => columns_f32(weight, x, c0, out),
         Some(xq) => {
             #[cfg(target_arch = "x86_64")]
             if simd::available() {
-                return simd::columns_int8(weight, xq, n, c0, c1);
+                return simd::columns_int8(weight, xq, c0, out);
             }
-            columns_int8(weight, xq, n, c0, c1)
+            columns_int8(weight, xq, c0, out)
         }
-    }
-}
-
-/// Per weight block, eight lanes of exact integer sums: lane `l` sums elements `4l..4l+4` of the block's
-/// weight-quant × activation-quant products. (The SIMD kernel's madd lanes hold the same sums.)
-#[inline(always)]
-fn lane_sums(w: &[i32; QK], xq: &[i8]) -> [i32; 8] {
-    let mut lanes = [0i32; 8];
-    for (l, lane) in lanes.iter_mut().enumerate() {
-        for k in 4 * l..4 * l + 4 {
-            *lane += w[k] * i32::from(xq[k]);
-        }
-    }
-    lanes
-}
-
-/// Integer block quants of row `c`, block `b`, and the block's scale.
-#[inline(always)]
-fn int_block(weight: &Weight, c: usize, b: usize, w: &mut [i32; QK]) -> f32 {
-    match weight {
-        Weight::Q4_1 { cols, d, qs, .. } => {
-            let blk = c * (cols / QK) + b;
-            let q = &qs[blk * 16..blk * 16 + 16];
-            for j in 0..16 {
-                w[j] = i32::from(q[j] & 0x0f);
-                w[j + 16] = i32::from(q[j] >> 4);
-            }
-            d[blk]
-        }
-        Weight::Q8_0 { cols, d, qs, .. } => {
-            let blk = c * (cols / QK) + b;
-            for (wv, &q) in w.iter_mut().zip(&qs[blk * QK..blk * QK + QK]) {
-                *wv = i32::from(q);
-            }
-            d[blk]
-        }
-        Weight::F32 { .. } => unreachable!("f32 weights use the f32 kernel"),
     }
 }
 
@@ -395,51 +383,57 @@ fn hsum(a: &[f32; 8]) -> f32 {
     ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
 }
 
-/// The portable integer kernel; the reference the SIMD kernel must match bit for bit.
-fn columns_int8(weight: &Weight, xq: &QuantizedRows, n: usize, c0: usize, c1: usize) -> Vec<f32> {
-    let blocks = weight.cols() / QK;
-    let (width, padded) = (c1 - c0, padded_blocks(weight.cols()));
-    let mut vals = vec![0f32; width * n];
-    let mut w = [0i32; QK];
-    for c in c0..c1 {
-        for r in 0..n {
-            // First the Q4_1 minimum term, `Σ_b m[c, b] * sum(x[r, block b])`, eight blocks per lane step; then
-            // the blocks' scaled integer dot products into the same lanes.
-            let mut acc = [0f32; 8];
-            if let Weight::Q4_1 { m, .. } = weight {
-                let (m, s) = (&m[c * padded..(c + 1) * padded], &xq.sums[r * padded..(r + 1) * padded]);
-                for (m8, s8) in m.chunks_exact(8).zip(s.chunks_exact(8)) {
-                    for l in 0..8 {
-                        acc[l] = m8[l].mul_add(s8[l], acc[l]);
+/// The portable integer kernel; the reference the SIMD kernel must match bit for bit. Per output, for each block in
+/// order: the exact integer dot product of the weight and activation quants, times the product of the two scales,
+/// as a fused multiply-add into one f32; for Q4_1 then the minimum times the activations' block sum, the same way.
+fn columns_int8(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+    let bpr = weight.cols() / QK;
+    for (r, row) in out.iter_mut().enumerate() {
+        for (c, o) in (c0..).zip(row.iter_mut()) {
+            *o = match weight {
+                Weight::Q4_1 { d, m, qs, .. } => {
+                    let mut acc = 0f32;
+                    for b in 0..bpr {
+                        let x = &xq.blocks[xq.index(r, b)];
+                        let mut isum = 0i32;
+                        for j in 0..16 {
+                            let q = qs[q4_1_byte(bpr, c, b, j)];
+                            isum +=
+                                i32::from(q & 0x0f) * i32::from(x.q[j]) + i32::from(q >> 4) * i32::from(x.q[j + 16]);
+                        }
+                        let at = tile_scale(bpr, c, b);
+                        acc = (isum as f32).mul_add(d[at] * x.d[0], acc);
+                        acc = m[at].mul_add(xq.sums[r * bpr + b], acc);
                     }
+                    acc
                 }
-            }
-            for b in 0..blocks {
-                let x = &xq.blocks[xq.index(r, b)];
-                let dw = int_block(weight, c, b, &mut w);
-                let lanes = lane_sums(&w, &x.q);
-                for l in 0..8 {
-                    acc[l] = (lanes[l] as f32).mul_add(dw * x.d[l], acc[l]);
+                Weight::Q8_0 { d, qs, .. } => {
+                    let mut acc = 0f32;
+                    for b in 0..bpr {
+                        let x = &xq.blocks[xq.index(r, b)];
+                        let mut isum = 0i32;
+                        for (e, &xe) in x.q.iter().enumerate() {
+                            isum += i32::from(qs[q8_0_at(bpr, c, b, e)]) * i32::from(xe);
+                        }
+                        acc = (isum as f32).mul_add(d[tile_scale(bpr, c, b)] * x.d[0], acc);
+                    }
+                    acc
                 }
-            }
-            vals[r * width + c - c0] = hsum(&acc);
+                Weight::F32 { .. } => unreachable!("f32 weights use the f32 kernel"),
+            };
         }
     }
-    vals
 }
 
 /// The f32 kernel (plain f32 weights): eight lanes per batch row in a fixed order.
-fn columns_f32(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Vec<f32> {
+fn columns_f32(weight: &Weight, x: &[f32], c0: usize, out: &mut [&mut [f32]]) {
     let Weight::F32 { w, cols, .. } = weight else { unreachable!("quantized weights use the integer kernel") };
     let cols = *cols;
-    let width = c1 - c0;
-    let mut vals = vec![0f32; width * n];
-    for c in c0..c1 {
-        for r in 0..n {
-            vals[r * width + c - c0] = dot_f32(&w[c * cols..(c + 1) * cols], &x[r * cols..(r + 1) * cols]);
+    for (r, row) in out.iter_mut().enumerate() {
+        for (c, o) in (c0..).zip(row.iter_mut()) {
+            *o = dot_f32(&w[c * cols..(c + 1) * cols], &x[r * cols..(r + 1) * cols]);
         }
     }
-    vals
 }
 
 /// The AVX2 code: the integer kernel, attention over the f16 KV cache and activation quantization. Nothing else
@@ -448,7 +442,7 @@ fn columns_f32(weight: &Weight, x: &[f32], n: usize, c0: usize, c1: usize) -> Ve
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod simd {
-    use super::{AttentionShape, QK, QuantizedRows, Weight, XBlock};
+    use super::{AttentionShape, QK, QuantizedRows, TILE, Weight, XBlock};
     use std::arch::x86_64::*;
 
     /// Whether this CPU runs the SIMD kernels (AVX2, FMA, and F16C for the f16 KV cache).
@@ -480,6 +474,10 @@ mod simd {
         unsafe { attention_avx2(q, slots, keys, values, shape, out) }
     }
 
+    /// [`super::attention_portable`]'s arithmetic (`head_dim` a multiple of 8) with the f16 cache widened by F16C.
+    /// Scores: each key chunk is widened once for up to four heads of its group, each head's eight lanes are kept,
+    /// and eight positions' lanes are summed at once. Values: per head, four output chunks stay in registers across
+    /// all positions.
     #[target_feature(enable = "avx2,fma,f16c")]
     fn attention_avx2(
         q: &[f32],
@@ -489,89 +487,157 @@ mod simd {
         shape: AttentionShape,
         out: &mut [f32],
     ) {
-        super::attention_with(q, slots, keys, values, shape, out, &Avx2);
-    }
-
-    /// [`super::KvMath`] with explicit vectors (F16C conversions).
-    struct Avx2;
-
-    impl super::KvMath for Avx2 {
-        #[inline(always)]
-        fn dot(&self, a: &[f32], b: &[u16]) -> f32 {
-            // SAFETY: only constructed inside `attention_avx2`, which runs when `available()` said the CPU has
-            // AVX2, FMA and F16C.
-            unsafe { dot_f16(a, b) }
-        }
-
-        #[inline(always)]
-        fn axpy(&self, o: &mut [f32], w: f32, b: &[u16]) {
-            // SAFETY: as for `dot`.
-            unsafe { axpy_f16(o, w, b) }
-        }
-
-        #[inline(always)]
-        fn dot_heads(&self, q: &[f32], b: &[u16], out: &mut [f32]) {
-            for (qs, os) in q.chunks(4 * b.len()).zip(out.chunks_mut(4)) {
-                // SAFETY: as for `dot`.
-                unsafe { dot_heads_f16(qs, b, os) }
+        let AttentionShape { heads, kv_heads, head_dim: hd } = shape;
+        let (group, n, chunks) = (heads / kv_heads, slots.len(), hd / 8);
+        let scale = 1.0 / (hd as f32).sqrt();
+        // weights[h * n + p]: head h, position p; scores first, then softmax weights in place.
+        let mut weights = vec![0f32; heads * n];
+        for g in 0..kv_heads {
+            for h0 in (g * group..(g + 1) * group).step_by(4) {
+                let key = |slot: usize| &keys[slot + g * hd..slot + (g + 1) * hd];
+                let (q, w) = (&q[h0 * hd..], &mut weights[h0 * n..]);
+                match ((g + 1) * group - h0).min(4) {
+                    4 => scores::<4>(q, hd, slots, key, scale, w),
+                    3 => scores::<3>(q, hd, slots, key, scale, w),
+                    2 => scores::<2>(q, hd, slots, key, scale, w),
+                    _ => scores::<1>(q, hd, slots, key, scale, w),
+                }
             }
         }
-
-        #[inline(always)]
-        fn axpy_heads(&self, o: &mut [f32], w: &[f32], b: &[u16]) {
-            for (os, ws) in o.chunks_mut(4 * b.len()).zip(w.chunks(4)) {
-                // SAFETY: as for `dot`.
-                unsafe { axpy_heads_f16(os, ws, b) }
+        for w in weights.chunks_exact_mut(n.max(1)) {
+            super::softmax_weights(w);
+        }
+        // Values: up to three heads of a group and four chunks at a time, so each widened value chunk serves every
+        // head of the batch and the twelve accumulators stay in registers.
+        for g in 0..kv_heads {
+            for h0 in (g * group..(g + 1) * group).step_by(3) {
+                let (batch, w) = (((g + 1) * group - h0).min(3), &weights[h0 * n..]);
+                for c0 in (0..chunks).step_by(4) {
+                    let (at, o) = (g * hd + 8 * c0, &mut out[h0 * hd + 8 * c0..]);
+                    let v = Values { w, n, slots, values, at, hd };
+                    match (batch, (chunks - c0).min(4)) {
+                        (3, 4) => v.sum::<3, 4>(o),
+                        (3, 3) => v.sum::<3, 3>(o),
+                        (3, 2) => v.sum::<3, 2>(o),
+                        (3, _) => v.sum::<3, 1>(o),
+                        (2, 4) => v.sum::<2, 4>(o),
+                        (2, 3) => v.sum::<2, 3>(o),
+                        (2, 2) => v.sum::<2, 2>(o),
+                        (2, _) => v.sum::<2, 1>(o),
+                        (_, 4) => v.sum::<1, 4>(o),
+                        (_, 3) => v.sum::<1, 3>(o),
+                        (_, 2) => v.sum::<1, 2>(o),
+                        (_, _) => v.sum::<1, 1>(o),
+                    }
+                }
             }
         }
     }
 
-    /// Up to four heads' `dot_f16` with one key: each 8-value chunk of the key is widened once. Per head, the same
-    /// lanes, operations and order as `dot_f16`.
+    /// Scaled scores of `B` consecutive heads (queries in `q`, `hd` each, sharing one KV head whose key at a
+    /// slot is `key(slot)`) for every position, into `out[i * n + p]` for head `i`: eight positions at a time, each
+    /// head's eight lanes per position kept on the stack and summed together.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    fn dot_heads_f16(q: &[f32], b: &[u16], out: &mut [f32]) {
-        let (hd, heads) = (b.len(), out.len().min(4));
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for k in 0..hd / 8 {
-            let kb = load8h(&b[8 * k..]);
-            for (h, a) in acc.iter_mut().enumerate().take(heads) {
-                *a = _mm256_add_ps(*a, _mm256_mul_ps(load8f(&q[h * hd + 8 * k..]), kb));
+    fn scores<'k, const B: usize>(
+        q: &[f32],
+        hd: usize,
+        slots: &[usize],
+        key: impl Fn(usize) -> &'k [u16],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let n = slots.len();
+        // The heads' queries chunk-major (`qt[c * B + i]` is head i's chunk c), so the inner loop runs on fixed-size
+        // chunks without bounds checks.
+        let mut qt = vec![[0f32; 8]; hd / 8 * B];
+        for (c, qc) in qt.chunks_exact_mut(B).enumerate() {
+            for (i, v) in qc.iter_mut().enumerate() {
+                v.copy_from_slice(&q[i * hd + 8 * c..i * hd + 8 * c + 8]);
             }
         }
-        for (h, o) in out.iter_mut().enumerate().take(heads) {
-            let mut tail = 0f32;
-            for i in hd / 8 * 8..hd {
-                tail += q[h * hd + i] * super::widen(b[i]);
+        let mut lanes = [[0f32; 64]; B];
+        for (block, block_slots) in slots.chunks(8).enumerate() {
+            for (j, &slot) in block_slots.iter().enumerate() {
+                let mut acc = [_mm256_setzero_ps(); B];
+                for (kc, qc) in key(slot).chunks_exact(8).zip(qt.chunks_exact(B)) {
+                    let kc = load8h(kc);
+                    for (a, qv) in acc.iter_mut().zip(qc) {
+                        *a = _mm256_fmadd_ps(load8f(qv), kc, *a);
+                    }
+                }
+                for (l, a) in lanes.iter_mut().zip(&acc) {
+                    store8f(&mut l[8 * j..], *a);
+                }
             }
-            let pairs = _mm256_hadd_ps(acc[h], acc[h]);
-            let quads = _mm256_hadd_ps(pairs, pairs);
-            let sum = _mm_add_ss(_mm256_castps256_ps128(quads), _mm256_extractf128_ps::<1>(quads));
-            *o = _mm_cvtss_f32(sum) + tail;
+            let p0 = block * 8;
+            for (i, l) in lanes.iter().enumerate() {
+                scores8(&l[..8 * block_slots.len()], scale, &mut out[i * n + p0..i * n + p0 + block_slots.len()]);
+            }
         }
     }
 
-    /// Up to four heads' `axpy_f16` with one value: each 8-value chunk widened once; per head the same operations.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn axpy_heads_f16(o: &mut [f32], w: &[f32], b: &[u16]) {
-        let hd = b.len();
-        let heads = w.len().min(o.len() / hd.max(1));
-        let n = hd / 8 * 8;
-        for k in 0..n / 8 {
-            let vb = load8h(&b[8 * k..]);
-            for (h, &wh) in w.iter().enumerate().take(heads) {
-                let co = &mut o[h * hd + 8 * k..h * hd + 8 * k + 8];
-                let sum = _mm256_add_ps(load8f(co), _mm256_mul_ps(_mm256_set1_ps(wh), vb));
-                // SAFETY: `co` is 8 writable f32s; the store is unaligned.
-                unsafe { _mm256_storeu_ps(co.as_mut_ptr(), sum) };
+    /// The weighted sum of values for a batch of heads of one group: head `i`'s weights are `w[i * n..]`, its
+    /// value chunks start at `at` in every slot, and its output at `i * hd` of the output slice.
+    struct Values<'a> {
+        w: &'a [f32],
+        n: usize,
+        slots: &'a [usize],
+        values: &'a [u16],
+        at: usize,
+        hd: usize,
+    }
+
+    impl Values<'_> {
+        /// `W` chunks of eight output values for `B` heads: `Σ_p w[p] * value_p` in position order, each widened
+        /// chunk used by all `B` heads, the sums held in registers across all positions.
+        #[target_feature(enable = "avx2,fma,f16c")]
+        #[inline]
+        fn sum<const B: usize, const W: usize>(&self, out: &mut [f32]) {
+            let Values { w, n, slots, values, at, hd } = *self;
+            let mut acc = [[_mm256_setzero_ps(); W]; B];
+            for (p, &slot) in slots.iter().enumerate() {
+                let value = values[slot + at..slot + at + 8 * W].chunks_exact(8);
+                let wv: [__m256; B] = std::array::from_fn(|i| _mm256_set1_ps(w[i * n + p]));
+                for (c, v) in value.enumerate() {
+                    let vc = load8h(v);
+                    for (a, &wi) in acc.iter_mut().zip(&wv) {
+                        a[c] = _mm256_fmadd_ps(wi, vc, a[c]);
+                    }
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                for (c, v) in a.iter().enumerate() {
+                    store8f(&mut out[i * hd + 8 * c..], *v);
+                }
             }
         }
-        for (h, &wh) in w.iter().enumerate().take(heads) {
-            for i in n..hd {
-                o[h * hd + i] += wh * super::widen(b[i]);
-            }
+    }
+
+    /// Each position's eight lanes summed as [`super::hsum`], times `scale`: eight positions per pass of
+    /// horizontal adds (whose pairings are `hsum`'s tree).
+    #[target_feature(enable = "avx2,fma")]
+    fn scores8(lanes: &[f32], scale: f32, out: &mut [f32]) {
+        let full = out.len() / 8 * 8;
+        let sc = _mm256_set1_ps(scale);
+        for p in (0..full).step_by(8) {
+            let v = |i: usize| load8f(&lanes[(p + i) * 8..]);
+            let t1 = _mm256_hadd_ps(_mm256_hadd_ps(v(0), v(1)), _mm256_hadd_ps(v(2), v(3)));
+            let t2 = _mm256_hadd_ps(_mm256_hadd_ps(v(4), v(5)), _mm256_hadd_ps(v(6), v(7)));
+            let sum = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(t1, t2), _mm256_permute2f128_ps::<0x31>(t1, t2));
+            store8f(&mut out[p..], _mm256_mul_ps(sum, sc));
         }
+        for (p, o) in out.iter_mut().enumerate().skip(full) {
+            *o = super::hsum(lanes[p * 8..p * 8 + 8].try_into().expect("eight lanes")) * scale;
+        }
+    }
+
+    /// Eight f32s stored. The slice index bounds-checks the write.
+    #[inline(always)]
+    fn store8f(out: &mut [f32], v: __m256) {
+        let out = &mut out[..8];
+        // SAFETY: `out` holds 8 writable f32s and the store is unaligned.
+        unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) }
     }
 
     /// Eight f16 values as f32.
@@ -581,39 +647,6 @@ mod simd {
         let b = &b[..8];
         // SAFETY: `b` holds 8 readable u16s (16 bytes); the load is unaligned.
         _mm256_cvtph_ps(unsafe { _mm_loadu_si128(b.as_ptr().cast()) })
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn dot_f16(a: &[f32], b: &[u16]) -> f32 {
-        let mut acc = _mm256_setzero_ps();
-        for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(load8f(ca), load8h(cb)));
-        }
-        let mut tail = 0f32;
-        for i in a.len() / 8 * 8..a.len().min(b.len()) {
-            tail += a[i] * super::widen(b[i]);
-        }
-        // ((0+1)+(2+3)) + ((4+5)+(6+7)), as `super::hsum`.
-        let pairs = _mm256_hadd_ps(acc, acc);
-        let quads = _mm256_hadd_ps(pairs, pairs);
-        let sum = _mm_add_ss(_mm256_castps256_ps128(quads), _mm256_extractf128_ps::<1>(quads));
-        _mm_cvtss_f32(sum) + tail
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn axpy_f16(o: &mut [f32], w: f32, b: &[u16]) {
-        let wv = _mm256_set1_ps(w);
-        let n = o.len().min(b.len()) / 8 * 8;
-        for (co, cb) in o[..n].chunks_exact_mut(8).zip(b.chunks_exact(8)) {
-            let sum = _mm256_add_ps(load8f(co), _mm256_mul_ps(wv, load8h(cb)));
-            // SAFETY: `co` is 8 writable f32s; the store is unaligned.
-            unsafe { _mm256_storeu_ps(co.as_mut_ptr(), sum) };
-        }
-        for (oi, &bi) in o[n..].iter_mut().zip(&b[n..]) {
-            *oi += w * super::widen(bi);
-        }
     }
 
     pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
@@ -626,9 +659,9 @@ mod simd {
         super::quantize_group(x, cols, blocks, sums);
     }
 
-    pub(super) fn columns_int8(weight: &Weight, xq: &QuantizedRows, n: usize, c0: usize, c1: usize) -> Vec<f32> {
+    pub(super) fn columns_int8(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
         // SAFETY: the caller checked `available()`, so the CPU has AVX2, FMA and F16C.
-        unsafe { columns_avx2(weight, xq, n, c0, c1) }
+        unsafe { tiled_columns(weight, xq, c0, out) }
     }
 
     /// 32 bytes as a vector. The slice index bounds-checks the read.
@@ -647,114 +680,131 @@ mod simd {
         unsafe { _mm256_loadu_ps(values.as_ptr()) }
     }
 
-    /// 16 bytes as a vector. The slice index bounds-checks the read.
+    /// 32 bytes as a vector. The slice index bounds-checks the read.
     #[inline(always)]
-    fn load16(bytes: &[u8]) -> __m128i {
-        let bytes = &bytes[..16];
-        // SAFETY: `bytes` holds 16 readable bytes and the load is unaligned.
-        unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) }
+    fn load32u(bytes: &[u8]) -> __m256i {
+        let bytes = &bytes[..32];
+        // SAFETY: `bytes` holds 32 readable bytes and the load is unaligned.
+        unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
     }
 
+    /// Batch rows a tile kernel runs together (a block's eight weight vectors and these rows' accumulators fill
+    /// the sixteen vector registers).
+    const TILE_ROWS: usize = 4;
+
+    /// The tiled integer kernels: for each tile of eight output features, a few batch rows at a time sweep the
+    /// blocks.
     #[target_feature(enable = "avx2,fma")]
-    fn columns_avx2(weight: &Weight, xq: &QuantizedRows, n: usize, c0: usize, c1: usize) -> Vec<f32> {
-        let width = c1 - c0;
-        let mut vals = vec![0f32; width * n];
-        // A group of batch rows at a time (their activations stay in L1) sweeps the task's columns (whose weights stay
-        // in L2).
-        let mut r = 0;
-        while r < n {
-            let tile = (n - r).min(super::ROW_GROUP);
-            for c in c0..c1 {
-                let out = &mut vals[r * width + c - c0..];
-                match tile {
-                    8 => rows::<8>(weight, xq, c, r, out, width),
-                    7 => rows::<7>(weight, xq, c, r, out, width),
-                    6 => rows::<6>(weight, xq, c, r, out, width),
-                    5 => rows::<5>(weight, xq, c, r, out, width),
-                    4 => rows::<4>(weight, xq, c, r, out, width),
-                    3 => rows::<3>(weight, xq, c, r, out, width),
-                    2 => rows::<2>(weight, xq, c, r, out, width),
-                    _ => rows::<1>(weight, xq, c, r, out, width),
+    fn tiled_columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+        let (n, c1) = (out.len(), c0 + out[0].len());
+        // Tile by tile (its weights come from memory once and stay in L1 for every group of rows), a few rows at a
+        // time.
+        for t in c0 / TILE..c1.div_ceil(TILE) {
+            let mut r = 0;
+            while r < n {
+                let tile = (n - r).min(TILE_ROWS);
+                let vals = &mut [0f32; TILE * TILE_ROWS];
+                match (weight, tile) {
+                    (Weight::Q4_1 { .. }, 4) => q4_1_tile::<4>(weight, xq, t, r, vals),
+                    (Weight::Q4_1 { .. }, 3) => q4_1_tile::<3>(weight, xq, t, r, vals),
+                    (Weight::Q4_1 { .. }, 2) => q4_1_tile::<2>(weight, xq, t, r, vals),
+                    (Weight::Q4_1 { .. }, _) => q4_1_tile::<1>(weight, xq, t, r, vals),
+                    (_, 4) => q8_0_tile::<4>(weight, xq, t, r, vals),
+                    (_, 3) => q8_0_tile::<3>(weight, xq, t, r, vals),
+                    (_, 2) => q8_0_tile::<2>(weight, xq, t, r, vals),
+                    (_, _) => q8_0_tile::<1>(weight, xq, t, r, vals),
                 }
+                // The tile's features that fall in this task (the last tile may hold padding features).
+                let (f0, f1) = ((t * TILE).max(c0), (t * TILE + TILE).min(c1));
+                for (i, row) in out[r..r + tile].iter_mut().enumerate() {
+                    row[f0 - c0..f1 - c0].copy_from_slice(&vals[i * TILE + f0 - t * TILE..i * TILE + f1 - t * TILE]);
+                }
+                r += tile;
             }
-            r += tile;
         }
-        vals
     }
 
-    /// Output column `c` for batch rows `r..r + R` (written to `out[i * stride]`), accumulators held in registers
-    /// across the whole row of blocks. Every row runs the same operations in the same order whatever `R` is, so
-    /// tiling never changes a result.
+    /// Tile `t`'s eight features for batch rows `r..r + R` into `out[i * TILE..]`. Per block: the eight features'
+    /// quants unpacked once; per row, eight byte-products (each lane a feature, four elements of the activation
+    /// block broadcast to all lanes) summed in i16, widened to i32 once, then the scales and the minimum term as
+    /// fused multiply-adds: the operations of `columns_int8`'s Q4_1 reference, in its order, whatever `R` is.
     #[target_feature(enable = "avx2,fma")]
-    fn rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, c: usize, r: usize, out: &mut [f32], stride: usize) {
-        let blocks = weight.cols() / QK;
+    fn q4_1_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize, out: &mut [f32]) {
+        let Weight::Q4_1 { cols, d, m, qs, .. } = weight else { unreachable!("Q4_1 only") };
+        let bpr = cols / QK;
         let ones = _mm256_set1_epi16(1);
-        let low4 = _mm_set1_epi8(0x0f);
+        let low4 = _mm256_set1_epi8(0x0f);
         let mut acc = [_mm256_setzero_ps(); R];
-        let xt = xq.group(r, R);
-        // First the Q4_1 minimum term, `Σ_b m[c, b] * sum(x[r, block b])`, eight blocks at a time, then the blocks.
-        if let Weight::Q4_1 { m, .. } = weight {
-            let padded = super::padded_blocks(weight.cols());
-            let m = &m[c * padded..(c + 1) * padded];
-            let sums = &xq.sums[r * padded..(r + R) * padded];
-            for k in (0..padded).step_by(8) {
-                let m8 = load8f(&m[k..]);
-                for i in 0..R {
-                    acc[i] = _mm256_fmadd_ps(m8, load8f(&sums[i * padded + k..]), acc[i]);
+        let qs = &qs[t * bpr * 128..(t + 1) * bpr * 128];
+        let (d, m) = (&d[t * bpr * TILE..(t + 1) * bpr * TILE], &m[t * bpr * TILE..(t + 1) * bpr * TILE]);
+        for (b, ((q, dv), mv)) in qs.chunks_exact(128).zip(d.chunks_exact(TILE)).zip(m.chunks_exact(TILE)).enumerate() {
+            let mut w = [_mm256_setzero_si256(); 8];
+            for k in 0..4 {
+                let v = load32u(&q[k * 32..]);
+                w[k] = _mm256_and_si256(v, low4);
+                w[k + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+            }
+            let (dw, mw) = (load8f(dv), load8f(mv));
+            for (i, a) in acc.iter_mut().enumerate() {
+                let x = &xq.blocks[xq.index(r + i, b)];
+                // Chunk k of the unpacked weights holds elements 4k..4k + 4 (k < 4) or 16 + 4(k - 4).. of every
+                // feature, matching activation bytes 4k..4k + 4 in both cases. Each product pair is at most
+                // 2 * 15 * 127 = 3810, so eight of them sum within i16.
+                let xk = |k: usize| {
+                    let bytes: [u8; 4] =
+                        [x.q[4 * k] as u8, x.q[4 * k + 1] as u8, x.q[4 * k + 2] as u8, x.q[4 * k + 3] as u8];
+                    _mm256_set1_epi32(i32::from_le_bytes(bytes))
+                };
+                let mut s = _mm256_maddubs_epi16(w[0], xk(0));
+                for (k, wk) in w.iter().enumerate().skip(1) {
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*wk, xk(k)));
                 }
+                let isum = _mm256_madd_epi16(s, ones);
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, load8f(&x.d)), *a);
+                *a = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq.sums[(r + i) * bpr + b]), *a);
             }
         }
-        match weight {
-            Weight::Q4_1 { d, qs, .. } => {
-                let d = &d[c * blocks..(c + 1) * blocks];
-                let qs = &qs[c * blocks * 16..(c + 1) * blocks * 16];
-                // Zipped iterators: no index arithmetic or bounds checks inside the loop.
-                for ((q, &dv), xg) in qs.chunks_exact(16).zip(d).zip(xt.chunks_exact(R)) {
-                    let q = load16(q);
-                    let lo = _mm_and_si128(q, low4);
-                    let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), low4);
-                    let w = _mm256_set_m128i(hi, lo);
-                    let dw = _mm256_set1_ps(dv);
-                    for (i, x) in xg.iter().enumerate() {
-                        // Products of 4-bit by signed 8-bit quants fit i16; lane l holds elements 4l..4l+4 as i32.
-                        let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(w, load32(&x.q)), ones);
-                        let scale = _mm256_mul_ps(dw, load8f(&x.d));
-                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[i]);
-                    }
-                }
-            }
-            Weight::Q8_0 { d, qs, .. } => {
-                let d = &d[c * blocks..(c + 1) * blocks];
-                let qs = &qs[c * blocks * QK..(c + 1) * blocks * QK];
-                for ((q, &dv), xg) in qs.chunks_exact(QK).zip(d).zip(xt.chunks_exact(R)) {
-                    let q = load32(q);
-                    // maddubs takes unsigned bytes first: |w| times x with w's sign moved onto x.
-                    let w = _mm256_sign_epi8(q, q);
-                    let dw = _mm256_set1_ps(dv);
-                    for (i, x) in xg.iter().enumerate() {
-                        let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_sign_epi8(load32(&x.q), q)), ones);
-                        let scale = _mm256_mul_ps(dw, load8f(&x.d));
-                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[i]);
-                    }
-                }
-            }
-            Weight::F32 { .. } => unreachable!("f32 weights use the f32 kernel"),
+        for (i, a) in acc.iter().enumerate() {
+            let dst = &mut out[i * TILE..(i + 1) * TILE];
+            // SAFETY: `dst` is 8 writable f32s and the store is unaligned.
+            unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), *a) };
         }
-        // Horizontal sums of up to four rows at once: lane order ((0+1)+(2+3)) + ((4+5)+(6+7)), as `hsum`.
-        let zero = _mm256_setzero_ps();
-        let lane = |i: usize| if i < R { acc[i] } else { zero };
-        for base in (0..R).step_by(4) {
-            let quad = _mm256_hadd_ps(
-                _mm256_hadd_ps(lane(base), lane(base + 1)),
-                _mm256_hadd_ps(lane(base + 2), lane(base + 3)),
-            );
-            let sums = _mm_add_ps(_mm256_castps256_ps128(quad), _mm256_extractf128_ps::<1>(quad));
-            let mut four = [0f32; 4];
-            // SAFETY: `four` is 4 writable f32s and the store is unaligned.
-            unsafe { _mm_storeu_ps(four.as_mut_ptr(), sums) };
-            for (i, v) in four.iter().take(R - base).enumerate() {
-                out[(base + i) * stride] = *v;
+    }
+
+    /// [`q4_1_tile`] for Q8_0: per row and block, eight byte-products of the weights' magnitudes with the
+    /// activations carrying the weights' signs (each pair at most 2 * 128 * 127, so each is widened to i32 before
+    /// the next is added), then the scales as one fused multiply-add: `columns_int8`'s Q8_0 reference.
+    #[target_feature(enable = "avx2,fma")]
+    fn q8_0_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize, out: &mut [f32]) {
+        let Weight::Q8_0 { cols, d, qs, .. } = weight else { unreachable!("Q8_0 only") };
+        let bpr = cols / QK;
+        let ones = _mm256_set1_epi16(1);
+        let mut acc = [_mm256_setzero_ps(); R];
+        let qs = &qs[t * bpr * 256..(t + 1) * bpr * 256];
+        let d = &d[t * bpr * TILE..(t + 1) * bpr * TILE];
+        for (b, (q, dv)) in qs.chunks_exact(256).zip(d.chunks_exact(TILE)).enumerate() {
+            let mut w = [_mm256_setzero_si256(); 8];
+            let mut mag = [_mm256_setzero_si256(); 8];
+            for k in 0..8 {
+                w[k] = load32(&q[k * 32..]);
+                mag[k] = _mm256_sign_epi8(w[k], w[k]);
             }
+            let dw = load8f(dv);
+            for (i, a) in acc.iter_mut().enumerate() {
+                let x = &xq.blocks[xq.index(r + i, b)];
+                let mut isum = _mm256_setzero_si256();
+                for k in 0..8 {
+                    let bytes = [x.q[4 * k] as u8, x.q[4 * k + 1] as u8, x.q[4 * k + 2] as u8, x.q[4 * k + 3] as u8];
+                    let xk = _mm256_sign_epi8(_mm256_set1_epi32(i32::from_le_bytes(bytes)), w[k]);
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(mag[k], xk), ones));
+                }
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, load8f(&x.d)), *a);
+            }
+        }
+        for (i, a) in acc.iter().enumerate() {
+            let dst = &mut out[i * TILE..(i + 1) * TILE];
+            // SAFETY: `dst` is 8 writable f32s and the store is unaligned.
+            unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), *a) };
         }
     }
 }
@@ -799,56 +849,13 @@ fn widen(b: u16) -> f32 {
     f16::from_bits(b).to_f32()
 }
 
-/// The two operations attention does on the f16 KV cache. The portable and the SIMD implementations compute the
-/// same lanes in the same order with the same IEEE operations (f16 to f32 is exact; no fused multiply-add), so
-/// they agree bit for bit.
-trait KvMath {
-    /// `a · b` with eight accumulators (lane `l` takes elements `l, l+8, ...`), summed as [`hsum`], plus the tail.
-    fn dot(&self, a: &[f32], b: &[u16]) -> f32;
-    /// `o[i] += w * b[i]`.
-    fn axpy(&self, o: &mut [f32], w: f32, b: &[u16]);
-
-    /// [`KvMath::dot`] of each head's query (consecutive in `q`, `b.len()` values each) with the same key `b`,
-    /// into `out` (grouped-query heads share a key; a SIMD implementation widens it once for all of them).
-    fn dot_heads(&self, q: &[f32], b: &[u16], out: &mut [f32]) {
-        for (qh, o) in q.chunks_exact(b.len()).zip(out) {
-            *o = self.dot(qh, b);
-        }
-    }
-
-    /// [`KvMath::axpy`] of the same value `b` into each head's output (consecutive in `o`) with that head's weight.
-    fn axpy_heads(&self, o: &mut [f32], w: &[f32], b: &[u16]) {
-        for (oh, &wh) in o.chunks_exact_mut(b.len()).zip(w) {
-            self.axpy(oh, wh, b);
-        }
-    }
-}
-
-/// Portable [`KvMath`].
-struct Portable;
-
-impl KvMath for Portable {
-    #[inline(always)]
-    fn dot(&self, a: &[f32], b: &[u16]) -> f32 {
-        let mut acc = [0f32; 8];
-        for (ca, cb) in a.chunks_exact(8).zip(b.chunks_exact(8)) {
-            for l in 0..8 {
-                acc[l] += ca[l] * widen(cb[l]);
-            }
-        }
-        let mut tail = 0f32;
-        for i in a.len() / 8 * 8..a.len().min(b.len()) {
-            tail += a[i] * widen(b[i]);
-        }
-        hsum(&acc) + tail
-    }
-
-    #[inline(always)]
-    fn axpy(&self, o: &mut [f32], w: f32, b: &[u16]) {
-        for (oi, &bi) in o.iter_mut().zip(b) {
-            *oi += w * widen(bi);
-        }
-    }
+/// Attention scores of one head, in place, to softmax weights: `exp(s - max)` times the reciprocal of their sum.
+#[inline(always)]
+fn softmax_weights(s: &mut [f32]) {
+    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    s.iter_mut().for_each(|v| *v = exp_f32(*v - max));
+    let inv = 1.0 / sum_f32(s);
+    s.iter_mut().for_each(|v| *v *= inv);
 }
 
 /// Head layout of an attention call.
@@ -863,60 +870,50 @@ pub struct AttentionShape {
 }
 
 /// Attention of one query row (all heads, `q` is `heads * head_dim`) over the positions whose keys and values
-/// start at `slots` in one layer's KV storage (f16 bits; each slot holds `kv_heads * head_dim` values). Each
-/// position's keys and values are read once for all heads (grouped-query heads share them); the softmax and the
-/// weighted sum of values run in fixed orders that depend only on this row, never on the batch.
+/// start at `slots` in one layer's KV storage (f16 bits; each slot holds `kv_heads * head_dim` values; grouped-query
+/// heads share theirs). The arithmetic is [`attention_portable`]'s, in fixed orders that depend only on this row,
+/// never on the batch; the SIMD code computes the same bits.
 pub fn attention(q: &[f32], slots: &[usize], keys: &[u16], values: &[u16], shape: AttentionShape, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if simd::available() {
+    if simd::available() && shape.head_dim % 8 == 0 {
         return simd::attention(q, slots, keys, values, shape, out);
     }
-    attention_with(q, slots, keys, values, shape, out, &Portable);
+    attention_portable(q, slots, keys, values, shape, out);
 }
 
-/// The attention arithmetic over a [`KvMath`].
-#[inline(always)]
-fn attention_with(
+/// The reference attention arithmetic. Per head: each score is the query-key dot product in eight lanes (element
+/// `i` into lane `i % 8` by fused multiply-add), summed as [`hsum`], times `1/sqrt(head_dim)`; the scores become
+/// [`softmax_weights`]; the output is the weighted sum of values, one fused multiply-add per position in order.
+fn attention_portable(
     q: &[f32],
     slots: &[usize],
     keys: &[u16],
     values: &[u16],
     shape: AttentionShape,
     out: &mut [f32],
-    kv: &impl KvMath,
 ) {
     let AttentionShape { heads, kv_heads, head_dim: hd } = shape;
-    let (group, kvd, n) = (heads / kv_heads, kv_heads * hd, slots.len());
+    let (group, n) = (heads / kv_heads, slots.len());
     let scale = 1.0 / (hd as f32).sqrt();
-    // Positions outer, heads inner: each position's keys and values (all KV heads, contiguous) are read once.
-    // scores[h * n + p]: head h, position p.
-    let mut scores = vec![0f32; heads * n];
-    let mut dots = vec![0f32; group];
-    for (p, &slot) in slots.iter().enumerate() {
-        let key = &keys[slot..slot + kvd];
-        for (g, qg) in q.chunks_exact(group * hd).enumerate() {
-            kv.dot_heads(qg, &key[g * hd..(g + 1) * hd], &mut dots);
-            for (i, d) in dots.iter().enumerate() {
-                scores[(g * group + i) * n + p] = d * scale;
+    let mut weights = vec![0f32; heads * n];
+    for (h, w) in weights.chunks_exact_mut(n.max(1)).enumerate() {
+        let (g, qh) = (h / group, &q[h * hd..(h + 1) * hd]);
+        for (wp, &slot) in w.iter_mut().zip(slots) {
+            let mut lanes = [0f32; 8];
+            for (i, (&a, &b)) in qh.iter().zip(&keys[slot + g * hd..slot + (g + 1) * hd]).enumerate() {
+                lanes[i % 8] = a.mul_add(widen(b), lanes[i % 8]);
             }
+            *wp = hsum(&lanes) * scale;
         }
-    }
-    let mut inv = vec![0f32; heads];
-    for (s, inv) in scores.chunks_exact_mut(n.max(1)).zip(&mut inv) {
-        let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        s.iter_mut().for_each(|v| *v = exp_f32(*v - max));
-        *inv = 1.0 / sum_f32(s);
+        softmax_weights(w);
     }
     out.fill(0.0);
-    let mut weights = vec![0f32; group];
-    for (p, &slot) in slots.iter().enumerate() {
-        let value = &values[slot..slot + kvd];
-        for (g, og) in out.chunks_exact_mut(group * hd).enumerate() {
-            for (i, w) in weights.iter_mut().enumerate() {
-                let h = g * group + i;
-                *w = scores[h * n + p] * inv[h];
+    for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+        let g = h / group;
+        for (&wp, &slot) in weights[h * n..(h + 1) * n].iter().zip(slots) {
+            for (o, &v) in oh.iter_mut().zip(&values[slot + g * hd..slot + (g + 1) * hd]) {
+                *o = wp.mul_add(widen(v), *o);
             }
-            kv.axpy_heads(og, &weights, &value[g * hd..(g + 1) * hd]);
         }
     }
 }
@@ -983,18 +980,22 @@ mod tests {
         let mut seed = 1;
         let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
         let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut seed)).collect();
-        let q = Weight::from_q4_1(rows, cols, &q4_1_raw(&w)).unwrap();
-        let mut deq = vec![0f32; rows * cols];
-        for r in 0..rows {
-            q.row(r, &mut deq[r * cols..(r + 1) * cols]);
-        }
-        let f = Weight::from_f32(rows, cols, deq).unwrap();
-        let mut a = vec![0f32; n * rows];
-        let mut b = vec![0f32; n * rows];
-        q.matmul(&x, n, &mut a);
-        f.matmul(&x, n, &mut b);
-        for (u, v) in a.iter().zip(&b) {
-            assert!((u - v).abs() < 0.05 * (1.0 + v.abs()), "{u} vs {v}");
+        for q in [
+            Weight::from_q4_1(rows, cols, &q4_1_raw(&w)).unwrap(),
+            Weight::from_q8_0(rows, cols, &q8_0_raw(&w)).unwrap(),
+        ] {
+            let mut deq = vec![0f32; rows * cols];
+            for r in 0..rows {
+                q.row(r, &mut deq[r * cols..(r + 1) * cols]);
+            }
+            let f = Weight::from_f32(rows, cols, deq).unwrap();
+            let mut a = vec![0f32; n * rows];
+            let mut b = vec![0f32; n * rows];
+            q.matmul(&x, n, &mut a);
+            f.matmul(&x, n, &mut b);
+            for (u, v) in a.iter().zip(&b) {
+                assert!((u - v).abs() < 0.05 * (1.0 + v.abs()), "{u} vs {v}");
+            }
         }
     }
 
@@ -1042,36 +1043,46 @@ mod tests {
             for n in [1, 3, 4, 9] {
                 let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut seed) * 3.0).collect();
                 let xq = QuantizedRows::quantize(&x, cols);
-                assert_eq!(columns(&weight, &x, Some(&xq), n, 0, rows), columns_int8(&weight, &xq, n, 0, rows));
+                let run = |kernel: &dyn Fn(&mut [&mut [f32]])| {
+                    let mut vals = vec![0f32; n * rows];
+                    kernel(&mut vals.chunks_mut(rows).collect::<Vec<_>>());
+                    vals
+                };
+                assert_eq!(
+                    run(&|out| columns(&weight, &x, Some(&xq), 0, out)),
+                    run(&|out| columns_int8(&weight, &xq, 0, out))
+                );
                 // The portable quantizer, group by group, gives the same bytes.
                 let bpr = cols / QK;
                 for (g, xg) in x.chunks(ROW_GROUP * cols).enumerate() {
                     let rows_here = xg.len() / cols;
                     let mut blocks = vec![XBlock { q: [0; QK], d: [0.0; 8] }; rows_here * bpr];
-                    let mut sums = vec![0f32; rows_here * padded_blocks(cols)];
+                    let mut sums = vec![0f32; rows_here * bpr];
                     quantize_group(xg, cols, &mut blocks, &mut sums);
                     let at = g * ROW_GROUP * bpr;
                     assert!(blocks.iter().zip(&xq.blocks[at..]).all(|(a, b)| a.q == b.q && a.d == b.d));
-                    assert_eq!(sums[..], xq.sums[g * ROW_GROUP * padded_blocks(cols)..][..sums.len()]);
+                    assert_eq!(sums[..], xq.sums[g * ROW_GROUP * bpr..][..sums.len()]);
                 }
             }
         }
-        // Groups of 3 (with a tail inside each head), 5 (more than the SIMD path's 4 heads at a time) and 1.
-        for (heads, kv_heads, head_dim) in [(6, 2, 20), (10, 2, 16), (4, 4, 64)] {
-            let shape = AttentionShape { heads, kv_heads, head_dim };
-            let kvd = shape.kv_heads * shape.head_dim;
-            let keys: Vec<u16> = (0..10 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
-            let values: Vec<u16> = (0..10 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
-            let q: Vec<f32> = (0..shape.heads * shape.head_dim).map(|_| lcg(&mut seed)).collect();
-            let slots: Vec<usize> = [3, 0, 7, 9, 1].iter().map(|s| s * kvd).collect();
-            let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-            attention(&q, &slots, &keys, &values, shape, &mut a);
-            // `Portable` keeps the trait's head-by-head `dot_heads`/`axpy_heads`: the SIMD path's grouped calls must
-            // equal it exactly.
-            attention_with(&q, &slots, &keys, &values, shape, &mut b, &Portable);
-            assert_eq!(a, b, "{shape:?}");
-            // Attention is a convex combination of the values: each output lies within the values' range.
-            assert!(a.iter().all(|v| v.abs() <= 1.0));
+        // Groups of 3 (head_dim 24: a partial block of output chunks), 5 (more than the SIMD path's 4 heads at a
+        // time), 1 and 3 (head_dim 64); 5 positions (no full pass of eight scores) and 11 (one, and a tail). A
+        // head_dim of 20 runs the portable code on every machine.
+        for (heads, kv_heads, head_dim) in [(6, 2, 24), (10, 2, 16), (4, 4, 64), (9, 3, 64), (6, 2, 20)] {
+            for positions in [&[3, 0, 7, 9, 1][..], &[3, 0, 7, 9, 1, 2, 4, 5, 6, 8, 10]] {
+                let shape = AttentionShape { heads, kv_heads, head_dim };
+                let kvd = shape.kv_heads * shape.head_dim;
+                let keys: Vec<u16> = (0..11 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
+                let values: Vec<u16> = (0..11 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
+                let q: Vec<f32> = (0..shape.heads * shape.head_dim).map(|_| lcg(&mut seed)).collect();
+                let slots: Vec<usize> = positions.iter().map(|s| s * kvd).collect();
+                let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
+                attention(&q, &slots, &keys, &values, shape, &mut a);
+                attention_portable(&q, &slots, &keys, &values, shape, &mut b);
+                assert_eq!(a, b, "{shape:?}");
+                // Attention is a convex combination of the values: each output lies within the values' range.
+                assert!(a.iter().all(|v| v.abs() <= 1.0));
+            }
         }
     }
 
@@ -1096,5 +1107,45 @@ mod tests {
         assert!(Weight::from_q4_1(2, 30, &[0; 40]).is_err());
         assert!(Weight::from_q8_0(1, 32, &[0; 33]).is_err());
         assert!(Weight::from_f32(2, 2, vec![0.0; 3]).is_err());
+    }
+
+    #[test]
+    fn attention_matches_a_naive_softmax() {
+        let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64 };
+        let kvd = 192;
+        let n = 13;
+        let mut seed = 5u64;
+        let mut rnd = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let keys: Vec<u16> = (0..n * kvd).map(|_| f16::from_f32(rnd()).to_bits()).collect();
+        let values: Vec<u16> = (0..n * kvd).map(|_| f16::from_f32(rnd()).to_bits()).collect();
+        let q: Vec<f32> = (0..576).map(|_| rnd()).collect();
+        let slots: Vec<usize> = (0..n).map(|p| p * kvd).collect();
+        let mut out = vec![0f32; 576];
+        attention(&q, &slots, &keys, &values, shape, &mut out);
+        let mut port = vec![0f32; 576];
+        attention_portable(&q, &slots, &keys, &values, shape, &mut port);
+        for h in 0..9 {
+            let g = h / 3;
+            let s: Vec<f64> = (0..n)
+                .map(|p| {
+                    (0..64).map(|i| q[h * 64 + i] as f64 * widen(keys[p * kvd + g * 64 + i]) as f64).sum::<f64>() / 8.0
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = s.iter().map(|v| (v - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for i in 0..64 {
+                let want: f64 = (0..n).map(|p| e[p] / z * widen(values[p * kvd + g * 64 + i]) as f64).sum();
+                assert!((out[h * 64 + i] as f64 - want).abs() < 1e-4, "simd h{h} i{i}: {} vs {want}", out[h * 64 + i]);
+                assert!(
+                    (port[h * 64 + i] as f64 - want).abs() < 1e-4,
+                    "portable h{h} i{i}: {} vs {want}",
+                    port[h * 64 + i]
+                );
+            }
+        }
     }
 }

@@ -9,7 +9,7 @@ use rayon::prelude::*;
 
 use super::kernels::{AttentionShape, Input, Weight, attention, dot_f32, exp_f32, with_simd};
 use crate::kv::pool::BlockId;
-use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 /// Shape and constants of a Llama-family model.
 #[derive(Clone, Debug, PartialEq)]
@@ -146,6 +146,20 @@ pub struct BatchItem<'a> {
     pub logits: bool,
 }
 
+/// Batch rows from which the per-row element-wise work (norms, the gated activation) is spread over the pool; below
+/// it a dispatch costs more than it saves.
+const PARALLEL_ROWS: usize = 4;
+
+/// `f(row, out_row)` for every row of `out` (rows of `width`), in parallel for large batches. Each row is computed
+/// on its own, so splitting never changes a result.
+fn per_row(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if out.len() / width.max(1) >= PARALLEL_ROWS {
+        out.par_chunks_mut(width).enumerate().for_each(|(r, o)| with_simd(|| f(r, o)));
+    } else {
+        out.chunks_mut(width).enumerate().for_each(|(r, o)| f(r, o));
+    }
+}
+
 #[inline]
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let mean = dot_f32(x, x) / x.len() as f32;
@@ -279,9 +293,7 @@ impl Llama {
         let mut gate = vec![0f32; n * cfg.intermediate];
         let mut up = vec![0f32; n * cfg.intermediate];
         for (li, layer) in self.layers.iter().enumerate() {
-            for r in 0..n {
-                rms_norm(&x[r * h..(r + 1) * h], &layer.attn_norm, cfg.rms_eps, &mut hbuf[r * h..(r + 1) * h]);
-            }
+            per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.attn_norm, cfg.rms_eps, o));
             let input = Input::new(&hbuf, n);
             layer.wq.matmul_input(&input, &mut q);
             layer.wk.matmul_input(&input, &mut k);
@@ -298,8 +310,9 @@ impl Llama {
                 self.rope(&mut k[r * kvd..(r + 1) * kvd], row_pos[r]);
                 let slot = kv.slot(items[row_item[r]].blocks, row_pos[r]);
                 let (ks, vs) = (&mut kv.k[li][slot..slot + kvd], &mut kv.v[li][slot..slot + kvd]);
-                ks.iter_mut().zip(&k[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = f16::from_f32(s).to_bits());
-                vs.iter_mut().zip(&v[r * kvd..(r + 1) * kvd]).for_each(|(d, &s)| *d = f16::from_f32(s).to_bits());
+                // Eight at a time with F16C where the CPU has it; the same round-to-nearest-even bits either way.
+                ks.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(&k[r * kvd..(r + 1) * kvd]);
+                vs.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(&v[r * kvd..(r + 1) * kvd]);
             }
             let kv_ref: &KvStore = kv;
             attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {
@@ -309,13 +322,14 @@ impl Llama {
             });
             layer.wo.matmul(&attn, n, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
-            for r in 0..n {
-                rms_norm(&x[r * h..(r + 1) * h], &layer.ffn_norm, cfg.rms_eps, &mut hbuf[r * h..(r + 1) * h]);
-            }
+            per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.ffn_norm, cfg.rms_eps, o));
             let input = Input::new(&hbuf, n);
             layer.w_gate.matmul_input(&input, &mut gate);
             layer.w_up.matmul_input(&input, &mut up);
-            gate.iter_mut().zip(&up).for_each(|(g, u)| *g = *g / (1.0 + exp_f32(-*g)) * u);
+            let im = cfg.intermediate;
+            per_row(&mut gate, im, |r, g| {
+                g.iter_mut().zip(&up[r * im..(r + 1) * im]).for_each(|(g, u)| *g = *g / (1.0 + exp_f32(-*g)) * u)
+            });
             layer.w_down.matmul(&gate, n, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
@@ -337,7 +351,37 @@ impl Llama {
             rms_norm(&x[r * h..(r + 1) * h], &self.norm, cfg.rms_eps, &mut normed[i * h..(i + 1) * h]);
         }
         let mut logits = vec![0f32; m * cfg.vocab];
-        self.output.as_ref().unwrap_or(&self.embed).matmul(&normed, m, &mut logits);
+        let output = self.output.as_ref().unwrap_or(&self.embed);
+        output.matmul(&normed, m, &mut logits);
+        if !matches!(output, Weight::F32 { .. }) {
+            per_row(&mut logits, cfg.vocab, |i, row| rescore_leaders(output, &normed[i * h..(i + 1) * h], row));
+        }
         logits
+    }
+}
+
+/// Logits within this distance of a row's largest are recomputed exactly (int8 activations move a logit by a few
+/// hundredths; this covers it many times over).
+const RESCORE_MARGIN: f32 = 1.0;
+
+/// At most this many logits of a row are recomputed (the largest, when more are within the margin).
+const RESCORE_MAX: usize = 16;
+
+/// Recompute the leading logits of one row from the f32 hidden state and the dequantized output rows. The
+/// integer kernel quantizes the hidden state to 8 bits per value, which can swap two nearly tied leading tokens
+/// (the default model's "The" and "La" after "What is the capital of France?" are 0.003 apart); the tokens that
+/// greedy decoding, top-k and top-p actually choose between are scored at full precision instead, for about
+/// 16 x hidden multiply-adds per row. Per row only, so batch-invariant.
+fn rescore_leaders(output: &Weight, hidden: &[f32], logits: &mut [f32]) {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut leaders: Vec<usize> = (0..logits.len()).filter(|&c| logits[c] >= max - RESCORE_MARGIN).collect();
+    if leaders.len() > RESCORE_MAX {
+        leaders.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        leaders.truncate(RESCORE_MAX);
+    }
+    let mut row = vec![0f32; hidden.len()];
+    for c in leaders {
+        output.row(c, &mut row);
+        logits[c] = dot_f32(&row, hidden);
     }
 }
