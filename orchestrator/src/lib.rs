@@ -6,6 +6,7 @@
 //! - [`route`]: route decisions as pure functions over both, with pluggable policies.
 
 pub mod admin;
+pub mod consensus;
 pub mod load;
 pub mod route;
 pub mod service;

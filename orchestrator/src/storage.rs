@@ -10,6 +10,8 @@
 //! - `hardstate`: term, vote and commit index with a CRC, replaced atomically (write a temporary file, fsync,
 //!   rename, fsync the directory).
 //! - `snapshot`: the newest snapshot (index, term, the state's bytes) with a CRC, replaced the same way.
+//! - `confstate`: the group's membership as of the last applied configuration change (opaque bytes: an encoded
+//!   raft-rs `ConfState`) with a CRC, replaced the same way.
 //!
 //! Every append is fsynced before it returns, so an acknowledged entry survives a crash. On open, the last
 //! segment's records after its last intact commit marker belong to a batch that was never acknowledged (the crash
@@ -218,6 +220,7 @@ pub struct DiskStorage {
     locations: Vec<Location>,
     hard: HardState,
     snapshot: Snapshot,
+    conf_state: Vec<u8>,
 }
 
 impl DiskStorage {
@@ -225,7 +228,7 @@ impl DiskStorage {
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<DiskStorage, StorageError> {
         let log_dir = dir.join("log");
         fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
-        for stray in [dir.join("hardstate.tmp"), dir.join("snapshot.tmp")] {
+        for stray in [dir.join("hardstate.tmp"), dir.join("snapshot.tmp"), dir.join("confstate.tmp")] {
             let _ = fs::remove_file(stray);
         }
         let hard = match read_framed(&dir.join("hardstate"))? {
@@ -237,6 +240,7 @@ impl DiskStorage {
             },
             Some(_) => return Err(StorageError::Corrupt("hardstate: wrong size".into())),
         };
+        let conf_state = read_framed(&dir.join("confstate"))?.unwrap_or_default();
         let snapshot = match read_framed(&dir.join("snapshot"))? {
             None => Snapshot::default(),
             Some(b) => {
@@ -264,6 +268,7 @@ impl DiskStorage {
             locations: Vec::new(),
             hard,
             snapshot,
+            conf_state,
         };
         let count = names.len();
         for (i, (first, path)) in names.into_iter().enumerate() {
@@ -445,6 +450,21 @@ impl DiskStorage {
     /// The newest snapshot.
     pub fn snapshot(&self) -> &Snapshot {
         &self.snapshot
+    }
+
+    /// The membership bytes last stored with [`DiskStorage::set_conf_state`] (empty if never).
+    pub fn conf_state(&self) -> &[u8] {
+        &self.conf_state
+    }
+
+    /// Persist the membership (atomically, like the hard state).
+    pub fn set_conf_state(&mut self, conf_state: &[u8]) -> Result<(), StorageError> {
+        if conf_state.len() > MAX_RECORD_BYTES {
+            return Err(StorageError::Invalid(format!("membership is {} bytes", conf_state.len())));
+        }
+        replace_file(&self.dir.join("confstate"), &frame(conf_state))?;
+        self.conf_state = conf_state.to_vec();
+        Ok(())
     }
 
     /// Persist the hard state.
@@ -689,6 +709,22 @@ mod tests {
         let mut hs = fs::read(dir.path().join("hardstate")).unwrap();
         hs[10] ^= 1;
         fs::write(dir.path().join("hardstate"), hs).unwrap();
+        assert!(matches!(DiskStorage::open(dir.path(), DEFAULT_SEGMENT_BYTES), Err(StorageError::Corrupt(_))));
+    }
+
+    #[test]
+    fn membership_survives_a_restart_and_damage_to_it_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = DiskStorage::open(dir.path(), DEFAULT_SEGMENT_BYTES).unwrap();
+        assert!(s.conf_state().is_empty());
+        s.set_conf_state(b"voters 1 2 3").unwrap();
+        s.set_conf_state(b"voters 1 2 3 4").unwrap();
+        drop(s);
+        assert_eq!(DiskStorage::open(dir.path(), DEFAULT_SEGMENT_BYTES).unwrap().conf_state(), b"voters 1 2 3 4");
+        let mut cs = fs::read(dir.path().join("confstate")).unwrap();
+        let last = cs.len() - 1;
+        cs[last] ^= 1;
+        fs::write(dir.path().join("confstate"), cs).unwrap();
         assert!(matches!(DiskStorage::open(dir.path(), DEFAULT_SEGMENT_BYTES), Err(StorageError::Corrupt(_))));
     }
 

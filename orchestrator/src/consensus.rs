@@ -1,0 +1,505 @@
+//! The orchestrators' Raft group: raft-rs (`raft` 0.7) driven by a small, synchronous driver over the durable
+//! [`DiskStorage`], with the routing state ([`RoutingState`]) as the state machine.
+//!
+//! [`Replica`] owns one node: `tick` on a timer, `step` for every message from a peer, `propose` a command (leader
+//! only; followers answer [`ProposeError::NotLeader`] with the leader's id so the caller can forward), and `ready`
+//! after any of them, which persists what Raft asks for (snapshot, entries, hard state, all fsynced) before
+//! returning the messages to send and the commands applied, in log order. Nothing here reads a clock or a socket,
+//! so the deterministic harness in this module's tests drives whole groups with injected time and a simulated
+//! network.
+//!
+//! Entries are raft-rs `Entry` messages (protobuf) whose data is a JSON [`Command`]; empty entries are Raft's own
+//! no-ops. Every `snapshot_every` applied entries the driver snapshots the routing state and compacts the log; a
+//! follower too far behind receives that snapshot. Membership is the raft-rs `ConfState`, stored beside the hard
+//! state whenever a configuration change is applied.
+
+use std::path::Path;
+
+use raft::eraftpb::{
+    ConfChangeSingle, ConfChangeType, ConfChangeV2, ConfState, Entry, EntryType, HardState as RaftHardState, Message,
+    Snapshot as RaftSnapshot,
+};
+use raft::{Config, GetEntriesContext, RaftState, RawNode, StateRole, Storage};
+
+use crate::state::{Command, CommandError, RoutingState};
+use crate::storage::{DiskStorage, HardState, LogEntry, Snapshot, StorageError};
+
+/// Largest raft-rs message accepted from a peer, in bytes (protobuf 2.28 parses recursively: keep inputs bounded,
+/// and accept them only from authenticated peers).
+pub const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Tuning of one replica.
+#[derive(Clone, Copy, Debug)]
+pub struct ReplicaConfig {
+    /// Ticks without a leader's heartbeat before a follower campaigns (randomised up to twice this).
+    pub election_ticks: usize,
+    /// Ticks between a leader's heartbeats.
+    pub heartbeat_ticks: usize,
+    /// Applied entries between snapshots (and log compactions).
+    pub snapshot_every: u64,
+    /// Log segment size on disk.
+    pub segment_bytes: u64,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        // With a 100 ms tick: heartbeats every 100 ms, an election 1-2 s after the leader goes quiet.
+        ReplicaConfig { election_ticks: 10, heartbeat_ticks: 1, snapshot_every: 1000, segment_bytes: 64 << 20 }
+    }
+}
+
+/// Consensus failures.
+#[derive(Debug, thiserror::Error)]
+pub enum ConsensusError {
+    /// The durable storage failed; the replica must stop.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// raft-rs refused an operation.
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+    /// Bytes from disk or a peer that do not decode.
+    #[error("undecodable {what}: {why}")]
+    Decode {
+        /// What was being decoded.
+        what: &'static str,
+        /// Why it failed.
+        why: String,
+    },
+}
+
+/// Why a proposal was not accepted.
+#[derive(Debug, thiserror::Error)]
+pub enum ProposeError {
+    /// This node is not the leader; `leader` is the one it knows of (`None` during an election).
+    #[error("not the leader (leader: {leader:?})")]
+    NotLeader {
+        /// The current leader's id, when known.
+        leader: Option<u64>,
+    },
+    /// The proposal was dropped by Raft (a leader transfer or a pending configuration change).
+    #[error("proposal dropped: {0}")]
+    Dropped(String),
+}
+
+/// A committed entry applied to the routing state.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Applied {
+    /// Log position.
+    pub index: u64,
+    /// What the proposer attached (a proposal id, for waking the caller).
+    pub context: Vec<u8>,
+    /// The command, `None` for a membership change.
+    pub command: Option<Command>,
+    /// The command's outcome (a rejected command still takes its log position).
+    pub result: Result<(), CommandError>,
+}
+
+/// What one [`Replica::ready`] produced.
+#[derive(Debug, Default)]
+pub struct Output {
+    /// Messages to send, each to `msg.to`.
+    pub messages: Vec<Message>,
+    /// Entries applied, in log order.
+    pub applied: Vec<Applied>,
+    /// A snapshot was installed from the leader (the state was replaced, nothing in between was applied here).
+    pub installed_snapshot: Option<u64>,
+}
+
+/// raft-rs's view of [`DiskStorage`].
+struct RaftStore {
+    disk: DiskStorage,
+    conf: ConfState,
+}
+
+fn decode<M: protobuf::Message>(what: &'static str, bytes: &[u8]) -> Result<M, ConsensusError> {
+    M::parse_from_bytes(bytes).map_err(|e| ConsensusError::Decode { what, why: e.to_string() })
+}
+
+fn encode(m: &impl protobuf::Message) -> Vec<u8> {
+    // Encoding an in-memory message only fails for missing required fields, which proto3 messages do not have.
+    m.write_to_bytes().unwrap_or_default()
+}
+
+fn store_err(e: impl std::fmt::Display) -> raft::Error {
+    raft::Error::Store(raft::StorageError::Other(e.to_string().into()))
+}
+
+impl RaftStore {
+    fn snapshot_message(&self) -> Result<RaftSnapshot, ConsensusError> {
+        let snap = self.disk.snapshot();
+        if snap.index == 0 {
+            return Ok(RaftSnapshot::default());
+        }
+        decode("snapshot", &snap.data)
+    }
+}
+
+impl Storage for RaftStore {
+    fn initial_state(&self) -> raft::Result<RaftState> {
+        let h = self.disk.hard_state();
+        let hard_state = RaftHardState { term: h.term, vote: h.vote, commit: h.commit, ..Default::default() };
+        Ok(RaftState { hard_state, conf_state: self.conf.clone() })
+    }
+
+    fn entries(
+        &self,
+        low: u64,
+        high: u64,
+        max_size: impl Into<Option<u64>>,
+        _context: GetEntriesContext,
+    ) -> raft::Result<Vec<Entry>> {
+        if low < self.disk.first_index() {
+            return Err(raft::Error::Store(raft::StorageError::Compacted));
+        }
+        if high > self.disk.last_index() + 1 {
+            return Err(raft::Error::Store(raft::StorageError::Unavailable));
+        }
+        let max = max_size.into().unwrap_or(u64::MAX);
+        let mut out = Vec::new();
+        let mut size = 0u64;
+        for e in self.disk.entries(low, high) {
+            let entry: Entry = decode("log entry", &e.data).map_err(store_err)?;
+            size += e.data.len() as u64;
+            // Always at least one entry, then up to `max` bytes.
+            if !out.is_empty() && size > max {
+                break;
+            }
+            out.push(entry);
+        }
+        Ok(out)
+    }
+
+    fn term(&self, idx: u64) -> raft::Result<u64> {
+        let snap = self.disk.snapshot();
+        if idx == snap.index {
+            return Ok(snap.term);
+        }
+        if idx < self.disk.first_index() {
+            return Err(raft::Error::Store(raft::StorageError::Compacted));
+        }
+        self.disk.term(idx).ok_or(raft::Error::Store(raft::StorageError::Unavailable))
+    }
+
+    fn first_index(&self) -> raft::Result<u64> {
+        Ok(self.disk.first_index())
+    }
+
+    fn last_index(&self) -> raft::Result<u64> {
+        Ok(self.disk.last_index())
+    }
+
+    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<RaftSnapshot> {
+        let snap = self.snapshot_message().map_err(store_err)?;
+        if snap.get_metadata().index < request_index || snap.get_metadata().index == 0 {
+            // The driver snapshots at its next ready (see `Replica::ready`); Raft asks again later.
+            return Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable));
+        }
+        Ok(snap)
+    }
+}
+
+/// One member of the group.
+pub struct Replica {
+    raw: RawNode<RaftStore>,
+    state: RoutingState,
+    applied: u64,
+    config: ReplicaConfig,
+}
+
+impl std::fmt::Debug for Replica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replica")
+            .field("id", &self.id())
+            .field("term", &self.term())
+            .field("leader", &self.leader())
+            .field("applied", &self.applied)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Replica {
+    /// Open node `id` on the storage in `dir`. A node whose storage is empty and that is listed in `bootstrap`
+    /// starts a new group of those voters; one that is not waits to be added (it learns the group from the
+    /// leader). A node with storage resumes from it: the routing state is rebuilt from the snapshot, then Raft
+    /// applies the committed entries after it again.
+    pub fn open(id: u64, dir: &Path, bootstrap: &[u64], config: ReplicaConfig) -> Result<Replica, ConsensusError> {
+        let mut disk = DiskStorage::open(dir, config.segment_bytes)?;
+        let snap = match disk.snapshot().index {
+            0 => RaftSnapshot::default(),
+            _ => decode::<RaftSnapshot>("snapshot", &disk.snapshot().data)?,
+        };
+        let mut conf = if disk.conf_state().is_empty() {
+            snap.get_metadata().get_conf_state().clone()
+        } else {
+            decode::<ConfState>("membership", disk.conf_state())?
+        };
+        let fresh = disk.last_index() == 0 && disk.hard_state() == HardState::default();
+        if fresh && conf.voters.is_empty() && bootstrap.contains(&id) {
+            conf.voters = bootstrap.to_vec();
+            disk.set_conf_state(&encode(&conf))?;
+        }
+        let state = match snap.get_metadata().index {
+            0 => RoutingState::default(),
+            _ => RoutingState::restore(snap.get_data())
+                .map_err(|e| ConsensusError::Decode { what: "routing state snapshot", why: e.to_string() })?,
+        };
+        let applied = snap.get_metadata().index;
+        let cfg = Config {
+            id,
+            election_tick: config.election_ticks,
+            heartbeat_tick: config.heartbeat_ticks,
+            applied,
+            max_size_per_msg: 1 << 20,
+            max_inflight_msgs: 256,
+            check_quorum: true,
+            pre_vote: true,
+            ..Default::default()
+        };
+        cfg.validate()?;
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let raw = RawNode::new(&cfg, RaftStore { disk, conf }, &logger)?;
+        Ok(Replica { raw, state, applied, config })
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.raw.raft.id
+    }
+
+    /// The current term.
+    pub fn term(&self) -> u64 {
+        self.raw.raft.term
+    }
+
+    /// The leader this node knows of.
+    pub fn leader(&self) -> Option<u64> {
+        Some(self.raw.raft.leader_id).filter(|&l| l != raft::INVALID_ID)
+    }
+
+    /// Whether this node leads.
+    pub fn is_leader(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    /// Highest index known committed.
+    pub fn commit_index(&self) -> u64 {
+        self.raw.raft.raft_log.committed
+    }
+
+    /// Highest index applied to the routing state.
+    pub fn applied_index(&self) -> u64 {
+        self.applied
+    }
+
+    /// The replicated routing state, as applied here.
+    pub fn state(&self) -> &RoutingState {
+        &self.state
+    }
+
+    /// Voting members.
+    pub fn voters(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Bytes of log on disk.
+    pub fn log_bytes(&self) -> u64 {
+        self.raw.store().disk.log_bytes()
+    }
+
+    /// Index of the newest snapshot.
+    pub fn snapshot_index(&self) -> u64 {
+        self.raw.store().disk.snapshot().index
+    }
+
+    /// Advance logical time by one tick.
+    pub fn tick(&mut self) {
+        self.raw.tick();
+    }
+
+    /// Start an election now (a node's own timer does this after `election_ticks` without a leader).
+    pub fn campaign(&mut self) -> Result<(), ConsensusError> {
+        Ok(self.raw.campaign()?)
+    }
+
+    /// Feed a message from a peer.
+    pub fn step(&mut self, msg: Message) -> Result<(), ConsensusError> {
+        match self.raw.step(msg) {
+            // Messages from nodes outside the group, or for a peer this node no longer tracks, are stale.
+            Ok(()) | Err(raft::Error::StepPeerNotFound) | Err(raft::Error::StepLocalMsg) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Decode a message received as bytes (size-limited) and step it.
+    pub fn step_bytes(&mut self, bytes: &[u8]) -> Result<(), ConsensusError> {
+        if bytes.len() > MAX_MESSAGE_BYTES {
+            return Err(ConsensusError::Decode { what: "raft message", why: format!("{} bytes", bytes.len()) });
+        }
+        self.step(decode("raft message", bytes)?)
+    }
+
+    /// The transport's report on a snapshot this node sent to `to`: delivered, or lost (the leader then retries;
+    /// until told, it waits for the follower).
+    pub fn report_snapshot(&mut self, to: u64, delivered: bool) {
+        let status = if delivered { raft::SnapshotStatus::Finish } else { raft::SnapshotStatus::Failure };
+        self.raw.report_snapshot(to, status);
+    }
+
+    /// The transport could not reach `to` (the leader stops pipelining to it until it answers).
+    pub fn report_unreachable(&mut self, to: u64) {
+        self.raw.report_unreachable(to);
+    }
+
+    /// Propose `cmd` with `context` (returned in [`Applied::context`] on every node that applies it).
+    pub fn propose(&mut self, context: Vec<u8>, cmd: &Command) -> Result<(), ProposeError> {
+        if !self.is_leader() {
+            return Err(ProposeError::NotLeader { leader: self.leader() });
+        }
+        let data = serde_json::to_vec(cmd).map_err(|e| ProposeError::Dropped(e.to_string()))?;
+        self.raw.propose(context, data).map_err(|e| match e {
+            raft::Error::ProposalDropped => ProposeError::Dropped("Raft dropped the proposal".into()),
+            e => ProposeError::Dropped(e.to_string()),
+        })
+    }
+
+    /// Propose adding (`add`) or removing a voter. One change at a time: Raft drops a second while the first is
+    /// pending.
+    pub fn propose_membership(&mut self, context: Vec<u8>, node: u64, add: bool) -> Result<(), ProposeError> {
+        if !self.is_leader() {
+            return Err(ProposeError::NotLeader { leader: self.leader() });
+        }
+        let mut change = ConfChangeSingle { node_id: node, ..Default::default() };
+        change.set_change_type(if add { ConfChangeType::AddNode } else { ConfChangeType::RemoveNode });
+        let mut cc = ConfChangeV2::default();
+        cc.mut_changes().push(change);
+        self.raw.propose_conf_change(context, cc).map_err(|e| ProposeError::Dropped(e.to_string()))
+    }
+
+    /// Do what Raft has ready: install a snapshot, persist entries and the hard state (fsynced), apply committed
+    /// entries, and return the messages to send. Call after every `tick`, `step` and `propose`.
+    pub fn ready(&mut self) -> Result<Output, ConsensusError> {
+        let mut out = Output::default();
+        if self.raw.has_ready() {
+            let mut rd = self.raw.ready();
+            out.messages.extend(rd.take_messages());
+            if !rd.snapshot().is_empty() {
+                self.install(rd.snapshot().clone())?;
+                out.installed_snapshot = Some(self.applied);
+            }
+            let committed = rd.take_committed_entries();
+            self.apply(committed, &mut out)?;
+            let entries: Vec<LogEntry> =
+                rd.entries().iter().map(|e| LogEntry { index: e.index, term: e.term, data: encode(e) }).collect();
+            self.raw.mut_store().disk.append(&entries)?;
+            if let Some(hs) = rd.hs() {
+                let hard = HardState { term: hs.term, vote: hs.vote, commit: hs.commit };
+                self.raw.mut_store().disk.set_hard_state(hard)?;
+            }
+            out.messages.extend(rd.take_persisted_messages());
+            let mut light = self.raw.advance(rd);
+            if let Some(commit) = light.commit_index() {
+                let mut hard = self.raw.store().disk.hard_state();
+                hard.commit = commit;
+                self.raw.mut_store().disk.set_hard_state(hard)?;
+            }
+            out.messages.extend(light.take_messages());
+            let committed = light.take_committed_entries();
+            self.apply(committed, &mut out)?;
+            self.raw.advance_apply();
+        }
+        self.maybe_snapshot()?;
+        Ok(out)
+    }
+
+    fn install(&mut self, snap: RaftSnapshot) -> Result<(), ConsensusError> {
+        let meta = snap.get_metadata();
+        let state = RoutingState::restore(snap.get_data())
+            .map_err(|e| ConsensusError::Decode { what: "routing state snapshot", why: e.to_string() })?;
+        let (index, term, conf) = (meta.index, meta.term, meta.get_conf_state().clone());
+        let store = self.raw.mut_store();
+        store.disk.install_snapshot(Snapshot { index, term, data: encode(&snap) })?;
+        store.disk.set_conf_state(&encode(&conf))?;
+        store.conf = conf;
+        self.state = state;
+        self.applied = index;
+        Ok(())
+    }
+
+    fn apply(&mut self, entries: Vec<Entry>, out: &mut Output) -> Result<(), ConsensusError> {
+        for e in entries {
+            if e.index <= self.applied {
+                continue;
+            }
+            self.applied = e.index;
+            match e.get_entry_type() {
+                EntryType::EntryNormal if e.data.is_empty() => {}
+                EntryType::EntryNormal => {
+                    let (command, result) = match serde_json::from_slice::<Command>(&e.data) {
+                        Ok(cmd) => {
+                            let result = self.state.apply(e.index, &cmd);
+                            (Some(cmd), result)
+                        }
+                        // A command this version cannot read (written by a newer one): skip it the same way on
+                        // every node of this version, and say so.
+                        Err(err) => (
+                            None,
+                            Err(CommandError::Invalid { field: "command", problem: format!("undecodable: {err}") }),
+                        ),
+                    };
+                    out.applied.push(Applied { index: e.index, context: e.context.to_vec(), command, result });
+                }
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
+                    let cc: ConfChangeV2 = if e.get_entry_type() == EntryType::EntryConfChangeV2 {
+                        decode("membership change", &e.data)?
+                    } else {
+                        let v1: raft::eraftpb::ConfChange = decode("membership change", &e.data)?;
+                        let mut change = ConfChangeSingle { node_id: v1.node_id, ..Default::default() };
+                        change.set_change_type(v1.get_change_type());
+                        let mut cc = ConfChangeV2::default();
+                        cc.mut_changes().push(change);
+                        cc
+                    };
+                    let conf = self.raw.apply_conf_change(&cc)?;
+                    let store = self.raw.mut_store();
+                    store.disk.set_conf_state(&encode(&conf))?;
+                    store.conf = conf;
+                    out.applied.push(Applied {
+                        index: e.index,
+                        context: e.context.to_vec(),
+                        command: None,
+                        result: Ok(()),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Snapshot the routing state and compact the log once `snapshot_every` entries were applied since the last.
+    fn maybe_snapshot(&mut self) -> Result<(), ConsensusError> {
+        let last = self.raw.store().disk.snapshot().index;
+        if self.applied < last + self.config.snapshot_every.max(1) {
+            return Ok(());
+        }
+        self.snapshot_now()
+    }
+
+    /// Snapshot the routing state at the applied index and compact the log.
+    pub fn snapshot_now(&mut self) -> Result<(), ConsensusError> {
+        let index = self.applied;
+        if index <= self.raw.store().disk.snapshot().index {
+            return Ok(());
+        }
+        let term = self.raw.store().term(index)?;
+        let mut snap = RaftSnapshot::default();
+        snap.set_data(self.state.snapshot().into());
+        let meta = snap.mut_metadata();
+        meta.index = index;
+        meta.term = term;
+        meta.set_conf_state(self.raw.store().conf.clone());
+        self.raw.mut_store().disk.install_snapshot(Snapshot { index, term, data: encode(&snap) })?;
+        Ok(())
+    }
+}
