@@ -15,6 +15,12 @@ pub mod pb {
     tonic::include_proto!("zerolayer.admin.v1");
 }
 
+/// The orchestrators' Raft transport (`schemas/raft.proto`), served beside the admin API.
+#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
+pub mod raft_pb {
+    tonic::include_proto!("zerolayer.raft.v1");
+}
+
 fn read(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {}", path.display()))
 }
@@ -33,26 +39,39 @@ pub fn server_tls(dir: &Path, node_id: &str) -> Result<ServerTlsConfig> {
 
 /// A channel to an orchestrator's admin endpoint, presenting the admin certificate `admin-{id}` from `dir`.
 pub async fn connect(addr: SocketAddr, dir: &Path, admin_id: &str) -> Result<Channel> {
-    let (ca, cert, key) = pems(dir, Role::Admin, admin_id)?;
-    let tls = ClientTlsConfig::new()
-        .ca_certificate(Certificate::from_pem(ca))
-        .identity(Identity::from_pem(cert, key))
-        .domain_name(zl_proto::tls::role_name(Role::Orchestrator));
-    Endpoint::from_shared(format!("https://{addr}"))?
-        .tls_config(tls)?
-        .connect_timeout(std::time::Duration::from_secs(5))
-        .timeout(std::time::Duration::from_secs(10))
+    endpoint(addr, dir, Role::Admin, admin_id)?
         .connect()
         .await
         .with_context(|| format!("connecting to the admin API at {addr}"))
 }
 
+/// An endpoint for an orchestrator's admin port, presenting the certificate `{role}-{id}` from `dir` (connect it
+/// now, or lazily on first use). Calls time out after 10 s.
+pub fn endpoint(addr: SocketAddr, dir: &Path, role: Role, id: &str) -> Result<Endpoint> {
+    let (ca, cert, key) = pems(dir, role, id)?;
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca))
+        .identity(Identity::from_pem(cert, key))
+        .domain_name(zl_proto::tls::role_name(Role::Orchestrator));
+    Ok(Endpoint::from_shared(format!("https://{addr}"))?
+        .tls_config(tls)?
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(std::time::Duration::from_secs(10)))
+}
+
 /// Refuse a request whose client certificate was not issued for the `admin` role.
 #[allow(clippy::result_large_err)]
 pub fn require_admin<T>(request: &tonic::Request<T>) -> Result<(), tonic::Status> {
+    require_role(request, Role::Admin)
+        .map_err(|e| tonic::Status::permission_denied(e.message().replace("may call this", "may administer")))
+}
+
+/// Refuse a request whose client certificate was not issued for `role`.
+#[allow(clippy::result_large_err)]
+pub fn require_role<T>(request: &tonic::Request<T>, role: Role) -> Result<(), tonic::Status> {
     let certs =
         request.peer_certs().ok_or_else(|| tonic::Status::unauthenticated("a client certificate is required"))?;
     let cert = certs.first().ok_or_else(|| tonic::Status::unauthenticated("a client certificate is required"))?;
-    zl_proto::tls::check_role(cert, Role::Admin)
-        .map_err(|e| tonic::Status::permission_denied(format!("only admin certificates may administer: {e}")))
+    zl_proto::tls::check_role(cert, role)
+        .map_err(|e| tonic::Status::permission_denied(format!("only {} certificates may call this: {e}", role.name())))
 }

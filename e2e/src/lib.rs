@@ -289,17 +289,34 @@ pub struct OrchestratorProc {
     pub admin: std::net::SocketAddr,
     /// Prometheus address.
     pub metrics: std::net::SocketAddr,
+    /// Its Raft storage (removed when this is dropped), unless `extra` named a `--data-dir`.
+    pub data: Option<tempfile::TempDir>,
 }
 
-/// Start `zl-orchestrator serve` as node `id` with the certificates in `tls`, on free ports, plus `extra` flags.
+/// Start `zl-orchestrator serve` as node `id` with the certificates in `tls`, on free ports, plus `extra` flags
+/// (a fresh temporary `--data-dir` unless `extra` has one).
 pub fn start_orchestrator(tls: &std::path::Path, id: &str, extra: &[&str]) -> OrchestratorProc {
-    let (quic, admin, metrics) = (free_udp(), free_tcp(), free_tcp());
+    start_orchestrator_at(tls, id, (free_udp(), free_tcp(), free_tcp()), extra)
+}
+
+/// [`start_orchestrator`] on given QUIC, admin and metrics addresses (a restart keeps its addresses).
+pub fn start_orchestrator_at(
+    tls: &std::path::Path,
+    id: &str,
+    (quic, admin, metrics): (std::net::SocketAddr, std::net::SocketAddr, std::net::SocketAddr),
+    extra: &[&str],
+) -> OrchestratorProc {
     let (q, a, m) = (quic.to_string(), admin.to_string(), metrics.to_string());
     let mut args = vec!["serve", "--listen", &q, "--admin-listen", &a, "--metrics-addr", &m, "--node-id", id];
     let tls = tls.to_str().expect("a UTF-8 path");
     args.extend(["--tls-dir", tls]);
+    let data = if extra.contains(&"--data-dir") { None } else { Some(tempfile::tempdir().expect("a temporary dir")) };
+    let data_path = data.as_ref().map(|d| d.path().to_string_lossy().into_owned());
+    if let Some(p) = &data_path {
+        args.extend(["--data-dir", p]);
+    }
     args.extend_from_slice(extra);
-    OrchestratorProc { proc: Proc::spawn("zl-orchestrator", &args), quic, admin, metrics }
+    OrchestratorProc { proc: Proc::spawn("zl-orchestrator", &args), quic, admin, metrics, data }
 }
 
 /// A running `zl-worker` and its addresses.
@@ -322,7 +339,18 @@ pub fn start_worker_at(
     quic: std::net::SocketAddr,
     metrics: std::net::SocketAddr,
 ) -> WorkerProc {
-    let (q, m, o) = (quic.to_string(), metrics.to_string(), orchestrator.to_string());
+    start_worker_with(tls, id, &[orchestrator], quic, metrics)
+}
+
+/// [`start_worker_at`] registering and reporting with every orchestrator in `orchestrators`.
+pub fn start_worker_with(
+    tls: &std::path::Path,
+    id: &str,
+    orchestrators: &[std::net::SocketAddr],
+    quic: std::net::SocketAddr,
+    metrics: std::net::SocketAddr,
+) -> WorkerProc {
+    let (q, m, o) = (quic.to_string(), metrics.to_string(), addr_list(orchestrators));
     let tls = tls.to_str().expect("a UTF-8 path");
     let args = [
         "serve",
@@ -355,8 +383,17 @@ pub fn start_frontend(
     id: &str,
     orchestrator: std::net::SocketAddr,
 ) -> (Proc, std::net::SocketAddr) {
+    start_frontend_with(tls, id, &[orchestrator])
+}
+
+/// [`start_frontend`] asking every orchestrator in `orchestrators` (the next when one does not answer).
+pub fn start_frontend_with(
+    tls: &std::path::Path,
+    id: &str,
+    orchestrators: &[std::net::SocketAddr],
+) -> (Proc, std::net::SocketAddr) {
     let http = free_tcp();
-    let (h, o) = (http.to_string(), orchestrator.to_string());
+    let (h, o) = (http.to_string(), addr_list(orchestrators));
     let tls = tls.to_str().expect("a UTF-8 path");
     let args = [
         "serve",
@@ -372,6 +409,10 @@ pub fn start_frontend(
         "200",
     ];
     (Proc::spawn("zl-frontend", &args), http)
+}
+
+fn addr_list(addrs: &[std::net::SocketAddr]) -> String {
+    addrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
 }
 
 /// Run `zl admin ARGS` against `admin` with the admin certificate `ops` in `tls`; panics if it fails.

@@ -12,6 +12,7 @@ use zl_admin::require_admin;
 use zl_common::billing::BillingWeights;
 use zl_proto::message::{ComputePool, NodeId};
 
+use crate::group::CommitError;
 use crate::service::Orchestrator;
 use crate::state::{ApiKey, Command, CommandError, PoolThresholds, Quota, secret_sha256};
 
@@ -32,19 +33,28 @@ impl AdminService {
         pb::admin_server::AdminServer::new(self)
     }
 
-    fn write(&self, cmd: Command) -> Result<Response<pb::WriteResponse>, Status> {
+    async fn write(&self, cmd: Command) -> Result<Response<pb::WriteResponse>, Status> {
         tracing::info!(command = cmd.kind(), "admin write");
-        let applied_index = self.node.commit(&cmd).map_err(status)?;
+        let applied_index = self.node.commit(&cmd).await.map_err(status)?;
         Ok(Response::new(pb::WriteResponse { applied_index }))
     }
 }
 
-fn status(e: CommandError) -> Status {
+/// The status a rejected command gets, here and when a follower forwarded it to the leader.
+pub fn command_status(e: &CommandError) -> Status {
     match e {
         CommandError::NotFound(_) => Status::not_found(e.to_string()),
         CommandError::Exists(_) => Status::already_exists(e.to_string()),
         CommandError::Invalid { .. } => Status::invalid_argument(e.to_string()),
         CommandError::Limit(_) => Status::resource_exhausted(e.to_string()),
+    }
+}
+
+fn status(e: CommitError) -> Status {
+    match e {
+        CommitError::Command(e) => command_status(&e),
+        CommitError::Remote(s) => s,
+        e @ CommitError::Unavailable(_) => Status::unavailable(e.to_string()),
     }
 }
 
@@ -124,39 +134,39 @@ impl pb::admin_server::Admin for AdminService {
     async fn set_drain(&self, req: Request<pb::SetDrainRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetDrain { id: node_id(&r.worker_id)?, draining: r.draining })
+        self.write(Command::SetDrain { id: node_id(&r.worker_id)?, draining: r.draining }).await
     }
 
     async fn set_alias(&self, req: Request<pb::SetAliasRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetAlias { alias: r.alias, target: optional(r.target) })
+        self.write(Command::SetAlias { alias: r.alias, target: optional(r.target) }).await
     }
 
     async fn pin_version(&self, req: Request<pb::PinVersionRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
         let r = req.into_inner();
-        self.write(Command::PinVersion { model: r.model, weights_sha256: optional(r.weights_sha256) })
+        self.write(Command::PinVersion { model: r.model, weights_sha256: optional(r.weights_sha256) }).await
     }
 
     async fn set_canary(&self, req: Request<pb::SetCanaryRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
         let r = req.into_inner();
         let weights: BTreeMap<String, u32> = r.weights.into_iter().collect();
-        self.write(Command::SetCanary { model: r.model, weights })
+        self.write(Command::SetCanary { model: r.model, weights }).await
     }
 
     async fn set_fallback(&self, req: Request<pb::SetFallbackRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetFallback { model: r.model, chain: r.chain })
+        self.write(Command::SetFallback { model: r.model, chain: r.chain }).await
     }
 
     async fn pin_pool(&self, req: Request<pb::PinPoolRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
         let r = req.into_inner();
         let pool = parse_pool(&r.pool).map_err(Status::invalid_argument)?;
-        self.write(Command::PinPool { model: r.model, pool })
+        self.write(Command::PinPool { model: r.model, pool }).await
     }
 
     async fn set_project(&self, req: Request<pb::SetProjectRequest>) -> Result<Response<pb::WriteResponse>, Status> {
@@ -170,7 +180,7 @@ impl pb::admin_server::Admin for AdminService {
             input_tokens_per_minute: q.input_tokens_per_minute,
             output_tokens_per_minute: q.output_tokens_per_minute,
         };
-        self.write(Command::SetProject { name: r.name, quota })
+        self.write(Command::SetProject { name: r.name, quota }).await
     }
 
     async fn create_key(&self, req: Request<pb::CreateKeyRequest>) -> Result<Response<pb::CreateKeyResponse>, Status> {
@@ -182,13 +192,13 @@ impl pb::admin_server::Admin for AdminService {
         }
         let key = ApiKey { key_id: r.key_id, secret_sha256: secret_sha256(&secret), project: r.project };
         tracing::info!(key_id = %key.key_id, project = %key.project, "admin write: create_key");
-        let applied_index = self.node.commit(&Command::CreateKey(key)).map_err(status)?;
+        let applied_index = self.node.commit(&Command::CreateKey(key)).await.map_err(status)?;
         Ok(Response::new(pb::CreateKeyResponse { applied_index, secret }))
     }
 
     async fn revoke_key(&self, req: Request<pb::RevokeKeyRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
-        self.write(Command::RevokeKey { key_id: req.into_inner().key_id })
+        self.write(Command::RevokeKey { key_id: req.into_inner().key_id }).await
     }
 
     async fn list_keys(&self, req: Request<pb::ListKeysRequest>) -> Result<Response<pb::ListKeysResponse>, Status> {
@@ -206,6 +216,7 @@ impl pb::admin_server::Admin for AdminService {
         require_admin(&req)?;
         let r = req.into_inner();
         self.write(Command::SetBillingWeights(BillingWeights { input: r.input, output: r.output, context: r.context }))
+            .await
     }
 
     async fn set_pool_thresholds(
@@ -214,7 +225,7 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetPoolThresholds(PoolThresholds { gpu: r.gpu, hybrid: r.hybrid }))
+        self.write(Command::SetPoolThresholds(PoolThresholds { gpu: r.gpu, hybrid: r.hybrid })).await
     }
 
     async fn get_state(&self, req: Request<pb::GetStateRequest>) -> Result<Response<pb::GetStateResponse>, Status> {

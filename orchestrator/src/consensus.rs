@@ -21,6 +21,8 @@ use raft::eraftpb::{
 };
 use raft::{Config, GetEntriesContext, RaftState, RawNode, StateRole, Storage};
 
+use std::sync::{Arc, RwLock};
+
 use crate::state::{Command, CommandError, RoutingState};
 use crate::storage::{DiskStorage, HardState, LogEntry, Snapshot, StorageError};
 
@@ -103,6 +105,57 @@ pub struct Output {
     pub applied: Vec<Applied>,
     /// A snapshot was installed from the leader (the state was replaced, nothing in between was applied here).
     pub installed_snapshot: Option<u64>,
+}
+
+/// The replicated state machine: the routing state, owned (tests, tools) or shared with the serving code.
+pub trait StateMachine {
+    /// Apply the command at `index`.
+    fn apply(&mut self, index: u64, cmd: &Command) -> Result<(), CommandError>;
+    /// The whole state as bytes.
+    fn snapshot(&self) -> Vec<u8>;
+    /// Replace the state with a snapshot's.
+    fn restore(&mut self, bytes: &[u8]) -> Result<(), String>;
+}
+
+impl StateMachine for RoutingState {
+    fn apply(&mut self, index: u64, cmd: &Command) -> Result<(), CommandError> {
+        RoutingState::apply(self, index, cmd)
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        RoutingState::snapshot(self)
+    }
+
+    fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+        *self = RoutingState::restore(bytes).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+}
+
+/// The routing state behind a lock that route decisions read while the group applies to it.
+#[derive(Clone, Debug, Default)]
+pub struct SharedState(pub Arc<RwLock<RoutingState>>);
+
+impl SharedState {
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, RoutingState> {
+        self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl StateMachine for SharedState {
+    fn apply(&mut self, index: u64, cmd: &Command) -> Result<(), CommandError> {
+        self.write().apply(index, cmd)
+    }
+
+    fn snapshot(&self) -> Vec<u8> {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).snapshot()
+    }
+
+    fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let state = RoutingState::restore(bytes).map_err(|e| e.to_string())?;
+        *self.write() = state;
+        Ok(())
+    }
 }
 
 /// raft-rs's view of [`DiskStorage`].
@@ -198,15 +251,15 @@ impl Storage for RaftStore {
     }
 }
 
-/// One member of the group.
-pub struct Replica {
+/// One member of the group, applying to the state machine `S`.
+pub struct Replica<S: StateMachine = RoutingState> {
     raw: RawNode<RaftStore>,
-    state: RoutingState,
+    state: S,
     applied: u64,
     config: ReplicaConfig,
 }
 
-impl std::fmt::Debug for Replica {
+impl<S: StateMachine> std::fmt::Debug for Replica<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Replica")
             .field("id", &self.id())
@@ -217,12 +270,25 @@ impl std::fmt::Debug for Replica {
     }
 }
 
-impl Replica {
-    /// Open node `id` on the storage in `dir`. A node whose storage is empty and that is listed in `bootstrap`
+impl Replica<RoutingState> {
+    /// [`Replica::open_with`] on a fresh, owned routing state.
+    pub fn open(id: u64, dir: &Path, bootstrap: &[u64], config: ReplicaConfig) -> Result<Self, ConsensusError> {
+        Replica::open_with(id, dir, bootstrap, config, RoutingState::default())
+    }
+}
+
+impl<S: StateMachine> Replica<S> {
+    /// Open node `id` on the storage in `dir`, applying to `state` (replaced by the snapshot if there is one). A node whose storage is empty and that is listed in `bootstrap`
     /// starts a new group of those voters; one that is not waits to be added (it learns the group from the
     /// leader). A node with storage resumes from it: the routing state is rebuilt from the snapshot, then Raft
     /// applies the committed entries after it again.
-    pub fn open(id: u64, dir: &Path, bootstrap: &[u64], config: ReplicaConfig) -> Result<Replica, ConsensusError> {
+    pub fn open_with(
+        id: u64,
+        dir: &Path,
+        bootstrap: &[u64],
+        config: ReplicaConfig,
+        mut state: S,
+    ) -> Result<Self, ConsensusError> {
         let mut disk = DiskStorage::open(dir, config.segment_bytes)?;
         let snap = match disk.snapshot().index {
             0 => RaftSnapshot::default(),
@@ -238,11 +304,11 @@ impl Replica {
             conf.voters = bootstrap.to_vec();
             disk.set_conf_state(&encode(&conf))?;
         }
-        let state = match snap.get_metadata().index {
-            0 => RoutingState::default(),
-            _ => RoutingState::restore(snap.get_data())
-                .map_err(|e| ConsensusError::Decode { what: "routing state snapshot", why: e.to_string() })?,
-        };
+        if snap.get_metadata().index > 0 {
+            state
+                .restore(snap.get_data())
+                .map_err(|why| ConsensusError::Decode { what: "routing state snapshot", why })?;
+        }
         let applied = snap.get_metadata().index;
         let cfg = Config {
             id,
@@ -292,7 +358,7 @@ impl Replica {
     }
 
     /// The replicated routing state, as applied here.
-    pub fn state(&self) -> &RoutingState {
+    pub fn state(&self) -> &S {
         &self.state
     }
 
@@ -415,14 +481,14 @@ impl Replica {
 
     fn install(&mut self, snap: RaftSnapshot) -> Result<(), ConsensusError> {
         let meta = snap.get_metadata();
-        let state = RoutingState::restore(snap.get_data())
-            .map_err(|e| ConsensusError::Decode { what: "routing state snapshot", why: e.to_string() })?;
+        self.state
+            .restore(snap.get_data())
+            .map_err(|why| ConsensusError::Decode { what: "routing state snapshot", why })?;
         let (index, term, conf) = (meta.index, meta.term, meta.get_conf_state().clone());
         let store = self.raw.mut_store();
         store.disk.install_snapshot(Snapshot { index, term, data: encode(&snap) })?;
         store.disk.set_conf_state(&encode(&conf))?;
         store.conf = conf;
-        self.state = state;
         self.applied = index;
         Ok(())
     }

@@ -7,6 +7,7 @@
 
 pub mod admin;
 pub mod consensus;
+pub mod group;
 pub mod load;
 pub mod route;
 pub mod service;

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use zl_orchestrator::admin::AdminService;
+use zl_orchestrator::consensus::ReplicaConfig;
+use zl_orchestrator::group::{Group, GroupConfig, parse_peers, raft_dir};
 use zl_orchestrator::load::LoadSettings;
 use zl_orchestrator::route::{POLICY_NAMES, policy_by_name};
 use zl_orchestrator::service::Orchestrator;
@@ -56,9 +58,33 @@ struct ServeArgs {
     /// A worker silent for this long is forgotten from the soft load view.
     #[arg(long, env = "ZL_FORGET_AFTER_S", default_value_t = 600)]
     forget_after_s: u64,
+    /// Directory for the Raft log, hard state and snapshots (default: `~/.local/share/zerolayer/{node-id}`).
+    #[arg(long, env = "ZL_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// This orchestrator's Raft id (a positive integer, unique in the group).
+    #[arg(long, env = "ZL_RAFT_ID", default_value_t = 1)]
+    raft_id: u64,
+    /// The group: `id@host:port` for every orchestrator (this one included), the port being its admin API's.
+    /// Empty: a group of this node alone.
+    #[arg(long, env = "ZL_RAFT_PEERS", default_value = "")]
+    raft_peers: String,
+    /// Raft's logical time step: heartbeats every tick, elections after 10-20 ticks without a leader.
+    #[arg(long, env = "ZL_RAFT_TICK_MS", default_value_t = 50)]
+    raft_tick_ms: u64,
+    /// Applied entries between snapshots of the routing state (and log compactions).
+    #[arg(long, env = "ZL_RAFT_SNAPSHOT_EVERY", default_value_t = 1000)]
+    raft_snapshot_every: u64,
     /// TOML file whose keys are these flags' long names.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
+}
+
+fn default_data_dir(node_id: &str) -> PathBuf {
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("zerolayer").join(node_id)
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
@@ -75,7 +101,33 @@ async fn serve(args: ServeArgs) -> Result<()> {
         forget_after: Duration::from_secs(args.forget_after_s),
         ..LoadSettings::default()
     };
+    if args.raft_tick_ms == 0 || args.raft_id == 0 {
+        bail!("--raft-tick-ms and --raft-id must be at least 1");
+    }
+    let mut peers = parse_peers(&args.raft_peers).map_err(|e| anyhow::anyhow!("--raft-peers: {e}"))?;
+    if peers.is_empty() {
+        peers.insert(args.raft_id, args.admin_listen);
+    }
+    if !peers.contains_key(&args.raft_id) {
+        bail!("--raft-peers must list this node's own id {}", args.raft_id);
+    }
+    let data_dir = args.data_dir.clone().unwrap_or_else(|| default_data_dir(&args.node_id));
     let node = Arc::new(Orchestrator::new(policy, settings));
+    let group = Group::start(
+        GroupConfig {
+            id: args.raft_id,
+            peers,
+            data_dir: raft_dir(&data_dir),
+            tls_dir: args.tls_dir.clone(),
+            node_id: args.node_id.clone(),
+            tick: Duration::from_millis(args.raft_tick_ms),
+            replica: ReplicaConfig { snapshot_every: args.raft_snapshot_every.max(1), ..ReplicaConfig::default() },
+        },
+        node.shared_state(),
+    )
+    .with_context(|| format!("opening the Raft storage in {}", raft_dir(&data_dir).display()))?;
+    let raft_service = group.service();
+    let _ = node.attach(group);
     let server = Server::spawn(args.listen, &identity, zl_orchestrator::rpc_settings(), node.clone())?;
     let admin = {
         let tls = zl_admin::server_tls(&args.tls_dir, &args.node_id)?;
@@ -84,7 +136,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("binding the admin API to {}", args.admin_listen))?;
         let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        let router = tonic::transport::Server::builder().tls_config(tls)?.add_service(service);
+        let router =
+            tonic::transport::Server::builder().tls_config(tls)?.add_service(service).add_service(raft_service);
         let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             if let Err(e) = router
@@ -109,8 +162,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         })
     };
     eprintln!(
-        "zl-orchestrator: {} serving on {} with the {} policy (admin API on {}, metrics on http://{}/metrics)",
+        "zl-orchestrator: {} (Raft id {}) serving on {} with the {} policy (admin API on {}, metrics on http://{}/metrics)",
         args.node_id,
+        args.raft_id,
         server.local_addr(),
         node.policy_name(),
         args.admin_listen,

@@ -1,8 +1,8 @@
 //! The orchestrator's RPC face: workers register, heartbeat with load reports, push KV-cache events and
 //! deregister; frontends ask for routes.
 //!
-//! Writes become [`Command`]s committed to the routing state through [`Orchestrator::commit`] (a single node applies
-//! them in arrival order today; the Raft group of issue 6/6 replaces exactly that function). Soft reports go to the
+//! Writes become [`Command`]s committed to the routing state through [`Orchestrator::commit`]: through the
+//! orchestrators' Raft group ([`crate::group`]) once one is attached, applied in place otherwise (tests, tools). Soft reports go to the
 //! load view. Route decisions read both under read locks and never wait on a write for long: writes are rare
 //! (registrations) or tiny (a report).
 //!
@@ -10,7 +10,7 @@
 //! certificate's node id must equal the worker id in the message), and only frontends and operators get routes.
 
 use std::cell::RefCell;
-use std::sync::RwLock;
+use std::sync::{OnceLock, RwLock};
 use std::time::Instant;
 
 use zl_proto::message::{
@@ -19,6 +19,8 @@ use zl_proto::message::{
 };
 use zl_proto::quic::{CallContext, Handler, Responder};
 
+use crate::consensus::SharedState;
+use crate::group::{CommitError, Group};
 use crate::load::{Accepted, LoadSettings, LoadView};
 use crate::route::{self, Policy, RETRY_AFTER_MS, RouteError, Scratch};
 use crate::state::{Command, CommandError, ModelVersion, RoutingState, WorkerSpec, hex};
@@ -51,7 +53,8 @@ pub struct WorkerView {
 
 /// One orchestrator node.
 pub struct Orchestrator {
-    state: RwLock<RoutingState>,
+    state: SharedState,
+    group: OnceLock<Group>,
     load: RwLock<LoadView>,
     policy: Box<dyn Policy>,
 }
@@ -75,7 +78,12 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 impl Orchestrator {
     /// A node with an empty state.
     pub fn new(policy: Box<dyn Policy>, load: LoadSettings) -> Self {
-        Orchestrator { state: RwLock::new(RoutingState::default()), load: RwLock::new(LoadView::new(load)), policy }
+        Orchestrator {
+            state: SharedState::default(),
+            group: OnceLock::new(),
+            load: RwLock::new(LoadView::new(load)),
+            policy,
+        }
     }
 
     /// The routing policy's name.
@@ -83,27 +91,51 @@ impl Orchestrator {
         self.policy.name()
     }
 
-    /// Commit a command to the routing state; returns its log index.
-    pub fn commit(&self, cmd: &Command) -> Result<u64, CommandError> {
-        let mut state = write(&self.state);
-        let index = state.applied_index() + 1;
-        let result = state.apply(index, cmd);
-        let outcome = if result.is_ok() { "applied" } else { "rejected" };
+    /// The routing state the Raft group applies to.
+    pub fn shared_state(&self) -> SharedState {
+        self.state.clone()
+    }
+
+    /// Route every later write through `group` (once; a second group is refused).
+    pub fn attach(&self, group: Group) -> Result<(), Group> {
+        self.group.set(group)
+    }
+
+    /// The Raft group, once attached.
+    pub fn group(&self) -> Option<&Group> {
+        self.group.get()
+    }
+
+    /// Commit a command to the routing state; returns its log index once it is applied on this node.
+    pub async fn commit(&self, cmd: &Command) -> Result<u64, CommitError> {
+        let result = match self.group.get() {
+            Some(group) => group.commit(cmd).await,
+            None => {
+                let mut state = write(&self.state.0);
+                let index = state.applied_index() + 1;
+                state.apply(index, cmd).map(|()| index).map_err(CommitError::from)
+            }
+        };
+        let outcome = match &result {
+            Ok(_) => "applied",
+            Err(CommitError::Command(_) | CommitError::Remote(_)) => "rejected",
+            Err(CommitError::Unavailable(_)) => "unavailable",
+        };
         metrics::counter!("zl_state_commands_total", "kind" => cmd.kind(), "outcome" => outcome).increment(1);
-        metrics::gauge!("zl_state_applied_index").set(index as f64);
-        result.map(|()| index)
+        metrics::gauge!("zl_state_applied_index").set(read(&self.state.0).applied_index() as f64);
+        result
     }
 
     /// Run `f` over the current routing state.
     pub fn with_state<T>(&self, f: impl FnOnce(&RoutingState) -> T) -> T {
-        f(&read(&self.state))
+        f(&read(&self.state.0))
     }
 
     /// Decide a route now.
     pub fn route(&self, request: &RouteRequest) -> Result<zl_proto::message::RouteDecision, RouteError> {
         let started = Instant::now();
         let result = {
-            let state = read(&self.state);
+            let state = read(&self.state.0);
             let load = read(&self.load);
             SCRATCH.with(|s| route::decide(&state, &load, request, self.policy.as_ref(), started, &mut s.borrow_mut()))
         };
@@ -125,7 +157,7 @@ impl Orchestrator {
 
     /// Register (or re-register) a worker. A re-registration starts its soft state afresh: a restarted worker
     /// numbers its reports from 1 again.
-    pub fn register(&self, r: &RegisterWorker) -> Result<u64, CommandError> {
+    pub async fn register(&self, r: &RegisterWorker) -> Result<u64, CommitError> {
         let spec = WorkerSpec {
             id: r.worker_id.clone(),
             endpoint: r.endpoint.clone(),
@@ -144,15 +176,15 @@ impl Orchestrator {
             kv_blocks_total: r.kv_blocks_total,
             max_running_sequences: r.max_running_sequences,
         };
-        let index = self.commit(&Command::RegisterWorker(spec))?;
+        let index = self.commit(&Command::RegisterWorker(spec)).await?;
         write(&self.load).forget(&r.worker_id);
         tracing::info!(worker = %r.worker_id, endpoint = %r.endpoint, models = r.models.len(), "worker registered");
         Ok(index)
     }
 
     /// Remove a worker and its soft state.
-    pub fn deregister(&self, id: &NodeId) -> Result<u64, CommandError> {
-        let index = self.commit(&Command::DeregisterWorker { id: id.clone() })?;
+    pub async fn deregister(&self, id: &NodeId) -> Result<u64, CommitError> {
+        let index = self.commit(&Command::DeregisterWorker { id: id.clone() }).await?;
         write(&self.load).forget(id);
         tracing::info!(worker = %id, "worker deregistered");
         Ok(index)
@@ -160,7 +192,7 @@ impl Orchestrator {
 
     /// Every registered worker with its soft state.
     pub fn worker_views(&self, now: Instant) -> Vec<WorkerView> {
-        let state = read(&self.state);
+        let state = read(&self.state.0);
         let load = read(&self.load);
         state
             .workers()
@@ -178,7 +210,7 @@ impl Orchestrator {
     }
 
     fn registered(&self, id: &NodeId) -> bool {
-        read(&self.state).workers().contains_key(id)
+        read(&self.state.0).workers().contains_key(id)
     }
 
     /// Apply a load report from a registered worker.
@@ -200,7 +232,7 @@ impl Orchestrator {
     /// Forget soft state of workers silent past `forget_after`, and of workers no longer registered; update the
     /// worker gauges. Run about once a second.
     pub fn sweep(&self, now: Instant) -> WorkerCounts {
-        let state = read(&self.state);
+        let state = read(&self.state.0);
         let mut load = write(&self.load);
         load.sweep(now);
         let mut counts = WorkerCounts::default();
@@ -229,7 +261,7 @@ impl Orchestrator {
     /// their own names). Lists are left out when the caller already holds `known_index`; the count of healthy,
     /// non-draining workers (soft state) is always current.
     pub fn state_sync(&self, known_index: u64, now: Instant) -> StateSync {
-        let state = read(&self.state);
+        let state = read(&self.state.0);
         let load = read(&self.load);
         let serving = state.workers().iter().filter(|(id, w)| !w.draining && load.healthy(id, now).is_some()).count();
         let mut sync = StateSync {
@@ -298,13 +330,20 @@ impl Orchestrator {
     }
 }
 
-fn command_error(e: CommandError) -> WireError {
-    let code = match e {
-        CommandError::NotFound(_) => ErrorCode::NotFound,
-        CommandError::Limit(_) => ErrorCode::Overloaded,
-        CommandError::Invalid { .. } | CommandError::Exists(_) => ErrorCode::InvalidRequest,
+fn command_error(e: CommitError) -> WireError {
+    let code = match &e {
+        CommitError::Command(CommandError::NotFound(_)) => ErrorCode::NotFound,
+        CommitError::Command(CommandError::Limit(_)) => ErrorCode::Overloaded,
+        CommitError::Command(CommandError::Invalid { .. } | CommandError::Exists(_)) => ErrorCode::InvalidRequest,
+        CommitError::Remote(s) if s.code() == tonic::Code::NotFound => ErrorCode::NotFound,
+        CommitError::Remote(_) => ErrorCode::InvalidRequest,
+        CommitError::Unavailable(_) => ErrorCode::Overloaded,
     };
-    WireError::new(code, e.to_string())
+    let mut err = WireError::new(code, e.to_string());
+    if matches!(e, CommitError::Unavailable(_)) {
+        err.retry_after_ms = RETRY_AFTER_MS;
+    }
+    err
 }
 
 /// A route error as the wire carries it: unknown models are `NotFound`, everything else `Overloaded` with a
@@ -338,12 +377,12 @@ impl Handler for Orchestrator {
             }
             Message::RegisterWorker(r) => {
                 Self::speaks_for(&ctx, &r.worker_id)?;
-                Message::Ack(Ack { applied_index: self.register(&r).map_err(command_error)? })
+                Message::Ack(Ack { applied_index: self.register(&r).await.map_err(command_error)? })
             }
             Message::DeregisterWorker(DeregisterWorker { worker_id, reason }) => {
                 Self::speaks_for(&ctx, &worker_id)?;
                 tracing::info!(worker = %worker_id, %reason, "deregistration requested");
-                Message::Ack(Ack { applied_index: self.deregister(&worker_id).map_err(command_error)? })
+                Message::Ack(Ack { applied_index: self.deregister(&worker_id).await.map_err(command_error)? })
             }
             Message::LoadReport(r) => {
                 Self::speaks_for(&ctx, &r.worker_id)?;

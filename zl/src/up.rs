@@ -236,8 +236,16 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
     let mut cluster = Cluster { tiers: Vec::new() };
     let mut orchestrators = Vec::new();
     for i in 0..args.orchestrators {
-        let (quic, admin, metrics) = (free_udp()?, free_tcp()?, free_tcp()?);
-        let name = format!("orchestrator-{i}");
+        orchestrators.push((format!("orchestrator-{i}"), free_udp()?, free_tcp()?, free_tcp()?));
+    }
+    // One Raft group of them all, ids from 1. Its state starts empty each time: the CA and the key are new too.
+    let peers = orchestrators.iter().enumerate().map(|(i, o)| format!("{}@{}", i + 1, o.2)).collect::<Vec<_>>();
+    let peers = peers.join(",");
+    for (i, (name, quic, admin, metrics)) in orchestrators.iter().enumerate() {
+        let state_dir = data.join(name);
+        if state_dir.exists() {
+            std::fs::remove_dir_all(&state_dir).with_context(|| format!("clearing {}", state_dir.display()))?;
+        }
         let argv = [
             "serve",
             "--listen",
@@ -247,13 +255,18 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             "--metrics-addr",
             &metrics.to_string(),
             "--node-id",
-            &name,
+            name,
             "--tls-dir",
             &tls_s,
+            "--data-dir",
+            &state_dir.to_string_lossy(),
+            "--raft-id",
+            &(i + 1).to_string(),
+            "--raft-peers",
+            &peers,
         ]
         .map(str::to_owned);
-        cluster.spawn(&name, &orchestrator_bin, &argv, &logs)?;
-        orchestrators.push((name, quic, admin, metrics));
+        cluster.spawn(name, &orchestrator_bin, &argv, &logs)?;
     }
     let orch_list = orchestrators.iter().map(|o| o.1.to_string()).collect::<Vec<_>>().join(",");
     let mut workers = Vec::new();
@@ -315,12 +328,12 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         });
     }
 
-    // Seed the key (into every orchestrator: until they form a Raft group each holds its own state), then wait for
-    // readiness, watching the children all along.
+    // Seed the key (through the first orchestrator; the group replicates it), then wait for readiness, watching
+    // the children all along.
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.ready_timeout_s);
     let tty = std::io::stderr().is_terminal();
-    let mut seeded = vec![false; orchestrators.len()];
+    let mut seeded = false;
     let mut seed_error = String::new();
     let mut last_report = Instant::now();
     loop {
@@ -333,15 +346,13 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             cluster.stop(Duration::from_secs(10));
             bail!("{name} exited during start-up ({status}); the end of {}:\n{}", log.display(), tail(&log, 20));
         }
-        for (i, (_, _, admin, _)) in orchestrators.iter().enumerate() {
-            if !seeded[i] {
-                match runtime.block_on(seed_key(*admin, &tls, &key)) {
-                    Ok(()) => seeded[i] = true,
-                    Err(e) => seed_error = format!("{e:#}"),
-                }
+        if !seeded {
+            match runtime.block_on(seed_key(orchestrators[0].2, &tls, &key)) {
+                Ok(()) => seeded = true,
+                Err(e) => seed_error = format!("{e:#}"),
             }
         }
-        let ready = seeded.iter().all(|s| *s)
+        let ready = seeded
             && http_status(args.http_addr, "/readyz", None) == Some(200)
             && http_status(args.http_addr, "/v1/models", Some(&key)) == Some(200);
         if ready {
@@ -356,7 +367,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             );
         }
         if last_report.elapsed() > Duration::from_secs(2) || tty {
-            let phase = if seeded.iter().all(|s| *s) {
+            let phase = if seeded {
                 "loading the model".to_owned()
             } else {
                 format!("starting the orchestrators ({seed_error})")

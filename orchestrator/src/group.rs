@@ -1,0 +1,516 @@
+//! The running Raft group: one task owns this orchestrator's [`Replica`] (ticks, steps, proposals, ready), one
+//! task per peer sends its messages over gRPC (`schemas/raft.proto`, mutual TLS, orchestrator certificates only),
+//! and [`Group::commit`] proposes a command here or forwards it to the leader, then waits until this node has
+//! applied it (a writer reads its own write on the node it asked).
+//!
+//! Route decisions read the local replicated state ([`SharedState`]) without asking the leader: a follower is
+//! behind the leader by at most the time a heartbeat takes to arrive (one tick, 100 ms by default), and a node cut
+//! off from the leader serves its last state until it rejoins. Writes need a majority: with one of three
+//! orchestrators left they fail with [`CommitError::Unavailable`] after the commit timeout.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use raft::eraftpb::{Message, MessageType};
+use tokio::sync::{mpsc, oneshot, watch};
+use zl_admin::raft_pb::raft_peer_client::RaftPeerClient;
+use zl_admin::raft_pb::raft_peer_server::{RaftPeer, RaftPeerServer};
+use zl_admin::raft_pb::{ProposeReply, ProposeRequest, RaftAck, RaftBatch};
+use zl_proto::message::Role;
+
+use crate::consensus::{ConsensusError, MAX_MESSAGE_BYTES, ProposeError, Replica, ReplicaConfig, SharedState};
+use crate::state::{Command, CommandError};
+
+/// How long a write waits for a majority before it fails.
+pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Messages queued per peer before new ones are dropped (Raft resends what matters).
+const PEER_QUEUE: usize = 4096;
+/// Messages sent to a peer in one call, at most.
+const PEER_BATCH: usize = 256;
+
+/// Where this node and its peers are.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    /// This node's Raft id.
+    pub id: u64,
+    /// Every member's Raft id and admin address (this node's included). A node with storage ignores this list's
+    /// membership and uses the replicated one; a new, empty node listed here starts a group of them all.
+    pub peers: BTreeMap<u64, SocketAddr>,
+    /// Storage directory.
+    pub data_dir: PathBuf,
+    /// `ca.pem` and this orchestrator's certificate.
+    pub tls_dir: PathBuf,
+    /// This orchestrator's node id (its certificate's name).
+    pub node_id: String,
+    /// Logical time step.
+    pub tick: Duration,
+    /// Raft tuning.
+    pub replica: ReplicaConfig,
+}
+
+/// Why a write did not happen.
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The state machine rejected the command (on this node, or on the leader it was forwarded to).
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// The leader rejected it with this status (forwarded writes).
+    #[error("{}", .0.message())]
+    Remote(tonic::Status),
+    /// No leader or no majority answered in time.
+    #[error("the orchestrator group cannot commit now: {0}")]
+    Unavailable(String),
+}
+
+/// The group as this node sees it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupStatus {
+    /// This node's Raft id.
+    pub id: u64,
+    /// Current term.
+    pub term: u64,
+    /// The leader, when known.
+    pub leader: Option<u64>,
+    /// Highest committed index.
+    pub commit: u64,
+    /// Highest applied index.
+    pub applied: u64,
+    /// Voting members.
+    pub voters: Vec<u64>,
+    /// Log bytes on disk.
+    pub log_bytes: u64,
+    /// Newest snapshot's index.
+    pub snapshot_index: u64,
+}
+
+enum Input {
+    Propose { cmd: Command, reply: oneshot::Sender<Result<u64, CommitError>> },
+    Membership { node: u64, add: bool, reply: oneshot::Sender<Result<u64, CommitError>> },
+    Messages(Vec<Message>),
+    Sent { to: u64, snapshot: Option<bool>, unreachable: bool },
+}
+
+/// A handle on the running group; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Group {
+    id: u64,
+    tx: mpsc::Sender<Input>,
+    status: watch::Receiver<GroupStatus>,
+    peers: BTreeMap<u64, SocketAddr>,
+    tls_dir: PathBuf,
+    node_id: String,
+}
+
+impl Group {
+    /// Open the replica on `config.data_dir`, applying to `state`, and start its tasks.
+    pub fn start(config: GroupConfig, state: SharedState) -> Result<Group, ConsensusError> {
+        let bootstrap: Vec<u64> = config.peers.keys().copied().collect();
+        let mut replica = Replica::open_with(config.id, &config.data_dir, &bootstrap, config.replica, state)?;
+        if replica.voters() == [config.id] {
+            // Alone in the group: lead at once instead of after an election timeout.
+            replica.campaign()?;
+        }
+        let (tx, rx) = mpsc::channel(PEER_QUEUE);
+        let (status_tx, status) = watch::channel(GroupStatus::default());
+        let mut senders = HashMap::new();
+        for (&peer, &addr) in &config.peers {
+            if peer != config.id {
+                senders.insert(peer, spawn_peer(&config, peer, addr, tx.clone()));
+            }
+        }
+        tokio::spawn(run(replica, rx, senders, status_tx, config.tick));
+        Ok(Group { id: config.id, tx, status, peers: config.peers, tls_dir: config.tls_dir, node_id: config.node_id })
+    }
+
+    /// The group as this node sees it now.
+    pub fn status(&self) -> GroupStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Commit `cmd`: propose it here if this node leads, else forward it to the leader; then wait until this
+    /// node has applied it. Returns its log index.
+    pub async fn commit(&self, cmd: &Command) -> Result<u64, CommitError> {
+        let deadline = Instant::now() + COMMIT_TIMEOUT;
+        let started = Instant::now();
+        let result = self.commit_by(cmd, deadline).await;
+        metrics::histogram!("zl_raft_proposal_seconds").record(started.elapsed().as_secs_f64());
+        result
+    }
+
+    async fn commit_by(&self, cmd: &Command, deadline: Instant) -> Result<u64, CommitError> {
+        loop {
+            let leader = self.status().leader;
+            let attempt = match leader {
+                Some(l) if l == self.id => self.propose_here(cmd, deadline).await,
+                Some(l) => self.forward(l, cmd, deadline).await,
+                None => Err(CommitError::Unavailable("no leader".into())),
+            };
+            match attempt {
+                Ok(index) => {
+                    self.await_applied(index, deadline).await?;
+                    return Ok(index);
+                }
+                // Leadership moved or is being decided: look again shortly, until the deadline.
+                Err(CommitError::Unavailable(why)) => {
+                    if Instant::now() + Duration::from_millis(50) >= deadline {
+                        return Err(CommitError::Unavailable(why));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Propose on this node (it must lead) and wait for the command to apply here.
+    pub async fn propose_here(&self, cmd: &Command, deadline: Instant) -> Result<u64, CommitError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Input::Propose { cmd: cmd.clone(), reply })
+            .await
+            .map_err(|_| CommitError::Unavailable("the Raft task stopped".into()))?;
+        match tokio::time::timeout_at(deadline.into(), answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(CommitError::Unavailable("the Raft task stopped".into())),
+            Err(_) => Err(CommitError::Unavailable("no majority answered in time".into())),
+        }
+    }
+
+    /// Add (`add`) or remove a voter; this node must lead. Returns the change's log index.
+    pub async fn change_membership(&self, node: u64, add: bool) -> Result<u64, CommitError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Input::Membership { node, add, reply })
+            .await
+            .map_err(|_| CommitError::Unavailable("the Raft task stopped".into()))?;
+        match tokio::time::timeout(COMMIT_TIMEOUT, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(CommitError::Unavailable("the Raft task stopped".into())),
+            Err(_) => Err(CommitError::Unavailable("no majority answered in time".into())),
+        }
+    }
+
+    async fn forward(&self, leader: u64, cmd: &Command, deadline: Instant) -> Result<u64, CommitError> {
+        let Some(&addr) = self.peers.get(&leader) else {
+            return Err(CommitError::Unavailable(format!("leader {leader} has no known address")));
+        };
+        let endpoint = zl_admin::endpoint(addr, &self.tls_dir, Role::Orchestrator, &self.node_id)
+            .map_err(|e| CommitError::Unavailable(format!("{e:#}")))?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let call = async {
+            let channel = endpoint.connect().await?;
+            let command = serde_json::to_vec(cmd).unwrap_or_default();
+            let reply = RaftPeerClient::new(channel).propose(ProposeRequest { command }).await;
+            Ok::<_, tonic::transport::Error>(reply)
+        };
+        match tokio::time::timeout(left, call).await {
+            Err(_) => Err(CommitError::Unavailable(format!("leader {leader} did not answer in time"))),
+            Ok(Err(e)) => Err(CommitError::Unavailable(format!("leader {leader} unreachable: {e}"))),
+            Ok(Ok(Ok(reply))) => Ok(reply.into_inner().index),
+            Ok(Ok(Err(status))) => match status.code() {
+                tonic::Code::FailedPrecondition | tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
+                    Err(CommitError::Unavailable(status.message().to_string()))
+                }
+                _ => Err(CommitError::Remote(status)),
+            },
+        }
+    }
+
+    async fn await_applied(&self, index: u64, deadline: Instant) -> Result<(), CommitError> {
+        let mut status = self.status.clone();
+        let wait = status.wait_for(|s| s.applied >= index);
+        match tokio::time::timeout_at(deadline.into(), wait).await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(CommitError::Unavailable(format!("index {index} committed but not yet applied here"))),
+        }
+    }
+
+    /// The gRPC service peers call.
+    pub fn service(&self) -> RaftPeerServer<PeerService> {
+        RaftPeerServer::new(PeerService { group: self.clone() }).max_decoding_message_size(MAX_MESSAGE_BYTES + 1024)
+    }
+}
+
+/// `schemas/raft.proto`'s service.
+#[derive(Debug)]
+pub struct PeerService {
+    group: Group,
+}
+
+#[tonic::async_trait]
+impl RaftPeer for PeerService {
+    async fn send(&self, request: tonic::Request<RaftBatch>) -> Result<tonic::Response<RaftAck>, tonic::Status> {
+        zl_admin::require_role(&request, Role::Orchestrator)?;
+        let batch = request.into_inner();
+        let mut messages = Vec::with_capacity(batch.messages.len());
+        for bytes in &batch.messages {
+            if bytes.len() > MAX_MESSAGE_BYTES {
+                return Err(tonic::Status::invalid_argument("raft message too large"));
+            }
+            let m = <Message as protobuf::Message>::parse_from_bytes(bytes)
+                .map_err(|e| tonic::Status::invalid_argument(format!("undecodable raft message: {e}")))?;
+            if m.from != batch.from {
+                return Err(tonic::Status::invalid_argument("a batch carries another node's messages"));
+            }
+            messages.push(m);
+        }
+        self.group
+            .tx
+            .send(Input::Messages(messages))
+            .await
+            .map_err(|_| tonic::Status::unavailable("the Raft task stopped"))?;
+        Ok(tonic::Response::new(RaftAck {}))
+    }
+
+    async fn propose(
+        &self,
+        request: tonic::Request<ProposeRequest>,
+    ) -> Result<tonic::Response<ProposeReply>, tonic::Status> {
+        zl_admin::require_role(&request, Role::Orchestrator)?;
+        let cmd: Command = serde_json::from_slice(&request.into_inner().command)
+            .map_err(|e| tonic::Status::invalid_argument(format!("undecodable command: {e}")))?;
+        match self.group.propose_here(&cmd, Instant::now() + COMMIT_TIMEOUT).await {
+            Ok(index) => Ok(tonic::Response::new(ProposeReply { index })),
+            Err(CommitError::Command(e)) => Err(crate::admin::command_status(&e)),
+            Err(CommitError::Remote(s)) => Err(s),
+            Err(CommitError::Unavailable(why)) => Err(tonic::Status::failed_precondition(why)),
+        }
+    }
+}
+
+fn spawn_peer(config: &GroupConfig, peer: u64, addr: SocketAddr, report: mpsc::Sender<Input>) -> mpsc::Sender<Message> {
+    let (tx, mut rx) = mpsc::channel::<Message>(PEER_QUEUE);
+    let endpoint = zl_admin::endpoint(addr, &config.tls_dir, Role::Orchestrator, &config.node_id)
+        .map(|e| e.timeout(Duration::from_secs(2)).connect_timeout(Duration::from_millis(500)));
+    let from = config.id;
+    tokio::spawn(async move {
+        let endpoint = match endpoint {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(peer, error = %format!("{e:#}"), "cannot set up the Raft connection");
+                return;
+            }
+        };
+        let mut client = RaftPeerClient::new(endpoint.connect_lazy());
+        let mut batch = Vec::new();
+        while let Some(first) = rx.recv().await {
+            batch.clear();
+            batch.push(first);
+            while batch.len() < PEER_BATCH {
+                match rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            let snapshots: Vec<u64> =
+                batch.iter().filter(|m| m.get_msg_type() == MessageType::MsgSnapshot).map(|m| m.to).collect();
+            let messages =
+                batch.iter().map(|m| protobuf::Message::write_to_bytes(m).unwrap_or_default()).collect::<Vec<_>>();
+            let ok = client.send(RaftBatch { from, messages }).await.is_ok();
+            if !ok {
+                metrics::counter!("zl_raft_send_failures_total", "peer" => peer.to_string()).increment(1);
+            }
+            for _ in &snapshots {
+                let _ = report.send(Input::Sent { to: peer, snapshot: Some(ok), unreachable: !ok }).await;
+            }
+            if !ok && snapshots.is_empty() {
+                let _ = report.send(Input::Sent { to: peer, snapshot: None, unreachable: true }).await;
+            }
+        }
+    });
+    tx
+}
+
+fn proposal_context(id: u64, seq: u64) -> Vec<u8> {
+    let mut c = id.to_le_bytes().to_vec();
+    c.extend_from_slice(&seq.to_le_bytes());
+    c
+}
+
+type Reply = oneshot::Sender<Result<u64, CommitError>>;
+
+async fn run(
+    mut replica: Replica<SharedState>,
+    mut rx: mpsc::Receiver<Input>,
+    senders: HashMap<u64, mpsc::Sender<Message>>,
+    status: watch::Sender<GroupStatus>,
+    tick: Duration,
+) {
+    let id = replica.id();
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut pending: HashMap<u64, Reply> = HashMap::new();
+    let mut seq = 0u64;
+    let mut last_term = 0;
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => replica.tick(),
+            input = rx.recv() => {
+                let Some(input) = input else { return };
+                let mut next = Some(input);
+                // Take whatever else is queued, so one ready (one fsync) covers them all.
+                while let Some(input) = next {
+                    handle(&mut replica, input, &mut pending, &mut seq, &senders);
+                    next = rx.try_recv().ok();
+                }
+            }
+        }
+        let out = match replica.ready() {
+            Ok(out) => out,
+            Err(e) => {
+                // Storage failed: this node can no longer take part safely. Stop the process's group; writes
+                // answer Unavailable from now on, and the operator sees why.
+                tracing::error!(error = %e, "Raft storage failed; this orchestrator leaves the group");
+                metrics::counter!("zl_raft_fatal_errors_total").increment(1);
+                return;
+            }
+        };
+        for a in out.applied {
+            if a.context.len() == 16 && a.context[..8] == id.to_le_bytes() {
+                let s = u64::from_le_bytes(a.context[8..].try_into().unwrap_or([0; 8]));
+                if let Some(reply) = pending.remove(&s) {
+                    let _ = reply.send(a.result.map(|()| a.index).map_err(CommitError::from));
+                }
+            }
+        }
+        for m in out.messages {
+            if let Some(peer) = senders.get(&m.to) {
+                let (to, snapshot) = (m.to, m.get_msg_type() == MessageType::MsgSnapshot);
+                if peer.try_send(m).is_err() {
+                    metrics::counter!("zl_raft_dropped_messages_total", "peer" => to.to_string()).increment(1);
+                    if snapshot {
+                        replica.report_snapshot(to, false);
+                    }
+                    replica.report_unreachable(to);
+                }
+            }
+        }
+        let now = GroupStatus {
+            id,
+            term: replica.term(),
+            leader: replica.leader(),
+            commit: replica.commit_index(),
+            applied: replica.applied_index(),
+            voters: replica.voters(),
+            log_bytes: replica.log_bytes(),
+            snapshot_index: replica.snapshot_index(),
+        };
+        if now.term != last_term {
+            if last_term != 0 {
+                metrics::counter!("zl_raft_term_changes_total").increment(1);
+            }
+            last_term = now.term;
+            // A proposal from an older term may never commit: its caller times out (COMMIT_TIMEOUT).
+        }
+        metrics::gauge!("zl_raft_term").set(now.term as f64);
+        metrics::gauge!("zl_raft_leader_id").set(now.leader.unwrap_or(0) as f64);
+        metrics::gauge!("zl_raft_is_leader").set(if now.leader == Some(id) { 1.0 } else { 0.0 });
+        metrics::gauge!("zl_raft_commit_index").set(now.commit as f64);
+        metrics::gauge!("zl_raft_applied_index").set(now.applied as f64);
+        metrics::gauge!("zl_raft_log_bytes").set(now.log_bytes as f64);
+        metrics::gauge!("zl_raft_snapshot_index").set(now.snapshot_index as f64);
+        metrics::gauge!("zl_raft_voters").set(now.voters.len() as f64);
+        status.send_if_modified(|s| {
+            if *s == now {
+                false
+            } else {
+                *s = now;
+                true
+            }
+        });
+    }
+}
+
+fn handle(
+    replica: &mut Replica<SharedState>,
+    input: Input,
+    pending: &mut HashMap<u64, Reply>,
+    seq: &mut u64,
+    _senders: &HashMap<u64, mpsc::Sender<Message>>,
+) {
+    match input {
+        Input::Propose { cmd, reply } => {
+            *seq += 1;
+            match replica.propose(proposal_context(replica.id(), *seq), &cmd) {
+                Ok(()) => {
+                    pending.insert(*seq, reply);
+                }
+                Err(ProposeError::NotLeader { leader }) => {
+                    let _ = reply.send(Err(CommitError::Unavailable(format!("not the leader (leader: {leader:?})"))));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(CommitError::Unavailable(e.to_string())));
+                }
+            }
+        }
+        Input::Membership { node, add, reply } => {
+            *seq += 1;
+            match replica.propose_membership(proposal_context(replica.id(), *seq), node, add) {
+                Ok(()) => {
+                    pending.insert(*seq, reply);
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(CommitError::Unavailable(e.to_string())));
+                }
+            }
+        }
+        Input::Messages(messages) => {
+            for m in messages {
+                if let Err(e) = replica.step(m) {
+                    tracing::warn!(error = %e, "a Raft message was refused");
+                }
+            }
+        }
+        Input::Sent { to, snapshot, unreachable } => {
+            if let Some(ok) = snapshot {
+                replica.report_snapshot(to, ok);
+            }
+            if unreachable {
+                replica.report_unreachable(to);
+            }
+        }
+    }
+}
+
+/// Parse `--raft-peers`: `id@host:port` (the peer's admin address), comma-separated.
+pub fn parse_peers(spec: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
+    let mut peers = BTreeMap::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (id, addr) = part.split_once('@').ok_or_else(|| format!("{part}: expected id@host:port"))?;
+        let id: u64 = id.parse().map_err(|_| format!("{part}: the id must be a positive integer"))?;
+        if id == 0 {
+            return Err(format!("{part}: the id must be a positive integer"));
+        }
+        let addr: SocketAddr = addr.parse().map_err(|e| format!("{part}: {e}"))?;
+        if peers.insert(id, addr).is_some() {
+            return Err(format!("id {id} is listed twice"));
+        }
+    }
+    Ok(peers)
+}
+
+/// The storage directory's default location under `data_dir`.
+pub fn raft_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("raft")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn peer_lists_parse_and_bad_ones_are_refused() {
+        let p = parse_peers("1@127.0.0.1:7001, 2@127.0.0.1:7011,3@[::1]:7021").unwrap();
+        assert_eq!(p.len(), 3);
+        assert_eq!(p[&3], "[::1]:7021".parse().unwrap());
+        assert!(parse_peers("127.0.0.1:7001").is_err());
+        assert!(parse_peers("0@127.0.0.1:7001").is_err());
+        assert!(parse_peers("1@127.0.0.1:7001,1@127.0.0.1:7002").is_err());
+        assert!(parse_peers("x@127.0.0.1:7001").is_err());
+        assert!(parse_peers("").unwrap().is_empty());
+    }
+}
