@@ -92,6 +92,7 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::ListWorkersRequest>,
     ) -> Result<Response<pb::ListWorkersResponse>, Status> {
         require_admin(&req)?;
+        self.node.read_barrier().await.map_err(status)?;
         let now = Instant::now();
         let workers = self
             .node
@@ -203,6 +204,7 @@ impl pb::admin_server::Admin for AdminService {
 
     async fn list_keys(&self, req: Request<pb::ListKeysRequest>) -> Result<Response<pb::ListKeysResponse>, Status> {
         require_admin(&req)?;
+        self.node.read_barrier().await.map_err(status)?;
         let keys = self.node.with_state(|s| {
             s.keys().values().map(|k| pb::KeyInfo { key_id: k.key_id.clone(), project: k.project.clone() }).collect()
         });
@@ -230,6 +232,7 @@ impl pb::admin_server::Admin for AdminService {
 
     async fn get_state(&self, req: Request<pb::GetStateRequest>) -> Result<Response<pb::GetStateResponse>, Status> {
         require_admin(&req)?;
+        self.node.read_barrier().await.map_err(status)?;
         let (applied_index, bytes) = self.node.with_state(|s| (s.applied_index(), s.snapshot()));
         let state_json = String::from_utf8(bytes).map_err(|_| Status::internal("state is not UTF-8"))?;
         Ok(Response::new(pb::GetStateResponse { applied_index, state_json }))

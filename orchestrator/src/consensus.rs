@@ -105,6 +105,8 @@ pub struct Output {
     pub applied: Vec<Applied>,
     /// A snapshot was installed from the leader (the state was replaced, nothing in between was applied here).
     pub installed_snapshot: Option<u64>,
+    /// Answers to [`Replica::read_index`]: the request's context and the index a linearizable read must wait for.
+    pub read_states: Vec<(Vec<u8>, u64)>,
 }
 
 /// The replicated state machine: the routing state, owned (tests, tools) or shared with the serving code.
@@ -418,6 +420,13 @@ impl<S: StateMachine> Replica<S> {
         self.raw.report_unreachable(to);
     }
 
+    /// Ask for a linearizable read point: once the leader confirms it still leads (a heartbeat round), the answer
+    /// comes back in [`Output::read_states`] with `context` and the commit index to wait for. Asked of a follower,
+    /// the leader answers through it; with no leader there is no answer (the caller times out).
+    pub fn read_index(&mut self, context: Vec<u8>) {
+        self.raw.read_index(context);
+    }
+
     /// Propose `cmd` with `context` (returned in [`Applied::context`] on every node that applies it).
     pub fn propose(&mut self, context: Vec<u8>, cmd: &Command) -> Result<(), ProposeError> {
         if !self.is_leader() {
@@ -450,6 +459,7 @@ impl<S: StateMachine> Replica<S> {
         if self.raw.has_ready() {
             let mut rd = self.raw.ready();
             out.messages.extend(rd.take_messages());
+            out.read_states.extend(rd.take_read_states().into_iter().map(|r| (r.request_ctx, r.index)));
             if !rd.snapshot().is_empty() {
                 self.install(rd.snapshot().clone())?;
                 out.installed_snapshot = Some(self.applied);

@@ -87,6 +87,7 @@ pub struct GroupStatus {
 
 enum Input {
     Propose { cmd: Command, reply: oneshot::Sender<Result<u64, CommitError>> },
+    ReadIndex { reply: oneshot::Sender<u64> },
     Membership { node: u64, add: bool, reply: oneshot::Sender<Result<u64, CommitError>> },
     Messages(Vec<Message>),
     Sent { to: u64, snapshot: Option<bool>, unreachable: bool },
@@ -175,6 +176,27 @@ impl Group {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(CommitError::Unavailable("the Raft task stopped".into())),
             Err(_) => Err(CommitError::Unavailable("no majority answered in time".into())),
+        }
+    }
+
+    /// Wait until this node's state reflects every write committed before the call (a ReadIndex round through
+    /// the leader, then this node applying up to that index): what an admin read sees is then linearizable.
+    pub async fn read_barrier(&self) -> Result<(), CommitError> {
+        let deadline = Instant::now() + COMMIT_TIMEOUT;
+        loop {
+            let (reply, answer) = oneshot::channel();
+            self.tx
+                .send(Input::ReadIndex { reply })
+                .await
+                .map_err(|_| CommitError::Unavailable("the Raft task stopped".into()))?;
+            // Without a leader the request is dropped; ask again until one answers or time runs out.
+            let round = deadline.min(Instant::now() + Duration::from_millis(500));
+            if let Ok(Ok(index)) = tokio::time::timeout_at(round.into(), answer).await {
+                return self.await_applied(index, deadline).await;
+            }
+            if Instant::now() >= deadline {
+                return Err(CommitError::Unavailable("no leader confirmed a read point in time".into()));
+            }
         }
     }
 
@@ -342,6 +364,7 @@ async fn run(
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut pending: HashMap<u64, Reply> = HashMap::new();
+    let mut reads: HashMap<u64, oneshot::Sender<u64>> = HashMap::new();
     let mut seq = 0u64;
     let mut last_term = 0;
     loop {
@@ -352,7 +375,13 @@ async fn run(
                 let mut next = Some(input);
                 // Take whatever else is queued, so one ready (one fsync) covers them all.
                 while let Some(input) = next {
-                    handle(&mut replica, input, &mut pending, &mut seq, &senders);
+                    if let Input::ReadIndex { reply } = input {
+                        seq += 1;
+                        replica.read_index(proposal_context(id, seq));
+                        reads.insert(seq, reply);
+                    } else {
+                        handle(&mut replica, input, &mut pending, &mut seq, &senders);
+                    }
                     next = rx.try_recv().ok();
                 }
             }
@@ -367,6 +396,16 @@ async fn run(
                 return;
             }
         };
+        for (context, index) in out.read_states {
+            if context.len() == 16 && context[..8] == id.to_le_bytes() {
+                let s = u64::from_le_bytes(context[8..].try_into().unwrap_or([0; 8]));
+                if let Some(reply) = reads.remove(&s) {
+                    let _ = reply.send(index);
+                }
+            }
+        }
+        // Reads whose callers gave up (no leader answered) are forgotten.
+        reads.retain(|_, r| !r.is_closed());
         for a in out.applied {
             if a.context.len() == 16 && a.context[..8] == id.to_le_bytes() {
                 let s = u64::from_le_bytes(a.context[8..].try_into().unwrap_or([0; 8]));
@@ -456,6 +495,7 @@ fn handle(
                 }
             }
         }
+        Input::ReadIndex { .. } => {}
         Input::Messages(messages) => {
             for m in messages {
                 if let Err(e) = replica.step(m) {

@@ -106,6 +106,14 @@ impl Orchestrator {
         self.group.get()
     }
 
+    /// Wait until this node has applied every write committed before the call (linearizable admin reads).
+    pub async fn read_barrier(&self) -> Result<(), CommitError> {
+        match self.group.get() {
+            Some(group) => group.read_barrier().await,
+            None => Ok(()),
+        }
+    }
+
     /// Commit a command to the routing state; returns its log index once it is applied on this node.
     pub async fn commit(&self, cmd: &Command) -> Result<u64, CommitError> {
         let result = match self.group.get() {

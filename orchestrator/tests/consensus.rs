@@ -50,6 +50,8 @@ struct Cluster {
     rng: Rng,
     /// Group members when the cluster started.
     bootstrap: Vec<u64>,
+    /// Read points answered: node, request context, index.
+    reads: Vec<(u64, Vec<u8>, u64)>,
 }
 
 fn storage_dir() -> TempDir {
@@ -73,6 +75,7 @@ impl Cluster {
             reorder: false,
             rng: Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
             bootstrap,
+            reads: Vec::new(),
         };
         for id in 1..=n {
             c.dirs.insert(id, storage_dir());
@@ -123,6 +126,7 @@ impl Cluster {
     fn drain_ready(&mut self) {
         for id in self.live() {
             let out = self.node_mut(id).ready().unwrap();
+            self.reads.extend(out.read_states.into_iter().map(|(ctx, index)| (id, ctx, index)));
             if let Some(index) = out.installed_snapshot {
                 self.last_applied.insert(id, index);
             }
@@ -415,4 +419,31 @@ fn random_loss_reordering_and_crashes_never_disagree() {
         c.assert_converged();
         assert!(next > 20, "seed {seed}: only {next} proposals were taken");
     }
+}
+
+#[test]
+fn read_points_cover_every_committed_write_and_need_the_leader() {
+    let mut c = Cluster::new(3, 6, config());
+    let (leader, _) = c.await_leader(100);
+    for i in 0..5 {
+        assert!(c.propose(i));
+    }
+    let committed = c.node(leader).commit_index();
+    let follower = c.live().into_iter().find(|&id| id != leader).unwrap();
+    c.node_mut(follower).read_index(b"through a follower".to_vec());
+    c.node_mut(leader).read_index(b"on the leader".to_vec());
+    c.run(2);
+    for (who, ctx) in [(follower, &b"through a follower"[..]), (leader, &b"on the leader"[..])] {
+        let (_, _, index) = c.reads.iter().find(|(n, x, _)| *n == who && x == ctx).expect("a read point");
+        assert!(*index >= committed, "read point {index} is behind the commit index {committed}");
+    }
+    // Cut off from the leader, a follower gets no read point: it cannot know it is current.
+    let other = c.live().into_iter().find(|&id| id != leader && id != follower).unwrap();
+    for peer in [leader, follower] {
+        c.cut.insert((other, peer));
+        c.cut.insert((peer, other));
+    }
+    c.node_mut(other).read_index(b"isolated".to_vec());
+    c.run(5);
+    assert!(!c.reads.iter().any(|(_, x, _)| x == b"isolated"), "an isolated node answered a read point");
 }
