@@ -48,6 +48,21 @@ fn agreed_leader(nodes: &[&Node], not: u64, limit: Duration) -> Option<u64> {
     None
 }
 
+fn members(tls: &std::path::Path, admin_addr: SocketAddr) -> String {
+    let a = admin_addr.to_string();
+    let out =
+        zl(&["admin", "--orchestrator", &a, "--tls-dir", tls.to_str().unwrap(), "--node-id", "ops", "members", "list"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One more orchestrator certificate from the CA in `tls`.
+fn certs_for(tls: &std::path::Path, id: &str) {
+    let d = tls.to_str().unwrap();
+    let out = zl(&["certs", "issue", "--ca-dir", d, "--role", "orchestrator", "--node-id", id]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 fn state(tls: &std::path::Path, node: &Node) -> String {
     let a = node.addrs.1.to_string();
     let out = zl(&["admin", "--orchestrator", &a, "--tls-dir", tls.to_str().unwrap(), "--node-id", "ops", "state"]);
@@ -159,6 +174,23 @@ fn three_orchestrators_fail_over_catch_up_and_refuse_writes_without_a_majority()
     // The killed node comes back from its disk and catches up.
     start(tls, &mut nodes[old], &peers);
     wait_state(tls, &nodes[old], "after-failover");
+
+    // A fourth orchestrator joins at run time, catches up, and is removed again.
+    let mut fourth =
+        Node { id: 4, addrs: (free_udp(), free_tcp(), free_tcp()), data: tempfile::tempdir().unwrap(), proc: None };
+    let with_fourth = format!("{peers},4@{}", fourth.addrs.1);
+    let data4 = fourth.data.path().to_str().unwrap().to_owned();
+    let extra = ["--raft-id", "4", "--raft-peers", &with_fourth, "--data-dir", &data4, "--raft-join"];
+    certs_for(tls, "o-4");
+    fourth.proc = Some(start_orchestrator_at(tls, "o-4", fourth.addrs, &extra));
+    let via = nodes[old].addrs.1;
+    admin(tls, via, &["members", "add", "4", &fourth.addrs.1.to_string()]);
+    wait_state(tls, &fourth, "after-failover");
+    let listed = members(tls, via);
+    assert!(listed.contains(&fourth.addrs.1.to_string()), "{listed}");
+    admin(tls, via, &["members", "remove", "4"]);
+    assert!(!members(tls, via).contains(&fourth.addrs.1.to_string()), "node 4 is still a member");
+    drop(fourth);
 
     // Two of three gone: writes fail with a clear error; the survivor still routes.
     let keep = nodes.iter().position(|n| n.id != new_leader && n.id != leader).unwrap();

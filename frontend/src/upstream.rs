@@ -47,9 +47,12 @@ impl TokenSource for ResponseStream {
     }
 }
 
-/// Per-call deadline for control calls (routes, syncs, cards): a dead orchestrator costs at most this before the
-/// next one is tried.
+/// Per-call deadline for control calls to workers (model cards).
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Per-call deadline for orchestrator calls (routes, state syncs; answered in well under a millisecond): a dead or
+/// hung orchestrator costs at most this before the next one is tried, so a request fails over within a second.
+const ORCHESTRATOR_TIMEOUT: Duration = Duration::from_millis(800);
 
 /// The real tiers over QUIC.
 pub struct QuicUpstream {
@@ -107,8 +110,9 @@ impl QuicUpstream {
         for i in 0..n {
             let to = self.orchestrators[(start + i) % n];
             let call = self.client.call(to, Role::Orchestrator, request.clone());
-            let result =
-                tokio::time::timeout(CONTROL_TIMEOUT, call).await.unwrap_or_else(|_| Err(timed_out("orchestrator")));
+            let result = tokio::time::timeout(ORCHESTRATOR_TIMEOUT, call)
+                .await
+                .unwrap_or_else(|_| Err(timed_out("orchestrator")));
             match result {
                 Ok(reply) => return Ok(reply),
                 Err(e) if try_next_orchestrator(&e) => {

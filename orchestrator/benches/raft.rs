@@ -80,6 +80,7 @@ fn main() {
             let config = GroupConfig {
                 id,
                 peers: peers.clone(),
+                join: false,
                 data_dir: raft_dir(&data.path().join(id.to_string())),
                 tls_dir: tls.path().to_owned(),
                 node_id: format!("o-{id}"),

@@ -230,6 +230,56 @@ impl pb::admin_server::Admin for AdminService {
         self.write(Command::SetPoolThresholds(PoolThresholds { gpu: r.gpu, hybrid: r.hybrid })).await
     }
 
+    async fn list_members(
+        &self,
+        req: Request<pb::ListMembersRequest>,
+    ) -> Result<Response<pb::ListMembersResponse>, Status> {
+        require_admin(&req)?;
+        let group = self.node.group().ok_or_else(|| Status::failed_precondition("this node runs no Raft group"))?;
+        let (status, addresses) = (group.status(), group.addresses());
+        let members = status
+            .voters
+            .iter()
+            .map(|&id| pb::Member {
+                raft_id: id,
+                address: addresses.get(&id).map(ToString::to_string).unwrap_or_default(),
+                leader: status.leader == Some(id),
+            })
+            .collect();
+        Ok(Response::new(pb::ListMembersResponse {
+            members,
+            term: status.term,
+            leader_id: status.leader.unwrap_or(0),
+            commit_index: status.commit,
+            applied_index: status.applied,
+        }))
+    }
+
+    async fn change_member(
+        &self,
+        req: Request<pb::ChangeMemberRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        let group = self.node.group().ok_or_else(|| Status::failed_precondition("this node runs no Raft group"))?;
+        let now = group.status();
+        if now.leader != Some(now.id) {
+            let leader = now.leader.and_then(|l| group.addresses().get(&l).map(|a| format!("{l}@{a}")));
+            return Err(Status::failed_precondition(format!(
+                "membership changes go to the leader ({})",
+                leader.unwrap_or_else(|| "none elected yet".into())
+            )));
+        }
+        let address = if r.remove {
+            None
+        } else {
+            Some(r.address.parse().map_err(|e| Status::invalid_argument(format!("address {:?}: {e}", r.address)))?)
+        };
+        tracing::info!(raft_id = r.raft_id, remove = r.remove, address = %r.address, "admin write: membership");
+        let applied_index = group.change_membership(r.raft_id, address).await.map_err(status)?;
+        Ok(Response::new(pb::WriteResponse { applied_index }))
+    }
+
     async fn get_state(&self, req: Request<pb::GetStateRequest>) -> Result<Response<pb::GetStateResponse>, Status> {
         require_admin(&req)?;
         self.node.read_barrier().await.map_err(status)?;

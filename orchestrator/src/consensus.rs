@@ -92,6 +92,8 @@ pub struct Applied {
     pub context: Vec<u8>,
     /// The command, `None` for a membership change.
     pub command: Option<Command>,
+    /// A membership change: the node, whether it was added, and what its proposer attached (an address).
+    pub membership: Option<(u64, bool, Vec<u8>)>,
     /// The command's outcome (a rejected command still takes its log position).
     pub result: Result<(), CommandError>,
 }
@@ -441,7 +443,13 @@ impl<S: StateMachine> Replica<S> {
 
     /// Propose adding (`add`) or removing a voter. One change at a time: Raft drops a second while the first is
     /// pending.
-    pub fn propose_membership(&mut self, context: Vec<u8>, node: u64, add: bool) -> Result<(), ProposeError> {
+    pub fn propose_membership(
+        &mut self,
+        context: Vec<u8>,
+        node: u64,
+        add: bool,
+        attached: Vec<u8>,
+    ) -> Result<(), ProposeError> {
         if !self.is_leader() {
             return Err(ProposeError::NotLeader { leader: self.leader() });
         }
@@ -449,6 +457,7 @@ impl<S: StateMachine> Replica<S> {
         change.set_change_type(if add { ConfChangeType::AddNode } else { ConfChangeType::RemoveNode });
         let mut cc = ConfChangeV2::default();
         cc.mut_changes().push(change);
+        cc.set_context(attached.into());
         self.raw.propose_conf_change(context, cc).map_err(|e| ProposeError::Dropped(e.to_string()))
     }
 
@@ -524,7 +533,13 @@ impl<S: StateMachine> Replica<S> {
                             Err(CommandError::Invalid { field: "command", problem: format!("undecodable: {err}") }),
                         ),
                     };
-                    out.applied.push(Applied { index: e.index, context: e.context.to_vec(), command, result });
+                    out.applied.push(Applied {
+                        index: e.index,
+                        context: e.context.to_vec(),
+                        command,
+                        membership: None,
+                        result,
+                    });
                 }
                 EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => {
                     let cc: ConfChangeV2 = if e.get_entry_type() == EntryType::EntryConfChangeV2 {
@@ -541,10 +556,15 @@ impl<S: StateMachine> Replica<S> {
                     let store = self.raw.mut_store();
                     store.disk.set_conf_state(&encode(&conf))?;
                     store.conf = conf;
+                    let membership = cc
+                        .changes
+                        .first()
+                        .map(|c| (c.node_id, c.get_change_type() != ConfChangeType::RemoveNode, cc.context.to_vec()));
                     out.applied.push(Applied {
                         index: e.index,
                         context: e.context.to_vec(),
                         command: None,
+                        membership,
                         result: Ok(()),
                     });
                 }

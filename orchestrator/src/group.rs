@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use raft::eraftpb::{Message, MessageType};
@@ -36,8 +37,12 @@ pub struct GroupConfig {
     /// This node's Raft id.
     pub id: u64,
     /// Every member's Raft id and admin address (this node's included). A node with storage ignores this list's
-    /// membership and uses the replicated one; a new, empty node listed here starts a group of them all.
+    /// membership and uses the replicated one; a new, empty node listed here starts a group of them all, unless
+    /// `join` is set.
     pub peers: BTreeMap<u64, SocketAddr>,
+    /// A new node joining an existing group: it starts with no members and waits for the leader to add it
+    /// (`zl admin members add`), instead of starting a group of `peers`.
+    pub join: bool,
     /// Storage directory.
     pub data_dir: PathBuf,
     /// `ca.pem` and this orchestrator's certificate.
@@ -88,7 +93,7 @@ pub struct GroupStatus {
 enum Input {
     Propose { cmd: Command, reply: oneshot::Sender<Result<u64, CommitError>> },
     ReadIndex { reply: oneshot::Sender<u64> },
-    Membership { node: u64, add: bool, reply: oneshot::Sender<Result<u64, CommitError>> },
+    Membership { node: u64, add: bool, address: Vec<u8>, reply: oneshot::Sender<Result<u64, CommitError>> },
     Messages(Vec<Message>),
     Sent { to: u64, snapshot: Option<bool>, unreachable: bool },
 }
@@ -99,15 +104,25 @@ pub struct Group {
     id: u64,
     tx: mpsc::Sender<Input>,
     status: watch::Receiver<GroupStatus>,
-    peers: BTreeMap<u64, SocketAddr>,
+    /// Members' admin addresses: from the configuration, then from applied membership changes.
+    peers: Arc<RwLock<BTreeMap<u64, SocketAddr>>>,
     tls_dir: PathBuf,
     node_id: String,
+}
+
+/// What a peer connection needs.
+#[derive(Clone, Debug)]
+struct Dialer {
+    from: u64,
+    tls_dir: PathBuf,
+    node_id: String,
+    report: mpsc::Sender<Input>,
 }
 
 impl Group {
     /// Open the replica on `config.data_dir`, applying to `state`, and start its tasks.
     pub fn start(config: GroupConfig, state: SharedState) -> Result<Group, ConsensusError> {
-        let bootstrap: Vec<u64> = config.peers.keys().copied().collect();
+        let bootstrap: Vec<u64> = if config.join { Vec::new() } else { config.peers.keys().copied().collect() };
         let mut replica = Replica::open_with(config.id, &config.data_dir, &bootstrap, config.replica, state)?;
         if replica.voters() == [config.id] {
             // Alone in the group: lead at once instead of after an election timeout.
@@ -115,14 +130,22 @@ impl Group {
         }
         let (tx, rx) = mpsc::channel(PEER_QUEUE);
         let (status_tx, status) = watch::channel(GroupStatus::default());
+        let dialer = Dialer {
+            from: config.id,
+            tls_dir: config.tls_dir.clone(),
+            node_id: config.node_id.clone(),
+            report: tx.clone(),
+        };
         let mut senders = HashMap::new();
         for (&peer, &addr) in &config.peers {
             if peer != config.id {
-                senders.insert(peer, spawn_peer(&config, peer, addr, tx.clone()));
+                senders.insert(peer, spawn_peer(&dialer, peer, addr));
             }
         }
-        tokio::spawn(run(replica, rx, senders, status_tx, config.tick));
-        Ok(Group { id: config.id, tx, status, peers: config.peers, tls_dir: config.tls_dir, node_id: config.node_id })
+        let peers = Arc::new(RwLock::new(config.peers));
+        let transport = Transport { dialer, senders, peers: peers.clone() };
+        tokio::spawn(run(replica, rx, transport, status_tx, config.tick));
+        Ok(Group { id: config.id, tx, status, peers, tls_dir: config.tls_dir, node_id: config.node_id })
     }
 
     /// The group as this node sees it now.
@@ -200,11 +223,21 @@ impl Group {
         }
     }
 
-    /// Add (`add`) or remove a voter; this node must lead. Returns the change's log index.
-    pub async fn change_membership(&self, node: u64, add: bool) -> Result<u64, CommitError> {
+    /// Members' admin addresses, as far as this node knows them.
+    pub fn addresses(&self) -> BTreeMap<u64, SocketAddr> {
+        self.peers.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+    }
+
+    /// Add a voter at admin address `address`, or remove one (`address` `None`); this node must lead. Returns the
+    /// change's log index once applied here.
+    pub async fn change_membership(&self, node: u64, address: Option<SocketAddr>) -> Result<u64, CommitError> {
+        if node == 0 {
+            return Err(CommitError::Unavailable("Raft ids start at 1".into()));
+        }
         let (reply, answer) = oneshot::channel();
+        let (add, address) = (address.is_some(), address.map(|a| a.to_string().into_bytes()).unwrap_or_default());
         self.tx
-            .send(Input::Membership { node, add, reply })
+            .send(Input::Membership { node, add, address, reply })
             .await
             .map_err(|_| CommitError::Unavailable("the Raft task stopped".into()))?;
         match tokio::time::timeout(COMMIT_TIMEOUT, answer).await {
@@ -215,7 +248,7 @@ impl Group {
     }
 
     async fn forward(&self, leader: u64, cmd: &Command, deadline: Instant) -> Result<u64, CommitError> {
-        let Some(&addr) = self.peers.get(&leader) else {
+        let Some(addr) = self.addresses().get(&leader).copied() else {
             return Err(CommitError::Unavailable(format!("leader {leader} has no known address")));
         };
         let endpoint = zl_admin::endpoint(addr, &self.tls_dir, Role::Orchestrator, &self.node_id)
@@ -302,11 +335,40 @@ impl RaftPeer for PeerService {
     }
 }
 
-fn spawn_peer(config: &GroupConfig, peer: u64, addr: SocketAddr, report: mpsc::Sender<Input>) -> mpsc::Sender<Message> {
+/// The peers' connections, changed when membership changes are applied.
+struct Transport {
+    dialer: Dialer,
+    senders: HashMap<u64, mpsc::Sender<Message>>,
+    peers: Arc<RwLock<BTreeMap<u64, SocketAddr>>>,
+}
+
+impl Transport {
+    fn member_added(&mut self, node: u64, address: &[u8]) {
+        let parsed = std::str::from_utf8(address).ok().and_then(|a| a.parse::<SocketAddr>().ok());
+        let mut peers = self.peers.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(addr) = parsed {
+            peers.insert(node, addr);
+        }
+        if node != self.dialer.from
+            && !self.senders.contains_key(&node)
+            && let Some(&addr) = peers.get(&node)
+        {
+            self.senders.insert(node, spawn_peer(&self.dialer, node, addr));
+        }
+    }
+
+    fn member_removed(&mut self, node: u64) {
+        // Dropping the queue ends the peer's task.
+        self.senders.remove(&node);
+        self.peers.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&node);
+    }
+}
+
+fn spawn_peer(dialer: &Dialer, peer: u64, addr: SocketAddr) -> mpsc::Sender<Message> {
     let (tx, mut rx) = mpsc::channel::<Message>(PEER_QUEUE);
-    let endpoint = zl_admin::endpoint(addr, &config.tls_dir, Role::Orchestrator, &config.node_id)
+    let endpoint = zl_admin::endpoint(addr, &dialer.tls_dir, Role::Orchestrator, &dialer.node_id)
         .map(|e| e.timeout(Duration::from_secs(2)).connect_timeout(Duration::from_millis(500)));
-    let from = config.id;
+    let (from, report) = (dialer.from, dialer.report.clone());
     tokio::spawn(async move {
         let endpoint = match endpoint {
             Ok(e) => e,
@@ -356,7 +418,7 @@ type Reply = oneshot::Sender<Result<u64, CommitError>>;
 async fn run(
     mut replica: Replica<SharedState>,
     mut rx: mpsc::Receiver<Input>,
-    senders: HashMap<u64, mpsc::Sender<Message>>,
+    mut transport: Transport,
     status: watch::Sender<GroupStatus>,
     tick: Duration,
 ) {
@@ -380,7 +442,7 @@ async fn run(
                         replica.read_index(proposal_context(id, seq));
                         reads.insert(seq, reply);
                     } else {
-                        handle(&mut replica, input, &mut pending, &mut seq, &senders);
+                        handle(&mut replica, input, &mut pending, &mut seq);
                     }
                     next = rx.try_recv().ok();
                 }
@@ -407,6 +469,11 @@ async fn run(
         // Reads whose callers gave up (no leader answered) are forgotten.
         reads.retain(|_, r| !r.is_closed());
         for a in out.applied {
+            match &a.membership {
+                Some((node, true, address)) => transport.member_added(*node, address),
+                Some((node, false, _)) => transport.member_removed(*node),
+                None => {}
+            }
             if a.context.len() == 16 && a.context[..8] == id.to_le_bytes() {
                 let s = u64::from_le_bytes(a.context[8..].try_into().unwrap_or([0; 8]));
                 if let Some(reply) = pending.remove(&s) {
@@ -415,7 +482,7 @@ async fn run(
             }
         }
         for m in out.messages {
-            if let Some(peer) = senders.get(&m.to) {
+            if let Some(peer) = transport.senders.get(&m.to) {
                 let (to, snapshot) = (m.to, m.get_msg_type() == MessageType::MsgSnapshot);
                 if peer.try_send(m).is_err() {
                     metrics::counter!("zl_raft_dropped_messages_total", "peer" => to.to_string()).increment(1);
@@ -462,13 +529,7 @@ async fn run(
     }
 }
 
-fn handle(
-    replica: &mut Replica<SharedState>,
-    input: Input,
-    pending: &mut HashMap<u64, Reply>,
-    seq: &mut u64,
-    _senders: &HashMap<u64, mpsc::Sender<Message>>,
-) {
+fn handle(replica: &mut Replica<SharedState>, input: Input, pending: &mut HashMap<u64, Reply>, seq: &mut u64) {
     match input {
         Input::Propose { cmd, reply } => {
             *seq += 1;
@@ -484,9 +545,9 @@ fn handle(
                 }
             }
         }
-        Input::Membership { node, add, reply } => {
+        Input::Membership { node, add, address, reply } => {
             *seq += 1;
-            match replica.propose_membership(proposal_context(replica.id(), *seq), node, add) {
+            match replica.propose_membership(proposal_context(replica.id(), *seq), node, add, address) {
                 Ok(()) => {
                     pending.insert(*seq, reply);
                 }

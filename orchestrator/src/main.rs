@@ -68,6 +68,10 @@ struct ServeArgs {
     /// Empty: a group of this node alone.
     #[arg(long, env = "ZL_RAFT_PEERS", default_value = "")]
     raft_peers: String,
+    /// Join an existing group instead of starting one: start with no members and wait for the leader to add
+    /// this node (`zl admin members add ID ADDRESS`). Only for a node whose data directory is empty.
+    #[arg(long, env = "ZL_RAFT_JOIN")]
+    raft_join: bool,
     /// Raft's logical time step: heartbeats every tick, elections after 10-20 ticks without a leader.
     #[arg(long, env = "ZL_RAFT_TICK_MS", default_value_t = 50)]
     raft_tick_ms: u64,
@@ -117,6 +121,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         GroupConfig {
             id: args.raft_id,
             peers,
+            join: args.raft_join,
             data_dir: raft_dir(&data_dir),
             tls_dir: args.tls_dir.clone(),
             node_id: args.node_id.clone(),

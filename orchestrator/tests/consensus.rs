@@ -342,7 +342,7 @@ fn membership_changes_while_a_node_is_down() {
     c.crash(down);
     // Add node 4 while node `down` is away: two of four are needed... of the new three-plus-one, three.
     c.spawn(4);
-    c.node_mut(leader).propose_membership(vec![], 4, true).unwrap();
+    c.node_mut(leader).propose_membership(vec![], 4, true, vec![]).unwrap();
     c.run(20);
     assert_eq!(c.node(leader).voters(), vec![1, 2, 3, 4]);
     for i in 0..10 {
@@ -350,7 +350,7 @@ fn membership_changes_while_a_node_is_down() {
     }
     // Remove the node that is down; the group is then three live voters.
     let leader = c.leader().unwrap();
-    c.node_mut(leader).propose_membership(vec![], down, false).unwrap();
+    c.node_mut(leader).propose_membership(vec![], down, false, vec![]).unwrap();
     c.run(20);
     let voters = c.node(c.leader().unwrap()).voters();
     assert!(!voters.contains(&down) && voters.len() == 3, "{voters:?}");

@@ -120,11 +120,10 @@ impl DirectDiscovery {
 
 impl Discovery for DirectDiscovery {
     async fn heartbeat(&self, registration: &RegisterWorker, load: &LoadReport, kv: &[KvCacheEvents]) -> bool {
-        let mut resync = false;
-        for i in 0..self.orchestrators.len() {
-            resync |= self.beat(i, registration, load, kv).await;
-        }
-        resync
+        // Every orchestrator at once: one that is down (each call waits up to CALL_TIMEOUT) must not delay the
+        // others' heartbeats past their timeout.
+        let beats = (0..self.orchestrators.len()).map(|i| self.beat(i, registration, load, kv));
+        futures_util::future::join_all(beats).await.into_iter().any(|resync| resync)
     }
 
     async fn deregister(&self, worker: &NodeId, reason: &str) {

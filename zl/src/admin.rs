@@ -120,6 +120,27 @@ pub(crate) enum AdminCommand {
     },
     /// Print the whole routing state as JSON.
     State,
+    /// The orchestrators' Raft group.
+    #[command(subcommand)]
+    Members(MembersCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum MembersCommand {
+    /// List the voting members, the leader, the term and the commit and applied indices.
+    List,
+    /// Add a voting member (start it first with the group in its --raft-peers). Sent to the leader.
+    Add {
+        /// Its Raft id.
+        raft_id: u64,
+        /// Its admin API address (host:port).
+        address: std::net::SocketAddr,
+    },
+    /// Remove a voting member. Sent to the leader.
+    Remove {
+        /// Its Raft id.
+        raft_id: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -302,6 +323,35 @@ async fn run_async(args: AdminArgs) -> Result<()> {
         AdminCommand::State => {
             let r = c.get_state(pb::GetStateRequest {}).await.map_err(call)?.into_inner();
             println!("{}", r.state_json);
+        }
+        AdminCommand::Members(MembersCommand::List) => {
+            let r = c.list_members(pb::ListMembersRequest {}).await.map_err(call)?.into_inner();
+            println!("term {}, commit index {}, applied index {}", r.term, r.commit_index, r.applied_index);
+            println!("{:<8} {:<24} ROLE", "RAFT ID", "ADMIN ADDRESS");
+            for m in r.members {
+                let role = if m.leader { "leader" } else { "follower" };
+                println!("{:<8} {:<24} {role}", m.raft_id, if m.address.is_empty() { "?" } else { &m.address });
+            }
+        }
+        AdminCommand::Members(change) => {
+            // Membership changes go to the leader: find it through the node we were given.
+            let r = c.list_members(pb::ListMembersRequest {}).await.map_err(call)?.into_inner();
+            let leader = r.members.iter().find(|m| m.leader).context("the group has no leader right now")?;
+            let addr: std::net::SocketAddr =
+                leader.address.parse().with_context(|| format!("the leader's address {:?}", leader.address))?;
+            let mut leader_client = AdminClient::new(zl_admin::connect(addr, &dir, &args.node_id).await?);
+            let (request, what) = match change {
+                MembersCommand::Add { raft_id, address } => (
+                    pb::ChangeMemberRequest { raft_id, address: address.to_string(), remove: false },
+                    format!("orchestrator {raft_id} at {address} added"),
+                ),
+                MembersCommand::Remove { raft_id } => (
+                    pb::ChangeMemberRequest { raft_id, address: String::new(), remove: true },
+                    format!("orchestrator {raft_id} removed"),
+                ),
+                MembersCommand::List => unreachable!("listed above"),
+            };
+            written(&what, leader_client.change_member(request).await.map_err(call)?.into_inner());
         }
     }
     Ok(())
