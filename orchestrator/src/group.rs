@@ -429,6 +429,7 @@ async fn run(
     let mut reads: HashMap<u64, oneshot::Sender<u64>> = HashMap::new();
     let mut seq = 0u64;
     let mut last_term = 0;
+    let (mut snapshot_index, mut snapshot_at) = (replica.snapshot_index(), Instant::now());
     loop {
         tokio::select! {
             _ = ticker.tick() => replica.tick(),
@@ -517,6 +518,10 @@ async fn run(
         metrics::gauge!("zl_raft_applied_index").set(now.applied as f64);
         metrics::gauge!("zl_raft_log_bytes").set(now.log_bytes as f64);
         metrics::gauge!("zl_raft_snapshot_index").set(now.snapshot_index as f64);
+        if now.snapshot_index != snapshot_index {
+            (snapshot_index, snapshot_at) = (now.snapshot_index, Instant::now());
+        }
+        metrics::gauge!("zl_raft_snapshot_age_seconds").set(snapshot_at.elapsed().as_secs_f64());
         metrics::gauge!("zl_raft_voters").set(now.voters.len() as f64);
         status.send_if_modified(|s| {
             if *s == now {
