@@ -87,7 +87,7 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     let err_path = dir.path().join("up.err");
     let mut up = Command::new(bin("zl"))
         .args(["up", "--data-dir", data.to_str().unwrap(), "--http-addr", &http_addr.to_string()])
-        .args(["--api-key", KEY, "--workers", "2", "--kv-memory-mb", "64"])
+        .args(["--api-key", KEY, "--workers", "2", "--orchestrators", "3", "--kv-memory-mb", "64"])
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap())
@@ -95,7 +95,24 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
         .unwrap();
     let state = wait_up(&data, http_addr, &mut up);
     let tiers = pids(&state);
-    assert_eq!(tiers.len(), 4, "1 orchestrator, 2 workers, 1 frontend: {tiers:?}");
+    assert_eq!(tiers.len(), 6, "3 orchestrators, 2 workers, 1 frontend: {tiers:?}");
+    // The three orchestrators are one Raft group with a leader.
+    let admin_addr = state["orchestrators"][2]["admin"].as_str().unwrap().to_owned();
+    let tls = data.join("tls");
+    let listed = zl_e2e::zl(&[
+        "admin",
+        "--orchestrator",
+        &admin_addr,
+        "--tls-dir",
+        tls.to_str().unwrap(),
+        "--node-id",
+        "zl-up",
+        "members",
+        "list",
+    ]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert_eq!(listed.matches("leader").count(), 1, "{listed}");
+    assert_eq!(listed.matches("follower").count(), 2, "{listed}");
     // The banner follows cluster.json closely; give it a moment.
     std::thread::sleep(Duration::from_millis(500));
     let banner = std::fs::read_to_string(&out_path).unwrap();

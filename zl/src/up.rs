@@ -34,7 +34,7 @@ pub(crate) struct UpArgs {
     /// Worker processes.
     #[arg(long, default_value_t = 1)]
     workers: usize,
-    /// Orchestrator processes.
+    /// Orchestrator processes, as one Raft group (3 or 5 to try fail-over: kill the leader and watch).
     #[arg(long, default_value_t = 1)]
     orchestrators: usize,
     /// KV-cache memory per worker, in MiB.
