@@ -54,7 +54,7 @@ fn status(e: CommitError) -> Status {
     match e {
         CommitError::Command(e) => command_status(&e),
         CommitError::Remote(s) => s,
-        e @ CommitError::Unavailable(_) => Status::unavailable(e.to_string()),
+        e @ (CommitError::Unavailable(_) | CommitError::NotAccepted(_)) => Status::unavailable(e.to_string()),
     }
 }
 

@@ -64,9 +64,12 @@ pub enum CommitError {
     /// The leader rejected it with this status (forwarded writes).
     #[error("{}", .0.message())]
     Remote(tonic::Status),
-    /// No leader or no majority answered in time.
+    /// No leader or no majority answered in time; the command may still commit later.
     #[error("the orchestrator group cannot commit now: {0}")]
     Unavailable(String),
+    /// The command was certainly not appended (no leader, or the node asked was not it): safe to send again.
+    #[error("the orchestrator group cannot commit now: {0}")]
+    NotAccepted(String),
 }
 
 /// The group as this node sees it.
@@ -169,17 +172,18 @@ impl Group {
             let attempt = match leader {
                 Some(l) if l == self.id => self.propose_here(cmd, deadline).await,
                 Some(l) => self.forward(l, cmd, deadline).await,
-                None => Err(CommitError::Unavailable("no leader".into())),
+                None => Err(CommitError::NotAccepted("no leader".into())),
             };
             match attempt {
                 Ok(index) => {
                     self.await_applied(index, deadline).await?;
                     return Ok(index);
                 }
-                // Leadership moved or is being decided: look again shortly, until the deadline.
-                Err(CommitError::Unavailable(why)) => {
+                // Leadership moved or is being decided, and the command was not taken: look again shortly, until
+                // the deadline. (A command whose fate is unknown is never sent twice.)
+                Err(CommitError::NotAccepted(why)) => {
                     if Instant::now() + Duration::from_millis(50) >= deadline {
-                        return Err(CommitError::Unavailable(why));
+                        return Err(CommitError::NotAccepted(why));
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -249,27 +253,30 @@ impl Group {
 
     async fn forward(&self, leader: u64, cmd: &Command, deadline: Instant) -> Result<u64, CommitError> {
         let Some(addr) = self.addresses().get(&leader).copied() else {
-            return Err(CommitError::Unavailable(format!("leader {leader} has no known address")));
+            return Err(CommitError::NotAccepted(format!("leader {leader} has no known address")));
         };
         let endpoint = zl_admin::endpoint(addr, &self.tls_dir, Role::Orchestrator, &self.node_id)
             .map_err(|e| CommitError::Unavailable(format!("{e:#}")))?;
         let left = deadline.saturating_duration_since(Instant::now());
-        let call = async {
-            let channel = endpoint.connect().await?;
-            let command = serde_json::to_vec(cmd).unwrap_or_default();
-            let reply = RaftPeerClient::new(channel).propose(ProposeRequest { command }).await;
-            Ok::<_, tonic::transport::Error>(reply)
+        // Nothing is sent until the connection stands: failing to connect leaves the command untaken.
+        let channel = match tokio::time::timeout(left, endpoint.connect()).await {
+            Ok(Ok(channel)) => channel,
+            Ok(Err(e)) => return Err(CommitError::NotAccepted(format!("leader {leader} unreachable: {e}"))),
+            Err(_) => return Err(CommitError::NotAccepted(format!("leader {leader} unreachable in time"))),
         };
-        match tokio::time::timeout(left, call).await {
+        let command = serde_json::to_vec(cmd).unwrap_or_default();
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, RaftPeerClient::new(channel).propose(ProposeRequest { command })).await {
             Err(_) => Err(CommitError::Unavailable(format!("leader {leader} did not answer in time"))),
-            Ok(Err(e)) => Err(CommitError::Unavailable(format!("leader {leader} unreachable: {e}"))),
-            Ok(Ok(Ok(reply))) => Ok(reply.into_inner().index),
-            Ok(Ok(Err(status))) => match status.code() {
-                tonic::Code::FailedPrecondition | tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => {
-                    Err(CommitError::Unavailable(status.message().to_string()))
-                }
-                _ => Err(CommitError::Remote(status)),
-            },
+            Ok(Ok(reply)) => Ok(reply.into_inner().index),
+            // The leader says it was not taken (it no longer leads, or Raft dropped it).
+            Ok(Err(status)) if status.code() == tonic::Code::FailedPrecondition => {
+                Err(CommitError::NotAccepted(status.message().to_string()))
+            }
+            Ok(Err(status)) if matches!(status.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded) => {
+                Err(CommitError::Unavailable(status.message().to_string()))
+            }
+            Ok(Err(status)) => Err(CommitError::Remote(status)),
         }
     }
 
@@ -330,7 +337,8 @@ impl RaftPeer for PeerService {
             Ok(index) => Ok(tonic::Response::new(ProposeReply { index })),
             Err(CommitError::Command(e)) => Err(crate::admin::command_status(&e)),
             Err(CommitError::Remote(s)) => Err(s),
-            Err(CommitError::Unavailable(why)) => Err(tonic::Status::failed_precondition(why)),
+            Err(CommitError::NotAccepted(why)) => Err(tonic::Status::failed_precondition(why)),
+            Err(CommitError::Unavailable(why)) => Err(tonic::Status::unavailable(why)),
         }
     }
 }
@@ -543,10 +551,10 @@ fn handle(replica: &mut Replica<SharedState>, input: Input, pending: &mut HashMa
                     pending.insert(*seq, reply);
                 }
                 Err(ProposeError::NotLeader { leader }) => {
-                    let _ = reply.send(Err(CommitError::Unavailable(format!("not the leader (leader: {leader:?})"))));
+                    let _ = reply.send(Err(CommitError::NotAccepted(format!("not the leader (leader: {leader:?})"))));
                 }
                 Err(e) => {
-                    let _ = reply.send(Err(CommitError::Unavailable(e.to_string())));
+                    let _ = reply.send(Err(CommitError::NotAccepted(e.to_string())));
                 }
             }
         }

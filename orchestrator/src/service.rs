@@ -127,7 +127,7 @@ impl Orchestrator {
         let outcome = match &result {
             Ok(_) => "applied",
             Err(CommitError::Command(_) | CommitError::Remote(_)) => "rejected",
-            Err(CommitError::Unavailable(_)) => "unavailable",
+            Err(CommitError::Unavailable(_) | CommitError::NotAccepted(_)) => "unavailable",
         };
         metrics::counter!("zl_state_commands_total", "kind" => cmd.kind(), "outcome" => outcome).increment(1);
         metrics::gauge!("zl_state_applied_index").set(read(&self.state.0).applied_index() as f64);
@@ -345,10 +345,10 @@ fn command_error(e: CommitError) -> WireError {
         CommitError::Command(CommandError::Invalid { .. } | CommandError::Exists(_)) => ErrorCode::InvalidRequest,
         CommitError::Remote(s) if s.code() == tonic::Code::NotFound => ErrorCode::NotFound,
         CommitError::Remote(_) => ErrorCode::InvalidRequest,
-        CommitError::Unavailable(_) => ErrorCode::Overloaded,
+        CommitError::Unavailable(_) | CommitError::NotAccepted(_) => ErrorCode::Overloaded,
     };
     let mut err = WireError::new(code, e.to_string());
-    if matches!(e, CommitError::Unavailable(_)) {
+    if matches!(e, CommitError::Unavailable(_) | CommitError::NotAccepted(_)) {
         err.retry_after_ms = RETRY_AFTER_MS;
     }
     err
