@@ -172,6 +172,14 @@ fn decode<M: protobuf::Message>(what: &'static str, bytes: &[u8]) -> Result<M, C
     M::parse_from_bytes(bytes).map_err(|e| ConsensusError::Decode { what, why: e.to_string() })
 }
 
+/// A raft-rs message received as bytes from a peer: size-limited, then decoded.
+pub fn decode_message(bytes: &[u8]) -> Result<Message, ConsensusError> {
+    if bytes.len() > MAX_MESSAGE_BYTES {
+        return Err(ConsensusError::Decode { what: "raft message", why: format!("{} bytes", bytes.len()) });
+    }
+    decode("raft message", bytes)
+}
+
 fn encode(m: &impl protobuf::Message) -> Vec<u8> {
     // Encoding an in-memory message only fails for missing required fields, which proto3 messages do not have.
     m.write_to_bytes().unwrap_or_default()
@@ -402,14 +410,6 @@ impl<S: StateMachine> Replica<S> {
         }
     }
 
-    /// Decode a message received as bytes (size-limited) and step it.
-    pub fn step_bytes(&mut self, bytes: &[u8]) -> Result<(), ConsensusError> {
-        if bytes.len() > MAX_MESSAGE_BYTES {
-            return Err(ConsensusError::Decode { what: "raft message", why: format!("{} bytes", bytes.len()) });
-        }
-        self.step(decode("raft message", bytes)?)
-    }
-
     /// The transport's report on a snapshot this node sent to `to`: delivered, or lost (the leader then retries;
     /// until told, it waits for the follower).
     pub fn report_snapshot(&mut self, to: u64, delivered: bool) {
@@ -597,5 +597,23 @@ impl<S: StateMachine> Replica<S> {
         meta.set_conf_state(self.raw.store().conf.clone());
         self.raw.mut_store().disk.install_snapshot(Snapshot { index, term, data: encode(&snap) })?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn peer_messages_are_size_limited_and_verified() {
+        let mut m = Message::default();
+        m.set_msg_type(raft::eraftpb::MessageType::MsgHeartbeat);
+        (m.from, m.to, m.term) = (1, 2, 7);
+        assert_eq!(decode_message(&encode(&m)).unwrap(), m);
+        assert!(decode_message(&vec![0u8; MAX_MESSAGE_BYTES + 1]).is_err());
+        // A truncated length-delimited field is refused, not read past its end.
+        assert!(decode_message(&[0x22, 0x7f, 0x01]).is_err());
     }
 }

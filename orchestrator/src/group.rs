@@ -21,7 +21,9 @@ use zl_admin::raft_pb::raft_peer_server::{RaftPeer, RaftPeerServer};
 use zl_admin::raft_pb::{ProposeReply, ProposeRequest, RaftAck, RaftBatch};
 use zl_proto::message::Role;
 
-use crate::consensus::{ConsensusError, MAX_MESSAGE_BYTES, ProposeError, Replica, ReplicaConfig, SharedState};
+use crate::consensus::{
+    ConsensusError, MAX_MESSAGE_BYTES, ProposeError, Replica, ReplicaConfig, SharedState, decode_message,
+};
 use crate::state::{Command, CommandError};
 
 /// How long a write waits for a majority before it fails.
@@ -308,11 +310,7 @@ impl RaftPeer for PeerService {
         let batch = request.into_inner();
         let mut messages = Vec::with_capacity(batch.messages.len());
         for bytes in &batch.messages {
-            if bytes.len() > MAX_MESSAGE_BYTES {
-                return Err(tonic::Status::invalid_argument("raft message too large"));
-            }
-            let m = <Message as protobuf::Message>::parse_from_bytes(bytes)
-                .map_err(|e| tonic::Status::invalid_argument(format!("undecodable raft message: {e}")))?;
+            let m = decode_message(bytes).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
             if m.from != batch.from {
                 return Err(tonic::Status::invalid_argument("a batch carries another node's messages"));
             }
