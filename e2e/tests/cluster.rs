@@ -34,7 +34,21 @@ fn wait_up(data: &std::path::Path, http_addr: SocketAddr, up: &mut std::process:
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
         if let Ok(Some(status)) = up.try_wait() {
-            panic!("zl up exited early: {status}");
+            // Everything zl up and its children said, to see which one failed and why.
+            let mut said = String::new();
+            let parent = data.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+            for dir in [parent, data.to_path_buf(), data.join("logs")] {
+                for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let path = entry.path();
+                    if path.is_file() && path.extension().is_some_and(|e| e == "log" || e == "err" || e == "out") {
+                        let text = std::fs::read_to_string(&path).unwrap_or_default();
+                        let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                        said.push_str(&format!("--- {}\n", path.display()));
+                        said.extend(tail.into_iter().rev().map(|l| format!("{l}\n")));
+                    }
+                }
+            }
+            panic!("zl up exited early: {status}\n{said}");
         }
         if let Ok(text) = std::fs::read_to_string(data.join("cluster.json"))
             && let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "")
