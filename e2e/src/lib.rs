@@ -415,12 +415,19 @@ fn addr_list(addrs: &[std::net::SocketAddr]) -> String {
     addrs.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
 }
 
-/// Run `zl admin ARGS` against `admin` with the admin certificate `ops` in `tls`; panics if it fails.
-pub fn admin(tls: &std::path::Path, admin: std::net::SocketAddr, args: &[&str]) {
+/// Run `zl admin ARGS` against `admin` as the admin certificate `node_id` in `tls`, whatever the outcome.
+pub fn admin_as(tls: &std::path::Path, node_id: &str, admin: std::net::SocketAddr, args: &[&str]) -> Output {
     let a = admin.to_string();
     let mut all =
-        vec!["admin", "--orchestrator", &a, "--tls-dir", tls.to_str().expect("a UTF-8 path"), "--node-id", "ops"];
+        vec!["admin", "--orchestrator", &a, "--tls-dir", tls.to_str().expect("a UTF-8 path"), "--node-id", node_id];
     all.extend_from_slice(args);
-    let out = zl(&all);
-    assert!(out.status.success(), "zl {all:?}: {}", String::from_utf8_lossy(&out.stderr));
+    zl(&all)
+}
+
+/// Run `zl admin ARGS` against `admin` with the admin certificate `ops` in `tls`; panics if it fails. Returns
+/// what it printed.
+pub fn admin(tls: &std::path::Path, admin: std::net::SocketAddr, args: &[&str]) -> String {
+    let out = admin_as(tls, "ops", admin, args);
+    assert!(out.status.success(), "zl admin {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -111,19 +111,8 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     let tiers = pids(&state);
     assert_eq!(tiers.len(), 6, "3 orchestrators, 2 workers, 1 frontend: {tiers:?}");
     // The three orchestrators are one Raft group with a leader.
-    let admin_addr = state["orchestrators"][2]["admin"].as_str().unwrap().to_owned();
-    let tls = data.join("tls");
-    let listed = zl_e2e::zl(&[
-        "admin",
-        "--orchestrator",
-        &admin_addr,
-        "--tls-dir",
-        tls.to_str().unwrap(),
-        "--node-id",
-        "zl-up",
-        "members",
-        "list",
-    ]);
+    let admin_addr = state["orchestrators"][2]["admin"].as_str().unwrap().parse().unwrap();
+    let listed = zl_e2e::admin_as(&data.join("tls"), "zl-up", admin_addr, &["members", "list"]);
     let listed = String::from_utf8_lossy(&listed.stdout);
     assert_eq!(listed.matches("leader").count(), 1, "{listed}");
     assert_eq!(listed.matches("follower").count(), 2, "{listed}");

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use zl_e2e::{
-    OrchestratorProc, admin, certs, free_tcp, free_udp, gauge, metrics, request, start_frontend_with,
+    OrchestratorProc, admin, admin_as, certs, free_tcp, free_udp, gauge, metrics, request, start_frontend_with,
     start_orchestrator_at, start_worker_with, zl,
 };
 
@@ -49,11 +49,7 @@ fn agreed_leader(nodes: &[&Node], not: u64, limit: Duration) -> Option<u64> {
 }
 
 fn members(tls: &std::path::Path, admin_addr: SocketAddr) -> String {
-    let a = admin_addr.to_string();
-    let out =
-        zl(&["admin", "--orchestrator", &a, "--tls-dir", tls.to_str().unwrap(), "--node-id", "ops", "members", "list"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    admin(tls, admin_addr, &["members", "list"])
 }
 
 /// One more orchestrator certificate from the CA in `tls`.
@@ -64,9 +60,7 @@ fn certs_for(tls: &std::path::Path, id: &str) {
 }
 
 fn state(tls: &std::path::Path, node: &Node) -> String {
-    let a = node.addrs.1.to_string();
-    let out = zl(&["admin", "--orchestrator", &a, "--tls-dir", tls.to_str().unwrap(), "--node-id", "ops", "state"]);
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&admin_as(tls, "ops", node.addrs.1, &["state"]).stdout).into_owned()
 }
 
 fn wait_state(tls: &std::path::Path, node: &Node, needle: &str) {
@@ -204,10 +198,8 @@ fn three_orchestrators_fail_over_catch_up_and_refuse_writes_without_a_majority()
             n.proc = None;
         }
     }
-    let a = nodes[keep].addrs.1.to_string();
     let started = Instant::now();
-    let out =
-        zl(&["admin", "--orchestrator", &a, "--tls-dir", tls.to_str().unwrap(), "--node-id", "ops", "project", "x"]);
+    let out = admin_as(tls, "ops", nodes[keep].addrs.1, &["project", "x"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a write succeeded without a majority");
     assert!(err.contains("cannot commit"), "{err}");

@@ -38,6 +38,10 @@ impl AdminService {
         let applied_index = self.node.commit(&cmd).await.map_err(status)?;
         Ok(Response::new(pb::WriteResponse { applied_index }))
     }
+
+    fn group(&self) -> Result<&crate::group::Group, Status> {
+        self.node.group().ok_or_else(|| Status::failed_precondition("this node runs no Raft group"))
+    }
 }
 
 /// The status a rejected command gets, here and when a follower forwarded it to the leader.
@@ -235,7 +239,7 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::ListMembersRequest>,
     ) -> Result<Response<pb::ListMembersResponse>, Status> {
         require_admin(&req)?;
-        let group = self.node.group().ok_or_else(|| Status::failed_precondition("this node runs no Raft group"))?;
+        let group = self.group()?;
         let (status, addresses) = (group.status(), group.addresses());
         let members = status
             .voters
@@ -261,7 +265,7 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
         let r = req.into_inner();
-        let group = self.node.group().ok_or_else(|| Status::failed_precondition("this node runs no Raft group"))?;
+        let group = self.group()?;
         let now = group.status();
         if now.leader != Some(now.id) {
             let leader = now.leader.and_then(|l| group.addresses().get(&l).map(|a| format!("{l}@{a}")));

@@ -194,17 +194,29 @@ impl Group {
         }
     }
 
+    /// Send `input` (built around a reply sender) to the Raft task and wait for its answer until `until`.
+    /// `Ok(None)`: no answer in time.
+    async fn ask<T>(
+        &self,
+        input: impl FnOnce(oneshot::Sender<T>) -> Input,
+        until: Instant,
+    ) -> Result<Option<T>, CommitError> {
+        let stopped = || CommitError::Unavailable("the Raft task stopped".into());
+        let (reply, answer) = oneshot::channel();
+        self.tx.send(input(reply)).await.map_err(|_| stopped())?;
+        match tokio::time::timeout_at(until.into(), answer).await {
+            Ok(Ok(answer)) => Ok(Some(answer)),
+            Ok(Err(_)) => Err(stopped()),
+            Err(_) => Ok(None),
+        }
+    }
+
     /// Propose on this node (it must lead) and wait for the command to apply here.
     pub async fn propose_here(&self, cmd: &Command, deadline: Instant) -> Result<u64, CommitError> {
-        let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Input::Propose { cmd: cmd.clone(), reply })
-            .await
-            .map_err(|_| CommitError::Unavailable("the Raft task stopped".into()))?;
-        match tokio::time::timeout_at(deadline.into(), answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(CommitError::Unavailable("the Raft task stopped".into())),
-            Err(_) => Err(CommitError::Unavailable("no majority answered in time".into())),
+        let cmd = cmd.clone();
+        match self.ask(|reply| Input::Propose { cmd, reply }, deadline).await? {
+            Some(result) => result,
+            None => Err(CommitError::Unavailable("no majority answered in time".into())),
         }
     }
 
@@ -213,14 +225,9 @@ impl Group {
     pub async fn read_barrier(&self) -> Result<(), CommitError> {
         let deadline = Instant::now() + COMMIT_TIMEOUT;
         loop {
-            let (reply, answer) = oneshot::channel();
-            self.tx
-                .send(Input::ReadIndex { reply })
-                .await
-                .map_err(|_| CommitError::Unavailable("the Raft task stopped".into()))?;
-            // Without a leader the request is dropped; ask again until one answers or time runs out.
+            // Without a leader the request goes unanswered; ask again until one answers or time runs out.
             let round = deadline.min(Instant::now() + Duration::from_millis(500));
-            if let Ok(Ok(index)) = tokio::time::timeout_at(round.into(), answer).await {
+            if let Some(index) = self.ask(|reply| Input::ReadIndex { reply }, round).await? {
                 return self.await_applied(index, deadline).await;
             }
             if Instant::now() >= deadline {
@@ -240,16 +247,11 @@ impl Group {
         if node == 0 {
             return Err(CommitError::Unavailable("Raft ids start at 1".into()));
         }
-        let (reply, answer) = oneshot::channel();
         let (add, address) = (address.is_some(), address.map(|a| a.to_string().into_bytes()).unwrap_or_default());
-        self.tx
-            .send(Input::Membership { node, add, address, reply })
-            .await
-            .map_err(|_| CommitError::Unavailable("the Raft task stopped".into()))?;
-        match tokio::time::timeout(COMMIT_TIMEOUT, answer).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(CommitError::Unavailable("the Raft task stopped".into())),
-            Err(_) => Err(CommitError::Unavailable("no majority answered in time".into())),
+        let until = Instant::now() + COMMIT_TIMEOUT;
+        match self.ask(|reply| Input::Membership { node, add, address, reply }, until).await? {
+            Some(result) => result,
+            None => Err(CommitError::Unavailable("no majority answered in time".into())),
         }
     }
 
@@ -419,7 +421,28 @@ fn proposal_context(id: u64, seq: u64) -> Vec<u8> {
     c
 }
 
+/// The sequence number in a context this node made with [`proposal_context`]; `None` for another node's.
+fn own_sequence(id: u64, context: &[u8]) -> Option<u64> {
+    let (node, seq) = context.split_at_checked(8)?;
+    (node == id.to_le_bytes()).then_some(u64::from_le_bytes(seq.try_into().ok()?))
+}
+
 type Reply = oneshot::Sender<Result<u64, CommitError>>;
+
+/// Callers waiting on the Raft task, by the sequence number in their proposal or read context.
+#[derive(Default)]
+struct Waiting {
+    seq: u64,
+    commits: HashMap<u64, Reply>,
+    reads: HashMap<u64, oneshot::Sender<u64>>,
+}
+
+impl Waiting {
+    fn next(&mut self, id: u64) -> (u64, Vec<u8>) {
+        self.seq += 1;
+        (self.seq, proposal_context(id, self.seq))
+    }
+}
 
 async fn run(
     mut replica: Replica<SharedState>,
@@ -431,9 +454,7 @@ async fn run(
     let id = replica.id();
     let mut ticker = tokio::time::interval(tick);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut pending: HashMap<u64, Reply> = HashMap::new();
-    let mut reads: HashMap<u64, oneshot::Sender<u64>> = HashMap::new();
-    let mut seq = 0u64;
+    let mut waiting = Waiting::default();
     let mut last_term = 0;
     let (mut snapshot_index, mut snapshot_at) = (replica.snapshot_index(), Instant::now());
     loop {
@@ -444,13 +465,7 @@ async fn run(
                 let mut next = Some(input);
                 // Take whatever else is queued, so one ready (one fsync) covers them all.
                 while let Some(input) = next {
-                    if let Input::ReadIndex { reply } = input {
-                        seq += 1;
-                        replica.read_index(proposal_context(id, seq));
-                        reads.insert(seq, reply);
-                    } else {
-                        handle(&mut replica, input, &mut pending, &mut seq);
-                    }
+                    handle(&mut replica, input, &mut waiting);
                     next = rx.try_recv().ok();
                 }
             }
@@ -466,26 +481,20 @@ async fn run(
             }
         };
         for (context, index) in out.read_states {
-            if context.len() == 16 && context[..8] == id.to_le_bytes() {
-                let s = u64::from_le_bytes(context[8..].try_into().unwrap_or([0; 8]));
-                if let Some(reply) = reads.remove(&s) {
-                    let _ = reply.send(index);
-                }
+            if let Some(reply) = own_sequence(id, &context).and_then(|s| waiting.reads.remove(&s)) {
+                let _ = reply.send(index);
             }
         }
         // Reads whose callers gave up (no leader answered) are forgotten.
-        reads.retain(|_, r| !r.is_closed());
+        waiting.reads.retain(|_, r| !r.is_closed());
         for a in out.applied {
             match &a.membership {
                 Some((node, true, address)) => transport.member_added(*node, address),
                 Some((node, false, _)) => transport.member_removed(*node),
                 None => {}
             }
-            if a.context.len() == 16 && a.context[..8] == id.to_le_bytes() {
-                let s = u64::from_le_bytes(a.context[8..].try_into().unwrap_or([0; 8]));
-                if let Some(reply) = pending.remove(&s) {
-                    let _ = reply.send(a.result.map(|()| a.index).map_err(CommitError::from));
-                }
+            if let Some(reply) = own_sequence(id, &a.context).and_then(|s| waiting.commits.remove(&s)) {
+                let _ = reply.send(a.result.map(|()| a.index).map_err(CommitError::from));
             }
         }
         for m in out.messages {
@@ -540,13 +549,13 @@ async fn run(
     }
 }
 
-fn handle(replica: &mut Replica<SharedState>, input: Input, pending: &mut HashMap<u64, Reply>, seq: &mut u64) {
+fn handle(replica: &mut Replica<SharedState>, input: Input, waiting: &mut Waiting) {
     match input {
         Input::Propose { cmd, reply } => {
-            *seq += 1;
-            match replica.propose(proposal_context(replica.id(), *seq), &cmd) {
+            let (seq, context) = waiting.next(replica.id());
+            match replica.propose(context, &cmd) {
                 Ok(()) => {
-                    pending.insert(*seq, reply);
+                    waiting.commits.insert(seq, reply);
                 }
                 Err(ProposeError::NotLeader { leader }) => {
                     let _ = reply.send(Err(CommitError::NotAccepted(format!("not the leader (leader: {leader:?})"))));
@@ -557,17 +566,21 @@ fn handle(replica: &mut Replica<SharedState>, input: Input, pending: &mut HashMa
             }
         }
         Input::Membership { node, add, address, reply } => {
-            *seq += 1;
-            match replica.propose_membership(proposal_context(replica.id(), *seq), node, add, address) {
+            let (seq, context) = waiting.next(replica.id());
+            match replica.propose_membership(context, node, add, address) {
                 Ok(()) => {
-                    pending.insert(*seq, reply);
+                    waiting.commits.insert(seq, reply);
                 }
                 Err(e) => {
                     let _ = reply.send(Err(CommitError::Unavailable(e.to_string())));
                 }
             }
         }
-        Input::ReadIndex { .. } => {}
+        Input::ReadIndex { reply } => {
+            let (seq, context) = waiting.next(replica.id());
+            replica.read_index(context);
+            waiting.reads.insert(seq, reply);
+        }
         Input::Messages(messages) => {
             for m in messages {
                 if let Err(e) = replica.step(m) {
@@ -624,5 +637,16 @@ mod tests {
         assert!(parse_peers("1@127.0.0.1:7001,1@127.0.0.1:7002").is_err());
         assert!(parse_peers("x@127.0.0.1:7001").is_err());
         assert!(parse_peers("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn only_this_nodes_contexts_name_a_waiting_caller() {
+        assert_eq!(own_sequence(3, &proposal_context(3, 42)), Some(42));
+        assert_eq!(own_sequence(3, &proposal_context(4, 42)), None);
+        assert_eq!(own_sequence(3, &proposal_context(3, 42)[..15]), None);
+        assert_eq!(own_sequence(3, &[]), None);
+        let mut w = Waiting::default();
+        assert_eq!(w.next(3), (1, proposal_context(3, 1)));
+        assert_eq!(w.next(3).0, 2);
     }
 }
