@@ -296,18 +296,22 @@ fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32
                 *qv = (t + 0.5f32.copysign(t)) as i8;
             }
             sums[r * bpr + b] = sum_f32(block);
-            blocks[b * rows + r] = XBlock { q, d: [d; 8] };
+            blocks[b * rows + r] = XBlock { q, d };
         }
     }
 }
 
-/// One block of 32 activations quantized to signed bytes, as the integer kernels consume them: `x ≈ d * q`, with
-/// the scale stored eight times over so the SIMD kernel multiplies by it straight from memory. One cache line.
-#[derive(Clone, Copy, Debug)]
+/// One block of 32 activations quantized to signed bytes, as the integer kernels consume them: `x ≈ d * q`. One
+/// cache line.
+#[derive(Clone, Copy, Debug, PartialEq)]
 #[repr(C, align(64))]
 struct XBlock {
     q: [i8; QK],
-    d: [f32; 8],
+    d: f32,
+}
+
+impl XBlock {
+    const ZERO: XBlock = XBlock { q: [0; QK], d: 0.0 };
 }
 
 /// Batch rows the SIMD kernel runs together; the quantized activations are laid out in groups of this many rows.
@@ -333,7 +337,7 @@ impl QuantizedRows {
         debug_assert_eq!(cols % QK, 0);
         let (rows, bpr) = (x.len() / cols, cols / QK);
         let mut out = QuantizedRows {
-            blocks: vec![XBlock { q: [0; QK], d: [0.0; 8] }; rows * bpr],
+            blocks: vec![XBlock::ZERO; rows * bpr],
             sums: vec![0f32; rows * bpr],
             rows,
             blocks_per_row: bpr,
@@ -402,7 +406,7 @@ fn columns_int8(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut 
                                 i32::from(q & 0x0f) * i32::from(x.q[j]) + i32::from(q >> 4) * i32::from(x.q[j + 16]);
                         }
                         let at = tile_scale(bpr, c, b);
-                        acc = (isum as f32).mul_add(d[at] * x.d[0], acc);
+                        acc = (isum as f32).mul_add(d[at] * x.d, acc);
                         acc = m[at].mul_add(xq.sums[r * bpr + b], acc);
                     }
                     acc
@@ -415,7 +419,7 @@ fn columns_int8(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut 
                         for (e, &xe) in x.q.iter().enumerate() {
                             isum += i32::from(qs[q8_0_at(bpr, c, b, e)]) * i32::from(xe);
                         }
-                        acc = (isum as f32).mul_add(d[tile_scale(bpr, c, b)] * x.d[0], acc);
+                        acc = (isum as f32).mul_add(d[tile_scale(bpr, c, b)] * x.d, acc);
                     }
                     acc
                 }
@@ -598,7 +602,10 @@ mod simd {
             let mut acc = [[_mm256_setzero_ps(); W]; B];
             for (p, &slot) in slots.iter().enumerate() {
                 let value = values[slot + at..slot + at + 8 * W].chunks_exact(8);
-                let wv: [__m256; B] = std::array::from_fn(|i| _mm256_set1_ps(w[i * n + p]));
+                let mut wv = [_mm256_setzero_ps(); B];
+                for (i, v) in wv.iter_mut().enumerate() {
+                    *v = _mm256_set1_ps(w[i * n + p]);
+                }
                 for (c, v) in value.enumerate() {
                     let vc = load8h(v);
                     for (a, &wi) in acc.iter_mut().zip(&wv) {
@@ -654,9 +661,47 @@ mod simd {
         unsafe { quantize_group_avx2(x, cols, blocks, sums) }
     }
 
+    /// [`super::quantize_group`] in AVX2, block by block: the same maximum, the same scale, the same roundings
+    /// and the block sum in `sum_f32`'s order, so the same bytes (for finite activations).
     #[target_feature(enable = "avx2,fma")]
     fn quantize_group_avx2(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
-        super::quantize_group(x, cols, blocks, sums);
+        let (rows, bpr) = (x.len() / cols, cols / QK);
+        let sign = _mm256_set1_ps(-0.0);
+        let half = _mm256_set1_ps(0.5);
+        // Dwords of the packed bytes back in element order (the packs interleave 128-bit lanes).
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for r in 0..rows {
+            for b in 0..bpr {
+                let block = &x[r * cols + b * QK..][..QK];
+                let v = [load8f(block), load8f(&block[8..]), load8f(&block[16..]), load8f(&block[24..])];
+                let abs = |v: __m256| _mm256_andnot_ps(sign, v);
+                let m = _mm256_max_ps(_mm256_max_ps(abs(v[0]), abs(v[1])), _mm256_max_ps(abs(v[2]), abs(v[3])));
+                let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+                let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+                let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
+                let d = amax / 127.0;
+                let inv = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
+                // Round half away from zero: add 0.5 with the value's sign, then truncate.
+                let quant = |v: __m256| {
+                    let t = _mm256_mul_ps(v, inv);
+                    _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_or_ps(half, _mm256_and_ps(t, sign))))
+                };
+                let words =
+                    [_mm256_packs_epi32(quant(v[0]), quant(v[1])), _mm256_packs_epi32(quant(v[2]), quant(v[3]))];
+                let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words[0], words[1]), order);
+                let out = &mut blocks[b * rows + r];
+                // SAFETY: `out.q` is 32 writable bytes and the store is unaligned.
+                unsafe { _mm256_storeu_si256(out.q.as_mut_ptr().cast(), bytes) };
+                out.d = d;
+                let lanes = _mm256_add_ps(
+                    _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_setzero_ps(), v[0]), v[1]), v[2]),
+                    v[3],
+                );
+                let mut acc = [0f32; 8];
+                store8f(&mut acc, lanes);
+                sums[r * bpr + b] = super::finish_sum(&acc, &[]);
+            }
+        }
     }
 
     pub(super) fn columns_int8(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
@@ -688,8 +733,8 @@ mod simd {
         unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
     }
 
-    /// Batch rows a tile kernel runs together (a block's eight weight vectors and these rows' accumulators fill
-    /// the sixteen vector registers).
+    /// Batch rows a tile kernel runs together: their accumulators, their per-block integer sums and one chunk of
+    /// unpacked weights fit the sixteen vector registers.
     const TILE_ROWS: usize = 4;
 
     /// The tiled integer kernels: for each tile of eight output features, a few batch rows at a time sweep the
@@ -703,33 +748,59 @@ mod simd {
             let mut r = 0;
             while r < n {
                 let tile = (n - r).min(TILE_ROWS);
-                let vals = &mut [0f32; TILE * TILE_ROWS];
+                let mut acc = [_mm256_setzero_ps(); TILE_ROWS];
                 match (weight, tile) {
-                    (Weight::Q4_1 { .. }, 4) => q4_1_tile::<4>(weight, xq, t, r, vals),
-                    (Weight::Q4_1 { .. }, 3) => q4_1_tile::<3>(weight, xq, t, r, vals),
-                    (Weight::Q4_1 { .. }, 2) => q4_1_tile::<2>(weight, xq, t, r, vals),
-                    (Weight::Q4_1 { .. }, _) => q4_1_tile::<1>(weight, xq, t, r, vals),
-                    (_, 4) => q8_0_tile::<4>(weight, xq, t, r, vals),
-                    (_, 3) => q8_0_tile::<3>(weight, xq, t, r, vals),
-                    (_, 2) => q8_0_tile::<2>(weight, xq, t, r, vals),
-                    (_, _) => q8_0_tile::<1>(weight, xq, t, r, vals),
+                    (Weight::Q4_1 { .. }, 4) => acc = q4_1_tile::<4>(weight, xq, t, r),
+                    (Weight::Q4_1 { .. }, 3) => acc[..3].copy_from_slice(&q4_1_tile::<3>(weight, xq, t, r)),
+                    (Weight::Q4_1 { .. }, 2) => acc[..2].copy_from_slice(&q4_1_tile::<2>(weight, xq, t, r)),
+                    (Weight::Q4_1 { .. }, _) => acc[..1].copy_from_slice(&q4_1_tile::<1>(weight, xq, t, r)),
+                    (_, 4) => acc = q8_0_tile::<4>(weight, xq, t, r),
+                    (_, 3) => acc[..3].copy_from_slice(&q8_0_tile::<3>(weight, xq, t, r)),
+                    (_, 2) => acc[..2].copy_from_slice(&q8_0_tile::<2>(weight, xq, t, r)),
+                    (_, _) => acc[..1].copy_from_slice(&q8_0_tile::<1>(weight, xq, t, r)),
                 }
                 // The tile's features that fall in this task (the last tile may hold padding features).
                 let (f0, f1) = ((t * TILE).max(c0), (t * TILE + TILE).min(c1));
-                for (i, row) in out[r..r + tile].iter_mut().enumerate() {
-                    row[f0 - c0..f1 - c0].copy_from_slice(&vals[i * TILE + f0 - t * TILE..i * TILE + f1 - t * TILE]);
+                for (row, a) in out[r..r + tile].iter_mut().zip(acc) {
+                    if f1 - f0 == TILE {
+                        store8f(&mut row[f0 - c0..], a);
+                    } else {
+                        let mut vals = [0f32; TILE];
+                        store8f(&mut vals, a);
+                        row[f0 - c0..f1 - c0].copy_from_slice(&vals[f0 - t * TILE..f1 - t * TILE]);
+                    }
                 }
                 r += tile;
             }
         }
     }
 
-    /// Tile `t`'s eight features for batch rows `r..r + R` into `out[i * TILE..]`. Per block: the eight features'
-    /// quants unpacked once; per row, eight byte-products (each lane a feature, four elements of the activation
-    /// block broadcast to all lanes) summed in i16, widened to i32 once, then the scales and the minimum term as
-    /// fused multiply-adds: the operations of `columns_int8`'s Q4_1 reference, in its order, whatever `R` is.
+    /// The activation blocks of batch rows `r..r + R`, block after block: block `b` of row `r + i` is at
+    /// `blocks[b * stride + i]`. The rows must share a row group.
+    #[inline(always)]
+    fn row_blocks<const R: usize>(xq: &QuantizedRows, r: usize) -> (&[XBlock], usize) {
+        let first = xq.index(r, 0);
+        let stride = if xq.blocks_per_row > 1 { xq.index(r, 1) - first } else { 1 };
+        assert_eq!(xq.index(r + R - 1, 0), first + R - 1, "the rows share a row group");
+        let last = first + (xq.blocks_per_row - 1) * stride + R;
+        (&xq.blocks[first..last], stride)
+    }
+
+    /// Activation bytes `4k..4k + 4` of a block, in every 32-bit lane.
+    #[inline(always)]
+    fn broadcast4(x: &XBlock, k: usize) -> __m256i {
+        let bytes = [x.q[4 * k] as u8, x.q[4 * k + 1] as u8, x.q[4 * k + 2] as u8, x.q[4 * k + 3] as u8];
+        // SAFETY: only called from this module's AVX2 kernels, which run where `available()` said the CPU has it.
+        unsafe { _mm256_set1_epi32(i32::from_le_bytes(bytes)) }
+    }
+
+    /// Tile `t`'s eight features for batch rows `r..r + R` (row `r + i` in lane vector `i`). Per block, a chunk of four
+    /// elements of all eight features at a time (unpacked once for all rows), each row's byte-products (each lane
+    /// a feature, the row's four activation bytes broadcast to all lanes) summed in i16; then per row the sum
+    /// widened to i32 once, the scales and the minimum term as fused multiply-adds: the operations of
+    /// `columns_int8`'s Q4_1 reference, in its order, whatever `R` is. (The integer sum is exact in any order.)
     #[target_feature(enable = "avx2,fma")]
-    fn q4_1_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize, out: &mut [f32]) {
+    fn q4_1_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
         let Weight::Q4_1 { cols, d, m, qs, .. } = weight else { unreachable!("Q4_1 only") };
         let bpr = cols / QK;
         let ones = _mm256_set1_epi16(1);
@@ -737,45 +808,37 @@ mod simd {
         let mut acc = [_mm256_setzero_ps(); R];
         let qs = &qs[t * bpr * 128..(t + 1) * bpr * 128];
         let (d, m) = (&d[t * bpr * TILE..(t + 1) * bpr * TILE], &m[t * bpr * TILE..(t + 1) * bpr * TILE]);
+        let (xs, stride) = row_blocks::<R>(xq, r);
+        let sums = &xq.sums[r * bpr..(r + R) * bpr];
         for (b, ((q, dv), mv)) in qs.chunks_exact(128).zip(d.chunks_exact(TILE)).zip(m.chunks_exact(TILE)).enumerate() {
-            let mut w = [_mm256_setzero_si256(); 8];
+            let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+            let mut s = [_mm256_setzero_si256(); R];
+            // Chunk k holds elements 4k..4k + 4 (low nibbles) and 16 + 4k.. (high nibbles) of every feature. Each
+            // product pair is at most 2 * 15 * 127 = 3810, so a block's eight of them sum within i16.
             for k in 0..4 {
                 let v = load32u(&q[k * 32..]);
-                w[k] = _mm256_and_si256(v, low4);
-                w[k + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+                let lo = _mm256_and_si256(v, low4);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+                for i in 0..R {
+                    s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(lo, broadcast4(&x[i], k)));
+                    s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(hi, broadcast4(&x[i], k + 4)));
+                }
             }
             let (dw, mw) = (load8f(dv), load8f(mv));
-            for (i, a) in acc.iter_mut().enumerate() {
-                let x = &xq.blocks[xq.index(r + i, b)];
-                // Chunk k of the unpacked weights holds elements 4k..4k + 4 (k < 4) or 16 + 4(k - 4).. of every
-                // feature, matching activation bytes 4k..4k + 4 in both cases. Each product pair is at most
-                // 2 * 15 * 127 = 3810, so eight of them sum within i16.
-                let xk = |k: usize| {
-                    let bytes: [u8; 4] =
-                        [x.q[4 * k] as u8, x.q[4 * k + 1] as u8, x.q[4 * k + 2] as u8, x.q[4 * k + 3] as u8];
-                    _mm256_set1_epi32(i32::from_le_bytes(bytes))
-                };
-                let mut s = _mm256_maddubs_epi16(w[0], xk(0));
-                for (k, wk) in w.iter().enumerate().skip(1) {
-                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*wk, xk(k)));
-                }
-                let isum = _mm256_madd_epi16(s, ones);
-                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, load8f(&x.d)), *a);
-                *a = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq.sums[(r + i) * bpr + b]), *a);
+            for i in 0..R {
+                let isum = _mm256_madd_epi16(s[i], ones);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(x[i].d)), acc[i]);
+                acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sums[i * bpr + b]), acc[i]);
             }
         }
-        for (i, a) in acc.iter().enumerate() {
-            let dst = &mut out[i * TILE..(i + 1) * TILE];
-            // SAFETY: `dst` is 8 writable f32s and the store is unaligned.
-            unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), *a) };
-        }
+        acc
     }
 
     /// [`q4_1_tile`] for Q8_0: per row and block, eight byte-products of the weights' magnitudes with the
     /// activations carrying the weights' signs (each pair at most 2 * 128 * 127, so each is widened to i32 before
     /// the next is added), then the scales as one fused multiply-add: `columns_int8`'s Q8_0 reference.
     #[target_feature(enable = "avx2,fma")]
-    fn q8_0_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize, out: &mut [f32]) {
+    fn q8_0_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
         let Weight::Q8_0 { cols, d, qs, .. } = weight else { unreachable!("Q8_0 only") };
         let bpr = cols / QK;
         let ones = _mm256_set1_epi16(1);
@@ -798,14 +861,10 @@ mod simd {
                     let xk = _mm256_sign_epi8(_mm256_set1_epi32(i32::from_le_bytes(bytes)), w[k]);
                     isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(mag[k], xk), ones));
                 }
-                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, load8f(&x.d)), *a);
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(x.d)), *a);
             }
         }
-        for (i, a) in acc.iter().enumerate() {
-            let dst = &mut out[i * TILE..(i + 1) * TILE];
-            // SAFETY: `dst` is 8 writable f32s and the store is unaligned.
-            unsafe { _mm256_storeu_ps(dst.as_mut_ptr(), *a) };
-        }
+        acc
     }
 }
 
@@ -927,7 +986,13 @@ pub fn sum_f32(a: &[f32]) -> f32 {
             acc[l] += c[l];
         }
     }
-    hsum(&acc) + a.chunks_exact(8).remainder().iter().sum::<f32>()
+    finish_sum(&acc, a.chunks_exact(8).remainder())
+}
+
+/// [`sum_f32`]'s last step: its eight lanes in [`hsum`]'s order, then the values past the last full eight.
+#[inline(always)]
+fn finish_sum(lanes: &[f32; 8], rest: &[f32]) -> f32 {
+    hsum(lanes) + rest.iter().sum::<f32>()
 }
 
 /// Dot product with eight accumulators in a fixed order (vectorisable, and the same order for every call).
@@ -1041,7 +1106,13 @@ mod tests {
             Weight::from_q8_0(rows, cols, &q8_0_raw(&w)).unwrap(),
         ] {
             for n in [1, 3, 4, 9] {
-                let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut seed) * 3.0).collect();
+                let mut x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut seed) * 3.0).collect();
+                // An all-zero block, a negative zero, and a block whose values land on halves when scaled.
+                x[..QK].fill(0.0);
+                x[QK] = -0.0;
+                for (i, v) in x[2 * QK..3 * QK].iter_mut().enumerate() {
+                    *v = (i as f32 - 15.5) * 127.0 / 15.5;
+                }
                 let xq = QuantizedRows::quantize(&x, cols);
                 let run = |kernel: &dyn Fn(&mut [&mut [f32]])| {
                     let mut vals = vec![0f32; n * rows];
@@ -1056,11 +1127,11 @@ mod tests {
                 let bpr = cols / QK;
                 for (g, xg) in x.chunks(ROW_GROUP * cols).enumerate() {
                     let rows_here = xg.len() / cols;
-                    let mut blocks = vec![XBlock { q: [0; QK], d: [0.0; 8] }; rows_here * bpr];
+                    let mut blocks = vec![XBlock::ZERO; rows_here * bpr];
                     let mut sums = vec![0f32; rows_here * bpr];
                     quantize_group(xg, cols, &mut blocks, &mut sums);
                     let at = g * ROW_GROUP * bpr;
-                    assert!(blocks.iter().zip(&xq.blocks[at..]).all(|(a, b)| a.q == b.q && a.d == b.d));
+                    assert!(blocks.iter().zip(&xq.blocks[at..]).all(|(a, b)| a == b));
                     assert_eq!(sums[..], xq.sums[g * ROW_GROUP * bpr..][..sums.len()]);
                 }
             }
