@@ -3,14 +3,16 @@
 
 use std::collections::HashMap;
 
+use rayon::prelude::*;
+
 use zl_proto::message::StopReason;
 
 use crate::kv::pool::BlockPool;
 use crate::model::LoadedModel;
-use crate::model::llama::{BatchItem, KvStore};
+use crate::model::llama::{BatchItem, KvStore, PARALLEL_ROWS};
 use crate::model::tokenizer::Detokenizer;
 use crate::sampling::{Sampling, log_softmax_at, sample};
-use crate::scheduler::{AdmitError, Scheduler, SchedulerConfig, SeqId};
+use crate::scheduler::{AdmitError, Scheduler, SchedulerConfig, SeqId, StepItem};
 use crate::stop::StopMatcher;
 
 /// A request as the engine runs it.
@@ -209,10 +211,22 @@ impl EngineCore {
         let mut sampled = HashMap::new();
         let mut finished = Vec::new();
         let vocab = self.model.llama.config().vocab;
-        for (item, logits) in plan.items.iter().filter(|it| it.sample).zip(logits.chunks_exact(vocab)) {
-            let Some(st) = self.seqs.get_mut(&item.seq) else { continue };
+        let rows: Vec<_> = plan.items.iter().filter(|it| it.sample).zip(logits.chunks_exact(vocab)).collect();
+        // A token depends only on its own row, the sequence's settings and its step: large batches sample on the
+        // pool (the same tokens either way).
+        let seqs = &self.seqs;
+        let pick = |(item, logits): &(&StepItem, &[f32])| {
+            let st = seqs.get(&item.seq)?;
             let s = sample(logits, &st.sampling, u64::from(st.generated));
-            let logprob = st.logprobs.then(|| log_softmax_at(logits, s as usize));
+            Some((s, st.logprobs.then(|| log_softmax_at(logits, s as usize))))
+        };
+        let picks: Vec<_> = if rows.len() >= PARALLEL_ROWS {
+            rows.par_iter().map(pick).collect()
+        } else {
+            rows.iter().map(pick).collect()
+        };
+        for ((item, _), picked) in rows.iter().zip(picks) {
+            let (Some(st), Some((s, logprob))) = (self.seqs.get_mut(&item.seq), picked) else { continue };
             st.generated += 1;
             let mut end = None;
             if self.model.tokenizer.stop_ids.contains(&s) {

@@ -148,7 +148,7 @@ pub struct BatchItem<'a> {
 
 /// Batch rows from which the per-row element-wise work (norms, the gated activation) is spread over the pool; below
 /// it a dispatch costs more than it saves.
-const PARALLEL_ROWS: usize = 4;
+pub(crate) const PARALLEL_ROWS: usize = 4;
 
 /// `f(row, out_row)` for every row of `out` (rows of `width`), in parallel for large batches. Each row is computed
 /// on its own, so splitting never changes a result.
@@ -243,6 +243,18 @@ impl Llama {
         }
     }
 
+    /// RoPE on one row's query and key at position `pos`, then the row's key and value as f16 bits into `new` (key
+    /// first).
+    #[inline]
+    fn rotate_row(&self, pos: usize, q: &mut [f32], k: &mut [f32], v: &[f32], new: &mut [u16]) {
+        self.rope(q, pos);
+        self.rope(k, pos);
+        let (kh, vh) = new.split_at_mut(k.len());
+        // Eight at a time with F16C where the CPU has it; the same round-to-nearest-even bits either way.
+        kh.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(k);
+        vh.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(v);
+    }
+
     /// Run one step. Writes the new tokens' keys and values into `kv` and returns the last token's logits for
     /// every item that asked for them, in item order, one row of `vocab` values after another (no per-row copies:
     /// at 16 sequences they are 3 MB a step).
@@ -288,6 +300,8 @@ impl Llama {
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
+        // Each row's new key and value as f16 bits, before they go to the row's KV slot.
+        let mut kv_new = vec![0u16; n * 2 * kvd];
         let mut attn = vec![0f32; n * qd];
         let mut proj = vec![0f32; n * h];
         let mut gate = vec![0f32; n * cfg.intermediate];
@@ -305,14 +319,24 @@ impl Llama {
                     v[r * kvd..(r + 1) * kvd].iter_mut().zip(bv).for_each(|(a, b)| *a += b);
                 }
             }
-            for r in 0..n {
-                self.rope(&mut q[r * qd..(r + 1) * qd], row_pos[r]);
-                self.rope(&mut k[r * kvd..(r + 1) * kvd], row_pos[r]);
+            // Each row's rotation and f16 conversion reads only that row: one parallel pass for large batches.
+            // Then the new keys and values go to their slots.
+            if n >= PARALLEL_ROWS {
+                let rows = q.par_chunks_mut(qd).zip(k.par_chunks_mut(kvd));
+                let halves = kv_new.par_chunks_mut(2 * kvd).zip(v.par_chunks(kvd));
+                rows.zip(halves).enumerate().for_each(|(r, ((qr, kr), (new, vr)))| {
+                    with_simd(|| self.rotate_row(row_pos[r], qr, kr, vr, new));
+                });
+            } else {
+                let rows = q.chunks_mut(qd).zip(k.chunks_mut(kvd));
+                for (r, ((qr, kr), (new, vr))) in rows.zip(kv_new.chunks_mut(2 * kvd).zip(v.chunks(kvd))).enumerate() {
+                    self.rotate_row(row_pos[r], qr, kr, vr, new);
+                }
+            }
+            for (r, new) in kv_new.chunks_exact(2 * kvd).enumerate() {
                 let slot = kv.slot(items[row_item[r]].blocks, row_pos[r]);
-                let (ks, vs) = (&mut kv.k[li][slot..slot + kvd], &mut kv.v[li][slot..slot + kvd]);
-                // Eight at a time with F16C where the CPU has it; the same round-to-nearest-even bits either way.
-                ks.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(&k[r * kvd..(r + 1) * kvd]);
-                vs.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(&v[r * kvd..(r + 1) * kvd]);
+                kv.k[li][slot..slot + kvd].copy_from_slice(&new[..kvd]);
+                kv.v[li][slot..slot + kvd].copy_from_slice(&new[kvd..]);
             }
             let kv_ref: &KvStore = kv;
             attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {
