@@ -290,18 +290,58 @@ async fn server_shutdown_cancels_the_clients_stream() {
 }
 
 /// Serve on a runtime of its own, so the test can kill it the way a crash would: no CONNECTION_CLOSE is sent.
-fn spawn_crashable(
-    addr: SocketAddr,
-    identity: &TlsIdentity,
-    settings: RpcSettings,
-) -> (tokio::runtime::Runtime, Server) {
+/// Environment of a [`peer_process`] child: the address to serve on, then the CA certificate and the worker's
+/// certificate and key (PEM).
+const CHILD_ENV: [&str; 4] = ["ZL_QUIC_CHILD_ADDR", "ZL_QUIC_CHILD_CA", "ZL_QUIC_CHILD_CERT", "ZL_QUIC_CHILD_KEY"];
+
+/// Not a test of its own: the server process that [`client_reconnects_after_the_peer_crashes_and_restarts`] starts
+/// (this test binary again) and SIGKILLs, so the crash is a real one: no close frame, no goodbye. Without the
+/// environment it returns at once.
+#[test]
+#[ignore = "run as a child process by client_reconnects_after_the_peer_crashes_and_restarts"]
+fn peer_process() {
+    let Ok(addr) = std::env::var(CHILD_ENV[0]) else { return };
+    let var = |i: usize| std::env::var(CHILD_ENV[i]).unwrap();
+    let pair = zl_proto::tls::PemPair { cert_pem: var(2), key_pem: var(3) };
+    let identity = TlsIdentity::from_pem(&var(1), &pair, Role::Worker, id("w0")).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-    let server = {
-        let _guard = rt.enter();
-        let (tx, _events) = mpsc::unbounded_channel();
-        Server::spawn(addr, identity, settings, Arc::new(TestHandler { events: tx, sent: Default::default() })).unwrap()
-    };
-    (rt, server)
+    let _guard = rt.enter();
+    let (tx, _events) = mpsc::unbounded_channel();
+    let settings = RpcSettings { idle_timeout: Duration::from_secs(60), ..Default::default() };
+    let handler = Arc::new(TestHandler { events: tx, sent: Default::default() });
+    let server = Server::spawn(addr.parse().unwrap(), &identity, settings, handler).unwrap();
+    println!("listening {}", server.local_addr());
+    // The parent kills this process; a bounded wait in case it never does.
+    std::thread::sleep(Duration::from_secs(120));
+}
+
+/// A child process, SIGKILLed when dropped (also when the test fails half way).
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Start [`peer_process`] on `addr`; returns the child and the address it serves on.
+fn spawn_peer_process(addr: SocketAddr, ca: &ClusterCa, pair: &zl_proto::tls::PemPair) -> (Killed, SocketAddr) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "peer_process", "--ignored", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV[0], addr.to_string())
+        .env(CHILD_ENV[1], ca.cert_pem())
+        .env(CHILD_ENV[2], &pair.cert_pem)
+        .env(CHILD_ENV[3], &pair.key_pem)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let listening = lines
+        .find_map(|l| Some(l.ok()?.split_once("listening ")?.1.to_owned()))
+        .expect("the peer process did not start");
+    (Killed(child), listening.parse().unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -309,34 +349,18 @@ async fn client_reconnects_after_the_peer_crashes_and_restarts() {
     // A long idle timeout proves the reconnect comes from the restarted peer's stateless reset, not a timeout.
     let settings = RpcSettings { idle_timeout: Duration::from_secs(60), ..Default::default() };
     let ca = ClusterCa::generate("test", 1).unwrap();
-    let identity = TlsIdentity::issue(&ca, Role::Worker, id("w0")).unwrap();
-    let (rt, server) = spawn_crashable(LOOPBACK.parse().unwrap(), &identity, settings.clone());
-    let addr = server.local_addr();
+    let pair = ca.issue(Role::Worker, &id("w0"), &[], 1).unwrap();
+    let (peer, addr) = spawn_peer_process(LOOPBACK.parse().unwrap(), &ca, &pair);
     let client = client(&ca, Role::Frontend, "f0", settings.clone());
     client.call(addr, Role::Worker, route("before")).await.unwrap();
 
-    drop(server);
-    rt.shutdown_background();
-
-    // Restart on the same port with the same identity (the port frees once the dead runtime's tasks are gone).
-    let mut restarted = None;
-    for _ in 0..50 {
-        match std::net::UdpSocket::bind(addr) {
-            Ok(probe) => {
-                drop(probe);
-                restarted = Some(spawn_crashable(addr, &identity, settings.clone()));
-                break;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
-        }
-    }
-    let (rt2, server2) = restarted.expect("port never freed");
+    // SIGKILL, then restart on the same port with the same identity.
+    drop(peer);
+    let (_restarted, _) = spawn_peer_process(addr, &ca, &pair);
     let started = Instant::now();
     let reply = client.call(addr, Role::Worker, route("after")).await;
     assert!(reply.is_ok(), "{reply:?}");
     assert!(started.elapsed() < Duration::from_secs(30), "reconnect waited for the idle timeout");
-    drop(server2);
-    rt2.shutdown_background();
 }
 
 #[tokio::test]
