@@ -562,7 +562,26 @@ mod simd {
         }
         let mut lanes = [[0f32; 64]; B];
         for (block, block_slots) in slots.chunks(8).enumerate() {
-            for (j, &slot) in block_slots.iter().enumerate() {
+            // Two positions side by side: their chains of fused multiply-adds are independent, so they overlap.
+            let mut pairs = block_slots.chunks_exact(2);
+            for (pair, two) in pairs.by_ref().enumerate() {
+                let (k0, k1) = (key(two[0]), key(two[1]));
+                let (mut a0, mut a1) = ([_mm256_setzero_ps(); B], [_mm256_setzero_ps(); B]);
+                for ((c0, c1), qc) in k0.chunks_exact(8).zip(k1.chunks_exact(8)).zip(qt.chunks_exact(B)) {
+                    let (c0, c1) = (load8h(c0), load8h(c1));
+                    for i in 0..B {
+                        let qv = load8f(&qc[i]);
+                        a0[i] = _mm256_fmadd_ps(qv, c0, a0[i]);
+                        a1[i] = _mm256_fmadd_ps(qv, c1, a1[i]);
+                    }
+                }
+                for (l, (x0, x1)) in lanes.iter_mut().zip(a0.iter().zip(&a1)) {
+                    store8f(&mut l[16 * pair..], *x0);
+                    store8f(&mut l[16 * pair + 8..], *x1);
+                }
+            }
+            if let [slot] = *pairs.remainder() {
+                let j = block_slots.len() - 1;
                 let mut acc = [_mm256_setzero_ps(); B];
                 for (kc, qc) in key(slot).chunks_exact(8).zip(qt.chunks_exact(B)) {
                     let kc = load8h(kc);
