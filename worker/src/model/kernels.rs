@@ -1137,13 +1137,14 @@ mod tests {
             Weight::from_q4_1(rows, cols, &q4_1_raw(&w)).unwrap(),
             Weight::from_q8_0(rows, cols, &q8_0_raw(&w)).unwrap(),
         ] {
-            for n in [1, 3, 4, 9] {
+            for n in [1, 3, 4, 9, 16] {
                 let mut x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut seed) * 3.0).collect();
-                // An all-zero block, a negative zero, and a block whose values land on halves when scaled.
+                // An all-zero block, a negative zero, and a block whose scale is exactly 1 and whose other values
+                // are halves (the rounding's ties).
                 x[..QK].fill(0.0);
                 x[QK] = -0.0;
                 for (i, v) in x[2 * QK..3 * QK].iter_mut().enumerate() {
-                    *v = (i as f32 - 15.5) * 127.0 / 15.5;
+                    *v = if i == 0 { -127.0 } else { i as f32 - 16.5 };
                 }
                 let xq = QuantizedRows::quantize(&x, cols);
                 let run = |kernel: &dyn Fn(&mut [&mut [f32]])| {
