@@ -146,8 +146,8 @@ pub struct BatchItem<'a> {
     pub logits: bool,
 }
 
-/// Batch rows from which the per-row element-wise work (norms, the gated activation) is spread over the pool; below
-/// it a dispatch costs more than it saves.
+/// Batch rows from which the per-row work (norms, RoPE and the new keys' and values' conversion, the gated
+/// activation, the engine's sampling) is spread over the pool; below it a dispatch costs more than it saves.
 pub(crate) const PARALLEL_ROWS: usize = 4;
 
 /// `f(row, out_row)` for every row of `out` (rows of `width`), in parallel for large batches. Each row is computed
