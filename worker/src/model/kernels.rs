@@ -565,6 +565,13 @@ mod simd {
             // Two positions side by side: their chains of fused multiply-adds are independent, so they overlap.
             let mut pairs = block_slots.chunks_exact(2);
             for (pair, two) in pairs.by_ref().enumerate() {
+                let ahead = block * 8 + 2 * pair + AHEAD;
+                if let Some(&far) = slots.get(ahead) {
+                    prefetch_key(key(far));
+                }
+                if let Some(&far) = slots.get(ahead + 1) {
+                    prefetch_key(key(far));
+                }
                 let (k0, k1) = (key(two[0]), key(two[1]));
                 let (mut a0, mut a1) = ([_mm256_setzero_ps(); B], [_mm256_setzero_ps(); B]);
                 for ((c0, c1), qc) in k0.chunks_exact(8).zip(k1.chunks_exact(8)).zip(qt.chunks_exact(B)) {
@@ -620,6 +627,9 @@ mod simd {
             let Values { w, n, slots, values, at, hd } = *self;
             let mut acc = [[_mm256_setzero_ps(); W]; B];
             for (p, &slot) in slots.iter().enumerate() {
+                if let Some(&far) = slots.get(p + AHEAD) {
+                    prefetch(&values[far + at..]);
+                }
                 let value = values[slot + at..slot + at + 8 * W].chunks_exact(8);
                 let mut wv = [_mm256_setzero_ps(); B];
                 for (i, v) in wv.iter_mut().enumerate() {
@@ -656,6 +666,26 @@ mod simd {
         for (p, o) in out.iter_mut().enumerate().skip(full) {
             *o = super::hsum(lanes[p * 8..p * 8 + 8].try_into().expect("eight lanes")) * scale;
         }
+    }
+
+    /// Positions ahead of the one being read whose KV lines are requested early: the KV blocks of a step come
+    /// from memory (the weights pushed them out of the caches since the last step).
+    const AHEAD: usize = 8;
+
+    /// Prefetch every cache line of one key (or value) head.
+    #[inline(always)]
+    fn prefetch_key(key: &[u16]) {
+        for line in (0..key.len()).step_by(32) {
+            prefetch(&key[line..]);
+        }
+    }
+
+    /// A hint to bring the cache line holding `at[0]` into the caches. The slice index bounds-checks the address.
+    #[inline(always)]
+    fn prefetch(at: &[u16]) {
+        let p: *const u16 = &at[0];
+        // SAFETY: a prefetch never faults and reads nothing the program sees; `p` is a valid address anyway.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
     }
 
     /// Eight f32s stored. The slice index bounds-checks the write.
