@@ -189,10 +189,10 @@ impl Scheduler {
 
     /// Drop a sequence wherever it is (finished, or its caller went away). Its blocks return to the pool now.
     pub fn remove(&mut self, id: SeqId) {
-        if let Some(seq) = self.seqs.remove(&id) {
-            if let Some(blocks) = seq.blocks {
-                self.pool.release(blocks);
-            }
+        if let Some(seq) = self.seqs.remove(&id)
+            && let Some(blocks) = seq.blocks
+        {
+            self.pool.release(blocks);
         }
         self.waiting.retain(|s| *s != id);
         self.running.retain(|s| *s != id);
@@ -309,10 +309,10 @@ impl Scheduler {
             }
             self.pool.commit(blocks, &item.tokens);
             seq.computed += item.tokens.len();
-            if item.sample {
-                if let Some(&token) = sampled.get(&item.seq) {
-                    seq.tokens.push(token);
-                }
+            if item.sample
+                && let Some(&token) = sampled.get(&item.seq)
+            {
+                seq.tokens.push(token);
             }
         }
     }

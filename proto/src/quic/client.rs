@@ -88,10 +88,10 @@ impl Client {
 
     fn forget(&self, peer: SocketAddr, role: Role, conn: &quinn::Connection) {
         let slot = self.slot(peer, role);
-        if let Ok(mut guard) = slot.try_lock() {
-            if guard.as_ref().is_some_and(|p| p.conn.stable_id() == conn.stable_id()) {
-                *guard = None;
-            }
+        if let Ok(mut guard) = slot.try_lock()
+            && guard.as_ref().is_some_and(|p| p.conn.stable_id() == conn.stable_id())
+        {
+            *guard = None;
         }
     }
 

@@ -47,10 +47,10 @@ impl LlamaConfig {
 
     /// Check the shape is consistent.
     pub fn validate(&self) -> Result<(), String> {
-        if self.heads == 0 || self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.heads == 0 || self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return Err(format!("{} heads cannot share {} key/value heads", self.heads, self.kv_heads));
         }
-        if self.head_dim % 2 != 0 || self.head_dim == 0 {
+        if !self.head_dim.is_multiple_of(2) || self.head_dim == 0 {
             return Err(format!("head width {} must be even", self.head_dim));
         }
         if self.layers == 0 || self.hidden == 0 || self.vocab == 0 || self.context_length == 0 {
