@@ -120,8 +120,10 @@ async fn the_worker_process_serves_streams_and_frees_cancelled_sequences() {
     for _ in 0..5 {
         assert!(matches!(stream.next().await, Some(Ok(Message::TokenChunk(_)))));
     }
-    let used = gauge(&metrics(w.metrics).unwrap(), "zl_worker_kv_blocks_used").unwrap();
+    let text = metrics(w.metrics).unwrap();
+    let used = gauge(&text, "zl_worker_kv_blocks_used").unwrap();
     assert!(used > 0.0, "a running sequence holds blocks");
+    assert_eq!(gauge(&text, "zl_worker_cpu_kernels{isa="), Some(1.0), "the kernels' instruction set is exported");
     drop(stream);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

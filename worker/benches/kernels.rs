@@ -1,9 +1,10 @@
 //! Kernel micro-benchmark, side by side in one run: Q4_1 and Q8_0 matmuls of the default model's FFN shape at
 //! several batch sizes, and attention of one query row (the default model's heads) over several context lengths.
-//! `cargo bench -p zl-worker --bench kernels` (`ZL_KERNEL_BATCHES=1,16` picks the batch sizes).
+//! `cargo bench -p zl-worker --bench kernels` (`ZL_KERNEL_BATCHES=1,16` picks the batch sizes, `ZL_KERNEL_ISA=avx2`
+//! a lower instruction set than the CPU's).
 
 use std::time::Instant;
-use zl_worker::model::kernels::{AttentionShape, Weight, attention};
+use zl_worker::model::kernels::{AttentionShape, Isa, Weight, attention};
 
 /// Deterministic pseudo-random numbers.
 struct Lcg(u64);
@@ -60,7 +61,7 @@ fn main() {
     let (rows, cols) = (1536usize, 576usize);
     let blocks = rows * cols / 32;
     let mut rng = Lcg(1);
-    println!("rayon threads {}", rayon::current_num_threads());
+    println!("rayon threads {}, kernels {}", rayon::current_num_threads(), Isa::current().name());
     let sizes: Vec<usize> = std::env::var("ZL_KERNEL_BATCHES")
         .ok()
         .map(|v| v.split(',').filter_map(|s| s.parse().ok()).collect())

@@ -45,7 +45,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let mut loaded = crate::load(&args.model)?.swap_remove(0);
     let core = &mut loaded.core;
-    println!("model: {}", loaded.path.display());
+    println!("model: {}, CPU kernels: {}", loaded.path.display(), zl_worker::model::kernels::Isa::current().name());
     println!(
         "{:>11} {:>15} {:>15} {:>9} {:>12} {:>12}",
         "concurrency", "prefill tok/s", "decode tok/s", "vs c=1", "TPOT p50 ms", "TPOT p99 ms"

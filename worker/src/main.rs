@@ -44,7 +44,7 @@ pub(crate) struct ModelArgs {
     /// bundled SmolLM2-135M-Instruct (fetched into the cache), served as smollm2-135m-instruct.
     #[arg(long = "model", env = "ZL_MODELS", value_delimiter = ',')]
     models: Vec<String>,
-    /// KV-cache memory budget in MiB, shared equally by the models. Default 512: about 11k tokens of the default
+    /// KV-cache memory budget in MiB, shared equally by the models. Default 512: about 23k tokens of the default
     /// model.
     #[arg(long, env = "ZL_KV_MEMORY_MB", default_value_t = 512)]
     kv_memory_mb: usize,
@@ -132,7 +132,11 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
     let budget = args.kv_memory_mb * 1024 * 1024 / specs.len();
     let mut loaded = Vec::new();
     for (id, path) in specs {
-        eprintln!("zl-worker: loading {id} from {}", path.display());
+        eprintln!(
+            "zl-worker: loading {id} from {} (CPU kernels: {})",
+            path.display(),
+            zl_worker::model::kernels::Isa::current().name()
+        );
         let files = if path.is_dir() { zl_worker::model::hf::shards(&path)? } else { vec![path.clone()] };
         let digest = fetch::sha256_files(&files)?;
         let model = zl_worker::model::load(&path).with_context(|| format!("loading {}", path.display()))?;
@@ -162,6 +166,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         bail!("--report-interval-ms must be at least 1");
     }
     zl_node::install_metrics(args.metrics_addr)?;
+    // Which CPU kernels run (the same results on each; only the speed differs), for dashboards comparing nodes.
+    metrics::gauge!("zl_worker_cpu_kernels", "isa" => zl_worker::model::kernels::Isa::current().name()).set(1.0);
     let mut served = Vec::new();
     for loaded in load(&args.model)? {
         let cfg = loaded.core.model().llama.config().clone();

@@ -27,6 +27,69 @@ const TASKS_PER_THREAD: usize = 4;
 /// Output columns of one task never exceed this (keeps a task's weights within L2).
 const MAX_COLS_PER_TASK: usize = 256;
 
+/// The instruction set the kernels run on: the best this CPU has, or a lower one named by the environment variable
+/// `ZL_KERNEL_ISA` (`portable`, `avx2` or `avx512-vnni`; for comparisons and tests). Every level computes the same
+/// bits: only the speed changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// AVX2, FMA and F16C (x86-64 since 2013-2015).
+    Avx2,
+    /// AVX2 plus AVX-512 (F, BW) with VNNI's byte dot product for the integer matmuls (Ice Lake, Zen 4 and later).
+    Avx512Vnni,
+}
+
+impl Isa {
+    const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512Vnni];
+
+    /// The name `ZL_KERNEL_ISA` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512-vnni",
+        }
+    }
+
+    /// The best level this CPU runs.
+    pub fn detected() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                return if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+                    Isa::Avx512Vnni
+                } else {
+                    Isa::Avx2
+                };
+            }
+        }
+        Isa::Portable
+    }
+
+    /// The level in use: [`Isa::detected`], lowered by `ZL_KERNEL_ISA` (a level above the CPU's, or an unknown
+    /// name, is ignored with a warning). Read once per process.
+    pub fn current() -> Isa {
+        static CURRENT: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *CURRENT.get_or_init(|| {
+            let detected = Isa::detected();
+            let Ok(asked) = std::env::var("ZL_KERNEL_ISA") else { return detected };
+            match Isa::ALL.into_iter().find(|isa| isa.name() == asked) {
+                Some(isa) if isa <= detected => isa,
+                _ => {
+                    tracing::warn!(
+                        asked,
+                        detected = detected.name(),
+                        "ZL_KERNEL_ISA is unknown or above this CPU's level; ignored"
+                    );
+                    detected
+                }
+            }
+        })
+    }
+}
+
 /// A weight matrix of `rows` (output features) by `cols` (input features), stored row-major.
 #[derive(Clone, Debug)]
 pub enum Weight {
@@ -115,7 +178,7 @@ fn check_blocks(
     block_bytes: usize,
 ) -> Result<usize, WeightError> {
     let err = |problem: String| WeightError { format, rows, cols, problem };
-    if cols % QK != 0 {
+    if !cols.is_multiple_of(QK) {
         return Err(err("input features are not a multiple of 32".into()));
     }
     let blocks = rows * cols / QK;
@@ -260,16 +323,17 @@ impl<'a> Input<'a> {
     }
 }
 
-/// Column ranges for parallel tasks. Ranges are split evenly over the
-/// pool's threads (a 192-column matmul on two threads is 8 tasks of 24, not 3 of 64 with one thread idle for a
-/// third of it), and start on [`TILE`] boundaries. Where the boundaries fall never changes a result: each output
-/// is computed on its own.
+/// Column ranges for parallel tasks: `TASKS_PER_THREAD` per pool thread (more where a task would exceed
+/// `MAX_COLS_PER_TASK`), made of whole units of two [`TILE`]s (the VNNI kernel's step) spread evenly, so the tasks
+/// differ by one unit at most (576 columns on two threads: eight tasks of 64 or 80, four of each). Where the
+/// boundaries fall never changes a result: each output is computed on its own.
 fn column_tasks(rows: usize) -> Vec<(usize, usize)> {
-    let per = rows
-        .div_ceil(rayon::current_num_threads() * TASKS_PER_THREAD)
-        .clamp(TILE, MAX_COLS_PER_TASK)
-        .next_multiple_of(TILE);
-    (0..rows.div_ceil(per)).map(|t| (t * per, ((t + 1) * per).min(rows))).collect()
+    const UNIT: usize = 2 * TILE;
+    let units = rows.div_ceil(UNIT);
+    let tasks =
+        (rayon::current_num_threads() * TASKS_PER_THREAD).max(units.div_ceil(MAX_COLS_PER_TASK / UNIT)).min(units);
+    let at = |t: usize| (t * units / tasks * UNIT).min(rows);
+    (0..tasks).map(|t| (at(t), at(t + 1))).collect()
 }
 
 /// Quantize one row group (up to [`ROW_GROUP`] rows of `x`) into its interleaved blocks and its rows' block sums.
@@ -296,7 +360,7 @@ fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32
                 *qv = (t + 0.5f32.copysign(t)) as i8;
             }
             sums[r * bpr + b] = sum_f32(block);
-            blocks[b * rows + r] = XBlock { q, d };
+            blocks[b * rows + r] = XBlock::new(q, d);
         }
     }
 }
@@ -308,10 +372,19 @@ fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32
 struct XBlock {
     q: [i8; QK],
     d: f32,
+    /// The sum of `q`: the VNNI Q8_0 kernel multiplies the weights offset by 128 (unsigned bytes) and takes
+    /// `128 * qsum` back off.
+    qsum: i32,
 }
 
 impl XBlock {
-    const ZERO: XBlock = XBlock { q: [0; QK], d: 0.0 };
+    const ZERO: XBlock = XBlock { q: [0; QK], d: 0.0, qsum: 0 };
+
+    /// A block of quants and their scale.
+    #[inline(always)]
+    fn new(q: [i8; QK], d: f32) -> XBlock {
+        XBlock { q, d, qsum: q.iter().map(|&v| i32::from(v)).sum() }
+    }
 }
 
 /// Batch rows the SIMD kernel runs together; the quantized activations are laid out in groups of this many rows.
@@ -374,7 +447,7 @@ fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, c0: usize, ou
         Some(xq) => {
             #[cfg(target_arch = "x86_64")]
             if simd::available() {
-                return simd::columns_int8(weight, xq, c0, out);
+                return simd::columns_int8(Isa::current(), weight, xq, c0, out);
             }
             columns_int8(weight, xq, c0, out)
         }
@@ -446,14 +519,13 @@ fn columns_f32(weight: &Weight, x: &[f32], c0: usize, out: &mut [&mut [f32]]) {
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod simd {
-    use super::{AttentionShape, QK, QuantizedRows, TILE, Weight, XBlock};
+    use super::{AttentionShape, Isa, QK, QuantizedRows, TILE, Weight, XBlock};
     use std::arch::x86_64::*;
 
-    /// Whether this CPU runs the SIMD kernels (AVX2, FMA, and F16C for the f16 KV cache).
+    /// Whether the SIMD kernels run (the CPU has AVX2, FMA, and F16C for the f16 KV cache, and `ZL_KERNEL_ISA`
+    /// does not ask for the portable code).
     pub(super) fn available() -> bool {
-        std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma")
-            && std::arch::is_x86_feature_detected!("f16c")
+        Isa::current() >= Isa::Avx2
     }
 
     pub(super) fn run<T>(f: impl FnOnce() -> T) -> T {
@@ -738,10 +810,10 @@ mod simd {
                 let words =
                     [_mm256_packs_epi32(quant(v[0]), quant(v[1])), _mm256_packs_epi32(quant(v[2]), quant(v[3]))];
                 let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words[0], words[1]), order);
-                let out = &mut blocks[b * rows + r];
-                // SAFETY: `out.q` is 32 writable bytes and the store is unaligned.
-                unsafe { _mm256_storeu_si256(out.q.as_mut_ptr().cast(), bytes) };
-                out.d = d;
+                let mut q = [0i8; QK];
+                // SAFETY: `q` is 32 writable bytes and the store is unaligned.
+                unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast(), bytes) };
+                blocks[b * rows + r] = XBlock::new(q, d);
                 let lanes = _mm256_add_ps(
                     _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_setzero_ps(), v[0]), v[1]), v[2]),
                     v[3],
@@ -753,9 +825,22 @@ mod simd {
         }
     }
 
-    pub(super) fn columns_int8(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
-        // SAFETY: the caller checked `available()`, so the CPU has AVX2, FMA and F16C.
-        unsafe { tiled_columns(weight, xq, c0, out) }
+    /// Batch rows from which the VNNI kernel runs. Below, a step reads weights faster than it multiplies them and
+    /// the AVX2 kernel's single stream of one tile at a time was about 10% faster end to end at one sequence. Both
+    /// compute the same bits, so the choice never changes a result.
+    const VNNI_MIN_ROWS: usize = 4;
+
+    /// The integer kernel at level `isa` (at least AVX2; the caller checked the CPU has it).
+    pub(super) fn columns_int8(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+        assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
+        // SAFETY: the assertion checked that the CPU has the level's features.
+        unsafe {
+            if isa == Isa::Avx512Vnni && out.len() >= VNNI_MIN_ROWS {
+                tiled_columns_vnni(weight, xq, c0, out)
+            } else {
+                tiled_columns(weight, xq, c0, out)
+            }
+        }
     }
 
     /// 32 bytes as a vector. The slice index bounds-checks the read.
@@ -787,44 +872,193 @@ mod simd {
     /// accumulators stay in L1. Eight rows per pass unpack each weight chunk once for all of them; four were
     /// about 15% slower at 16 rows.
     const TILE_ROWS: usize = 8;
-    const _: () = assert!(super::ROW_GROUP % TILE_ROWS == 0, "a pass's rows share a row group");
+    const _: () = assert!(super::ROW_GROUP.is_multiple_of(TILE_ROWS), "a pass's rows share a row group");
 
     /// The tiled integer kernels: for each tile of eight output features, a few batch rows at a time sweep the
     /// blocks.
     #[target_feature(enable = "avx2,fma")]
     fn tiled_columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
-        let (n, c1) = (out.len(), c0 + out[0].len());
-        // Tile by tile (its weights come from memory once and stay in L1 for every group of rows), a few rows at a
-        // time.
-        for t in c0 / TILE..c1.div_ceil(TILE) {
+        // Tile by tile: its weights come from memory once and stay in L1 for every group of rows.
+        for t in c0 / TILE..(c0 + out[0].len()).div_ceil(TILE) {
+            one_tile(weight, xq, t, c0, out);
+        }
+    }
+
+    /// Tile `t` for every batch row, a few rows at a time.
+    #[target_feature(enable = "avx2,fma")]
+    fn one_tile(weight: &Weight, xq: &QuantizedRows, t: usize, c0: usize, out: &mut [&mut [f32]]) {
+        let n = out.len();
+        let mut r = 0;
+        while r < n {
+            let tile = (n - r).min(TILE_ROWS);
+            let mut acc = [_mm256_setzero_ps(); TILE_ROWS];
+            match tile {
+                8 => tile_rows::<8>(weight, xq, t, r, &mut acc),
+                7 => tile_rows::<7>(weight, xq, t, r, &mut acc),
+                6 => tile_rows::<6>(weight, xq, t, r, &mut acc),
+                5 => tile_rows::<5>(weight, xq, t, r, &mut acc),
+                4 => tile_rows::<4>(weight, xq, t, r, &mut acc),
+                3 => tile_rows::<3>(weight, xq, t, r, &mut acc),
+                2 => tile_rows::<2>(weight, xq, t, r, &mut acc),
+                _ => tile_rows::<1>(weight, xq, t, r, &mut acc),
+            }
+            for (row, a) in out[r..r + tile].iter_mut().zip(acc) {
+                let mut vals = [0f32; TILE];
+                store8f(&mut vals, a);
+                store_features(row, c0, t * TILE, &vals);
+            }
+            r += tile;
+        }
+    }
+
+    /// Features `f0..f0 + vals.len()` of one output row whose slice `row` holds features `c0..`: the ones that
+    /// fall in the slice (a task's range, or the matrix's end before a tile's padding features).
+    #[inline(always)]
+    fn store_features(row: &mut [f32], c0: usize, f0: usize, vals: &[f32]) {
+        let (lo, hi) = (f0.max(c0), (f0 + vals.len()).min(c0 + row.len()));
+        row[lo - c0..hi - c0].copy_from_slice(&vals[lo - f0..hi - f0]);
+    }
+
+    /// The VNNI integer kernels: two tiles (sixteen output features, one 512-bit vector) at a time, a few batch rows
+    /// at a time; a last odd tile runs the AVX2 kernel (the same bits).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma")]
+    fn tiled_columns_vnni(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+        let (n, t1) = (out.len(), (c0 + out[0].len()).div_ceil(TILE));
+        let mut t = c0 / TILE;
+        while t + 2 <= t1 {
             let mut r = 0;
             while r < n {
                 let tile = (n - r).min(TILE_ROWS);
-                let mut acc = [_mm256_setzero_ps(); TILE_ROWS];
+                let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
                 match tile {
-                    8 => tile_rows::<8>(weight, xq, t, r, &mut acc),
-                    7 => tile_rows::<7>(weight, xq, t, r, &mut acc),
-                    6 => tile_rows::<6>(weight, xq, t, r, &mut acc),
-                    5 => tile_rows::<5>(weight, xq, t, r, &mut acc),
-                    4 => tile_rows::<4>(weight, xq, t, r, &mut acc),
-                    3 => tile_rows::<3>(weight, xq, t, r, &mut acc),
-                    2 => tile_rows::<2>(weight, xq, t, r, &mut acc),
-                    _ => tile_rows::<1>(weight, xq, t, r, &mut acc),
+                    8 => pair_rows::<8>(weight, xq, t, r, &mut acc),
+                    7 => pair_rows::<7>(weight, xq, t, r, &mut acc),
+                    6 => pair_rows::<6>(weight, xq, t, r, &mut acc),
+                    5 => pair_rows::<5>(weight, xq, t, r, &mut acc),
+                    4 => pair_rows::<4>(weight, xq, t, r, &mut acc),
+                    3 => pair_rows::<3>(weight, xq, t, r, &mut acc),
+                    2 => pair_rows::<2>(weight, xq, t, r, &mut acc),
+                    _ => pair_rows::<1>(weight, xq, t, r, &mut acc),
                 }
-                // The tile's features that fall in this task (the last tile may hold padding features).
-                let (f0, f1) = ((t * TILE).max(c0), (t * TILE + TILE).min(c1));
                 for (row, a) in out[r..r + tile].iter_mut().zip(acc) {
-                    if f1 - f0 == TILE {
-                        store8f(&mut row[f0 - c0..], a);
-                    } else {
-                        let mut vals = [0f32; TILE];
-                        store8f(&mut vals, a);
-                        row[f0 - c0..f1 - c0].copy_from_slice(&vals[f0 - t * TILE..f1 - t * TILE]);
-                    }
+                    let mut vals = [0f32; 2 * TILE];
+                    // SAFETY: `vals` is 16 writable f32s and the store is unaligned.
+                    unsafe { _mm512_storeu_ps(vals.as_mut_ptr(), a) };
+                    store_features(row, c0, t * TILE, &vals);
                 }
                 r += tile;
             }
+            t += 2;
         }
+        if t < t1 {
+            one_tile(weight, xq, t, c0, out);
+        }
+    }
+
+    /// Tiles `t` and `t + 1` for batch rows `r..r + R` into `acc[..R]`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    #[inline]
+    fn pair_rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize, acc: &mut [__m512]) {
+        let rows = match weight {
+            Weight::Q4_1 { .. } => q4_1_pair::<R>(weight, xq, t, r),
+            _ => q8_0_pair::<R>(weight, xq, t, r),
+        };
+        acc[..R].copy_from_slice(&rows);
+    }
+
+    /// Two 256-bit vectors (the same chunk of two tiles) as one 512-bit vector, `a` in the low half.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn join(a: __m256i, b: __m256i) -> __m512i {
+        _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+    }
+
+    /// Eight f32s of each of two tiles as one vector, the first in the low half.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn load_pair8f(a: &[f32], b: &[f32]) -> __m512 {
+        _mm512_castsi512_ps(join(_mm256_castps_si256(load8f(a)), _mm256_castps_si256(load8f(b))))
+    }
+
+    /// Activation bytes `4k..4k + 4` of a block, in every 32-bit lane of a 512-bit vector.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn broadcast4_512(x: &XBlock, k: usize) -> __m512i {
+        let bytes = [x.q[4 * k] as u8, x.q[4 * k + 1] as u8, x.q[4 * k + 2] as u8, x.q[4 * k + 3] as u8];
+        _mm512_set1_epi32(i32::from_le_bytes(bytes))
+    }
+
+    /// [`q4_1_tile`] for tiles `t` and `t + 1` at once with VNNI: `vpdpbusd` multiplies the unsigned nibbles by
+    /// the signed activation bytes and adds each lane's four products to its i32 sum (exact, no 16-bit step), so
+    /// a chunk costs one instruction per row and half of a block. Then the same conversions and fused
+    /// multiply-adds as the reference, per lane (feature).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    fn q4_1_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m512; R] {
+        let Weight::Q4_1 { cols, d, m, qs, .. } = weight else { unreachable!("Q4_1 only") };
+        let bpr = cols / QK;
+        let low4 = _mm512_set1_epi8(0x0f);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let (qa, qb) = (&qs[t * bpr * 128..(t + 1) * bpr * 128], &qs[(t + 1) * bpr * 128..(t + 2) * bpr * 128]);
+        let (da, db) = (&d[t * bpr * TILE..(t + 1) * bpr * TILE], &d[(t + 1) * bpr * TILE..(t + 2) * bpr * TILE]);
+        let (ma, mb) = (&m[t * bpr * TILE..(t + 1) * bpr * TILE], &m[(t + 1) * bpr * TILE..(t + 2) * bpr * TILE]);
+        let (xs, stride) = row_blocks::<R>(xq, r);
+        let sums = &xq.sums[r * bpr..(r + R) * bpr];
+        for b in 0..bpr {
+            let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+            // Low and high nibbles in separate sums: shorter dependency chains (the sum is exact either way).
+            let (mut s, mut h) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+            for k in 0..4 {
+                let v = join(load32u(&qa[b * 128 + k * 32..]), load32u(&qb[b * 128 + k * 32..]));
+                let lo = _mm512_and_si512(v, low4);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
+                for i in 0..R {
+                    s[i] = _mm512_dpbusd_epi32(s[i], lo, broadcast4_512(&x[i], k));
+                    h[i] = _mm512_dpbusd_epi32(h[i], hi, broadcast4_512(&x[i], k + 4));
+                }
+            }
+            for i in 0..R {
+                s[i] = _mm512_add_epi32(s[i], h[i]);
+            }
+            let dw = load_pair8f(&da[b * TILE..], &db[b * TILE..]);
+            let mw = load_pair8f(&ma[b * TILE..], &mb[b * TILE..]);
+            for i in 0..R {
+                let scale = _mm512_mul_ps(dw, _mm512_set1_ps(x[i].d));
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[i]), scale, acc[i]);
+                acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sums[i * bpr + b]), acc[i]);
+            }
+        }
+        acc
+    }
+
+    /// [`q8_0_tile`] for tiles `t` and `t + 1` at once with VNNI. `vpdpbusd` wants one unsigned operand, so the
+    /// weights are offset by 128 (their sign bit flipped: once per chunk for all rows) and each row's block sum
+    /// takes `128 * sum(q)` back off: `sum((w + 128) * x) - 128 * sum(x) = sum(w * x)`, exact in i32.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    fn q8_0_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m512; R] {
+        let Weight::Q8_0 { cols, d, qs, .. } = weight else { unreachable!("Q8_0 only") };
+        let bpr = cols / QK;
+        let flip = _mm512_set1_epi8(i8::MIN);
+        let mut acc = [_mm512_setzero_ps(); R];
+        let (qa, qb) = (&qs[t * bpr * 256..(t + 1) * bpr * 256], &qs[(t + 1) * bpr * 256..(t + 2) * bpr * 256]);
+        let (da, db) = (&d[t * bpr * TILE..(t + 1) * bpr * TILE], &d[(t + 1) * bpr * TILE..(t + 2) * bpr * TILE]);
+        let (xs, stride) = row_blocks::<R>(xq, r);
+        for b in 0..bpr {
+            let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+            let mut s = [_mm512_setzero_si512(); R];
+            for k in 0..8 {
+                let w = join(load32(&qa[b * 256 + k * 32..]), load32(&qb[b * 256 + k * 32..]));
+                let offset = _mm512_xor_si512(w, flip);
+                for i in 0..R {
+                    s[i] = _mm512_dpbusd_epi32(s[i], offset, broadcast4_512(&x[i], k));
+                }
+            }
+            let dw = load_pair8f(&da[b * TILE..], &db[b * TILE..]);
+            for i in 0..R {
+                let isum = _mm512_sub_epi32(s[i], _mm512_set1_epi32(x[i].qsum << 7));
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(x[i].d)), acc[i]);
+            }
+        }
+        acc
     }
 
     /// Tile `t` for batch rows `r..r + R` into `acc[..R]`.
@@ -996,7 +1230,7 @@ pub struct AttentionShape {
 /// never on the batch; the SIMD code computes the same bits.
 pub fn attention(q: &[f32], slots: &[usize], keys: &[u16], values: &[u16], shape: AttentionShape, out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if simd::available() && shape.head_dim % 8 == 0 {
+    if simd::available() && shape.head_dim.is_multiple_of(8) {
         return simd::attention(q, slots, keys, values, shape, out);
     }
     attention_portable(q, slots, keys, values, shape, out);
@@ -1182,10 +1416,21 @@ mod tests {
                     kernel(&mut vals.chunks_mut(rows).collect::<Vec<_>>());
                     vals
                 };
-                assert_eq!(
-                    run(&|out| columns(&weight, &x, Some(&xq), 0, out)),
-                    run(&|out| columns_int8(&weight, &xq, 0, out))
-                );
+                let reference = run(&|out| columns_int8(&weight, &xq, 0, out));
+                assert_eq!(run(&|out| columns(&weight, &x, Some(&xq), 0, out)), reference);
+                #[cfg(target_arch = "x86_64")]
+                for isa in Isa::ALL.into_iter().filter(|&isa| isa >= Isa::Avx2 && isa <= Isa::detected()) {
+                    // All columns, then in two parts split after one tile (so pairs of tiles start on an odd one),
+                    // as a task would.
+                    assert_eq!(run(&|out| simd::columns_int8(isa, &weight, &xq, 0, out)), reference, "{isa:?}");
+                    let split = run(&|out| {
+                        let mut parts: (Vec<&mut [f32]>, Vec<&mut [f32]>) =
+                            out.iter_mut().map(|row| row.split_at_mut(TILE)).unzip();
+                        simd::columns_int8(isa, &weight, &xq, 0, &mut parts.0);
+                        simd::columns_int8(isa, &weight, &xq, TILE, &mut parts.1);
+                    });
+                    assert_eq!(split, reference, "{isa:?} split");
+                }
                 // The portable quantizer, group by group, gives the same bytes.
                 let bpr = cols / QK;
                 for (g, xg) in x.chunks(ROW_GROUP * cols).enumerate() {
@@ -1217,6 +1462,20 @@ mod tests {
                 // Attention is a convex combination of the values: each output lies within the values' range.
                 assert!(a.iter().all(|v| v.abs() <= 1.0));
             }
+        }
+    }
+
+    #[test]
+    fn column_tasks_cover_the_columns_in_even_whole_units() {
+        for rows in [1, 8, 16, 37, 192, 576, 1536, 49152, 49153] {
+            let tasks = column_tasks(rows);
+            assert_eq!(tasks[0].0, 0);
+            assert_eq!(tasks.last().unwrap().1, rows);
+            assert!(tasks.windows(2).all(|w| w[0].1 == w[1].0), "{rows}: contiguous");
+            assert!(tasks.iter().all(|&(a, b)| a < b && a % (2 * TILE) == 0 && b - a <= MAX_COLS_PER_TASK));
+            let units: Vec<usize> = tasks.iter().map(|&(a, b)| (b - a).div_ceil(2 * TILE)).collect();
+            let (lo, hi) = (units.iter().min().unwrap(), units.iter().max().unwrap());
+            assert!(hi - lo <= 1, "{rows}: {tasks:?}");
         }
     }
 
