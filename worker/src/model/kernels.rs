@@ -274,37 +274,7 @@ impl Weight {
 
     /// `out[r * rows + c] = x[r * cols ..] · W[c]` for `n` rows of `x`.
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
-        self.matmul_input(&Input::new(x, n), out);
-    }
-
-    /// [`Weight::matmul`] over a prepared input, so several weights that read the same activations (Q, K and V;
-    /// gate and up) quantize them once.
-    pub fn matmul_input(&self, input: &Input<'_>, out: &mut [f32]) {
-        let (rows, cols, n, x) = (self.rows(), self.cols(), input.n, input.x);
-        assert_eq!(x.len(), n * cols, "input shape");
-        assert_eq!(out.len(), n * rows, "output shape");
-        if n == 0 {
-            return;
-        }
-        let xq = match self {
-            Weight::F32 { .. } => None,
-            Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => {
-                Some(input.quantized.get_or_init(|| QuantizedRows::quantize(x, cols)))
-            }
-        };
-        // Each task fills a range of output columns for every batch row, written in place: its part of each output
-        // row is split off, so tasks never share output memory.
-        let tasks = column_tasks(rows);
-        let mut parts: Vec<Vec<&mut [f32]>> = tasks.iter().map(|_| Vec::with_capacity(n)).collect();
-        for row in out.chunks_exact_mut(rows) {
-            let mut rest = row;
-            for (part, &(c0, c1)) in parts.iter_mut().zip(&tasks) {
-                let (mine, after) = std::mem::take(&mut rest).split_at_mut(c1 - c0);
-                part.push(mine);
-                rest = after;
-            }
-        }
-        parts.into_par_iter().zip(tasks).for_each(|(mut part, (c0, _))| columns(self, x, xq, c0, &mut part));
+        Input::new(x, n).matmul(vec![(self, out)]);
     }
 }
 
@@ -321,6 +291,50 @@ impl<'a> Input<'a> {
     pub fn new(x: &'a [f32], n: usize) -> Self {
         Input { x, n, quantized: std::sync::OnceLock::new() }
     }
+
+    /// [`Weight::matmul`] for each `(weight, out)` over these activations, in one parallel region: weights that
+    /// read the same input (Q, K and V; gate and up) quantize it once and share one hand-off to the pool's threads.
+    pub fn matmul(&self, jobs: Vec<(&Weight, &mut [f32])>) {
+        let (n, x) = (self.n, self.x);
+        let mut tasks: Vec<ColumnTask<'_, '_>> = Vec::new();
+        for (weight, out) in jobs {
+            let (rows, cols) = (weight.rows(), weight.cols());
+            assert_eq!(x.len(), n * cols, "input shape");
+            assert_eq!(out.len(), n * rows, "output shape");
+            if n == 0 {
+                continue;
+            }
+            let xq = match weight {
+                Weight::F32 { .. } => None,
+                Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => {
+                    Some(self.quantized.get_or_init(|| QuantizedRows::quantize(x, cols)))
+                }
+            };
+            // Each task fills a range of output columns for every batch row, written in place: its part of each
+            // output row is split off, so tasks never share output memory.
+            let ranges = column_tasks(rows);
+            let first = tasks.len();
+            tasks.extend(ranges.iter().map(|&(c0, _)| ColumnTask { weight, xq, c0, out: Vec::with_capacity(n) }));
+            for row in out.chunks_exact_mut(rows) {
+                let mut rest = row;
+                for (task, &(c0, c1)) in tasks[first..].iter_mut().zip(&ranges) {
+                    let (mine, after) = std::mem::take(&mut rest).split_at_mut(c1 - c0);
+                    task.out.push(mine);
+                    rest = after;
+                }
+            }
+        }
+        tasks.into_par_iter().for_each(|mut t| columns(t.weight, x, t.xq, t.c0, &mut t.out));
+    }
+}
+
+/// One parallel task of [`Input::matmul`]: output columns `c0..` of one weight, for every batch row.
+struct ColumnTask<'w, 'o> {
+    weight: &'w Weight,
+    xq: Option<&'w QuantizedRows>,
+    c0: usize,
+    /// Each batch row's slice of the task's columns.
+    out: Vec<&'o mut [f32]>,
 }
 
 /// Column ranges for parallel tasks: `TASKS_PER_THREAD` per pool thread (more where a task would exceed
@@ -874,6 +888,24 @@ mod simd {
     const TILE_ROWS: usize = 8;
     const _: () = assert!(super::ROW_GROUP.is_multiple_of(TILE_ROWS), "a pass's rows share a row group");
 
+    /// `$f::<R>(args)` for a row count known at run time (1 to [`TILE_ROWS`]): the kernels take it as a constant,
+    /// so their per-row registers are fixed arrays.
+    macro_rules! by_rows {
+        ($rows:expr, $f:ident($($arg:expr),*)) => {
+            match $rows {
+                8 => $f::<8>($($arg),*),
+                7 => $f::<7>($($arg),*),
+                6 => $f::<6>($($arg),*),
+                5 => $f::<5>($($arg),*),
+                4 => $f::<4>($($arg),*),
+                3 => $f::<3>($($arg),*),
+                2 => $f::<2>($($arg),*),
+                _ => $f::<1>($($arg),*),
+            }
+        };
+    }
+    const _: () = assert!(TILE_ROWS == 8, "by_rows! covers 1 to TILE_ROWS");
+
     /// The tiled integer kernels: for each tile of eight output features, a few batch rows at a time sweep the
     /// blocks.
     #[target_feature(enable = "avx2,fma")]
@@ -892,16 +924,7 @@ mod simd {
         while r < n {
             let tile = (n - r).min(TILE_ROWS);
             let mut acc = [_mm256_setzero_ps(); TILE_ROWS];
-            match tile {
-                8 => tile_rows::<8>(weight, xq, t, r, &mut acc),
-                7 => tile_rows::<7>(weight, xq, t, r, &mut acc),
-                6 => tile_rows::<6>(weight, xq, t, r, &mut acc),
-                5 => tile_rows::<5>(weight, xq, t, r, &mut acc),
-                4 => tile_rows::<4>(weight, xq, t, r, &mut acc),
-                3 => tile_rows::<3>(weight, xq, t, r, &mut acc),
-                2 => tile_rows::<2>(weight, xq, t, r, &mut acc),
-                _ => tile_rows::<1>(weight, xq, t, r, &mut acc),
-            }
+            by_rows!(tile, tile_rows(weight, xq, t, r, &mut acc));
             for (row, a) in out[r..r + tile].iter_mut().zip(acc) {
                 let mut vals = [0f32; TILE];
                 store8f(&mut vals, a);
@@ -930,16 +953,7 @@ mod simd {
             while r < n {
                 let tile = (n - r).min(TILE_ROWS);
                 let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
-                match tile {
-                    8 => pair_rows::<8>(weight, xq, t, r, &mut acc),
-                    7 => pair_rows::<7>(weight, xq, t, r, &mut acc),
-                    6 => pair_rows::<6>(weight, xq, t, r, &mut acc),
-                    5 => pair_rows::<5>(weight, xq, t, r, &mut acc),
-                    4 => pair_rows::<4>(weight, xq, t, r, &mut acc),
-                    3 => pair_rows::<3>(weight, xq, t, r, &mut acc),
-                    2 => pair_rows::<2>(weight, xq, t, r, &mut acc),
-                    _ => pair_rows::<1>(weight, xq, t, r, &mut acc),
-                }
+                by_rows!(tile, pair_rows(weight, xq, t, r, &mut acc));
                 for (row, a) in out[r..r + tile].iter_mut().zip(acc) {
                     let mut vals = [0f32; 2 * TILE];
                     // SAFETY: `vals` is 16 writable f32s and the store is unaligned.
@@ -1462,6 +1476,26 @@ mod tests {
                 // Attention is a convex combination of the values: each output lies within the values' range.
                 assert!(a.iter().all(|v| v.abs() <= 1.0));
             }
+        }
+    }
+
+    #[test]
+    fn several_weights_over_one_input_match_one_at_a_time() {
+        let (cols, n) = (96, 6);
+        let mut seed = 5;
+        let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut seed)).collect();
+        let values = |rows: usize, seed: &mut u64| (0..rows * cols).map(|_| lcg(seed)).collect::<Vec<f32>>();
+        let weights = [
+            Weight::from_q4_1(40, cols, &q4_1_raw(&values(40, &mut seed))).unwrap(),
+            Weight::from_f32(24, cols, values(24, &mut seed)).unwrap(),
+            Weight::from_q8_0(72, cols, &q8_0_raw(&values(72, &mut seed))).unwrap(),
+        ];
+        let mut together: Vec<Vec<f32>> = weights.iter().map(|w| vec![0f32; n * w.rows()]).collect();
+        Input::new(&x, n).matmul(weights.iter().zip(together.iter_mut()).map(|(w, o)| (w, &mut o[..])).collect());
+        for (w, got) in weights.iter().zip(&together) {
+            let mut alone = vec![0f32; n * w.rows()];
+            w.matmul(&x, n, &mut alone);
+            assert_eq!(got, &alone);
         }
     }
 

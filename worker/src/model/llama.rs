@@ -308,10 +308,7 @@ impl Llama {
         let mut up = vec![0f32; n * cfg.intermediate];
         for (li, layer) in self.layers.iter().enumerate() {
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.attn_norm, cfg.rms_eps, o));
-            let input = Input::new(&hbuf, n);
-            layer.wq.matmul_input(&input, &mut q);
-            layer.wk.matmul_input(&input, &mut k);
-            layer.wv.matmul_input(&input, &mut v);
+            Input::new(&hbuf, n).matmul(vec![(&layer.wq, &mut q), (&layer.wk, &mut k), (&layer.wv, &mut v)]);
             if let Some((bq, bk, bv)) = &layer.qkv_bias {
                 for r in 0..n {
                     q[r * qd..(r + 1) * qd].iter_mut().zip(bq).for_each(|(a, b)| *a += b);
@@ -347,9 +344,7 @@ impl Llama {
             layer.wo.matmul(&attn, n, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.ffn_norm, cfg.rms_eps, o));
-            let input = Input::new(&hbuf, n);
-            layer.w_gate.matmul_input(&input, &mut gate);
-            layer.w_up.matmul_input(&input, &mut up);
+            Input::new(&hbuf, n).matmul(vec![(&layer.w_gate, &mut gate), (&layer.w_up, &mut up)]);
             let im = cfg.intermediate;
             per_row(&mut gate, im, |r, g| {
                 g.iter_mut().zip(&up[r * im..(r + 1) * im]).for_each(|(g, u)| *g = *g / (1.0 + exp_f32(-*g)) * u)
