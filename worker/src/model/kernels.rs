@@ -52,20 +52,23 @@ impl Isa {
         }
     }
 
-    /// The best level this CPU runs.
+    /// The best level this CPU runs (detected once per process).
     pub fn detected() -> Isa {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::is_x86_feature_detected as has;
-            if has!("avx2") && has!("fma") && has!("f16c") {
-                return if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
-                    Isa::Avx512Vnni
-                } else {
-                    Isa::Avx2
-                };
+        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::is_x86_feature_detected as has;
+                if has!("avx2") && has!("fma") && has!("f16c") {
+                    return if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+                        Isa::Avx512Vnni
+                    } else {
+                        Isa::Avx2
+                    };
+                }
             }
-        }
-        Isa::Portable
+            Isa::Portable
+        })
     }
 
     /// The level in use: [`Isa::detected`], lowered by `ZL_KERNEL_ISA` (a level above the CPU's, or an unknown
@@ -398,6 +401,13 @@ impl XBlock {
     #[inline(always)]
     fn new(q: [i8; QK], d: f32) -> XBlock {
         XBlock { q, d, qsum: q.iter().map(|&v| i32::from(v)).sum() }
+    }
+
+    /// Quants `4k..4k + 4` as one little-endian 32-bit word, for broadcasting to a kernel's lanes.
+    #[inline(always)]
+    fn quad(&self, k: usize) -> i32 {
+        let q = &self.q[4 * k..4 * k + 4];
+        i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
     }
 }
 
@@ -998,8 +1008,7 @@ mod simd {
     #[target_feature(enable = "avx512f")]
     #[inline]
     fn broadcast4_512(x: &XBlock, k: usize) -> __m512i {
-        let bytes = [x.q[4 * k] as u8, x.q[4 * k + 1] as u8, x.q[4 * k + 2] as u8, x.q[4 * k + 3] as u8];
-        _mm512_set1_epi32(i32::from_le_bytes(bytes))
+        _mm512_set1_epi32(x.quad(k))
     }
 
     /// [`q4_1_tile`] for tiles `t` and `t + 1` at once with VNNI: `vpdpbusd` multiplies the unsigned nibbles by
@@ -1012,9 +1021,9 @@ mod simd {
         let bpr = cols / QK;
         let low4 = _mm512_set1_epi8(0x0f);
         let mut acc = [_mm512_setzero_ps(); R];
-        let (qa, qb) = (&qs[t * bpr * 128..(t + 1) * bpr * 128], &qs[(t + 1) * bpr * 128..(t + 2) * bpr * 128]);
-        let (da, db) = (&d[t * bpr * TILE..(t + 1) * bpr * TILE], &d[(t + 1) * bpr * TILE..(t + 2) * bpr * TILE]);
-        let (ma, mb) = (&m[t * bpr * TILE..(t + 1) * bpr * TILE], &m[(t + 1) * bpr * TILE..(t + 2) * bpr * TILE]);
+        let (qa, qb) = (tile(qs, t, bpr * 128), tile(qs, t + 1, bpr * 128));
+        let (da, db) = (tile(d, t, bpr * TILE), tile(d, t + 1, bpr * TILE));
+        let (ma, mb) = (tile(m, t, bpr * TILE), tile(m, t + 1, bpr * TILE));
         let (xs, stride) = row_blocks::<R>(xq, r);
         let sums = &xq.sums[r * bpr..(r + R) * bpr];
         for b in 0..bpr {
@@ -1053,8 +1062,8 @@ mod simd {
         let bpr = cols / QK;
         let flip = _mm512_set1_epi8(i8::MIN);
         let mut acc = [_mm512_setzero_ps(); R];
-        let (qa, qb) = (&qs[t * bpr * 256..(t + 1) * bpr * 256], &qs[(t + 1) * bpr * 256..(t + 2) * bpr * 256]);
-        let (da, db) = (&d[t * bpr * TILE..(t + 1) * bpr * TILE], &d[(t + 1) * bpr * TILE..(t + 2) * bpr * TILE]);
+        let (qa, qb) = (tile(qs, t, bpr * 256), tile(qs, t + 1, bpr * 256));
+        let (da, db) = (tile(d, t, bpr * TILE), tile(d, t + 1, bpr * TILE));
         let (xs, stride) = row_blocks::<R>(xq, r);
         for b in 0..bpr {
             let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
@@ -1100,9 +1109,14 @@ mod simd {
     /// Activation bytes `4k..4k + 4` of a block, in every 32-bit lane.
     #[inline(always)]
     fn broadcast4(x: &XBlock, k: usize) -> __m256i {
-        let bytes = [x.q[4 * k] as u8, x.q[4 * k + 1] as u8, x.q[4 * k + 2] as u8, x.q[4 * k + 3] as u8];
         // SAFETY: only called from this module's AVX2 kernels, which run where `available()` said the CPU has it.
-        unsafe { _mm256_set1_epi32(i32::from_le_bytes(bytes)) }
+        unsafe { _mm256_set1_epi32(x.quad(k)) }
+    }
+
+    /// Tile `t`'s part of a tiled array holding `len` entries per tile.
+    #[inline(always)]
+    fn tile<T>(v: &[T], t: usize, len: usize) -> &[T] {
+        &v[t * len..(t + 1) * len]
     }
 
     /// Tile `t`'s eight features for batch rows `r..r + R` (row `r + i` in lane vector `i`). Per block, a chunk of four
@@ -1117,8 +1131,8 @@ mod simd {
         let ones = _mm256_set1_epi16(1);
         let low4 = _mm256_set1_epi8(0x0f);
         let mut acc = [_mm256_setzero_ps(); R];
-        let qs = &qs[t * bpr * 128..(t + 1) * bpr * 128];
-        let (d, m) = (&d[t * bpr * TILE..(t + 1) * bpr * TILE], &m[t * bpr * TILE..(t + 1) * bpr * TILE]);
+        let qs = tile(qs, t, bpr * 128);
+        let (d, m) = (tile(d, t, bpr * TILE), tile(m, t, bpr * TILE));
         let (xs, stride) = row_blocks::<R>(xq, r);
         let sums = &xq.sums[r * bpr..(r + R) * bpr];
         for (b, ((q, dv), mv)) in qs.chunks_exact(128).zip(d.chunks_exact(TILE)).zip(m.chunks_exact(TILE)).enumerate() {
@@ -1155,8 +1169,8 @@ mod simd {
         let bpr = cols / QK;
         let ones = _mm256_set1_epi16(1);
         let mut acc = [_mm256_setzero_ps(); R];
-        let qs = &qs[t * bpr * 256..(t + 1) * bpr * 256];
-        let d = &d[t * bpr * TILE..(t + 1) * bpr * TILE];
+        let qs = tile(qs, t, bpr * 256);
+        let d = tile(d, t, bpr * TILE);
         let (xs, stride) = row_blocks::<R>(xq, r);
         for (b, (q, dv)) in qs.chunks_exact(256).zip(d.chunks_exact(TILE)).enumerate() {
             let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
