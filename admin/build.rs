@@ -7,13 +7,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(protoc) => config.protoc_executable(protoc),
         None => config.protoc_executable(protoc_bin_vendored::protoc_bin_path()?),
     };
-    tonic_prost_build::configure().compile_with_config(
-        config,
-        &["../schemas/admin.proto", "../schemas/raft.proto"],
-        &["../schemas"],
-    )?;
+    tonic_prost_build::configure().compile_with_config(config, &["../schemas/admin.proto"], &["../schemas"])?;
     println!("cargo:rerun-if-changed=../schemas/admin.proto");
-    println!("cargo:rerun-if-changed=../schemas/raft.proto");
     println!("cargo:rerun-if-env-changed=PROTOC");
     Ok(())
 }

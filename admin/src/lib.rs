@@ -8,17 +8,12 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 use zl_proto::message::Role;
+use zl_proto::tls::NodeFiles;
 
 /// Generated messages, client and server.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
 pub mod pb {
     tonic::include_proto!("zerolayer.admin.v1");
-}
-
-/// The orchestrators' Raft transport (`schemas/raft.proto`), served beside the admin API.
-#[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]
-pub mod raft_pb {
-    tonic::include_proto!("zerolayer.raft.v1");
 }
 
 fn read(path: &Path) -> Result<Vec<u8>> {
@@ -27,8 +22,8 @@ fn read(path: &Path) -> Result<Vec<u8>> {
 
 /// The PEM files `zl certs issue` writes for a node: `{dir}/ca.pem`, `{dir}/{role}-{id}.pem` and `.key`.
 fn pems(dir: &Path, role: Role, id: &str) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>)> {
-    let stem = format!("{}-{id}", role.name());
-    Ok((read(&dir.join("ca.pem"))?, read(&dir.join(format!("{stem}.pem")))?, read(&dir.join(format!("{stem}.key")))?))
+    let files = NodeFiles::new(dir, role, id);
+    Ok((read(&files.ca)?, read(&files.cert)?, read(&files.key)?))
 }
 
 /// TLS for an orchestrator's admin endpoint: its own certificate, client certificates from the cluster CA required.

@@ -1,8 +1,10 @@
 //! Pure functions that more than one tier must compute identically: the worker when it caches
-//! KV blocks, the frontend when it hashes a prompt for routing, the orchestrator when it scores prefix overlap.
+//! KV blocks, the frontend when it hashes a prompt for routing, the orchestrator when it scores prefix overlap;
+//! and the poison-tolerant lock helpers every crate shares ([`sync`]).
 //!
 //! Nothing here does IO, allocates threads or reads clocks.
 
 pub mod billing;
 pub mod block_hash;
 pub mod keys;
+pub mod sync;

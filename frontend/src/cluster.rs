@@ -13,6 +13,7 @@ use zl_text::{TextTokenizer, TokenizerParts};
 
 use crate::error::{ApiError, ErrorKind};
 use crate::upstream::Upstream;
+use zl_common::sync::{lock, read, write};
 
 /// An authenticated caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,14 +61,10 @@ pub struct Cluster {
 /// How stale the synced state may be before `/readyz` and `x-zl-health` say so.
 pub const STALE_AFTER: Duration = Duration::from_secs(5);
 
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Cluster {
     /// Apply a sync reply.
     pub fn apply(&self, sync: StateSync, now: Instant) {
-        let mut s = self.synced.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut s = write(&self.synced);
         s.last_ok = Some(now);
         s.ever_ok = true;
         s.serving_workers = sync.serving_workers;
@@ -88,9 +85,7 @@ impl Cluster {
             .unwrap_or_default();
         // A model whose weights changed (or that is gone) needs a new card.
         let models = &s.models;
-        self.cards
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.cards)
             .retain(|_, card| models.get(&card.model).is_some_and(|m| hex(&m.weights_sha256) == card.weights));
     }
 
@@ -151,7 +146,7 @@ impl Cluster {
     /// The card for `model` (as the client named it: an alias resolves through a route), fetched from a worker
     /// on first use.
     pub async fn card(&self, upstream: &dyn Upstream, model: &str, request_id: &str) -> Result<Arc<Card>, ApiError> {
-        if let Some(card) = self.cards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(model) {
+        if let Some(card) = lock(&self.cards).get(model) {
             return Ok(card.clone());
         }
         if self.serves(model) == Some(false) {
@@ -192,7 +187,7 @@ impl Cluster {
             kv_block_size: card.kv_block_size,
             tokenizer,
         });
-        self.cards.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(model.to_owned(), card.clone());
+        lock(&self.cards).insert(model.to_owned(), card.clone());
         tracing::info!(model, concrete = %card.model, "model card loaded");
         Ok(card)
     }

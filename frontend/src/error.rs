@@ -7,9 +7,11 @@ use serde_json::json;
 use zl_proto::CallError;
 use zl_proto::message::ErrorCode;
 
+use crate::limits::RateFigures;
+
 /// Which API's error format to speak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dialect {
+pub enum ErrorFormat {
     /// Anthropic Messages API.
     Anthropic,
     /// OpenAI Chat Completions API.
@@ -128,15 +130,15 @@ impl ApiError {
         self
     }
 
-    /// The error body in `dialect`.
-    pub fn body(&self, dialect: Dialect, request_id: &str) -> serde_json::Value {
-        match dialect {
-            Dialect::Anthropic => json!({
+    /// The error body in `format`.
+    pub fn body(&self, format: ErrorFormat, request_id: &str) -> serde_json::Value {
+        match format {
+            ErrorFormat::Anthropic => json!({
                 "type": "error",
                 "error": {"type": self.kind.anthropic_type(), "message": self.message},
                 "request_id": request_id,
             }),
-            Dialect::OpenAi => {
+            ErrorFormat::OpenAi => {
                 let (ty, code) = self.kind.openai_type_and_code();
                 json!({"error": {"message": self.message, "type": ty, "param": self.param, "code": code}})
             }
@@ -168,6 +170,29 @@ impl ApiError {
     }
 }
 
+/// A request that failed: the error and, once the caller is known, its rate-limit figures (which the error
+/// response carries as headers, like every other response to that caller).
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// What went wrong.
+    pub error: ApiError,
+    /// The caller's figures; none before it was authenticated.
+    pub rate: Option<RateFigures>,
+}
+
+impl Failure {
+    /// A failure of a known caller.
+    pub fn known(error: ApiError, rate: RateFigures) -> Self {
+        Failure { error, rate: Some(rate) }
+    }
+}
+
+impl From<ApiError> for Failure {
+    fn from(error: ApiError) -> Self {
+        Failure { error, rate: None }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,11 +201,11 @@ mod tests {
     fn both_dialects_render_exactly() {
         let e = ApiError::invalid_param("max_tokens", "max_tokens: must be at least 1");
         assert_eq!(
-            e.body(Dialect::Anthropic, "req_1").to_string(),
+            e.body(ErrorFormat::Anthropic, "req_1").to_string(),
             r#"{"error":{"message":"max_tokens: must be at least 1","type":"invalid_request_error"},"request_id":"req_1","type":"error"}"#
         );
         assert_eq!(
-            e.body(Dialect::OpenAi, "req_1").to_string(),
+            e.body(ErrorFormat::OpenAi, "req_1").to_string(),
             r#"{"error":{"code":null,"message":"max_tokens: must be at least 1","param":"max_tokens","type":"invalid_request_error"}}"#
         );
         assert_eq!(ErrorKind::Overloaded.status().as_u16(), 529);

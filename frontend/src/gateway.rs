@@ -17,9 +17,10 @@ use zl_text::ChatMessage;
 
 use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
 use crate::cluster::{Card, Cluster, KeyInfo};
-use crate::error::{ApiError, ErrorKind};
+use crate::error::{ApiError, ErrorKind, Failure};
 use crate::limits::{KeyLimits, ProjectLimits, RateFigures, RateLimiter, Reservation};
 use crate::upstream::{TokenSource, Upstream};
+use zl_common::sync::lock;
 
 /// Frontend behaviour that does not come from the routing state.
 #[derive(Clone, Debug)]
@@ -177,10 +178,6 @@ impl std::fmt::Debug for Gateway {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Gateway").field("config", &self.config).finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A prepared request: rendered, tokenised, checked.
@@ -349,7 +346,7 @@ impl Gateway {
         p: Prepared,
         opts: &RequestOptions,
         request_id: &str,
-    ) -> Result<(Meta, Generation), (ApiError, RateFigures)> {
+    ) -> Result<(Meta, Generation), Failure> {
         let cacheable = (p.req.temperature == 0.0 || p.req.seed.is_some()) && lock(&self.cache).enabled();
         let cache_key = (cacheable && !opts.bypass_cache).then(|| {
             CacheKeyParts {
@@ -382,7 +379,7 @@ impl Gateway {
                 metrics::counter!("zl_frontend_rate_limited_total", "dimension" => refusal.dimension).increment(1);
                 let err = ApiError::new(ErrorKind::RateLimit, refusal.message)
                     .retry_after(refusal.retry_after.as_secs_f64().ceil() as u64);
-                return Err((err, refusal.figures));
+                return Err(Failure::known(err, refusal.figures));
             }
         };
         let settle = Settle { gateway: self.clone(), reservation: Some(reservation), output_tokens: 0 };
@@ -415,7 +412,7 @@ impl Gateway {
         let (decision, source, first, route_time) =
             match self.route_and_open(&p, &billing_input, opts, request_id).await {
                 Ok(ok) => ok,
-                Err(e) => return Err((e, rate)),
+                Err(e) => return Err(Failure::known(e, rate)),
             };
         let route_ms = route_time.as_secs_f64() * 1e3;
         let meta = Meta {

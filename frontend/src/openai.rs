@@ -5,10 +5,12 @@ use serde_json::{Value, json};
 use zl_proto::message::StopReason;
 use zl_text::ChatMessage;
 
-use crate::anthropic::{Fields, PartProblem, text_parts};
 use crate::cache::FinishInfo;
-use crate::error::ApiError;
-use crate::gateway::GenRequest;
+use crate::dialect::Dialect;
+use crate::error::{ApiError, ErrorFormat};
+use crate::gateway::{GenEvent, GenRequest, Meta, Prepared};
+use crate::ids::{random_id, unix_now};
+use crate::request::{Fields, PartProblem, round4, text_parts};
 
 /// A parsed request and the OpenAI-only options.
 #[derive(Clone, Debug, PartialEq)]
@@ -180,7 +182,7 @@ fn usage(f: &FinishInfo) -> Value {
         "completion_tokens": f.output_tokens,
         "total_tokens": f.input_tokens + f.output_tokens,
         "prompt_tokens_details": {"cached_tokens": f.cached_input_tokens},
-        "billing_unit": crate::anthropic::round4(f.billing_unit),
+        "billing_unit": round4(f.billing_unit),
     })
 }
 
@@ -236,7 +238,70 @@ pub const DONE: &str = "data: [DONE]\n\n";
 
 /// An error after the stream began (what OpenAI sends then).
 pub fn stream_error(e: &ApiError) -> String {
-    format!("data: {}\n\n", e.body(crate::error::Dialect::OpenAi, ""))
+    format!("data: {}\n\n", e.body(ErrorFormat::OpenAi, ""))
+}
+
+/// `POST /v1/chat/completions` as a [`Dialect`]: one `chat.completion`, or its chunks ending with `[DONE]`.
+#[derive(Debug, Default)]
+pub struct ChatCompletions {
+    include_usage: bool,
+    fingerprint: String,
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl ChatCompletions {
+    fn chunk(&self, delta: Value, finish: Option<StopReason>) -> String {
+        chunk(&self.id, self.created, &self.model, &self.fingerprint, delta, finish)
+    }
+}
+
+impl Dialect for ChatCompletions {
+    const API: &'static str = "chat_completions";
+    const ERRORS: ErrorFormat = ErrorFormat::OpenAi;
+
+    fn parse(body: &Value) -> Result<(GenRequest, Self), ApiError> {
+        let ChatRequest { req, include_usage } = parse(body)?;
+        Ok((req, ChatCompletions { include_usage, ..ChatCompletions::default() }))
+    }
+
+    fn prepared(&mut self, prepared: &Prepared) {
+        // The weights' hash names the exact model build, which is what `system_fingerprint` promises.
+        let weights = &prepared.card.weights;
+        self.fingerprint = format!("zl-{}", &weights[..weights.len().min(12)]);
+    }
+
+    fn routed(&mut self, meta: &Meta) {
+        self.id = random_id("chatcmpl-", 24);
+        self.created = unix_now();
+        self.model.clone_from(&meta.model);
+    }
+
+    fn stream_head(&self) -> String {
+        self.chunk(json!({"role": "assistant", "content": ""}), None)
+    }
+
+    fn render_event(&self, event: &GenEvent) -> String {
+        match event {
+            GenEvent::Delta(d) => self.chunk(json!({"content": d}), None),
+            GenEvent::Finish(f) => {
+                let mut out = self.chunk(json!({}), Some(f.stop_reason));
+                if self.include_usage {
+                    out += &usage_chunk(&self.id, self.created, &self.model, &self.fingerprint, f);
+                }
+                out + DONE
+            }
+        }
+    }
+
+    fn render_error(error: &ApiError) -> String {
+        stream_error(error)
+    }
+
+    fn final_body(&self, text: &str, finish: &FinishInfo) -> Value {
+        completion(&self.id, self.created, &self.model, &self.fingerprint, text, finish)
+    }
 }
 
 #[cfg(test)]

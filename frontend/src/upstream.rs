@@ -47,8 +47,9 @@ impl TokenSource for ResponseStream {
     }
 }
 
-/// Per-call deadline for control calls to workers (model cards).
-const CONTROL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Per-call deadline for control calls to workers (model cards): a worker loading another model may take a few
+/// seconds to answer, and a card is fetched once per model and cached.
+const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Per-call deadline for orchestrator calls (routes, state syncs; answered in well under a millisecond): a dead or
 /// hung orchestrator costs at most this before the next one is tried, so a request fails over within a second.
@@ -65,10 +66,6 @@ impl std::fmt::Debug for QuicUpstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QuicUpstream").field("orchestrators", &self.orchestrators).finish_non_exhaustive()
     }
-}
-
-fn timed_out(what: &str) -> CallError {
-    CallError::Remote(WireError::new(ErrorCode::DeadlineExceeded, format!("no answer from the {what} in time")))
 }
 
 async fn endpoint_addr(endpoint: &str) -> Result<SocketAddr, CallError> {
@@ -109,11 +106,7 @@ impl QuicUpstream {
         let mut last = None;
         for i in 0..n {
             let to = self.orchestrators[(start + i) % n];
-            let call = self.client.call(to, Role::Orchestrator, request.clone());
-            let result = tokio::time::timeout(ORCHESTRATOR_TIMEOUT, call)
-                .await
-                .unwrap_or_else(|_| Err(timed_out("orchestrator")));
-            match result {
+            match self.client.call_within(ORCHESTRATOR_TIMEOUT, to, Role::Orchestrator, request.clone()).await {
                 Ok(reply) => return Ok(reply),
                 Err(e) if try_next_orchestrator(&e) => {
                     tracing::debug!(orchestrator = %to, error = %e, "orchestrator unavailable; trying the next");
@@ -123,7 +116,7 @@ impl QuicUpstream {
                 Err(e) => return Err(e),
             }
         }
-        Err(last.unwrap_or_else(|| timed_out("orchestrators")))
+        Err(last.unwrap_or_else(|| CallError::deadline_exceeded("orchestrators")))
     }
 }
 
@@ -153,8 +146,8 @@ impl Upstream for QuicUpstream {
     fn model_card(&self, endpoint: String, model: String) -> BoxFuture<'_, Result<ModelCard, CallError>> {
         Box::pin(async move {
             let to = endpoint_addr(&endpoint).await?;
-            let call = self.client.call(to, Role::Worker, Message::ModelCardRequest(ModelCardRequest { model }));
-            match tokio::time::timeout(CONTROL_TIMEOUT * 5, call).await.unwrap_or_else(|_| Err(timed_out("worker")))? {
+            let request = Message::ModelCardRequest(ModelCardRequest { model });
+            match self.client.call_within(CONTROL_TIMEOUT, to, Role::Worker, request).await? {
                 Message::ModelCard(card) => Ok(card),
                 other => Err(unexpected("a model card", &other)),
             }

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use zl_proto::message::{NodeId, Role};
-use zl_proto::tls::TlsIdentity;
+use zl_proto::tls::{NodeFiles, TlsIdentity};
 
 /// Start a tier binary: install the one TLS crypto provider, log to stderr (filter: `ZL_LOG`), and parse the
 /// command line with the config file of `serve` (if any) layered under flags and `ZL_*` variables.
@@ -28,15 +28,9 @@ pub fn block_on<T>(main: impl std::future::Future<Output = Result<T>>) -> Result
 /// Load `{dir}/ca.pem` and the node's `{dir}/{role}-{id}.pem` / `.key`, as `zl certs issue` names them.
 pub fn load_identity(dir: &Path, role: Role, id: &str) -> Result<TlsIdentity> {
     let node_id = NodeId::new(id.to_owned()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
-    let stem = format!("{}-{node_id}", role.name());
-    TlsIdentity::from_files(
-        &dir.join("ca.pem"),
-        &dir.join(format!("{stem}.pem")),
-        &dir.join(format!("{stem}.key")),
-        role,
-        node_id,
-    )
-    .with_context(|| format!("loading the TLS identity {stem} from {}", dir.display()))
+    let files = NodeFiles::new(dir, role, node_id.as_str());
+    TlsIdentity::from_files(&files.ca, &files.cert, &files.key, role, node_id)
+        .with_context(|| format!("loading the TLS identity {} from {}", files.stem, dir.display()))
 }
 
 /// Serve Prometheus metrics at `http://{addr}/metrics`.

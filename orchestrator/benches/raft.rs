@@ -8,8 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use zl_orchestrator::consensus::{ReplicaConfig, SharedState};
-use zl_orchestrator::group::{Group, GroupConfig, raft_dir};
+use zl_orchestrator::raft::{Group, GroupConfig, ReplicaConfig, SharedState, raft_dir};
 use zl_orchestrator::state::{Command, Quota};
 use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::ClusterCa;

@@ -1,18 +1,23 @@
 //! The orchestrator tier: routing state and microsecond route decisions (see docs/routing.md). It is never on the
 //! token path: the frontend asks it for a route, then streams from the worker directly.
 //!
-//! - [`state`]: the replicated routing state, a deterministic command-driven state machine.
-//! - [`load`]: the soft load view (load reports, KV-cache events), never replicated.
-//! - [`route`]: route decisions as pure functions over both, with pluggable policies.
+//! From the bottom up (no module depends on one above it):
+//! - [`hash`]: the stable hashes every node computes alike;
+//! - [`state`]: the replicated routing state, a deterministic command-driven state machine;
+//! - [`load`]: the soft load view (load reports, KV-cache events), never replicated;
+//! - [`route`]: route decisions as pure functions over both, with pluggable policies;
+//! - [`raft`]: the Raft group that replicates the state (storage, the pure replica, the async driver and its
+//!   transport);
+//! - [`node`]: one orchestrator: the state with its group, the load view and the policy;
+//! - [`api`]: its QUIC face (frontends, workers) and its gRPC admin face (operators).
 
-pub mod admin;
-pub mod consensus;
-pub mod group;
+pub mod api;
+pub mod hash;
 pub mod load;
+pub mod node;
+pub mod raft;
 pub mod route;
-pub mod service;
 pub mod state;
-pub mod storage;
 
 use zl_proto::message::Role;
 use zl_proto::quic::RpcSettings;

@@ -7,50 +7,11 @@
 //! each worker's block set is capped, and workers silent for longer than `forget_after` are dropped by
 //! [`LoadView::sweep`].
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use zl_proto::message::{KvCacheEvents, LoadReport, NodeId};
 
-/// A fast, non-cryptographic hasher (the Fx multiply-rotate) for the maps a route decision reads. Every key it
-/// sees comes from authenticated peers (worker ids, block hashes that are already mixed by the chained block hash,
-/// internal slot numbers), so hash-flooding resistance is not needed here and SipHash's cost is.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        let mut chunks = bytes.chunks_exact(8);
-        for c in &mut chunks {
-            self.write_u64(u64::from_le_bytes(c.try_into().expect("8 bytes")));
-        }
-        for &b in chunks.remainder() {
-            self.write_u64(u64::from(b));
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(u64::from(v));
-    }
-
-    fn write_u8(&mut self, v: u8) {
-        self.write_u64(u64::from(v));
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
-}
-
-/// A `HashMap` with [`FxHasher`].
-pub type FxHashMap<K, V> = HashMap<K, V, BuildHasherDefault<FxHasher>>;
-/// A `HashSet` with [`FxHasher`].
-pub type FxHashSet<K> = HashSet<K, BuildHasherDefault<FxHasher>>;
+use crate::hash::{FxHashMap, FxHashSet, model_tag};
 
 /// Health and size settings.
 #[derive(Clone, Copy, Debug)]
@@ -113,12 +74,6 @@ pub struct LoadView {
 pub(crate) fn next_generation() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
-/// A model's tag in the prefix index (hashes of different models never mix).
-pub fn model_tag(model: &str) -> u64 {
-    // FNV-1a: stable across processes and platforms.
-    model.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
 }
 
 impl LoadView {

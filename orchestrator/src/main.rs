@@ -8,12 +8,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
-use zl_orchestrator::admin::AdminService;
-use zl_orchestrator::consensus::ReplicaConfig;
-use zl_orchestrator::group::{Group, GroupConfig, parse_peers, raft_dir};
+use zl_orchestrator::api::admin::AdminService;
 use zl_orchestrator::load::LoadSettings;
+use zl_orchestrator::node::Orchestrator;
+use zl_orchestrator::raft::{GroupConfig, ReplicaConfig, parse_peers, raft_dir};
 use zl_orchestrator::route::{POLICY_NAMES, policy_by_name};
-use zl_orchestrator::service::Orchestrator;
 use zl_proto::message::Role;
 use zl_proto::quic::Server;
 
@@ -116,23 +115,21 @@ async fn serve(args: ServeArgs) -> Result<()> {
         bail!("--raft-peers must list this node's own id {}", args.raft_id);
     }
     let data_dir = args.data_dir.clone().unwrap_or_else(|| default_data_dir(&args.node_id));
-    let node = Arc::new(Orchestrator::new(policy, settings));
-    let group = Group::start(
-        GroupConfig {
-            id: args.raft_id,
-            peers,
-            join: args.raft_join,
-            data_dir: raft_dir(&data_dir),
-            tls_dir: args.tls_dir.clone(),
-            node_id: args.node_id.clone(),
-            tick: Duration::from_millis(args.raft_tick_ms),
-            replica: ReplicaConfig { snapshot_every: args.raft_snapshot_every.max(1), ..ReplicaConfig::default() },
-        },
-        node.shared_state(),
-    )
-    .with_context(|| format!("opening the Raft storage in {}", raft_dir(&data_dir).display()))?;
-    let raft_service = group.service();
-    let _ = node.attach(group);
+    let group = GroupConfig {
+        id: args.raft_id,
+        peers,
+        join: args.raft_join,
+        data_dir: raft_dir(&data_dir),
+        tls_dir: args.tls_dir.clone(),
+        node_id: args.node_id.clone(),
+        tick: Duration::from_millis(args.raft_tick_ms),
+        replica: ReplicaConfig { snapshot_every: args.raft_snapshot_every.max(1), ..ReplicaConfig::default() },
+    };
+    let node = Arc::new(
+        Orchestrator::start(policy, settings, group)
+            .with_context(|| format!("opening the Raft storage in {}", raft_dir(&data_dir).display()))?,
+    );
+    let raft_service = node.group().service();
     let server = Server::spawn(args.listen, &identity, zl_orchestrator::rpc_settings(), node.clone())?;
     let admin = {
         let tls = zl_admin::server_tls(&args.tls_dir, &args.node_id)?;

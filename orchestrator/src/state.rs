@@ -3,8 +3,8 @@
 //! Every change is a [`Command`], applied in log order by [`RoutingState::apply`]; the same commands in the same
 //! order give the same state on every orchestrator (no clocks, no randomness, no hash-map iteration order: maps
 //! are `BTreeMap`s). A rejected command leaves the state untouched but still advances the applied index, so
-//! every node rejects it identically. Raft (issue 6/6) replicates exactly these commands and snapshots exactly
-//! this state ([`RoutingState::snapshot`]); until then a single node applies them as they arrive.
+//! every node rejects it identically. The Raft group ([`crate::raft`]) replicates exactly these commands and
+//! snapshots exactly this state ([`RoutingState::snapshot`]).
 //!
 //! What is here is what every orchestrator must agree on: who may serve what, how model names resolve, keys and
 //! quotas, and the billing and pool policy. Load is soft state and lives in [`crate::load`].
@@ -258,7 +258,7 @@ pub struct RouteIndex {
     pub generation: u64,
     /// Registered workers in id order.
     pub workers: Vec<WorkerEntry>,
-    /// `route::stable_hash` of each worker's id, in the same order.
+    /// `hash::stable_hash` of each worker's id, in the same order.
     pub id_hashes: Vec<u64>,
     /// Model id to (position in `workers`, position of the model in the worker's list).
     pub by_model: HashMap<String, Vec<(usize, usize)>>,
@@ -492,7 +492,7 @@ impl RoutingState {
                 by_model.entry(m.id.clone()).or_default().push((wi, mi));
             }
         }
-        let id_hashes = workers.iter().map(|w| crate::route::stable_hash(w.spec.id.as_str())).collect();
+        let id_hashes = workers.iter().map(|w| crate::hash::stable_hash(w.spec.id.as_str())).collect();
         self.index = RouteIndex { generation: crate::load::next_generation(), workers, id_hashes, by_model };
     }
 

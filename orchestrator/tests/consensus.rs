@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use raft::eraftpb::{Message, MessageType};
 use tempfile::TempDir;
-use zl_orchestrator::consensus::{ProposeError, Replica, ReplicaConfig};
+use zl_orchestrator::raft::replica::{ProposeError, Replica, ReplicaConfig};
 use zl_orchestrator::state::{Command, Quota};
 
 /// xorshift64*: small, seeded, good enough for schedules.
@@ -48,6 +48,8 @@ struct Cluster {
     drop_per_mille: u64,
     reorder: bool,
     rng: Rng,
+    /// The schedule's seed.
+    seed: u64,
     /// Group members when the cluster started.
     bootstrap: Vec<u64>,
     /// Read points answered: node, request context, index.
@@ -74,6 +76,7 @@ impl Cluster {
             drop_per_mille: 0,
             reorder: false,
             rng: Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1),
+            seed,
             bootstrap,
             reads: Vec::new(),
         };
@@ -85,7 +88,9 @@ impl Cluster {
     }
 
     fn start(&mut self, id: u64) {
-        let replica = Replica::open(id, self.dirs[&id].path(), &self.bootstrap, self.config).unwrap();
+        // Election timeouts from the schedule's seed too (each node its own stream), so a seed replays exactly.
+        let config = ReplicaConfig { election_seed: Some(self.seed), ..self.config };
+        let replica = Replica::open(id, self.dirs[&id].path(), &self.bootstrap, config).unwrap();
         self.last_applied.insert(id, replica.applied_index());
         self.nodes.insert(id, Some(replica));
     }
@@ -233,7 +238,13 @@ impl Cluster {
 }
 
 fn config() -> ReplicaConfig {
-    ReplicaConfig { election_ticks: 10, heartbeat_ticks: 1, snapshot_every: 1000, segment_bytes: 1 << 20 }
+    ReplicaConfig {
+        election_ticks: 10,
+        heartbeat_ticks: 1,
+        snapshot_every: 1000,
+        segment_bytes: 1 << 20,
+        election_seed: None,
+    }
 }
 
 #[test]
@@ -251,6 +262,25 @@ fn a_group_elects_a_leader_and_replicates_commands() {
     match c.node_mut(follower).propose(vec![], &command(99)) {
         Err(ProposeError::NotLeader { leader: Some(l) }) => assert_eq!(l, leader),
         other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn a_seed_replays_its_elections_exactly() {
+    // raft-rs draws election timeouts from a thread-local generator; the harness draws them from the seed, so the
+    // same seed gives the same leaders after the same numbers of ticks, run after run.
+    let elections = |seed: u64| {
+        let mut c = Cluster::new(5, seed, config());
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            let (leader, ticks) = c.await_leader(200);
+            seen.push((leader, ticks, c.node(leader).term()));
+            c.crash(leader);
+        }
+        seen
+    };
+    for seed in 1..=20 {
+        assert_eq!(elections(seed), elections(seed), "seed {seed}");
     }
 }
 

@@ -65,6 +65,33 @@ pub fn node_name(role: Role, node_id: &NodeId) -> String {
     format!("{node_id}.{}.{CLUSTER_DOMAIN}", role.name())
 }
 
+/// Where a node's PEM files live in a certificate directory, as `zl certs` writes them: the cluster CA's
+/// `ca.pem`, and the node's `{role}-{node id}.pem` and `.key`. The one place these names are made.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeFiles {
+    /// `{role}-{node id}`, the file stem.
+    pub stem: String,
+    /// The cluster CA's certificate.
+    pub ca: std::path::PathBuf,
+    /// The node's certificate.
+    pub cert: std::path::PathBuf,
+    /// The node's private key.
+    pub key: std::path::PathBuf,
+}
+
+impl NodeFiles {
+    /// The files of node `id` in role `role` under `dir`.
+    pub fn new(dir: &std::path::Path, role: Role, id: &str) -> NodeFiles {
+        let stem = format!("{}-{id}", role.name());
+        NodeFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join(format!("{stem}.pem")),
+            key: dir.join(format!("{stem}.key")),
+            stem,
+        }
+    }
+}
+
 /// The one crypto provider used everywhere (ring).
 pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())

@@ -4,9 +4,10 @@
 //! RPC. A Consul implementation (register a service with the models and KV figures in its `Meta` and a TTL check)
 //! slots in behind the same trait.
 //!
-//! Until the orchestrators replicate their state (Raft, issue 6/6), each keeps its own copy, so the worker
-//! registers with every orchestrator it knows. Load and KV events are soft state kept per orchestrator, so they
-//! always go to every one.
+//! A registration is a replicated write (any orchestrator forwards it to the Raft leader), so one would do; the
+//! worker still registers through every orchestrator it reports to, because a registration also resets that
+//! orchestrator's soft state for it (a restarted worker numbers its reports from 1 again), and a re-registration
+//! is idempotent. Load and KV events are soft state kept per orchestrator, so they always go to every one.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ use zl_proto::quic::{CallError, Client};
 
 use crate::engine::{EngineHandle, Published};
 use crate::kv::pool::KvEvent;
+use zl_common::sync::lock;
 
 /// Where a worker announces itself.
 pub trait Discovery: Send + Sync + 'static {
@@ -61,21 +63,15 @@ impl DirectDiscovery {
     }
 
     async fn call(&self, to: SocketAddr, msg: Message) -> Result<Message, CallError> {
-        match tokio::time::timeout(CALL_TIMEOUT, self.client.call(to, Role::Orchestrator, msg)).await {
-            Ok(result) => result,
-            Err(_) => Err(CallError::Remote(zl_proto::message::WireError::new(
-                ErrorCode::DeadlineExceeded,
-                "no answer from the orchestrator in time",
-            ))),
-        }
+        self.client.call_within(CALL_TIMEOUT, to, Role::Orchestrator, msg).await
     }
 
     fn set_registered(&self, i: usize, value: bool) {
-        self.registered.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[i] = value;
+        lock(&self.registered)[i] = value;
     }
 
     fn is_registered(&self, i: usize) -> bool {
-        self.registered.lock().unwrap_or_else(std::sync::PoisonError::into_inner)[i]
+        lock(&self.registered)[i]
     }
 
     /// One orchestrator's heartbeat; `true` when it needs a snapshot.

@@ -1,7 +1,11 @@
 //! The worker tier: runs models and streams tokens to frontends over the wire protocol (see
 //! docs/architecture.md and docs/worker.md).
 //!
-//! Pure parts first: `kv` (paged KV-cache accounting with prefix sharing) and `scheduler` (continuous batching).
+//! Pure parts: [`kv`] (paged KV-cache accounting with prefix sharing), [`scheduler`] (continuous batching),
+//! [`sampling`] (seeded, batch-invariant token choice) and [`stop`] (stop sequences across token boundaries).
+//! [`model`] loads weights (GGUF, safetensors) and runs the forward pass on the CPU kernels; [`engine`] is the
+//! actor that owns a model, its KV cache and the scheduler and steps them; [`serve`] is the QUIC face;
+//! [`discovery`] registers with the orchestrators; [`fetch`] brings the bundled default model.
 
 pub mod discovery;
 pub mod engine;

@@ -14,6 +14,7 @@ use zl_proto::quic::{CallContext, Handler, Responder};
 use crate::engine::{EngineHandle, Event, Request, RequestError};
 use crate::model::tokenizer::TextTokenizer;
 use crate::sampling::Sampling;
+use zl_common::sync::lock;
 
 /// One model this worker serves.
 #[derive(Clone, Debug)]
@@ -101,7 +102,7 @@ impl WorkerService {
             .models
             .get(model)
             .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("model {model:?} is not served here")))?;
-        let mut cards = self.cards.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut cards = lock(&self.cards);
         if let Some(card) = cards.get(model) {
             return Ok(card.clone());
         }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
 use zl_proto::message::{NodeId, Role};
-use zl_proto::tls::{ClusterCa, PemPair};
+use zl_proto::tls::{ClusterCa, NodeFiles, PemPair};
 
 /// Certificate commands.
 #[derive(Subcommand, Debug)]
@@ -92,9 +92,9 @@ fn issue(args: &IssueArgs) -> Result<()> {
     let ca = ClusterCa::from_pem(&read("ca.pem")?, &read("ca.key")?).context("loading the CA")?;
     let pair = ca.issue(role, &node_id, &args.sans, args.days).context("issuing the certificate")?;
     let out = args.out.as_ref().unwrap_or(&args.ca_dir);
-    let stem = format!("{}-{}", role.name(), node_id);
-    write_pair(out, &stem, &pair, args.force)?;
-    println!("wrote {} and {}", out.join(format!("{stem}.pem")).display(), out.join(format!("{stem}.key")).display());
+    let files = NodeFiles::new(out, role, node_id.as_str());
+    write_pair(out, &files.stem, &pair, args.force)?;
+    println!("wrote {} and {}", files.cert.display(), files.key.display());
     Ok(())
 }
 

@@ -23,7 +23,8 @@ use std::time::Instant;
 use zl_common::billing::predicted_billing_unit;
 use zl_proto::message::{ComputePool, LoadReport, RouteDecision, RouteHint, RouteRequest};
 
-use crate::load::{FxHashMap, LoadView};
+use crate::hash::{FxHashMap, stable_hash};
+use crate::load::LoadView;
 use crate::state::{ModelVersion, PoolThresholds, RoutingState, WorkerEntry};
 
 pub use least_loaded::LeastLoaded;
@@ -148,17 +149,6 @@ pub fn pool_order(preferred: ComputePool, hint: RouteHint, pinned: Option<Comput
 /// Whether a worker can take another request without queueing more than a full batch.
 pub fn has_capacity(worker: &WorkerEntry, load: &LoadReport) -> bool {
     load.queue_depth < worker.spec.max_running_sequences
-}
-
-fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// A stable 64-bit hash of a string (FNV-1a, then mixed), the same on every node and platform.
-pub fn stable_hash(s: &str) -> u64 {
-    mix(crate::load::model_tag(s))
 }
 
 /// Version preferences for a model: pinned, canary order, or any.

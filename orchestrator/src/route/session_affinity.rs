@@ -5,7 +5,8 @@
 
 use zl_proto::message::RouteRequest;
 
-use super::{Candidate, LeastLoaded, Pick, Policy, mix, stable_hash};
+use super::{Candidate, LeastLoaded, Pick, Policy};
+use crate::hash::{mix, stable_hash};
 
 /// The session-affinity policy.
 #[derive(Clone, Copy, Debug, Default)]

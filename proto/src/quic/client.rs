@@ -4,12 +4,14 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use super::io::{FrameReader, FrameWriter, ReadFailure, WriteFailure, codes};
 use super::{CallError, PeerInfo, RpcError, RpcSettings, client_socket, endpoint_config, handshake, quinn_runtime};
 use crate::call::{CallState, Delivery};
 use crate::message::{Cancel, Message, Role};
 use crate::tls::{TlsIdentity, role_name};
+use zl_common::sync::lock;
 
 #[derive(Clone)]
 struct Pooled {
@@ -47,7 +49,7 @@ impl Client {
     }
 
     fn slot(&self, peer: SocketAddr, role: Role) -> Slot {
-        let mut pool = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pool = lock(&self.pool);
         pool.entry((peer, role)).or_default().clone()
     }
 
@@ -149,6 +151,20 @@ impl Client {
                 None => return Err(CallError::Protocol("stream ended without a reply".into())),
             }
         }
+    }
+
+    /// [`Client::call`] within `deadline`: past it the call is dropped (its stream reset) and the caller gets
+    /// [`CallError::deadline_exceeded`], so one hung or unreachable peer never stalls a caller that has others.
+    pub async fn call_within(
+        &self,
+        deadline: Duration,
+        peer: SocketAddr,
+        role: Role,
+        request: Message,
+    ) -> Result<Message, CallError> {
+        tokio::time::timeout(deadline, self.call(peer, role, request))
+            .await
+            .unwrap_or_else(|_| Err(CallError::deadline_exceeded(role.name())))
     }
 
     /// Close every connection (pending calls fail with `ConnectionLost`).

@@ -136,6 +136,11 @@ impl CallError {
         }
     }
 
+    /// No answer from `what` before the caller's deadline.
+    pub fn deadline_exceeded(what: &str) -> Self {
+        CallError::Remote(WireError::new(ErrorCode::DeadlineExceeded, format!("no answer from the {what} in time")))
+    }
+
     /// True when nothing reached the peer's handler, so retrying elsewhere cannot run the request twice.
     pub fn is_before_request(&self) -> bool {
         matches!(self, CallError::Connect { .. })

@@ -14,6 +14,7 @@ use tokio::sync::mpsc as tokio_mpsc;
 use super::state::{EngineCore, EngineStats, Event, Request, RequestError};
 use crate::kv::pool::KvEvent;
 use crate::scheduler::SeqId;
+use zl_common::sync::lock;
 
 enum Command {
     Generate {
@@ -120,7 +121,7 @@ impl EngineHandle {
 
     /// The latest published figures; `take_events` also takes the pending KV events.
     pub fn published(&self, take_events: bool) -> Published {
-        let mut p = self.published.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = lock(&self.published);
         let (events, resync) = if take_events {
             (std::mem::take(&mut p.kv_events), std::mem::take(&mut p.resync))
         } else {
@@ -221,7 +222,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
         metrics::gauge!("zl_worker_tokens_per_second", &labels).set(f64::from(rate));
         let new_events = core.drain_kv_events();
         let overflow = {
-            let mut p = published.lock().unwrap_or_else(|p| p.into_inner());
+            let mut p = lock(&published);
             p.stats = stats;
             p.tokens_per_second = rate;
             p.kv_events.extend(new_events);
@@ -236,7 +237,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
 
 fn resync(core: &mut EngineCore, published: &Mutex<Published>) {
     let snapshot: Vec<KvEvent> = core.kv_snapshot().into_iter().map(KvEvent::Stored).collect();
-    let mut p = published.lock().unwrap_or_else(|p| p.into_inner());
+    let mut p = lock(published);
     p.kv_events = snapshot;
     p.resync = true;
 }

@@ -1,29 +1,25 @@
-//! The orchestrator's RPC face: workers register, heartbeat with load reports, push KV-cache events and
-//! deregister; frontends ask for routes.
+//! One orchestrator node: its replicated routing state with the Raft group that writes it, its soft load view and
+//! its routing policy. The RPC faces in [`crate::api`] call into it; it knows nothing of them.
 //!
-//! Writes become [`Command`]s committed to the routing state through [`Orchestrator::commit`]: through the
-//! orchestrators' Raft group ([`crate::group`]) once one is attached, applied in place otherwise (tests, tools). Soft reports go to the
-//! load view. Route decisions read both under read locks and never wait on a write for long: writes are rare
-//! (registrations) or tiny (a report).
-//!
-//! Every caller is authenticated by mutual TLS before a frame is read; a worker may only speak for itself (its
-//! certificate's node id must equal the worker id in the message), and only frontends and operators get routes.
+//! Writes become [`Command`]s committed to the routing state through [`Orchestrator::commit`], always through the
+//! orchestrators' Raft group ([`crate::raft`]). Soft reports go to the load view. Route decisions read both under
+//! read locks and never wait on a write for long: writes are rare (registrations) or tiny (a report).
 
 use std::cell::RefCell;
-use std::sync::{OnceLock, RwLock};
+use std::sync::RwLock;
 use std::time::Instant;
 
+use zl_common::sync::{read, write};
 use zl_proto::message::{
-    Ack, ApiKeyEntry, DeregisterWorker, ErrorCode, KvCacheEvents, LoadReport, Message, ModelInfo, NodeId, ProjectQuota,
-    RegisterWorker, Role, RouteRequest, StateSync, WireError,
+    ApiKeyEntry, ErrorCode, KvCacheEvents, LoadReport, ModelInfo, NodeId, ProjectQuota, RegisterWorker, RouteRequest,
+    StateSync, WireError,
 };
-use zl_proto::quic::{CallContext, Handler, Responder};
 
-use crate::consensus::SharedState;
-use crate::group::{CommitError, Group};
 use crate::load::{Accepted, LoadSettings, LoadView};
-use crate::route::{self, Policy, RETRY_AFTER_MS, RouteError, Scratch};
-use crate::state::{Command, CommandError, ModelVersion, RoutingState, WorkerSpec, hex};
+use crate::raft::replica::ConsensusError;
+use crate::raft::{CommitError, Group, GroupConfig, SharedState};
+use crate::route::{self, Policy, RouteError, Scratch};
+use crate::state::{Command, ModelVersion, RoutingState, WorkerSpec, hex};
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
@@ -54,7 +50,7 @@ pub struct WorkerView {
 /// One orchestrator node.
 pub struct Orchestrator {
     state: SharedState,
-    group: OnceLock<Group>,
+    group: Group,
     load: RwLock<LoadView>,
     policy: Box<dyn Policy>,
 }
@@ -65,25 +61,13 @@ impl std::fmt::Debug for Orchestrator {
     }
 }
 
-fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    // A panic while holding the lock cannot leave these structures half-updated in a way later readers could
-    // misread (every mutation is a single insert/remove or an apply that validates first), so poisoning is ignored.
-    lock.read().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    lock.write().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Orchestrator {
-    /// A node with an empty state.
-    pub fn new(policy: Box<dyn Policy>, load: LoadSettings) -> Self {
-        Orchestrator {
-            state: SharedState::default(),
-            group: OnceLock::new(),
-            load: RwLock::new(LoadView::new(load)),
-            policy,
-        }
+    /// Open this node's Raft storage, start its group (which replays the log into the routing state) and serve
+    /// with `policy` over a fresh load view.
+    pub fn start(policy: Box<dyn Policy>, load: LoadSettings, group: GroupConfig) -> Result<Self, ConsensusError> {
+        let state = SharedState::default();
+        let group = Group::start(group, state.clone())?;
+        Ok(Orchestrator { state, group, load: RwLock::new(LoadView::new(load)), policy })
     }
 
     /// The routing policy's name.
@@ -91,39 +75,19 @@ impl Orchestrator {
         self.policy.name()
     }
 
-    /// The routing state the Raft group applies to.
-    pub fn shared_state(&self) -> SharedState {
-        self.state.clone()
-    }
-
-    /// Route every later write through `group` (once; a second group is refused).
-    pub fn attach(&self, group: Group) -> Result<(), Group> {
-        self.group.set(group)
-    }
-
-    /// The Raft group, once attached.
-    pub fn group(&self) -> Option<&Group> {
-        self.group.get()
+    /// The Raft group that writes this node's routing state.
+    pub fn group(&self) -> &Group {
+        &self.group
     }
 
     /// Wait until this node has applied every write committed before the call (linearizable admin reads).
     pub async fn read_barrier(&self) -> Result<(), CommitError> {
-        match self.group.get() {
-            Some(group) => group.read_barrier().await,
-            None => Ok(()),
-        }
+        self.group.read_barrier().await
     }
 
     /// Commit a command to the routing state; returns its log index once it is applied on this node.
     pub async fn commit(&self, cmd: &Command) -> Result<u64, CommitError> {
-        let result = match self.group.get() {
-            Some(group) => group.commit(cmd).await,
-            None => {
-                let mut state = write(&self.state.0);
-                let index = state.applied_index() + 1;
-                state.apply(index, cmd).map(|()| index).map_err(CommitError::from)
-            }
-        };
+        let result = self.group.commit(cmd).await;
         let outcome = match &result {
             Ok(_) => "applied",
             Err(CommitError::Command(_) | CommitError::Remote(_)) => "rejected",
@@ -324,91 +288,5 @@ impl Orchestrator {
         }
         sync.models = models.into_values().collect();
         sync
-    }
-
-    fn speaks_for(ctx: &CallContext, worker: &NodeId) -> Result<(), WireError> {
-        let peer = &ctx.peer;
-        if peer.role == Role::Admin || (peer.role == Role::Worker && &peer.node_id == worker) {
-            return Ok(());
-        }
-        Err(WireError::new(
-            ErrorCode::PermissionDenied,
-            format!("{} {} may not speak for worker {worker}", peer.role.name(), peer.node_id),
-        ))
-    }
-}
-
-fn command_error(e: CommitError) -> WireError {
-    let code = match &e {
-        CommitError::Command(CommandError::NotFound(_)) => ErrorCode::NotFound,
-        CommitError::Command(CommandError::Limit(_)) => ErrorCode::Overloaded,
-        CommitError::Command(CommandError::Invalid { .. } | CommandError::Exists(_)) => ErrorCode::InvalidRequest,
-        CommitError::Remote(s) if s.code() == tonic::Code::NotFound => ErrorCode::NotFound,
-        CommitError::Remote(_) => ErrorCode::InvalidRequest,
-        CommitError::Unavailable(_) | CommitError::NotAccepted(_) => ErrorCode::Overloaded,
-    };
-    let mut err = WireError::new(code, e.to_string());
-    if matches!(e, CommitError::Unavailable(_) | CommitError::NotAccepted(_)) {
-        err.retry_after_ms = RETRY_AFTER_MS;
-    }
-    err
-}
-
-/// A route error as the wire carries it: unknown models are `NotFound`, everything else `Overloaded` with a
-/// retry hint (the frontend answers 529 `overloaded_error` with `retry-after`).
-pub fn route_error(e: &RouteError) -> WireError {
-    match e {
-        RouteError::UnknownModel(_) => WireError::new(ErrorCode::NotFound, e.to_string()),
-        RouteError::NoWorker(_) | RouteError::Saturated(_) => {
-            let mut err = WireError::new(ErrorCode::Overloaded, e.to_string());
-            err.retry_after_ms = RETRY_AFTER_MS;
-            err
-        }
-    }
-}
-
-impl Handler for Orchestrator {
-    async fn call(&self, ctx: CallContext, request: Message, out: &mut Responder) -> Result<(), WireError> {
-        let now = Instant::now();
-        let reply = match request {
-            Message::RouteRequest(r) => {
-                if !matches!(ctx.peer.role, Role::Frontend | Role::Admin) {
-                    return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends ask for routes"));
-                }
-                Message::RouteDecision(self.route(&r).map_err(|e| route_error(&e))?)
-            }
-            Message::StateSyncRequest(r) => {
-                if !matches!(ctx.peer.role, Role::Frontend | Role::Admin) {
-                    return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends sync routing state"));
-                }
-                Message::StateSync(self.state_sync(r.known_index, now))
-            }
-            Message::RegisterWorker(r) => {
-                Self::speaks_for(&ctx, &r.worker_id)?;
-                Message::Ack(Ack { applied_index: self.register(&r).await.map_err(command_error)? })
-            }
-            Message::DeregisterWorker(DeregisterWorker { worker_id, reason }) => {
-                Self::speaks_for(&ctx, &worker_id)?;
-                tracing::info!(worker = %worker_id, %reason, "deregistration requested");
-                Message::Ack(Ack { applied_index: self.deregister(&worker_id).await.map_err(command_error)? })
-            }
-            Message::LoadReport(r) => {
-                Self::speaks_for(&ctx, &r.worker_id)?;
-                self.load_report(r, now)?;
-                Message::Ack(Ack { applied_index: 0 })
-            }
-            Message::KvCacheEvents(e) => {
-                Self::speaks_for(&ctx, &e.worker_id)?;
-                self.kv_events(&e, now)?;
-                Message::Ack(Ack { applied_index: 0 })
-            }
-            other => {
-                return Err(WireError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("an orchestrator does not serve {:?} calls", other.kind()),
-                ));
-            }
-        };
-        out.send(reply).await.map_err(|e| WireError::new(ErrorCode::Cancelled, e.to_string()))
     }
 }

@@ -1,5 +1,5 @@
-//! Durable storage for the orchestrators' Raft group (issue 6/6's consensus builds on it): the log, the hard state
-//! and snapshots of the routing state, in one directory.
+//! Durable storage for the orchestrators' Raft group (the [`super::replica`] builds on it): the log, the hard
+//! state and snapshots of the routing state, in one directory.
 //!
 //! Layout:
 //! - `log/{first index:020}.seg`: log segments. A segment is a run of records, each `len: u32 LE`, `crc: u32 LE`
@@ -17,10 +17,10 @@
 //! segment's records after its last intact commit marker belong to a batch that was never acknowledged (the crash
 //! came mid-append, whatever the disk wrote of it, in whatever order) and are cut off. Damage before an intact
 //! marker (acknowledged data), damage in an earlier segment, a gap in the indices, or a damaged hard state or
-//! snapshot is corruption and refuses to open, so committed entries are never dropped silently. Entries at or below the snapshot are ignored and their
-//! segments deleted (a crash between writing a snapshot and compacting leaves them behind harmlessly).
+//! snapshot is corruption and refuses to open, so committed entries are never dropped silently. Entries at or below the
+//! snapshot are ignored and their segments deleted (a crash between writing a snapshot and compacting leaves them behind harmlessly).
 //!
-//! Synchronous and single-owner: the Raft driver calls it from one task.
+//! Synchronous and single-owner: the replica calls it from the driver's one task.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Seek, SeekFrom, Write};

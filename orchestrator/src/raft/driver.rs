@@ -1,6 +1,5 @@
-//! The running Raft group: one task owns this orchestrator's [`Replica`] (ticks, steps, proposals, ready), one
-//! task per peer sends its messages over gRPC (`schemas/raft.proto`, mutual TLS, orchestrator certificates only),
-//! and [`Group::commit`] proposes a command here or forwards it to the leader, then waits until this node has
+//! The async driver of the Raft group: one task owns this orchestrator's [`Replica`] (ticks, steps, proposals,
+//! ready) and pumps it; its peers' messages travel through `transport.rs`; [`Group::commit`] proposes a command here or forwards it to the leader, then waits until this node has
 //! applied it (a writer reads its own write on the node it asked).
 //!
 //! Route decisions read the local replicated state ([`SharedState`]) without asking the leader: a follower is
@@ -16,22 +15,19 @@ use std::time::{Duration, Instant};
 
 use raft::eraftpb::{Message, MessageType};
 use tokio::sync::{mpsc, oneshot, watch};
-use zl_admin::raft_pb::raft_peer_client::RaftPeerClient;
-use zl_admin::raft_pb::raft_peer_server::{RaftPeer, RaftPeerServer};
-use zl_admin::raft_pb::{ProposeReply, ProposeRequest, RaftAck, RaftBatch};
 use zl_proto::message::Role;
 
-use crate::consensus::{
-    ConsensusError, MAX_MESSAGE_BYTES, ProposeError, Replica, ReplicaConfig, SharedState, decode_message,
-};
+use super::pb::ProposeRequest;
+use super::pb::raft_peer_client::RaftPeerClient;
+use super::replica::{ConsensusError, ProposeError, Replica, ReplicaConfig, SharedState};
+use super::transport::{Dialer, Transport, spawn_peer};
 use crate::state::{Command, CommandError};
+use zl_common::sync::read;
 
 /// How long a write waits for a majority before it fails.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Messages queued per peer before new ones are dropped (Raft resends what matters).
-const PEER_QUEUE: usize = 4096;
-/// Messages sent to a peer in one call, at most.
-const PEER_BATCH: usize = 256;
+pub(super) const PEER_QUEUE: usize = 4096;
 
 /// Where this node and its peers are.
 #[derive(Clone, Debug)]
@@ -74,6 +70,16 @@ pub enum CommitError {
     NotAccepted(String),
 }
 
+/// The gRPC status a rejected command gets: on the admin API, and when a follower forwarded it to the leader.
+pub fn command_status(e: &CommandError) -> tonic::Status {
+    match e {
+        CommandError::NotFound(_) => tonic::Status::not_found(e.to_string()),
+        CommandError::Exists(_) => tonic::Status::already_exists(e.to_string()),
+        CommandError::Invalid { .. } => tonic::Status::invalid_argument(e.to_string()),
+        CommandError::Limit(_) => tonic::Status::resource_exhausted(e.to_string()),
+    }
+}
+
 /// The group as this node sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GroupStatus {
@@ -95,7 +101,7 @@ pub struct GroupStatus {
     pub snapshot_index: u64,
 }
 
-enum Input {
+pub(super) enum Input {
     Propose { cmd: Command, reply: oneshot::Sender<Result<u64, CommitError>> },
     ReadIndex { reply: oneshot::Sender<u64> },
     Membership { node: u64, add: bool, address: Vec<u8>, reply: oneshot::Sender<Result<u64, CommitError>> },
@@ -107,21 +113,12 @@ enum Input {
 #[derive(Clone, Debug)]
 pub struct Group {
     id: u64,
-    tx: mpsc::Sender<Input>,
+    pub(super) tx: mpsc::Sender<Input>,
     status: watch::Receiver<GroupStatus>,
     /// Members' admin addresses: from the configuration, then from applied membership changes.
     peers: Arc<RwLock<BTreeMap<u64, SocketAddr>>>,
     tls_dir: PathBuf,
     node_id: String,
-}
-
-/// What a peer connection needs.
-#[derive(Clone, Debug)]
-struct Dialer {
-    from: u64,
-    tls_dir: PathBuf,
-    node_id: String,
-    report: mpsc::Sender<Input>,
 }
 
 impl Group {
@@ -238,7 +235,7 @@ impl Group {
 
     /// Members' admin addresses, as far as this node knows them.
     pub fn addresses(&self) -> BTreeMap<u64, SocketAddr> {
-        self.peers.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        read(&self.peers).clone()
     }
 
     /// Add a voter at admin address `address`, or remove one (`address` `None`); this node must lead. Returns the
@@ -292,127 +289,6 @@ impl Group {
             _ => Err(CommitError::Unavailable(format!("index {index} committed but not yet applied here"))),
         }
     }
-
-    /// The gRPC service peers call.
-    pub fn service(&self) -> RaftPeerServer<PeerService> {
-        RaftPeerServer::new(PeerService { group: self.clone() }).max_decoding_message_size(MAX_MESSAGE_BYTES + 1024)
-    }
-}
-
-/// `schemas/raft.proto`'s service.
-#[derive(Debug)]
-pub struct PeerService {
-    group: Group,
-}
-
-#[tonic::async_trait]
-impl RaftPeer for PeerService {
-    async fn send(&self, request: tonic::Request<RaftBatch>) -> Result<tonic::Response<RaftAck>, tonic::Status> {
-        zl_admin::require_role(&request, Role::Orchestrator)?;
-        let batch = request.into_inner();
-        let mut messages = Vec::with_capacity(batch.messages.len());
-        for bytes in &batch.messages {
-            let m = decode_message(bytes).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
-            if m.from != batch.from {
-                return Err(tonic::Status::invalid_argument("a batch carries another node's messages"));
-            }
-            messages.push(m);
-        }
-        self.group
-            .tx
-            .send(Input::Messages(messages))
-            .await
-            .map_err(|_| tonic::Status::unavailable("the Raft task stopped"))?;
-        Ok(tonic::Response::new(RaftAck {}))
-    }
-
-    async fn propose(
-        &self,
-        request: tonic::Request<ProposeRequest>,
-    ) -> Result<tonic::Response<ProposeReply>, tonic::Status> {
-        zl_admin::require_role(&request, Role::Orchestrator)?;
-        let cmd: Command = serde_json::from_slice(&request.into_inner().command)
-            .map_err(|e| tonic::Status::invalid_argument(format!("undecodable command: {e}")))?;
-        match self.group.propose_here(&cmd, Instant::now() + COMMIT_TIMEOUT).await {
-            Ok(index) => Ok(tonic::Response::new(ProposeReply { index })),
-            Err(CommitError::Command(e)) => Err(crate::admin::command_status(&e)),
-            Err(CommitError::Remote(s)) => Err(s),
-            Err(CommitError::NotAccepted(why)) => Err(tonic::Status::failed_precondition(why)),
-            Err(CommitError::Unavailable(why)) => Err(tonic::Status::unavailable(why)),
-        }
-    }
-}
-
-/// The peers' connections, changed when membership changes are applied.
-struct Transport {
-    dialer: Dialer,
-    senders: HashMap<u64, mpsc::Sender<Message>>,
-    peers: Arc<RwLock<BTreeMap<u64, SocketAddr>>>,
-}
-
-impl Transport {
-    fn member_added(&mut self, node: u64, address: &[u8]) {
-        let parsed = std::str::from_utf8(address).ok().and_then(|a| a.parse::<SocketAddr>().ok());
-        let mut peers = self.peers.write().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(addr) = parsed {
-            peers.insert(node, addr);
-        }
-        if node != self.dialer.from
-            && !self.senders.contains_key(&node)
-            && let Some(&addr) = peers.get(&node)
-        {
-            self.senders.insert(node, spawn_peer(&self.dialer, node, addr));
-        }
-    }
-
-    fn member_removed(&mut self, node: u64) {
-        // Dropping the queue ends the peer's task.
-        self.senders.remove(&node);
-        self.peers.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&node);
-    }
-}
-
-fn spawn_peer(dialer: &Dialer, peer: u64, addr: SocketAddr) -> mpsc::Sender<Message> {
-    let (tx, mut rx) = mpsc::channel::<Message>(PEER_QUEUE);
-    let endpoint = zl_admin::endpoint(addr, &dialer.tls_dir, Role::Orchestrator, &dialer.node_id)
-        .map(|e| e.timeout(Duration::from_secs(2)).connect_timeout(Duration::from_millis(500)));
-    let (from, report) = (dialer.from, dialer.report.clone());
-    tokio::spawn(async move {
-        let endpoint = match endpoint {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::error!(peer, error = %format!("{e:#}"), "cannot set up the Raft connection");
-                return;
-            }
-        };
-        let mut client = RaftPeerClient::new(endpoint.connect_lazy());
-        let mut batch = Vec::new();
-        while let Some(first) = rx.recv().await {
-            batch.clear();
-            batch.push(first);
-            while batch.len() < PEER_BATCH {
-                match rx.try_recv() {
-                    Ok(m) => batch.push(m),
-                    Err(_) => break,
-                }
-            }
-            let snapshots: Vec<u64> =
-                batch.iter().filter(|m| m.get_msg_type() == MessageType::MsgSnapshot).map(|m| m.to).collect();
-            let messages =
-                batch.iter().map(|m| protobuf::Message::write_to_bytes(m).unwrap_or_default()).collect::<Vec<_>>();
-            let ok = client.send(RaftBatch { from, messages }).await.is_ok();
-            if !ok {
-                metrics::counter!("zl_raft_send_failures_total", "peer" => peer.to_string()).increment(1);
-            }
-            for _ in &snapshots {
-                let _ = report.send(Input::Sent { to: peer, snapshot: Some(ok), unreachable: !ok }).await;
-            }
-            if !ok && snapshots.is_empty() {
-                let _ = report.send(Input::Sent { to: peer, snapshot: None, unreachable: true }).await;
-            }
-        }
-    });
-    tx
 }
 
 fn proposal_context(id: u64, seq: u64) -> Vec<u8> {

@@ -1,5 +1,5 @@
-//! The orchestrators' Raft group: raft-rs (`raft` 0.7) driven by a small, synchronous driver over the durable
-//! [`DiskStorage`], with the routing state ([`RoutingState`]) as the state machine.
+//! The pure Raft replica: raft-rs (`raft` 0.7) over the durable [`DiskStorage`], with the routing state
+//! ([`RoutingState`]) as the state machine. The async [`super::driver`] pumps it.
 //!
 //! [`Replica`] owns one node: `tick` on a timer, `step` for every message from a peer, `propose` a command (leader
 //! only; followers answer [`ProposeError::NotLeader`] with the leader's id so the caller can forward), and `ready`
@@ -23,8 +23,9 @@ use raft::{Config, GetEntriesContext, RaftState, RawNode, StateRole, Storage};
 
 use std::sync::{Arc, RwLock};
 
+use super::storage::{DiskStorage, HardState, LogEntry, Snapshot, StorageError};
 use crate::state::{Command, CommandError, RoutingState};
-use crate::storage::{DiskStorage, HardState, LogEntry, Snapshot, StorageError};
+use zl_common::sync::{read, write};
 
 /// Largest raft-rs message accepted from a peer, in bytes (protobuf 2.28 parses recursively: keep inputs bounded,
 /// and accept them only from authenticated peers).
@@ -41,12 +42,22 @@ pub struct ReplicaConfig {
     pub snapshot_every: u64,
     /// Log segment size on disk.
     pub segment_bytes: u64,
+    /// Draw the randomised election timeouts from this seed instead of the thread's random generator, so that a
+    /// harness replays the same schedule exactly. `None` (the default) in every real deployment, where each node
+    /// must draw its own.
+    pub election_seed: Option<u64>,
 }
 
 impl Default for ReplicaConfig {
     fn default() -> Self {
         // With a 100 ms tick: heartbeats every 100 ms, an election 1-2 s after the leader goes quiet.
-        ReplicaConfig { election_ticks: 10, heartbeat_ticks: 1, snapshot_every: 1000, segment_bytes: 64 << 20 }
+        ReplicaConfig {
+            election_ticks: 10,
+            heartbeat_ticks: 1,
+            snapshot_every: 1000,
+            segment_bytes: 64 << 20,
+            election_seed: None,
+        }
     }
 }
 
@@ -142,7 +153,7 @@ pub struct SharedState(pub Arc<RwLock<RoutingState>>);
 
 impl SharedState {
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, RoutingState> {
-        self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+        write(&self.0)
     }
 }
 
@@ -152,7 +163,7 @@ impl StateMachine for SharedState {
     }
 
     fn snapshot(&self) -> Vec<u8> {
-        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner).snapshot()
+        read(&self.0).snapshot()
     }
 
     fn restore(&mut self, bytes: &[u8]) -> Result<(), String> {
@@ -269,6 +280,8 @@ pub struct Replica<S: StateMachine = RoutingState> {
     state: S,
     applied: u64,
     config: ReplicaConfig,
+    /// The seeded generator of election timeouts (xorshift64* state), when configured.
+    timeouts: Option<u64>,
 }
 
 impl<S: StateMachine> std::fmt::Debug for Replica<S> {
@@ -336,7 +349,11 @@ impl<S: StateMachine> Replica<S> {
         cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let raw = RawNode::new(&cfg, RaftStore { disk, conf }, &logger)?;
-        Ok(Replica { raw, state, applied, config })
+        // A zero state would stay zero under xorshift; the odd constant also spreads nearby seeds apart.
+        let timeouts = config.election_seed.map(|seed| (seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
+        let mut replica = Replica { raw, state, applied, config, timeouts };
+        replica.redraw_timeout();
+        Ok(replica)
     }
 
     /// This node's id.
@@ -394,20 +411,43 @@ impl<S: StateMachine> Replica<S> {
     /// Advance logical time by one tick.
     pub fn tick(&mut self) {
         self.raw.tick();
+        self.redraw_timeout();
     }
 
     /// Start an election now (a node's own timer does this after `election_ticks` without a leader).
     pub fn campaign(&mut self) -> Result<(), ConsensusError> {
-        Ok(self.raw.campaign()?)
+        let result = self.raw.campaign();
+        self.redraw_timeout();
+        Ok(result?)
     }
 
     /// Feed a message from a peer.
     pub fn step(&mut self, msg: Message) -> Result<(), ConsensusError> {
-        match self.raw.step(msg) {
+        let result = self.raw.step(msg);
+        self.redraw_timeout();
+        match result {
             // Messages from nodes outside the group, or for a peer this node no longer tracks, are stale.
             Ok(()) | Err(raft::Error::StepPeerNotFound) | Err(raft::Error::StepLocalMsg) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// With [`ReplicaConfig::election_seed`]: whenever the election timer restarted (raft-rs draws a new
+    /// timeout then, from the thread's generator), draw it again from the seeded one, in raft-rs's range
+    /// `[election_ticks, 2 * election_ticks)`. Drawing on every restart (heartbeats too) keeps the schedule a
+    /// function of the seed and the events alone; each timer period still gets a uniform timeout.
+    fn redraw_timeout(&mut self) {
+        let Some(state) = self.timeouts.as_mut() else { return };
+        if self.raw.raft.election_elapsed != 0 {
+            return;
+        }
+        // xorshift64*
+        *state ^= *state >> 12;
+        *state ^= *state << 25;
+        *state ^= *state >> 27;
+        let draw = state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 32;
+        let ticks = self.config.election_ticks;
+        self.raw.raft.set_randomized_election_timeout(ticks + (draw as usize) % ticks);
     }
 
     /// The transport's report on a snapshot this node sent to `to`: delivered, or lost (the leader then retries;

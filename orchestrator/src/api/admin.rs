@@ -12,9 +12,9 @@ use zl_admin::require_admin;
 use zl_common::billing::BillingWeights;
 use zl_proto::message::{ComputePool, NodeId};
 
-use crate::group::CommitError;
-use crate::service::Orchestrator;
-use crate::state::{ApiKey, Command, CommandError, PoolThresholds, Quota, secret_sha256};
+use crate::node::Orchestrator;
+use crate::raft::{CommitError, command_status};
+use crate::state::{ApiKey, Command, PoolThresholds, Quota, secret_sha256};
 
 /// The admin service of one orchestrator.
 #[derive(Debug, Clone)]
@@ -37,20 +37,6 @@ impl AdminService {
         tracing::info!(command = cmd.kind(), "admin write");
         let applied_index = self.node.commit(&cmd).await.map_err(status)?;
         Ok(Response::new(pb::WriteResponse { applied_index }))
-    }
-
-    fn group(&self) -> Result<&crate::group::Group, Status> {
-        self.node.group().ok_or_else(|| Status::failed_precondition("this node runs no Raft group"))
-    }
-}
-
-/// The status a rejected command gets, here and when a follower forwarded it to the leader.
-pub fn command_status(e: &CommandError) -> Status {
-    match e {
-        CommandError::NotFound(_) => Status::not_found(e.to_string()),
-        CommandError::Exists(_) => Status::already_exists(e.to_string()),
-        CommandError::Invalid { .. } => Status::invalid_argument(e.to_string()),
-        CommandError::Limit(_) => Status::resource_exhausted(e.to_string()),
     }
 }
 
@@ -239,7 +225,7 @@ impl pb::admin_server::Admin for AdminService {
         req: Request<pb::ListMembersRequest>,
     ) -> Result<Response<pb::ListMembersResponse>, Status> {
         require_admin(&req)?;
-        let group = self.group()?;
+        let group = self.node.group();
         let (status, addresses) = (group.status(), group.addresses());
         let members = status
             .voters
@@ -265,7 +251,7 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
         let r = req.into_inner();
-        let group = self.group()?;
+        let group = self.node.group();
         let now = group.status();
         if now.leader != Some(now.id) {
             let leader = now.leader.and_then(|l| group.addresses().get(&l).map(|a| format!("{l}@{a}")));

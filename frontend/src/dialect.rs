@@ -1,0 +1,39 @@
+//! What differs between the two generation APIs, as one small trait. The HTTP handler is written once over it
+//! (`http/generate.rs`: authentication, admission, routing, streaming, metrics and headers); each API's module
+//! implements it with its own request rules and response shapes ([`crate::anthropic`], [`crate::openai`]).
+
+use serde_json::Value;
+
+use crate::cache::FinishInfo;
+use crate::error::{ApiError, ErrorFormat};
+use crate::gateway::{GenEvent, GenRequest, Meta, Prepared};
+
+/// One generation API. A value is one response being written: it holds the API-only options its request
+/// carried and, once the request is routed, the ids and names its answer repeats.
+pub trait Dialect: Sized + Send + 'static {
+    /// The `api` label of the request metrics.
+    const API: &'static str;
+    /// How this API writes error bodies.
+    const ERRORS: ErrorFormat;
+
+    /// Parse a request body: the API-independent request, and this response's writer.
+    fn parse(body: &Value) -> Result<(GenRequest, Self), ApiError>;
+
+    /// The request was rendered and checked against its model: note what the answer needs of it.
+    fn prepared(&mut self, _prepared: &Prepared) {}
+
+    /// The request is routed (or answered from the cache): note the concrete model and token counts.
+    fn routed(&mut self, meta: &Meta);
+
+    /// The bytes a stream begins with, before the first text.
+    fn stream_head(&self) -> String;
+
+    /// One event of a stream as server-sent events.
+    fn render_event(&self, event: &GenEvent) -> String;
+
+    /// An error after a stream began, as this API sends it then.
+    fn render_error(error: &ApiError) -> String;
+
+    /// The whole answer of a request that did not stream.
+    fn final_body(&self, text: &str, finish: &FinishInfo) -> Value;
+}

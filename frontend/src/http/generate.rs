@@ -1,0 +1,200 @@
+//! The generation endpoints, `POST /v1/messages` and `POST /v1/chat/completions`, as one handler over a
+//! [`Dialect`]: authenticate, read and parse the body, prepare (render, tokenize, check the context), start (cache
+//! or route, admission), then answer as one JSON body or as server-sent events. `count_tokens` shares the first
+//! steps.
+
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::HeaderValue;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::{App, error_response, request_id, set, zl_headers};
+use crate::anthropic;
+use crate::cluster::KeyInfo;
+use crate::dialect::Dialect;
+use crate::error::{ApiError, ErrorFormat, ErrorKind, Failure};
+use crate::gateway::{GenEvent, Generation, Meta, Prepared, RequestOptions};
+
+fn record(api: &'static str, model: &str, status: u16, started: Instant) {
+    let status = status.to_string();
+    metrics::counter!("zl_frontend_requests_total", "api" => api, "model" => model.to_owned(), "status" => status.clone())
+        .increment(1);
+    metrics::histogram!("zl_frontend_request_duration_seconds", "api" => api, "model" => model.to_owned(), "status" => status)
+        .record(started.elapsed().as_secs_f64());
+}
+
+/// Records a request's status and duration when dropped (for streams: when the body ends or the client leaves).
+struct Recorder {
+    api: &'static str,
+    model: String,
+    status: u16,
+    started: Instant,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        record(self.api, &self.model, self.status, self.started);
+    }
+}
+
+async fn read_json(app: &App, req: Request) -> Result<Value, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            ErrorKind::RequestTooLarge,
+            format!("request body is larger than the {} MB limit", app.body_limit / (1024 * 1024)),
+        )
+    };
+    if let Some(len) = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        && len > app.body_limit
+    {
+        return Err(too_large());
+    }
+    let bytes = axum::body::to_bytes(req.into_body(), app.body_limit).await.map_err(|e| {
+        let limit = std::error::Error::source(&e)
+            .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some())
+            || e.to_string().contains("length limit");
+        if limit { too_large() } else { ApiError::invalid(format!("could not read the request body: {e}")) }
+    })?;
+    if bytes.is_empty() {
+        return Err(ApiError::invalid("the request body is empty; send a JSON object"));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        if std::str::from_utf8(&bytes).is_err() {
+            ApiError::invalid("the request body is not valid UTF-8")
+        } else {
+            ApiError::invalid(format!("the request body is not valid JSON: {e}"))
+        }
+    })
+}
+
+fn sse_response(meta: &Meta, health: &str, body: Body) -> Response {
+    let mut resp = Response::new(body);
+    let headers = resp.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    zl_headers(headers, Some(meta), None, health);
+    resp
+}
+
+fn json_response(meta: &Meta, health: &str, value: Value, billing_unit: f32) -> Response {
+    let mut resp = axum::Json(value).into_response();
+    let headers = resp.headers_mut();
+    zl_headers(headers, Some(meta), None, health);
+    // The final unit is known for a complete answer.
+    set(headers, "x-zl-billing-unit", &format!("{billing_unit:.4}"));
+    resp
+}
+
+/// Authenticate, read the options and the body, parse it as `D` and prepare the request.
+async fn admitted<D: Dialect>(
+    app: &App,
+    req: Request,
+    rid: &str,
+) -> Result<(KeyInfo, Prepared, RequestOptions, D), Failure> {
+    let key = app.gateway.authenticate(req.headers())?;
+    // From here on the caller is known: failures carry its rate-limit figures too.
+    let known = |e: ApiError| Failure::known(e, app.gateway.rate_figures(&key));
+    let opts = RequestOptions::from_headers(req.headers()).map_err(known)?;
+    let body = read_json(app, req).await.map_err(known)?;
+    let (gen_req, mut dialect) = D::parse(&body).map_err(known)?;
+    let prepared = app.gateway.prepare(gen_req, rid).await.map_err(known)?;
+    dialect.prepared(&prepared);
+    Ok((key, prepared, opts, dialect))
+}
+
+/// A body that pulls events from a generation and renders each in `D`; ends after the finish or an error.
+fn event_body<D: Dialect>(generation: Generation, dialect: D, recorder: Recorder) -> Body {
+    struct S<D> {
+        generation: Generation,
+        head: Option<String>,
+        done: bool,
+        recorder: Recorder,
+        dialect: D,
+    }
+    let head = Some(dialect.stream_head());
+    let state = S { generation, head, done: false, recorder, dialect };
+    let stream = futures_util::stream::unfold(state, |mut s| async move {
+        if let Some(head) = s.head.take().filter(|h| !h.is_empty()) {
+            return Some((Ok::<_, std::convert::Infallible>(Bytes::from(head)), s));
+        }
+        if s.done {
+            return None;
+        }
+        loop {
+            let text = match s.generation.next().await {
+                Some(Ok(GenEvent::Delta(d))) if d.is_empty() => continue,
+                Some(Ok(ev)) => {
+                    s.done = matches!(ev, GenEvent::Finish(_));
+                    s.dialect.render_event(&ev)
+                }
+                Some(Err(e)) => {
+                    s.done = true;
+                    s.recorder.status = e.kind.status().as_u16();
+                    D::render_error(&e)
+                }
+                None => {
+                    s.done = true;
+                    let e = ApiError::internal("the generation ended without a finish");
+                    s.recorder.status = 500;
+                    D::render_error(&e)
+                }
+            };
+            return Some((Ok(Bytes::from(text)), s));
+        }
+    });
+    Body::from_stream(stream)
+}
+
+/// `POST /v1/messages` or `POST /v1/chat/completions`, as `D` words them.
+pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -> Response {
+    let rid = request_id(&req);
+    let started = Instant::now();
+    let result = async {
+        let (key, prepared, opts, mut dialect) = admitted::<D>(&app, req, &rid).await?;
+        let stream = prepared.req.stream;
+        let model_name = prepared.req.model.clone();
+        let (meta, generation) = app.gateway.start(&key, prepared, &opts, &rid).await?;
+        let health = app.gateway.cluster().health(Instant::now());
+        dialect.routed(&meta);
+        if stream {
+            let recorder = Recorder { api: D::API, model: model_name, status: 200, started };
+            return Ok(sse_response(&meta, health, event_body(generation, dialect, recorder)));
+        }
+        let (text, finish) = generation.collect().await.map_err(|e| Failure::known(e, meta.rate))?;
+        record(D::API, &model_name, 200, started);
+        Ok(json_response(&meta, health, dialect.final_body(&text, &finish), finish.billing_unit))
+    }
+    .await;
+    result.unwrap_or_else(|f: Failure| {
+        record(D::API, "-", f.error.kind.status().as_u16(), started);
+        error_response(&app, D::ERRORS, &rid, &f)
+    })
+}
+
+/// `POST /v1/messages/count_tokens`.
+pub(super) async fn count_tokens(State(app): State<App>, req: Request) -> Response {
+    let rid = request_id(&req);
+    let key = match app.gateway.authenticate(req.headers()) {
+        Ok(key) => key,
+        Err(e) => return error_response(&app, ErrorFormat::Anthropic, &rid, &e.into()),
+    };
+    let rate = app.gateway.rate_figures(&key);
+    let result = async {
+        let body = read_json(&app, req).await?;
+        let gen_req = anthropic::parse(&body, true)?;
+        app.gateway.count_tokens(gen_req, &rid).await
+    }
+    .await;
+    match result {
+        Ok(n) => {
+            let mut resp = axum::Json(json!({"input_tokens": n})).into_response();
+            zl_headers(resp.headers_mut(), None, Some(&rate), app.gateway.cluster().health(Instant::now()));
+            resp
+        }
+        Err(e) => error_response(&app, ErrorFormat::Anthropic, &rid, &Failure::known(e, rate)),
+    }
+}

@@ -1,0 +1,213 @@
+//! The HTTP edge: the axum router (a `tower::Service`, so tests drive it without sockets), request ids, the
+//! headers every response carries, error responses, and the small endpoints. The generation endpoints are in
+//! `generate.rs`, the model listing in `models.rs`, the server loop in `server.rs`.
+
+mod generate;
+mod models;
+mod server;
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+pub use models::{ListParams, page};
+pub use server::{serve, tls_config};
+
+use crate::anthropic::Messages;
+use crate::error::{ApiError, ErrorFormat, ErrorKind, Failure};
+use crate::gateway::{Gateway, Meta};
+use crate::ids::random_id;
+use crate::limits::{Figures, RateFigures};
+use crate::openai::ChatCompletions;
+
+/// Anthropic's request size limit.
+pub const DEFAULT_BODY_LIMIT: usize = 32 * 1024 * 1024;
+
+/// Renders the Prometheus text for `/metrics`.
+pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Shared state of the HTTP handlers.
+#[derive(Clone)]
+pub struct App {
+    /// The request path's logic.
+    pub gateway: Arc<Gateway>,
+    /// `/metrics` renderer (none: 404).
+    pub metrics: Option<MetricsRender>,
+    /// Largest accepted request body.
+    pub body_limit: usize,
+}
+
+/// The router: every endpoint of both APIs, health, readiness and metrics.
+pub fn router(app: App) -> Router {
+    Router::new()
+        .route("/v1/messages", post(generate::generate::<Messages>))
+        .route("/v1/messages/count_tokens", post(generate::count_tokens))
+        .route("/v1/chat/completions", post(generate::generate::<ChatCompletions>))
+        .route("/v1/models", get(models::list_models))
+        .route("/v1/models/{id}", get(models::get_model))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .fallback(fallback)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(with_request_id))
+        .with_state(app)
+}
+
+/// The id of the request being served, in request extensions.
+#[derive(Clone, Debug)]
+pub struct RequestId(pub String);
+
+async fn with_request_id(mut req: Request, next: axum::middleware::Next) -> Response {
+    let id = random_id("req_", 24);
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path());
+    let mut resp = tracing::Instrument::instrument(next.run(req), span).await;
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("request-id", v);
+    }
+    resp
+}
+
+fn request_id(req: &Request) -> String {
+    req.extensions().get::<RequestId>().map_or_else(|| random_id("req_", 24), |r| r.0.clone())
+}
+
+fn set(headers: &mut HeaderMap, name: &'static str, value: &str) {
+    if let Ok(v) = HeaderValue::from_str(value) {
+        headers.insert(HeaderName::from_static(name), v);
+    }
+}
+
+/// RFC 3339 UTC time, second precision.
+pub fn rfc3339(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+}
+
+fn rate_headers(headers: &mut HeaderMap, rate: &RateFigures) {
+    let now = SystemTime::now();
+    let mut put = |dim: &str, f: Option<Figures>| {
+        let Some(f) = f else { return };
+        for (suffix, value) in [
+            ("limit", f.limit.to_string()),
+            ("remaining", f.remaining.to_string()),
+            ("reset", rfc3339(now + f.reset_in)),
+        ] {
+            if let (Ok(name), Ok(v)) = (
+                HeaderName::from_bytes(format!("anthropic-ratelimit-{dim}-{suffix}").as_bytes()),
+                HeaderValue::from_str(&value),
+            ) {
+                headers.insert(name, v);
+            }
+        }
+    };
+    put("requests", rate.requests);
+    put("tokens", rate.tokens);
+    put("input-tokens", rate.input_tokens);
+    put("output-tokens", rate.output_tokens);
+}
+
+/// Headers every API response carries: zerolayer's routing facts (a `-` where a fact does not apply) and the
+/// rate-limit figures.
+fn zl_headers(headers: &mut HeaderMap, meta: Option<&Meta>, rate: Option<&RateFigures>, health: &str) {
+    let (worker, pool, unit, cache, route_ms) = match meta {
+        Some(m) => (
+            m.worker.clone(),
+            m.pool,
+            format!("{:.4}", m.predicted_billing_unit),
+            m.cache.as_str(),
+            format!("{:.3}", m.route_ms),
+        ),
+        None => ("-".into(), "-", "-".into(), "bypass", "-".into()),
+    };
+    set(headers, "x-zl-worker", &worker);
+    set(headers, "x-zl-compute-path", pool);
+    set(headers, "x-zl-billing-unit", &unit);
+    set(headers, "x-zl-cache", cache);
+    set(headers, "x-zl-route-ms", &route_ms);
+    set(headers, "x-zl-health", health);
+    if let Some(rate) = rate.or(meta.map(|m| &m.rate)) {
+        rate_headers(headers, rate);
+    }
+}
+
+/// A failure as `format` writes it, with the headers every response carries.
+fn error_response(app: &App, format: ErrorFormat, rid: &str, failure: &Failure) -> Response {
+    let (e, rate) = (&failure.error, failure.rate.as_ref());
+    let mut resp = (e.kind.status(), axum::Json(e.body(format, rid))).into_response();
+    let headers = resp.headers_mut();
+    if let Some(s) = e.retry_after_s {
+        set(headers, "retry-after", &s.to_string());
+    }
+    zl_headers(headers, None, rate, app.gateway.cluster().health(Instant::now()));
+    if e.kind == ErrorKind::Api {
+        tracing::error!(request_id = rid, error = %e.message, "request failed");
+    }
+    resp
+}
+
+async fn healthz() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(app): State<App>) -> Response {
+    match app.gateway.cluster().ready(Instant::now()) {
+        Ok(()) => axum::Json(json!({"status": "ready"})).into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "not ready", "reason": reason})))
+            .into_response(),
+    }
+}
+
+async fn metrics_text(State(app): State<App>) -> Response {
+    match &app.metrics {
+        Some(render) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render()).into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
+    }
+}
+
+async fn fallback(State(app): State<App>, req: Request) -> Response {
+    let rid = request_id(&req);
+    let format = if req.uri().path().starts_with("/v1/chat") { ErrorFormat::OpenAi } else { ErrorFormat::Anthropic };
+    let e = ApiError::new(ErrorKind::NotFound, format!("Not found: {} {}", req.method(), req.uri().path()));
+    error_response(&app, format, &rid, &e.into())
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    let e = ApiError::invalid(format!("method {} is not allowed on {}", req.method(), req.uri().path()));
+    let mut resp =
+        (StatusCode::METHOD_NOT_ALLOWED, axum::Json(e.body(ErrorFormat::Anthropic, &request_id(&req)))).into_response();
+    set(resp.headers_mut(), "x-zl-health", "ok");
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(rfc3339(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(1_795_000_000)), "2026-11-18T11:06:40Z");
+        assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(951_782_400)), "2000-02-29T00:00:00Z");
+    }
+}

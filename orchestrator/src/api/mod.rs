@@ -1,0 +1,5 @@
+//! The orchestrator's two faces, thin shells over [`crate::node::Orchestrator`]: [`quic`] for frontends and
+//! workers (FlatBuffers over QUIC), [`admin`] for operators (gRPC).
+
+pub mod admin;
+pub mod quic;

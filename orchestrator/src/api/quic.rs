@@ -1,0 +1,103 @@
+//! The orchestrator's QUIC face: workers register, heartbeat with load reports, push KV-cache events and
+//! deregister; frontends ask for routes and sync keys and models.
+//!
+//! Every caller is authenticated by mutual TLS before a frame is read; a worker may only speak for itself (its
+//! certificate's node id must equal the worker id in the message), and only frontends and operators get routes.
+//! Errors become wire errors here, in one place.
+
+use std::time::Instant;
+
+use zl_proto::message::{Ack, DeregisterWorker, ErrorCode, Message, NodeId, Role, WireError};
+use zl_proto::quic::{CallContext, Handler, Responder};
+
+use crate::node::Orchestrator;
+use crate::raft::CommitError;
+use crate::route::{RETRY_AFTER_MS, RouteError};
+use crate::state::CommandError;
+
+/// Whether the caller may speak for `worker`: the worker itself, or an operator.
+fn speaks_for(ctx: &CallContext, worker: &NodeId) -> Result<(), WireError> {
+    let peer = &ctx.peer;
+    if peer.role == Role::Admin || (peer.role == Role::Worker && &peer.node_id == worker) {
+        return Ok(());
+    }
+    Err(WireError::new(
+        ErrorCode::PermissionDenied,
+        format!("{} {} may not speak for worker {worker}", peer.role.name(), peer.node_id),
+    ))
+}
+
+fn command_error(e: CommitError) -> WireError {
+    let code = match &e {
+        CommitError::Command(CommandError::NotFound(_)) => ErrorCode::NotFound,
+        CommitError::Command(CommandError::Limit(_)) => ErrorCode::Overloaded,
+        CommitError::Command(CommandError::Invalid { .. } | CommandError::Exists(_)) => ErrorCode::InvalidRequest,
+        CommitError::Remote(s) if s.code() == tonic::Code::NotFound => ErrorCode::NotFound,
+        CommitError::Remote(_) => ErrorCode::InvalidRequest,
+        CommitError::Unavailable(_) | CommitError::NotAccepted(_) => ErrorCode::Overloaded,
+    };
+    let mut err = WireError::new(code, e.to_string());
+    if matches!(e, CommitError::Unavailable(_) | CommitError::NotAccepted(_)) {
+        err.retry_after_ms = RETRY_AFTER_MS;
+    }
+    err
+}
+
+/// A route error as the wire carries it: unknown models are `NotFound`, everything else `Overloaded` with a
+/// retry hint (the frontend answers 529 `overloaded_error` with `retry-after`).
+pub fn route_error(e: &RouteError) -> WireError {
+    match e {
+        RouteError::UnknownModel(_) => WireError::new(ErrorCode::NotFound, e.to_string()),
+        RouteError::NoWorker(_) | RouteError::Saturated(_) => {
+            let mut err = WireError::new(ErrorCode::Overloaded, e.to_string());
+            err.retry_after_ms = RETRY_AFTER_MS;
+            err
+        }
+    }
+}
+
+impl Handler for Orchestrator {
+    async fn call(&self, ctx: CallContext, request: Message, out: &mut Responder) -> Result<(), WireError> {
+        let now = Instant::now();
+        let reply = match request {
+            Message::RouteRequest(r) => {
+                if !matches!(ctx.peer.role, Role::Frontend | Role::Admin) {
+                    return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends ask for routes"));
+                }
+                Message::RouteDecision(self.route(&r).map_err(|e| route_error(&e))?)
+            }
+            Message::StateSyncRequest(r) => {
+                if !matches!(ctx.peer.role, Role::Frontend | Role::Admin) {
+                    return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends sync routing state"));
+                }
+                Message::StateSync(self.state_sync(r.known_index, now))
+            }
+            Message::RegisterWorker(r) => {
+                speaks_for(&ctx, &r.worker_id)?;
+                Message::Ack(Ack { applied_index: self.register(&r).await.map_err(command_error)? })
+            }
+            Message::DeregisterWorker(DeregisterWorker { worker_id, reason }) => {
+                speaks_for(&ctx, &worker_id)?;
+                tracing::info!(worker = %worker_id, %reason, "deregistration requested");
+                Message::Ack(Ack { applied_index: self.deregister(&worker_id).await.map_err(command_error)? })
+            }
+            Message::LoadReport(r) => {
+                speaks_for(&ctx, &r.worker_id)?;
+                self.load_report(r, now)?;
+                Message::Ack(Ack { applied_index: 0 })
+            }
+            Message::KvCacheEvents(e) => {
+                speaks_for(&ctx, &e.worker_id)?;
+                self.kv_events(&e, now)?;
+                Message::Ack(Ack { applied_index: 0 })
+            }
+            other => {
+                return Err(WireError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("an orchestrator does not serve {:?} calls", other.kind()),
+                ));
+            }
+        };
+        out.send(reply).await.map_err(|e| WireError::new(ErrorCode::Cancelled, e.to_string()))
+    }
+}

@@ -1,0 +1,156 @@
+//! The Raft group's transport: one task per peer sends its messages over gRPC (`schemas/raft.proto`, mutual TLS,
+//! orchestrator certificates only), and [`PeerService`] takes peers' messages and forwarded proposals in. Every
+//! message from a peer is size-limited and decoded by [`decode_message`] before the replica sees it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use raft::eraftpb::{Message, MessageType};
+use tokio::sync::mpsc;
+use zl_proto::message::Role;
+
+use super::driver::{COMMIT_TIMEOUT, CommitError, Group, Input, PEER_QUEUE, command_status};
+use super::pb::raft_peer_client::RaftPeerClient;
+use super::pb::raft_peer_server::{RaftPeer, RaftPeerServer};
+use super::pb::{ProposeReply, ProposeRequest, RaftAck, RaftBatch};
+use super::replica::{MAX_MESSAGE_BYTES, decode_message};
+use crate::state::Command;
+use zl_common::sync::write;
+
+/// Messages sent to a peer in one call, at most.
+const PEER_BATCH: usize = 256;
+
+impl Group {
+    /// The gRPC service peers call.
+    pub fn service(&self) -> RaftPeerServer<PeerService> {
+        RaftPeerServer::new(PeerService { group: self.clone() }).max_decoding_message_size(MAX_MESSAGE_BYTES + 1024)
+    }
+}
+
+/// What a peer connection needs.
+#[derive(Clone, Debug)]
+pub(super) struct Dialer {
+    pub(super) from: u64,
+    pub(super) tls_dir: PathBuf,
+    pub(super) node_id: String,
+    pub(super) report: mpsc::Sender<Input>,
+}
+
+/// `schemas/raft.proto`'s service.
+#[derive(Debug)]
+pub struct PeerService {
+    group: Group,
+}
+
+#[tonic::async_trait]
+impl RaftPeer for PeerService {
+    async fn send(&self, request: tonic::Request<RaftBatch>) -> Result<tonic::Response<RaftAck>, tonic::Status> {
+        zl_admin::require_role(&request, Role::Orchestrator)?;
+        let batch = request.into_inner();
+        let mut messages = Vec::with_capacity(batch.messages.len());
+        for bytes in &batch.messages {
+            let m = decode_message(bytes).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+            if m.from != batch.from {
+                return Err(tonic::Status::invalid_argument("a batch carries another node's messages"));
+            }
+            messages.push(m);
+        }
+        self.group
+            .tx
+            .send(Input::Messages(messages))
+            .await
+            .map_err(|_| tonic::Status::unavailable("the Raft task stopped"))?;
+        Ok(tonic::Response::new(RaftAck {}))
+    }
+
+    async fn propose(
+        &self,
+        request: tonic::Request<ProposeRequest>,
+    ) -> Result<tonic::Response<ProposeReply>, tonic::Status> {
+        zl_admin::require_role(&request, Role::Orchestrator)?;
+        let cmd: Command = serde_json::from_slice(&request.into_inner().command)
+            .map_err(|e| tonic::Status::invalid_argument(format!("undecodable command: {e}")))?;
+        match self.group.propose_here(&cmd, Instant::now() + COMMIT_TIMEOUT).await {
+            Ok(index) => Ok(tonic::Response::new(ProposeReply { index })),
+            Err(CommitError::Command(e)) => Err(command_status(&e)),
+            Err(CommitError::Remote(s)) => Err(s),
+            Err(CommitError::NotAccepted(why)) => Err(tonic::Status::failed_precondition(why)),
+            Err(CommitError::Unavailable(why)) => Err(tonic::Status::unavailable(why)),
+        }
+    }
+}
+
+/// The peers' connections, changed when membership changes are applied.
+pub(super) struct Transport {
+    pub(super) dialer: Dialer,
+    pub(super) senders: HashMap<u64, mpsc::Sender<Message>>,
+    pub(super) peers: Arc<RwLock<BTreeMap<u64, SocketAddr>>>,
+}
+
+impl Transport {
+    pub(super) fn member_added(&mut self, node: u64, address: &[u8]) {
+        let parsed = std::str::from_utf8(address).ok().and_then(|a| a.parse::<SocketAddr>().ok());
+        let mut peers = write(&self.peers);
+        if let Some(addr) = parsed {
+            peers.insert(node, addr);
+        }
+        if node != self.dialer.from
+            && !self.senders.contains_key(&node)
+            && let Some(&addr) = peers.get(&node)
+        {
+            self.senders.insert(node, spawn_peer(&self.dialer, node, addr));
+        }
+    }
+
+    pub(super) fn member_removed(&mut self, node: u64) {
+        // Dropping the queue ends the peer's task.
+        self.senders.remove(&node);
+        write(&self.peers).remove(&node);
+    }
+}
+
+pub(super) fn spawn_peer(dialer: &Dialer, peer: u64, addr: SocketAddr) -> mpsc::Sender<Message> {
+    let (tx, mut rx) = mpsc::channel::<Message>(PEER_QUEUE);
+    let endpoint = zl_admin::endpoint(addr, &dialer.tls_dir, Role::Orchestrator, &dialer.node_id)
+        .map(|e| e.timeout(Duration::from_secs(2)).connect_timeout(Duration::from_millis(500)));
+    let (from, report) = (dialer.from, dialer.report.clone());
+    tokio::spawn(async move {
+        let endpoint = match endpoint {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::error!(peer, error = %format!("{e:#}"), "cannot set up the Raft connection");
+                return;
+            }
+        };
+        let mut client = RaftPeerClient::new(endpoint.connect_lazy());
+        let mut batch = Vec::new();
+        while let Some(first) = rx.recv().await {
+            batch.clear();
+            batch.push(first);
+            while batch.len() < PEER_BATCH {
+                match rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            let snapshots: Vec<u64> =
+                batch.iter().filter(|m| m.get_msg_type() == MessageType::MsgSnapshot).map(|m| m.to).collect();
+            let messages =
+                batch.iter().map(|m| protobuf::Message::write_to_bytes(m).unwrap_or_default()).collect::<Vec<_>>();
+            let ok = client.send(RaftBatch { from, messages }).await.is_ok();
+            if !ok {
+                metrics::counter!("zl_raft_send_failures_total", "peer" => peer.to_string()).increment(1);
+            }
+            for _ in &snapshots {
+                let _ = report.send(Input::Sent { to: peer, snapshot: Some(ok), unreachable: !ok }).await;
+            }
+            if !ok && snapshots.is_empty() {
+                let _ = report.send(Input::Sent { to: peer, snapshot: None, unreachable: true }).await;
+            }
+        }
+    });
+    tx
+}

@@ -1,0 +1,81 @@
+//! Attention of one query row over the paged f16 KV cache: the reference arithmetic, and the dispatch to the
+//! SIMD code (the same bits) where the CPU has it.
+
+use half::f16;
+
+use super::portable::{exp_f32, hsum, sum_f32};
+
+/// A half-precision value (its bits) as f32 (exact).
+#[inline(always)]
+pub(super) fn widen(b: u16) -> f32 {
+    f16::from_bits(b).to_f32()
+}
+
+/// Attention scores of one head, in place, to softmax weights: `exp(s - max)` times the reciprocal of their sum.
+#[inline(always)]
+pub(super) fn softmax_weights(s: &mut [f32]) {
+    let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    s.iter_mut().for_each(|v| *v = exp_f32(*v - max));
+    let inv = 1.0 / sum_f32(s);
+    s.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Head layout of an attention call.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    /// Query heads.
+    pub heads: usize,
+    /// Key/value heads (divides `heads`).
+    pub kv_heads: usize,
+    /// Values per head.
+    pub head_dim: usize,
+}
+
+/// Attention of one query row (all heads, `q` is `heads * head_dim`) over the positions whose keys and values
+/// start at `slots` in one layer's KV storage (f16 bits; each slot holds `kv_heads * head_dim` values; grouped-query
+/// heads share theirs). The arithmetic is [`attention_portable`]'s, in fixed orders that depend only on this row,
+/// never on the batch; the SIMD code computes the same bits.
+pub fn attention(q: &[f32], slots: &[usize], keys: &[u16], values: &[u16], shape: AttentionShape, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if super::x86::available() && shape.head_dim.is_multiple_of(8) {
+        return super::x86::attention(q, slots, keys, values, shape, out);
+    }
+    attention_portable(q, slots, keys, values, shape, out);
+}
+
+/// The reference attention arithmetic. Per head: each score is the query-key dot product in eight lanes (element
+/// `i` into lane `i % 8` by fused multiply-add), summed as [`hsum`], times `1/sqrt(head_dim)`; the scores become
+/// [`softmax_weights`]; the output is the weighted sum of values, one fused multiply-add per position in order.
+pub(super) fn attention_portable(
+    q: &[f32],
+    slots: &[usize],
+    keys: &[u16],
+    values: &[u16],
+    shape: AttentionShape,
+    out: &mut [f32],
+) {
+    let AttentionShape { heads, kv_heads, head_dim: hd } = shape;
+    let (group, n) = (heads / kv_heads, slots.len());
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut weights = vec![0f32; heads * n];
+    for (h, w) in weights.chunks_exact_mut(n.max(1)).enumerate() {
+        let (g, qh) = (h / group, &q[h * hd..(h + 1) * hd]);
+        for (wp, &slot) in w.iter_mut().zip(slots) {
+            let mut lanes = [0f32; 8];
+            for (i, (&a, &b)) in qh.iter().zip(&keys[slot + g * hd..slot + (g + 1) * hd]).enumerate() {
+                lanes[i % 8] = a.mul_add(widen(b), lanes[i % 8]);
+            }
+            *wp = hsum(&lanes) * scale;
+        }
+        softmax_weights(w);
+    }
+    out.fill(0.0);
+    for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
+        let g = h / group;
+        for (&wp, &slot) in weights[h * n..(h + 1) * n].iter().zip(slots) {
+            for (o, &v) in oh.iter_mut().zip(&values[slot + g * hd..slot + (g + 1) * hd]) {
+                *o = wp.mul_add(widen(v), *o);
+            }
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Batched matrix kernels for the CPU: `out[r, c] = x[r, :] · W[c, :]` for every row `r` of a batch.
+//!
+//! Two properties matter more than peak speed here:
+//! - **Weights stream once per step.** The loop runs over weight rows outside and batch rows inside, so a step with
+//!   16 sequences reads each weight byte once, not 16 times: decode throughput scales with the batch instead of with
+//!   memory bandwidth.
+//! - **Batch invariance.** Each output element is computed by the same code in the same order whatever the batch
+//!   size, the row's place in the batch, or the thread that runs it; so a sequence gets bit-identical logits alone
+//!   or batched, which makes seeded sampling reproducible and the response cache safe.
+//!
+//! Quantized weights stay quantized in memory (GGUF Q4_1 and Q8_0, the formats of the bundled model). Each
+//! activation row is quantized per block of 32 to int8 on its own, and every block product is an exact integer
+//! dot product, scaled and accumulated in a fixed order (AVX-512 VNNI or AVX2 where the CPU has it, portable code
+//! otherwise, the same bits at every level). Other formats are dequantized to f32 at load and use the f32 kernel.
+//! Attention over the f16 KV cache and the `exp` the model needs live here too, under the same rules.
+//!
+//! This file holds the instruction-set choice ([`Isa`]) and the dispatch of a matmul into parallel column tasks;
+//! one file per concern beside it, the way candle's `quantized/` keeps one file per instruction set:
+//! - `weight.rs`: the tiled weight formats and their parsing from GGUF blocks;
+//! - `quant.rs`: activations quantized to int8 blocks, laid out for the kernels;
+//! - `portable.rs`: the reference kernels and reductions every SIMD level must match bit for bit;
+//! - `attention.rs`: attention over the f16 KV cache (reference arithmetic and dispatch);
+//! - `x86/`: the AVX2 and AVX-512 VNNI code, the only place in the worker allowed `unsafe`.
+
+mod attention;
+mod portable;
+mod quant;
+#[cfg(test)]
+mod tests;
+mod weight;
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod x86;
+
+use rayon::prelude::*;
+
+pub use attention::{AttentionShape, attention};
+pub use portable::{dot_f32, exp_f32, sum_f32};
+pub use weight::{Weight, WeightError};
+
+use portable::{columns_f32, columns_int8};
+use quant::QuantizedRows;
+use weight::TILE;
+
+/// Elements per quantization block.
+pub const QK: usize = 32;
+
+/// Parallel tasks per pool thread for one matmul: enough that threads finish together, few enough to amortise
+/// scheduling.
+const TASKS_PER_THREAD: usize = 4;
+
+/// Output columns of one task never exceed this (keeps a task's weights within L2).
+const MAX_COLS_PER_TASK: usize = 256;
+
+/// The instruction set the kernels run on: the best this CPU has, or a lower one named by the environment variable
+/// `ZL_KERNEL_ISA` (`portable`, `avx2` or `avx512-vnni`; for comparisons and tests). Every level computes the same
+/// bits: only the speed changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// AVX2, FMA and F16C (x86-64 since 2013-2015).
+    Avx2,
+    /// AVX2 plus AVX-512 (F, BW) with VNNI's byte dot product for the integer matmuls (Ice Lake, Zen 4 and later).
+    Avx512Vnni,
+}
+
+impl Isa {
+    const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512Vnni];
+
+    /// The name `ZL_KERNEL_ISA` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512-vnni",
+        }
+    }
+
+    /// The best level this CPU runs (detected once per process).
+    pub fn detected() -> Isa {
+        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::is_x86_feature_detected as has;
+                if has!("avx2") && has!("fma") && has!("f16c") {
+                    return if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
+                        Isa::Avx512Vnni
+                    } else {
+                        Isa::Avx2
+                    };
+                }
+            }
+            Isa::Portable
+        })
+    }
+
+    /// The level in use: [`Isa::detected`], lowered by `ZL_KERNEL_ISA` (a level above the CPU's, or an unknown
+    /// name, is ignored with a warning). Read once per process.
+    pub fn current() -> Isa {
+        static CURRENT: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *CURRENT.get_or_init(|| {
+            let detected = Isa::detected();
+            let Ok(asked) = std::env::var("ZL_KERNEL_ISA") else { return detected };
+            match Isa::ALL.into_iter().find(|isa| isa.name() == asked) {
+                Some(isa) if isa <= detected => isa,
+                _ => {
+                    tracing::warn!(
+                        asked,
+                        detected = detected.name(),
+                        "ZL_KERNEL_ISA is unknown or above this CPU's level; ignored"
+                    );
+                    detected
+                }
+            }
+        })
+    }
+}
+
+/// Activations for one or more matmuls: `n` rows of f32, quantized for the integer kernels on first use.
+#[derive(Debug)]
+pub struct Input<'a> {
+    x: &'a [f32],
+    n: usize,
+    quantized: std::sync::OnceLock<QuantizedRows>,
+}
+
+impl<'a> Input<'a> {
+    /// `n` rows of equal width.
+    pub fn new(x: &'a [f32], n: usize) -> Self {
+        Input { x, n, quantized: std::sync::OnceLock::new() }
+    }
+
+    /// [`Weight::matmul`] for each `(weight, out)` over these activations, in one parallel region: weights that
+    /// read the same input (Q, K and V; gate and up) quantize it once and share one hand-off to the pool's threads.
+    pub fn matmul(&self, jobs: Vec<(&Weight, &mut [f32])>) {
+        let (n, x) = (self.n, self.x);
+        let mut tasks: Vec<ColumnTask<'_, '_>> = Vec::new();
+        for (weight, out) in jobs {
+            let (rows, cols) = (weight.rows(), weight.cols());
+            assert_eq!(x.len(), n * cols, "input shape");
+            assert_eq!(out.len(), n * rows, "output shape");
+            if n == 0 {
+                continue;
+            }
+            let xq = match weight {
+                Weight::F32 { .. } => None,
+                Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => {
+                    Some(self.quantized.get_or_init(|| QuantizedRows::quantize(x, cols)))
+                }
+            };
+            // Each task fills a range of output columns for every batch row, written in place: its part of each
+            // output row is split off, so tasks never share output memory.
+            let ranges = column_tasks(rows);
+            let first = tasks.len();
+            tasks.extend(ranges.iter().map(|&(c0, _)| ColumnTask { weight, xq, c0, out: Vec::with_capacity(n) }));
+            for row in out.chunks_exact_mut(rows) {
+                let mut rest = row;
+                for (task, &(c0, c1)) in tasks[first..].iter_mut().zip(&ranges) {
+                    let (mine, after) = std::mem::take(&mut rest).split_at_mut(c1 - c0);
+                    task.out.push(mine);
+                    rest = after;
+                }
+            }
+        }
+        tasks.into_par_iter().for_each(|mut t| columns(t.weight, x, t.xq, t.c0, &mut t.out));
+    }
+}
+
+/// One parallel task of [`Input::matmul`]: output columns `c0..` of one weight, for every batch row.
+struct ColumnTask<'w, 'o> {
+    weight: &'w Weight,
+    xq: Option<&'w QuantizedRows>,
+    c0: usize,
+    /// Each batch row's slice of the task's columns.
+    out: Vec<&'o mut [f32]>,
+}
+
+/// Column ranges for parallel tasks: `TASKS_PER_THREAD` per pool thread (more where a task would exceed
+/// `MAX_COLS_PER_TASK`), made of whole units of two [`TILE`]s (the VNNI kernel's step) spread evenly, so the tasks
+/// differ by one unit at most (576 columns on two threads: eight tasks of 64 or 80, four of each). Where the
+/// boundaries fall never changes a result: each output is computed on its own.
+fn column_tasks(rows: usize) -> Vec<(usize, usize)> {
+    const UNIT: usize = 2 * TILE;
+    let units = rows.div_ceil(UNIT);
+    let tasks =
+        (rayon::current_num_threads() * TASKS_PER_THREAD).max(units.div_ceil(MAX_COLS_PER_TASK / UNIT)).min(units);
+    let at = |t: usize| (t * units / tasks * UNIT).min(rows);
+    (0..tasks).map(|t| (at(t), at(t + 1))).collect()
+}
+
+/// Output columns `c0..c0 + out[r].len()` of every batch row `r` into `out[r]`. Quantized weights run the integer kernel (AVX2 with FMA
+/// where the CPU has it, portable code otherwise: both compute the same exact integer lane sums and the same fused
+/// multiply-adds in the same order, so results are identical on every machine); f32 weights run the f32 kernel.
+fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, c0: usize, out: &mut [&mut [f32]]) {
+    match xq {
+        None => columns_f32(weight, x, c0, out),
+        Some(xq) => {
+            #[cfg(target_arch = "x86_64")]
+            if x86::available() {
+                return x86::columns_int8(Isa::current(), weight, xq, c0, out);
+            }
+            columns_int8(weight, xq, c0, out)
+        }
+    }
+}
+
+/// Run `f` compiled for AVX2 where the CPU has it (the same IEEE operations either way, as Rust never fuses a
+/// multiply and an add on its own; only the vector width changes). `f` and what it calls should be `#[inline]`.
+#[inline(always)]
+pub fn with_simd<T>(f: impl FnOnce() -> T) -> T {
+    #[cfg(target_arch = "x86_64")]
+    if x86::available() {
+        return x86::run(f);
+    }
+    f()
+}

@@ -1,0 +1,116 @@
+//! Activations quantized for the integer kernels: each row on its own, per block of 32, to signed bytes and one
+//! scale, laid out in row groups so a kernel sweeping a group reads one sequential stream.
+
+use rayon::prelude::*;
+
+use super::QK;
+use super::portable::sum_f32;
+
+/// Quantize one row group (up to [`ROW_GROUP`] rows of `x`) into its interleaved blocks and its rows' block sums.
+#[inline(always)]
+pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
+    let (rows, bpr) = (x.len() / cols, cols / QK);
+    // Plain loops over fixed-size arrays with eight-lane reductions in a fixed order: they vectorise.
+    for r in 0..rows {
+        for b in 0..bpr {
+            let block: &[f32; QK] = x[r * cols + b * QK..][..QK].try_into().expect("a block is 32 values");
+            let mut amax = [0f32; 8];
+            for c in 0..QK / 8 {
+                for l in 0..8 {
+                    amax[l] = amax[l].max(block[c * 8 + l].abs());
+                }
+            }
+            let amax = amax.iter().fold(0f32, |a, &v| a.max(v));
+            let d = amax / 127.0;
+            let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut q = [0i8; QK];
+            for (qv, &v) in q.iter_mut().zip(block) {
+                // Round half away from zero without a libm call; |v * inv| <= 127 by construction.
+                let t = v * inv;
+                *qv = (t + 0.5f32.copysign(t)) as i8;
+            }
+            sums[r * bpr + b] = sum_f32(block);
+            blocks[b * rows + r] = XBlock::new(q, d);
+        }
+    }
+}
+
+/// One block of 32 activations quantized to signed bytes, as the integer kernels consume them: `x ≈ d * q`. One
+/// cache line.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C, align(64))]
+pub(super) struct XBlock {
+    pub(super) q: [i8; QK],
+    pub(super) d: f32,
+    /// The sum of `q`: the VNNI Q8_0 kernel multiplies the weights offset by 128 (unsigned bytes) and takes
+    /// `128 * qsum` back off.
+    pub(super) qsum: i32,
+}
+
+impl XBlock {
+    pub(super) const ZERO: XBlock = XBlock { q: [0; QK], d: 0.0, qsum: 0 };
+
+    /// A block of quants and their scale.
+    #[inline(always)]
+    pub(super) fn new(q: [i8; QK], d: f32) -> XBlock {
+        XBlock { q, d, qsum: q.iter().map(|&v| i32::from(v)).sum() }
+    }
+
+    /// Quants `4k..4k + 4` as one little-endian 32-bit word, for broadcasting to a kernel's lanes.
+    #[inline(always)]
+    pub(super) fn quad(&self, k: usize) -> i32 {
+        let q = &self.q[4 * k..4 * k + 4];
+        i32::from_le_bytes([q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8])
+    }
+}
+
+/// Batch rows the SIMD kernel runs together; the quantized activations are laid out in groups of this many rows.
+pub(super) const ROW_GROUP: usize = 8;
+
+/// A batch of activations quantized block by block, with each block's f32 sum (row-major) for the Q4_1 minimum
+/// term. Blocks are stored in groups of [`ROW_GROUP`] rows,
+/// interleaved block by block (`[group][block][row in group]`), so a kernel sweeping a group reads one sequential
+/// stream. Each row is quantized on its own, so a row's values never depend on the rest of the batch; only where
+/// they are stored does.
+#[derive(Debug)]
+pub(super) struct QuantizedRows {
+    pub(super) blocks: Vec<XBlock>,
+    pub(super) sums: Vec<f32>,
+    pub(super) rows: usize,
+    pub(super) blocks_per_row: usize,
+}
+
+impl QuantizedRows {
+    /// Quantize `x` (rows of `cols` values), one row group per parallel task, with AVX2 code where the CPU has
+    /// it (the same arithmetic either way).
+    pub(super) fn quantize(x: &[f32], cols: usize) -> QuantizedRows {
+        debug_assert_eq!(cols % QK, 0);
+        let (rows, bpr) = (x.len() / cols, cols / QK);
+        let mut out = QuantizedRows {
+            blocks: vec![XBlock::ZERO; rows * bpr],
+            sums: vec![0f32; rows * bpr],
+            rows,
+            blocks_per_row: bpr,
+        };
+        out.blocks
+            .par_chunks_mut(ROW_GROUP * bpr)
+            .zip(out.sums.par_chunks_mut(ROW_GROUP * bpr))
+            .zip(x.par_chunks(ROW_GROUP * cols))
+            .for_each(|((blocks, sums), x)| {
+                #[cfg(target_arch = "x86_64")]
+                if super::x86::available() {
+                    return super::x86::quantize_group(x, cols, blocks, sums);
+                }
+                quantize_group(x, cols, blocks, sums);
+            });
+        out
+    }
+
+    /// Where block `b` of row `r` is stored.
+    #[inline(always)]
+    pub(super) fn index(&self, r: usize, b: usize) -> usize {
+        let group = r / ROW_GROUP;
+        let in_group = (self.rows - group * ROW_GROUP).min(ROW_GROUP);
+        group * ROW_GROUP * self.blocks_per_row + b * in_group + r % ROW_GROUP
+    }
+}

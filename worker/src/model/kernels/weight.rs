@@ -1,0 +1,194 @@
+//! The weight formats the kernels read: GGUF Q4_1 and Q8_0 repacked into tiles of eight output features, and
+//! plain f32. Parsing checks every size before a byte is copied; nothing here computes a product.
+
+use half::f16;
+
+use super::{Input, QK};
+
+/// A weight matrix of `rows` (output features) by `cols` (input features), stored row-major.
+#[derive(Clone, Debug)]
+pub enum Weight {
+    /// GGUF Q4_1: per block of 32, `x = d * q + m` with 4-bit `q`. Stored in tiles of [`TILE`] output features
+    /// (the last tile padded with zero features), block by block, so that one vector holds the same elements of
+    /// eight features and a kernel's lanes are output features: no horizontal sums.
+    Q4_1 {
+        /// Output features.
+        rows: usize,
+        /// Input features (a multiple of 32).
+        cols: usize,
+        /// Scales, `[tile][block][feature in tile]`.
+        d: Vec<f32>,
+        /// Minimums, laid out as `d`.
+        m: Vec<f32>,
+        /// Packed nibbles, 128 bytes per tile and block, as four 32-byte chunks: bytes `4j..4j + 4` of chunk `k`
+        /// are bytes `4k..4k + 4` of feature `j`'s GGUF block (low nibbles are elements `4k..4k + 4`, high nibbles
+        /// elements `16 + 4k..16 + 4k + 4`).
+        qs: Vec<u8>,
+    },
+    /// GGUF Q8_0: per block of 32, `x = d * q` with 8-bit `q`. Tiled like Q4_1.
+    Q8_0 {
+        /// Output features.
+        rows: usize,
+        /// Input features (a multiple of 32).
+        cols: usize,
+        /// Scales, `[tile][block][feature in tile]`.
+        d: Vec<f32>,
+        /// Quants, 256 per tile and block, as eight 32-byte chunks: bytes `4j..4j + 4` of chunk `k` are elements
+        /// `4k..4k + 4` of feature `j`'s block.
+        qs: Vec<i8>,
+    },
+    /// Plain f32.
+    F32 {
+        /// Output features.
+        rows: usize,
+        /// Input features.
+        cols: usize,
+        /// Row-major values.
+        w: Vec<f32>,
+    },
+}
+
+/// A weight's bytes do not match its declared shape.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{format} weight of {rows}x{cols}: {problem}")]
+pub struct WeightError {
+    format: &'static str,
+    rows: usize,
+    cols: usize,
+    problem: String,
+}
+
+/// Output features per tile of the Q4_1 layout.
+pub(super) const TILE: usize = 8;
+
+/// Where GGUF byte `i` (0..16) of feature `c`'s block `b` lives in the tiled Q4_1 layout.
+#[inline(always)]
+pub(super) fn q4_1_byte(blocks_per_row: usize, c: usize, b: usize, i: usize) -> usize {
+    ((c / TILE) * blocks_per_row + b) * 128 + (i / 4) * 32 + (c % TILE) * 4 + i % 4
+}
+
+/// Where element `i` (0..32) of feature `c`'s block `b` lives in the tiled Q8_0 layout.
+#[inline(always)]
+pub(super) fn q8_0_at(blocks_per_row: usize, c: usize, b: usize, i: usize) -> usize {
+    ((c / TILE) * blocks_per_row + b) * 256 + (i / 4) * 32 + (c % TILE) * 4 + i % 4
+}
+
+/// Where the scale (and Q4_1's minimum) of feature `c`'s block `b` live in the tiled layouts.
+#[inline(always)]
+pub(super) fn tile_scale(blocks_per_row: usize, c: usize, b: usize) -> usize {
+    ((c / TILE) * blocks_per_row + b) * TILE + c % TILE
+}
+
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// Check that `raw` holds exactly the `rows x cols` blocks of a block format of `block_bytes` bytes per 32
+/// values; returns the number of blocks.
+fn check_blocks(
+    format: &'static str,
+    rows: usize,
+    cols: usize,
+    raw: &[u8],
+    block_bytes: usize,
+) -> Result<usize, WeightError> {
+    let err = |problem: String| WeightError { format, rows, cols, problem };
+    if !cols.is_multiple_of(QK) {
+        return Err(err("input features are not a multiple of 32".into()));
+    }
+    let blocks = rows * cols / QK;
+    if raw.len() != blocks * block_bytes {
+        return Err(err(format!("{} bytes, expected {}", raw.len(), blocks * block_bytes)));
+    }
+    Ok(blocks)
+}
+
+impl Weight {
+    /// Parse raw GGUF Q4_1 blocks (20 bytes each: f16 d, f16 m, 16 bytes of nibbles).
+    pub fn from_q4_1(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
+        check_blocks("Q4_1", rows, cols, raw, 20)?;
+        let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
+        let mut d = vec![0f32; tiles * bpr * TILE];
+        let mut m = vec![0f32; tiles * bpr * TILE];
+        let mut qs = vec![0u8; tiles * bpr * 128];
+        for (i, block) in raw.chunks_exact(20).enumerate() {
+            let (c, b) = (i / bpr, i % bpr);
+            d[tile_scale(bpr, c, b)] = f16_at(block, 0);
+            m[tile_scale(bpr, c, b)] = f16_at(block, 2);
+            for (k, four) in block[4..20].chunks_exact(4).enumerate() {
+                let at = q4_1_byte(bpr, c, b, 4 * k);
+                qs[at..at + 4].copy_from_slice(four);
+            }
+        }
+        Ok(Weight::Q4_1 { rows, cols, d, m, qs })
+    }
+
+    /// Parse raw GGUF Q8_0 blocks (34 bytes each: f16 d, 32 signed bytes).
+    pub fn from_q8_0(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
+        check_blocks("Q8_0", rows, cols, raw, 34)?;
+        let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
+        let mut d = vec![0f32; tiles * bpr * TILE];
+        let mut qs = vec![0i8; tiles * bpr * 256];
+        for (i, block) in raw.chunks_exact(34).enumerate() {
+            let (c, b) = (i / bpr, i % bpr);
+            d[tile_scale(bpr, c, b)] = f16_at(block, 0);
+            for (e, &q) in block[2..34].iter().enumerate() {
+                qs[q8_0_at(bpr, c, b, e)] = q as i8;
+            }
+        }
+        Ok(Weight::Q8_0 { rows, cols, d, qs })
+    }
+
+    /// Wrap f32 values.
+    pub fn from_f32(rows: usize, cols: usize, w: Vec<f32>) -> Result<Weight, WeightError> {
+        if w.len() != rows * cols {
+            return Err(WeightError { format: "F32", rows, cols, problem: format!("{} values", w.len()) });
+        }
+        Ok(Weight::F32 { rows, cols, w })
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        match self {
+            Weight::Q4_1 { rows, .. } | Weight::Q8_0 { rows, .. } | Weight::F32 { rows, .. } => *rows,
+        }
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        match self {
+            Weight::Q4_1 { cols, .. } | Weight::Q8_0 { cols, .. } | Weight::F32 { cols, .. } => *cols,
+        }
+    }
+
+    /// Row `r` as f32 (an embedding lookup).
+    pub fn row(&self, r: usize, out: &mut [f32]) {
+        match self {
+            Weight::Q4_1 { cols, d, m, qs, .. } => {
+                let bpr = cols / QK;
+                for b in 0..bpr {
+                    let (scale, min) = (d[tile_scale(bpr, r, b)], m[tile_scale(bpr, r, b)]);
+                    for j in 0..16 {
+                        let q = qs[q4_1_byte(bpr, r, b, j)];
+                        out[b * QK + j] = scale * f32::from(q & 0x0f) + min;
+                        out[b * QK + j + 16] = scale * f32::from(q >> 4) + min;
+                    }
+                }
+            }
+            Weight::Q8_0 { cols, d, qs, .. } => {
+                let bpr = cols / QK;
+                for b in 0..bpr {
+                    for j in 0..QK {
+                        out[b * QK + j] = d[tile_scale(bpr, r, b)] * f32::from(qs[q8_0_at(bpr, r, b, j)]);
+                    }
+                }
+            }
+            Weight::F32 { cols, w, .. } => out.copy_from_slice(&w[r * cols..(r + 1) * cols]),
+        }
+    }
+
+    /// `out[r * rows + c] = x[r * cols ..] · W[c]` for `n` rows of `x`.
+    pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        Input::new(x, n).matmul(vec![(self, out)]);
+    }
+}
