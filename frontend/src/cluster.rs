@@ -56,6 +56,9 @@ struct Synced {
 pub struct Cluster {
     synced: RwLock<Synced>,
     cards: Mutex<HashMap<String, Arc<Card>>>,
+    /// Held while a card is fetched and built: requests that arrive meanwhile wait for that card instead of
+    /// fetching and building their own (a tokenizer takes a second of CPU to build).
+    loading: tokio::sync::Mutex<()>,
 }
 
 /// How stale the synced state may be before `/readyz` and `x-zl-health` say so.
@@ -152,6 +155,10 @@ impl Cluster {
         if self.serves(model) == Some(false) {
             return Err(not_found(model));
         }
+        let _loading = self.loading.lock().await;
+        if let Some(card) = lock(&self.cards).get(model) {
+            return Ok(card.clone());
+        }
         // A route with no prompt tells which concrete model and which worker serve the name.
         let probe = RouteRequest {
             request_id: format!("{request_id}-card"),
@@ -172,14 +179,19 @@ impl Cluster {
             .model_card(decision.endpoint.clone(), decision.model.clone())
             .await
             .map_err(|e| ApiError::from_call(&e, "fetching the model card"))?;
-        let tokenizer = TextTokenizer::from_parts(&TokenizerParts {
+        let parts = TokenizerParts {
             tokenizer_json: card.tokenizer_json,
             chat_template: card.chat_template,
             bos: card.bos_token,
             eos: card.eos_token,
             stop_ids: card.stop_token_ids,
-        })
-        .map_err(|e| ApiError::internal(format!("the worker's model card for {model} is unusable: {e}")))?;
+        };
+        // Parsing a tokenizer is a second of CPU: off the async threads, which must keep serving other requests
+        // and keeping connections alive.
+        let tokenizer = tokio::task::spawn_blocking(move || TextTokenizer::from_parts(&parts))
+            .await
+            .map_err(|e| ApiError::internal(format!("building the tokenizer failed: {e}")))?
+            .map_err(|e| ApiError::internal(format!("the worker's model card for {model} is unusable: {e}")))?;
         let card = Arc::new(Card {
             model: card.model,
             weights: hex(&card.weights_sha256),

@@ -19,6 +19,7 @@ use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
 use crate::cluster::{Card, Cluster, KeyInfo};
 use crate::error::{ApiError, ErrorKind, Failure};
 use crate::limits::{KeyLimits, ProjectLimits, RateFigures, RateLimiter, Reservation};
+use crate::suspects::Suspects;
 use crate::upstream::{TokenSource, Upstream};
 use zl_common::sync::lock;
 
@@ -46,7 +47,7 @@ impl Default for GatewayConfig {
             default_limits: KeyLimits { requests: 4_000, input_tokens: 2_000_000, output_tokens: 400_000 },
             limit_share: 1.0,
             cache_bytes: 256 * 1024 * 1024,
-            max_prompt_bytes: 0,
+            max_prompt_bytes: 4 * 1024 * 1024,
             sanitize: false,
         }
     }
@@ -171,6 +172,10 @@ pub struct Gateway {
     cluster: Arc<Cluster>,
     limiter: Mutex<RateLimiter>,
     cache: Mutex<ResponseCache>,
+    suspects: Mutex<Suspects>,
+    /// Rendering and tokenizing prompts runs on blocking threads, this many at once (one per core): CPU-heavy
+    /// request work never holds up the async threads, and a burst of huge prompts queues instead of piling up.
+    cpu: tokio::sync::Semaphore,
     config: GatewayConfig,
 }
 
@@ -203,8 +208,20 @@ impl Gateway {
             cluster,
             limiter: Mutex::new(RateLimiter::new(config.limit_share)),
             cache: Mutex::new(ResponseCache::new(config.cache_bytes)),
+            suspects: Mutex::new(Suspects::default()),
+            cpu: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
             config,
         }
+    }
+
+    /// Run CPU-heavy request work (parsing a large body, rendering, tokenizing) on a blocking thread, at most one
+    /// per core at a time.
+    pub async fn off_thread<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        let _permit = self.cpu.acquire().await.map_err(|_| ApiError::internal("the frontend is shutting down"))?;
+        tokio::task::spawn_blocking(work).await.map_err(|e| ApiError::internal(format!("request work failed: {e}")))?
     }
 
     /// The cached cluster state.
@@ -280,28 +297,37 @@ impl Gateway {
                 metrics::counter!("zl_frontend_sanitized_chars_total").increment(removed as u64);
             }
         }
-        if self.config.max_prompt_bytes > 0 {
-            let bytes = req.system.as_ref().map_or(0, String::len)
-                + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
-            if bytes > self.config.max_prompt_bytes {
-                return Err(ApiError::invalid(format!(
-                    "prompt is too long: {bytes} bytes of text > {} byte limit",
-                    self.config.max_prompt_bytes
-                )));
-            }
+        let bytes =
+            req.system.as_ref().map_or(0, String::len) + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
+        if self.config.max_prompt_bytes > 0 && bytes > self.config.max_prompt_bytes {
+            return Err(ApiError::invalid(format!(
+                "prompt is too long: {bytes} bytes of text > {} byte limit",
+                self.config.max_prompt_bytes
+            )));
         }
         let card = self.cluster.card(self.upstream.as_ref(), &req.model, request_id).await?;
-        let prompt = render(&card, &req)?;
-        let tokens = card
-            .tokenizer
-            .encode(&prompt)
-            .map_err(|e| ApiError::invalid(format!("the prompt cannot be tokenised: {e}")))?;
+        fits_in_bytes(&card, bytes)?;
+        let card_for_work = card.clone();
+        let (req, prompt, tokens) = self
+            .off_thread(move || {
+                let (prompt, tokens) = tokenize(&card_for_work, &req)?;
+                Ok((req, prompt, tokens))
+            })
+            .await?;
         let context = card.context_length as usize;
         let max_tokens = match req.max_tokens {
             Some(m) => m,
             None => context.saturating_sub(tokens.len()).min(u32::MAX as usize) as u32,
         };
-        if tokens.len() + max_tokens as usize > context || max_tokens == 0 {
+        if req.max_tokens.is_none() && max_tokens == 0 {
+            return Err(ApiError::invalid(format!(
+                "prompt is too long: {} tokens leave no room for an answer in the {context}-token context of {} \
+                 (max_tokens was not set, so the rest of the context was assumed)",
+                tokens.len(),
+                card.model
+            )));
+        }
+        if tokens.len() + max_tokens as usize > context {
             return Err(ApiError::invalid_param(
                 "max_tokens",
                 format!(
@@ -318,12 +344,11 @@ impl Gateway {
 
     /// Count a request's prompt tokens with the model's own tokenizer and template.
     pub async fn count_tokens(&self, req: GenRequest, request_id: &str) -> Result<usize, ApiError> {
+        let bytes =
+            req.system.as_ref().map_or(0, String::len) + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
         let card = self.cluster.card(self.upstream.as_ref(), &req.model, request_id).await?;
-        let prompt = render(&card, &req)?;
-        card.tokenizer
-            .encode(&prompt)
-            .map(|t| t.len())
-            .map_err(|e| ApiError::invalid(format!("the prompt cannot be tokenised: {e}")))
+        fits_in_bytes(&card, bytes)?;
+        self.off_thread(move || tokenize(&card, &req).map(|(_, tokens)| tokens.len())).await
     }
 
     fn limits_for(&self, key: &KeyInfo) -> (KeyLimits, ProjectLimits) {
@@ -426,6 +451,7 @@ impl Gateway {
             rate,
         };
         let live = Live {
+            worker: decision.worker_id,
             model: decision.model,
             first: Some(first),
             output: String::new(),
@@ -450,7 +476,8 @@ impl Gateway {
     ) -> Result<(RouteDecision, Box<dyn TokenSource>, Message, Duration), ApiError> {
         let input_semantic_weight = billing::input_semantic_weight(billing_input);
         let block_hashes = zl_common::block_hash::block_hashes(&p.tokens, p.card.kv_block_size.max(1) as usize);
-        let mut excluded: Vec<NodeId> = Vec::new();
+        // Workers this frontend just saw die stay out of its routes until the orchestrators notice too.
+        let mut excluded: Vec<NodeId> = lock(&self.suspects).excluded(Instant::now());
         let mut attempt = 0;
         let mut route_time = Duration::ZERO;
         loop {
@@ -500,12 +527,26 @@ impl Gateway {
             match opened {
                 Ok((source, first)) => return Ok((decision, source, first, route_time)),
                 Err(e) if attempt == 1 && retry_elsewhere(&e) => {
+                    self.note_failure(&decision.worker_id, &e);
                     metrics::counter!("zl_frontend_retries_total").increment(1);
                     tracing::warn!(worker = %decision.worker_id, error = %e, "worker failed before the first token; retrying on another");
                     excluded.push(decision.worker_id);
                 }
-                Err(e) => return Err(ApiError::from_call(&e, "the worker")),
+                Err(e) => {
+                    self.note_failure(&decision.worker_id, &e);
+                    return Err(ApiError::from_call(&e, "the worker"));
+                }
             }
+        }
+    }
+
+    /// A call to `worker` failed with `e`: if the worker itself is gone (unreachable, or its connection died),
+    /// route nothing more there from this frontend for a while.
+    fn note_failure(&self, worker: &NodeId, e: &CallError) {
+        if matches!(e, CallError::Connect { .. } | CallError::ConnectionLost(_)) {
+            tracing::warn!(%worker, error = %e, "worker unreachable; excluded from this frontend's routes for a while");
+            metrics::counter!("zl_frontend_worker_failures_total").increment(1);
+            lock(&self.suspects).suspect(worker, Instant::now());
         }
     }
 
@@ -530,6 +571,34 @@ fn retry_elsewhere(e: &CallError) -> bool {
         }
         CallError::Protocol(_) | CallError::Encode(_) => false,
     }
+}
+
+/// Refuse, before any tokenizing, a prompt whose text has more bytes than the model's whole context window can
+/// hold (a token stands for at most [`TextTokenizer::max_token_bytes`] bytes), so a huge body costs a
+/// comparison, not seconds of CPU and gigabytes of token offsets.
+///
+/// [`TextTokenizer::max_token_bytes`]: zl_text::TextTokenizer::max_token_bytes
+fn fits_in_bytes(card: &Card, text_bytes: usize) -> Result<(), ApiError> {
+    let per_token = card.tokenizer.max_token_bytes();
+    let most = (card.context_length as usize).saturating_mul(per_token);
+    if text_bytes > most {
+        return Err(ApiError::invalid(format!(
+            "prompt is too long: {text_bytes} bytes of text cannot fit the {}-token context of {} (a token stands \
+             for at most {per_token} bytes, so at most {most} bytes can fit)",
+            card.context_length, card.model
+        )));
+    }
+    Ok(())
+}
+
+/// The rendered prompt and its tokens (CPU-heavy: run it off the async threads).
+fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), ApiError> {
+    let prompt = render(card, req)?;
+    let tokens = card
+        .tokenizer
+        .encode(&prompt)
+        .map_err(|e| ApiError::invalid(format!("the prompt cannot be tokenised: {e}")))?;
+    Ok((prompt, tokens))
 }
 
 /// The chat template applied to the system prompt and messages.
@@ -577,6 +646,8 @@ enum Source {
 }
 
 struct Live {
+    /// The worker streaming the answer.
+    worker: NodeId,
     model: String,
     first: Option<Message>,
     /// The text so far, and (for a cacheable answer) where each delta ended in it.
@@ -680,6 +751,7 @@ impl Generation {
                 Some(Err(ApiError::internal(format!("the worker sent an unexpected {} frame", other.kind()))))
             }
             Err(e) => {
+                self.settle.gateway.note_failure(&live.worker, &e);
                 self.live = None;
                 Some(Err(ApiError::from_call(&e, "the worker failed during the generation")))
             }

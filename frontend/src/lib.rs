@@ -6,7 +6,7 @@
 //! [`openai`] (each API's request rules and response shapes, each a [`dialect::Dialect`] the handler is written
 //! over), [`request`] (the field rules both parsers share), [`gateway`] (one request's path, API-independent),
 //! [`cluster`] (cached routing state and model cards), [`upstream`] (the tiers behind, over QUIC), and the pure
-//! parts: [`limits`], [`cache`], [`sanitize`], [`error`], [`ids`].
+//! parts: [`limits`], [`cache`], [`sanitize`], [`suspects`], [`error`], [`ids`].
 
 pub mod anthropic;
 pub mod cache;
@@ -20,6 +20,7 @@ pub mod limits;
 pub mod openai;
 pub mod request;
 pub mod sanitize;
+pub mod suspects;
 pub mod upstream;
 
 use zl_proto::message::Role;
@@ -28,7 +29,16 @@ use zl_proto::quic::RpcSettings;
 /// The role frontends present in their certificates and handshakes.
 pub const ROLE: Role = Role::Frontend;
 
-/// RPC settings of a frontend's client: nothing calls a frontend over QUIC.
+/// RPC settings of a frontend's client (nothing calls a frontend over QUIC). Its connections to workers and
+/// orchestrators ping every 400 ms and are declared dead after 1.5 s without a packet (QUIC takes the smaller of
+/// the two ends' idle timeouts), so a killed or frozen worker costs its streams 1.5 s, not 15; connecting gives up
+/// after 1 s (peers are in the same region; a handshake takes milliseconds). See docs/operations.md, "Fault
+/// detection".
 pub fn rpc_settings() -> RpcSettings {
-    RpcSettings::default()
+    RpcSettings {
+        keep_alive: std::time::Duration::from_millis(400),
+        idle_timeout: std::time::Duration::from_millis(1500),
+        connect_timeout: std::time::Duration::from_secs(1),
+        ..RpcSettings::default()
+    }
 }

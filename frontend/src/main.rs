@@ -68,8 +68,10 @@ struct ServeArgs {
     /// Response cache size in MiB (0 disables it).
     #[arg(long, env = "ZL_CACHE_MB", default_value_t = 256)]
     cache_mb: usize,
-    /// Refuse prompts with more UTF-8 bytes of text than this (0: no limit beyond the context window).
-    #[arg(long, env = "ZL_MAX_PROMPT_BYTES", default_value_t = 0)]
+    /// Refuse prompts with more UTF-8 bytes of text than this, before anything else is done with them (0: no
+    /// limit but the context window's). Default 4 MiB: about a million tokens of text, more than any context the
+    /// bundled families take; the context window's own byte bound is checked next in any case.
+    #[arg(long, env = "ZL_MAX_PROMPT_BYTES", default_value_t = 4 * 1024 * 1024)]
     max_prompt_bytes: usize,
     /// Strip BOMs and invisible bidi/zero-width characters from prompts before tokenising.
     #[arg(long, env = "ZL_SANITIZE", default_value_t = false, action = clap::ArgAction::Set)]

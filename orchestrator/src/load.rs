@@ -27,7 +27,7 @@ pub struct LoadSettings {
 impl Default for LoadSettings {
     fn default() -> Self {
         LoadSettings {
-            heartbeat_timeout: Duration::from_secs(3),
+            heartbeat_timeout: Duration::from_secs(1),
             forget_after: Duration::from_secs(600),
             max_blocks_per_worker: 1 << 20,
         }
@@ -327,7 +327,8 @@ mod tests {
     #[test]
     fn missed_heartbeats_make_a_worker_unhealthy_and_late_reports_are_ignored() {
         let t0 = Instant::now();
-        let mut v = LoadView::new(LoadSettings::default());
+        let settings = LoadSettings { heartbeat_timeout: Duration::from_secs(3), ..LoadSettings::default() };
+        let mut v = LoadView::new(settings);
         assert_eq!(v.report(load("w1", 5, 2), t0), Accepted::Yes);
         assert_eq!(v.healthy(&id("w1"), t0 + Duration::from_secs(2)).unwrap().0.queue_depth, 2);
         // A report that arrives late (older sequence) changes nothing.

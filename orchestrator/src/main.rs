@@ -52,7 +52,7 @@ struct ServeArgs {
     #[arg(long, env = "ZL_POLICY", default_value = "prefix-aware")]
     policy: String,
     /// A worker silent for this long gets no new requests.
-    #[arg(long, env = "ZL_HEARTBEAT_TIMEOUT_MS", default_value_t = 3000)]
+    #[arg(long, env = "ZL_HEARTBEAT_TIMEOUT_MS", default_value_t = 1000)]
     heartbeat_timeout_ms: u64,
     /// A worker silent for this long is forgotten from the soft load view.
     #[arg(long, env = "ZL_FORGET_AFTER_S", default_value_t = 600)]

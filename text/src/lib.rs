@@ -82,6 +82,16 @@ pub struct TextTokenizer {
     compiled: Arc<Result<minijinja::Environment<'static>, String>>,
     bos: String,
     eos: String,
+    /// The longest token's text in bytes (see [`TextTokenizer::max_token_bytes`]).
+    max_token_bytes: usize,
+}
+
+/// The longest vocabulary entry, in bytes of its stored form. Every tokenizer family stores a token in at least
+/// as many bytes as it decodes to (byte-level BPE maps each byte to a one- or two-byte character, SentencePiece
+/// spells a space as the three-byte `▁` and byte fallbacks as `<0xNN>`), so this bounds the bytes of text one
+/// token can stand for.
+fn longest_token(inner: &Tokenizer) -> usize {
+    inner.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1)
 }
 
 /// The environment chat templates render in: the template under "chat", and `raise_exception`.
@@ -157,7 +167,16 @@ impl TextTokenizer {
         stop_ids.sort_unstable();
         stop_ids.dedup();
         let template = vocab.chat_template.clone().unwrap_or_else(|| CHATML_TEMPLATE.to_owned());
-        Ok(TextTokenizer { inner, stop_ids, compiled: Arc::new(compile(&template)), template, bos: String::new(), eos })
+        let max_token_bytes = longest_token(&inner);
+        Ok(TextTokenizer {
+            inner,
+            stop_ids,
+            compiled: Arc::new(compile(&template)),
+            template,
+            bos: String::new(),
+            eos,
+            max_token_bytes,
+        })
     }
 
     /// Load a Hugging Face `tokenizer.json`, with the chat template and special tokens of `tokenizer_config.json`
@@ -187,7 +206,16 @@ impl TextTokenizer {
             _ => CHATML_TEMPLATE.to_owned(),
         };
         let bos = token_str("bos_token").unwrap_or_default();
-        Ok(TextTokenizer { inner, stop_ids, compiled: Arc::new(compile(&template)), template, bos, eos })
+        let max_token_bytes = longest_token(&inner);
+        Ok(TextTokenizer {
+            inner,
+            stop_ids,
+            compiled: Arc::new(compile(&template)),
+            template,
+            bos,
+            eos,
+            max_token_bytes,
+        })
     }
 
     /// This tokenizer in portable form.
@@ -207,6 +235,7 @@ impl TextTokenizer {
             .map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
         let compiled = compile(&parts.chat_template).map_err(TokenizerError::Template)?;
         Ok(TextTokenizer {
+            max_token_bytes: longest_token(&inner),
             inner,
             stop_ids: parts.stop_ids.clone(),
             template: parts.chat_template.clone(),
@@ -225,6 +254,13 @@ impl TextTokenizer {
     /// Text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         self.inner.decode(ids, true).map_err(|e| TokenizerError::Tokenizer(e.to_string()))
+    }
+
+    /// The most bytes of text one token can stand for: a text of `n` bytes needs at least `n / max_token_bytes`
+    /// tokens, so a text longer than `context * max_token_bytes` bytes can never fit a context window. Lets a
+    /// caller refuse a huge prompt without tokenizing it.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
     }
 
     /// The vocabulary size the tokenizer knows (added tokens included).
@@ -339,6 +375,20 @@ mod tests {
         assert!(ids.contains(&259), "hello merges into one token: {ids:?}");
         assert_eq!(tok.decode(&ids).unwrap(), again.decode(&ids).unwrap());
         assert_eq!(again.stop_ids, tok.stop_ids);
+    }
+
+    #[test]
+    fn no_text_has_more_bytes_than_its_tokens_can_stand_for() {
+        let tok = TextTokenizer::from_gguf(&testing::tiny_vocab()).unwrap();
+        let bound = tok.max_token_bytes();
+        assert!(bound >= 1);
+        for text in ["", "a", "hello world", "   many    spaces   ", "ünïcödé ✓ 日本語 🎉", &"ab".repeat(500)]
+        {
+            let tokens = tok.encode(text).unwrap().len();
+            assert!(text.len() <= tokens * bound, "{text:?}: {} bytes, {tokens} tokens of at most {bound}", text.len());
+        }
+        let again = TextTokenizer::from_parts(&tok.to_parts().unwrap()).unwrap();
+        assert_eq!(again.max_token_bytes(), bound);
     }
 
     #[test]

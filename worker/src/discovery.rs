@@ -11,8 +11,8 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use zl_proto::message::{
@@ -39,39 +39,67 @@ pub trait Discovery: Send + Sync + 'static {
     fn deregister(&self, worker: &NodeId, reason: &str) -> impl Future<Output = ()> + Send;
 }
 
-/// Per-call deadline, so one unreachable orchestrator never stalls the heartbeat to the others.
-const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Deadline of a registration or deregistration: a replicated write, which waits for the Raft leader (an
+/// election takes a second or two).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(6);
 
-/// Direct registration with the orchestrators.
+/// Deadline of a load report or KV-event call, which an orchestrator answers in microseconds: a report later
+/// than this is stale anyway, and the next one is due.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Direct registration with the orchestrators. Each orchestrator's beats run on their own: one that is dead,
+/// frozen or slow to commit a registration (an election) skips its beats while its call is in flight, and never
+/// delays the others' reports past their heartbeat timeout.
 pub struct DirectDiscovery {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     client: Client,
     orchestrators: Vec<SocketAddr>,
-    registered: Mutex<Vec<bool>>,
+    peers: Mutex<Vec<Peer>>,
+}
+
+/// What the reporter knows of one orchestrator.
+#[derive(Clone, Copy, Debug, Default)]
+struct Peer {
+    /// It acknowledged this worker's registration.
+    registered: bool,
+    /// A beat to it is in flight.
+    busy: bool,
+    /// It missed KV events (or just registered us): the next heartbeat must carry a full snapshot.
+    resync: bool,
 }
 
 impl std::fmt::Debug for DirectDiscovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DirectDiscovery").field("orchestrators", &self.orchestrators).finish_non_exhaustive()
+        f.debug_struct("DirectDiscovery").field("orchestrators", &self.inner.orchestrators).finish_non_exhaustive()
     }
 }
 
 impl DirectDiscovery {
     /// Talk to these orchestrators with this client.
     pub fn new(client: Client, orchestrators: Vec<SocketAddr>) -> Self {
-        let registered = Mutex::new(vec![false; orchestrators.len()]);
-        DirectDiscovery { client, orchestrators, registered }
+        let peers = Mutex::new(vec![Peer::default(); orchestrators.len()]);
+        DirectDiscovery { inner: Arc::new(Inner { client, orchestrators, peers }) }
     }
+}
 
+impl Inner {
     async fn call(&self, to: SocketAddr, msg: Message) -> Result<Message, CallError> {
-        self.client.call_within(CALL_TIMEOUT, to, Role::Orchestrator, msg).await
+        let deadline = match msg {
+            Message::RegisterWorker(_) | Message::DeregisterWorker(_) => WRITE_TIMEOUT,
+            _ => REPORT_TIMEOUT,
+        };
+        self.client.call_within(deadline, to, Role::Orchestrator, msg).await
     }
 
     fn set_registered(&self, i: usize, value: bool) {
-        lock(&self.registered)[i] = value;
+        lock(&self.peers)[i].registered = value;
     }
 
     fn is_registered(&self, i: usize) -> bool {
-        lock(&self.registered)[i]
+        lock(&self.peers)[i].registered
     }
 
     /// One orchestrator's heartbeat; `true` when it needs a snapshot.
@@ -116,21 +144,41 @@ impl DirectDiscovery {
 
 impl Discovery for DirectDiscovery {
     async fn heartbeat(&self, registration: &RegisterWorker, load: &LoadReport, kv: &[KvCacheEvents]) -> bool {
-        // Every orchestrator at once: one that is down (each call waits up to CALL_TIMEOUT) must not delay the
-        // others' heartbeats past their timeout.
-        let beats = (0..self.orchestrators.len()).map(|i| self.beat(i, registration, load, kv));
-        futures_util::future::join_all(beats).await.into_iter().any(|resync| resync)
+        let mut resync = false;
+        for i in 0..self.inner.orchestrators.len() {
+            {
+                let mut peers = lock(&self.inner.peers);
+                let peer = &mut peers[i];
+                resync |= std::mem::take(&mut peer.resync);
+                if peer.busy {
+                    // Its last beat is still in flight: it misses this report and these KV events.
+                    resync = true;
+                    continue;
+                }
+                peer.busy = true;
+            }
+            let (inner, registration, load, kv) = (self.inner.clone(), registration.clone(), load.clone(), kv.to_vec());
+            tokio::spawn(async move {
+                let missed = inner.beat(i, &registration, &load, &kv).await;
+                let mut peers = lock(&inner.peers);
+                peers[i].busy = false;
+                peers[i].resync |= missed;
+            });
+        }
+        resync
     }
 
     async fn deregister(&self, worker: &NodeId, reason: &str) {
-        for (i, &to) in self.orchestrators.iter().enumerate() {
+        let inner = &self.inner;
+        let leave = inner.orchestrators.iter().enumerate().map(|(i, &to)| async move {
             let msg = Message::DeregisterWorker(DeregisterWorker { worker_id: worker.clone(), reason: reason.into() });
-            match self.call(to, msg).await {
+            match inner.call(to, msg).await {
                 Ok(_) => tracing::info!(orchestrator = %to, "deregistered"),
                 Err(e) => tracing::warn!(orchestrator = %to, error = %e, "deregistration failed"),
             }
-            self.set_registered(i, false);
-        }
+            inner.set_registered(i, false);
+        });
+        futures_util::future::join_all(leave).await;
     }
 }
 

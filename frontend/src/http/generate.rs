@@ -53,7 +53,7 @@ async fn read_json(app: &App, req: Request) -> Result<Value, ApiError> {
     {
         return Err(too_large());
     }
-    let bytes = axum::body::to_bytes(req.into_body(), app.body_limit).await.map_err(|e| {
+    let bytes: Bytes = axum::body::to_bytes(req.into_body(), app.body_limit).await.map_err(|e| {
         let limit = std::error::Error::source(&e)
             .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some())
             || e.to_string().contains("length limit");
@@ -62,14 +62,22 @@ async fn read_json(app: &App, req: Request) -> Result<Value, ApiError> {
     if bytes.is_empty() {
         return Err(ApiError::invalid("the request body is empty; send a JSON object"));
     }
-    serde_json::from_slice(&bytes).map_err(|e| {
-        if std::str::from_utf8(&bytes).is_err() {
-            ApiError::invalid("the request body is not valid UTF-8")
-        } else {
-            ApiError::invalid(format!("the request body is not valid JSON: {e}"))
-        }
-    })
+    let large = bytes.len() > LARGE_BODY;
+    let parse = move || {
+        serde_json::from_slice(&bytes).map_err(|e| {
+            if std::str::from_utf8(&bytes).is_err() {
+                ApiError::invalid("the request body is not valid UTF-8")
+            } else {
+                ApiError::invalid(format!("the request body is not valid JSON: {e}"))
+            }
+        })
+    };
+    // A large body takes tens of milliseconds to parse: off the async threads, like tokenizing.
+    if large { app.gateway.off_thread(parse).await } else { parse() }
 }
+
+/// Bodies larger than this are parsed on a blocking thread.
+const LARGE_BODY: usize = 256 * 1024;
 
 fn sse_response(meta: &Meta, health: &str, body: Body) -> Response {
     let mut resp = Response::new(body);

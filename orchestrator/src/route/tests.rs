@@ -114,7 +114,7 @@ fn unknown_models_unhealthy_draining_and_excluded_workers() {
     w.apply(Command::SetDrain { id: id("w1"), draining: false });
     w.now += Duration::from_secs(2);
     w.report("w1", 0, 0);
-    w.now += Duration::from_secs(2);
+    w.now += Duration::from_millis(500);
     assert_eq!(w.route(&req("m"), &LeastLoaded).unwrap().worker_id, id("w1"));
 }
 

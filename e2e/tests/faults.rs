@@ -1,0 +1,191 @@
+//! Faults as operators and attackers meet them, end to end on real processes: a worker killed under load, and
+//! what the frontend does with hostile or sloppy HTTP. Every bound here is a promise of docs/operations.md
+//! ("Fault detection"), not a speed target.
+
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use zl_e2e::{
+    admin, certs, http, http_stream, metric_sum, metrics, request, signal, start_frontend, start_orchestrator,
+    start_worker,
+};
+
+const MODEL: &str = "smollm2-135m-instruct";
+const KEY: &str = "sk-zl-e2e-faults-0123456789";
+
+fn body(max_tokens: u32, stream: bool, temperature: f32, content: &str) -> String {
+    serde_json::json!({
+        "model": MODEL, "max_tokens": max_tokens, "stream": stream, "temperature": temperature,
+        "messages": [{"role": "user", "content": content}],
+    })
+    .to_string()
+}
+
+/// A long, seeded story: the same text on every run (sampling is seeded and batch-invariant), so whether it is
+/// still streaming when the worker dies never depends on luck.
+fn story(i: u32) -> String {
+    serde_json::json!({
+        "model": MODEL, "max_tokens": 1500, "stream": true, "temperature": 0.7, "seed": 7 + i,
+        "messages": [{"role": "user", "content": format!("Write a very long story about mountain number {i}.")}],
+    })
+    .to_string()
+}
+
+/// The frontend's counter `name` (its `/metrics` is on the API port).
+fn frontend_counter(http_addr: SocketAddr, name: &str) -> f64 {
+    let (status, text) = http(http_addr, "GET", "/metrics", &[], "").unwrap();
+    assert_eq!(status, 200);
+    metric_sum(&text, name)
+}
+
+/// What a streaming request saw: its worker, the body after its first text, and when the body ended.
+struct StreamEnd {
+    worker: String,
+    rest: String,
+    ended: Instant,
+}
+
+#[test]
+fn a_worker_killed_under_load_costs_its_requests_seconds_and_new_requests_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(
+        dir.path(),
+        &[
+            ("orchestrator", "orch-0"),
+            ("worker", "worker-a"),
+            ("worker", "worker-b"),
+            ("frontend", "fe-0"),
+            ("admin", "ops"),
+        ],
+    );
+    // The orchestrator's default heartbeat timeout (1 s) is part of what is tested.
+    let mut orch = start_orchestrator(dir.path(), "orch-0", &[]);
+    let ids = ["worker-a", "worker-b"];
+    let mut workers = ids.map(|id| Some(start_worker(dir.path(), id, orch.quic)));
+    let (mut frontend, http_addr) = start_frontend(dir.path(), "fe-0", orch.quic);
+    let orch_metrics = orch.metrics;
+    let healthy = || metric_sum(&metrics(orch_metrics).unwrap_or_default(), "zl_workers{state=\"healthy\"}");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    while healthy() < 2.0 {
+        orch.proc.assert_running("zl-orchestrator");
+        frontend.assert_running("zl-frontend");
+        assert!(Instant::now() < deadline, "the cluster never had two healthy workers");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    admin(dir.path(), orch.admin, &["project", "p"]);
+    admin(dir.path(), orch.admin, &["keys", "create", "k", "--project", "p", "--secret", KEY]);
+    while http(http_addr, "GET", "/v1/models", &[("x-api-key", KEY)], "").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "the frontend never accepted the key");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // Load: six long streams, each told apart by its prompt so the policy spreads them. Each thread reports its
+    // worker once text flows, then how its body ended.
+    let (started_tx, started_rx) = mpsc::channel::<String>();
+    let (ended_tx, ended_rx) = mpsc::channel::<StreamEnd>();
+    for i in 0..6 {
+        let (started_tx, ended_tx) = (started_tx.clone(), ended_tx.clone());
+        std::thread::spawn(move || {
+            let headers = [("x-api-key", KEY)];
+            let mut stream =
+                http_stream(http_addr, "POST", "/v1/messages", &headers, &story(i)).expect("the frontend answers");
+            if stream.status != 200 {
+                let status = stream.status;
+                panic!("{status}: {}", stream.rest());
+            }
+            let worker = stream.header("x-zl-worker").unwrap().to_owned();
+            let mut seen = String::new();
+            while !seen.contains("content_block_delta") {
+                seen.push_str(&stream.next_piece().expect("the stream continues"));
+            }
+            started_tx.send(worker.clone()).unwrap();
+            let rest = stream.rest();
+            let _ = ended_tx.send(StreamEnd { worker, rest, ended: Instant::now() });
+        });
+    }
+    let serving: Vec<String> = (0..6).map(|_| started_rx.recv_timeout(Duration::from_secs(120)).unwrap()).collect();
+    let victim_id = serving[0].clone();
+    let victim = ids.iter().position(|id| *id == victim_id).unwrap();
+    let survivor_id = ids[1 - victim];
+    let on_victim = serving.iter().filter(|w| **w == victim_id).count();
+
+    let mut killed = workers[victim].take().unwrap();
+    signal(killed.proc.0.id(), "-KILL");
+    let killed_at = Instant::now();
+    let _ = killed.proc.0.wait();
+    drop(killed);
+
+    // New requests in the second after the kill: each is answered (by the survivor, retried there before its first
+    // token if it was routed to the dead worker) or refused with a clean 529, within 3 s of being sent.
+    let fresh: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(250 * i));
+                let sent = Instant::now();
+                let headers = [("x-api-key", KEY)];
+                let mut stream = http_stream(
+                    http_addr,
+                    "POST",
+                    "/v1/messages",
+                    &headers,
+                    &body(8, true, 0.0, &format!("Say hello {i}.")),
+                )
+                .expect("the frontend answers");
+                let waited = sent.elapsed();
+                let worker = stream.header("x-zl-worker").map(str::to_owned);
+                let rest = stream.rest();
+                (stream.status, worker, waited, rest)
+            })
+        })
+        .collect();
+    for handle in fresh {
+        let (status, worker, waited, rest) = handle.join().unwrap();
+        eprintln!("a request sent after the kill: {status} from {worker:?} after {waited:?}");
+        assert!(waited <= Duration::from_secs(3), "a request sent after the kill waited {waited:?}");
+        match status {
+            200 => {
+                assert_eq!(worker.as_deref(), Some(survivor_id), "{rest}");
+                assert!(rest.contains("message_stop"), "{rest}");
+            }
+            529 => assert!(rest.contains("overloaded_error"), "{rest}"),
+            other => panic!("unexpected {other}: {rest}"),
+        }
+    }
+
+    // Every stream the dead worker was serving ended with an error event within 3 s of the kill.
+    for _ in 0..on_victim {
+        let end = ended_rx.recv_timeout(Duration::from_secs(30)).expect("a stream on the dead worker ended");
+        assert_eq!(end.worker, victim_id, "a stream on the survivor ended early: {}", end.rest);
+        let took = end.ended.duration_since(killed_at);
+        eprintln!("a stream on the dead worker ended {took:?} after the kill");
+        assert!(took <= Duration::from_secs(3), "a stream on the dead worker ended {took:?} after the kill");
+        assert!(end.rest.contains("event: error\ndata: {\"error\":{\"message\":"), "{}", end.rest);
+        assert!(!end.rest.contains("message_stop"), "{}", end.rest);
+    }
+
+    // From a second after the kill on, nothing is routed to the dead worker: no request needs a retry.
+    std::thread::sleep((killed_at + Duration::from_millis(1200)).saturating_duration_since(Instant::now()));
+    let retries = frontend_counter(http_addr, "zl_frontend_retries_total");
+    for i in 0..6 {
+        let r = request(
+            http_addr,
+            "POST",
+            "/v1/messages",
+            &[("x-api-key", KEY)],
+            &body(4, false, 0.0, &format!("Name a colour {i}.")),
+        )
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.header("x-zl-worker"), Some(survivor_id));
+    }
+    assert_eq!(
+        frontend_counter(http_addr, "zl_frontend_retries_total"),
+        retries,
+        "a request was routed to the dead worker"
+    );
+    orch.proc.assert_running("zl-orchestrator");
+    frontend.assert_running("zl-frontend");
+}
