@@ -75,6 +75,20 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         let content =
             m.get("content").ok_or_else(|| ApiError::invalid(format!("messages.{i}.content: Field required")))?;
         let text = content_text(content, &format!("messages.{i}.content"))?;
+        // As the hosted API: empty turns are refused, but a final assistant turn may be empty (a prefill of
+        // nothing); an empty text block is refused anywhere.
+        if let Some(j) = content.as_array().and_then(|blocks| {
+            blocks.iter().position(|b| b.get("text").and_then(Value::as_str).is_some_and(str::is_empty))
+        }) {
+            return Err(ApiError::invalid(format!(
+                "messages.{i}.content.{j}.text: text content blocks must be non-empty"
+            )));
+        }
+        if text.is_empty() && !(role == "assistant" && i + 1 == messages.len()) {
+            return Err(ApiError::invalid(format!(
+                "messages.{i}: all messages must have non-empty content except for the optional final assistant message"
+            )));
+        }
         if i == 0 && role != "user" {
             return Err(ApiError::invalid("messages: the first message must use the \"user\" role"));
         }
@@ -281,6 +295,56 @@ mod tests {
 
     fn err(body: Value) -> String {
         parse(&body, false).unwrap_err().message
+    }
+
+    #[test]
+    fn out_of_range_integers_are_refused_with_the_value_as_sent() {
+        let with = |field: &str, raw: &str| {
+            let body = format!(
+                r#"{{"model": "m", "max_tokens": 5, "messages": [{{"role": "user", "content": "hi"}}], "{field}": {raw}}}"#
+            );
+            parse(&serde_json::from_str(&body).unwrap(), false)
+        };
+        for (raw, shown) in
+            [("18446744073709551616", "18446744073709551616"), ("1e30", "1e30"), ("2e19", "20000000000000000000")]
+        {
+            let e = with("seed", raw).unwrap_err();
+            assert_eq!(e.message, format!("seed: Input should be between 0 and 18446744073709551615, got {shown}"));
+        }
+        assert_eq!(with("seed", "18446744073709551615").unwrap().seed, Some(u64::MAX));
+        assert_eq!(with("seed", "7.0").unwrap().seed, Some(7));
+        assert!(with("seed", "-1").unwrap_err().message.contains("greater than or equal to 0, got -1"));
+        assert!(with("seed", "2.5").unwrap_err().message.contains("a valid integer, got 2.5"));
+        let e = parse(
+            &serde_json::from_str(r#"{"model": "m", "max_tokens": 18446744073709551616, "messages": [{"role": "user", "content": "hi"}]}"#)
+                .unwrap(),
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(e.message, "max_tokens: Input should be between 1 and 4294967295, got 18446744073709551616");
+    }
+
+    #[test]
+    fn empty_and_null_content_are_refused_as_the_hosted_api_does() {
+        let msgs = |m: Value| err(json!({"model": "m", "max_tokens": 5, "messages": m}));
+        assert_eq!(
+            msgs(json!([{"role": "user", "content": ""}])),
+            "messages.0: all messages must have non-empty content except for the optional final assistant message"
+        );
+        assert!(msgs(json!([{"role": "user", "content": []}])).contains("non-empty content"));
+        assert!(msgs(json!([{"role": "user", "content": null}])).contains("messages.0.content"));
+        assert_eq!(
+            msgs(json!([{"role": "user", "content": [{"type": "text", "text": ""}]}])),
+            "messages.0.content.0.text: text content blocks must be non-empty"
+        );
+        assert!(
+            msgs(json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}, {"role": "user", "content": "x"}]))
+                .contains("messages.1: all messages must have non-empty content")
+        );
+        // A final assistant turn may be empty.
+        let ok = ok(json!({"model": "m", "max_tokens": 5, "messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}));
+        assert_eq!(ok.messages.len(), 2);
     }
 
     #[test]

@@ -72,7 +72,13 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
             )
         })?;
         let content = match m.get("content") {
-            None | Some(Value::Null) => String::new(),
+            // Only an assistant turn with tool calls may omit its content, and this server takes no tool calls.
+            None | Some(Value::Null) => {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("{field}.content: a string or an array of content parts is required"),
+                ));
+            }
             Some(c) => text_of(c, &format!("{field}.content"))?,
         };
         match role {
@@ -122,15 +128,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
         None => 1.0,
     };
     let stop = f.stop_list("stop", true)?;
-    let seed = match f.get("seed") {
-        None => None,
-        Some(Value::Number(n)) => Some(
-            n.as_u64()
-                .or_else(|| n.as_i64().map(|i| i as u64))
-                .ok_or_else(|| ApiError::invalid_param("seed", "seed: Input should be a valid integer"))?,
-        ),
-        Some(_) => return Err(ApiError::invalid_param("seed", "seed: Input should be a valid integer")),
-    };
+    let seed = f.integer("seed", 0, u64::MAX)?;
     let stream = f.boolean("stream")?.unwrap_or(false);
     let include_usage = match f.get("stream_options") {
         None => false,
@@ -343,6 +341,27 @@ mod tests {
         assert_eq!(m(json!({"messages": []})).message, "messages: at least one message is required");
         assert!(m(json!({"stream_options": {"include_usage": true}})).message.contains("only allowed when stream"));
         assert!(m(json!({"messages": [{"role": "wizard", "content": "x"}]})).message.contains("not one of"));
+    }
+
+    #[test]
+    fn seeds_and_content_are_checked_like_the_messages_api() {
+        let with = |extra: &str| {
+            parse(
+                &serde_json::from_str(&format!(
+                    r#"{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}]{extra}}}"#
+                ))
+                .unwrap(),
+            )
+        };
+        assert!(with(r#", "seed": -1"#).unwrap_err().message.contains("greater than or equal to 0, got -1"));
+        assert_eq!(
+            with(r#", "seed": 18446744073709551616"#).unwrap_err().message,
+            "seed: Input should be between 0 and 18446744073709551615, got 18446744073709551616"
+        );
+        assert_eq!(with(r#", "seed": 3"#).unwrap().req.seed, Some(3));
+        let null = parse(&json!({"model": "m", "messages": [{"role": "user", "content": null}]})).unwrap_err();
+        assert_eq!(null.message, "messages[0].content: a string or an array of content parts is required");
+        assert_eq!(null.param.as_deref(), Some("messages"));
     }
 
     #[test]

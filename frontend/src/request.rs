@@ -53,24 +53,40 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// An integer in `lo..=hi`. Integral floats (`5.0`) count; anything out of range, negative, fractional or
+    /// past what a u64 holds is refused with the value as the client sent it, never clamped.
     pub(crate) fn integer(&self, name: &str, lo: u64, hi: u64) -> Result<Option<u64>, ApiError> {
-        match self.get(name) {
-            None => Ok(None),
-            Some(Value::Number(n)) => {
-                match n.as_u64().or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && *f >= 0.0).map(|f| f as u64)) {
-                    Some(v) if (lo..=hi).contains(&v) => Ok(Some(v)),
-                    Some(v) => Err(ApiError::invalid_param(
-                        name,
-                        format!("{name}: Input should be between {lo} and {hi}, got {v}"),
-                    )),
-                    None if n.as_i64().is_some() => Err(ApiError::invalid_param(
-                        name,
-                        format!("{name}: Input should be greater than or equal to {lo}, got {n}"),
-                    )),
-                    None => Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid integer"))),
-                }
+        let Some(value) = self.get(name) else { return Ok(None) };
+        let Value::Number(n) = value else {
+            return Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid integer")));
+        };
+        let out_of_range = || {
+            ApiError::invalid_param(name, format!("{name}: Input should be between {lo} and {hi}, got {}", as_sent(n)))
+        };
+        if let Some(v) = n.as_u64() {
+            return if (lo..=hi).contains(&v) { Ok(Some(v)) } else { Err(out_of_range()) };
+        }
+        if n.as_i64().is_some() {
+            return Err(ApiError::invalid_param(
+                name,
+                format!("{name}: Input should be greater than or equal to {lo}, got {n}"),
+            ));
+        }
+        match n.as_f64() {
+            Some(f) if f.fract() != 0.0 || !f.is_finite() => Err(ApiError::invalid_param(
+                name,
+                format!("{name}: Input should be a valid integer, got {}", as_sent(n)),
+            )),
+            Some(f) if f < 0.0 => Err(ApiError::invalid_param(
+                name,
+                format!("{name}: Input should be greater than or equal to {lo}, got {}", as_sent(n)),
+            )),
+            // 2^64 and up do not fit a u64 (`as` would saturate to 2^64 - 1: a different value).
+            Some(f) if f < U64_LIMIT => {
+                let v = f as u64;
+                if (lo..=hi).contains(&v) { Ok(Some(v)) } else { Err(out_of_range()) }
             }
-            Some(_) => Err(ApiError::invalid_param(name, format!("{name}: Input should be a valid integer"))),
+            _ => Err(out_of_range()),
         }
     }
 
@@ -108,6 +124,18 @@ impl<'a> Fields<'a> {
             }
         }
         Ok(list)
+    }
+}
+
+/// 2^64 as an f64: the first integral float a u64 cannot hold.
+const U64_LIMIT: f64 = 18_446_744_073_709_551_616.0;
+
+/// A JSON number as the client wrote it, as near as a parsed number allows: integers in full (`18446744073709551616`,
+/// not `1.8446744073709552e19`), other floats in their shortest form (`1e30`, `2.5`).
+fn as_sent(n: &serde_json::Number) -> String {
+    match n.as_f64() {
+        Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < 1e21 => format!("{f:.0}"),
+        _ => n.to_string().replace("e+", "e"),
     }
 }
 

@@ -108,3 +108,41 @@ async fn shutdown_drains_open_streams_and_refuses_new_connections() {
     tokio::time::timeout(Duration::from_secs(5), task).await.expect("the server stopped").unwrap();
     assert!(TcpStream::connect(addr).await.is_err(), "the listener is closed");
 }
+
+fn bad_key_post(body: String) -> Request<Body> {
+    Request::post("/v1/messages")
+        .header("host", "localhost")
+        .header("x-api-key", "sk-not-a-key")
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn an_early_401_keeps_the_connection_usable_or_announces_its_close() {
+    let (addr, _h, _stop, _task) = start(None).await;
+    let io = TokioIo::new(TcpStream::connect(addr).await.unwrap());
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    let conn = tokio::spawn(conn);
+
+    // A small body the handler never read (the key was refused first) is read and dropped: the pooled
+    // connection serves the next requests.
+    let small = serde_json::json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]});
+    for _ in 0..3 {
+        let resp = h1.send_request(bad_key_post(small.to_string())).await.unwrap();
+        assert_eq!(resp.status().as_u16(), 401);
+        assert!(!resp.headers().contains_key("connection"), "{:?}", resp.headers());
+        body_text(resp).await;
+        let resp = h1.send_request(healthz(Version::HTTP_11)).await.unwrap();
+        assert_eq!(resp.status().as_u16(), 200);
+        body_text(resp).await;
+    }
+
+    // A large one is not read: the answer says the connection closes, so no client reuses it.
+    let large = format!("{{\"pad\": \"{}\"}}", "x".repeat(512 * 1024));
+    let resp = h1.send_request(bad_key_post(large)).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 401);
+    assert_eq!(resp.headers().get("connection").map(|v| v.to_str().unwrap()), Some("close"));
+    body_text(resp).await;
+    tokio::time::timeout(Duration::from_secs(5), conn).await.expect("the server closes the connection").ok();
+}

@@ -3,6 +3,7 @@
 //! `generate.rs`, the model listing in `models.rs`, the server loop in `server.rs`.
 
 mod generate;
+mod keep_alive;
 mod models;
 mod server;
 
@@ -56,6 +57,7 @@ pub fn router(app: App) -> Router {
         .route("/metrics", get(metrics_text))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(keep_alive::keep_alive))
         .layer(axum::middleware::from_fn(with_request_id))
         .with_state(app)
 }
