@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use zl_e2e::{Proc, certs, free_tcp, free_udp, gauge, metrics};
+use zl_e2e::{Proc, certs, free_tcp, free_udp, gauge, metric_sum, metrics};
 use zl_proto::message::{ErrorCode, GenerateRequest, Message, Prompt, Role, SamplingParams, StopReason};
 use zl_proto::quic::{CallError, Client};
 
@@ -134,4 +134,7 @@ async fn the_worker_process_serves_streams_and_frees_cancelled_sequences() {
         assert!(Instant::now() < deadline, "blocks still used after cancel: {used:?}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // The documented counter counts it.
+    let cancelled = metric_sum(&metrics(w.metrics).unwrap(), "zl_worker_cancelled_total");
+    assert_eq!(cancelled, 1.0, "zl_worker_cancelled_total after one client went away");
 }

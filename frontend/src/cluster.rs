@@ -146,6 +146,17 @@ impl Cluster {
         if self.ready(now).is_ok() { "ok" } else { "degraded" }
     }
 
+    /// 404 for a model no worker serves, naming the ones served (a typo is the usual cause).
+    pub fn not_found(&self, model: &str) -> ApiError {
+        let served: Vec<String> = self.models().into_iter().map(|m| m.id).collect();
+        let message = if served.is_empty() {
+            format!("model: {model} is not served here (no model is being served right now)")
+        } else {
+            format!("model: {model} is not served here; served models: {}", served.join(", "))
+        };
+        ApiError::new(ErrorKind::NotFound, message)
+    }
+
     /// The card for `model` (as the client named it: an alias resolves through a route), fetched from a worker
     /// on first use.
     pub async fn card(&self, upstream: &dyn Upstream, model: &str, request_id: &str) -> Result<Arc<Card>, ApiError> {
@@ -153,7 +164,7 @@ impl Cluster {
             return Ok(card.clone());
         }
         if self.serves(model) == Some(false) {
-            return Err(not_found(model));
+            return Err(self.not_found(model));
         }
         let _loading = self.loading.lock().await;
         if let Some(card) = lock(&self.cards).get(model) {
@@ -173,7 +184,7 @@ impl Cluster {
         };
         let decision = upstream.route(probe).await.map_err(|e| {
             let err = ApiError::from_call(&e, "routing");
-            if err.kind == ErrorKind::NotFound { not_found(model) } else { err }
+            if err.kind == ErrorKind::NotFound { self.not_found(model) } else { err }
         })?;
         let card = upstream
             .model_card(decision.endpoint.clone(), decision.model.clone())
@@ -203,11 +214,6 @@ impl Cluster {
         tracing::info!(model, concrete = %card.model, "model card loaded");
         Ok(card)
     }
-}
-
-/// 404 for a model no worker serves.
-pub fn not_found(model: &str) -> ApiError {
-    ApiError::new(ErrorKind::NotFound, format!("model: {model}"))
 }
 
 /// Keep `cluster` in step with the routing state: one sync call per `interval`, asking only for changes.

@@ -242,9 +242,12 @@ impl Gateway {
     /// The caller's key: `x-api-key`, or `Authorization: Bearer` (what the current Anthropic and OpenAI SDKs send).
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<KeyInfo, ApiError> {
         let header = |name: &str| headers.get(name).map(|v| v.to_str().map(str::trim));
+        // Name the header the caller used (OpenAI's SDK sends a Bearer token, Anthropic's an x-api-key).
+        let mut used = "x-api-key";
         let secret = match (header("x-api-key"), header("authorization")) {
             (Some(Ok(k)), _) if !k.is_empty() => Some(k.to_owned()),
             (_, Some(Ok(auth))) => {
+                used = "bearer token";
                 let (scheme, token) = auth.split_once(' ').unwrap_or((auth, ""));
                 if !scheme.eq_ignore_ascii_case("bearer") || token.trim().is_empty() {
                     return Err(ApiError::new(
@@ -263,12 +266,15 @@ impl Gateway {
             if !self.config.require_auth {
                 return Ok(KeyInfo { key_id: "anonymous".into(), project: "default".into() });
             }
-            return Err(ApiError::new(ErrorKind::Authentication, "x-api-key header is required"));
+            return Err(ApiError::new(
+                ErrorKind::Authentication,
+                "an API key is required: send it as the x-api-key header or as \"Authorization: Bearer <api key>\"",
+            ));
         };
         match self.cluster.verify(&secret) {
             Some(key) => Ok(key),
             None if !self.config.require_auth => Ok(KeyInfo { key_id: "anonymous".into(), project: "default".into() }),
-            None => Err(ApiError::new(ErrorKind::Authentication, "invalid x-api-key")),
+            None => Err(ApiError::new(ErrorKind::Authentication, format!("invalid {used}: no such API key"))),
         }
     }
 
@@ -496,7 +502,7 @@ impl Gateway {
             let t0 = Instant::now();
             let decision = self.upstream.route(route).await.map_err(|e| {
                 let err = ApiError::from_call(&e, "routing");
-                if err.kind == ErrorKind::NotFound { crate::cluster::not_found(&p.req.model) } else { err }
+                if err.kind == ErrorKind::NotFound { self.cluster.not_found(&p.req.model) } else { err }
             })?;
             route_time += t0.elapsed();
             metrics::histogram!("zl_frontend_route_seconds").record(t0.elapsed().as_secs_f64());

@@ -134,6 +134,8 @@ async fn deterministic_requests_are_answered_from_the_cache() {
         let second = h.anthropic(body.clone()).await;
         assert_eq!(header(&second, "x-zl-cache"), "hit");
         assert_eq!(header(&second, "x-zl-worker"), "cache");
+        // No orchestrator was asked, as docs/api.md says.
+        assert_eq!(header(&second, "x-zl-route-ms"), "-");
         let second_text = text(second).await;
         // Identical apart from the message id.
         let strip = |s: &str| s.split("msg_").map(|p| p.get(24..).unwrap_or(p)).collect::<String>();
@@ -169,12 +171,21 @@ async fn every_error_is_anthropics_body_and_status() {
         assert!(body["request_id"].as_str().unwrap().starts_with("req_"));
     };
     let no_key = Request::post("/v1/messages").body(Body::from(hello(json!({})).to_string())).unwrap();
-    check(error_of(h.send(no_key).await).await, 401, "authentication_error", "x-api-key header is required");
+    check(error_of(h.send(no_key).await).await, 401, "authentication_error", "an API key is required");
     let bad_key = Request::post("/v1/messages")
         .header("x-api-key", "nope")
         .body(Body::from(hello(json!({})).to_string()))
         .unwrap();
-    check(error_of(h.send(bad_key).await).await, 401, "authentication_error", "invalid x-api-key");
+    check(error_of(h.send(bad_key).await).await, 401, "authentication_error", "invalid x-api-key: no such API key");
+    // A Bearer token is named as one (the OpenAI SDK sends it so; it never sent an x-api-key).
+    let bad_bearer = Request::post("/v1/chat/completions")
+        .header("authorization", "Bearer nope")
+        .body(Body::from(json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}).to_string()))
+        .unwrap();
+    let (status, body) = error_of(h.send(bad_bearer).await).await;
+    assert_eq!(status, 401);
+    assert_eq!(body["error"]["message"], "invalid bearer token: no such API key", "{body}");
+    assert_eq!(body["error"]["code"], "invalid_api_key");
     let bad_json = Request::post("/v1/messages").header("x-api-key", KEY).body(Body::from("{\"model\": ")).unwrap();
     check(error_of(h.send(bad_json).await).await, 400, "invalid_request_error", "not valid JSON");
     let bad_utf8 =
@@ -199,7 +210,12 @@ async fn every_error_is_anthropics_body_and_status() {
         "invalid_request_error",
         "at least one",
     );
-    check(error_of(h.anthropic(hello(json!({"model": "nope"}))).await).await, 404, "not_found_error", "model: nope");
+    check(
+        error_of(h.anthropic(hello(json!({"model": "nope"}))).await).await,
+        404,
+        "not_found_error",
+        &format!("model: nope is not served here; served models: {MODEL}"),
+    );
     check(
         error_of(h.anthropic(hello(json!({"max_tokens": 60}))).await).await,
         400,
@@ -259,6 +275,13 @@ async fn openai_completions_streams_and_errors() {
     let Prompt::Tokens(prompt) = &g.prompt else { unreachable!() };
     assert_eq!(g.max_tokens as usize, 64 - prompt.len());
     assert_eq!(g.sampling.seed, Some(3));
+    // A prompt that fills the whole window without max_tokens says what was assumed, not "max_tokens 0".
+    let long = "word ".repeat(100);
+    let resp = h.openai(json!({"model": MODEL, "messages": [{"role": "user", "content": long}]})).await;
+    assert_eq!(resp.status(), 400);
+    let message = json_of(resp).await["error"]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("max_tokens was not set, so the rest of the context was assumed"), "{message}");
+    assert!(!message.contains("max_tokens 0"), "{message}");
 
     let resp = h
         .openai(json!({"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "stream": true,

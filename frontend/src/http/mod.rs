@@ -22,7 +22,7 @@ pub use server::{serve, tls_config};
 
 use crate::anthropic::Messages;
 use crate::error::{ApiError, ErrorFormat, ErrorKind, Failure};
-use crate::gateway::{Gateway, Meta};
+use crate::gateway::{CacheStatus, Gateway, Meta};
 use crate::ids::random_id;
 use crate::limits::{Figures, RateFigures};
 use crate::openai::ChatCompletions;
@@ -136,7 +136,8 @@ fn zl_headers(headers: &mut HeaderMap, meta: Option<&Meta>, rate: Option<&RateFi
             m.pool,
             format!("{:.4}", m.predicted_billing_unit),
             m.cache.as_str(),
-            format!("{:.3}", m.route_ms),
+            // An answer from the cache asked no orchestrator: no route time to report.
+            if m.cache == CacheStatus::Hit { "-".into() } else { format!("{:.3}", m.route_ms) },
         ),
         None => ("-".into(), "-", "-".into(), "bypass", "-".into()),
     };

@@ -103,7 +103,7 @@ pub(super) async fn get_model(State(app): State<App>, Path(id): Path<String>, re
         Err(e) => return error_response(&app, format, &rid, &e.into()),
     };
     if !app.gateway.cluster().models().iter().any(|m| m.id == id) {
-        return error_response(&app, format, &rid, &Failure::known(crate::cluster::not_found(&id), rate));
+        return error_response(&app, format, &rid, &Failure::known(app.gateway.cluster().not_found(&id), rate));
     }
     let mut resp = axum::Json(model_object(format, &id)).into_response();
     zl_headers(resp.headers_mut(), None, Some(&rate), app.gateway.cluster().health(Instant::now()));

@@ -164,7 +164,9 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
                 }
                 Command::Cancel(seq) => {
                     core.cancel(seq);
-                    outputs.remove(&seq);
+                    if outputs.remove(&seq).is_some() {
+                        metrics::counter!("zl_worker_cancelled_total", &labels).increment(1);
+                    }
                 }
                 Command::Resync => resync(&mut core, &published),
             }
