@@ -189,31 +189,86 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && said.contains("Paris"), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
 
-    // A child that dies stops the whole cluster, and says so.
+    // A child that dies is reported and restarted; the cluster serves on.
     let (name, pid) = tiers.iter().find(|(n, _)| n == "worker-1").cloned().unwrap();
     signal(pid, "-KILL");
-    let status = wait_exit(&mut up, Duration::from_secs(60));
-    assert!(!status.success());
+    let restarted = wait_restarted(&data, &name, pid);
     let err = std::fs::read_to_string(&err_path).unwrap();
-    assert!(err.contains(&format!("{name} exited")), "{err}");
-    for (name, pid) in &tiers {
-        assert!(!alive(*pid), "{name} was left running");
+    assert!(err.contains(&format!("zl up: {name} exited")) && err.contains(&format!("{name} restarted")), "{err}");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric_sum(&metrics(worker_metrics(&state, &name)).unwrap_or_default(), "zl_worker_registrations_total") < 1.0
+    {
+        assert!(Instant::now() < deadline, "the restarted worker never registered again");
+        assert!(alive(restarted), "the restarted worker died");
+        std::thread::sleep(Duration::from_millis(250));
     }
 
-    // Ctrl-C (SIGINT to zl up) stops every child cleanly.
-    let mut up = Command::new(bin("zl"))
-        .args(["up", "--data-dir", data.to_str().unwrap(), "--http-addr", &http_addr.to_string()])
-        .args(["--api-key", KEY, "--kv-memory-mb", "64"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let state = wait_up(&data, http_addr, &mut up);
+    // With three orchestrators, killing the Raft leader leaves the API serving throughout; it comes back too.
+    let listed = zl_e2e::admin_as(&data.join("tls"), "zl-up", admin_addr, &["members", "list"]);
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let leader_id: usize = listed
+        .lines()
+        .find(|l| l.contains("leader"))
+        .and_then(|l| l.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no leader in {listed}"));
+    let leader = format!("orchestrator-{}", leader_id - 1);
+    let leader_pid = pids(&read_state(&data)).into_iter().find(|(n, _)| *n == leader).unwrap().1;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut statuses = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let r = post(http_addr, &body(4, false, 0.0, &format!("Say {}.", statuses.len())));
+                statuses.push((r.status, r.body));
+            }
+            statuses
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    signal(leader_pid, "-KILL");
+    wait_restarted(&data, &leader, leader_pid);
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let statuses = client.join().unwrap();
+    assert!(statuses.len() >= 3, "only {} requests were sent", statuses.len());
+    for (status, body) in &statuses {
+        assert_eq!(*status, 200, "a request failed while the leader was down: {body}");
+    }
+
+    // Ctrl-C (SIGINT to zl up) stops every child cleanly, restarted ones included.
+    let now_running = pids(&read_state(&data));
     signal(up.id(), "-INT");
     assert!(wait_exit(&mut up, Duration::from_secs(60)).success(), "zl up did not stop cleanly");
-    for (name, pid) in pids(&state) {
-        assert!(!alive(pid), "{name} was left running");
+    for (name, pid) in tiers.iter().chain(&now_running) {
+        assert!(!alive(*pid), "{name} was left running");
+    }
+}
+
+/// `cluster.json` as `zl up` last wrote it.
+fn read_state(data: &std::path::Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(data.join("cluster.json")).unwrap()).unwrap()
+}
+
+/// The metrics address of worker `name`.
+fn worker_metrics(state: &Value, name: &str) -> SocketAddr {
+    let w = state["workers"].as_array().unwrap().iter().find(|w| w["name"] == name).unwrap();
+    w["metrics"].as_str().unwrap().parse().unwrap()
+}
+
+/// Wait (bounded) until `cluster.json` shows `name` running under a new pid; returns it.
+fn wait_restarted(data: &std::path::Path, name: &str, old: u32) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some((_, pid)) = std::fs::read_to_string(data.join("cluster.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+            .and_then(|state| pids(&state).into_iter().find(|(n, pid)| n == name && *pid != old))
+        {
+            return pid;
+        }
+        assert!(Instant::now() < deadline, "{name} was not restarted");
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

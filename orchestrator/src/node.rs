@@ -53,6 +53,9 @@ pub struct Orchestrator {
     group: Group,
     load: RwLock<LoadView>,
     policy: Box<dyn Policy>,
+    /// Until then this node's soft view may lack workers that are alive (they report every 250 ms): a route
+    /// that finds no healthy worker is [`RouteError::WarmingUp`], so the frontend asks another orchestrator.
+    warm_at: Instant,
 }
 
 impl std::fmt::Debug for Orchestrator {
@@ -67,7 +70,10 @@ impl Orchestrator {
     pub fn start(policy: Box<dyn Policy>, load: LoadSettings, group: GroupConfig) -> Result<Self, ConsensusError> {
         let state = SharedState::default();
         let group = Group::start(group, state.clone())?;
-        Ok(Orchestrator { state, group, load: RwLock::new(LoadView::new(load)), policy })
+        // Two heartbeat timeouts: every live worker has reported by then, even one whose connection to this
+        // address must first notice that the process behind it was replaced.
+        let warm_at = Instant::now() + load.heartbeat_timeout * 2;
+        Ok(Orchestrator { state, group, load: RwLock::new(LoadView::new(load)), policy, warm_at })
     }
 
     /// The routing policy's name.
@@ -111,12 +117,19 @@ impl Orchestrator {
             let load = read(&self.load);
             SCRATCH.with(|s| route::decide(&state, &load, request, self.policy.as_ref(), started, &mut s.borrow_mut()))
         };
+        let result = match result {
+            Err(RouteError::NoWorker(model)) if started < self.warm_at && self.unheard_of(&model, started) => {
+                Err(RouteError::WarmingUp(model))
+            }
+            other => other,
+        };
         let elapsed = started.elapsed();
         let outcome = match &result {
             Ok(_) => "routed",
             Err(RouteError::UnknownModel(_)) => "unknown_model",
             Err(RouteError::NoWorker(_)) => "no_worker",
             Err(RouteError::Saturated(_)) => "saturated",
+            Err(RouteError::WarmingUp(_)) => "warming_up",
         };
         metrics::counter!("zl_route_decisions_total", "policy" => self.policy.name(), "outcome" => outcome)
             .increment(1);
@@ -124,6 +137,16 @@ impl Orchestrator {
         result.map(|mut d| {
             d.decision_nanos = elapsed.as_nanos() as u64;
             d
+        })
+    }
+
+    /// Whether a registered, non-draining worker serving `model` has not reported to this node (yet).
+    fn unheard_of(&self, model: &str, now: Instant) -> bool {
+        let state = read(&self.state.0);
+        let load = read(&self.load);
+        let target = state.resolve_alias(model);
+        state.workers().iter().any(|(id, w)| {
+            !w.draining && w.spec.models.iter().any(|m| m.id == target) && load.healthy(id, now).is_none()
         })
     }
 

@@ -7,6 +7,7 @@
 mod admin;
 mod certs;
 mod chat;
+mod supervise;
 mod up;
 
 use std::process::ExitCode;

@@ -1,13 +1,14 @@
 //! `zl up`: the whole cluster on this machine, as separate processes (orchestrators, workers, one frontend) on
 //! 127.0.0.1, with the embedded defaults: the bundled default model, direct worker registration, a throwaway
-//! cluster CA, one API key. Ctrl-C (or SIGTERM) stops every child; a child that dies stops the whole, so it is
-//! never left half-running.
+//! cluster CA, one API key. Ctrl-C (or SIGTERM) stops every child; a child that dies is reported and restarted
+//! (`supervise.rs`), so a crashed worker or a killed Raft leader costs seconds, not the cluster; only a child
+//! that keeps failing to start stops it all, with the reason.
 
 use std::fs;
 use std::io::{IsTerminal, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -16,6 +17,8 @@ use zl_admin::pb;
 use zl_admin::pb::admin_client::AdminClient;
 use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::ClusterCa;
+
+use crate::supervise::Children;
 
 /// The model id of the bundled default model.
 const DEFAULT_MODEL_ID: &str = "smollm2-135m-instruct";
@@ -57,18 +60,6 @@ pub(crate) fn default_data_dir() -> PathBuf {
     }
 }
 
-/// One child process and what it is.
-struct Tier {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-/// The running cluster: children in start order.
-struct Cluster {
-    tiers: Vec<Tier>,
-}
-
 fn free_udp() -> Result<SocketAddr> {
     Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
 }
@@ -100,61 +91,6 @@ fn write_private(path: &Path, contents: &str) -> Result<()> {
     crate::certs::write_file(path, contents.as_bytes(), 0o600)
 }
 
-impl Cluster {
-    fn spawn(&mut self, name: &str, bin: &Path, args: &[String], logs: &Path) -> Result<()> {
-        let log = logs.join(format!("{name}.log"));
-        let out = fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(bin)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        self.tiers.push(Tier { name: name.to_owned(), child, log });
-        Ok(())
-    }
-
-    /// The first child that has exited, with how.
-    fn exited(&mut self) -> Option<(String, String, PathBuf)> {
-        self.tiers.iter_mut().find_map(|t| match t.child.try_wait() {
-            Ok(Some(status)) => Some((t.name.clone(), status.to_string(), t.log.clone())),
-            _ => None,
-        })
-    }
-
-    /// SIGTERM every child, newest first (frontend, workers, orchestrators), each group waited for before the next;
-    /// whatever is still running after `grace` is killed.
-    fn stop(&mut self, grace: Duration) {
-        for t in self.tiers.iter_mut().rev() {
-            if let Ok(None) = t.child.try_wait() {
-                let _ = Command::new("kill").args(["-TERM", &t.child.id().to_string()]).status();
-            }
-            let deadline = Instant::now() + grace;
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = t.child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            if let Ok(None) = t.child.try_wait() {
-                eprintln!("zl up: {} did not stop within {grace:?}; killing it", t.name);
-                let _ = t.child.kill();
-            }
-            let _ = t.child.wait();
-        }
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        for t in &mut self.tiers {
-            let _ = t.child.kill();
-            let _ = t.child.wait();
-        }
-    }
-}
-
 /// One HTTP/1.1 GET; the status code, if anything answered.
 fn http_status(addr: SocketAddr, path: &str, key: Option<&str>) -> Option<u16> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
@@ -164,12 +100,6 @@ fn http_status(addr: SocketAddr, path: &str, key: Option<&str>) -> Option<u16> {
     let mut head = [0u8; 16];
     s.read_exact(&mut head).ok()?;
     std::str::from_utf8(&head).ok()?.split(' ').nth(1)?.parse().ok()
-}
-
-fn tail(path: &Path, lines: usize) -> String {
-    let text = fs::read_to_string(path).unwrap_or_default();
-    let all: Vec<&str> = text.lines().collect();
-    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 async fn seed_key(admin: SocketAddr, tls: &Path, secret: &str) -> Result<()> {
@@ -233,7 +163,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
     }
     let tls_s = tls.to_string_lossy().into_owned();
 
-    let mut cluster = Cluster { tiers: Vec::new() };
+    let mut cluster = Children::default();
     let mut orchestrators = Vec::new();
     for i in 0..args.orchestrators {
         orchestrators.push((format!("orchestrator-{i}"), free_udp()?, free_tcp()?, free_tcp()?));
@@ -342,9 +272,13 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             cluster.stop(Duration::from_secs(30));
             return Ok(());
         }
-        if let Some((name, status, log)) = cluster.exited() {
+        let look = cluster.look(Instant::now());
+        for line in &look.said {
+            eprintln!("{line}");
+        }
+        if let Some(why) = look.give_up {
             cluster.stop(Duration::from_secs(10));
-            bail!("{name} exited during start-up ({status}); the end of {}:\n{}", log.display(), tail(&log, 20));
+            bail!("{why}");
         }
         if !seeded {
             match runtime.block_on(seed_key(orchestrators[0].2, &tls, &key)) {
@@ -386,18 +320,21 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         eprintln!();
     }
 
-    let state = serde_json::json!({
-        "http": format!("http://{}", args.http_addr),
-        "api_key": key,
-        "model": model_id,
-        "orchestrators": orchestrators.iter().map(|(n, q, a, m)| serde_json::json!({"name": n, "quic": q, "admin": a, "metrics": m})).collect::<Vec<_>>(),
-        "workers": workers.iter().map(|(n, q, m)| serde_json::json!({"name": n, "quic": q, "metrics": m})).collect::<Vec<_>>(),
-        "pids": cluster.tiers.iter().map(|t| serde_json::json!({"name": t.name, "pid": t.child.id()})).collect::<Vec<_>>(),
-        "tls_dir": tls,
-        "logs": logs,
-    });
     let state_path = data.join("cluster.json");
-    write_private(&state_path, &serde_json::to_string_pretty(&state)?)?;
+    let write_state = |cluster: &Children| -> Result<()> {
+        let state = serde_json::json!({
+            "http": format!("http://{}", args.http_addr),
+            "api_key": key,
+            "model": model_id,
+            "orchestrators": orchestrators.iter().map(|(n, q, a, m)| serde_json::json!({"name": n, "quic": q, "admin": a, "metrics": m})).collect::<Vec<_>>(),
+            "workers": workers.iter().map(|(n, q, m)| serde_json::json!({"name": n, "quic": q, "metrics": m})).collect::<Vec<_>>(),
+            "pids": cluster.pids().iter().map(|(name, pid)| serde_json::json!({"name": name, "pid": pid})).collect::<Vec<_>>(),
+            "tls_dir": tls,
+            "logs": logs,
+        });
+        write_private(&state_path, &serde_json::to_string_pretty(&state)?)
+    };
+    write_state(&cluster)?;
 
     let url = format!("http://{}", args.http_addr);
     println!(
@@ -422,28 +359,35 @@ messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}]).content[0].text)'\n\
     );
     let _ = std::io::stdout().flush();
 
-    // Run until Ctrl-C / SIGTERM or until a child dies.
-    let died = loop {
+    // Run until Ctrl-C / SIGTERM, restarting children that exit; stop only if one keeps failing to start.
+    let gave_up = loop {
         if stop_requested.load(std::sync::atomic::Ordering::SeqCst) {
             break None;
         }
-        if let Some(dead) = cluster.exited() {
-            break Some(dead);
+        let look = cluster.look(Instant::now());
+        for line in &look.said {
+            eprintln!("{line}");
         }
-        std::thread::sleep(Duration::from_millis(200));
+        if look.restarted {
+            write_state(&cluster)?;
+        }
+        if look.give_up.is_some() {
+            break look.give_up;
+        }
+        std::thread::sleep(Duration::from_millis(100));
     };
     let _ = fs::remove_file(&state_path);
-    match died {
+    match gave_up {
         None => {
             eprintln!("zl up: stopping the cluster");
             cluster.stop(Duration::from_secs(30));
             eprintln!("zl up: stopped");
             Ok(())
         }
-        Some((name, status, log)) => {
-            eprintln!("zl up: {name} exited ({status}); stopping the rest of the cluster");
+        Some(why) => {
+            eprintln!("zl up: {why}\nzl up: stopping the cluster");
             cluster.stop(Duration::from_secs(30));
-            bail!("{name} died; the end of {}:\n{}", log.display(), tail(&log, 20))
+            bail!("{why}")
         }
     }
 }

@@ -43,11 +43,13 @@ fn command_error(e: CommitError) -> WireError {
     err
 }
 
-/// A route error as the wire carries it: unknown models are `NotFound`, everything else `Overloaded` with a
-/// retry hint (the frontend answers 529 `overloaded_error` with `retry-after`).
+/// A route error as the wire carries it: unknown models are `NotFound`; a node still warming up is
+/// `Unavailable` (the frontend asks another orchestrator); everything else `Overloaded` with a retry hint (the
+/// frontend answers 529 `overloaded_error` with `retry-after`).
 pub fn route_error(e: &RouteError) -> WireError {
     match e {
         RouteError::UnknownModel(_) => WireError::new(ErrorCode::NotFound, e.to_string()),
+        RouteError::WarmingUp(_) => WireError::new(ErrorCode::Unavailable, e.to_string()),
         RouteError::NoWorker(_) | RouteError::Saturated(_) => {
             let mut err = WireError::new(ErrorCode::Overloaded, e.to_string());
             err.retry_after_ms = RETRY_AFTER_MS;

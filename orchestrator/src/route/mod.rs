@@ -103,6 +103,10 @@ pub enum RouteError {
     /// Every pool that may serve the request is saturated.
     #[error("every worker for {0:?} is at capacity")]
     Saturated(String),
+    /// No worker looks healthy to this orchestrator, but it started too recently to have heard from them all:
+    /// another orchestrator should answer.
+    #[error("this orchestrator has just started and has not heard from the workers serving {0:?} yet")]
+    WarmingUp(String),
 }
 
 /// Suggested client back-off when no route is found.
