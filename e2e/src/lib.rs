@@ -392,6 +392,16 @@ pub fn start_frontend_with(
     id: &str,
     orchestrators: &[std::net::SocketAddr],
 ) -> (Proc, std::net::SocketAddr) {
+    start_frontend_args(tls, id, orchestrators, &[])
+}
+
+/// [`start_frontend_with`] with more `serve` flags.
+pub fn start_frontend_args(
+    tls: &std::path::Path,
+    id: &str,
+    orchestrators: &[std::net::SocketAddr],
+    extra: &[&str],
+) -> (Proc, std::net::SocketAddr) {
     let http = free_tcp();
     let (h, o) = (http.to_string(), addr_list(orchestrators));
     let tls = tls.to_str().expect("a UTF-8 path");
@@ -408,7 +418,8 @@ pub fn start_frontend_with(
         "--sync-interval-ms",
         "200",
     ];
-    (Proc::spawn("zl-frontend", &args), http)
+    let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+    (Proc::spawn("zl-frontend", &all), http)
 }
 
 fn addr_list(addrs: &[std::net::SocketAddr]) -> String {

@@ -9,8 +9,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use zl_e2e::{
-    admin, certs, http, http_stream, metric_sum, metrics, request, signal, start_frontend, start_orchestrator,
-    start_worker,
+    admin, certs, http, http_stream, metric_sum, metrics, request, signal, start_frontend, start_frontend_args,
+    start_orchestrator, start_worker,
 };
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -188,4 +188,89 @@ fn a_worker_killed_under_load_costs_its_requests_seconds_and_new_requests_nothin
     );
     orch.proc.assert_running("zl-orchestrator");
     frontend.assert_running("zl-frontend");
+}
+
+/// The peak resident memory of a process, in MiB (`VmHWM`).
+fn peak_rss_mib(pid: u32) -> f64 {
+    proc_status_mib(pid, "VmHWM:")
+}
+
+/// A memory figure of `/proc/PID/status`, in MiB.
+fn proc_status_mib(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib / 1024.0
+}
+
+#[test]
+fn huge_prompts_are_refused_fast_in_bounded_memory_while_small_requests_flow() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), &[("orchestrator", "orch-0"), ("worker", "worker-a"), ("frontend", "fe-0"), ("admin", "ops")]);
+    let mut orch = start_orchestrator(dir.path(), "orch-0", &[]);
+    let _worker = start_worker(dir.path(), "worker-a", orch.quic);
+    // No operator byte limit: the context window's own byte bound must refuse them.
+    let (mut frontend, http_addr) = start_frontend_args(dir.path(), "fe-0", &[orch.quic], &["--max-prompt-bytes", "0"]);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let healthy = || metric_sum(&metrics(orch.metrics).unwrap_or_default(), "zl_workers{state=\"healthy\"}");
+    while healthy() < 1.0 {
+        orch.proc.assert_running("zl-orchestrator");
+        assert!(Instant::now() < deadline, "the worker never became healthy");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    admin(dir.path(), orch.admin, &["project", "p"]);
+    admin(dir.path(), orch.admin, &["keys", "create", "k", "--project", "p", "--secret", KEY]);
+    // A first small request loads the model card.
+    loop {
+        let r = request(http_addr, "POST", "/v1/messages", &[("x-api-key", KEY)], &body(4, false, 0.0, "Hi."));
+        if r.as_ref().map(|r| r.status) == Some(200) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the frontend never answered: {r:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let before = peak_rss_mib(frontend.0.id());
+
+    // Three 30 MB prompts at once (under the 32 MB body limit), while small requests keep coming.
+    let huge = std::sync::Arc::new(body(16, false, 0.0, &"All work and no play. ".repeat(30 * 1024 * 1024 / 22)));
+    assert!(huge.len() > 30 * 1024 * 1024 && huge.len() < 32 * 1024 * 1024);
+    let senders: Vec<_> = (0..3)
+        .map(|_| {
+            let huge = huge.clone();
+            std::thread::spawn(move || {
+                let sent = Instant::now();
+                let r = request(http_addr, "POST", "/v1/messages", &[("x-api-key", KEY)], &huge).unwrap();
+                (r, sent.elapsed())
+            })
+        })
+        .collect();
+    let mut small = Vec::new();
+    while !senders.iter().all(|s| s.is_finished()) {
+        let sent = Instant::now();
+        let (status, _) = http(http_addr, "GET", "/v1/models", &[("x-api-key", KEY)], "").unwrap();
+        assert_eq!(status, 200);
+        small.push(sent.elapsed());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for s in senders {
+        let (r, took) = s.join().unwrap();
+        assert_eq!(r.status, 400, "{}", r.body);
+        assert!(r.body.contains("prompt is too long") && r.body.contains("bytes of text cannot fit"), "{}", r.body);
+        assert!(took <= Duration::from_secs(2), "a huge prompt's 400 took {took:?}");
+    }
+    let slowest = small.iter().max().copied().unwrap_or_default();
+    assert!(slowest <= Duration::from_millis(500), "a small request took {slowest:?} beside the huge ones");
+    let peak = peak_rss_mib(frontend.0.id());
+    eprintln!(
+        "frontend peak RSS {before:.0} MiB before, {peak:.0} MiB after three 30 MB prompts; slowest small request {slowest:?}"
+    );
+    assert!(peak < 512.0, "the frontend's peak RSS reached {peak:.0} MiB");
+    frontend.assert_running("zl-frontend");
+    // And it still serves.
+    let r =
+        request(http_addr, "POST", "/v1/messages", &[("x-api-key", KEY)], &body(4, false, 0.0, "Hi again.")).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
 }
