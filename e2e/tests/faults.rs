@@ -273,4 +273,8 @@ fn huge_prompts_are_refused_fast_in_bounded_memory_while_small_requests_flow() {
     let r =
         request(http_addr, "POST", "/v1/messages", &[("x-api-key", KEY)], &body(4, false, 0.0, "Hi again.")).unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
+    // The bodies' memory is given back, not kept for the next burst.
+    let now = proc_status_mib(frontend.0.id(), "VmRSS:");
+    eprintln!("frontend RSS afterwards {now:.0} MiB");
+    assert!(now < before + 128.0, "the frontend kept {now:.0} MiB (it used {before:.0} MiB before)");
 }

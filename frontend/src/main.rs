@@ -153,6 +153,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    // Request bodies of up to 32 MB come and go: give their memory back when they go.
+    zl_node::memory::return_large_allocations();
     match zl_node::start::<Cli>()?.command {
         Command::Serve(args) => zl_node::block_on(serve(args)),
     }

@@ -1,8 +1,10 @@
 //! What every zerolayer tier binary (`zl-worker`, `zl-orchestrator`, `zl-frontend`) shares: TOML config files
 //! layered under flags and `ZL_*` variables, shutdown signals, loading a node's TLS identity from a directory
-//! written by `zl certs`, and the Prometheus endpoint.
+//! written by `zl certs`, the Prometheus endpoint, and the allocator setting that returns large buffers
+//! ([`memory`]).
 
 pub mod config;
+pub mod memory;
 
 use std::net::SocketAddr;
 use std::path::Path;
