@@ -204,13 +204,19 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     }
 
     // With three orchestrators, killing the Raft leader leaves the API serving throughout; it comes back too.
-    let listed = zl_e2e::admin_as(&data.join("tls"), "zl-up", admin_addr, &["members", "list"]);
-    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
-    let leader_id: usize = listed
-        .lines()
-        .find(|l| l.contains("leader"))
-        .and_then(|l| l.split_whitespace().next()?.parse().ok())
-        .unwrap_or_else(|| panic!("no leader in {listed}"));
+    // (A node may briefly not know the leader, e.g. after a pre-vote while the restarted worker loaded its model.)
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let leader_id: usize = loop {
+        let listed = zl_e2e::admin_as(&data.join("tls"), "zl-up", admin_addr, &["members", "list"]);
+        let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+        if let Some(id) =
+            listed.lines().find(|l| l.contains("leader")).and_then(|l| l.split_whitespace().next()?.parse().ok())
+        {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "no leader in {listed}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let leader = format!("orchestrator-{}", leader_id - 1);
     let leader_pid = pids(&read_state(&data)).into_iter().find(|(n, _)| *n == leader).unwrap().1;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
