@@ -110,6 +110,21 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     let state = wait_up(&data, http_addr, &mut up);
     let tiers = pids(&state);
     assert_eq!(tiers.len(), 6, "3 orchestrators, 2 workers, 1 frontend: {tiers:?}");
+    // A healthy fresh cluster shows no failed connections, though its processes started at once (a connection
+    // tried before its peer listened is `unreachable`, or `abandoned` on the server's side).
+    let mut scrapes: Vec<String> = ["orchestrators", "workers"]
+        .iter()
+        .flat_map(|tier| state[tier].as_array().unwrap().clone())
+        .map(|n| metrics(n["metrics"].as_str().unwrap().parse().unwrap()).unwrap())
+        .collect();
+    scrapes.push(http(http_addr, "GET", "/metrics", &[], "").unwrap().1);
+    for text in &scrapes {
+        for line in text.lines().filter(|l| l.starts_with("zl_rpc_connections_total")) {
+            for bad in ["\"failed\"", "\"tls_failed\"", "\"refused\"", "\"handshake_refused\""] {
+                assert!(!line.contains(bad), "a fresh cluster counts a failed connection: {line}");
+            }
+        }
+    }
     // The three orchestrators are one Raft group with a leader.
     let admin_addr = state["orchestrators"][2]["admin"].as_str().unwrap().parse().unwrap();
     let listed = zl_e2e::admin_as(&data.join("tls"), "zl-up", admin_addr, &["members", "list"]);

@@ -68,24 +68,38 @@ impl Client {
     }
 
     async fn connect(&self, peer: SocketAddr, role: Role) -> Result<Pooled, CallError> {
-        let fail = |reason: String| CallError::Connect { peer, reason };
+        // The metric's result: `unreachable` (nothing answered: the peer is down or not listening yet, as at a
+        // cluster's start), `tls_failed` (a certificate or TLS alert), `refused` (our handshake frame was refused),
+        // `failed` (anything else).
+        let fail = |label: &'static str, reason: String| (label, CallError::Connect { peer, reason });
         let attempt = async {
-            let connecting = self.endpoint.connect(peer, &role_name(role)).map_err(|e| fail(e.to_string()))?;
-            let conn = connecting.await.map_err(|e| fail(e.to_string()))?;
+            let connecting =
+                self.endpoint.connect(peer, &role_name(role)).map_err(|e| fail("failed", e.to_string()))?;
+            let conn = connecting.await.map_err(|e| {
+                let label = match &e {
+                    quinn::ConnectionError::TimedOut | quinn::ConnectionError::Reset => "unreachable",
+                    e if super::is_tls_failure(e) => "tls_failed",
+                    _ => "failed",
+                };
+                fail(label, e.to_string())
+            })?;
             match handshake::client(&conn, &self.identity, role, &self.settings).await {
                 Ok(info) => Ok(Pooled { conn, peer: info }),
                 Err(reason) => {
                     conn.close(codes::CLOSE_HANDSHAKE, b"handshake failed");
-                    Err(fail(reason))
+                    Err(fail("refused", reason))
                 }
             }
         };
-        let result = tokio::time::timeout(self.settings.connect_timeout, attempt)
-            .await
-            .unwrap_or_else(|_| Err(fail(format!("no answer within {:?}", self.settings.connect_timeout))));
-        let label = if result.is_ok() { "ok" } else { "failed" };
+        let result = tokio::time::timeout(self.settings.connect_timeout, attempt).await.unwrap_or_else(|_| {
+            Err(fail("unreachable", format!("no answer within {:?}", self.settings.connect_timeout)))
+        });
+        let label = match &result {
+            Ok(_) => "ok",
+            Err((label, _)) => label,
+        };
         metrics::counter!("zl_rpc_connections_total", "side" => "client", "result" => label).increment(1);
-        result
+        result.map_err(|(_, e)| e)
     }
 
     fn forget(&self, peer: SocketAddr, role: Role, conn: &quinn::Connection) {

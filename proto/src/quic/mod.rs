@@ -124,6 +124,17 @@ pub enum CallError {
     Encode(String),
 }
 
+/// Whether a connection failed in TLS (a certificate or protocol alert, raised by either end), not by timing out,
+/// being reset or being abandoned. QUIC carries TLS alerts as the crypto error codes 0x100 to 0x1ff.
+pub(crate) fn is_tls_failure(e: &quinn::ConnectionError) -> bool {
+    let crypto = |code: quinn_proto::TransportErrorCode| (0x100..0x200).contains(&u64::from(code));
+    match e {
+        quinn::ConnectionError::TransportError(t) => crypto(t.code),
+        quinn::ConnectionError::ConnectionClosed(c) => crypto(c.error_code),
+        _ => false,
+    }
+}
+
 impl CallError {
     /// The error code to report upstream for this failure.
     pub fn code(&self) -> ErrorCode {

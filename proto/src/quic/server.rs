@@ -143,18 +143,6 @@ async fn accept_loop<H: Handler>(endpoint: quinn::Endpoint, ctx: Arc<ServerCtx<H
     while connections.join_next().await.is_some() {}
 }
 
-/// Whether a failed incoming connection failed in TLS (a certificate or protocol alert), not by timing out or
-/// being abandoned by its client.
-fn is_tls_failure(e: &quinn::ConnectionError) -> bool {
-    // QUIC carries TLS alerts as the crypto error codes 0x100 to 0x1ff, whichever side raised them.
-    let crypto = |code: quinn_proto::TransportErrorCode| (0x100..0x200).contains(&u64::from(code));
-    match e {
-        quinn::ConnectionError::TransportError(t) => crypto(t.code),
-        quinn::ConnectionError::ConnectionClosed(c) => crypto(c.error_code),
-        _ => false,
-    }
-}
-
 async fn serve_connection<H: Handler>(incoming: quinn::Incoming, ctx: Arc<ServerCtx<H>>) {
     let settings = &ctx.settings;
     let conn = match tokio::time::timeout(settings.connect_timeout, incoming).await {
@@ -162,7 +150,7 @@ async fn serve_connection<H: Handler>(incoming: quinn::Incoming, ctx: Arc<Server
         Ok(Err(e)) => {
             // A TLS failure is a peer without a valid certificate; anything else (the client gave up or went away
             // mid-handshake, as one that retried before this server listened does) is not.
-            let result = if is_tls_failure(&e) { "tls_failed" } else { "abandoned" };
+            let result = if super::is_tls_failure(&e) { "tls_failed" } else { "abandoned" };
             metrics::counter!("zl_rpc_connections_total", "side" => "server", "result" => result).increment(1);
             tracing::info!(error = %e, result, "a connection did not complete");
             return;
