@@ -69,14 +69,30 @@ impl Drop for Proc {
     }
 }
 
-/// A free UDP port on 127.0.0.1 (for QUIC listeners).
-pub fn free_udp() -> std::net::SocketAddr {
-    std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("a free UDP port")
+/// A port the OS says is free that this test process has not handed out before. The port is released before the
+/// process under test binds it, so without the memory two calls in a row could return the same port (seen: a
+/// worker's metrics port equal to its orchestrator's, the second process then failing to start).
+fn fresh_port(bind: impl Fn() -> std::io::Result<std::net::SocketAddr>) -> std::net::SocketAddr {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    for _ in 0..1000 {
+        let addr = bind().expect("a free port on 127.0.0.1");
+        let mut given = zl_common::sync::lock(&GIVEN);
+        if !given.contains(&addr.port()) {
+            given.push(addr.port());
+            return addr;
+        }
+    }
+    panic!("no fresh port after 1000 tries");
 }
 
-/// A free TCP port on 127.0.0.1 (for HTTP listeners).
+/// A free UDP port on 127.0.0.1 (for QUIC listeners), never one handed out before in this process.
+pub fn free_udp() -> std::net::SocketAddr {
+    fresh_port(|| std::net::UdpSocket::bind("127.0.0.1:0")?.local_addr())
+}
+
+/// A free TCP port on 127.0.0.1 (for HTTP listeners), never one handed out before in this process.
 pub fn free_tcp() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|s| s.local_addr()).expect("a free TCP port")
+    fresh_port(|| std::net::TcpListener::bind("127.0.0.1:0")?.local_addr())
 }
 
 /// The body of `GET /metrics` from a Prometheus endpoint, or `None` if it is not up.

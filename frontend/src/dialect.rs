@@ -1,6 +1,6 @@
 //! What differs between the two generation APIs, as one small trait. The HTTP handler is written once over it
 //! (`http/generate.rs`: authentication, admission, routing, streaming, metrics and headers); each API's module
-//! implements it with its own request rules and response shapes ([`crate::anthropic`], [`crate::openai`]).
+//! implements it with its own request rules and response shapes (`anthropic.rs`, `openai.rs`).
 
 use serde_json::Value;
 

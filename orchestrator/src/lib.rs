@@ -3,8 +3,8 @@
 //!
 //! From the bottom up (no module depends on one above it):
 //! - [`hash`]: the stable hashes every node computes alike;
-//! - [`state`]: the replicated routing state, a deterministic command-driven state machine;
 //! - [`load`]: the soft load view (load reports, KV-cache events), never replicated;
+//! - [`state`]: the replicated routing state, a deterministic command-driven state machine;
 //! - [`route`]: route decisions as pure functions over both, with pluggable policies;
 //! - [`raft`]: the Raft group that replicates the state (storage, the pure replica, the async driver and its
 //!   transport);

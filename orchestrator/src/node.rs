@@ -1,5 +1,5 @@
 //! One orchestrator node: its replicated routing state with the Raft group that writes it, its soft load view and
-//! its routing policy. The RPC faces in [`crate::api`] call into it; it knows nothing of them.
+//! its routing policy. The RPC faces in `api/` call into it; it knows nothing of them.
 //!
 //! Writes become [`Command`]s committed to the routing state through [`Orchestrator::commit`], always through the
 //! orchestrators' Raft group ([`crate::raft`]). Soft reports go to the load view. Route decisions read both under

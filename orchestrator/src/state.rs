@@ -3,7 +3,7 @@
 //! Every change is a [`Command`], applied in log order by [`RoutingState::apply`]; the same commands in the same
 //! order give the same state on every orchestrator (no clocks, no randomness, no hash-map iteration order: maps
 //! are `BTreeMap`s). A rejected command leaves the state untouched but still advances the applied index, so
-//! every node rejects it identically. The Raft group ([`crate::raft`]) replicates exactly these commands and
+//! every node rejects it identically. The Raft group (`raft/`) replicates exactly these commands and
 //! snapshots exactly this state ([`RoutingState::snapshot`]).
 //!
 //! What is here is what every orchestrator must agree on: who may serve what, how model names resolve, keys and

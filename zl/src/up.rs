@@ -60,12 +60,25 @@ pub(crate) fn default_data_dir() -> PathBuf {
     }
 }
 
-fn free_udp() -> Result<SocketAddr> {
-    Ok(UdpSocket::bind("127.0.0.1:0")?.local_addr()?)
+/// A port the OS says is free and this run has not handed out yet: each probe releases its port before the child
+/// binds it, so two probes in a row can otherwise return the same port (two children then fight over it).
+fn fresh_port(given: &mut Vec<u16>, bind: impl Fn() -> std::io::Result<SocketAddr>) -> Result<SocketAddr> {
+    for _ in 0..1000 {
+        let addr = bind()?;
+        if !given.contains(&addr.port()) {
+            given.push(addr.port());
+            return Ok(addr);
+        }
+    }
+    bail!("no free port on 127.0.0.1 after 1000 tries")
 }
 
-fn free_tcp() -> Result<SocketAddr> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?)
+fn free_udp(given: &mut Vec<u16>) -> Result<SocketAddr> {
+    fresh_port(given, || UdpSocket::bind("127.0.0.1:0")?.local_addr())
+}
+
+fn free_tcp(given: &mut Vec<u16>) -> Result<SocketAddr> {
+    fresh_port(given, || TcpListener::bind("127.0.0.1:0")?.local_addr())
 }
 
 fn sibling(name: &str) -> Result<PathBuf> {
@@ -164,9 +177,16 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
     let tls_s = tls.to_string_lossy().into_owned();
 
     let mut cluster = Children::default();
+    // The API's own port is taken: no child may get it.
+    let mut ports = vec![args.http_addr.port()];
     let mut orchestrators = Vec::new();
     for i in 0..args.orchestrators {
-        orchestrators.push((format!("orchestrator-{i}"), free_udp()?, free_tcp()?, free_tcp()?));
+        orchestrators.push((
+            format!("orchestrator-{i}"),
+            free_udp(&mut ports)?,
+            free_tcp(&mut ports)?,
+            free_tcp(&mut ports)?,
+        ));
     }
     // One Raft group of them all, ids from 1. Its state starts empty each time: the CA and the key are new too.
     let peers = orchestrators.iter().enumerate().map(|(i, o)| format!("{}@{}", i + 1, o.2)).collect::<Vec<_>>();
@@ -201,7 +221,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
     let orch_list = orchestrators.iter().map(|o| o.1.to_string()).collect::<Vec<_>>().join(",");
     let mut workers = Vec::new();
     for i in 0..args.workers {
-        let (quic, metrics) = (free_udp()?, free_tcp()?);
+        let (quic, metrics) = (free_udp(&mut ports)?, free_tcp(&mut ports)?);
         let name = format!("worker-{i}");
         let mut argv: Vec<String> = [
             "serve",

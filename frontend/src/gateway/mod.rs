@@ -1,14 +1,16 @@
 //! One request's path through the frontend, independent of which API it came in on: authenticate, prepare
 //! (sanitise, render the chat template, tokenise, check the context), answer from the response cache, admit
 //! against rate limits, route, stream from the worker (retrying once on another worker if the first fails
-//! before its first token), and settle limits, cache and metrics when the generation ends.
+//! before its first token), and settle limits, cache and metrics when the generation ends (`generation.rs`).
+
+mod generation;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
-use zl_common::billing::{self, Signals};
+use zl_common::billing;
 use zl_proto::CallError;
 use zl_proto::message::{
     ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteHint, RouteRequest, SamplingParams,
@@ -18,10 +20,13 @@ use zl_text::ChatMessage;
 use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
 use crate::cluster::{Card, Cluster, KeyInfo};
 use crate::error::{ApiError, ErrorKind, Failure};
-use crate::limits::{KeyLimits, ProjectLimits, RateFigures, RateLimiter, Reservation};
+use crate::limits::{KeyLimits, ProjectLimits, RateFigures, RateLimiter};
 use crate::suspects::Suspects;
 use crate::upstream::{TokenSource, Upstream};
 use zl_common::sync::lock;
+
+pub use generation::Generation;
+use generation::{Live, Settle, Source};
 
 /// Frontend behaviour that does not come from the routing state.
 #[derive(Clone, Debug)]
@@ -629,150 +634,4 @@ fn billing_text(req: &GenRequest) -> String {
         text.push_str(&m.content);
     }
     text
-}
-
-/// Gives back a request's unused rate-limit reservation when it ends, however it ends.
-struct Settle {
-    gateway: Arc<Gateway>,
-    reservation: Option<Reservation>,
-    output_tokens: u32,
-}
-
-impl Drop for Settle {
-    fn drop(&mut self) {
-        if let Some(r) = self.reservation.take() {
-            lock(&self.gateway.limiter).settle(&r, self.output_tokens, Instant::now());
-        }
-    }
-}
-
-enum Source {
-    Replay(VecDeque<GenEvent>),
-    Worker(Box<dyn TokenSource>),
-}
-
-struct Live {
-    /// The worker streaming the answer.
-    worker: NodeId,
-    model: String,
-    first: Option<Message>,
-    /// The text so far, and (for a cacheable answer) where each delta ended in it.
-    output: String,
-    delta_ends: Option<Vec<usize>>,
-    billing_input: String,
-    cache_key: Option<[u8; 32]>,
-    started: Instant,
-    last_token: Option<Instant>,
-    output_tokens: u32,
-}
-
-impl Live {
-    /// The deltas as the worker sent them (for the cache).
-    fn deltas(&self) -> Vec<String> {
-        let ends = self.delta_ends.as_deref().unwrap_or_default();
-        let starts = std::iter::once(0).chain(ends.iter().copied());
-        starts.zip(ends).map(|(a, &b)| self.output[a..b].to_owned()).collect()
-    }
-}
-
-/// A running generation. Dropping it (the client went away) cancels the worker's sequence.
-pub struct Generation {
-    source: Source,
-    settle: Settle,
-    live: Option<Live>,
-}
-
-impl std::fmt::Debug for Generation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Generation").finish_non_exhaustive()
-    }
-}
-
-impl Generation {
-    /// The next event; `None` after the finish. An error ends the generation.
-    pub async fn next(&mut self) -> Option<Result<GenEvent, ApiError>> {
-        let msg = match &mut self.source {
-            Source::Replay(events) => {
-                let ev = events.pop_front()?;
-                if let GenEvent::Finish(f) = &ev {
-                    self.settle.output_tokens = f.output_tokens;
-                }
-                return Some(Ok(ev));
-            }
-            Source::Worker(source) => {
-                let live = self.live.as_mut()?;
-                match live.first.take() {
-                    Some(first) => Ok(first),
-                    None => match source.next().await {
-                        Some(r) => r,
-                        None => return None,
-                    },
-                }
-            }
-        };
-        let live = self.live.as_mut()?;
-        match msg {
-            Ok(Message::TokenChunk(chunk)) => {
-                let now = Instant::now();
-                let n = chunk.token_ids.len() as u32;
-                match live.last_token {
-                    None => metrics::histogram!("zl_frontend_ttft_seconds", "model" => live.model.clone())
-                        .record(now.duration_since(live.started).as_secs_f64()),
-                    Some(prev) if n > 0 => {
-                        metrics::histogram!("zl_frontend_itl_seconds", "model" => live.model.clone())
-                            .record(now.duration_since(prev).as_secs_f64() / f64::from(n))
-                    }
-                    Some(_) => {}
-                }
-                live.last_token = Some(now);
-                live.output_tokens += n;
-                self.settle.output_tokens = live.output_tokens;
-                live.output.push_str(&chunk.text_delta);
-                if let Some(ends) = live.delta_ends.as_mut() {
-                    ends.push(live.output.len());
-                }
-                Some(Ok(GenEvent::Delta(chunk.text_delta)))
-            }
-            Ok(Message::Finish(f)) => {
-                let signals = Signals::measure(&live.billing_input, &live.output);
-                let unit = billing::billing_unit(&self.settle.gateway.cluster.billing_weights(), &signals);
-                let finish = FinishInfo {
-                    stop_reason: f.stop_reason,
-                    stop_sequence: f.stop_sequence,
-                    input_tokens: f.usage.input_tokens,
-                    output_tokens: f.usage.output_tokens,
-                    cached_input_tokens: f.usage.cached_input_tokens,
-                    billing_unit: unit,
-                };
-                self.settle.output_tokens = f.usage.output_tokens;
-                metrics::counter!("zl_frontend_output_tokens_total", "model" => live.model.clone())
-                    .increment(u64::from(f.usage.output_tokens));
-                metrics::histogram!("zl_frontend_billing_unit").record(f64::from(unit));
-                self.settle.gateway.finish_live(live, &finish);
-                self.live = None;
-                Some(Ok(GenEvent::Finish(finish)))
-            }
-            Ok(other) => {
-                self.live = None;
-                Some(Err(ApiError::internal(format!("the worker sent an unexpected {} frame", other.kind()))))
-            }
-            Err(e) => {
-                self.settle.gateway.note_failure(&live.worker, &e);
-                self.live = None;
-                Some(Err(ApiError::from_call(&e, "the worker failed during the generation")))
-            }
-        }
-    }
-
-    /// Every event until the end: the text, and the finish (or the error that ended it).
-    pub async fn collect(mut self) -> Result<(String, FinishInfo), ApiError> {
-        let mut text = String::new();
-        while let Some(ev) = self.next().await {
-            match ev? {
-                GenEvent::Delta(d) => text.push_str(&d),
-                GenEvent::Finish(f) => return Ok((text, f)),
-            }
-        }
-        Err(ApiError::internal("the generation ended without a finish"))
-    }
 }
