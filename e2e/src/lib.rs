@@ -458,3 +458,51 @@ pub fn admin(tls: &std::path::Path, admin: std::net::SocketAddr, args: &[&str]) 
     assert!(out.status.success(), "zl admin {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// A small cluster of real processes on 127.0.0.1: one orchestrator, some workers and one frontend, with the API
+/// key `key` of a project `p`, ready to serve (every worker healthy, the key accepted).
+#[derive(Debug)]
+pub struct SmallCluster {
+    /// The orchestrator.
+    pub orch: OrchestratorProc,
+    /// The workers, in the order named (`None` once a test took one away).
+    pub workers: Vec<Option<WorkerProc>>,
+    /// The frontend.
+    pub frontend: Proc,
+    /// The frontend's HTTP address.
+    pub http: std::net::SocketAddr,
+}
+
+/// Issue certificates into `tls` and start a [`SmallCluster`] with workers `worker_ids`, extra `serve` flags for the
+/// orchestrator and the frontend; waits (bounded) until it serves.
+pub fn small_cluster(
+    tls: &std::path::Path,
+    worker_ids: &[&str],
+    orchestrator_args: &[&str],
+    frontend_args: &[&str],
+    key: &str,
+) -> SmallCluster {
+    let mut nodes = vec![("orchestrator", "orch-0"), ("frontend", "fe-0"), ("admin", "ops")];
+    nodes.extend(worker_ids.iter().map(|id| ("worker", *id)));
+    certs(tls, &nodes);
+    let mut orch = start_orchestrator(tls, "orch-0", orchestrator_args);
+    let workers = worker_ids.iter().map(|id| Some(start_worker(tls, id, orch.quic))).collect();
+    let (mut frontend, http_addr) = start_frontend_args(tls, "fe-0", &[orch.quic], frontend_args);
+    let healthy = |orch: &OrchestratorProc| {
+        metric_sum(&metrics(orch.metrics).unwrap_or_default(), "zl_workers{state=\"healthy\"}")
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    while healthy(&orch) < worker_ids.len() as f64 {
+        orch.proc.assert_running("zl-orchestrator");
+        frontend.assert_running("zl-frontend");
+        assert!(std::time::Instant::now() < deadline, "the workers never all became healthy");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+    admin(tls, orch.admin, &["project", "p"]);
+    admin(tls, orch.admin, &["keys", "create", "k", "--project", "p", "--secret", key]);
+    while http(http_addr, "GET", "/v1/models", &[("x-api-key", key)], "").map(|r| r.0) != Some(200) {
+        assert!(std::time::Instant::now() < deadline, "the frontend never accepted the key");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    SmallCluster { orch, workers, frontend, http: http_addr }
+}

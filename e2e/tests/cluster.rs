@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use zl_e2e::{
-    admin, alive, bin, certs, free_tcp, http, http_stream, metric_sum, metrics, request, signal, start_frontend,
-    start_orchestrator, start_worker, start_worker_at,
+    SmallCluster, alive, bin, free_tcp, http, http_stream, metric_sum, metrics, request, signal, small_cluster,
+    start_worker_at,
 };
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -296,36 +296,12 @@ fn wait_restarted(data: &std::path::Path, name: &str, old: u32) -> u32 {
 #[test]
 fn a_worker_killed_mid_stream_fails_cleanly_and_the_cluster_recovers_when_it_returns() {
     let dir = tempfile::tempdir().unwrap();
-    certs(
-        dir.path(),
-        &[
-            ("orchestrator", "orch-0"),
-            ("worker", "worker-a"),
-            ("worker", "worker-b"),
-            ("frontend", "fe-0"),
-            ("admin", "ops"),
-        ],
-    );
-    let mut orch = start_orchestrator(dir.path(), "orch-0", &["--heartbeat-timeout-ms", "1500"]);
     let ids = ["worker-a", "worker-b"];
-    let mut workers = ids.map(|id| Some(start_worker(dir.path(), id, orch.quic)));
-    let addrs = workers.each_ref().map(|w| w.as_ref().map(|w| (w.quic, w.metrics)).unwrap());
-    let (mut frontend, http_addr) = start_frontend(dir.path(), "fe-0", orch.quic);
+    let SmallCluster { mut orch, mut workers, mut frontend, http: http_addr } =
+        small_cluster(dir.path(), &ids, &["--heartbeat-timeout-ms", "1500"], &[], KEY);
+    let addrs: Vec<_> = workers.iter().map(|w| w.as_ref().map(|w| (w.quic, w.metrics)).unwrap()).collect();
     let orch_metrics = orch.metrics;
     let healthy = || metric_sum(&metrics(orch_metrics).unwrap_or_default(), "zl_workers{state=\"healthy\"}");
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while healthy() < 2.0 {
-        orch.proc.assert_running("zl-orchestrator");
-        frontend.assert_running("zl-frontend");
-        assert!(Instant::now() < deadline, "the cluster never had two healthy workers");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    admin(dir.path(), orch.admin, &["project", "p"]);
-    admin(dir.path(), orch.admin, &["keys", "create", "k", "--project", "p", "--secret", KEY]);
-    while http(http_addr, "GET", "/v1/models", &[("x-api-key", KEY)], "").map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "the frontend never accepted the key");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 
     // Kill the worker serving a stream, mid-stream: the client gets an `error` event, not a hang or a torn body.
     let mut stream = http_stream(

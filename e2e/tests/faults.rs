@@ -8,10 +8,7 @@ use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use zl_e2e::{
-    admin, certs, http, http_stream, metric_sum, metrics, request, signal, start_frontend, start_frontend_args,
-    start_orchestrator, start_worker,
-};
+use zl_e2e::{SmallCluster, http, http_stream, metric_sum, request, signal, small_cluster};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const KEY: &str = "sk-zl-e2e-faults-0123456789";
@@ -51,36 +48,10 @@ struct StreamEnd {
 #[test]
 fn a_worker_killed_under_load_costs_its_requests_seconds_and_new_requests_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    certs(
-        dir.path(),
-        &[
-            ("orchestrator", "orch-0"),
-            ("worker", "worker-a"),
-            ("worker", "worker-b"),
-            ("frontend", "fe-0"),
-            ("admin", "ops"),
-        ],
-    );
     // The orchestrator's default heartbeat timeout (1 s) is part of what is tested.
-    let mut orch = start_orchestrator(dir.path(), "orch-0", &[]);
     let ids = ["worker-a", "worker-b"];
-    let mut workers = ids.map(|id| Some(start_worker(dir.path(), id, orch.quic)));
-    let (mut frontend, http_addr) = start_frontend(dir.path(), "fe-0", orch.quic);
-    let orch_metrics = orch.metrics;
-    let healthy = || metric_sum(&metrics(orch_metrics).unwrap_or_default(), "zl_workers{state=\"healthy\"}");
-    let deadline = Instant::now() + Duration::from_secs(240);
-    while healthy() < 2.0 {
-        orch.proc.assert_running("zl-orchestrator");
-        frontend.assert_running("zl-frontend");
-        assert!(Instant::now() < deadline, "the cluster never had two healthy workers");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    admin(dir.path(), orch.admin, &["project", "p"]);
-    admin(dir.path(), orch.admin, &["keys", "create", "k", "--project", "p", "--secret", KEY]);
-    while http(http_addr, "GET", "/v1/models", &[("x-api-key", KEY)], "").map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "the frontend never accepted the key");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let SmallCluster { mut orch, mut workers, mut frontend, http: http_addr } =
+        small_cluster(dir.path(), &ids, &[], &[], KEY);
 
     // Load: six long streams, each told apart by its prompt so the policy spreads them. Each thread reports its
     // worker once text flows, then how its body ended.
@@ -209,20 +180,11 @@ fn proc_status_mib(pid: u32, field: &str) -> f64 {
 #[test]
 fn huge_prompts_are_refused_fast_in_bounded_memory_while_small_requests_flow() {
     let dir = tempfile::tempdir().unwrap();
-    certs(dir.path(), &[("orchestrator", "orch-0"), ("worker", "worker-a"), ("frontend", "fe-0"), ("admin", "ops")]);
-    let mut orch = start_orchestrator(dir.path(), "orch-0", &[]);
-    let _worker = start_worker(dir.path(), "worker-a", orch.quic);
     // No operator byte limit: the context window's own byte bound must refuse them.
-    let (mut frontend, http_addr) = start_frontend_args(dir.path(), "fe-0", &[orch.quic], &["--max-prompt-bytes", "0"]);
-    let deadline = Instant::now() + Duration::from_secs(240);
-    let healthy = || metric_sum(&metrics(orch.metrics).unwrap_or_default(), "zl_workers{state=\"healthy\"}");
-    while healthy() < 1.0 {
-        orch.proc.assert_running("zl-orchestrator");
-        assert!(Instant::now() < deadline, "the worker never became healthy");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    admin(dir.path(), orch.admin, &["project", "p"]);
-    admin(dir.path(), orch.admin, &["keys", "create", "k", "--project", "p", "--secret", KEY]);
+    // (Bound whole: a field left out of a pattern would drop, and stop, its process at once.)
+    let SmallCluster { orch: _orch, workers: _workers, mut frontend, http: http_addr } =
+        small_cluster(dir.path(), &["worker-a"], &[], &["--max-prompt-bytes", "0"], KEY);
+    let deadline = Instant::now() + Duration::from_secs(60);
     // A first small request loads the model card.
     loop {
         let r = request(http_addr, "POST", "/v1/messages", &[("x-api-key", KEY)], &body(4, false, 0.0, "Hi."));

@@ -159,7 +159,10 @@ impl ApiError {
             ErrorCode::NotFound => ErrorKind::NotFound,
             ErrorCode::InvalidRequest | ErrorCode::ContextLengthExceeded => ErrorKind::InvalidRequest,
             ErrorCode::PermissionDenied => ErrorKind::Permission,
-            ErrorCode::Overloaded | ErrorCode::Unavailable | ErrorCode::NoQuorum => ErrorKind::Overloaded,
+            // No answer in time is a tier that is down or swamped: retry later, as docs/api.md promises (529).
+            ErrorCode::Overloaded | ErrorCode::Unavailable | ErrorCode::NoQuorum | ErrorCode::DeadlineExceeded => {
+                ErrorKind::Overloaded
+            }
             _ => ErrorKind::Api,
         };
         let mut err = ApiError::new(kind, message);
@@ -209,5 +212,16 @@ mod tests {
             r#"{"error":{"code":null,"message":"max_tokens: must be at least 1","param":"max_tokens","type":"invalid_request_error"}}"#
         );
         assert_eq!(ErrorKind::Overloaded.status().as_u16(), 529);
+    }
+
+    #[test]
+    fn unreachable_tiers_are_a_529_with_retry_after() {
+        for e in [
+            CallError::deadline_exceeded("orchestrators"),
+            CallError::Connect { peer: ([127, 0, 0, 1], 1).into(), reason: "refused".into() },
+        ] {
+            let api = ApiError::from_call(&e, "routing");
+            assert_eq!((api.kind, api.retry_after_s), (ErrorKind::Overloaded, Some(1)), "{e}");
+        }
     }
 }

@@ -114,6 +114,20 @@ impl std::fmt::Debug for TextTokenizer {
 const END_OF_TURN: [&str; 5] = ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<|end|>"];
 
 impl TextTokenizer {
+    /// The one place a tokenizer is put together: every constructor ends here, so derived facts (the longest
+    /// token) are computed alike.
+    fn assemble(
+        inner: Tokenizer,
+        stop_ids: Vec<u32>,
+        template: String,
+        compiled: Result<minijinja::Environment<'static>, String>,
+        bos: String,
+        eos: String,
+    ) -> TextTokenizer {
+        let max_token_bytes = longest_token(&inner);
+        TextTokenizer { inner, stop_ids, template, compiled: Arc::new(compiled), bos, eos, max_token_bytes }
+    }
+
     /// Rebuild a byte-level BPE tokenizer from GGUF metadata.
     pub fn from_gguf(vocab: &GgufVocab) -> Result<TextTokenizer, TokenizerError> {
         if vocab.model != "gpt2" {
@@ -167,16 +181,8 @@ impl TextTokenizer {
         stop_ids.sort_unstable();
         stop_ids.dedup();
         let template = vocab.chat_template.clone().unwrap_or_else(|| CHATML_TEMPLATE.to_owned());
-        let max_token_bytes = longest_token(&inner);
-        Ok(TextTokenizer {
-            inner,
-            stop_ids,
-            compiled: Arc::new(compile(&template)),
-            template,
-            bos: String::new(),
-            eos,
-            max_token_bytes,
-        })
+        let compiled = compile(&template);
+        Ok(TextTokenizer::assemble(inner, stop_ids, template, compiled, String::new(), eos))
     }
 
     /// Load a Hugging Face `tokenizer.json`, with the chat template and special tokens of `tokenizer_config.json`
@@ -206,16 +212,8 @@ impl TextTokenizer {
             _ => CHATML_TEMPLATE.to_owned(),
         };
         let bos = token_str("bos_token").unwrap_or_default();
-        let max_token_bytes = longest_token(&inner);
-        Ok(TextTokenizer {
-            inner,
-            stop_ids,
-            compiled: Arc::new(compile(&template)),
-            template,
-            bos,
-            eos,
-            max_token_bytes,
-        })
+        let compiled = compile(&template);
+        Ok(TextTokenizer::assemble(inner, stop_ids, template, compiled, bos, eos))
     }
 
     /// This tokenizer in portable form.
@@ -234,15 +232,14 @@ impl TextTokenizer {
         let inner = Tokenizer::from_bytes(parts.tokenizer_json.as_bytes())
             .map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
         let compiled = compile(&parts.chat_template).map_err(TokenizerError::Template)?;
-        Ok(TextTokenizer {
-            max_token_bytes: longest_token(&inner),
+        Ok(TextTokenizer::assemble(
             inner,
-            stop_ids: parts.stop_ids.clone(),
-            template: parts.chat_template.clone(),
-            compiled: Arc::new(Ok(compiled)),
-            bos: parts.bos.clone(),
-            eos: parts.eos.clone(),
-        })
+            parts.stop_ids.clone(),
+            parts.chat_template.clone(),
+            Ok(compiled),
+            parts.bos.clone(),
+            parts.eos.clone(),
+        ))
     }
 
     /// Token ids of `text`; special-token markers in it are matched as special tokens.
