@@ -218,6 +218,22 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         .map(str::to_owned);
         cluster.spawn(name, &orchestrator_bin, &argv, &logs)?;
     }
+    // Workers and the frontend start once the orchestrators listen (their admin port opens after their QUIC one),
+    // so a fresh cluster's first calls find them up instead of counting failed connections and fail-overs.
+    let listening_by = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < listening_by
+        && !orchestrators.iter().all(|o| TcpStream::connect_timeout(&o.2, Duration::from_millis(200)).is_ok())
+    {
+        let look = cluster.look(Instant::now());
+        for line in &look.said {
+            eprintln!("{line}");
+        }
+        if let Some(why) = look.give_up {
+            cluster.stop(Duration::from_secs(10));
+            bail!("{why}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let orch_list = orchestrators.iter().map(|o| o.1.to_string()).collect::<Vec<_>>().join(",");
     let mut workers = Vec::new();
     for i in 0..args.workers {
