@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 
 use zl_common::billing::BillingWeights;
 use zl_common::keys::hex;
+use zl_common::sync::{lock, read, write};
 use zl_proto::message::{ModelInfo, ProjectQuota, RouteRequest, StateSync};
 use zl_text::{TextTokenizer, TokenizerParts};
 
 use crate::error::{ApiError, ErrorKind};
 use crate::upstream::Upstream;
-use zl_common::sync::{lock, read, write};
 
 /// An authenticated caller.
 #[derive(Clone, Debug, PartialEq, Eq)]

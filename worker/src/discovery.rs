@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use zl_common::sync::lock;
 use zl_proto::message::{
     DeregisterWorker, ErrorCode, KvCacheEvents, LoadReport, Message, NodeId, RegisterWorker, Role,
 };
@@ -22,7 +23,6 @@ use zl_proto::quic::{CallError, Client};
 
 use crate::engine::{EngineHandle, Published};
 use crate::kv::pool::KvEvent;
-use zl_common::sync::lock;
 
 /// Where a worker announces itself.
 pub trait Discovery: Send + Sync + 'static {

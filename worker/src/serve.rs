@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use zl_common::sync::lock;
 use zl_proto::message::{
     ErrorCode, Finish, GenerateRequest, Message, ModelCard, Prompt, StopReason, TokenChunk, Usage, WireError,
 };
@@ -14,7 +15,6 @@ use zl_proto::quic::{CallContext, Handler, Responder};
 use crate::engine::{EngineHandle, Event, Request, RequestError};
 use crate::model::tokenizer::TextTokenizer;
 use crate::sampling::Sampling;
-use zl_common::sync::lock;
 
 /// One model this worker serves.
 #[derive(Clone, Debug)]

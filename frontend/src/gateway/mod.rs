@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 use zl_common::billing;
+use zl_common::sync::lock;
 use zl_proto::CallError;
 use zl_proto::message::{
     ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteHint, RouteRequest, SamplingParams,
@@ -23,7 +24,6 @@ use crate::error::{ApiError, ErrorKind, Failure};
 use crate::limits::{KeyLimits, ProjectLimits, RateFigures, RateLimiter};
 use crate::suspects::Suspects;
 use crate::upstream::{TokenSource, Upstream};
-use zl_common::sync::lock;
 
 pub use generation::Generation;
 use generation::{Live, Settle, Source};

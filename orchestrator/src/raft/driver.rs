@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use raft::eraftpb::{Message, MessageType};
 use tokio::sync::{mpsc, oneshot, watch};
+use zl_common::sync::read;
 use zl_proto::message::Role;
 
 use super::pb::ProposeRequest;
@@ -22,7 +23,6 @@ use super::pb::raft_peer_client::RaftPeerClient;
 use super::replica::{ConsensusError, ProposeError, Replica, ReplicaConfig, SharedState};
 use super::transport::{Dialer, Transport, spawn_peer};
 use crate::state::{Command, CommandError};
-use zl_common::sync::read;
 
 /// How long a write waits for a majority before it fails.
 pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -22,10 +22,10 @@ use raft::eraftpb::{
 use raft::{Config, GetEntriesContext, RaftState, RawNode, StateRole, Storage};
 
 use std::sync::{Arc, RwLock};
+use zl_common::sync::{read, write};
 
 use super::storage::{DiskStorage, HardState, LogEntry, Snapshot, StorageError};
 use crate::state::{Command, CommandError, RoutingState};
-use zl_common::sync::{read, write};
 
 /// Largest raft-rs message accepted from a peer, in bytes (protobuf 2.28 parses recursively: keep inputs bounded,
 /// and accept them only from authenticated peers).

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use raft::eraftpb::{Message, MessageType};
 use tokio::sync::mpsc;
+use zl_common::sync::write;
 use zl_proto::message::Role;
 
 use super::driver::{COMMIT_TIMEOUT, CommitError, Group, Input, PEER_QUEUE, command_status};
@@ -18,7 +19,6 @@ use super::pb::raft_peer_server::{RaftPeer, RaftPeerServer};
 use super::pb::{ProposeReply, ProposeRequest, RaftAck, RaftBatch};
 use super::replica::{MAX_MESSAGE_BYTES, decode_message};
 use crate::state::Command;
-use zl_common::sync::write;
 
 /// Messages sent to a peer in one call, at most.
 const PEER_BATCH: usize = 256;

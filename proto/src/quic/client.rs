@@ -5,13 +5,13 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use zl_common::sync::lock;
 
 use super::io::{FrameReader, FrameWriter, ReadFailure, WriteFailure, codes};
 use super::{CallError, PeerInfo, RpcError, RpcSettings, client_socket, endpoint_config, handshake, quinn_runtime};
 use crate::call::{CallState, Delivery};
 use crate::message::{Cancel, Message, Role};
 use crate::tls::{TlsIdentity, role_name};
-use zl_common::sync::lock;
 
 #[derive(Clone)]
 struct Pooled {

@@ -10,11 +10,11 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Instant;
 
 use tokio::sync::mpsc as tokio_mpsc;
+use zl_common::sync::lock;
 
 use super::state::{EngineCore, EngineStats, Event, Request, RequestError};
 use crate::kv::pool::KvEvent;
 use crate::scheduler::SeqId;
-use zl_common::sync::lock;
 
 enum Command {
     Generate {
