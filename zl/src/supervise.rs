@@ -74,15 +74,11 @@ struct Supervised {
     restarts: Restarts,
     /// When an exited child is due to start again.
     due: Option<Instant>,
-    /// Times it was restarted.
-    restarted: u32,
 }
 
-/// What happened to the children in one look.
+/// What happened to the children in one look (exits and restarts are reported on stderr as they are seen).
 #[derive(Debug, Default)]
 pub(crate) struct Look {
-    /// Lines for the operator: exits (with the end of the log) and restarts.
-    pub(crate) said: Vec<String>,
     /// Some child has a new pid.
     pub(crate) restarted: bool,
     /// A child keeps failing to start: why the cluster must stop.
@@ -131,7 +127,6 @@ impl Children {
             child,
             restarts: Restarts::new(Instant::now()),
             due: None,
-            restarted: 0,
         });
         Ok(())
     }
@@ -158,9 +153,8 @@ impl Children {
                     Ok(child) => {
                         c.child = child;
                         c.restarts.restarted(now);
-                        c.restarted += 1;
                         look.restarted = true;
-                        look.said.push(format!("zl up: {} restarted (pid {})", c.name, c.child.id()));
+                        eprintln!("zl up: {} restarted (pid {})", c.name, c.child.id());
                     }
                     Err(e) => {
                         look.give_up = Some(format!("{} could not be started again: {e:#}", c.name));
@@ -173,11 +167,11 @@ impl Children {
             match c.restarts.exited(now) {
                 Verdict::RestartIn(delay) => {
                     c.due = Some(now + delay);
-                    look.said.push(format!(
+                    eprintln!(
                         "zl up: {} exited ({status}); restarting it in {delay:?}. The end of {}:\n{end}",
                         c.name,
                         c.log.display()
-                    ));
+                    );
                 }
                 Verdict::GiveUp(times) => {
                     look.give_up = Some(format!(

@@ -115,6 +115,15 @@ fn http_status(addr: SocketAddr, path: &str, key: Option<&str>) -> Option<u16> {
     std::str::from_utf8(&head).ok()?.split(' ').nth(1)?.parse().ok()
 }
 
+/// During start-up: look after the children; a child that keeps failing to start ends the start, with why.
+fn still_starting(cluster: &mut Children) -> Result<()> {
+    if let Some(why) = cluster.look(Instant::now()).give_up {
+        cluster.stop(Duration::from_secs(10));
+        bail!("{why}");
+    }
+    Ok(())
+}
+
 async fn seed_key(admin: SocketAddr, tls: &Path, secret: &str) -> Result<()> {
     let channel = zl_admin::connect(admin, tls, "zl-up").await?;
     let mut c = AdminClient::new(channel);
@@ -224,14 +233,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
     while Instant::now() < listening_by
         && !orchestrators.iter().all(|o| TcpStream::connect_timeout(&o.2, Duration::from_millis(200)).is_ok())
     {
-        let look = cluster.look(Instant::now());
-        for line in &look.said {
-            eprintln!("{line}");
-        }
-        if let Some(why) = look.give_up {
-            cluster.stop(Duration::from_secs(10));
-            bail!("{why}");
-        }
+        still_starting(&mut cluster)?;
         std::thread::sleep(Duration::from_millis(50));
     }
     let orch_list = orchestrators.iter().map(|o| o.1.to_string()).collect::<Vec<_>>().join(",");
@@ -308,14 +310,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             cluster.stop(Duration::from_secs(30));
             return Ok(());
         }
-        let look = cluster.look(Instant::now());
-        for line in &look.said {
-            eprintln!("{line}");
-        }
-        if let Some(why) = look.give_up {
-            cluster.stop(Duration::from_secs(10));
-            bail!("{why}");
-        }
+        still_starting(&mut cluster)?;
         if !seeded {
             match runtime.block_on(seed_key(orchestrators[0].2, &tls, &key)) {
                 Ok(()) => seeded = true,
@@ -401,9 +396,6 @@ messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}]).content[0].text)'\n\
             break None;
         }
         let look = cluster.look(Instant::now());
-        for line in &look.said {
-            eprintln!("{line}");
-        }
         if look.restarted {
             write_state(&cluster)?;
         }
