@@ -5,10 +5,12 @@
 //! [`sampling`] (seeded, batch-invariant token choice) and [`stop`] (stop sequences across token boundaries).
 //! [`model`] loads weights (GGUF, safetensors) and runs the forward pass on the CPU kernels; [`engine`] is the
 //! actor that owns a model, its KV cache and the scheduler and steps them; [`serve`] is the QUIC face;
-//! [`discovery`] registers with the orchestrators; [`fetch`] brings the bundled default model.
+//! [`discovery`] registers with the orchestrators; [`fetch`] brings the bundled default model; [`eval`] measures
+//! perplexity.
 
 pub mod discovery;
 pub mod engine;
+pub mod eval;
 pub mod fetch;
 pub mod kv;
 pub mod model;

@@ -1,6 +1,7 @@
 //! `zl-worker`: serves models over zerolayer's RPC, fetches the default model, and benchmarks the engine.
 
 mod bench;
+mod perplexity;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -35,6 +36,8 @@ enum Command {
     FetchDefaultModel,
     /// Measure prefill and decode throughput at several concurrency levels.
     Bench(bench::BenchArgs),
+    /// Measure quality: `--perplexity FILE` scores a text (`--float` adds the float reference path).
+    Eval(perplexity::EvalArgs),
 }
 
 /// Model and engine settings shared by `serve` and `bench`.
@@ -260,6 +263,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Bench(args) => bench::run(&args),
+        Command::Eval(args) => perplexity::run(&args),
         Command::Serve(args) => zl_node::block_on(serve(args)),
     }
 }

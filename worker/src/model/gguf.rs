@@ -12,7 +12,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use super::kernels::Weight;
 use super::llama::{Llama, LlamaConfig};
 use super::tokenizer::{GgufVocab, TextTokenizer};
-use super::{LayerNames, LoadError, LoadedModel, TensorSource, load_layers};
+use super::{LayerNames, LoadError, LoadedModel, Precision, TensorSource, load_layers};
 
 fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value, LoadError> {
     content.metadata.get(key).ok_or_else(|| LoadError::Format(format!("GGUF metadata {key} is missing")))
@@ -74,6 +74,8 @@ pub fn vocab(content: &Content) -> Result<GgufVocab, LoadError> {
 struct Reader<'a> {
     content: &'a Content,
     file: BufReader<File>,
+    /// Dequantize every matrix to f32 (the float reference path).
+    float: bool,
 }
 
 impl Reader<'_> {
@@ -109,6 +111,7 @@ impl TensorSource for Reader<'_> {
         let bad = |e: super::kernels::WeightError| LoadError::Format(format!("{name}: {e}"));
         let data = || t.data().map_err(|e| LoadError::Format(format!("{name}: {e}")));
         match t.dtype() {
+            _ if self.float => Weight::from_f32(rows, cols, Self::dequantized(&t, name)?).map_err(bad),
             GgmlDType::Q4_1 => Weight::from_q4_1(rows, cols, &data()?).map_err(bad),
             GgmlDType::Q8_0 => Weight::from_q8_0(rows, cols, &data()?).map_err(bad),
             _ => Weight::from_f32(rows, cols, Self::dequantized(&t, name)?).map_err(bad),
@@ -116,8 +119,26 @@ impl TensorSource for Reader<'_> {
     }
 }
 
+/// The BOS token a GGUF model's text starts with, as llama.cpp decides it: `tokenizer.ggml.bos_token_id` when
+/// `tokenizer.ggml.add_bos_token` is true (absent: true for SentencePiece vocabularies, false for BPE ones).
+pub fn bos_token(path: &Path) -> Result<Option<u32>, LoadError> {
+    let io = |e: std::io::Error| LoadError::Io(path.display().to_string(), e);
+    let mut file = BufReader::new(File::open(path).map_err(io)?);
+    let content = Content::read(&mut file).map_err(|e| LoadError::Format(format!("not a GGUF file: {e}")))?;
+    let add = match content.metadata.get("tokenizer.ggml.add_bos_token") {
+        Some(Value::Bool(b)) => *b,
+        _ => meta_string(&content, "tokenizer.ggml.model").as_deref() == Some("llama"),
+    };
+    Ok(if add { meta_usize(&content, "tokenizer.ggml.bos_token_id").ok().map(|id| id as u32) } else { None })
+}
+
 /// Load a GGUF model file.
 pub fn load(path: &Path) -> Result<LoadedModel, LoadError> {
+    load_with(path, Precision::Native)
+}
+
+/// Load a GGUF model file at `precision`: its own formats, or every matrix dequantized to f32.
+pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadError> {
     let io = |e: std::io::Error| LoadError::Io(path.display().to_string(), e);
     let mut file = BufReader::new(File::open(path).map_err(io)?);
     let content = Content::read(&mut file).map_err(|e| LoadError::Format(format!("not a GGUF file: {e}")))?;
@@ -144,7 +165,7 @@ pub fn load(path: &Path) -> Result<LoadedModel, LoadError> {
         rope_interleaved: arch != "qwen2",
     };
     cfg.validate().map_err(LoadError::Format)?;
-    let mut r = Reader { content: &content, file };
+    let mut r = Reader { content: &content, file, float: precision == Precision::Float };
     let embed = r.weight("token_embd.weight")?;
     let names = LayerNames {
         prefix: |i| format!("blk.{i}."),

@@ -37,7 +37,23 @@ pub struct LoadedModel {
 
 /// Load a model: a `.gguf` file, or a Hugging Face directory (config.json, safetensors, tokenizer.json).
 pub fn load(path: &std::path::Path) -> Result<LoadedModel, LoadError> {
-    if path.is_dir() { hf::load(path) } else { gguf::load(path) }
+    load_with(path, Precision::Native)
+}
+
+/// How a model's matrices are kept in memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Precision {
+    /// As stored: Q4_1 and Q8_0 stay quantized and run the integer kernels on int8 activations.
+    #[default]
+    Native,
+    /// Every matrix dequantized to f32, activations in f32: the float reference path that quality is measured
+    /// against (slow, and four to eight times the memory).
+    Float,
+}
+
+/// [`load`] at `precision` (Hugging Face safetensors load as f32 either way).
+pub fn load_with(path: &std::path::Path, precision: Precision) -> Result<LoadedModel, LoadError> {
+    if path.is_dir() { hf::load(path) } else { gguf::load_with(path, precision) }
 }
 
 /// Where a loader reads named tensors from (a GGUF file, a set of safetensors).

@@ -1,0 +1,29 @@
+//! Perplexity on the bundled model over the project's own writing (docs/architecture.md): the quantized path
+//! scores the text about as well as the float reference path. The full measurement (`zl-worker eval
+//! --perplexity`, docs/worker.md) uses more text; this keeps to a few chunks so the test stays short.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use zl_worker::eval::perplexity;
+use zl_worker::fetch;
+use zl_worker::model::{Precision, gguf, load_with};
+
+#[test]
+fn the_quantized_path_scores_text_about_as_well_as_the_float_reference() {
+    let path = fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("{m}")).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/architecture.md")).unwrap();
+    let bos = gguf::bos_token(&path).unwrap();
+    let score = |precision| {
+        let model = load_with(&path, precision).unwrap();
+        let tokens = model.tokenizer.encode(&text).unwrap();
+        // Three chunks of 256 tokens.
+        perplexity(&model.llama, &tokens[..tokens.len().min(3 * 256)], 256, bos).unwrap()
+    };
+    let (native, float) = (score(Precision::Native), score(Precision::Float));
+    eprintln!("perplexity: native {native:?}, float {float:?}");
+    assert_eq!((native.chunks, native.scored), (3, 3 * 128));
+    assert!(float.value.is_finite() && float.value > 1.0, "{float:?}");
+    // A sound model path is far below a uniform guess over the vocabulary (49,152 tokens).
+    assert!(float.value < 1000.0, "{float:?}");
+    let ratio = native.value / float.value;
+    assert!((0.95..1.05).contains(&ratio), "native {} vs float {}: {ratio}", native.value, float.value);
+}
