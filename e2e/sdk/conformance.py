@@ -17,7 +17,7 @@ MODEL = os.environ["ZL_MODEL"]
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # Without a system prompt the GGUF's template injects SmolLM's own, after which this 135M model talks about French
 # landmarks instead (candle's reference implementation does the same).
-SYSTEM = "Answer the question in one English sentence."
+SYSTEM = "You are a helpful assistant."
 
 
 def expect(exc_type, fn):

@@ -19,7 +19,7 @@ const KEY: &str = "sk-zl-e2e-cluster-0123456789";
 fn body(max_tokens: u32, stream: bool, temperature: f32, content: &str) -> String {
     serde_json::json!({
         "model": MODEL, "max_tokens": max_tokens, "stream": stream, "temperature": temperature,
-        "system": "Answer the question in one English sentence.",
+        "system": "You are a helpful assistant.",
         "messages": [{"role": "user", "content": content}],
     })
     .to_string()
@@ -166,6 +166,21 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     assert_eq!(content(&first), content(&second));
     assert!(content(&first)[0]["text"].as_str().unwrap().contains("Paris"), "{}", first.body);
 
+    // Predictive streaming on and off: the same answer to a request whose output repeats its input.
+    let copy =
+        body(48, false, 0.0, "Repeat exactly: the quick brown fox jumps over the lazy dog, the lazy dog sleeps.");
+    let ask = |on: &str| {
+        let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass"), ("x-zl-streaming-predicted", on)];
+        request(http_addr, "POST", "/v1/messages", &headers, &copy).expect("the frontend answers")
+    };
+    let (on, off) = (ask("true"), ask("false"));
+    assert_eq!((on.status, off.status), (200, 200), "{}", on.body);
+    assert_eq!(content(&on), content(&off), "speculation changed the answer");
+    assert_eq!(off.header("x-zl-predicted-draft-tokens"), Some("0"));
+    let drafted: u64 = on.header("x-zl-predicted-draft-tokens").unwrap().parse().unwrap();
+    let accepted: u64 = on.header("x-zl-predicted-accepted-tokens").unwrap().parse().unwrap();
+    assert!(accepted <= drafted, "{accepted} of {drafted}");
+
     // A client that disconnects mid-stream frees the worker's KV blocks.
     let baseline = kv_used(&state);
     let mut stream = http_stream(
@@ -195,8 +210,8 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
 
     // zl chat finds the cluster through the data dir and streams an answer.
     let mut chat = Command::new(bin("zl"))
+        // zl chat's own default system prompt ("You are a helpful assistant.").
         .args(["chat", "--data-dir", data.to_str().unwrap(), "--temperature", "0", "--max-tokens", "16"])
-        .args(["--system", "Answer the question in one English sentence."])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

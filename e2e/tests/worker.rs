@@ -17,7 +17,7 @@ struct Worker {
     client: Client,
 }
 
-const PARIS: &str = "<|im_start|>system\nAnswer the question in one English sentence.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
+const PARIS: &str = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n";
 
 fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
     Message::GenerateRequest(GenerateRequest {
@@ -30,6 +30,7 @@ fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
         stop_sequences: vec![],
         stream: true,
         logprobs: false,
+        streaming_predicted: None,
     })
 }
 

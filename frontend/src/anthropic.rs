@@ -172,6 +172,8 @@ fn usage(f: &FinishInfo) -> Value {
         "cache_read_input_tokens": f.cached_input_tokens,
         "output_tokens": f.output_tokens,
         "billing_unit": round4(f.billing_unit),
+        "predicted_draft_tokens": f.draft_tokens,
+        "predicted_accepted_tokens": f.accepted_draft_tokens,
     })
 }
 
@@ -408,6 +410,8 @@ mod tests {
             input_tokens: 7,
             output_tokens: 2,
             cached_input_tokens: 0,
+            draft_tokens: 0,
+            accepted_draft_tokens: 0,
             billing_unit: 0.25,
         };
         assert_eq!(
@@ -423,7 +427,7 @@ mod tests {
         assert_eq!(
             stream_end(&f),
             "event: content_block_stop\ndata: {\"index\":0,\"type\":\"content_block_stop\"}\n\n\
-             event: message_delta\ndata: {\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"type\":\"message_delta\",\"usage\":{\"billing_unit\":0.25,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"input_tokens\":7,\"output_tokens\":2}}\n\n\
+             event: message_delta\ndata: {\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"type\":\"message_delta\",\"usage\":{\"billing_unit\":0.25,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"input_tokens\":7,\"output_tokens\":2,\"predicted_accepted_tokens\":0,\"predicted_draft_tokens\":0}}\n\n\
              event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
         );
     }

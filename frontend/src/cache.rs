@@ -24,6 +24,10 @@ pub struct FinishInfo {
     pub cached_input_tokens: u32,
     /// The semantic billing unit of the request.
     pub billing_unit: f32,
+    /// Draft tokens predictive streaming verified.
+    pub draft_tokens: u32,
+    /// Draft tokens it accepted (output tokens that cost no model step of their own).
+    pub accepted_draft_tokens: u32,
 }
 
 /// A stored generation.
@@ -167,6 +171,8 @@ mod tests {
                 input_tokens: 1,
                 output_tokens: 1,
                 cached_input_tokens: 0,
+                draft_tokens: 0,
+                accepted_draft_tokens: 0,
                 billing_unit: 0.1,
             },
             model: "m".into(),

@@ -180,7 +180,13 @@ fn usage(f: &FinishInfo) -> Value {
         "completion_tokens": f.output_tokens,
         "total_tokens": f.input_tokens + f.output_tokens,
         "prompt_tokens_details": {"cached_tokens": f.cached_input_tokens},
+        "completion_tokens_details": {
+            "accepted_prediction_tokens": f.accepted_draft_tokens,
+            "rejected_prediction_tokens": f.draft_tokens - f.accepted_draft_tokens.min(f.draft_tokens),
+        },
         "billing_unit": round4(f.billing_unit),
+        "predicted_draft_tokens": f.draft_tokens,
+        "predicted_accepted_tokens": f.accepted_draft_tokens,
     })
 }
 

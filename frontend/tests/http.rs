@@ -73,7 +73,7 @@ async fn the_stream_is_anthropics_event_sequence_byte_for_byte() {
          event: content_block_delta\ndata: {{\"delta\":{{\"text\":\" wor\",\"type\":\"text_delta\"}},\"index\":0,\"type\":\"content_block_delta\"}}\n\n\
          event: content_block_delta\ndata: {{\"delta\":{{\"text\":\"ld\",\"type\":\"text_delta\"}},\"index\":0,\"type\":\"content_block_delta\"}}\n\n\
          event: content_block_stop\ndata: {{\"index\":0,\"type\":\"content_block_stop\"}}\n\n\
-         event: message_delta\ndata: {{\"delta\":{{\"stop_reason\":\"end_turn\",\"stop_sequence\":null}},\"type\":\"message_delta\",\"usage\":{{\"billing_unit\":{unit},\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":{zero},\"input_tokens\":{input},\"output_tokens\":3}}}}\n\n\
+         event: message_delta\ndata: {{\"delta\":{{\"stop_reason\":\"end_turn\",\"stop_sequence\":null}},\"type\":\"message_delta\",\"usage\":{{\"billing_unit\":{unit},\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":{zero},\"input_tokens\":{input},\"output_tokens\":3,\"predicted_accepted_tokens\":0,\"predicted_draft_tokens\":0}}}}\n\n\
          event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n",
         zero = 0
     );
@@ -373,4 +373,32 @@ async fn health_and_readiness() {
     let cold = router(App { gateway, metrics: None, body_limit: 1024 });
     let resp = cold.oneshot(Request::get("/readyz").body(Body::empty()).unwrap()).await.unwrap();
     assert_eq!(resp.status(), 503);
+}
+
+#[tokio::test]
+async fn the_streaming_predicted_header_reaches_the_worker_and_its_figures_come_back() {
+    let h = harness();
+    let with = |value: Option<&str>| {
+        let mut req = Request::post("/v1/messages").header("x-api-key", KEY);
+        if let Some(v) = value {
+            req = req.header("x-zl-streaming-predicted", v);
+        }
+        req.body(Body::from(hello(json!({})).to_string())).unwrap()
+    };
+    for (value, asked) in [(None, None), (Some("true"), Some(true)), (Some("FALSE"), Some(false))] {
+        let resp = h.send(with(value)).await;
+        assert_eq!(resp.status(), StatusCode::OK, "{value:?}");
+        assert_eq!(header(&resp, "x-zl-predicted-draft-tokens"), "0");
+        assert_eq!(header(&resp, "x-zl-predicted-accepted-tokens"), "0");
+        let body = json_of(resp).await;
+        assert_eq!(
+            (body["usage"]["predicted_draft_tokens"].as_u64(), body["usage"]["predicted_accepted_tokens"].as_u64()),
+            (Some(0), Some(0))
+        );
+        let rec = h.fake.recorded.lock().unwrap();
+        assert_eq!(rec.generates.last().unwrap().1.streaming_predicted, asked, "{value:?}");
+    }
+    let (status, body) = error_of(h.send(with(Some("sometimes"))).await).await;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"].as_str().unwrap().contains("x-zl-streaming-predicted"), "{body}");
 }

@@ -27,7 +27,7 @@ impl Handler for BenchHandler {
                 for i in 0..g.max_tokens {
                     out.send(Message::TokenChunk(chunk(i))).await.map_err(err)?;
                 }
-                let usage = Usage { input_tokens: 1, output_tokens: g.max_tokens, cached_input_tokens: 0 };
+                let usage = Usage { input_tokens: 1, output_tokens: g.max_tokens, ..Usage::default() };
                 out.send(Message::Finish(Finish { stop_reason: StopReason::MaxTokens, stop_sequence: None, usage }))
                     .await
                     .map_err(err)
@@ -135,6 +135,7 @@ async fn quic(calls: usize, frames: u32) {
         stop_sequences: vec![],
         stream: true,
         logprobs: false,
+        streaming_predicted: None,
     });
     let started = Instant::now();
     let mut stream = client.stream(addr, Role::Worker, generate).await.unwrap();

@@ -83,7 +83,7 @@ impl Handler for TestHandler {
                 let finish = Finish {
                     stop_reason: StopReason::MaxTokens,
                     stop_sequence: None,
-                    usage: Usage { input_tokens: 3, output_tokens: g.max_tokens, cached_input_tokens: 0 },
+                    usage: Usage { input_tokens: 3, output_tokens: g.max_tokens, ..Usage::default() },
                 };
                 out.send(Message::Finish(finish)).await.map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))
             }
@@ -142,6 +142,7 @@ fn generate(request_id: &str, max_tokens: u32, prompt: Vec<u32>) -> Message {
         stop_sequences: vec![],
         stream: true,
         logprobs: false,
+        streaming_predicted: None,
     })
 }
 

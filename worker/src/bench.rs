@@ -1,5 +1,7 @@
 //! `zl-worker bench`: prefill and decode throughput of the engine at several concurrency levels, measured side by
-//! side in one process, with the ratio of each level's decode rate to the single-sequence rate.
+//! side in one process, with the ratio of each level's decode rate to the single-sequence rate. `--workload
+//! overlap` asks for text that repeats the prompt (an edit of a given text) and runs every level without and with
+//! predictive streaming, printing the speed-up and the draft acceptance rate.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -26,7 +28,16 @@ pub(crate) struct BenchArgs {
     /// the ratio of the medians (a noisy machine moves single runs by ±15%).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
+    /// What the requests ask: `stories` (free text, no speculation) or `overlap` (edit a given text: the output
+    /// repeats the input; each level runs without and with predictive streaming).
+    #[arg(long, default_value = "stories", value_parser = ["stories", "overlap"])]
+    workload: String,
 }
+
+/// The text the overlap workload asks the model to edit (a few misspellings to correct).
+const EDIT_TEXT: &str = "The orchestrator keeps the routing state in a Raft group, so loosing one node loses \
+    nothing. Workers register there models with the orchestrators and report their load every quarter of a second. \
+    The frontend asks an orchestrator for a route and then streams straight from the worker it was given.";
 
 fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -50,14 +61,18 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         "{:>11} {:>15} {:>15} {:>9} {:>12} {:>12}",
         "concurrency", "prefill tok/s", "decode tok/s", "vs c=1", "TPOT p50 ms", "TPOT p99 ms"
     );
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); args.concurrency.len()];
+    // Speculation settings each level runs with: plain decoding only, or without and then with drafts.
+    let modes = if args.workload == "overlap" { vec![0, args.model.speculation().max_draft.max(1)] } else { vec![0] };
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); args.concurrency.len() * modes.len()];
     let mut level_no = 0;
     for _ in 0..args.rounds {
         let mut base = None;
         for (slot, &c) in args.concurrency.iter().enumerate() {
-            let decode_rate = run_level(core, level_no, c, args.max_tokens, &mut base)?;
-            rates[slot].push(decode_rate);
-            level_no += 1;
+            for (m, &speculate) in modes.iter().enumerate() {
+                let level = Level { no: level_no, c, max_tokens: args.max_tokens, speculate, edit: modes.len() > 1 };
+                rates[slot * modes.len() + m].push(run_level(core, &level, &mut base)?);
+                level_no += 1;
+            }
         }
     }
     if args.rounds > 1 {
@@ -69,8 +84,13 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 r[r.len() / 2]
             })
             .collect();
-        for (&c, &m) in args.concurrency.iter().zip(&medians) {
-            println!("{c:>11} {:>15} {m:>15.1} {:>8.2}x", "", m / medians[0]);
+        for (slot, &c) in args.concurrency.iter().enumerate() {
+            for (m, &speculate) in modes.iter().enumerate() {
+                let rate = medians[slot * modes.len() + m];
+                let vs_plain = rate / medians[slot * modes.len()];
+                let tag = if speculate > 0 { format!("  predicted: {vs_plain:.2}x plain") } else { String::new() };
+                println!("{c:>11} {:>15} {rate:>15.1} {:>8.2}x{tag}", "", rate / medians[0]);
+            }
         }
     }
     if let Some(rss) = peak_rss_mib() {
@@ -79,28 +99,46 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// One concurrency level: `c` greedy requests of `max_tokens` each, run to completion; prints the level's line
-/// (the ratio against `base`, the round's first level) and returns its decode rate.
-fn run_level(
-    core: &mut zl_worker::engine::EngineCore,
-    level_no: usize,
+/// One run of a concurrency level.
+struct Level {
+    /// Its number in the whole bench (keeps prompts unique, so the prefix cache never serves one).
+    no: usize,
+    /// Sequences at once.
     c: usize,
     max_tokens: u32,
-    base: &mut Option<f64>,
-) -> Result<f64> {
+    /// Draft tokens per step (0: plain decoding).
+    speculate: usize,
+    /// The overlap workload's edit request instead of a story.
+    edit: bool,
+}
+
+/// One concurrency level: `c` greedy requests of `max_tokens` each, run to completion; prints the level's line
+/// (the ratio against `base`, the round's first level) and returns its decode rate.
+fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut Option<f64>) -> Result<f64> {
     let topics = ["the sea", "a robot", "autumn", "a city at night", "a lost key", "mountains", "a library", "rain"];
     let mut prompt_tokens = 0usize;
-    for i in 0..c {
+    for i in 0..level.c {
         let tok = &core.model().tokenizer;
-        let text = tok.render_chat(&[ChatMessage {
-            role: "user".into(),
-            content: format!("Story {level_no}-{i}: write a long story about {}.", topics[i % topics.len()]),
-        }])?;
+        let content = if level.edit {
+            format!("Note {}-{i}. Correct the spelling in this text and return all of it:\n\n{EDIT_TEXT}", level.no)
+        } else {
+            format!("Story {}-{i}: write a long story about {}.", level.no, topics[i % topics.len()])
+        };
+        let text = tok.render_chat(&[ChatMessage { role: "user".into(), content }])?;
         let prompt = tok.encode(&text)?;
         prompt_tokens += prompt.len();
-        let req = Request { prompt, sampling: Sampling::greedy(), max_tokens, stop_sequences: vec![], logprobs: false };
-        core.add((level_no * 10_000 + i) as u64, req)?;
+        let req = Request {
+            prompt,
+            sampling: Sampling::greedy(),
+            max_tokens: level.max_tokens,
+            stop_sequences: vec![],
+            logprobs: false,
+            speculate: level.speculate,
+        };
+        core.add((level.no * 10_000 + i) as u64, req)?;
     }
+    let c = level.c;
+    let (mut drafted, mut accepted) = (0u64, 0u64);
     let started = Instant::now();
     let mut first_token = HashSet::new();
     let mut prefill_done = None;
@@ -113,6 +151,10 @@ fn run_level(
         let mut tokens = 0;
         for ev in &events {
             let (Event::Token { seq, .. } | Event::Finished { seq, .. }) = ev;
+            if let Event::Finished { draft_tokens, accepted_draft_tokens, .. } = ev {
+                drafted += u64::from(*draft_tokens);
+                accepted += u64::from(*accepted_draft_tokens);
+            }
             if matches!(ev, Event::Token { .. }) {
                 tokens += 1;
             }
@@ -134,8 +176,16 @@ fn run_level(
     let decode_rate = if decode_time > 0.0 { decode_tokens as f64 / decode_time } else { 0.0 };
     let ratio = decode_rate / *base.get_or_insert(decode_rate);
     decode_steps.sort();
+    let predicted = if level.speculate > 0 {
+        let rate = if drafted > 0 { accepted as f64 / drafted as f64 * 100.0 } else { 0.0 };
+        format!("  predicted: {accepted} of {drafted} drafts accepted ({rate:.0}%)")
+    } else if level.edit {
+        "  plain".to_owned()
+    } else {
+        String::new()
+    };
     println!(
-        "{c:>11} {prefill_rate:>15.1} {decode_rate:>15.1} {ratio:>8.2}x {:>12.2} {:>12.2}",
+        "{c:>11} {prefill_rate:>15.1} {decode_rate:>15.1} {ratio:>8.2}x {:>12.2} {:>12.2}{predicted}",
         percentile(&decode_steps, 0.5).as_secs_f64() * 1e3,
         percentile(&decode_steps, 0.99).as_secs_f64() * 1e3,
     );

@@ -5,8 +5,8 @@
 //! [`sampling`] (seeded, batch-invariant token choice) and [`stop`] (stop sequences across token boundaries).
 //! [`model`] loads weights (GGUF, safetensors) and runs the forward pass on the CPU kernels; [`engine`] is the
 //! actor that owns a model, its KV cache and the scheduler and steps them; [`serve`] is the QUIC face;
-//! [`discovery`] registers with the orchestrators; [`fetch`] brings the bundled default model; [`eval`] measures
-//! perplexity.
+//! [`discovery`] registers with the orchestrators; [`fetch`] brings the bundled default model; [`speculate`] drafts
+//! tokens for predictive streaming; [`eval`] measures quality (perplexity, the question set against the float path).
 
 pub mod discovery;
 pub mod engine;
@@ -17,6 +17,7 @@ pub mod model;
 pub mod sampling;
 pub mod scheduler;
 pub mod serve;
+pub mod speculate;
 pub mod stop;
 
 use zl_proto::message::Role;

@@ -1,7 +1,7 @@
 //! `zl-worker`: serves models over zerolayer's RPC, fetches the default model, and benchmarks the engine.
 
 mod bench;
-mod perplexity;
+mod eval_cmd;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -17,7 +17,7 @@ use zl_worker::engine::{EngineCore, EngineHandle};
 use zl_worker::fetch;
 use zl_worker::model::llama::KvStore;
 use zl_worker::scheduler::SchedulerConfig;
-use zl_worker::serve::{ServedModel, WorkerService};
+use zl_worker::serve::{ServedModel, Speculation, WorkerService};
 
 /// zerolayer worker: runs models and streams tokens to frontends.
 #[derive(Parser, Debug)]
@@ -37,7 +37,7 @@ enum Command {
     /// Measure prefill and decode throughput at several concurrency levels.
     Bench(bench::BenchArgs),
     /// Measure quality: `--perplexity FILE` scores a text (`--float` adds the float reference path).
-    Eval(perplexity::EvalArgs),
+    Eval(eval_cmd::EvalArgs),
 }
 
 /// Model and engine settings shared by `serve` and `bench`.
@@ -57,6 +57,24 @@ pub(crate) struct ModelArgs {
     /// Sequences in the running batch at most.
     #[arg(long, env = "ZL_MAX_RUNNING", default_value_t = 32)]
     max_running: usize,
+    /// Predictive streaming for requests that do not say (`x-zl-streaming-predicted`): true or false.
+    #[arg(long, env = "ZL_STREAMING_PREDICTED", default_value_t = true, action = clap::ArgAction::Set)]
+    streaming_predicted: bool,
+    /// Draft tokens a speculating sequence verifies per step at most; 0 turns predictive streaming off for every
+    /// request.
+    #[arg(long, env = "ZL_MAX_DRAFT_TOKENS", default_value_t = zl_worker::speculate::DEFAULT_MAX_DRAFT)]
+    max_draft_tokens: usize,
+    /// Draft tokens only fill a step up to this many decode rows plus drafts: busier steps are compute-bound and
+    /// decode without drafts.
+    #[arg(long, env = "ZL_SPECULATIVE_ROWS", default_value_t = 16)]
+    speculative_rows: usize,
+}
+
+impl ModelArgs {
+    /// The speculation settings these flags ask for.
+    pub(crate) fn speculation(&self) -> Speculation {
+        Speculation { by_default: self.streaming_predicted, max_draft: self.max_draft_tokens }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -148,7 +166,11 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
         if blocks < 2 {
             bail!("--kv-memory-mb {} leaves {id} fewer than 2 KV blocks of {per_block} bytes", args.kv_memory_mb);
         }
-        let config = SchedulerConfig { max_running: args.max_running, ..SchedulerConfig::default() };
+        let config = SchedulerConfig {
+            max_running: args.max_running,
+            speculative_rows: args.speculative_rows,
+            ..SchedulerConfig::default()
+        };
         let core = EngineCore::new(model, blocks, args.kv_block_size, config)?;
         loaded.push(Loaded { id, core, sha256: digest, path });
     }
@@ -185,6 +207,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             tokenizer,
             engine,
             kv_block_size: args.model.kv_block_size as u32,
+            speculation: args.model.speculation(),
         });
     }
     let ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
@@ -263,7 +286,7 @@ fn main() -> Result<()> {
             Ok(())
         }
         Command::Bench(args) => bench::run(&args),
-        Command::Eval(args) => perplexity::run(&args),
+        Command::Eval(args) => eval_cmd::run(&args),
         Command::Serve(args) => zl_node::block_on(serve(args)),
     }
 }

@@ -5,6 +5,9 @@
 //! plus prefill chunks within a token budget, so a long prompt never stalls running decodes. When KV blocks run
 //! out, the most recently admitted sequence is preempted: its blocks are released and it is recomputed later
 //! (its full blocks usually survive in the prefix cache, so recomputation is cheap).
+//!
+//! Sequences that speculate get draft tokens (`speculate::propose`) appended to their decode item, from the step's
+//! token budget left after every decode and prefill chunk: speculation only ever uses room nobody else asked for.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -24,11 +27,15 @@ pub struct SchedulerConfig {
     /// Prefill chunk size in tokens; chunks start at multiples of it, so a prompt is always cut at the same places
     /// whatever else is running. Default 256.
     pub prefill_chunk: usize,
+    /// Draft tokens only fill a step up to this many decode rows plus drafts. Speculation pays while a step waits
+    /// on reading the weights, which a few more rows hardly slow; a step that already decodes this many
+    /// sequences is compute-bound, and drafts would slow every sequence in it. Default 16.
+    pub speculative_rows: usize,
 }
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
-        SchedulerConfig { max_running: 32, max_step_tokens: 512, prefill_chunk: 256 }
+        SchedulerConfig { max_running: 32, max_step_tokens: 512, prefill_chunk: 256, speculative_rows: 16 }
     }
 }
 
@@ -66,6 +73,9 @@ pub struct StepItem {
     pub sample: bool,
     /// The sequence's block table (covers every position up to the end of this item).
     pub blocks: Vec<BlockId>,
+    /// How many of `tokens` (the last ones) are draft tokens to verify: the item then needs the logits after each
+    /// of its tokens, not only the last.
+    pub drafts: usize,
 }
 
 /// One model step.
@@ -92,6 +102,10 @@ struct Seq {
     computed: usize,
     blocks: Option<SeqBlocks>,
     cached_prompt_tokens: usize,
+    /// Prompt plus output tokens at most, as admitted: drafts never take a sequence past it.
+    max_total: usize,
+    /// Draft tokens per step at most (0: no speculation).
+    max_draft: usize,
 }
 
 /// Why a sequence cannot be admitted at all.
@@ -182,9 +196,26 @@ impl Scheduler {
             return Err(AdmitError::TooLong { needed, total });
         }
         let prompt_len = prompt.len();
-        self.seqs.insert(id, Seq { tokens: prompt, prompt_len, computed: 0, blocks: None, cached_prompt_tokens: 0 });
+        let max_total = prompt_len + max_new_tokens;
+        let seq = Seq {
+            tokens: prompt,
+            prompt_len,
+            computed: 0,
+            blocks: None,
+            cached_prompt_tokens: 0,
+            max_total,
+            max_draft: 0,
+        };
+        self.seqs.insert(id, seq);
         self.waiting.push_back(id);
         Ok(())
+    }
+
+    /// Let `id` speculate with up to `max_draft` draft tokens per step (0 turns it off).
+    pub fn speculate(&mut self, id: SeqId, max_draft: usize) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.max_draft = max_draft;
+        }
     }
 
     /// Drop a sequence wherever it is (finished, or its caller went away). Its blocks return to the pool now.
@@ -250,10 +281,12 @@ impl Scheduler {
                 tokens: vec![*seq.tokens.last().expect("non-empty")],
                 sample: true,
                 blocks: seq.blocks.as_ref().expect("held").table().to_vec(),
+                drafts: 0,
             });
             budget -= 1;
             i += 1;
         }
+        let decodes = plan.items.len();
 
         // 2. Admit waiting sequences (FCFS) while there is room; reserve their whole remaining prompt so prefill
         //    never fails half-way. Not in a step that had to preempt: the victim would only take its blocks back.
@@ -293,26 +326,59 @@ impl Scheduler {
                 tokens: seq.tokens[seq.computed..end].to_vec(),
                 sample: end == seq.tokens.len(),
                 blocks: seq.blocks.as_ref().expect("held").table().to_vec(),
+                drafts: 0,
             });
+        }
+
+        // 4. Draft tokens for speculating decodes, from what is left of the budget and within the speculative rows,
+        //    in running order.
+        let mut spare = self.config.speculative_rows.saturating_sub(decodes).min(budget);
+        for item in &mut plan.items[..decodes] {
+            if spare == 0 {
+                break;
+            }
+            let seq = self.seqs.get_mut(&item.seq).expect("planned sequences exist");
+            // A step emits at most drafts + 1 tokens: never past the admitted total.
+            let room = seq.max_total.saturating_sub(seq.tokens.len() + 1);
+            let drafts = crate::speculate::propose(&seq.tokens, seq.max_draft.min(spare).min(room));
+            if drafts.is_empty() {
+                continue;
+            }
+            // Slots for the drafts' KV from free blocks only: speculation never preempts anyone.
+            let blocks = seq.blocks.as_mut().expect("running sequences hold blocks");
+            let wanted = (seq.computed + 1 + drafts.len()).saturating_sub(blocks.reserved());
+            if wanted > 0 && self.pool.reserve(blocks, wanted).is_err() {
+                continue;
+            }
+            spare -= drafts.len();
+            item.drafts = drafts.len();
+            item.tokens.extend(drafts);
+            item.blocks = blocks.table().to_vec();
         }
         plan
     }
 
     /// Report a finished step: every item's KV is now written, and each sampling item produced `sampled` (the next
-    /// token, or `None` when the sequence is finishing and will be removed).
-    pub fn complete(&mut self, plan: &StepPlan, sampled: &HashMap<SeqId, u32>) {
+    /// tokens: one, or with drafts the accepted drafts and the token after them; `None` when the sequence is
+    /// finishing and will be removed). Of an item with drafts only the KV of the tokens that were accepted counts
+    /// (the first `sampled.len()` fed tokens); the slots of rejected drafts are written over later.
+    pub fn complete(&mut self, plan: &StepPlan, sampled: &HashMap<SeqId, Vec<u32>>) {
         for item in &plan.items {
             let Some(seq) = self.seqs.get_mut(&item.seq) else { continue }; // removed meanwhile
             let Some(blocks) = seq.blocks.as_mut() else { continue }; // preempted meanwhile
             if seq.computed != item.start {
                 continue;
             }
-            self.pool.commit(blocks, &item.tokens);
-            seq.computed += item.tokens.len();
-            if item.sample
-                && let Some(&token) = sampled.get(&item.seq)
-            {
-                seq.tokens.push(token);
+            let emitted = sampled.get(&item.seq).filter(|_| item.sample);
+            let valid = if item.drafts == 0 {
+                item.tokens.len()
+            } else {
+                emitted.map_or(1, |t| t.len().clamp(1, item.tokens.len()))
+            };
+            self.pool.commit(blocks, &item.tokens[..valid]);
+            seq.computed += valid;
+            if let Some(tokens) = emitted {
+                seq.tokens.extend(tokens);
             }
         }
     }
@@ -323,13 +389,13 @@ mod tests {
     use super::*;
 
     fn config(max_running: usize, max_step_tokens: usize, prefill_chunk: usize) -> SchedulerConfig {
-        SchedulerConfig { max_running, max_step_tokens, prefill_chunk }
+        SchedulerConfig { max_running, max_step_tokens, prefill_chunk, speculative_rows: 16 }
     }
 
     /// Run a step, answering every sampling item with `token`.
     fn step(s: &mut Scheduler, token: u32) -> StepPlan {
         let plan = s.schedule();
-        let sampled = plan.items.iter().filter(|i| i.sample).map(|i| (i.seq, token)).collect();
+        let sampled = plan.items.iter().filter(|i| i.sample).map(|i| (i.seq, vec![token])).collect();
         s.complete(&plan, &sampled);
         plan
     }
@@ -438,5 +504,56 @@ mod tests {
         let p = s.schedule();
         assert_eq!(p.items[0].start, 12);
         assert_eq!(s.cached_prompt_tokens(2), 12);
+    }
+
+    #[test]
+    fn drafts_use_only_the_budget_left_and_only_accepted_tokens_count() {
+        // Budget 12: two decodes and a 8-token prefill chunk leave 2 for drafts.
+        let mut s = Scheduler::new(config(4, 12, 8), BlockPool::new(64, 4)).unwrap();
+        s.add(1, vec![5, 6, 7, 5, 6], 20).unwrap();
+        s.speculate(1, 8);
+        s.add(2, vec![1, 2, 3], 20).unwrap();
+        step(&mut s, 7); // prefill both; seq 1 is now 5 6 7 5 6 7, seq 2 is 1 2 3 7
+        s.add(3, (100..116).collect(), 4).unwrap();
+        let plan = s.schedule();
+        let one = plan.items.iter().find(|i| i.seq == 1).unwrap();
+        // "6 7" was seen before, followed by "5 6": the budget left allows two drafts.
+        assert_eq!((one.tokens.clone(), one.drafts), (vec![7, 5, 6], 2));
+        assert_eq!(plan.tokens(), 12);
+        assert!(plan.items.iter().find(|i| i.seq == 2).unwrap().drafts == 0, "seq 2 does not speculate");
+        // The model took the first draft (5) and then chose 9 instead of 6: KV of "7 5" counts, not of the 6.
+        let mut sampled: HashMap<SeqId, Vec<u32>> = HashMap::from([(1, vec![5, 9]), (2, vec![8])]);
+        sampled.retain(|seq, _| plan.items.iter().any(|i| i.seq == *seq && i.sample));
+        s.complete(&plan, &sampled);
+        let seq = &s.seqs[&1];
+        assert_eq!(seq.tokens, vec![5, 6, 7, 5, 6, 7, 5, 9]);
+        assert_eq!(seq.computed, 7);
+        assert_eq!(seq.blocks.as_ref().unwrap().len(), 7);
+    }
+
+    #[test]
+    fn drafts_stop_where_the_step_has_enough_rows() {
+        let mut s =
+            Scheduler::new(SchedulerConfig { speculative_rows: 5, ..config(8, 64, 8) }, BlockPool::new(64, 4)).unwrap();
+        for id in 1..=3 {
+            s.add(id, vec![1, 2, 3, 1, 2, 3, 1, 2], 20).unwrap();
+            s.speculate(id, 8);
+        }
+        step(&mut s, 3); // prefill all three
+        let plan = s.schedule();
+        // Three decode rows leave two draft rows, both for the first sequence.
+        let drafts: Vec<usize> = plan.items.iter().map(|i| i.drafts).collect();
+        assert_eq!(drafts, vec![2, 0, 0]);
+    }
+
+    #[test]
+    fn drafts_never_take_a_sequence_past_its_output_limit() {
+        let mut s = Scheduler::new(config(4, 64, 8), BlockPool::new(64, 4)).unwrap();
+        s.add(1, vec![1, 2, 1, 2, 1, 2], 3).unwrap();
+        s.speculate(1, 8);
+        step(&mut s, 1); // prefill; 1 output token so far (of 3)
+        let plan = s.schedule();
+        // Two more tokens at most: the decode's own and one draft.
+        assert_eq!(plan.items[0].drafts, 1);
     }
 }

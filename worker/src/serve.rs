@@ -33,6 +33,24 @@ pub struct ServedModel {
     pub engine: EngineHandle,
     /// Tokens per KV block.
     pub kv_block_size: u32,
+    /// Predictive streaming settings.
+    pub speculation: Speculation,
+}
+
+/// A worker's predictive-streaming settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Speculation {
+    /// Whether requests that do not say speculate.
+    pub by_default: bool,
+    /// Draft tokens per step at most (0: never speculate).
+    pub max_draft: usize,
+}
+
+impl Speculation {
+    /// Draft tokens per step for a request that asked for `wanted` (`None`: it did not say).
+    pub fn drafts_for(&self, wanted: Option<bool>) -> usize {
+        if wanted.unwrap_or(self.by_default) { self.max_draft } else { 0 }
+    }
 }
 
 impl ServedModel {
@@ -147,6 +165,7 @@ impl WorkerService {
             max_tokens: g.max_tokens,
             stop_sequences: g.stop_sequences,
             logprobs: g.logprobs,
+            speculate: model.speculation.drafts_for(g.streaming_predicted),
         };
         let mut generation = model
             .engine
@@ -182,6 +201,8 @@ impl WorkerService {
                     input_tokens,
                     output_tokens,
                     cached_input_tokens,
+                    draft_tokens,
+                    accepted_draft_tokens,
                     ..
                 } => {
                     pending.text_delta.push_str(&text);
@@ -191,7 +212,13 @@ impl WorkerService {
                     let finish = Finish {
                         stop_reason: reason,
                         stop_sequence: if reason == StopReason::StopSequence { stop_sequence } else { None },
-                        usage: Usage { input_tokens, output_tokens, cached_input_tokens },
+                        usage: Usage {
+                            input_tokens,
+                            output_tokens,
+                            cached_input_tokens,
+                            draft_tokens,
+                            accepted_draft_tokens,
+                        },
                     };
                     out.send(Message::Finish(finish)).await.map_err(send_err)?;
                     return Ok(());

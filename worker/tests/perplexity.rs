@@ -1,4 +1,4 @@
-//! Perplexity on the bundled model over the project's own writing (docs/architecture.md): the quantized path
+//! Perplexity on the bundled model over the project's own writing (worker/eval/corpus.md): the quantized path
 //! scores the text about as well as the float reference path. The full measurement (`zl-worker eval
 //! --perplexity`, docs/worker.md) uses more text; this keeps to a few chunks so the test stays short.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -10,7 +10,7 @@ use zl_worker::model::{Precision, gguf, load_with};
 #[test]
 fn the_quantized_path_scores_text_about_as_well_as_the_float_reference() {
     let path = fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("{m}")).unwrap();
-    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/architecture.md")).unwrap();
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/eval/corpus.md")).unwrap();
     let bos = gguf::bos_token(&path).unwrap();
     let score = |precision| {
         let model = load_with(&path, precision).unwrap();
@@ -25,5 +25,6 @@ fn the_quantized_path_scores_text_about_as_well_as_the_float_reference() {
     // A sound model path is far below a uniform guess over the vocabulary (49,152 tokens).
     assert!(float.value < 1000.0, "{float:?}");
     let ratio = native.value / float.value;
-    assert!((0.95..1.05).contains(&ratio), "native {} vs float {}: {ratio}", native.value, float.value);
+    // The target: within 2% (16-bit activations measure +0.00% on the full corpus; 8-bit ones were +1.44%).
+    assert!((0.98..1.02).contains(&ratio), "native {} vs float {}: {ratio}", native.value, float.value);
 }

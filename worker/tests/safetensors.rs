@@ -160,7 +160,7 @@ fn logits(model: &Llama, tokens: &[u32]) -> Vec<f32> {
     let mut pool = BlockPool::new(8, 16);
     let mut seq = pool.start(tokens);
     pool.reserve(&mut seq, tokens.len()).unwrap();
-    let item = BatchItem { tokens, start: 0, blocks: seq.table(), logits: true };
+    let item = BatchItem { tokens, start: 0, blocks: seq.table(), logits: 1 };
     model.forward(&[item], &mut kv)
 }
 
@@ -200,12 +200,29 @@ fn the_small_model_is_batch_invariant_through_the_engine() {
             engine
                 .add(
                     i,
-                    Request { prompt, sampling: s, max_tokens: 5 + i as u32, stop_sequences: vec![], logprobs: false },
+                    Request {
+                        prompt,
+                        sampling: s,
+                        max_tokens: 5 + i as u32,
+                        stop_sequences: vec![],
+                        logprobs: false,
+                        speculate: 0,
+                    },
                 )
                 .unwrap();
         }
         engine
-            .add(0, Request { prompt: target, sampling, max_tokens: 12, stop_sequences: vec![], logprobs: false })
+            .add(
+                0,
+                Request {
+                    prompt: target,
+                    sampling,
+                    max_tokens: 12,
+                    stop_sequences: vec![],
+                    logprobs: false,
+                    speculate: 0,
+                },
+            )
             .unwrap();
         let mut tokens = Vec::new();
         while engine.has_work() {

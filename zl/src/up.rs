@@ -376,7 +376,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
          logs      {}\n\n\
          Try it:\n\n  \
          curl {url}/v1/messages -H 'x-api-key: {key}' -H 'content-type: application/json' \\\n    \
-         -d '{{\"model\": \"{model_id}\", \"max_tokens\": 64, \"temperature\": 0, \"system\": \"Answer the question in one English sentence.\", \
+         -d '{{\"model\": \"{model_id}\", \"max_tokens\": 64, \"temperature\": 0, \"system\": \"You are a helpful assistant.\", \
 \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}'\n\n  \
          python3 -c 'import anthropic; c = anthropic.Anthropic(base_url=\"{url}\", api_key=\"{key}\"); \
          print(c.messages.create(model=\"{model_id}\", max_tokens=64, system=\"You are a helpful assistant.\", \

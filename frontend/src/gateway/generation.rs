@@ -128,6 +128,8 @@ impl Generation {
                     output_tokens: f.usage.output_tokens,
                     cached_input_tokens: f.usage.cached_input_tokens,
                     billing_unit: unit,
+                    draft_tokens: f.usage.draft_tokens,
+                    accepted_draft_tokens: f.usage.accepted_draft_tokens,
                 };
                 self.settle.output_tokens = f.usage.output_tokens;
                 metrics::counter!("zl_frontend_output_tokens_total", "model" => live.model.clone())

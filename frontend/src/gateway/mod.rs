@@ -144,6 +144,9 @@ pub struct RequestOptions {
     pub bypass_cache: bool,
     /// `x-zl-route-hint`.
     pub hint: RouteHint,
+    /// `x-zl-streaming-predicted: true|false`: predictive streaming asked for or refused; absent, the worker's
+    /// default.
+    pub streaming_predicted: Option<bool>,
 }
 
 impl RequestOptions {
@@ -167,7 +170,17 @@ impl RequestOptions {
                 )));
             }
         };
-        Ok(RequestOptions { bypass_cache, hint })
+        let streaming_predicted = match text("x-zl-streaming-predicted") {
+            None => None,
+            Some(v) if v.eq_ignore_ascii_case("true") => Some(true),
+            Some(v) if v.eq_ignore_ascii_case("false") => Some(false),
+            Some(v) => {
+                return Err(ApiError::invalid(format!(
+                    "x-zl-streaming-predicted: {v:?} must be \"true\" or \"false\""
+                )));
+            }
+        };
+        Ok(RequestOptions { bypass_cache, hint, streaming_predicted })
     }
 }
 
@@ -526,6 +539,7 @@ impl Gateway {
                 stop_sequences: p.req.stop.clone(),
                 stream: true,
                 logprobs: false,
+                streaming_predicted: opts.streaming_predicted,
             };
             let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
                 Ok(mut source) => match source.next().await {

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use super::{App, error_response, request_id, set, zl_headers};
 use crate::anthropic;
+use crate::cache::FinishInfo;
 use crate::cluster::KeyInfo;
 use crate::dialect::Dialect;
 use crate::error::{ApiError, ErrorFormat, ErrorKind, Failure};
@@ -88,12 +89,15 @@ fn sse_response(meta: &Meta, health: &str, body: Body) -> Response {
     resp
 }
 
-fn json_response(meta: &Meta, health: &str, value: Value, billing_unit: f32) -> Response {
+fn json_response(meta: &Meta, health: &str, value: Value, finish: &FinishInfo) -> Response {
     let mut resp = axum::Json(value).into_response();
     let headers = resp.headers_mut();
     zl_headers(headers, Some(meta), None, health);
-    // The final unit is known for a complete answer.
-    set(headers, "x-zl-billing-unit", &format!("{billing_unit:.4}"));
+    // The final unit and predictive streaming's figures are known for a complete answer (a stream carries them in
+    // its final usage).
+    set(headers, "x-zl-billing-unit", &format!("{:.4}", finish.billing_unit));
+    set(headers, "x-zl-predicted-draft-tokens", &finish.draft_tokens.to_string());
+    set(headers, "x-zl-predicted-accepted-tokens", &finish.accepted_draft_tokens.to_string());
     resp
 }
 
@@ -174,7 +178,7 @@ pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -
         }
         let (text, finish) = generation.collect().await.map_err(|e| Failure::known(e, meta.rate))?;
         record(D::API, &model_name, 200, started);
-        Ok(json_response(&meta, health, dialect.final_body(&text, &finish), finish.billing_unit))
+        Ok(json_response(&meta, health, dialect.final_body(&text, &finish), &finish))
     }
     .await;
     result.unwrap_or_else(|f: Failure| {

@@ -159,7 +159,7 @@ impl Upstream for Fake {
             let finish = Ok(Message::Finish(Finish {
                 stop_reason: StopReason::EndTurn,
                 stop_sequence: None,
-                usage: Usage { input_tokens: input, output_tokens: 3, cached_input_tokens: 0 },
+                usage: Usage { input_tokens: input, output_tokens: 3, ..Usage::default() },
             }));
             let frames: VecDeque<_> = match mode {
                 WorkerMode::FirstWorkerDies if endpoint.starts_with("w1") => {

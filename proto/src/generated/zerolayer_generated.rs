@@ -2358,6 +2358,7 @@ impl<'a> GenerateRequest<'a> {
   pub const VT_STOP_SEQUENCES: ::flatbuffers::VOffsetT = 18;
   pub const VT_STREAM: ::flatbuffers::VOffsetT = 20;
   pub const VT_LOGPROBS: ::flatbuffers::VOffsetT = 22;
+  pub const VT_STREAMING_PREDICTED: ::flatbuffers::VOffsetT = 24;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2377,6 +2378,7 @@ impl<'a> GenerateRequest<'a> {
     if let Some(x) = args.model { builder.add_model(x); }
     if let Some(x) = args.trace_id { builder.add_trace_id(x); }
     if let Some(x) = args.request_id { builder.add_request_id(x); }
+    if let Some(x) = args.streaming_predicted { builder.add_streaming_predicted(x); }
     builder.add_logprobs(args.logprobs);
     builder.add_stream(args.stream);
     builder.finish()
@@ -2462,6 +2464,15 @@ impl<'a> GenerateRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(GenerateRequest::VT_LOGPROBS, Some(false)).unwrap()}
   }
+  /// Predictive streaming (speculative decoding with prompt-lookup drafts): true asks for it, false turns it off,
+  /// absent leaves it to the worker's default. The output is the same either way.
+  #[inline]
+  pub fn streaming_predicted(&self) -> Option<bool> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(GenerateRequest::VT_STREAMING_PREDICTED, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
@@ -2480,6 +2491,7 @@ impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("stop_sequences", Self::VT_STOP_SEQUENCES, false)?
      .visit_field::<bool>("stream", Self::VT_STREAM, false)?
      .visit_field::<bool>("logprobs", Self::VT_LOGPROBS, false)?
+     .visit_field::<bool>("streaming_predicted", Self::VT_STREAMING_PREDICTED, false)?
      .finish();
     Ok(())
   }
@@ -2495,6 +2507,7 @@ pub struct GenerateRequestArgs<'a> {
     pub stop_sequences: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
     pub stream: bool,
     pub logprobs: bool,
+    pub streaming_predicted: Option<bool>,
 }
 impl<'a> Default for GenerateRequestArgs<'a> {
   #[inline]
@@ -2510,6 +2523,7 @@ impl<'a> Default for GenerateRequestArgs<'a> {
       stop_sequences: None,
       stream: true,
       logprobs: false,
+      streaming_predicted: None,
     }
   }
 }
@@ -2560,6 +2574,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GenerateRequestBuilder<'a, 'b
     self.fbb_.push_slot::<bool>(GenerateRequest::VT_LOGPROBS, logprobs, false);
   }
   #[inline]
+  pub fn add_streaming_predicted(&mut self, streaming_predicted: bool) {
+    self.fbb_.push_slot_always::<bool>(GenerateRequest::VT_STREAMING_PREDICTED, streaming_predicted);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GenerateRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GenerateRequestBuilder {
@@ -2589,6 +2607,7 @@ impl ::core::fmt::Debug for GenerateRequest<'_> {
       ds.field("stop_sequences", &self.stop_sequences());
       ds.field("stream", &self.stream());
       ds.field("logprobs", &self.logprobs());
+      ds.field("streaming_predicted", &self.streaming_predicted());
       ds.finish()
   }
 }
@@ -2746,6 +2765,8 @@ impl<'a> Usage<'a> {
   pub const VT_INPUT_TOKENS: ::flatbuffers::VOffsetT = 4;
   pub const VT_OUTPUT_TOKENS: ::flatbuffers::VOffsetT = 6;
   pub const VT_CACHED_INPUT_TOKENS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_DRAFT_TOKENS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_ACCEPTED_DRAFT_TOKENS: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2757,6 +2778,8 @@ impl<'a> Usage<'a> {
     args: &'args UsageArgs
   ) -> ::flatbuffers::WIPOffset<Usage<'bldr>> {
     let mut builder = UsageBuilder::new(_fbb);
+    builder.add_accepted_draft_tokens(args.accepted_draft_tokens);
+    builder.add_draft_tokens(args.draft_tokens);
     builder.add_cached_input_tokens(args.cached_input_tokens);
     builder.add_output_tokens(args.output_tokens);
     builder.add_input_tokens(args.input_tokens);
@@ -2788,6 +2811,22 @@ impl<'a> Usage<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(Usage::VT_CACHED_INPUT_TOKENS, Some(0)).unwrap()}
   }
+  /// Draft tokens verified by predictive streaming.
+  #[inline]
+  pub fn draft_tokens(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Usage::VT_DRAFT_TOKENS, Some(0)).unwrap()}
+  }
+  /// Draft tokens accepted (at most draft_tokens, and fewer than output_tokens).
+  #[inline]
+  pub fn accepted_draft_tokens(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Usage::VT_ACCEPTED_DRAFT_TOKENS, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Usage<'_> {
@@ -2799,6 +2838,8 @@ impl ::flatbuffers::Verifiable for Usage<'_> {
      .visit_field::<u32>("input_tokens", Self::VT_INPUT_TOKENS, false)?
      .visit_field::<u32>("output_tokens", Self::VT_OUTPUT_TOKENS, false)?
      .visit_field::<u32>("cached_input_tokens", Self::VT_CACHED_INPUT_TOKENS, false)?
+     .visit_field::<u32>("draft_tokens", Self::VT_DRAFT_TOKENS, false)?
+     .visit_field::<u32>("accepted_draft_tokens", Self::VT_ACCEPTED_DRAFT_TOKENS, false)?
      .finish();
     Ok(())
   }
@@ -2807,6 +2848,8 @@ pub struct UsageArgs {
     pub input_tokens: u32,
     pub output_tokens: u32,
     pub cached_input_tokens: u32,
+    pub draft_tokens: u32,
+    pub accepted_draft_tokens: u32,
 }
 impl<'a> Default for UsageArgs {
   #[inline]
@@ -2815,6 +2858,8 @@ impl<'a> Default for UsageArgs {
       input_tokens: 0,
       output_tokens: 0,
       cached_input_tokens: 0,
+      draft_tokens: 0,
+      accepted_draft_tokens: 0,
     }
   }
 }
@@ -2837,6 +2882,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> UsageBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u32>(Usage::VT_CACHED_INPUT_TOKENS, cached_input_tokens, 0);
   }
   #[inline]
+  pub fn add_draft_tokens(&mut self, draft_tokens: u32) {
+    self.fbb_.push_slot::<u32>(Usage::VT_DRAFT_TOKENS, draft_tokens, 0);
+  }
+  #[inline]
+  pub fn add_accepted_draft_tokens(&mut self, accepted_draft_tokens: u32) {
+    self.fbb_.push_slot::<u32>(Usage::VT_ACCEPTED_DRAFT_TOKENS, accepted_draft_tokens, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> UsageBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     UsageBuilder {
@@ -2857,6 +2910,8 @@ impl ::core::fmt::Debug for Usage<'_> {
       ds.field("input_tokens", &self.input_tokens());
       ds.field("output_tokens", &self.output_tokens());
       ds.field("cached_input_tokens", &self.cached_input_tokens());
+      ds.field("draft_tokens", &self.draft_tokens());
+      ds.field("accepted_draft_tokens", &self.accepted_draft_tokens());
       ds.finish()
   }
 }

@@ -83,6 +83,8 @@ pub struct GenerateRequest {
     pub stream: bool,
     /// Return per-token log-probabilities.
     pub logprobs: bool,
+    /// Predictive streaming asked for (`Some(true)`), refused (`Some(false)`) or left to the worker's default.
+    pub streaming_predicted: Option<bool>,
 }
 
 impl GenerateRequest {
@@ -137,6 +139,7 @@ impl GenerateRequest {
                 stop_sequences: Some(stops),
                 stream: self.stream,
                 logprobs: self.logprobs,
+                streaming_predicted: self.streaming_predicted,
             },
         )
     }
@@ -164,6 +167,7 @@ impl GenerateRequest {
             stop_sequences: stops.iter().map(str::to_owned).collect(),
             stream: t.stream(),
             logprobs: t.logprobs(),
+            streaming_predicted: t.streaming_predicted(),
         };
         msg.check()?;
         Ok(msg)
@@ -249,6 +253,10 @@ pub struct Usage {
     pub output_tokens: u32,
     /// Prompt tokens served from cached KV blocks.
     pub cached_input_tokens: u32,
+    /// Draft tokens verified by predictive streaming.
+    pub draft_tokens: u32,
+    /// Draft tokens accepted: output tokens that needed no model step of their own.
+    pub accepted_draft_tokens: u32,
 }
 
 /// Successful end of a generation.
@@ -275,6 +283,15 @@ impl Finish {
         if self.usage.cached_input_tokens > self.usage.input_tokens {
             return Err(invalid("Finish.usage.cached_input_tokens", "exceeds input_tokens"));
         }
+        let u = &self.usage;
+        if u.accepted_draft_tokens > u.draft_tokens
+            || (u.accepted_draft_tokens > 0 && u.accepted_draft_tokens >= u.output_tokens)
+        {
+            return Err(invalid(
+                "Finish.usage.accepted_draft_tokens",
+                "exceeds draft_tokens, or is not below output_tokens",
+            ));
+        }
         Ok(())
     }
 
@@ -286,6 +303,8 @@ impl Finish {
                 input_tokens: self.usage.input_tokens,
                 output_tokens: self.usage.output_tokens,
                 cached_input_tokens: self.usage.cached_input_tokens,
+                draft_tokens: self.usage.draft_tokens,
+                accepted_draft_tokens: self.usage.accepted_draft_tokens,
             },
         );
         let stop_reason = match self.stop_reason {
@@ -311,6 +330,8 @@ impl Finish {
                 input_tokens: usage.input_tokens(),
                 output_tokens: usage.output_tokens(),
                 cached_input_tokens: usage.cached_input_tokens(),
+                draft_tokens: usage.draft_tokens(),
+                accepted_draft_tokens: usage.accepted_draft_tokens(),
             },
         };
         msg.check()?;

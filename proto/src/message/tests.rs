@@ -82,6 +82,7 @@ pub(crate) fn samples() -> Vec<Message> {
             stop_sequences: vec!["\n\nHuman:".into()],
             stream: true,
             logprobs: true,
+            streaming_predicted: Some(false),
         }),
         Message::GenerateRequest(GenerateRequest {
             request_id: "req_02".into(),
@@ -93,6 +94,7 @@ pub(crate) fn samples() -> Vec<Message> {
             stop_sequences: vec![],
             stream: false,
             logprobs: false,
+            streaming_predicted: None,
         }),
         Message::TokenChunk(TokenChunk {
             token_ids: vec![504, 3],
@@ -103,12 +105,18 @@ pub(crate) fn samples() -> Vec<Message> {
         Message::Finish(Finish {
             stop_reason: StopReason::StopSequence,
             stop_sequence: Some("\n\nHuman:".into()),
-            usage: Usage { input_tokens: 120, output_tokens: 7, cached_input_tokens: 112 },
+            usage: Usage { input_tokens: 120, output_tokens: 7, cached_input_tokens: 112, ..Usage::default() },
         }),
         Message::Finish(Finish {
             stop_reason: StopReason::MaxTokens,
             stop_sequence: None,
-            usage: Usage { input_tokens: 1, output_tokens: 64, cached_input_tokens: 0 },
+            usage: Usage {
+                input_tokens: 1,
+                output_tokens: 64,
+                cached_input_tokens: 0,
+                draft_tokens: 70,
+                accepted_draft_tokens: 40,
+            },
         }),
         Message::Error(WireError {
             code: ErrorCode::Overloaded,

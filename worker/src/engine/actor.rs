@@ -188,7 +188,15 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
                     tokens += 1;
                     *seq
                 }
-                Event::Finished { seq, .. } => *seq,
+                Event::Finished { seq, draft_tokens, accepted_draft_tokens, .. } => {
+                    // Predictive streaming's figures: the accepted share is its acceptance rate.
+                    if *draft_tokens > 0 {
+                        metrics::counter!("zl_worker_draft_tokens_total", &labels).increment(u64::from(*draft_tokens));
+                        metrics::counter!("zl_worker_draft_tokens_accepted_total", &labels)
+                            .increment(u64::from(*accepted_draft_tokens));
+                    }
+                    *seq
+                }
             };
             let finished = matches!(ev, Event::Finished { .. });
             if let Some(tx) = outputs.get(&seq) {

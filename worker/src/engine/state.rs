@@ -28,6 +28,9 @@ pub struct Request {
     pub stop_sequences: Vec<String>,
     /// Report each token's log-probability (a softmax over the vocabulary per token, so only when asked).
     pub logprobs: bool,
+    /// Draft tokens per step at most for predictive streaming (prompt-lookup speculation); 0 turns it off. The
+    /// output is the same either way, byte for byte: only how many steps it takes changes.
+    pub speculate: usize,
 }
 
 /// Something that happened to a sequence during a step.
@@ -60,6 +63,10 @@ pub enum Event {
         output_tokens: u32,
         /// Prompt tokens served from the prefix cache.
         cached_input_tokens: u32,
+        /// Draft tokens verified (predictive streaming).
+        draft_tokens: u32,
+        /// Draft tokens accepted: output tokens that cost no step of their own.
+        accepted_draft_tokens: u32,
     },
 }
 
@@ -92,6 +99,8 @@ struct SeqState {
     prompt_len: u32,
     detok: Detokenizer,
     stop: StopMatcher,
+    drafted: u32,
+    accepted: u32,
 }
 
 /// Engine figures.
@@ -148,6 +157,7 @@ impl EngineCore {
         }
         let prompt_len = req.prompt.len() as u32;
         self.sched.add(seq, req.prompt, req.max_tokens as usize)?;
+        self.sched.speculate(seq, req.speculate);
         self.seqs.insert(
             seq,
             SeqState {
@@ -158,6 +168,8 @@ impl EngineCore {
                 prompt_len,
                 detok: Detokenizer::default(),
                 stop: StopMatcher::new(&req.stop_sequences),
+                drafted: 0,
+                accepted: 0,
             },
         );
         Ok(())
@@ -195,38 +207,72 @@ impl EngineCore {
         self.sched.pool_mut().drain_events()
     }
 
-    /// Run one step: schedule, run the model over the batch, sample, detokenize, check stops.
+    /// Run one step: schedule, run the model over the batch, sample, verify drafts, detokenize, check stops.
     pub fn step(&mut self) -> Vec<Event> {
         let plan = self.sched.schedule();
         if plan.items.is_empty() {
             return Vec::new();
         }
+        let rows_of = |it: &StepItem| if it.sample { 1 + it.drafts } else { 0 };
         let items: Vec<BatchItem<'_>> = plan
             .items
             .iter()
-            .map(|it| BatchItem { tokens: &it.tokens, start: it.start, blocks: &it.blocks, logits: it.sample })
+            .map(|it| BatchItem { tokens: &it.tokens, start: it.start, blocks: &it.blocks, logits: rows_of(it) })
             .collect();
         let logits = self.model.llama.forward(&items, &mut self.kv);
+        let vocab = self.model.llama.config().vocab;
+        // Every logits row with its item and its offset in the item's rows. A token depends only on its own row,
+        // the sequence's settings and its output position, so every row is sampled at once (on the pool for
+        // large batches), drafts included: the token at offset j is the one plain decoding would pick at that
+        // position if the drafts before it are accepted, and only then is it used.
+        let rows: Vec<(&StepItem, usize)> =
+            plan.items.iter().flat_map(|it| (0..rows_of(it)).map(move |j| (it, j))).collect();
+        let seqs = &self.seqs;
+        let pick = |(row, (item, j)): (&[f32], &(&StepItem, usize))| {
+            let st = seqs.get(&item.seq)?;
+            let s = sample(row, &st.sampling, u64::from(st.generated) + *j as u64);
+            Some((s, st.logprobs.then(|| log_softmax_at(row, s as usize))))
+        };
+        let picks: Vec<_> = if rows.len() >= PARALLEL_ROWS {
+            logits.par_chunks_exact(vocab).zip(&rows).map(pick).collect()
+        } else {
+            logits.chunks_exact(vocab).zip(&rows).map(pick).collect()
+        };
         let mut events = Vec::new();
         let mut sampled = HashMap::new();
         let mut finished = Vec::new();
-        let vocab = self.model.llama.config().vocab;
-        let rows: Vec<_> = plan.items.iter().filter(|it| it.sample).zip(logits.chunks_exact(vocab)).collect();
-        // A token depends only on its own row, the sequence's settings and its step: large batches sample on the
-        // pool (the same tokens either way).
-        let seqs = &self.seqs;
-        let pick = |(item, logits): &(&StepItem, &[f32])| {
-            let st = seqs.get(&item.seq)?;
-            let s = sample(logits, &st.sampling, u64::from(st.generated));
-            Some((s, st.logprobs.then(|| log_softmax_at(logits, s as usize))))
-        };
-        let picks: Vec<_> = if rows.len() >= PARALLEL_ROWS {
-            rows.par_iter().map(pick).collect()
-        } else {
-            rows.iter().map(pick).collect()
-        };
-        for ((item, _), picked) in rows.iter().zip(picks) {
-            let (Some(st), Some((s, logprob))) = (self.seqs.get_mut(&item.seq), picked) else { continue };
+        let mut at = 0;
+        for item in plan.items.iter().filter(|it| it.sample) {
+            let picked = &picks[at..at + 1 + item.drafts];
+            at += 1 + item.drafts;
+            if let Some(emitted) = self.accept(item, picked, &mut events) {
+                sampled.insert(item.seq, emitted);
+            } else if self.seqs.contains_key(&item.seq) {
+                finished.push(item.seq);
+            }
+        }
+        self.sched.complete(&plan, &sampled);
+        for seq in finished {
+            self.cancel(seq);
+        }
+        events
+    }
+
+    /// Take an item's sampled tokens in order, as plain decoding would have produced them one step at a time:
+    /// each is output (detokenized, checked for stops); the next one is used only while the previous equals the
+    /// draft fed after it. Returns the tokens the sequence continues with, or `None` when it finished (its
+    /// `Finished` event pushed) or is gone.
+    fn accept(
+        &mut self,
+        item: &StepItem,
+        picked: &[Option<(u32, Option<f32>)>],
+        events: &mut Vec<Event>,
+    ) -> Option<Vec<u32>> {
+        let st = self.seqs.get_mut(&item.seq)?;
+        st.drafted += item.drafts as u32;
+        let mut emitted = Vec::new();
+        for (j, picked) in picked.iter().enumerate() {
+            let (s, logprob) = (*picked)?;
             st.generated += 1;
             let mut end = None;
             if self.model.tokenizer.stop_ids.contains(&s) {
@@ -241,29 +287,28 @@ impl EngineCore {
                     end = Some((StopReason::MaxTokens, None));
                 }
             }
-            match end {
-                None => {
-                    sampled.insert(item.seq, s);
-                }
-                Some((reason, stop_sequence)) => {
-                    let text = if stop_sequence.is_some() { String::new() } else { st.stop.flush() };
-                    events.push(Event::Finished {
-                        seq: item.seq,
-                        reason,
-                        stop_sequence,
-                        text,
-                        input_tokens: st.prompt_len,
-                        output_tokens: st.generated,
-                        cached_input_tokens: self.sched.cached_prompt_tokens(item.seq) as u32,
-                    });
-                    finished.push(item.seq);
-                }
+            if let Some((reason, stop_sequence)) = end {
+                let text = if stop_sequence.is_some() { String::new() } else { st.stop.flush() };
+                events.push(Event::Finished {
+                    seq: item.seq,
+                    reason,
+                    stop_sequence,
+                    text,
+                    input_tokens: st.prompt_len,
+                    output_tokens: st.generated,
+                    cached_input_tokens: self.sched.cached_prompt_tokens(item.seq) as u32,
+                    draft_tokens: st.drafted,
+                    accepted_draft_tokens: st.accepted,
+                });
+                return None;
             }
+            emitted.push(s);
+            // The draft fed after position j is tokens[1 + j]: the next row is valid only if it was this token.
+            if item.tokens.get(1 + j) != Some(&s) {
+                break;
+            }
+            st.accepted += 1;
         }
-        self.sched.complete(&plan, &sampled);
-        for seq in finished {
-            self.cancel(seq);
-        }
-        events
+        Some(emitted)
     }
 }

@@ -142,8 +142,9 @@ pub struct BatchItem<'a> {
     pub start: usize,
     /// The sequence's block table.
     pub blocks: &'a [BlockId],
-    /// Return logits for the last token.
-    pub logits: bool,
+    /// Return logits for this many of the item's last tokens (0: none; 1: the last token's, what decoding needs;
+    /// more: a speculative step verifying draft tokens, which needs the logits after each of them).
+    pub logits: usize,
 }
 
 /// Batch rows from which the per-row work (norms, RoPE and the new keys' and values' conversion, the gated
@@ -255,8 +256,8 @@ impl Llama {
         vh.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(v);
     }
 
-    /// Run one step. Writes the new tokens' keys and values into `kv` and returns the last token's logits for
-    /// every item that asked for them, in item order, one row of `vocab` values after another (no per-row copies:
+    /// Run one step. Writes the new tokens' keys and values into `kv` and returns the logits each item asked for
+    /// (its last `logits` tokens'), in item and token order, one row of `vocab` values after another (no per-row copies:
     /// at 16 sequences they are 3 MB a step).
     pub fn forward(&self, items: &[BatchItem<'_>], kv: &mut KvStore) -> Vec<f32> {
         // On a pool thread: the serial parts between parallel kernels then share the cores with the pool's other
@@ -352,14 +353,12 @@ impl Llama {
             layer.w_down.matmul(&gate, n, &mut proj);
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
-        // Logits only for the last row of each item that wants them.
+        // Logits only for the rows each item asked for (its last ones).
         let mut last_rows = Vec::new();
         let mut end = 0;
         for item in items {
             end += item.tokens.len();
-            if item.logits && !item.tokens.is_empty() {
-                last_rows.push(end - 1);
-            }
+            last_rows.extend(end - item.logits.min(item.tokens.len())..end);
         }
         if last_rows.is_empty() {
             return Vec::new();

@@ -9,18 +9,18 @@
 //!   or batched, which makes seeded sampling reproducible and the response cache safe.
 //!
 //! Quantized weights stay quantized in memory (GGUF Q4_1 and Q8_0, the formats of the bundled model). Each
-//! activation row is quantized per block of 32 to int8 on its own, and every block product is an exact integer
-//! dot product, scaled and accumulated in a fixed order (AVX-512 VNNI or AVX2 where the CPU has it, portable code
+//! activation row is quantized per block of 32 to 16-bit integers on its own, and every block product is an exact
+//! integer dot product, scaled and accumulated in a fixed order (AVX2 where the CPU has it, portable code
 //! otherwise, the same bits at every level). Other formats are dequantized to f32 at load and use the f32 kernel.
 //! Attention over the f16 KV cache and the `exp` the model needs live here too, under the same rules.
 //!
 //! This file holds the instruction-set choice ([`Isa`]) and the dispatch of a matmul into parallel column tasks;
 //! one file per concern beside it, the way candle's `quantized/` keeps one file per instruction set:
 //! - `weight.rs`: the tiled weight formats and their parsing from GGUF blocks;
-//! - `quant.rs`: activations quantized to int8 blocks, laid out for the kernels;
+//! - `quant.rs`: activations quantized to 16-bit blocks, laid out for the kernels;
 //! - `portable.rs`: the reference kernels and reductions every SIMD level must match bit for bit;
 //! - `attention.rs`: attention over the f16 KV cache (reference arithmetic and dispatch);
-//! - `x86/`: the AVX2 and AVX-512 VNNI code, the only place in the worker allowed `unsafe`.
+//! - `x86/`: the AVX2 code, the only place in the worker allowed `unsafe`.
 
 mod attention;
 mod portable;
@@ -38,7 +38,7 @@ pub use attention::{AttentionShape, attention};
 pub use portable::{dot_f32, exp_f32, sum_f32};
 pub use weight::{Weight, WeightError};
 
-use portable::{columns_f32, columns_int8};
+use portable::{columns_f32, columns_int};
 use quant::QuantizedRows;
 use weight::TILE;
 
@@ -53,27 +53,24 @@ const TASKS_PER_THREAD: usize = 4;
 const MAX_COLS_PER_TASK: usize = 256;
 
 /// The instruction set the kernels run on: the best this CPU has, or a lower one named by the environment variable
-/// `ZL_KERNEL_ISA` (`portable`, `avx2` or `avx512-vnni`; for comparisons and tests). Every level computes the same
-/// bits: only the speed changes.
+/// `ZL_KERNEL_ISA` (`portable` or `avx2`; for comparisons and tests). Every level computes the same bits: only
+/// the speed changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     /// Plain Rust, any CPU.
     Portable,
-    /// AVX2, FMA and F16C (x86-64 since 2013-2015).
+    /// AVX2, FMA and F16C (x86-64 since 2013-2015; AVX-512 CPUs run this level too).
     Avx2,
-    /// AVX2 plus AVX-512 (F, BW) with VNNI's byte dot product for the integer matmuls (Ice Lake, Zen 4 and later).
-    Avx512Vnni,
 }
 
 impl Isa {
-    const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512Vnni];
+    const ALL: [Isa; 2] = [Isa::Portable, Isa::Avx2];
 
     /// The name `ZL_KERNEL_ISA` takes.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
-            Isa::Avx512Vnni => "avx512-vnni",
         }
     }
 
@@ -85,11 +82,7 @@ impl Isa {
             {
                 use std::arch::is_x86_feature_detected as has;
                 if has!("avx2") && has!("fma") && has!("f16c") {
-                    return if has!("avx512f") && has!("avx512bw") && has!("avx512vnni") {
-                        Isa::Avx512Vnni
-                    } else {
-                        Isa::Avx2
-                    };
+                    return Isa::Avx2;
                 }
             }
             Isa::Portable
@@ -199,9 +192,9 @@ fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, c0: usize, ou
         Some(xq) => {
             #[cfg(target_arch = "x86_64")]
             if x86::available() {
-                return x86::columns_int8(Isa::current(), weight, xq, c0, out);
+                return x86::columns_int(Isa::current(), weight, xq, c0, out);
             }
-            columns_int8(weight, xq, c0, out)
+            columns_int(weight, xq, c0, out)
         }
     }
 }

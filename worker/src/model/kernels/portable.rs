@@ -11,10 +11,11 @@ pub(super) fn hsum(a: &[f32; 8]) -> f32 {
     ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
 }
 
-/// The portable integer kernel; the reference the SIMD kernel must match bit for bit. Per output, for each block in
+/// The portable integer kernel (weight quants times 16-bit activation quants); the reference the SIMD kernel must
+/// match bit for bit. Per output, for each block in
 /// order: the exact integer dot product of the weight and activation quants, times the product of the two scales,
 /// as a fused multiply-add into one f32; for Q4_1 then the minimum times the activations' block sum, the same way.
-pub(super) fn columns_int8(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+pub(super) fn columns_int(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
     let bpr = weight.cols() / QK;
     for (r, row) in out.iter_mut().enumerate() {
         for (c, o) in (c0..).zip(row.iter_mut()) {
@@ -57,9 +58,11 @@ pub(super) fn columns_int8(weight: &Weight, xq: &QuantizedRows, c0: usize, out: 
 pub(super) fn columns_f32(weight: &Weight, x: &[f32], c0: usize, out: &mut [&mut [f32]]) {
     let Weight::F32 { w, cols, .. } = weight else { unreachable!("quantized weights use the integer kernel") };
     let cols = *cols;
-    for (r, row) in out.iter_mut().enumerate() {
-        for (c, o) in (c0..).zip(row.iter_mut()) {
-            *o = dot_f32(&w[c * cols..(c + 1) * cols], &x[r * cols..(r + 1) * cols]);
+    // Weight row outside, batch rows inside: a weight row is read from memory once per step, not once per row.
+    for i in 0..out.first().map_or(0, |row| row.len()) {
+        let wc = &w[(c0 + i) * cols..(c0 + i + 1) * cols];
+        for (r, row) in out.iter_mut().enumerate() {
+            row[i] = dot_f32(wc, &x[r * cols..(r + 1) * cols]);
         }
     }
 }

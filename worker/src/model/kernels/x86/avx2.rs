@@ -1,23 +1,21 @@
-//! The AVX2 level: the tiled integer kernels (eight output features per vector, up to eight batch rows per pass)
-//! and the activation quantizer, each the portable reference's operations in its order.
+//! The AVX2 level: the tiled integer kernels (eight output features per vector, up to eight batch rows per pass,
+//! 16-bit pair products with `vpmaddwd`) and the activation quantizer, each the portable reference's operations in its order.
 
 use std::arch::x86_64::*;
 
 use super::super::portable::finish_sum;
-use super::super::quant::{QuantizedRows, XBlock};
+use super::super::quant::{QMAX, QuantizedRows, XBlock};
 use super::super::weight::TILE;
 use super::super::{QK, Weight};
-use super::{TILE_ROWS, broadcast4, load8f, load32, load32u, row_blocks, store_features, store8f, tile};
+use super::{TILE_ROWS, broadcast2, load8f, load32, load32u, row_blocks, store_features, store8f, tile};
 
 /// [`super::super::quant::quantize_group`] in AVX2, block by block: the same maximum, the same scale, the same roundings
-/// and the block sum in `sum_f32`'s order, so the same bytes (for finite activations).
+/// and the block sum in `sum_f32`'s order, so the same quants (for finite activations).
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn quantize_group_avx2(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
     let (rows, bpr) = (x.len() / cols, cols / QK);
     let sign = _mm256_set1_ps(-0.0);
     let half = _mm256_set1_ps(0.5);
-    // Dwords of the packed bytes back in element order (the packs interleave 128-bit lanes).
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for r in 0..rows {
         for b in 0..bpr {
             let block = &x[r * cols + b * QK..][..QK];
@@ -27,18 +25,23 @@ pub(super) fn quantize_group_avx2(x: &[f32], cols: usize, blocks: &mut [XBlock],
             let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
             let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
             let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
-            let d = amax / 127.0;
+            let d = amax / QMAX;
             let inv = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
-            // Round half away from zero: add 0.5 with the value's sign, then truncate.
+            // Round half away from zero: add 0.5 with the value's sign, then truncate (and saturate, as `as` does).
             let quant = |v: __m256| {
                 let t = _mm256_mul_ps(v, inv);
                 _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_or_ps(half, _mm256_and_ps(t, sign))))
             };
-            let words = [_mm256_packs_epi32(quant(v[0]), quant(v[1])), _mm256_packs_epi32(quant(v[2]), quant(v[3]))];
-            let bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words[0], words[1]), order);
-            let mut q = [0i8; QK];
-            // SAFETY: `q` is 32 writable bytes and the store is unaligned.
-            unsafe { _mm256_storeu_si256(q.as_mut_ptr().cast(), bytes) };
+            // The pack interleaves 64-bit quarters of its two inputs; the permute puts them back in element order.
+            let pack = |a: __m256, b: __m256| {
+                _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(quant(a), quant(b)))
+            };
+            let mut q = [0i16; QK];
+            // SAFETY: `q` is 64 writable bytes and the stores are unaligned.
+            unsafe {
+                _mm256_storeu_si256(q.as_mut_ptr().cast(), pack(v[0], v[1]));
+                _mm256_storeu_si256(q[16..].as_mut_ptr().cast(), pack(v[2], v[3]));
+            }
             blocks[b * rows + r] = XBlock::new(q, d);
             let lanes =
                 _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_add_ps(_mm256_setzero_ps(), v[0]), v[1]), v[2]), v[3]);
@@ -61,7 +64,7 @@ pub(super) fn tiled_columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out:
 
 /// Tile `t` for every batch row, a few rows at a time.
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn one_tile(weight: &Weight, xq: &QuantizedRows, t: usize, c0: usize, out: &mut [&mut [f32]]) {
+fn one_tile(weight: &Weight, xq: &QuantizedRows, t: usize, c0: usize, out: &mut [&mut [f32]]) {
     let n = out.len();
     let mut r = 0;
     while r < n {
@@ -88,17 +91,35 @@ fn tile_rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: u
     acc[..R].copy_from_slice(&rows);
 }
 
+/// Byte shuffles that pick, in each 128-bit half (four features of four bytes), every feature's bytes `0, 1`
+/// (`PICK_A`) or `2, 3` (`PICK_B`) into the low byte of a 16-bit lane (the high byte zero); `_HIGH` into the high
+/// byte (the low byte zero), for sign extension by an arithmetic shift.
+const PICK_A: [i8; 16] = [0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13, -1];
+const PICK_B: [i8; 16] = [2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15, -1];
+const PICK_A_HIGH: [i8; 16] = [-1, 0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13];
+const PICK_B_HIGH: [i8; 16] = [-1, 2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15];
+
+/// A byte shuffle applied to both 128-bit halves.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn shuffle(pick: &[i8; 16]) -> __m256i {
+    // SAFETY: `pick` is 16 readable bytes and the load is unaligned.
+    let half = unsafe { _mm_loadu_si128(pick.as_ptr().cast()) };
+    _mm256_broadcastsi128_si256(half)
+}
+
 /// Tile `t`'s eight features for batch rows `r..r + R` (row `r + i` in lane vector `i`). Per block, a chunk of four
-/// elements of all eight features at a time (unpacked once for all rows), each row's byte-products (each lane
-/// a feature, the row's four activation bytes broadcast to all lanes) summed in i16; then per row the sum
-/// widened to i32 once, the scales and the minimum term as fused multiply-adds: the operations of
-/// `columns_int8`'s Q4_1 reference, in its order, whatever `R` is. (The integer sum is exact in any order.)
+/// elements of all eight features at a time, widened once for all rows to 16-bit pairs (each 32-bit lane a
+/// feature's two elements); each row's pair products with its two activation quants broadcast to all lanes
+/// (`vpmaddwd`) summed in i32 (exact: at most 32 * 15 * 32767 per block); then per row the scales and the
+/// minimum term as fused multiply-adds: the operations of `columns_int`'s Q4_1 reference, in its order, whatever
+/// `R` is. (The integer sum is exact in any order.)
 #[target_feature(enable = "avx2,fma")]
 fn q4_1_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
     let Weight::Q4_1 { cols, d, m, qs, .. } = weight else { unreachable!("Q4_1 only") };
     let bpr = cols / QK;
-    let ones = _mm256_set1_epi16(1);
-    let low4 = _mm256_set1_epi8(0x0f);
+    let low4 = _mm256_set1_epi16(0x0f);
+    let (pick_a, pick_b) = (shuffle(&PICK_A), shuffle(&PICK_B));
     let mut acc = [_mm256_setzero_ps(); R];
     let qs = tile(qs, t, bpr * 128);
     let (d, m) = (tile(d, t, bpr * TILE), tile(m, t, bpr * TILE));
@@ -107,36 +128,46 @@ fn q4_1_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: u
     for (b, ((q, dv), mv)) in qs.chunks_exact(128).zip(d.chunks_exact(TILE)).zip(m.chunks_exact(TILE)).enumerate() {
         let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
         let mut s = [_mm256_setzero_si256(); R];
-        // Chunk k holds elements 4k..4k + 4 (low nibbles) and 16 + 4k.. (high nibbles) of every feature. Each
-        // product pair is at most 2 * 15 * 127 = 3810, so a block's eight of them sum within i16.
+        // Chunk k holds elements 4k..4k + 4 (low nibbles) and 16 + 4k.. (high nibbles) of every feature: as
+        // pairs, activation pairs 2k and 2k + 1 (low) and 8 + 2k and 9 + 2k (high).
         for k in 0..4 {
             let v = load32u(&q[k * 32..]);
-            let lo = _mm256_and_si256(v, low4);
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
+            let (a, b) = (_mm256_shuffle_epi8(v, pick_a), _mm256_shuffle_epi8(v, pick_b));
+            let w = [
+                _mm256_and_si256(a, low4),
+                _mm256_and_si256(b, low4),
+                _mm256_srli_epi16::<4>(a),
+                _mm256_srli_epi16::<4>(b),
+            ];
             for i in 0..R {
-                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(lo, broadcast4(&x[i], k)));
-                s[i] = _mm256_add_epi16(s[i], _mm256_maddubs_epi16(hi, broadcast4(&x[i], k + 4)));
+                let lo = _mm256_add_epi32(
+                    _mm256_madd_epi16(w[0], broadcast2(&x[i], 2 * k)),
+                    _mm256_madd_epi16(w[1], broadcast2(&x[i], 2 * k + 1)),
+                );
+                let hi = _mm256_add_epi32(
+                    _mm256_madd_epi16(w[2], broadcast2(&x[i], 8 + 2 * k)),
+                    _mm256_madd_epi16(w[3], broadcast2(&x[i], 9 + 2 * k)),
+                );
+                s[i] = _mm256_add_epi32(s[i], _mm256_add_epi32(lo, hi));
             }
         }
         let (dw, mw) = (load8f(dv), load8f(mv));
         for i in 0..R {
-            let isum = _mm256_madd_epi16(s[i], ones);
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(x[i].d)), acc[i]);
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(dw, _mm256_set1_ps(x[i].d)), acc[i]);
             acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sums[i * bpr + b]), acc[i]);
         }
     }
     acc
 }
 
-/// [`q4_1_tile`] for Q8_0: per block, a chunk of four elements of all eight features at a time (their
-/// magnitudes taken once for all rows), each row's byte-products of the magnitudes with its activations
-/// carrying the weights' signs (each pair at most 2 * 128 * 127, so each is widened to i32 before the next is
-/// added), then the scales as one fused multiply-add: `columns_int8`'s Q8_0 reference.
+/// [`q4_1_tile`] for Q8_0: per block, a chunk of four elements of all eight features at a time, sign-extended once
+/// for all rows to 16-bit pairs, each row's pair products summed in i32 (exact: at most 32 * 128 * 32767), then
+/// the scales as one fused multiply-add: `columns_int`'s Q8_0 reference.
 #[target_feature(enable = "avx2,fma")]
 fn q8_0_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
     let Weight::Q8_0 { cols, d, qs, .. } = weight else { unreachable!("Q8_0 only") };
     let bpr = cols / QK;
-    let ones = _mm256_set1_epi16(1);
+    let (pick_a, pick_b) = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
     let mut acc = [_mm256_setzero_ps(); R];
     let qs = tile(qs, t, bpr * 256);
     let d = tile(d, t, bpr * TILE);
@@ -144,12 +175,17 @@ fn q8_0_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: u
     for (b, (q, dv)) in qs.chunks_exact(256).zip(d.chunks_exact(TILE)).enumerate() {
         let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
         let mut s = [_mm256_setzero_si256(); R];
+        // Chunk k holds elements 4k..4k + 4 of every feature: activation pairs 2k and 2k + 1.
         for k in 0..8 {
-            let w = load32(&q[k * 32..]);
-            let mag = _mm256_sign_epi8(w, w);
+            let v = load32(&q[k * 32..]);
+            let a = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_a));
+            let b = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_b));
             for i in 0..R {
-                let xk = _mm256_sign_epi8(broadcast4(&x[i], k), w);
-                s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(_mm256_maddubs_epi16(mag, xk), ones));
+                let p = _mm256_add_epi32(
+                    _mm256_madd_epi16(a, broadcast2(&x[i], 2 * k)),
+                    _mm256_madd_epi16(b, broadcast2(&x[i], 2 * k + 1)),
+                );
+                s[i] = _mm256_add_epi32(s[i], p);
             }
         }
         let dw = load8f(dv);

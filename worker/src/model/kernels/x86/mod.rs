@@ -1,5 +1,5 @@
-//! The x86-64 SIMD kernels: AVX2 (integer matmul, activation quantization, attention over the f16 KV cache) and
-//! AVX-512 VNNI (integer matmul for batches). Nothing else in the worker needs `unsafe`: only the unaligned loads
+//! The x86-64 SIMD kernels: AVX2 (integer matmul, activation quantization, attention over the f16 KV cache).
+//! Nothing else in the worker needs `unsafe`: only the unaligned loads
 //! and stores here, and entering `#[target_feature]` functions once [`available`] (or an assertion on the level)
 //! has checked the CPU, do. This file is the safe boundary and the helpers every level shares; each level's
 //! kernels live in a file of their own.
@@ -54,22 +54,11 @@ pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums
     unsafe { avx2::quantize_group_avx2(x, cols, blocks, sums) }
 }
 
-/// Batch rows from which the VNNI kernel runs. Below, a step reads weights faster than it multiplies them and
-/// the AVX2 kernel's single stream of one tile at a time was about 10% faster end to end at one sequence. Both
-/// compute the same bits, so the choice never changes a result.
-const VNNI_MIN_ROWS: usize = 4;
-
 /// The integer kernel at level `isa` (at least AVX2; the caller checked the CPU has it).
-pub(super) fn columns_int8(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+pub(super) fn columns_int(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
     assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
     // SAFETY: the assertion checked that the CPU has the level's features.
-    unsafe {
-        if isa == Isa::Avx512Vnni && out.len() >= VNNI_MIN_ROWS {
-            avx512::tiled_columns_vnni(weight, xq, c0, out)
-        } else {
-            avx2::tiled_columns(weight, xq, c0, out)
-        }
-    }
+    unsafe { avx2::tiled_columns(weight, xq, c0, out) }
 }
 
 /// 32 bytes as a vector. The slice index bounds-checks the read.
@@ -124,7 +113,6 @@ const _: () = assert!(TILE_ROWS == 8, "by_rows! covers 1 to TILE_ROWS");
 // After `by_rows!`, whose textual scope they need.
 mod attention;
 mod avx2;
-mod avx512;
 
 /// Features `f0..f0 + vals.len()` of one output row whose slice `row` holds features `c0..`: the ones that
 /// fall in the slice (a task's range, or the matrix's end before a tile's padding features).
@@ -145,11 +133,14 @@ fn row_blocks<const R: usize>(xq: &QuantizedRows, r: usize) -> (&[XBlock], usize
     (&xq.blocks[first..last], stride)
 }
 
-/// Activation bytes `4k..4k + 4` of a block, in every 32-bit lane.
+/// Activation quants `2p` and `2p + 1` of a block, in every 32-bit lane.
 #[inline(always)]
-fn broadcast4(x: &XBlock, k: usize) -> __m256i {
-    // SAFETY: only called from the AVX2 and VNNI kernels, which run where `available()` said the CPU has it.
-    unsafe { _mm256_set1_epi32(x.quad(k)) }
+fn broadcast2(x: &XBlock, p: usize) -> __m256i {
+    let pair = &x.q[2 * p..2 * p + 2];
+    // SAFETY: `pair` is two readable i16s (4 bytes) and the read is unaligned; only called from the AVX2 kernels,
+    // which run where `available()` said the CPU has it. One broadcast load, where assembling the word from two
+    // 16-bit loads costs the kernel's inner loop three more instructions per pair.
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(pair.as_ptr().cast::<i32>())) }
 }
 
 /// Tile `t`'s part of a tiled array holding `len` entries per tile.

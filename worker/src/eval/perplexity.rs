@@ -41,12 +41,12 @@ pub fn perplexity(model: &Llama, tokens: &[u32], context: usize, bos: Option<u32
         // The first half in one prefill step, whose logits predict the first scored token; then one token at a
         // time, each step's logits predicting the next.
         let mut logits =
-            model.forward(&[BatchItem { tokens: &chunk[..first], start: 0, blocks: &blocks, logits: true }], &mut kv);
+            model.forward(&[BatchItem { tokens: &chunk[..first], start: 0, blocks: &blocks, logits: 1 }], &mut kv);
         for at in first..chunk.len() {
             nll -= log_prob(&logits, chunk[at]);
             scored += 1;
             if at + 1 < chunk.len() {
-                let step = BatchItem { tokens: &chunk[at..at + 1], start: at, blocks: &blocks, logits: true };
+                let step = BatchItem { tokens: &chunk[at..at + 1], start: at, blocks: &blocks, logits: 1 };
                 logits = model.forward(&[step], &mut kv);
             }
         }

@@ -1,0 +1,98 @@
+//! `zl-worker eval`: a model path's quality. `--perplexity FILE` scores a text on the model's own path (the CPU
+//! kernels at the level this machine runs; every level computes the same bits) and, with `--float`, on the float
+//! reference path beside it, with their ratio. `--questions` asks the fixed question set greedily on both paths
+//! and prints where their answers differ.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::Args;
+use zl_worker::eval::{answers, perplexity};
+use zl_worker::fetch;
+use zl_worker::model::kernels::Isa;
+use zl_worker::model::{Precision, gguf, load_with};
+
+/// `zl-worker eval` arguments.
+#[derive(Args, Debug)]
+pub(crate) struct EvalArgs {
+    /// The text to score (UTF-8).
+    #[arg(long, required_unless_present = "questions")]
+    perplexity: Option<PathBuf>,
+    /// Ask the fixed question set greedily on the native and the float reference path and compare the answers.
+    #[arg(long)]
+    questions: bool,
+    /// A GGUF file or Hugging Face directory (default: the bundled model).
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Tokens per chunk; the second half of each is scored.
+    #[arg(long, default_value_t = 512)]
+    context: usize,
+    /// Also measure the float reference path (every matrix dequantized to f32; slow).
+    #[arg(long)]
+    float: bool,
+    /// Longest answer to a question, in tokens.
+    #[arg(long, default_value_t = 32)]
+    max_tokens: usize,
+}
+
+pub(crate) fn run(args: &EvalArgs) -> Result<()> {
+    let path = match &args.model {
+        Some(p) => p.clone(),
+        None => fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("zl-worker: {m}"))?,
+    };
+    if let Some(text) = &args.perplexity {
+        score(args, &path, text)?;
+    }
+    if args.questions {
+        questions(&path, args.max_tokens)?;
+    }
+    Ok(())
+}
+
+fn score(args: &EvalArgs, path: &Path, text: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
+    let bos = if path.is_dir() { None } else { gguf::bos_token(path)? };
+    let mut precisions = vec![(Precision::Native, format!("native ({} kernels)", Isa::current().name()))];
+    if args.float {
+        precisions.push((Precision::Float, "float reference".to_owned()));
+    }
+    let mut values = Vec::new();
+    for (precision, name) in precisions {
+        let model = load_with(path, precision).with_context(|| format!("loading {}", path.display()))?;
+        let tokens = model.tokenizer.encode(&text)?;
+        let started = Instant::now();
+        let Some(p) = perplexity(&model.llama, &tokens, args.context, bos) else {
+            bail!("the text has {} tokens, fewer than one chunk of {}", tokens.len(), args.context);
+        };
+        println!(
+            "{name:<28} perplexity {:>8.4}  ({} chunks of {}, {} tokens scored, {:.1}s)",
+            p.value,
+            p.chunks,
+            args.context,
+            p.scored,
+            started.elapsed().as_secs_f64()
+        );
+        values.push(p.value);
+    }
+    if let [native, float] = values[..] {
+        println!("native / float: {:.4} ({:+.2}%)", native / float, (native / float - 1.0) * 100.0);
+    }
+    Ok(())
+}
+
+fn questions(path: &Path, max_tokens: usize) -> Result<()> {
+    let load = |precision| load_with(path, precision).with_context(|| format!("loading {}", path.display()));
+    let (native, float) = (load(Precision::Native)?, load(Precision::Float)?);
+    let results =
+        answers::compare((&native.llama, &native.tokenizer), &float.llama, max_tokens).map_err(|e| anyhow!(e))?;
+    for system in answers::SYSTEM_PROMPTS {
+        let set: Vec<_> = results.iter().filter(|c| c.system == system).collect();
+        let agree = set.iter().filter(|c| c.agrees()).count();
+        println!("system {system:?}: {agree}/{} answers agree with the float reference path", set.len());
+        for c in set.iter().filter(|c| !c.agrees()) {
+            println!("  {}\n    native: {:?}\n    float:  {:?}", c.question, c.answer, c.reference);
+        }
+    }
+    Ok(())
+}
