@@ -208,19 +208,30 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
         std::thread::sleep(Duration::from_millis(100));
     }
 
-    // zl chat finds the cluster through the data dir and streams an answer.
-    let mut chat = Command::new(bin("zl"))
-        // zl chat's own default system prompt ("You are a helpful assistant.").
-        .args(["chat", "--data-dir", data.to_str().unwrap(), "--temperature", "0", "--max-tokens", "16"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    // zl chat and zl admin find the cluster through its data dir (ZL_DATA_DIR: no flags), with their shipped
+    // defaults (zl chat: "You are a helpful assistant.", greedy).
+    let zl = |args: &[&str]| {
+        let mut cmd = Command::new(bin("zl"));
+        cmd.args(args).env("ZL_DATA_DIR", &data).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        for var in ["ZL_ADMIN_ADDR", "ZL_TLS_DIR", "ZL_ADMIN_ID", "ZL_URL", "ZL_API_KEY"] {
+            cmd.env_remove(var);
+        }
+        cmd.spawn().unwrap()
+    };
+    let mut chat = zl(&["chat"]);
     std::io::Write::write_all(chat.stdin.as_mut().unwrap(), b"What is the capital of France?\n\n").unwrap();
     let out = chat.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && said.contains("Paris"), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
+    for (args, expect) in [(&["admin", "workers"][..], "worker-0"), (&["admin", "members", "list"][..], "leader")] {
+        let out = zl(args).wait_with_output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains(expect),
+            "zl {args:?}: {said}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     // A child that dies is reported and restarted; the cluster serves on.
     let (name, pid) = tiers.iter().find(|(n, _)| n == "worker-1").cloned().unwrap();

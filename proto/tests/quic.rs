@@ -80,10 +80,17 @@ impl Handler for TestHandler {
                         std::future::pending::<()>().await;
                     }
                 }
+                // "invalid-*" requests end with a Finish that fails its own checks (more cached than input tokens).
+                let cached = if g.request_id.starts_with("invalid") { 4 } else { 0 };
                 let finish = Finish {
                     stop_reason: StopReason::MaxTokens,
                     stop_sequence: None,
-                    usage: Usage { input_tokens: 3, output_tokens: g.max_tokens, ..Usage::default() },
+                    usage: Usage {
+                        input_tokens: 3,
+                        output_tokens: g.max_tokens,
+                        cached_input_tokens: cached,
+                        ..Usage::default()
+                    },
                 };
                 out.send(Message::Finish(finish)).await.map_err(|e| WireError::new(ErrorCode::Internal, e.to_string()))
             }
@@ -230,6 +237,26 @@ async fn streams_ten_thousand_frames_in_order() {
     }
     assert_eq!(expected, 10_000);
     assert!(finished);
+}
+
+#[tokio::test]
+async fn a_terminal_frame_that_fails_its_checks_ends_the_call_with_an_error_frame() {
+    let c = start(RpcSettings::default());
+    let client = client(&c.ca, Role::Frontend, "f0", RpcSettings::default());
+    let mut stream =
+        client.stream(c.server.local_addr(), Role::Worker, generate("invalid-1", 2, vec![1])).await.unwrap();
+    let mut items = 0;
+    let end = loop {
+        match stream.next().await.expect("the call ends with a frame, not a bare end of stream") {
+            Ok(Message::TokenChunk(_)) => items += 1,
+            other => break other,
+        }
+    };
+    assert_eq!(items, 2);
+    match end {
+        Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::Internal, "{e:?}"),
+        other => panic!("{other:?}"),
+    }
 }
 
 #[tokio::test]

@@ -211,6 +211,25 @@ fn copy_request(engine: &EngineCore, sampling: Sampling, max_tokens: u32, specul
 }
 
 #[test]
+fn draft_counts_stay_consistent_after_prefix_cache_hits() {
+    // "Say 11." answers "11." and ends: a second run starts from cached blocks, so its last prefill chunk is short
+    // and its tokens once looked like accepted drafts to the verifier (and the worker sent an invalid Finish).
+    let mut e = engine();
+    for (round, speculate) in [(0u64, 0), (1, 0), (2, 8), (3, 8)] {
+        e.add(round, Request { speculate, max_tokens: 4, ..copy_request(&e, Sampling::greedy(), 4, 0) }).unwrap();
+        let prompt = chat(&e, "Say 11.");
+        e.add(10 + round, Request { prompt, speculate, ..copy_request(&e, Sampling::greedy(), 4, 0) }).unwrap();
+        let (_, drafts) = transcript(&mut e);
+        for (seq, (drafted, accepted)) in drafts {
+            assert!(accepted <= drafted, "seq {seq}: {accepted} of {drafted}");
+            if speculate == 0 {
+                assert_eq!((drafted, accepted), (0, 0), "seq {seq}");
+            }
+        }
+    }
+}
+
+#[test]
 fn predictive_streaming_changes_no_byte_of_the_output_alone_or_batched() {
     let seeded = Sampling { temperature: 0.7, top_p: 0.95, top_k: 40, seed: 99 };
     for sampling in [Sampling::greedy(), seeded] {

@@ -9,18 +9,23 @@ use clap::{Args, Subcommand};
 use zl_admin::pb;
 use zl_admin::pb::admin_client::AdminClient;
 
-/// Where and as whom.
+/// Where and as whom. Each defaults to the cluster `zl up` is running (its `cluster.json`).
 #[derive(Args, Debug)]
 pub(crate) struct AdminArgs {
-    /// An orchestrator's admin API address (its `--admin-listen`).
-    #[arg(long, env = "ZL_ADMIN_ADDR", default_value = "127.0.0.1:7001", global = true)]
-    orchestrator: SocketAddr,
-    /// Directory with `ca.pem` and `admin-{node-id}.pem`/`.key` (`zl certs issue --role admin`).
+    /// An orchestrator's admin API address (its `--admin-listen`). Default: the local cluster's orchestrators,
+    /// the first that answers.
+    #[arg(long, env = "ZL_ADMIN_ADDR", global = true)]
+    orchestrator: Option<SocketAddr>,
+    /// Directory with `ca.pem` and `admin-{node-id}.pem`/`.key` (`zl certs issue --role admin`). Default: the
+    /// local cluster's.
     #[arg(long, env = "ZL_TLS_DIR", global = true)]
     tls_dir: Option<PathBuf>,
-    /// The admin certificate's node id.
-    #[arg(long, env = "ZL_ADMIN_ID", default_value = "admin", global = true)]
-    node_id: String,
+    /// The admin certificate's node id. Default: `admin`, or `zl-up` for the local cluster's certificates.
+    #[arg(long, env = "ZL_ADMIN_ID", global = true)]
+    node_id: Option<String>,
+    /// `zl up`'s data dir, to find its cluster.json.
+    #[arg(long, env = "ZL_DATA_DIR", global = true)]
+    data_dir: Option<PathBuf>,
     #[command(subcommand)]
     command: AdminCommand,
 }
@@ -170,8 +175,38 @@ fn written(what: &str, r: pb::WriteResponse) {
 }
 
 async fn run_async(args: AdminArgs) -> Result<()> {
-    let dir = args.tls_dir.context("--tls-dir (or ZL_TLS_DIR) is required: the admin certificate lives there")?;
-    let channel = zl_admin::connect(args.orchestrator, &dir, &args.node_id).await?;
+    let local = crate::local::LocalCluster::read(args.data_dir.as_deref());
+    // Certificates: the given directory (node id `admin` unless given), or the local cluster's (`zl-up`).
+    let (dir, default_id) = match &args.tls_dir {
+        Some(dir) => (dir.clone(), "admin"),
+        None => (PathBuf::from(local.pick(None, "tls_dir", "--tls-dir (or ZL_TLS_DIR)")?), crate::local::ADMIN_ID),
+    };
+    let node_id = args.node_id.clone().unwrap_or_else(|| default_id.to_owned());
+    let addrs = match args.orchestrator {
+        Some(addr) => vec![addr],
+        None if args.tls_dir.is_none() => local.admin_addrs(),
+        None => vec![SocketAddr::from(([127, 0, 0, 1], 7001))],
+    };
+    if addrs.is_empty() {
+        bail!("{}", local.missing("--orchestrator (or ZL_ADMIN_ADDR)"));
+    }
+    // The first orchestrator that answers: any member serves reads and forwards changes to the leader.
+    let mut last = None;
+    let mut channel = None;
+    for addr in addrs {
+        match zl_admin::connect(addr, &dir, &node_id).await {
+            Ok(c) => {
+                channel = Some(c);
+                break;
+            }
+            Err(e) => last = Some(e.context(format!("orchestrator {addr}"))),
+        }
+    }
+    let channel = match (channel, last) {
+        (Some(c), _) => c,
+        (None, Some(e)) => return Err(e),
+        (None, None) => bail!("no orchestrator to call"),
+    };
     let mut c = AdminClient::new(channel);
     let call = |e: tonic::Status| anyhow::anyhow!("{}: {}", e.code(), e.message());
     match args.command {
@@ -339,7 +374,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
             let leader = r.members.iter().find(|m| m.leader).context("the group has no leader right now")?;
             let addr: std::net::SocketAddr =
                 leader.address.parse().with_context(|| format!("the leader's address {:?}", leader.address))?;
-            let mut leader_client = AdminClient::new(zl_admin::connect(addr, &dir, &args.node_id).await?);
+            let mut leader_client = AdminClient::new(zl_admin::connect(addr, &dir, &node_id).await?);
             let (request, what) = match change {
                 MembersCommand::Add { raft_id, address } => (
                     pb::ChangeMemberRequest { raft_id, address: address.to_string(), remove: false },

@@ -28,8 +28,8 @@ pub(crate) struct ChatArgs {
     /// Longest answer, in tokens.
     #[arg(long, default_value_t = 256)]
     max_tokens: u32,
-    /// Sampling temperature (0 is greedy).
-    #[arg(long, default_value_t = 0.7)]
+    /// Sampling temperature (0 is greedy: the small bundled model answers best that way).
+    #[arg(long, default_value_t = 0.0)]
     temperature: f32,
     /// `zl up`'s data dir, to find its cluster.json.
     #[arg(long, env = "ZL_DATA_DIR")]
@@ -141,22 +141,10 @@ fn turn(addr: &str, key: &str, body: &Value, out: &mut impl Write) -> Result<Str
 }
 
 pub(crate) fn run(args: ChatArgs) -> Result<()> {
-    let data = args.data_dir.clone().unwrap_or_else(crate::up::default_data_dir);
-    let local: Value = std::fs::read_to_string(data.join("cluster.json"))
-        .ok()
-        .and_then(|s| serde_json::from_str(&s).ok())
-        .unwrap_or(Value::Null);
-    let pick = |given: &Option<String>, field: &str, flag: &str| -> Result<String> {
-        given.clone().or_else(|| local[field].as_str().map(str::to_owned)).with_context(|| {
-            format!(
-                "no {flag}: pass it, or start a cluster with `zl up` (its {} was not found)",
-                data.join("cluster.json").display()
-            )
-        })
-    };
-    let url = pick(&args.url, "http", "--url")?;
-    let key = pick(&args.api_key, "api_key", "--api-key")?;
-    let model = pick(&args.model, "model", "--model")?;
+    let local = crate::local::LocalCluster::read(args.data_dir.as_deref());
+    let url = local.pick(args.url.as_deref(), "http", "--url")?;
+    let key = local.pick(args.api_key.as_deref(), "api_key", "--api-key")?;
+    let model = local.pick(args.model.as_deref(), "model", "--model")?;
     let addr = host_port(&url)?;
     eprintln!("zl chat with {model} at {url}. An empty line or Ctrl-D ends it.");
     let mut history: Vec<Value> = Vec::new();

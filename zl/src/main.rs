@@ -7,6 +7,7 @@
 mod admin;
 mod certs;
 mod chat;
+mod local;
 mod supervise;
 mod up;
 

@@ -51,6 +51,15 @@ pub(crate) struct UpArgs {
     ready_timeout_s: u64,
 }
 
+/// How to run this `zl` as typed in this shell: `zl` when that is what the PATH finds, its full path otherwise.
+fn zl_command() -> String {
+    let Ok(me) = std::env::current_exe().and_then(std::fs::canonicalize) else { return "zl".into() };
+    let on_path = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| std::fs::canonicalize(dir.join("zl")).is_ok_and(|p| p == me))
+    });
+    if on_path { "zl".into() } else { me.display().to_string() }
+}
+
 /// The user's data dir for zerolayer: `$XDG_DATA_HOME/zerolayer`, else `~/.local/share/zerolayer`.
 pub(crate) fn default_data_dir() -> PathBuf {
     match std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
@@ -368,6 +377,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
     write_state(&cluster)?;
 
     let url = format!("http://{}", args.http_addr);
+    let zl = zl_command();
     println!(
         "\nzerolayer is up ({} orchestrator(s), {} worker(s), 1 frontend; ready in {:.0}s)\n\n  \
          API       {url}   (Anthropic /v1/messages, OpenAI /v1/chat/completions)\n  \
@@ -380,8 +390,9 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
 \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}'\n\n  \
          python3 -c 'import anthropic; c = anthropic.Anthropic(base_url=\"{url}\", api_key=\"{key}\"); \
          print(c.messages.create(model=\"{model_id}\", max_tokens=64, system=\"You are a helpful assistant.\", \
-messages=[{{\"role\": \"user\", \"content\": \"Hello!\"}}]).content[0].text)'\n\n  \
-         zl chat     (a streaming chat in this terminal)\n\n\
+extra_body={{\"temperature\": 0}}, messages=[{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]).content[0].text)'\n\n  \
+         {zl} chat             (a streaming chat in this terminal)\n  \
+         {zl} admin workers    (the workers, their health and load; `{zl} admin --help` for more)\n\n\
          Ctrl-C stops the cluster.",
         args.orchestrators,
         args.workers,

@@ -53,12 +53,21 @@ impl Responder {
     /// Send one response frame. Fails if the frame is not allowed now (e.g. after the terminal frame) or the
     /// stream is gone; waits while the caller's flow-control window is full.
     pub async fn send(&mut self, msg: Message) -> Result<(), CallError> {
+        let before = self.state.clone();
         self.state.on_response(msg.kind()).map_err(|e| CallError::Protocol(e.to_string()))?;
-        self.writer.write(&msg).await.map_err(|e| match e {
-            WriteFailure::Encode(e) => CallError::Encode(e.to_string()),
-            WriteFailure::Write(quinn::WriteError::Stopped(_)) => CallError::Cancelled("caller stopped reading".into()),
-            WriteFailure::Write(e) => CallError::ConnectionLost(e.to_string()),
-        })
+        match self.writer.write(&msg).await {
+            Ok(()) => Ok(()),
+            Err(WriteFailure::Encode(e)) => {
+                // Nothing went out: the call is where it was, so an `Error` frame can still end it (a handler's
+                // invalid terminal frame must not leave the caller with a stream that just stops).
+                self.state = before;
+                Err(CallError::Encode(e.to_string()))
+            }
+            Err(WriteFailure::Write(quinn::WriteError::Stopped(_))) => {
+                Err(CallError::Cancelled("caller stopped reading".into()))
+            }
+            Err(WriteFailure::Write(e)) => Err(CallError::ConnectionLost(e.to_string())),
+        }
     }
 
     /// True once a terminal frame was sent.

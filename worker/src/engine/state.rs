@@ -270,6 +270,8 @@ impl EngineCore {
     ) -> Option<Vec<u32>> {
         let st = self.seqs.get_mut(&item.seq)?;
         st.drafted += item.drafts as u32;
+        // The drafts are the item's last tokens (a prefill chunk has none: its tokens are the prompt's).
+        let drafts = &item.tokens[item.tokens.len() - item.drafts..];
         let mut emitted = Vec::new();
         for (j, picked) in picked.iter().enumerate() {
             let (s, logprob) = (*picked)?;
@@ -303,8 +305,8 @@ impl EngineCore {
                 return None;
             }
             emitted.push(s);
-            // The draft fed after position j is tokens[1 + j]: the next row is valid only if it was this token.
-            if item.tokens.get(1 + j) != Some(&s) {
+            // Draft j was fed after this position: the next row is valid only if it was this token.
+            if drafts.get(j) != Some(&s) {
                 break;
             }
             st.accepted += 1;
