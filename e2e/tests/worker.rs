@@ -114,6 +114,25 @@ async fn the_worker_process_serves_streams_and_frees_cancelled_sequences() {
         other => panic!("{other:?}"),
     }
 
+    // A long prompt (about 1k tokens): the first frame says the request is admitted (no tokens), before its
+    // prefill produces the first token; the frontend answers its client with headers and message_start on it
+    // (frontend/tests/http.rs holds a worker between the two to show that).
+    let long = format!(
+        "<|im_start|>user\n{}Repeat the last sentence.<|im_end|>\n<|im_start|>assistant\n",
+        "The quick brown fox jumps over the lazy dog near the river bank. ".repeat(80)
+    );
+    let mut stream = w.client.stream(w.quic, Role::Worker, generate("long-prompt", &long, 2)).await.unwrap();
+    let first = stream.next().await;
+    assert!(
+        matches!(&first, Some(Ok(Message::TokenChunk(c))) if c.token_ids.is_empty() && c.text_delta.is_empty()),
+        "{first:?}"
+    );
+    match stream.next().await {
+        Some(Ok(Message::TokenChunk(c))) => assert_eq!(c.token_ids.len(), 1),
+        other => panic!("{other:?}"),
+    }
+    drop(stream);
+
     // A client that goes away mid-stream: its KV blocks return to the pool.
     let counting =
         "<|im_start|>user\nCount from one to five hundred, one number per line.<|im_end|>\n<|im_start|>assistant\n";

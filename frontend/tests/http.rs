@@ -402,3 +402,28 @@ async fn the_streaming_predicted_header_reaches_the_worker_and_its_figures_come_
     assert_eq!(status, 400);
     assert!(body["error"]["message"].as_str().unwrap().contains("x-zl-streaming-predicted"), "{body}");
 }
+
+#[tokio::test]
+async fn a_stream_starts_when_the_worker_admits_the_request_not_at_its_first_token() {
+    let h = harness();
+    *h.fake.mode.lock().unwrap() = WorkerMode::Admitted;
+    let wait = std::time::Duration::from_secs(10);
+    // The worker has admitted the request and computes nothing yet: the headers and message_start come anyway.
+    let resp = tokio::time::timeout(wait, h.anthropic(hello(json!({"stream": true})))).await.expect("headers");
+    assert_eq!(resp.status(), StatusCode::OK);
+    let mut body = resp.into_body();
+    let mut seen = String::new();
+    while !seen.contains("event: content_block_start") {
+        let frame = tokio::time::timeout(wait, body.frame()).await.expect("the first events").unwrap().unwrap();
+        seen.push_str(std::str::from_utf8(frame.data_ref().unwrap()).unwrap());
+    }
+    assert!(seen.starts_with("event: message_start"), "{seen}");
+    assert!(!seen.contains("content_block_delta"), "no token was computed yet: {seen}");
+    // The first token.
+    h.fake.gate.add_permits(1);
+    let rest = tokio::time::timeout(wait, body.collect()).await.unwrap().unwrap().to_bytes();
+    let rest = String::from_utf8(rest.to_vec()).unwrap();
+    assert!(rest.contains("\"text\":\"Hello\""), "{rest}");
+    assert_eq!(rest.matches("event: content_block_delta").count(), 3, "the admission frame is no event: {rest}");
+    assert!(rest.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"), "{rest}");
+}

@@ -32,6 +32,10 @@ pub(crate) struct BenchArgs {
     /// repeats the input; each level runs without and with predictive streaming).
     #[arg(long, default_value = "stories", value_parser = ["stories", "overlap"])]
     workload: String,
+    /// Instead: time the prefill of one prompt of each of these lengths in tokens, alone (e.g. 1024,4096,8192;
+    /// capped one below the context window), as the time to its first token.
+    #[arg(long, value_delimiter = ',')]
+    prefill: Vec<usize>,
 }
 
 /// The text the overlap workload asks the model to edit (a few misspellings to correct).
@@ -57,9 +61,12 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let mut loaded = crate::load(&args.model)?.swap_remove(0);
     let core = &mut loaded.core;
     println!("model: {}, CPU kernels: {}", loaded.path.display(), zl_worker::model::kernels::Isa::current().name());
+    if !args.prefill.is_empty() {
+        return prefill(core, &args.prefill);
+    }
     println!(
-        "{:>11} {:>15} {:>15} {:>9} {:>12} {:>12}",
-        "concurrency", "prefill tok/s", "decode tok/s", "vs c=1", "TPOT p50 ms", "TPOT p99 ms"
+        "{:>11} {:>15} {:>15} {:>9} {:>12} {:>12} {:>11}",
+        "concurrency", "prefill tok/s", "decode tok/s", "vs c=1", "TPOT p50 ms", "TPOT p99 ms", "e2e tok/s"
     );
     // Speculation settings each level runs with: plain decoding only, or without and then with drafts.
     let modes = if args.workload == "overlap" { vec![0, args.model.speculation().max_draft.max(1)] } else { vec![0] };
@@ -92,6 +99,39 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 println!("{c:>11} {:>15} {rate:>15.1} {:>8.2}x{tag}", "", rate / medians[0]);
             }
         }
+    }
+    if let Some(rss) = peak_rss_mib() {
+        println!("peak RSS: {rss:.0} MiB");
+    }
+    Ok(())
+}
+
+/// Time the prefill of one prompt of each length, alone: the time to its first token.
+fn prefill(core: &mut zl_worker::engine::EngineCore, lengths: &[usize]) -> Result<()> {
+    let tok = &core.model().tokenizer;
+    let unit = tok.encode("The orchestrators keep the routing state replicated, so losing one loses nothing. ")?;
+    let context = core.model().llama.config().context_length;
+    println!("{:>14} {:>12} {:>15}", "prompt tokens", "TTFT s", "prefill tok/s");
+    for (i, &asked) in lengths.iter().enumerate() {
+        let n = asked.clamp(1, context - 1);
+        // A different first token per run, so the prefix cache never serves one from another.
+        let mut prompt = vec![unit[i % unit.len()]];
+        prompt.extend(unit.iter().cycle().take(n - 1));
+        let req = Request {
+            prompt,
+            sampling: Sampling::greedy(),
+            max_tokens: 1,
+            stop_sequences: vec![],
+            logprobs: false,
+            speculate: 0,
+        };
+        core.add(1_000_000 + i as u64, req)?;
+        let started = Instant::now();
+        while core.has_work() {
+            core.step();
+        }
+        let secs = started.elapsed().as_secs_f64();
+        println!("{n:>14} {secs:>12.2} {:>15.1}", n as f64 / secs);
     }
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS: {rss:.0} MiB");
@@ -143,6 +183,7 @@ fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut
     let mut first_token = HashSet::new();
     let mut prefill_done = None;
     let mut decode_tokens = 0u64;
+    let mut all_tokens = 0u64;
     let mut decode_steps = Vec::new();
     while core.has_work() {
         let step_start = Instant::now();
@@ -160,6 +201,7 @@ fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut
             }
             first_token.insert(*seq);
         }
+        all_tokens += tokens;
         match prefill_done {
             None if first_token.len() == c => prefill_done = Some(started.elapsed()),
             None => {}
@@ -175,6 +217,9 @@ fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut
     let prefill_rate = prompt_tokens as f64 / prefill.as_secs_f64();
     let decode_rate = if decode_time > 0.0 { decode_tokens as f64 / decode_time } else { 0.0 };
     let ratio = decode_rate / *base.get_or_insert(decode_rate);
+    // Every output token over the whole level, prefill included: the decode rate counts only tokens after every
+    // sequence's first one, and speculation moves some tokens before that point.
+    let e2e_rate = all_tokens as f64 / total.as_secs_f64();
     decode_steps.sort();
     let predicted = if level.speculate > 0 {
         let rate = if drafted > 0 { accepted as f64 / drafted as f64 * 100.0 } else { 0.0 };
@@ -185,7 +230,7 @@ fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut
         String::new()
     };
     println!(
-        "{c:>11} {prefill_rate:>15.1} {decode_rate:>15.1} {ratio:>8.2}x {:>12.2} {:>12.2}{predicted}",
+        "{c:>11} {prefill_rate:>15.1} {decode_rate:>15.1} {ratio:>8.2}x {:>12.2} {:>12.2} {e2e_rate:>11.1}{predicted}",
         percentile(&decode_steps, 0.5).as_secs_f64() * 1e3,
         percentile(&decode_steps, 0.99).as_secs_f64() * 1e3,
     );

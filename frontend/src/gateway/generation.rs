@@ -74,8 +74,18 @@ impl std::fmt::Debug for Generation {
 }
 
 impl Generation {
-    /// The next event; `None` after the finish. An error ends the generation.
+    /// The next event; `None` after the finish. An error ends the generation. Frames without text (the worker's
+    /// admission frame, tokens whose text is still pending) are not events.
     pub async fn next(&mut self) -> Option<Result<GenEvent, ApiError>> {
+        loop {
+            match self.next_frame().await {
+                Some(Ok(GenEvent::Delta(text))) if text.is_empty() => {}
+                other => return other,
+            }
+        }
+    }
+
+    async fn next_frame(&mut self) -> Option<Result<GenEvent, ApiError>> {
         let msg = match &mut self.source {
             Source::Replay(events) => {
                 let ev = events.pop_front()?;
@@ -97,6 +107,10 @@ impl Generation {
         };
         let live = self.live.as_mut()?;
         match msg {
+            // The worker's admission frame: the request is queued there; its first token is still to come.
+            Ok(Message::TokenChunk(chunk)) if chunk.token_ids.is_empty() && chunk.text_delta.is_empty() => {
+                Some(Ok(GenEvent::Delta(String::new())))
+            }
             Ok(Message::TokenChunk(chunk)) => {
                 let now = Instant::now();
                 let n = chunk.token_ids.len() as u32;

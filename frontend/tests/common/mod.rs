@@ -40,6 +40,9 @@ pub enum WorkerMode {
     Endless,
     /// Streams "Hello world" slowly: 100 ms before each frame.
     Slow,
+    /// Says it admitted the request (an empty chunk, as a real worker does), then waits for `Fake::gate` before
+    /// "Hello world": a long prompt still being computed.
+    Admitted,
 }
 
 #[derive(Default)]
@@ -53,6 +56,8 @@ pub struct Fake {
     pub overloaded: Mutex<bool>,
     pub recorded: Mutex<Recorded>,
     pub dropped_streams: Arc<AtomicUsize>,
+    /// Opened by a test to let `WorkerMode::Admitted` go on.
+    pub gate: Arc<tokio::sync::Semaphore>,
 }
 
 struct Script {
@@ -60,6 +65,9 @@ struct Script {
     endless: bool,
     slow: bool,
     dropped: Arc<AtomicUsize>,
+    /// Waited on once, after the first frame.
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+    sent: usize,
 }
 
 impl Drop for Script {
@@ -74,6 +82,12 @@ impl TokenSource for Script {
             if self.slow {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
             }
+            if self.sent == 1
+                && let Some(gate) = self.gate.take()
+            {
+                gate.acquire().await.unwrap().forget();
+            }
+            self.sent += 1;
             if self.endless {
                 tokio::task::yield_now().await;
                 return Some(Ok(Message::TokenChunk(TokenChunk {
@@ -168,6 +182,10 @@ impl Upstream for Fake {
                 WorkerMode::DiesMidStream => {
                     vec![chunk("Hello"), Err(CallError::ConnectionLost("worker killed".into()))].into()
                 }
+                WorkerMode::Admitted => {
+                    let admitted = Ok(Message::TokenChunk(TokenChunk::default()));
+                    vec![admitted, chunk("Hello"), chunk(" wor"), chunk("ld"), finish].into()
+                }
                 _ => vec![chunk("Hello"), chunk(" wor"), chunk("ld"), finish].into(),
             };
             Ok(Box::new(Script {
@@ -175,6 +193,8 @@ impl Upstream for Fake {
                 endless: mode == WorkerMode::Endless,
                 slow: mode == WorkerMode::Slow,
                 dropped: self.dropped_streams.clone(),
+                gate: (mode == WorkerMode::Admitted).then(|| self.gate.clone()),
+                sent: 0,
             }) as Box<dyn TokenSource>)
         })
     }
@@ -208,6 +228,7 @@ pub fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
         overloaded: Mutex::new(false),
         recorded: Mutex::default(),
         dropped_streams: Arc::default(),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
     });
     let cluster = Arc::new(Cluster::default());
     cluster.apply(sync_state(0), Instant::now());
