@@ -108,6 +108,24 @@ async fn a_worker_failing_before_the_first_token_is_retried_elsewhere() {
 }
 
 #[tokio::test]
+async fn a_complete_answer_is_retried_when_the_worker_fails_after_admitting_it() {
+    let h = harness();
+    *h.fake.mode.lock().unwrap() = WorkerMode::FirstWorkerDiesAfterAdmitting;
+    let resp = h.anthropic(hello(json!({}))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(&resp, "x-zl-worker"), "w2");
+    assert_eq!(json_of(resp).await["content"][0]["text"], "Hello world");
+    // A stream has answered its client on the admission: the failure ends it with an error event. (A fresh
+    // frontend: this one now avoids w1.)
+    let h = harness();
+    *h.fake.mode.lock().unwrap() = WorkerMode::FirstWorkerDiesAfterAdmitting;
+    let resp = h.anthropic(hello(json!({"stream": true}))).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    let body = String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert!(body.starts_with("event: message_start") && body.contains("event: error"), "{body}");
+}
+
+#[tokio::test]
 async fn a_client_that_goes_away_cancels_the_worker_stream() {
     let h = harness();
     *h.fake.mode.lock().unwrap() = WorkerMode::Endless;

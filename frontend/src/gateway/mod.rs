@@ -490,7 +490,9 @@ impl Gateway {
     }
 
     /// Route and open the worker stream, reading its first frame; if the worker fails before that, route once
-    /// more without it.
+    /// more without it. A streamed request opens on the worker's admission frame (so the client gets its headers
+    /// and first event while the prompt is computed); a complete answer waits for the first token, so a worker
+    /// that fails during the prefill is still replaced without the client seeing it.
     async fn route_and_open(
         &self,
         p: &Prepared,
@@ -542,10 +544,14 @@ impl Gateway {
                 streaming_predicted: opts.streaming_predicted,
             };
             let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
-                Ok(mut source) => match source.next().await {
-                    Some(Ok(first)) => Ok((source, first)),
-                    Some(Err(e)) => Err(e),
-                    None => Err(CallError::Protocol("the worker ended the call without an answer".into())),
+                Ok(mut source) => loop {
+                    match source.next().await {
+                        Some(Ok(Message::TokenChunk(c)))
+                            if !p.req.stream && c.token_ids.is_empty() && c.text_delta.is_empty() => {}
+                        Some(Ok(first)) => break Ok((source, first)),
+                        Some(Err(e)) => break Err(e),
+                        None => break Err(CallError::Protocol("the worker ended the call without an answer".into())),
+                    }
                 },
                 Err(e) => Err(e),
             };

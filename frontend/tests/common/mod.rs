@@ -34,6 +34,8 @@ pub enum WorkerMode {
     Normal,
     /// Worker w1 fails before its first token; others are normal.
     FirstWorkerDies,
+    /// Worker w1 admits the request (the empty chunk) and then fails before its first token; others are normal.
+    FirstWorkerDiesAfterAdmitting,
     /// Fails after the first chunk.
     DiesMidStream,
     /// Streams forever (until the caller goes away).
@@ -181,6 +183,10 @@ impl Upstream for Fake {
                 }
                 WorkerMode::DiesMidStream => {
                     vec![chunk("Hello"), Err(CallError::ConnectionLost("worker killed".into()))].into()
+                }
+                WorkerMode::FirstWorkerDiesAfterAdmitting if endpoint.starts_with("w1") => {
+                    let admitted = Ok(Message::TokenChunk(TokenChunk::default()));
+                    vec![admitted, Err(CallError::ConnectionLost("worker killed".into()))].into()
                 }
                 WorkerMode::Admitted => {
                     let admitted = Ok(Message::TokenChunk(TokenChunk::default()));
