@@ -182,10 +182,13 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
         let events = core.step();
         let step_time = started.elapsed();
         let mut tokens = 0u64;
+        // Tokens each sequence got this step: more than one where predictive streaming's drafts were accepted.
+        let mut per_seq: HashMap<SeqId, u32> = HashMap::new();
         for ev in events {
             let seq = match &ev {
                 Event::Token { seq, .. } => {
                     tokens += 1;
+                    *per_seq.entry(*seq).or_default() += 1;
                     *seq
                 }
                 Event::Finished { seq, draft_tokens, accepted_draft_tokens, .. } => {
@@ -209,7 +212,10 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
         if tokens > 0 {
             metrics::counter!("zl_worker_output_tokens_total", &labels).increment(tokens);
             metrics::histogram!("zl_worker_step_seconds", &labels).record(step_time.as_secs_f64());
-            metrics::histogram!("zl_worker_time_per_output_token_seconds", &labels).record(step_time.as_secs_f64());
+            for n in per_seq.values() {
+                metrics::histogram!("zl_worker_time_per_output_token_seconds", &labels)
+                    .record(step_time.as_secs_f64() / f64::from(*n));
+            }
         }
         window_tokens += tokens;
         let elapsed = window_start.elapsed().as_secs_f32();
