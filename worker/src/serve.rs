@@ -180,7 +180,7 @@ impl WorkerService {
         if g.stream {
             // Admitted: an empty chunk says so at once, so the caller can answer its client (headers, the first
             // event) while a long prompt is still being computed.
-            out.send(Message::TokenChunk(TokenChunk::default())).await.map_err(send_err)?;
+            out.send(Message::TokenChunk(TokenChunk::admission())).await.map_err(send_err)?;
         }
         let mut pending = TokenChunk { logprobs: g.logprobs.then(Vec::new), ..Default::default() };
         while let Some(ev) = generation.next().await {

@@ -108,9 +108,7 @@ impl Generation {
         let live = self.live.as_mut()?;
         match msg {
             // The worker's admission frame: the request is queued there; its first token is still to come.
-            Ok(Message::TokenChunk(chunk)) if chunk.token_ids.is_empty() && chunk.text_delta.is_empty() => {
-                Some(Ok(GenEvent::Delta(String::new())))
-            }
+            Ok(Message::TokenChunk(chunk)) if chunk.is_admission() => Some(Ok(GenEvent::Delta(String::new()))),
             Ok(Message::TokenChunk(chunk)) => {
                 let now = Instant::now();
                 let n = chunk.token_ids.len() as u32;

@@ -546,8 +546,7 @@ impl Gateway {
             let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
                 Ok(mut source) => loop {
                     match source.next().await {
-                        Some(Ok(Message::TokenChunk(c)))
-                            if !p.req.stream && c.token_ids.is_empty() && c.text_delta.is_empty() => {}
+                        Some(Ok(Message::TokenChunk(c))) if !p.req.stream && c.is_admission() => {}
                         Some(Ok(first)) => break Ok((source, first)),
                         Some(Err(e)) => break Err(e),
                         None => break Err(CallError::Protocol("the worker ended the call without an answer".into())),

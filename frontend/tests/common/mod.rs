@@ -185,11 +185,11 @@ impl Upstream for Fake {
                     vec![chunk("Hello"), Err(CallError::ConnectionLost("worker killed".into()))].into()
                 }
                 WorkerMode::FirstWorkerDiesAfterAdmitting if endpoint.starts_with("w1") => {
-                    let admitted = Ok(Message::TokenChunk(TokenChunk::default()));
+                    let admitted = Ok(Message::TokenChunk(TokenChunk::admission()));
                     vec![admitted, Err(CallError::ConnectionLost("worker killed".into()))].into()
                 }
                 WorkerMode::Admitted => {
-                    let admitted = Ok(Message::TokenChunk(TokenChunk::default()));
+                    let admitted = Ok(Message::TokenChunk(TokenChunk::admission()));
                     vec![admitted, chunk("Hello"), chunk(" wor"), chunk("ld"), finish].into()
                 }
                 _ => vec![chunk("Hello"), chunk(" wor"), chunk("ld"), finish].into(),

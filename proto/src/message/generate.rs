@@ -186,6 +186,16 @@ pub struct TokenChunk {
 }
 
 impl TokenChunk {
+    /// The frame a worker sends as soon as it has admitted a streamed request: no tokens, no text.
+    pub fn admission() -> TokenChunk {
+        TokenChunk::default()
+    }
+
+    /// Whether this is an admission frame (no tokens and no text: nothing to show).
+    pub fn is_admission(&self) -> bool {
+        self.token_ids.is_empty() && self.text_delta.is_empty()
+    }
+
     pub(crate) fn check(&self) -> Result<(), MessageError> {
         if let Some(lp) = &self.logprobs {
             if lp.len() != self.token_ids.len() {
