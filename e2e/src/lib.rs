@@ -4,20 +4,26 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-/// Path of a workspace binary: `$ZL_BIN_DIR/NAME`, else `target/debug/NAME` of this workspace.
+/// Path of a workspace binary: `$ZL_BIN_DIR/NAME`, else NAME in the profile directory this test was built in
+/// (`target/release/` for `cargo nextest run --release`, as `scripts/test` runs, which shares `scripts/up`'s build).
 ///
 /// Panics with instructions when the binary has not been built, since a test that silently skips proves nothing.
 pub fn bin(name: &str) -> PathBuf {
-    let dir = std::env::var_os("ZL_BIN_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join("target").join("debug"));
+    let dir = std::env::var_os("ZL_BIN_DIR").map(PathBuf::from).unwrap_or_else(profile_dir);
     let path = dir.join(name);
     assert!(
         path.is_file(),
-        "{} is missing: build the binaries first (`cargo build --workspace --bins`, which scripts/test runs)",
+        "{} is missing: build the binaries first (`cargo build --release --bins`, which scripts/test runs, or \
+         `cargo build --bins` for a debug test run)",
         path.display()
     );
     path
+}
+
+/// `target/<profile>`: a test executable lives in its `deps/` directory.
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable has a path");
+    exe.parent().and_then(std::path::Path::parent).map(std::path::Path::to_path_buf).expect("target/<profile>/deps/")
 }
 
 /// Run `zl` with `args` and capture its output.
@@ -505,4 +511,38 @@ pub fn small_cluster(
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     SmallCluster { orch, workers, frontend, http: http_addr }
+}
+
+/// The fenced code blocks of language `lang` in `doc` (a path relative to the workspace root, e.g. `README.md`).
+pub fn code_blocks(doc: &str, lang: &str) -> Vec<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(doc);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    // `open`: inside a fence, with the block being collected when its language is `lang`.
+    let (mut blocks, mut open): (Vec<String>, Option<Option<String>>) = (Vec::new(), None);
+    for line in text.lines() {
+        match (open.take(), line.trim_start().strip_prefix("```")) {
+            (None, Some(tag)) => open = Some((tag.trim() == lang).then(String::new)),
+            (None, None) => {}
+            (Some(block), Some(_)) => blocks.extend(block),
+            (Some(mut block), None) => {
+                if let Some(b) = &mut block {
+                    b.push_str(line);
+                    b.push('\n');
+                }
+                open = Some(block);
+            }
+        }
+    }
+    blocks
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn code_blocks_are_found_by_language() {
+        let python = super::code_blocks("README.md", "python");
+        assert!(!python.is_empty() && python.iter().all(|b| b.contains("import ") && !b.contains("```")));
+        let shell = super::code_blocks("README.md", "sh");
+        assert!(shell.iter().any(|b| b.contains("scripts/up")) && shell.iter().all(|b| !b.contains("import ")));
+    }
 }

@@ -80,16 +80,30 @@ fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::
     }
 }
 
-fn kv_used(state: &Value) -> f64 {
+/// A worker metric summed over the cluster's workers.
+fn workers_sum(state: &Value, name: &str) -> f64 {
     state["workers"]
         .as_array()
         .unwrap()
         .iter()
         .map(|w| {
             let addr: SocketAddr = w["metrics"].as_str().unwrap().parse().unwrap();
-            metric_sum(&metrics(addr).unwrap_or_default(), "zl_worker_kv_blocks_used")
+            metric_sum(&metrics(addr).unwrap_or_default(), name)
         })
         .sum()
+}
+
+fn kv_used(state: &Value) -> f64 {
+    workers_sum(state, "zl_worker_kv_blocks_used")
+}
+
+/// Wait (bounded) until the workers hold no more KV blocks than `baseline`.
+fn wait_kv_freed(state: &Value, baseline: f64) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while kv_used(state) > baseline {
+        assert!(Instant::now() < deadline, "KV blocks not freed after the client left: {}", kv_used(state));
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
@@ -101,7 +115,7 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     let err_path = dir.path().join("up.err");
     let mut up = Command::new(bin("zl"))
         .args(["up", "--data-dir", data.to_str().unwrap(), "--http-addr", &http_addr.to_string()])
-        .args(["--api-key", KEY, "--workers", "2", "--orchestrators", "3", "--kv-memory-mb", "64"])
+        .args(["--api-key", KEY, "--workers", "2", "--orchestrators", "3", "--kv-memory-mb", "160"])
         .stdin(Stdio::null())
         .stdout(std::fs::File::create(&out_path).unwrap())
         .stderr(std::fs::File::create(&err_path).unwrap())
@@ -166,6 +180,30 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     assert_eq!(content(&first), content(&second));
     assert!(content(&first)[0]["text"].as_str().unwrap().contains("Paris"), "{}", first.body);
 
+    // The README's and the quick start's examples as written (address and key filled in) answer it too, with
+    // their shipped defaults: the curl request bodies, and the Python scripts with the official SDKs.
+    let url = format!("http://{http_addr}");
+    for doc in ["README.md", "docs/quickstart.md"] {
+        for example in zl_e2e::code_blocks(doc, "sh").iter().filter(|b| b.contains("curl ")) {
+            let path = example.split("curl http://127.0.0.1:8080").nth(1).and_then(|r| r.split(' ').next()).unwrap();
+            let json = example.split("-d '").nth(1).and_then(|rest| rest.split('\'').next()).unwrap();
+            let r = request(http_addr, "POST", path, &[("x-api-key", KEY)], json).expect("the frontend answers");
+            assert!(r.status == 200 && r.body.contains("Paris"), "{doc}: {path} {json}\n{}", r.body);
+        }
+        let scripts = zl_e2e::code_blocks(doc, "python");
+        assert!(!scripts.is_empty(), "{doc} has a Python example");
+        for script in scripts {
+            let script = format!("KEY = {KEY:?}\n{}", script.replace("http://127.0.0.1:8080", &url));
+            let out = Command::new(zl_e2e::python()).arg("-c").arg(&script).output().unwrap();
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && said.matches("Paris").count() >= script.matches("print(").count(),
+                "{doc}:\n{script}\nsaid: {said}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
     // Predictive streaming on and off: the same answer to a request whose output repeats its input.
     let copy =
         body(48, false, 0.0, "Repeat exactly: the quick brown fox jumps over the lazy dog, the lazy dog sleeps.");
@@ -202,11 +240,32 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
         std::thread::sleep(Duration::from_millis(50));
     }
     drop(stream);
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while kv_used(&state) > baseline {
-        assert!(Instant::now() < deadline, "KV blocks not freed after the client left: {}", kv_used(&state));
-        std::thread::sleep(Duration::from_millis(100));
+    wait_kv_freed(&state, baseline);
+
+    // A 4k-token prompt: the headers and `message_start` arrive once the worker admits it, while its prefill is
+    // still running (fewer prompt tokens prefilled than it has, no output token yet), not a minute later.
+    let (prefilled, output) =
+        (workers_sum(&state, "zl_worker_prefill_tokens_total"), workers_sum(&state, "zl_worker_output_tokens_total"));
+    let long = format!(
+        "{}Repeat the last sentence.",
+        "The quick brown fox jumps over the lazy dog by the river. ".repeat(320)
+    );
+    let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass")];
+    let mut stream = http_stream(http_addr, "POST", "/v1/messages", &headers, &body(16, true, 0.0, &long)).unwrap();
+    assert_eq!(stream.status, 200);
+    let mut seen = String::new();
+    while !seen.contains("\n\n") {
+        seen.push_str(&stream.next_piece().expect("message_start arrives"));
     }
+    let (now_prefilled, now_output) =
+        (workers_sum(&state, "zl_worker_prefill_tokens_total"), workers_sum(&state, "zl_worker_output_tokens_total"));
+    let start: Value = serde_json::from_str(seen.split("data: ").nth(1).unwrap().split('\n').next().unwrap()).unwrap();
+    let prompt = start["message"]["usage"]["input_tokens"].as_f64().unwrap();
+    assert!(seen.starts_with("event: message_start") && prompt >= 4000.0, "{seen}");
+    assert!(now_prefilled - prefilled < prompt, "prefilled {} of {prompt} tokens", now_prefilled - prefilled);
+    assert_eq!(now_output, output, "no output token before message_start");
+    drop(stream);
+    wait_kv_freed(&state, baseline);
 
     // zl chat and zl admin find the cluster through its data dir (ZL_DATA_DIR: no flags), with their shipped
     // defaults (zl chat: "You are a helpful assistant.", greedy).

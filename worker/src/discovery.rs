@@ -309,6 +309,7 @@ mod tests {
                     prefix_hits: 0,
                     fragmentation: frag,
                 }),
+                prefill_tokens: 0,
             },
             tokens_per_second: 10.0,
             kv_events: vec![],

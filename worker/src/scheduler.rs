@@ -85,6 +85,8 @@ pub struct StepPlan {
     pub items: Vec<StepItem>,
     /// Sequences preempted while planning (their callers see no change; they are recomputed later).
     pub preempted: Vec<SeqId>,
+    /// Tokens of prefill chunks in `items` (prompts, and sequences recomputed after preemption).
+    pub prefill_tokens: usize,
 }
 
 impl StepPlan {
@@ -320,6 +322,7 @@ impl Scheduler {
                 continue;
             }
             budget -= n;
+            plan.prefill_tokens += n;
             plan.items.push(StepItem {
                 seq: id,
                 start: seq.computed,

@@ -233,6 +233,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
             metrics::gauge!("zl_worker_kv_fragmentation_ratio", &labels).set(f64::from(kv.fragmentation));
             metrics::gauge!("zl_worker_prefix_hit_rate", &labels).set(kv.hit_rate());
         }
+        metrics::counter!("zl_worker_prefill_tokens_total", &labels).absolute(stats.prefill_tokens);
         metrics::gauge!("zl_worker_queue_depth", &labels).set(stats.waiting as f64);
         metrics::gauge!("zl_worker_running_sequences", &labels).set(stats.running as f64);
         metrics::gauge!("zl_worker_tokens_per_second", &labels).set(f64::from(rate));

@@ -112,6 +112,8 @@ pub struct EngineStats {
     pub running: usize,
     /// KV figures.
     pub kv: Option<crate::kv::pool::KvStats>,
+    /// Prompt tokens prefilled since the engine started (recomputation after preemption included).
+    pub prefill_tokens: u64,
 }
 
 /// The synchronous engine.
@@ -120,6 +122,7 @@ pub struct EngineCore {
     kv: KvStore,
     sched: Scheduler,
     seqs: HashMap<SeqId, SeqState>,
+    prefill_tokens: u64,
 }
 
 impl std::fmt::Debug for EngineCore {
@@ -138,7 +141,7 @@ impl EngineCore {
     ) -> Result<EngineCore, crate::scheduler::ConfigError> {
         let kv = KvStore::new(model.llama.config(), blocks, block_size);
         let sched = Scheduler::new(config, BlockPool::new(blocks, block_size))?;
-        Ok(EngineCore { model, kv, sched, seqs: HashMap::new() })
+        Ok(EngineCore { model, kv, sched, seqs: HashMap::new(), prefill_tokens: 0 })
     }
 
     /// The model.
@@ -192,6 +195,7 @@ impl EngineCore {
             waiting: self.sched.waiting(),
             running: self.sched.running(),
             kv: Some(self.sched.pool().stats()),
+            prefill_tokens: self.prefill_tokens,
         }
     }
 
@@ -220,6 +224,7 @@ impl EngineCore {
             .map(|it| BatchItem { tokens: &it.tokens, start: it.start, blocks: &it.blocks, logits: rows_of(it) })
             .collect();
         let logits = self.model.llama.forward(&items, &mut self.kv);
+        self.prefill_tokens += plan.prefill_tokens as u64;
         let vocab = self.model.llama.config().vocab;
         // Every logits row with its item and its offset in the item's rows. A token depends only on its own row,
         // the sequence's settings and its output position, so every row is sampled at once (on the pool for
