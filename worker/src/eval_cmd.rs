@@ -59,19 +59,22 @@ fn score(args: &EvalArgs, path: &Path, text: &Path) -> Result<()> {
     }
     let mut values = Vec::new();
     for (precision, name) in precisions {
+        let started = Instant::now();
         let model = load_with(path, precision).with_context(|| format!("loading {}", path.display()))?;
+        let loaded = started.elapsed();
         let tokens = model.tokenizer.encode(&text)?;
         let started = Instant::now();
         let Some(p) = perplexity(&model.llama, &tokens, args.context, bos) else {
             bail!("the text has {} tokens, fewer than one chunk of {}", tokens.len(), args.context);
         };
         println!(
-            "{name:<28} perplexity {:>8.4}  ({} chunks of {}, {} tokens scored, {:.1}s)",
+            "{name:<28} perplexity {:>8.4}  ({} chunks of {}, {} tokens scored, {:.1}s; loaded in {:.2}s)",
             p.value,
             p.chunks,
             args.context,
             p.scored,
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            loaded.as_secs_f64()
         );
         values.push(p.value);
     }

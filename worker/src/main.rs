@@ -159,8 +159,15 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
             zl_worker::model::kernels::Isa::current().name()
         );
         let files = if path.is_dir() { zl_worker::model::hf::shards(&path)? } else { vec![path.clone()] };
+        let started = std::time::Instant::now();
         let digest = fetch::sha256_files(&files)?;
+        let hashed = started.elapsed();
         let model = zl_worker::model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+        eprintln!(
+            "zl-worker: loaded {id} in {:.2} s ({:.2} s of it hashing the weights)",
+            started.elapsed().as_secs_f64(),
+            hashed.as_secs_f64()
+        );
         let per_block = KvStore::bytes_per_block(model.llama.config(), args.kv_block_size);
         let blocks = budget / per_block.max(1);
         if blocks < 2 {
