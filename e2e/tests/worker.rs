@@ -128,7 +128,10 @@ async fn the_worker_process_serves_streams_and_frees_cancelled_sequences() {
         Some(Ok(Message::TokenChunk(c))) => assert_eq!(c.token_ids.len(), 1),
         other => panic!("{other:?}"),
     }
-    drop(stream);
+    // Read it to its end, so it finishes rather than being cancelled (counted below).
+    while let Some(frame) = stream.next().await {
+        frame.unwrap();
+    }
 
     // A client that goes away mid-stream: its KV blocks return to the pool.
     let counting =
