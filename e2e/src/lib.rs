@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+pub mod consul;
+
 /// Path of a workspace binary: `$ZL_BIN_DIR/NAME`, else NAME in the profile directory this test was built in
 /// (`target/release/` for `cargo nextest run --release`, as `scripts/test` runs, which shares `scripts/up`'s build).
 ///
@@ -99,6 +101,20 @@ pub fn free_udp() -> std::net::SocketAddr {
 /// A free TCP port on 127.0.0.1 (for HTTP listeners), never one handed out before in this process.
 pub fn free_tcp() -> std::net::SocketAddr {
     fresh_port(|| std::net::TcpListener::bind("127.0.0.1:0")?.local_addr())
+}
+
+/// A port on 127.0.0.1 free for both TCP and UDP (Consul's gossip listens on both), never handed out before.
+pub fn free_tcp_udp() -> std::net::SocketAddr {
+    fresh_port(|| {
+        for _ in 0..100 {
+            let tcp = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let addr = tcp.local_addr()?;
+            if std::net::UdpSocket::bind(addr).is_ok() {
+                return Ok(addr);
+            }
+        }
+        Err(std::io::Error::other("no port free for both TCP and UDP"))
+    })
 }
 
 /// The body of `GET /metrics` from a Prometheus endpoint, or `None` if it is not up.

@@ -4,6 +4,7 @@
 //! ([`memory`]).
 
 pub mod config;
+pub mod consul;
 pub mod memory;
 
 use std::net::SocketAddr;

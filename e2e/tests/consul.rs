@@ -1,0 +1,127 @@
+//! Discovery through a real Consul agent (1.8.7, `consul agent -dev` on loopback): what a worker registers is
+//! what Consul accepts and shows, within its Meta limits, and the health answers and blocking-query indexes the
+//! watch loops read are Consul's own.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use zl_e2e::consul::ConsulAgent;
+use zl_node::consul::catalog::{WORKER_SERVICE, parse_health};
+use zl_node::consul::meta::{MAX_KEYS, MAX_VALUE_LEN};
+use zl_node::consul::{BlockingIndex, IndexChange, ModelEntry, Registration, WorkerMeta};
+
+fn worker_meta(models: usize) -> WorkerMeta {
+    WorkerMeta {
+        version: "0.1.0".into(),
+        device: "cpu".into(),
+        region: "local".into(),
+        kv_blocks_total: 1456,
+        kv_blocks_free: 1400,
+        kv_blocks_cached: 12,
+        kv_fragmentation: 0.125,
+        memory_total_bytes: 512 << 20,
+        memory_free_bytes: 480 << 20,
+        max_running: 32,
+        models: (0..models)
+            .map(|i| ModelEntry { id: format!("org-{i}/model-{i}-instruct"), sha256: format!("{:064x}", i + 1) })
+            .collect(),
+    }
+}
+
+fn registration(id: &str, meta: BTreeMap<String, String>) -> Registration {
+    Registration {
+        id: id.into(),
+        name: WORKER_SERVICE.into(),
+        address: "127.0.0.1".into(),
+        port: 7100,
+        tags: vec!["cpu".into()],
+        meta,
+        ttl: Duration::from_secs(10),
+        deregister_after: Duration::from_secs(60),
+    }
+}
+
+#[test]
+fn consul_accepts_a_workers_registration_and_shows_its_meta_and_health() {
+    let agent = ConsulAgent::start("");
+
+    // A worker with 70 models registers; its Meta reads back through Consul's own API.
+    let meta = worker_meta(70);
+    let reg = registration("worker-0", meta.encode());
+    let r = agent.put("/v1/agent/service/register", &reg.body().unwrap()).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let all =
+        parse_health(agent.get(&format!("/v1/health/service/{WORKER_SERVICE}")).unwrap().body.as_bytes()).unwrap();
+    assert_eq!(all.len(), 1);
+    let seen = WorkerMeta::decode(&all[0].meta).unwrap();
+    assert_eq!(seen.models.len(), 70);
+    assert_eq!((seen.kv_blocks_total, seen.kv_fragmentation), (1456, 0.125));
+    assert_eq!(seen.models[69].id, "org-69/model-69-instruct");
+
+    // A TTL check starts critical: not in the passing list until the worker passes it.
+    let passing = format!("/v1/health/service/{WORKER_SERVICE}?passing");
+    let r = agent.get(&passing).unwrap();
+    assert_eq!(parse_health(r.body.as_bytes()).unwrap().len(), 0, "{}", r.body);
+    let mut index = BlockingIndex::default();
+    assert_eq!(index.update(r.header("x-consul-index")), IndexChange::Advanced);
+    let note = "load%3A%200%20running";
+    let r = agent.put(&format!("/v1/agent/check/pass/{}?note={note}", reg.check_id()), b"").unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    // A blocking query on the old index returns with the change (bounded by its wait).
+    let started = Instant::now();
+    let r = agent.get(&format!("{passing}&{}", index.query(Duration::from_secs(5)))).unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "the change did not wake the blocking query");
+    assert_eq!(index.update(r.header("x-consul-index")), IndexChange::Advanced);
+    let up = parse_health(r.body.as_bytes()).unwrap();
+    assert_eq!((up.len(), up[0].id.as_str(), up[0].port), (1, "worker-0", 7100));
+    // No change: the query waits out its wait and the index stays.
+    let started = Instant::now();
+    let r = agent.get(&format!("{passing}&{}", index.query(Duration::from_secs(1)))).unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(900), "a blocking query without a change returned early");
+    assert_eq!(index.update(r.header("x-consul-index")), IndexChange::Same);
+
+    // Maintenance (a draining worker) takes it out of the passing list; leaving maintenance brings it back.
+    let r = agent.put("/v1/agent/service/maintenance/worker-0?enable=true&reason=draining", b"").unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(parse_health(agent.get(&passing).unwrap().body.as_bytes()).unwrap().is_empty());
+    agent.put("/v1/agent/service/maintenance/worker-0?enable=false", b"").unwrap();
+    assert_eq!(parse_health(agent.get(&passing).unwrap().body.as_bytes()).unwrap().len(), 1);
+
+    // A clean stop deregisters.
+    let r = agent.put("/v1/agent/service/deregister/worker-0", b"").unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(parse_health(agent.get(&passing).unwrap().body.as_bytes()).unwrap().is_empty());
+}
+
+#[test]
+fn our_meta_limits_are_consuls() {
+    let agent = ConsulAgent::start("");
+    let register = |meta: BTreeMap<String, String>| {
+        // Sent as is, past our own check, to see what Consul itself says.
+        let mut body: serde_json::Value =
+            serde_json::from_slice(&registration("w", BTreeMap::new()).body().unwrap()).unwrap();
+        body["Meta"] = serde_json::to_value(&meta).unwrap();
+        agent.put("/v1/agent/service/register", body.to_string().as_bytes()).unwrap().status
+    };
+    let one = |k: &str, v: &str| BTreeMap::from([(k.to_owned(), v.to_owned())]);
+    let most: BTreeMap<_, _> = (0..MAX_KEYS).map(|i| (format!("k{i}"), String::new())).collect();
+    let mut too_many = most.clone();
+    too_many.insert("one-more".into(), String::new());
+    for (meta, ours) in [
+        (one("a-b_C9", &"v".repeat(MAX_VALUE_LEN)), true),
+        (one("k", &"v".repeat(MAX_VALUE_LEN + 1)), false),
+        (one("consul-x", "v"), false),
+        (one("a.b", "v"), false),
+        (one(&"k".repeat(129), "v"), false),
+        (most, true),
+        (too_many, false),
+    ] {
+        assert_eq!(zl_node::consul::meta::check(&meta).is_ok(), ours, "{:?}", meta.keys().next());
+        let status = register(meta.clone());
+        assert_eq!(status == 200, ours, "consul answered {status} for {:?}", meta.keys().next());
+    }
+    // What encode makes of a huge worker passes Consul too.
+    let status = register(worker_meta(5000).encode());
+    assert_eq!(status, 200);
+}
