@@ -71,7 +71,16 @@ impl ConsulAgent {
 
     /// `PUT path` with a body.
     pub fn put(&self, path: &str, body: &[u8]) -> Option<HttpResponse> {
-        request(self.http, "PUT", path, &[("content-type", "application/json")], &String::from_utf8_lossy(body))
+        self.put_as("", path, body)
+    }
+
+    /// `PUT path` with a body and an ACL token (none when empty).
+    pub fn put_as(&self, token: &str, path: &str, body: &[u8]) -> Option<HttpResponse> {
+        let mut headers = vec![("content-type", "application/json")];
+        if !token.is_empty() {
+            headers.push(("x-consul-token", token));
+        }
+        request(self.http, "PUT", path, &headers, &String::from_utf8_lossy(body))
     }
 
     /// What the agent logged so far.
