@@ -6,6 +6,7 @@
 pub mod config;
 pub mod consul;
 pub mod memory;
+pub mod pem;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -8,14 +8,7 @@ use axum::Router;
 
 /// TLS for the public listener: a certificate chain and key (PEM files), ALPN h2 then http/1.1.
 pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    use anyhow::Context;
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    let certs = CertificateDer::pem_file_iter(cert)
-        .with_context(|| format!("reading {}", cert.display()))?
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("parsing {}", cert.display()))?;
-    let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading the key {}", key.display()))?;
+    let (certs, key) = zl_node::pem::chain_and_key(cert, key)?;
     let mut config = rustls::ServerConfig::builder().with_no_client_auth().with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))

@@ -4,7 +4,7 @@
 //! connection per request: the calls are few (a check pass every few seconds, one long poll per watch), and a
 //! fresh connection can never be a stale one after the agent restarts.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -181,22 +181,12 @@ where
     sender.send_request(request).await.context("a request to consul")
 }
 
-fn tls_connector(ca: &PathBuf, client: Option<&(PathBuf, PathBuf)>) -> Result<tokio_rustls::TlsConnector> {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(ca).with_context(|| format!("reading {}", ca.display()))? {
-        roots.add(cert.with_context(|| format!("a certificate in {}", ca.display()))?)?;
-    }
-    let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+fn tls_connector(ca: &Path, client: Option<&(PathBuf, PathBuf)>) -> Result<tokio_rustls::TlsConnector> {
+    let builder = rustls::ClientConfig::builder().with_root_certificates(crate::pem::roots(ca)?);
     let config = match client {
         None => builder.with_no_client_auth(),
         Some((cert, key)) => {
-            let chain = CertificateDer::pem_file_iter(cert)
-                .with_context(|| format!("reading {}", cert.display()))?
-                .collect::<Result<Vec<_>, _>>()
-                .with_context(|| format!("a certificate in {}", cert.display()))?;
-            let key = PrivateKeyDer::from_pem_file(key).with_context(|| format!("reading {}", key.display()))?;
+            let (chain, key) = crate::pem::chain_and_key(cert, key)?;
             builder.with_client_auth_cert(chain, key).context("the consul client certificate")?
         }
     };
