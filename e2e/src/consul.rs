@@ -15,7 +15,33 @@ pub struct ConsulAgent {
     pub proc: Proc,
     /// Its HTTP API.
     pub http: SocketAddr,
+    /// Its HTTPS API, when started with one.
+    pub https: Option<SocketAddr>,
     dir: tempfile::TempDir,
+}
+
+fn spawn(dir: &std::path::Path) -> Proc {
+    let log =
+        std::fs::OpenOptions::new().create(true).append(true).open(dir.join("agent.log")).expect("the agent's log");
+    let child = Command::new(binary())
+        .args(["agent", "-dev", "-node", "zl-test", "-config-file"])
+        .arg(dir.join("agent.hcl"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log handle"))
+        .stderr(log)
+        .spawn()
+        .expect("consul could not be started");
+    Proc(child)
+}
+
+/// The ACL policy `docs/discovery.md` gives the tier whose service is `service` (the `hcl` block whose first line
+/// is `# SERVICE`), so the tests run with exactly what the documentation tells operators.
+pub fn documented_policy(service: &str) -> String {
+    let blocks = crate::code_blocks("docs/discovery.md", "hcl");
+    blocks
+        .into_iter()
+        .find(|b| b.lines().next().is_some_and(|l| l.trim() == format!("# {service}")))
+        .unwrap_or_else(|| panic!("docs/discovery.md has no ACL policy for {service}"))
 }
 
 /// The Consul binary: `$ZL_CONSUL`, else the one `scripts/install-consul` installed. Panics with instructions
@@ -31,42 +57,65 @@ pub fn binary() -> PathBuf {
 impl ConsulAgent {
     /// Start `consul agent -dev` with `extra_hcl` added to its configuration, and wait (bounded) for its leader.
     pub fn start(extra_hcl: &str) -> ConsulAgent {
+        ConsulAgent::start_with(extra_hcl, false)
+    }
+
+    /// [`ConsulAgent::start`], with an HTTPS port as well when `https` (`extra_hcl` then names the certificates).
+    pub fn start_with(extra_hcl: &str, https: bool) -> ConsulAgent {
         let dir = tempfile::tempdir().expect("a temp dir");
         let (http, server, lan, wan) = (free_tcp(), free_tcp(), free_tcp_udp(), free_tcp_udp());
+        let https = https.then(free_tcp);
         let config = dir.path().join("agent.hcl");
+        let https_port = https.map(|a| format!("  https = {}\n", a.port())).unwrap_or_default();
         let hcl = format!(
             "bind_addr = \"127.0.0.1\"\nclient_addr = \"127.0.0.1\"\n\
-             ports {{\n  http = {}\n  server = {}\n  serf_lan = {}\n  serf_wan = {}\n  dns = -1\n  grpc = -1\n}}\n{extra_hcl}",
+             ports {{\n  http = {}\n{https_port}  server = {}\n  serf_lan = {}\n  serf_wan = {}\n  dns = -1\n  grpc = -1\n}}\n{extra_hcl}",
             http.port(),
             server.port(),
             lan.port(),
             wan.port()
         );
         std::fs::write(&config, hcl).expect("writing the agent's config");
-        let log = std::fs::File::create(dir.path().join("agent.log")).expect("the agent's log");
-        let child = Command::new(binary())
-            .args(["agent", "-dev", "-node", "zl-test", "-config-file"])
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log handle"))
-            .stderr(log)
-            .spawn()
-            .expect("consul could not be started");
-        let mut agent = ConsulAgent { proc: Proc(child), http, dir };
+        let proc = spawn(dir.path());
+        let mut agent = ConsulAgent { proc, http, https, dir };
+        agent.wait_for_leader();
+        agent
+    }
+
+    fn wait_for_leader(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            agent.proc.assert_running("consul agent");
-            if agent.get("/v1/status/leader").is_some_and(|r| r.status == 200 && r.body.contains(':')) {
-                return agent;
+            self.proc.assert_running("consul agent");
+            if self.get("/v1/status/leader").is_some_and(|r| r.status == 200 && r.body.contains(':')) {
+                return;
             }
-            assert!(Instant::now() < deadline, "consul never elected itself: {}", agent.log());
+            assert!(Instant::now() < deadline, "consul never elected itself: {}", self.log());
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
+    /// Stop the agent (SIGKILL: it leaves nothing behind, as a crashed agent would not).
+    pub fn stop(&mut self) {
+        let _ = self.proc.0.kill();
+        let _ = self.proc.0.wait();
+    }
+
+    /// Start it again on the same ports, with the same configuration and, being a dev agent, an empty state.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.proc = spawn(self.dir.path());
+        self.wait_for_leader();
+    }
+
     /// `GET path` on the agent's HTTP API.
     pub fn get(&self, path: &str) -> Option<HttpResponse> {
-        request(self.http, "GET", path, &[], "")
+        self.get_as("", path)
+    }
+
+    /// `GET path` with an ACL token (none when empty).
+    pub fn get_as(&self, token: &str, path: &str) -> Option<HttpResponse> {
+        let headers: &[(&str, &str)] = if token.is_empty() { &[] } else { &[("x-consul-token", token)] };
+        request(self.http, "GET", path, headers, "")
     }
 
     /// `PUT path` with a body.
@@ -81,6 +130,11 @@ impl ConsulAgent {
             headers.push(("x-consul-token", token));
         }
         request(self.http, "PUT", path, &headers, &String::from_utf8_lossy(body))
+    }
+
+    /// The agent's directory (its config and log; put certificates here).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     /// What the agent logged so far.

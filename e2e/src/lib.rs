@@ -388,9 +388,20 @@ pub fn start_worker_with(
     quic: std::net::SocketAddr,
     metrics: std::net::SocketAddr,
 ) -> WorkerProc {
+    start_worker_args(tls, id, orchestrators, (quic, metrics), &[])
+}
+
+/// [`start_worker_with`] with more `serve` flags (no `--orchestrator` when `orchestrators` is empty).
+pub fn start_worker_args(
+    tls: &std::path::Path,
+    id: &str,
+    orchestrators: &[std::net::SocketAddr],
+    (quic, metrics): (std::net::SocketAddr, std::net::SocketAddr),
+    extra: &[&str],
+) -> WorkerProc {
     let (q, m, o) = (quic.to_string(), metrics.to_string(), addr_list(orchestrators));
     let tls = tls.to_str().expect("a UTF-8 path");
-    let args = [
+    let mut args = vec![
         "serve",
         "--listen",
         &q,
@@ -402,11 +413,13 @@ pub fn start_worker_with(
         tls,
         "--kv-memory-mb",
         "64",
-        "--orchestrator",
-        &o,
         "--report-interval-ms",
         "200",
     ];
+    if !orchestrators.is_empty() {
+        args.extend(["--orchestrator", &o]);
+    }
+    args.extend_from_slice(extra);
     WorkerProc { proc: Proc::spawn("zl-worker", &args), quic, metrics }
 }
 
@@ -433,7 +446,7 @@ pub fn start_frontend_with(
     start_frontend_args(tls, id, orchestrators, &[])
 }
 
-/// [`start_frontend_with`] with more `serve` flags.
+/// [`start_frontend_with`] with more `serve` flags (no `--orchestrator` when `orchestrators` is empty).
 pub fn start_frontend_args(
     tls: &std::path::Path,
     id: &str,
@@ -443,21 +456,12 @@ pub fn start_frontend_args(
     let http = free_tcp();
     let (h, o) = (http.to_string(), addr_list(orchestrators));
     let tls = tls.to_str().expect("a UTF-8 path");
-    let args = [
-        "serve",
-        "--http-addr",
-        &h,
-        "--orchestrator",
-        &o,
-        "--node-id",
-        id,
-        "--tls-dir",
-        tls,
-        "--sync-interval-ms",
-        "200",
-    ];
-    let all: Vec<&str> = args.iter().chain(extra).copied().collect();
-    (Proc::spawn("zl-frontend", &all), http)
+    let mut args = vec!["serve", "--http-addr", &h, "--node-id", id, "--tls-dir", tls, "--sync-interval-ms", "200"];
+    if !orchestrators.is_empty() {
+        args.extend(["--orchestrator", &o]);
+    }
+    args.extend_from_slice(extra);
+    (Proc::spawn("zl-frontend", &args), http)
 }
 
 fn addr_list(addrs: &[std::net::SocketAddr]) -> String {

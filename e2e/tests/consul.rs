@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use zl_e2e::consul::ConsulAgent;
+use zl_e2e::consul::{ConsulAgent, documented_policy};
 use zl_node::consul::catalog::{WORKER_SERVICE, parse_health};
 use zl_node::consul::meta::{MAX_KEYS, MAX_VALUE_LEN};
 use zl_node::consul::{BlockingIndex, IndexChange, ModelEntry, Registration, WorkerMeta};
@@ -59,22 +59,47 @@ fn consul_accepts_a_workers_registration_and_shows_its_meta_and_health() {
     assert_eq!((seen.kv_blocks_total, seen.kv_fragmentation), (1456, 0.125));
     assert_eq!(seen.models[69].id, "org-69/model-69-instruct");
 
-    // A TTL check starts critical: not in the passing list until the worker passes it.
+    // A worker registers once it serves: its check starts passing.
     let passing = format!("/v1/health/service/{WORKER_SERVICE}?passing");
     let r = agent.get(&passing).unwrap();
-    assert_eq!(parse_health(r.body.as_bytes()).unwrap().len(), 0, "{}", r.body);
+    let up = parse_health(r.body.as_bytes()).unwrap();
+    assert_eq!((up.len(), up[0].id.as_str(), up[0].port, up[0].passing), (1, "worker-0", 7100, true), "{}", r.body);
     let mut index = BlockingIndex::default();
     assert_eq!(index.update(r.header("x-consul-index")), IndexChange::Advanced);
+    // A check that goes critical wakes a blocking query on the old index (bounded by its wait).
+    let r = agent.put(&format!("/v1/agent/check/fail/{}?note=stopped", reg.check_id()), b"").unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let started = Instant::now();
+    let mut woke = false;
+    for _ in 0..5 {
+        let r = agent.get(&format!("{passing}&{}", index.query(Duration::from_secs(5)))).unwrap();
+        assert_eq!(index.update(r.header("x-consul-index")), IndexChange::Advanced, "the query waited it out");
+        if parse_health(r.body.as_bytes()).unwrap().is_empty() {
+            woke = true;
+            break;
+        }
+    }
+    assert!(woke && started.elapsed() < Duration::from_secs(5), "the change did not wake the blocking query");
+    // Without `?passing` it is listed, as not passing.
+    let all =
+        parse_health(agent.get(&format!("/v1/health/service/{WORKER_SERVICE}")).unwrap().body.as_bytes()).unwrap();
+    assert_eq!((all.len(), all[0].passing), (1, false));
+    // Passing it again (with a load note as its output) brings it back.
     let note = "load%3A%200%20running";
     let r = agent.put(&format!("/v1/agent/check/pass/{}?note={note}", reg.check_id()), b"").unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
-    // A blocking query on the old index returns with the change (bounded by its wait).
-    let started = Instant::now();
-    let r = agent.get(&format!("{passing}&{}", index.query(Duration::from_secs(5)))).unwrap();
-    assert!(started.elapsed() < Duration::from_secs(5), "the change did not wake the blocking query");
-    assert_eq!(index.update(r.header("x-consul-index")), IndexChange::Advanced);
-    let up = parse_health(r.body.as_bytes()).unwrap();
-    assert_eq!((up.len(), up[0].id.as_str(), up[0].port), (1, "worker-0", 7100));
+    // (The agent syncs a check's status to the catalog in the background: a query may wake for another change
+    // first, so it asks again, a bounded number of times.)
+    let mut back = Vec::new();
+    for _ in 0..5 {
+        let r = agent.get(&format!("{passing}&{}", index.query(Duration::from_secs(5)))).unwrap();
+        index.update(r.header("x-consul-index"));
+        back = parse_health(r.body.as_bytes()).unwrap();
+        if back == up {
+            break;
+        }
+    }
+    assert_eq!(back, up);
     // No change: the query waits out its wait and the index stays. (Consul also wakes a query for changes
     // elsewhere in the health table, such as its own node check settling after start: those come back as a new
     // index with the same list, so a few queries in a row end with one that waited.)
@@ -139,13 +164,6 @@ fn our_meta_limits_are_consuls() {
     assert_eq!(status, 200);
 }
 
-/// The ACL policy `docs/discovery.md` gives workers: their own service, reading the others and the nodes.
-const WORKER_POLICY: &str = r#"
-service "zerolayer-worker" { policy = "write" }
-service_prefix "" { policy = "read" }
-node_prefix "" { policy = "read" }
-"#;
-
 #[tokio::test]
 async fn the_client_works_with_only_the_documented_acl_policy() {
     use zl_node::consul::{ConsulClient, ConsulSettings};
@@ -153,7 +171,8 @@ async fn the_client_works_with_only_the_documented_acl_policy() {
     let agent = ConsulAgent::start(&format!(
         "acl {{\n  enabled = true\n  default_policy = \"deny\"\n  tokens {{\n    master = \"{ROOT}\"\n    agent = \"{ROOT}\"\n  }}\n}}\n"
     ));
-    let policy = serde_json::json!({"Name": "zerolayer-worker", "Rules": WORKER_POLICY}).to_string();
+    let policy =
+        serde_json::json!({"Name": "zerolayer-worker", "Rules": documented_policy(WORKER_SERVICE)}).to_string();
     let r = agent.put_as(ROOT, "/v1/acl/policy", policy.as_bytes()).unwrap();
     assert_eq!(r.status, 200, "{}", r.body);
     let token = serde_json::json!({"Policies": [{"Name": "zerolayer-worker"}]}).to_string();
@@ -171,35 +190,34 @@ async fn the_client_works_with_only_the_documented_acl_policy() {
     let worker = ConsulClient::new(settings(Some(secret))).unwrap();
     worker.register(&reg).await.unwrap();
     let mut index = BlockingIndex::default();
-    let (_, none) = worker.healthy(WORKER_SERVICE, &mut index, Duration::from_secs(5)).await.unwrap();
-    assert!(none.is_empty(), "a TTL check starts critical");
-    // The pass wakes the blocking query the watch has open (Consul may also wake it for changes elsewhere in the
-    // health table: a watch loops until its answer changes).
+    let (_, up) = worker.instances(WORKER_SERVICE, true, &mut index, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(up.len(), 1, "registered passing");
+    assert_eq!(WorkerMeta::decode(&up[0].meta).unwrap().models.len(), 3);
+    worker.pass(&reg.check_id(), "load: 0 running, 0 waiting").await.unwrap();
+    // Maintenance (a draining worker) wakes the blocking query a watch has open (Consul may also wake it for
+    // changes elsewhere in the health table: a watch loops until its answer changes).
     let watch = {
         let (worker, mut index) = (worker.clone(), index);
         tokio::spawn(async move {
             loop {
-                let (change, up) = worker.healthy(WORKER_SERVICE, &mut index, Duration::from_secs(20)).await?;
-                if !up.is_empty() {
-                    return anyhow::Ok((change, up));
+                let (change, up) = worker.instances(WORKER_SERVICE, true, &mut index, Duration::from_secs(20)).await?;
+                if up.is_empty() {
+                    return anyhow::Ok(change);
                 }
             }
         })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
-    worker.pass(&reg.check_id(), "load: 0 running, 0 waiting").await.unwrap();
-    let (change, up) = tokio::time::timeout(Duration::from_secs(10), watch)
+    worker.maintenance("worker-0", true, "draining").await.unwrap();
+    let change = tokio::time::timeout(Duration::from_secs(10), watch)
         .await
-        .expect("the pass did not wake the watch")
+        .expect("maintenance did not wake the watch")
         .unwrap()
         .unwrap();
-    assert_eq!((change, up.len()), (IndexChange::Advanced, 1));
-    assert_eq!(WorkerMeta::decode(&up[0].meta).unwrap().models.len(), 3);
-
-    worker.maintenance("worker-0", true, "draining").await.unwrap();
-    let (_, drained) =
-        worker.healthy(WORKER_SERVICE, &mut BlockingIndex::default(), Duration::from_secs(1)).await.unwrap();
-    assert!(drained.is_empty(), "a worker in maintenance is not passing");
+    assert_eq!(change, IndexChange::Advanced);
+    let (_, listed) =
+        worker.instances(WORKER_SERVICE, false, &mut BlockingIndex::default(), Duration::from_secs(1)).await.unwrap();
+    assert_eq!((listed.len(), listed[0].passing), (1, false), "in maintenance: listed, not passing");
     worker.maintenance("worker-0", false, "").await.unwrap();
 
     // The policy covers its own service only.
@@ -210,7 +228,7 @@ async fn the_client_works_with_only_the_documented_acl_policy() {
 
     worker.deregister("worker-0").await.unwrap();
     let (_, gone) =
-        worker.healthy(WORKER_SERVICE, &mut BlockingIndex::default(), Duration::from_secs(1)).await.unwrap();
+        worker.instances(WORKER_SERVICE, false, &mut BlockingIndex::default(), Duration::from_secs(1)).await.unwrap();
     assert!(gone.is_empty());
     // An agent that is not there is an error in bounded time, not a hang.
     let nowhere = ConsulClient::new(ConsulSettings { addr: zl_e2e::free_tcp().to_string(), ..Default::default() });

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 use zl_common::billing::BillingWeights;
 use zl_common::keys::hex;
 use zl_common::sync::{lock, read, write};
+use zl_node::consul::DiscoveryStatus;
+use zl_node::consul::status::StatusView;
 use zl_proto::message::{ModelInfo, ProjectQuota, RouteRequest, StateSync};
 use zl_text::{TextTokenizer, TokenizerParts};
 
@@ -59,12 +61,24 @@ pub struct Cluster {
     /// Held while a card is fetched and built: requests that arrive meanwhile wait for that card instead of
     /// fetching and building their own (a tokenizer takes a second of CPU to build).
     loading: tokio::sync::Mutex<()>,
+    /// The discovery backend's reachability (`--discovery consul`).
+    discovery: Option<Arc<DiscoveryStatus>>,
 }
 
 /// How stale the synced state may be before `/readyz` and `x-zl-health` say so.
 pub const STALE_AFTER: Duration = Duration::from_secs(5);
 
 impl Cluster {
+    /// A cluster view that also reports on a discovery backend (`--discovery consul`).
+    pub fn with_discovery(status: Arc<DiscoveryStatus>) -> Self {
+        Cluster { discovery: Some(status), ..Cluster::default() }
+    }
+
+    /// The discovery backend's reachability, when there is one.
+    pub fn discovery(&self) -> Option<StatusView> {
+        self.discovery.as_ref().map(|d| d.view())
+    }
+
     /// Apply a sync reply.
     pub fn apply(&self, sync: StateSync, now: Instant) {
         let mut s = write(&self.synced);
@@ -141,9 +155,11 @@ impl Cluster {
         }
     }
 
-    /// `ok`, or `degraded` while the cached state is stale or no worker is healthy (`x-zl-health`).
+    /// `ok`, or `degraded` while the cached state is stale, no worker is healthy, or the discovery backend is
+    /// unreachable (the frontend serves on with the orchestrators it last knew) (`x-zl-health`).
     pub fn health(&self, now: Instant) -> &'static str {
-        if self.ready(now).is_ok() { "ok" } else { "degraded" }
+        let discovery_ok = self.discovery().is_none_or(|d| d.reachable);
+        if discovery_ok && self.ready(now).is_ok() { "ok" } else { "degraded" }
     }
 
     /// 404 for a model no worker serves, naming the ones served (a typo is the usual cause).

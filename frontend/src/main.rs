@@ -12,6 +12,9 @@ use zl_frontend::gateway::{Gateway, GatewayConfig};
 use zl_frontend::http::{self, App};
 use zl_frontend::limits::KeyLimits;
 use zl_frontend::upstream::{QuicUpstream, Upstream};
+use zl_node::consul::catalog::{FRONTEND_SERVICE, ORCHESTRATOR_SERVICE};
+use zl_node::consul::{Registrar, watch};
+use zl_node::discovery::DiscoveryArgs;
 use zl_proto::message::Role;
 use zl_proto::quic::Client;
 
@@ -35,9 +38,15 @@ struct ServeArgs {
     /// HTTP address (HTTP/1.1 and h2c; HTTP/2 over TLS with --tls-cert).
     #[arg(long, env = "ZL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     http_addr: SocketAddr,
-    /// Orchestrator QUIC addresses (repeat, or comma-separate); calls are spread over them and fail over.
-    #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',', required = true)]
+    /// Orchestrator QUIC addresses (repeat, or comma-separate; --discovery static); calls are spread over them
+    /// and fail over.
+    #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',')]
     orchestrators: Vec<SocketAddr>,
+    #[command(flatten)]
+    discovery: DiscoveryArgs,
+    /// host:port clients reach this frontend at (registered in consul; default: --http-addr).
+    #[arg(long, env = "ZL_ADVERTISE")]
+    advertise: Option<String>,
     /// This frontend's id (a DNS label; its certificate must carry it).
     #[arg(long, env = "ZL_NODE_ID", default_value = "frontend-0")]
     node_id: String,
@@ -94,11 +103,50 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if args.replicas == 0 || args.sync_interval_ms == 0 || args.body_limit_mb == 0 {
         bail!("--replicas, --sync-interval-ms and --body-limit-mb must be at least 1");
     }
+    let consul = args.discovery.consul()?;
+    match (&consul, args.orchestrators.is_empty()) {
+        (None, true) => bail!("give --orchestrator ADDRESS (or --discovery consul)"),
+        (Some(_), false) => bail!("--orchestrator is for --discovery static: with consul the frontend finds them"),
+        _ => {}
+    }
     let identity = zl_node::load_identity(&args.tls_dir, Role::Frontend, &args.node_id)?;
     let metrics = zl_node::metrics_renderer()?;
     let client = Client::new(&identity, zl_frontend::rpc_settings())?;
-    let upstream: Arc<dyn Upstream> = Arc::new(QuicUpstream::new(client, args.orchestrators.clone()));
-    let cluster = Arc::new(Cluster::default());
+    let quic = Arc::new(QuicUpstream::new(client, args.orchestrators.clone()));
+    let upstream: Arc<dyn Upstream> = quic.clone();
+    let cluster = Arc::new(match &consul {
+        Some(c) => Cluster::with_discovery(c.status.clone()),
+        None => Cluster::default(),
+    });
+    // With consul: follow the passing orchestrators, and register this frontend (for operators and load
+    // balancers that read Consul).
+    let consul = match consul {
+        None => None,
+        Some(consul) => {
+            let (mut found, task) =
+                watch::spawn(consul.client.clone(), ORCHESTRATOR_SERVICE, true, consul.status.clone());
+            let follow = tokio::spawn(async move {
+                while found.changed().await.is_ok() {
+                    let instances = found.borrow_and_update().clone().unwrap_or_default();
+                    quic.set_orchestrators(watch::addresses(&instances).await);
+                }
+            });
+            let advertise = args.advertise.clone().unwrap_or_else(|| args.http_addr.to_string());
+            let mut reg = consul.registration(FRONTEND_SERVICE, &args.node_id, &advertise)?;
+            let scheme = if args.tls_cert.is_some() { "https" } else { "http" };
+            reg.meta = [
+                ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+                ("scheme".to_owned(), scheme.to_owned()),
+            ]
+            .into();
+            let note = {
+                let cluster = cluster.clone();
+                move || format!("{}; {}", cluster.health(std::time::Instant::now()), scheme)
+            };
+            let registrar = Registrar::spawn(consul.client.clone(), reg, Arc::new(note), consul.status.clone());
+            Some((registrar, task, follow))
+        }
+    };
     let config = GatewayConfig {
         require_auth: args.require_auth,
         default_limits: KeyLimits {
@@ -132,20 +180,35 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .await
         .with_context(|| format!("binding the HTTP API to {}", args.http_addr))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
-    eprintln!(
-        "zl-frontend: {} serving {scheme}://{} (orchestrators: {})",
-        args.node_id,
-        listener.local_addr()?,
+    let orchestrators = if consul.is_some() {
+        format!("found through consul at {}", args.discovery.consul_addr)
+    } else {
         args.orchestrators.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+    };
+    eprintln!(
+        "zl-frontend: {} serving {scheme}://{} (orchestrators: {orchestrators})",
+        args.node_id,
+        listener.local_addr()?
     );
     http::serve(
         listener,
         http::router(app),
         tls,
-        zl_node::shutdown_signal(),
+        async {
+            zl_node::shutdown_signal().await;
+            // Draining: out of consul's passing answers while open requests finish.
+            if let Some((registrar, ..)) = &consul {
+                registrar.maintenance("draining: finishing open requests").await;
+            }
+        },
         Duration::from_secs(args.drain_timeout_s),
     )
     .await;
+    if let Some((registrar, watch, follow)) = consul {
+        watch.abort();
+        follow.abort();
+        registrar.deregister().await;
+    }
     eprintln!("zl-frontend: stopped");
     sync.abort();
     sweeper.abort();

@@ -6,8 +6,10 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use zl_common::sync::{read, write};
 use zl_proto::CallError;
 use zl_proto::message::{
     ErrorCode, GenerateRequest, Message, ModelCard, ModelCardRequest, Role, RouteDecision, RouteRequest, StateSync,
@@ -58,13 +60,14 @@ const ORCHESTRATOR_TIMEOUT: Duration = Duration::from_millis(800);
 /// The real tiers over QUIC.
 pub struct QuicUpstream {
     client: Client,
-    orchestrators: Vec<SocketAddr>,
+    /// Fixed (`--orchestrator`), or the passing ones discovery lists.
+    orchestrators: RwLock<Arc<[SocketAddr]>>,
     next: AtomicUsize,
 }
 
 impl std::fmt::Debug for QuicUpstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QuicUpstream").field("orchestrators", &self.orchestrators).finish_non_exhaustive()
+        f.debug_struct("QuicUpstream").field("orchestrators", &self.orchestrators()).finish_non_exhaustive()
     }
 }
 
@@ -93,19 +96,33 @@ fn try_next_orchestrator(e: &CallError) -> bool {
 impl QuicUpstream {
     /// Call these orchestrators (spreading calls over them) with this client.
     pub fn new(client: Client, orchestrators: Vec<SocketAddr>) -> Self {
-        QuicUpstream { client, orchestrators, next: AtomicUsize::new(0) }
+        QuicUpstream { client, orchestrators: RwLock::new(orchestrators.into()), next: AtomicUsize::new(0) }
+    }
+
+    /// Call these orchestrators from now on (discovery found a new set).
+    pub fn set_orchestrators(&self, orchestrators: Vec<SocketAddr>) {
+        *write(&self.orchestrators) = orchestrators.into();
+    }
+
+    /// The orchestrators called.
+    pub fn orchestrators(&self) -> Arc<[SocketAddr]> {
+        read(&self.orchestrators).clone()
     }
 
     /// A unary call to the orchestrators: each is tried once, starting with the next in turn.
     async fn orchestrator_call(&self, request: Message) -> Result<Message, CallError> {
-        let n = self.orchestrators.len();
+        let orchestrators = self.orchestrators();
+        let n = orchestrators.len();
         if n == 0 {
-            return Err(CallError::Remote(WireError::new(ErrorCode::Unavailable, "no orchestrator is configured")));
+            return Err(CallError::Remote(WireError::new(
+                ErrorCode::Unavailable,
+                "no orchestrator is known (none configured, or discovery has found none passing)",
+            )));
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
         let mut last = None;
         for i in 0..n {
-            let to = self.orchestrators[(start + i) % n];
+            let to = orchestrators[(start + i) % n];
             match self.client.call_within(ORCHESTRATOR_TIMEOUT, to, Role::Orchestrator, request.clone()).await {
                 Ok(reply) => return Ok(reply),
                 Err(e) if try_next_orchestrator(&e) => {

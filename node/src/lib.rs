@@ -5,6 +5,7 @@
 
 pub mod config;
 pub mod consul;
+pub mod discovery;
 pub mod memory;
 pub mod pem;
 

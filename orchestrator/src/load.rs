@@ -53,6 +53,8 @@ struct Soft {
     kv_sequence: Option<u64>,
     /// (model tag, block hash) pairs held.
     blocks: FxHashSet<(u64, u64)>,
+    /// Discovery lists it as not passing (its Consul check critical, or in maintenance): no routes.
+    held: bool,
 }
 
 /// The load view.
@@ -68,6 +70,9 @@ pub struct LoadView {
     generation: u64,
     /// (model tag, block hash) to the slots of workers holding it.
     prefix: FxHashMap<(u64, u64), Vec<u32>>,
+    /// Discovery's newest list of workers (`--discovery consul`): id to whether every check passes. `None`
+    /// without such a list.
+    discovered: Option<FxHashMap<NodeId, bool>>,
 }
 
 /// A process-wide unique generation number.
@@ -103,6 +108,7 @@ impl LoadView {
                     load_at: None,
                     kv_sequence: None,
                     blocks: FxHashSet::default(),
+                    held: self.discovered.as_ref().is_some_and(|d| d.get(id) == Some(&false)),
                 });
                 self.by_id.insert(id.clone(), slot);
                 self.generation = next_generation();
@@ -200,6 +206,29 @@ impl LoadView {
         }
     }
 
+    /// Take discovery's newest list of workers: id to whether every check of it passes. A worker listed as not
+    /// passing (its check critical, or in maintenance) gets no routes whatever its heartbeats say. One that was
+    /// listed and no longer is (deregistered: Consul removed it after its check stayed critical, or it left) is
+    /// forgotten, unless it still reports (the agent restarted and it has not registered again yet). Workers
+    /// never listed (registered directly) are unaffected. Returns the forgotten.
+    pub fn apply_discovery(&mut self, listed: FxHashMap<NodeId, bool>, now: Instant) -> Vec<NodeId> {
+        let fresh = self.fresh_since(now);
+        let before = self.discovered.take().unwrap_or_default();
+        let mut gone = Vec::new();
+        for soft in self.slots.iter_mut().flatten() {
+            soft.held = listed.get(&soft.id) == Some(&false);
+            let reporting = soft.load_at.is_some_and(|at| fresh.is_none_or(|f| at >= f));
+            if before.contains_key(&soft.id) && !listed.contains_key(&soft.id) && !reporting {
+                gone.push(soft.id.clone());
+            }
+        }
+        for id in &gone {
+            self.forget(id);
+        }
+        self.discovered = Some(listed);
+        gone
+    }
+
     /// Forget workers silent for longer than `forget_after`; returns how many.
     pub fn sweep(&mut self, now: Instant) -> usize {
         let stale: Vec<NodeId> = self
@@ -235,6 +264,9 @@ impl LoadView {
     /// for the per-candidate loop of a route decision.
     pub fn healthy_since(&self, slot: u32, since: Option<Instant>) -> Option<&LoadReport> {
         let soft = self.slots.get(slot as usize)?.as_ref()?;
+        if soft.held {
+            return None;
+        }
         let at = soft.load_at?;
         if since.is_some_and(|since| at < since) {
             return None;
@@ -381,5 +413,33 @@ mod tests {
         assert_eq!(v.cached_blocks(), 3);
         v.kv_events(&events("w1", 2, &[6], &[1], false), t0);
         assert_eq!(v.cached_blocks(), 3);
+    }
+
+    #[test]
+    fn discovery_holds_failing_workers_and_forgets_deregistered_silent_ones() {
+        let t0 = Instant::now();
+        let mut v = LoadView::new(LoadSettings::default());
+        for w in ["w1", "w2", "w3"] {
+            v.report(load(w, 1, 0), t0);
+        }
+        let list = |entries: &[(&str, bool)]| entries.iter().map(|&(w, ok)| (id(w), ok)).collect();
+        // w2's check is critical: no routes, though it reports; w3 was never listed (registered directly).
+        assert!(v.apply_discovery(list(&[("w1", true), ("w2", false)]), t0).is_empty());
+        assert!(v.healthy(&id("w1"), t0).is_some());
+        assert!(v.healthy(&id("w2"), t0).is_none());
+        assert!(v.healthy(&id("w3"), t0).is_some());
+        // The hold survives a re-registration (which starts the soft state afresh) and lifts when it passes.
+        v.forget(&id("w2"));
+        v.report(load("w2", 1, 0), t0);
+        assert!(v.healthy(&id("w2"), t0).is_none());
+        assert!(v.apply_discovery(list(&[("w1", true), ("w2", true)]), t0).is_empty());
+        assert!(v.healthy(&id("w2"), t0).is_some());
+        // Deregistered: w1 still reports (its agent restarted), so it stays; w2 went silent, so it is forgotten.
+        let later = t0 + Duration::from_secs(5);
+        v.report(load("w1", 2, 0), later);
+        assert_eq!(v.apply_discovery(list(&[]), later), vec![id("w2")]);
+        assert!(v.healthy(&id("w1"), later).is_some());
+        assert!(v.latest(&id("w2")).is_none());
+        assert!(v.latest(&id("w3")).is_some(), "never listed, so never forgotten by discovery");
     }
 }

@@ -8,12 +8,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use zl_node::consul::catalog::{ORCHESTRATOR_SERVICE, WORKER_SERVICE};
+use zl_node::consul::{Registrar, watch};
+use zl_node::discovery::DiscoveryArgs;
 use zl_orchestrator::api::admin::AdminService;
 use zl_orchestrator::load::LoadSettings;
 use zl_orchestrator::node::Orchestrator;
 use zl_orchestrator::raft::{GroupConfig, ReplicaConfig, parse_peers, raft_dir};
 use zl_orchestrator::route::{POLICY_NAMES, policy_by_name};
-use zl_proto::message::Role;
+use zl_proto::message::{NodeId, Role};
 use zl_proto::quic::Server;
 
 /// zerolayer's orchestrator: routing state and route decisions.
@@ -77,6 +80,11 @@ struct ServeArgs {
     /// Applied entries between snapshots of the routing state (and log compactions).
     #[arg(long, env = "ZL_RAFT_SNAPSHOT_EVERY", default_value_t = 1000)]
     raft_snapshot_every: u64,
+    /// host:port workers and frontends dial for --listen (registered in consul; default: the listen address).
+    #[arg(long, env = "ZL_ADVERTISE")]
+    advertise: Option<String>,
+    #[command(flatten)]
+    discovery: DiscoveryArgs,
     /// TOML file whose keys are these flags' long names.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
@@ -163,6 +171,42 @@ async fn serve(args: ServeArgs) -> Result<()> {
             }
         })
     };
+    // With consul: register this orchestrator (workers and frontends find it there) and follow the workers'
+    // health (a failing check takes a worker out of routing within its TTL).
+    let consul = match args.discovery.consul()? {
+        None => None,
+        Some(consul) => {
+            let advertise = args.advertise.clone().unwrap_or_else(|| args.listen.to_string());
+            let mut reg = consul.registration(ORCHESTRATOR_SERVICE, &args.node_id, &advertise)?;
+            reg.meta = [
+                ("version".to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+                ("raft_id".to_owned(), args.raft_id.to_string()),
+                ("admin".to_owned(), args.admin_listen.to_string()),
+                ("metrics".to_owned(), args.metrics_addr.to_string()),
+            ]
+            .into();
+            let note = {
+                let node = node.clone();
+                move || {
+                    let status = node.group().status();
+                    let role = if status.leader == Some(status.id) { "raft leader" } else { "raft follower" };
+                    let counts = node.worker_counts(Instant::now());
+                    format!("{role}, term {}; {} healthy worker(s)", status.term, counts.healthy)
+                }
+            };
+            let registrar = Registrar::spawn(consul.client.clone(), reg, Arc::new(note), consul.status.clone());
+            let (mut found, task) = watch::spawn(consul.client.clone(), WORKER_SERVICE, false, consul.status.clone());
+            let node = node.clone();
+            let follow = tokio::spawn(async move {
+                while found.changed().await.is_ok() {
+                    let instances = found.borrow_and_update().clone().unwrap_or_default();
+                    let listed = instances.into_iter().filter_map(|i| Some((NodeId::new(i.id).ok()?, i.passing)));
+                    node.apply_discovery(listed, Instant::now());
+                }
+            });
+            Some((registrar, task, follow))
+        }
+    };
     eprintln!(
         "zl-orchestrator: {} (Raft id {}) serving on {} with the {} policy (admin API on {}, metrics on http://{}/metrics)",
         args.node_id,
@@ -174,6 +218,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     );
     zl_node::shutdown_signal().await;
     eprintln!("zl-orchestrator: shutting down");
+    if let Some((registrar, watch, follow)) = consul {
+        watch.abort();
+        follow.abort();
+        registrar.deregister().await;
+    }
     sweeper.abort();
     let _ = admin.0.send(());
     let _ = admin.1.await;

@@ -185,6 +185,18 @@ impl Orchestrator {
         Ok(index)
     }
 
+    /// Take discovery's newest list of workers (id, every check passing): see [`LoadView::apply_discovery`]. The
+    /// replicated registrations are not touched: they change only through commands.
+    pub fn apply_discovery(&self, listed: impl IntoIterator<Item = (NodeId, bool)>, now: Instant) {
+        let listed: crate::hash::FxHashMap<NodeId, bool> = listed.into_iter().collect();
+        let held = listed.values().filter(|ok| !**ok).count();
+        let gone = write(&self.load).apply_discovery(listed, now);
+        metrics::gauge!("zl_discovery_workers_held").set(held as f64);
+        for id in gone {
+            tracing::info!(worker = %id, "worker left consul and is silent: its soft state is forgotten");
+        }
+    }
+
     /// Every registered worker with its soft state.
     pub fn worker_views(&self, now: Instant) -> Vec<WorkerView> {
         let state = read(&self.state.0);
@@ -227,9 +239,21 @@ impl Orchestrator {
     /// Forget soft state of workers silent past `forget_after`, and of workers no longer registered; update the
     /// worker gauges. Run about once a second.
     pub fn sweep(&self, now: Instant) -> WorkerCounts {
+        write(&self.load).sweep(now);
+        let (counts, oldest) = self.counts(now);
+        let load = read(&self.load);
+        metrics::gauge!("zl_workers", "state" => "healthy").set(counts.healthy as f64);
+        metrics::gauge!("zl_workers", "state" => "unhealthy").set(counts.unhealthy as f64);
+        metrics::gauge!("zl_workers", "state" => "draining").set(counts.draining as f64);
+        metrics::gauge!("zl_soft_state_age_seconds").set(oldest);
+        metrics::gauge!("zl_cached_prefix_blocks").set(load.cached_blocks() as f64);
+        counts
+    }
+
+    /// Workers by state, and the age of the oldest newest report (seconds).
+    fn counts(&self, now: Instant) -> (WorkerCounts, f64) {
         let state = read(&self.state.0);
-        let mut load = write(&self.load);
-        load.sweep(now);
+        let load = read(&self.load);
         let mut counts = WorkerCounts::default();
         let mut oldest = 0f64;
         for (id, w) in state.workers() {
@@ -244,12 +268,12 @@ impl Orchestrator {
                 oldest = oldest.max(age.as_secs_f64());
             }
         }
-        metrics::gauge!("zl_workers", "state" => "healthy").set(counts.healthy as f64);
-        metrics::gauge!("zl_workers", "state" => "unhealthy").set(counts.unhealthy as f64);
-        metrics::gauge!("zl_workers", "state" => "draining").set(counts.draining as f64);
-        metrics::gauge!("zl_soft_state_age_seconds").set(oldest);
-        metrics::gauge!("zl_cached_prefix_blocks").set(load.cached_blocks() as f64);
-        counts
+        (counts, oldest)
+    }
+
+    /// Workers by state now.
+    pub fn worker_counts(&self, now: Instant) -> WorkerCounts {
+        self.counts(now).0
     }
 
     /// What frontends cache: keys, quotas and the models some non-draining worker serves (aliases listed under

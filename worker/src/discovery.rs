@@ -1,14 +1,15 @@
 //! How a worker makes itself known: registration, heartbeats carrying load, KV-cache events, deregistration.
 //!
-//! [`Discovery`] is the seam; [`DirectDiscovery`] (the default) talks to the orchestrators over the cluster's QUIC
-//! RPC. A Consul implementation (register a service with the models and KV figures in its `Meta` and a TTL check)
-//! slots in behind the same trait.
+//! [`Discovery`] is the seam; [`DirectDiscovery`] talks to the orchestrators over the cluster's QUIC RPC, to a
+//! fixed list (`--discovery static`) or to the passing orchestrators Consul lists (`--discovery consul`, where the
+//! worker also registers its own service: `consul_report.rs`).
 //!
 //! A registration is a replicated write (any orchestrator forwards it to the Raft leader), so one would do; the
 //! worker still registers through every orchestrator it reports to, because a registration also resets that
 //! orchestrator's soft state for it (a restarted worker numbers its reports from 1 again), and a re-registration
 //! is idempotent. Load and KV events are soft state kept per orchestrator, so they always go to every one.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,15 +50,15 @@ const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Direct registration with the orchestrators. Each orchestrator's beats run on their own: one that is dead,
 /// frozen or slow to commit a registration (an election) skips its beats while its call is in flight, and never
-/// delays the others' reports past their heartbeat timeout.
+/// delays the others' reports past their heartbeat timeout. The set of orchestrators is fixed (`--orchestrator`)
+/// or follows discovery ([`DirectDiscovery::set_orchestrators`]).
 pub struct DirectDiscovery {
     inner: Arc<Inner>,
 }
 
 struct Inner {
     client: Client,
-    orchestrators: Vec<SocketAddr>,
-    peers: Mutex<Vec<Peer>>,
+    peers: Mutex<BTreeMap<SocketAddr, Peer>>,
 }
 
 /// What the reporter knows of one orchestrator.
@@ -73,15 +74,30 @@ struct Peer {
 
 impl std::fmt::Debug for DirectDiscovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DirectDiscovery").field("orchestrators", &self.inner.orchestrators).finish_non_exhaustive()
+        f.debug_struct("DirectDiscovery").field("orchestrators", &self.orchestrators()).finish_non_exhaustive()
     }
 }
 
 impl DirectDiscovery {
     /// Talk to these orchestrators with this client.
     pub fn new(client: Client, orchestrators: Vec<SocketAddr>) -> Self {
-        let peers = Mutex::new(vec![Peer::default(); orchestrators.len()]);
-        DirectDiscovery { inner: Arc::new(Inner { client, orchestrators, peers }) }
+        let peers = Mutex::new(orchestrators.into_iter().map(|a| (a, Peer::default())).collect());
+        DirectDiscovery { inner: Arc::new(Inner { client, peers }) }
+    }
+
+    /// Report to these orchestrators from now on: new ones get a registration first, gone ones are dropped
+    /// (a beat in flight to one finishes on its own).
+    pub fn set_orchestrators(&self, orchestrators: &[SocketAddr]) {
+        let mut peers = lock(&self.inner.peers);
+        peers.retain(|a, _| orchestrators.contains(a));
+        for &a in orchestrators {
+            peers.entry(a).or_default();
+        }
+    }
+
+    /// The orchestrators reported to.
+    pub fn orchestrators(&self) -> Vec<SocketAddr> {
+        lock(&self.inner.peers).keys().copied().collect()
     }
 }
 
@@ -94,24 +110,31 @@ impl Inner {
         self.client.call_within(deadline, to, Role::Orchestrator, msg).await
     }
 
-    fn set_registered(&self, i: usize, value: bool) {
-        lock(&self.peers)[i].registered = value;
+    fn set_registered(&self, to: SocketAddr, value: bool) {
+        if let Some(peer) = lock(&self.peers).get_mut(&to) {
+            peer.registered = value;
+        }
     }
 
-    fn is_registered(&self, i: usize) -> bool {
-        lock(&self.peers)[i].registered
+    fn is_registered(&self, to: SocketAddr) -> bool {
+        lock(&self.peers).get(&to).is_some_and(|p| p.registered)
     }
 
     /// One orchestrator's heartbeat; `true` when it needs a snapshot.
-    async fn beat(&self, i: usize, registration: &RegisterWorker, load: &LoadReport, kv: &[KvCacheEvents]) -> bool {
-        let to = self.orchestrators[i];
+    async fn beat(
+        &self,
+        to: SocketAddr,
+        registration: &RegisterWorker,
+        load: &LoadReport,
+        kv: &[KvCacheEvents],
+    ) -> bool {
         let mut resync = false;
-        if !self.is_registered(i) {
+        if !self.is_registered(to) {
             match self.call(to, Message::RegisterWorker(registration.clone())).await {
                 Ok(Message::Ack(_)) => {
                     tracing::info!(orchestrator = %to, "registered");
                     metrics::counter!("zl_worker_registrations_total").increment(1);
-                    self.set_registered(i, true);
+                    self.set_registered(to, true);
                     resync = true;
                 }
                 other => {
@@ -128,7 +151,7 @@ impl Inner {
                 Err(CallError::Remote(e)) if e.code == ErrorCode::NotFound => {
                     // The orchestrator lost our registration (it restarted): register again next beat.
                     tracing::warn!(orchestrator = %to, "the orchestrator does not know this worker; re-registering");
-                    self.set_registered(i, false);
+                    self.set_registered(to, false);
                     return true;
                 }
                 other => {
@@ -145,10 +168,10 @@ impl Inner {
 impl Discovery for DirectDiscovery {
     async fn heartbeat(&self, registration: &RegisterWorker, load: &LoadReport, kv: &[KvCacheEvents]) -> bool {
         let mut resync = false;
-        for i in 0..self.inner.orchestrators.len() {
-            {
-                let mut peers = lock(&self.inner.peers);
-                let peer = &mut peers[i];
+        let mut due = Vec::new();
+        {
+            let mut peers = lock(&self.inner.peers);
+            for (&to, peer) in peers.iter_mut() {
                 resync |= std::mem::take(&mut peer.resync);
                 if peer.busy {
                     // Its last beat is still in flight: it misses this report and these KV events.
@@ -156,13 +179,17 @@ impl Discovery for DirectDiscovery {
                     continue;
                 }
                 peer.busy = true;
+                due.push(to);
             }
+        }
+        for to in due {
             let (inner, registration, load, kv) = (self.inner.clone(), registration.clone(), load.clone(), kv.to_vec());
             tokio::spawn(async move {
-                let missed = inner.beat(i, &registration, &load, &kv).await;
-                let mut peers = lock(&inner.peers);
-                peers[i].busy = false;
-                peers[i].resync |= missed;
+                let missed = inner.beat(to, &registration, &load, &kv).await;
+                if let Some(peer) = lock(&inner.peers).get_mut(&to) {
+                    peer.busy = false;
+                    peer.resync |= missed;
+                }
             });
         }
         resync
@@ -170,13 +197,13 @@ impl Discovery for DirectDiscovery {
 
     async fn deregister(&self, worker: &NodeId, reason: &str) {
         let inner = &self.inner;
-        let leave = inner.orchestrators.iter().enumerate().map(|(i, &to)| async move {
+        let leave = self.orchestrators().into_iter().map(|to| async move {
             let msg = Message::DeregisterWorker(DeregisterWorker { worker_id: worker.clone(), reason: reason.into() });
             match inner.call(to, msg).await {
                 Ok(_) => tracing::info!(orchestrator = %to, "deregistered"),
                 Err(e) => tracing::warn!(orchestrator = %to, error = %e, "deregistration failed"),
             }
-            inner.set_registered(i, false);
+            inner.set_registered(to, false);
         });
         futures_util::future::join_all(leave).await;
     }

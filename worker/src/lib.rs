@@ -8,6 +8,7 @@
 //! [`discovery`] registers with the orchestrators; [`fetch`] brings the bundled default model; [`speculate`] drafts
 //! tokens for predictive streaming; [`eval`] measures quality (perplexity, the question set against the float path).
 
+pub mod consul_report;
 pub mod discovery;
 pub mod engine;
 pub mod eval;

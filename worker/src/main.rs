@@ -10,8 +10,12 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use zl_node::consul::catalog::{ORCHESTRATOR_SERVICE, WORKER_SERVICE};
+use zl_node::consul::{Registrar, watch};
+use zl_node::discovery::DiscoveryArgs;
 use zl_proto::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
 use zl_proto::quic::{Client, Server};
+use zl_worker::consul_report::{ReportedEngine, WorkerReport};
 use zl_worker::discovery::{DirectDiscovery, Discovery, ReportedModel, run_reporter};
 use zl_worker::engine::{EngineCore, EngineHandle};
 use zl_worker::fetch;
@@ -31,7 +35,7 @@ struct Cli {
 enum Command {
     /// Serve models over QUIC (mutual TLS) with a Prometheus endpoint.
     #[command(args_override_self = true)]
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Download the bundled default model into the cache (once) and print its path.
     FetchDefaultModel,
     /// Measure prefill and decode throughput at several concurrency levels.
@@ -97,9 +101,12 @@ struct ServeArgs {
     /// override it.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
-    /// Orchestrator QUIC addresses to register with (repeatable, or comma-separated); none runs standalone.
+    /// Orchestrator QUIC addresses to register with (repeatable, or comma-separated; --discovery static); none
+    /// runs standalone.
     #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',')]
     orchestrators: Vec<SocketAddr>,
+    #[command(flatten)]
+    discovery: DiscoveryArgs,
     /// host:port the orchestrators hand to frontends (default: the listen address).
     #[arg(long, env = "ZL_ADVERTISE")]
     advertise: Option<String>,
@@ -187,9 +194,14 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
 async fn serve(args: ServeArgs) -> Result<()> {
     let identity = zl_node::load_identity(&args.tls_dir, Role::Worker, &args.node_id)?;
     let node_id = NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
+    let consul = args.discovery.consul()?;
+    if consul.is_some() && !args.orchestrators.is_empty() {
+        bail!("--orchestrator is for --discovery static: with consul the worker finds the orchestrators itself");
+    }
+    let announced = consul.is_some() || !args.orchestrators.is_empty();
     let advertise = match &args.advertise {
         Some(a) => a.clone(),
-        None if args.listen.ip().is_unspecified() && !args.orchestrators.is_empty() => {
+        None if args.listen.ip().is_unspecified() && announced => {
             bail!("--listen {} is a wildcard address: give --advertise HOST:PORT for the orchestrators", args.listen)
         }
         None => args.listen.to_string(),
@@ -220,7 +232,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
     let registration = RegisterWorker {
         worker_id: node_id.clone(),
-        endpoint: advertise,
+        endpoint: advertise.clone(),
         device_class: match args.device_class.as_str() {
             "gpu" => ComputePool::Gpu,
             "hybrid" => ComputePool::Hybrid,
@@ -244,12 +256,46 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     let reported: Vec<ReportedModel> =
         served.iter().map(|m| ReportedModel { id: m.id.clone(), engine: m.engine.clone() }).collect();
+    let report = WorkerReport {
+        models: served
+            .iter()
+            .map(|m| ReportedEngine {
+                id: m.id.clone(),
+                sha256: zl_common::keys::hex(&m.weights_sha256),
+                engine: m.engine.clone(),
+            })
+            .collect(),
+        device: args.device_class.clone(),
+        region: String::new(),
+        max_running: args.model.max_running as u32,
+        kv_budget_bytes: (args.model.kv_memory_mb as u64) << 20,
+    };
     let service = Arc::new(WorkerService::new(served));
     let server = Server::spawn(args.listen, &identity, zl_worker::rpc_settings(), service.clone())?;
     let discovery =
         Arc::new(DirectDiscovery::new(Client::new(&identity, zl_worker::rpc_settings())?, args.orchestrators.clone()));
+    // With consul: register this worker's service (it serves from now on) and follow the passing orchestrators.
+    let (registrar, orchestrator_watch) = match &consul {
+        None => (None, None),
+        Some(consul) => {
+            let mut reg = consul.registration(WORKER_SERVICE, node_id.as_str(), &advertise)?;
+            reg.tags = report.tags();
+            reg.meta = report.meta_now().encode();
+            let registrar = Registrar::spawn(consul.client.clone(), reg, Arc::new(report), consul.status.clone());
+            let (mut found, task) =
+                watch::spawn(consul.client.clone(), ORCHESTRATOR_SERVICE, true, consul.status.clone());
+            let discovery = discovery.clone();
+            let follow = tokio::spawn(async move {
+                while found.changed().await.is_ok() {
+                    let instances = found.borrow_and_update().clone().unwrap_or_default();
+                    discovery.set_orchestrators(&watch::addresses(&instances).await);
+                }
+            });
+            (Some(registrar), Some((task, follow)))
+        }
+    };
     let (stop_reports, stop_rx) = tokio::sync::watch::channel(false);
-    let reporter = (!args.orchestrators.is_empty()).then(|| {
+    let reporter = announced.then(|| {
         let discovery = discovery.clone();
         let interval = Duration::from_millis(args.report_interval_ms);
         let registration = registration.clone();
@@ -260,27 +306,40 @@ async fn serve(args: ServeArgs) -> Result<()> {
         ids.join(", "),
         server.local_addr(),
         args.metrics_addr,
-        if args.orchestrators.is_empty() {
+        if consul.is_some() {
+            format!(", discovering orchestrators through consul at {}", args.discovery.consul_addr)
+        } else if args.orchestrators.is_empty() {
             String::from(", standalone")
         } else {
             format!(", registering with {} orchestrator(s)", args.orchestrators.len())
         }
     );
     zl_node::shutdown_signal().await;
-    // Drain: leave the routing tables first so no new request arrives, refuse any that still do, let running
-    // ones finish (up to the drain timeout), then close.
+    // Drain: leave the routing tables first so no new request arrives (consul: maintenance, out of every
+    // passing answer), refuse any that still do, let running ones finish (up to the drain timeout), then close
+    // and deregister.
     eprintln!("zl-worker: draining");
+    if let Some(registrar) = &registrar {
+        registrar.maintenance("draining: finishing running requests").await;
+    }
     service.drain();
     let _ = stop_reports.send(true);
     if let Some(reporter) = reporter {
         let _ = reporter.await;
         discovery.deregister(&node_id, "graceful shutdown").await;
     }
+    if let Some((watch, follow)) = orchestrator_watch {
+        watch.abort();
+        follow.abort();
+    }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.drain_timeout_s);
     while service.busy() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     server.shutdown(Duration::from_secs(5)).await;
+    if let Some(registrar) = registrar {
+        registrar.deregister().await;
+    }
     eprintln!("zl-worker: stopped");
     Ok(())
 }
@@ -294,6 +353,6 @@ fn main() -> Result<()> {
         }
         Command::Bench(args) => bench::run(&args),
         Command::Eval(args) => eval_cmd::run(&args),
-        Command::Serve(args) => zl_node::block_on(serve(args)),
+        Command::Serve(args) => zl_node::block_on(serve(*args)),
     }
 }

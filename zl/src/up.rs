@@ -15,6 +15,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use zl_admin::pb;
 use zl_admin::pb::admin_client::AdminClient;
+use zl_node::discovery::DiscoveryArgs;
 use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::ClusterCa;
 
@@ -49,6 +50,10 @@ pub(crate) struct UpArgs {
     /// Give up if the cluster is not ready after this many seconds.
     #[arg(long, default_value_t = 600)]
     ready_timeout_s: u64,
+    /// `--discovery consul` runs the cluster through an existing Consul agent: every process registers there and
+    /// finds the others there (no `--orchestrator` lists).
+    #[command(flatten)]
+    discovery: DiscoveryArgs,
 }
 
 /// How to run this `zl` as typed in this shell: `zl` when that is what the PATH finds, its full path otherwise.
@@ -162,6 +167,9 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         (sibling("zl-orchestrator")?, sibling("zl-worker")?, sibling("zl-frontend")?);
     let data = args.data_dir.clone().unwrap_or_else(default_data_dir);
     let (tls, logs) = (data.join("tls"), data.join("logs"));
+    // Checked here, so a bad setting is one error instead of every child failing to start.
+    let consul = args.discovery.consul()?.is_some();
+    let discovery = args.discovery.to_argv();
     fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
 
     // The bundled model first, in the foreground, so its download shows pip's progress bar.
@@ -214,7 +222,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         if state_dir.exists() {
             std::fs::remove_dir_all(&state_dir).with_context(|| format!("clearing {}", state_dir.display()))?;
         }
-        let argv = [
+        let mut argv: Vec<String> = [
             "serve",
             "--listen",
             &quic.to_string(),
@@ -233,7 +241,9 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             "--raft-peers",
             &peers,
         ]
-        .map(str::to_owned);
+        .map(str::to_owned)
+        .to_vec();
+        argv.extend(discovery.iter().cloned());
         cluster.spawn(name, &orchestrator_bin, &argv, &logs)?;
     }
     // Workers and the frontend start once the orchestrators listen (their admin port opens after their QUIC one),
@@ -246,6 +256,14 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     let orch_list = orchestrators.iter().map(|o| o.1.to_string()).collect::<Vec<_>>().join(",");
+    // Workers and the frontend get the orchestrators' addresses, or find them through consul.
+    let peers_or_discovery = |argv: &mut Vec<String>| {
+        if consul {
+            argv.extend(discovery.iter().cloned());
+        } else {
+            argv.extend(["--orchestrator".to_owned(), orch_list.clone()]);
+        }
+    };
     let mut workers = Vec::new();
     for i in 0..args.workers {
         let (quic, metrics) = (free_udp(&mut ports)?, free_tcp(&mut ports)?);
@@ -260,31 +278,23 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             &name,
             "--tls-dir",
             &tls_s,
-            "--orchestrator",
-            &orch_list,
             "--kv-memory-mb",
             &args.kv_memory_mb.to_string(),
         ]
         .map(str::to_owned)
         .to_vec();
+        peers_or_discovery(&mut argv);
         if let Some(model) = &args.model {
             argv.extend(["--model".to_owned(), model.clone()]);
         }
         cluster.spawn(&name, &worker_bin, &argv, &logs)?;
         workers.push((name, quic, metrics));
     }
-    let argv = [
-        "serve",
-        "--http-addr",
-        &args.http_addr.to_string(),
-        "--orchestrator",
-        &orch_list,
-        "--node-id",
-        "frontend-0",
-        "--tls-dir",
-        &tls_s,
-    ]
-    .map(str::to_owned);
+    let mut argv: Vec<String> =
+        ["serve", "--http-addr", &args.http_addr.to_string(), "--node-id", "frontend-0", "--tls-dir", &tls_s]
+            .map(str::to_owned)
+            .to_vec();
+    peers_or_discovery(&mut argv);
     cluster.spawn("frontend-0", &frontend_bin, &argv, &logs)?;
 
     let key = match &args.api_key {

@@ -171,12 +171,28 @@ async fn healthz() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
 
+/// Ready when an orchestrator answered recently and a worker is healthy. An unreachable discovery backend shows
+/// in the answer (and `x-zl-health: degraded`) without failing it: every frontend keeps serving with the
+/// orchestrators it last knew, and failing them all at once would turn a Consul outage into an API outage.
 async fn readyz(State(app): State<App>) -> Response {
-    match app.gateway.cluster().ready(Instant::now()) {
-        Ok(()) => axum::Json(json!({"status": "ready"})).into_response(),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, axum::Json(json!({"status": "not ready", "reason": reason})))
-            .into_response(),
+    let now = Instant::now();
+    let cluster = app.gateway.cluster();
+    let mut body = match cluster.ready(now) {
+        Ok(()) => json!({"status": "ready"}),
+        Err(reason) => json!({"status": "not ready", "reason": reason}),
+    };
+    if let Some(d) = cluster.discovery() {
+        body["discovery"] = json!({
+            "backend": "consul",
+            "reachable": d.reachable,
+            "for_s": now.saturating_duration_since(d.since).as_secs(),
+            "last_error": d.last_error,
+        });
     }
+    let status = if cluster.ready(now).is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let mut resp = (status, axum::Json(body)).into_response();
+    set(resp.headers_mut(), "x-zl-health", cluster.health(now));
+    resp
 }
 
 async fn metrics_text(State(app): State<App>) -> Response {

@@ -62,6 +62,9 @@ struct Check {
     #[serde(rename = "TTL")]
     ttl: String,
     deregister_critical_service_after: String,
+    /// Registered passing: a node registers once it serves, and a re-registration (after the agent lost its
+    /// state) must not take a serving node out of the passing answers until its next pass.
+    status: &'static str,
 }
 
 impl Registration {
@@ -86,6 +89,7 @@ impl Registration {
                 name: format!("{} TTL", self.name),
                 ttl: go_duration(self.ttl),
                 deregister_critical_service_after: go_duration(self.deregister_after),
+                status: "passing",
             },
         };
         serde_json::to_vec(&body).map_err(|e| MetaError(e.to_string()))
@@ -97,7 +101,7 @@ pub fn go_duration(d: Duration) -> String {
     format!("{}ms", d.as_millis().max(1))
 }
 
-/// One healthy instance of a service.
+/// One instance of a service in a health answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Instance {
     /// Service id.
@@ -112,6 +116,8 @@ pub struct Instance {
     pub meta: BTreeMap<String, String>,
     /// Consul node the instance runs on.
     pub node: String,
+    /// Every check of it (its own, its node's, maintenance) passes: what `?passing` keeps.
+    pub passing: bool,
 }
 
 #[derive(Deserialize)]
@@ -119,6 +125,15 @@ pub struct Instance {
 struct Entry {
     node: Node,
     service: Service,
+    #[serde(default)]
+    checks: Option<Vec<CheckStatus>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct CheckStatus {
+    #[serde(default)]
+    status: String,
 }
 
 #[derive(Deserialize)]
@@ -144,7 +159,7 @@ struct Service {
     meta: Option<BTreeMap<String, String>>,
 }
 
-/// The instances in an answer of `GET /v1/health/service/NAME?passing`, in id order.
+/// The instances in an answer of `GET /v1/health/service/NAME` (with or without `?passing`), in id order.
 pub fn parse_health(body: &[u8]) -> Result<Vec<Instance>, MetaError> {
     if body.len() > MAX_HEALTH_BODY {
         return Err(MetaError(format!("a health answer of {} bytes, at most {MAX_HEALTH_BODY}", body.len())));
@@ -160,6 +175,7 @@ pub fn parse_health(body: &[u8]) -> Result<Vec<Instance>, MetaError> {
             tags: e.service.tags.unwrap_or_default(),
             meta: e.service.meta.unwrap_or_default(),
             node: e.node.node,
+            passing: e.checks.unwrap_or_default().iter().all(|c| c.status == "passing"),
         })
         .collect();
     out.sort_by(|a, b| a.id.cmp(&b.id));
@@ -239,6 +255,7 @@ mod tests {
         assert_eq!(v["Check"]["CheckID"], "service:worker-0");
         assert_eq!(v["Check"]["TTL"], "5000ms");
         assert_eq!(v["Check"]["DeregisterCriticalServiceAfter"], "60000ms");
+        assert_eq!(v["Check"]["Status"], "passing");
         let mut bad = r.clone();
         bad.meta.insert("consul-x".into(), String::new());
         assert!(bad.body().is_err());
@@ -249,16 +266,19 @@ mod tests {
         let body = br#"[
           {"Node": {"Node": "n2", "Address": "10.0.0.2"},
            "Service": {"ID": "worker-1", "Service": "zerolayer-worker", "Address": "", "Port": 7101,
-                       "Tags": null, "Meta": null}, "Checks": []},
+                       "Tags": null, "Meta": null},
+           "Checks": [{"CheckID": "serfHealth", "Status": "passing"}, {"CheckID": "service:worker-1", "Status": "critical"}]},
           {"Node": {"Node": "n1", "Address": "10.0.0.1"},
            "Service": {"ID": "worker-0", "Service": "zerolayer-worker", "Address": "192.168.1.9", "Port": 7100,
-                       "Tags": ["cpu"], "Meta": {"device": "cpu"}}, "Checks": []}
+                       "Tags": ["cpu"], "Meta": {"device": "cpu"}},
+           "Checks": [{"CheckID": "serfHealth", "Status": "passing"}, {"CheckID": "service:worker-0", "Status": "passing"}]}
         ]"#;
         let got = parse_health(body).unwrap();
         assert_eq!(got.len(), 2);
         assert_eq!((got[0].id.as_str(), got[0].address.as_str(), got[0].port), ("worker-0", "192.168.1.9", 7100));
         assert_eq!(got[0].meta["device"], "cpu");
         assert_eq!((got[1].address.as_str(), got[1].tags.len(), got[1].node.as_str()), ("10.0.0.2", 0, "n2"));
+        assert!(got[0].passing && !got[1].passing, "one critical check makes an instance not passing");
         assert!(parse_health(b"[]").unwrap().is_empty());
         assert!(parse_health(b"{\"not\": \"a list\"}").is_err());
         assert!(parse_health(&vec![b' '; MAX_HEALTH_BODY + 1]).is_err());

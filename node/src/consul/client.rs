@@ -80,23 +80,26 @@ impl ConsulClient {
         self.expect_ok("PUT", &format!("/v1/agent/service/deregister/{}", escape(service_id)), Vec::new()).await
     }
 
-    /// The passing instances of `service`, as a blocking query on `index` (which it advances) waiting up to
-    /// `wait` for a change. On an error the index is forgotten, so the next call is a full list.
-    pub async fn healthy(
+    /// The instances of `service` (only those whose every check passes when `passing_only`: `?passing`), as a
+    /// blocking query on `index` (which it advances) waiting up to `wait` for a change. On an error the index is
+    /// forgotten, so the next call is a full list.
+    pub async fn instances(
         &self,
         service: &str,
+        passing_only: bool,
         index: &mut BlockingIndex,
         wait: Duration,
     ) -> Result<(IndexChange, Vec<Instance>)> {
-        let mut path = format!("/v1/health/service/{}?passing", escape(service));
+        let mut query: Vec<String> = Vec::new();
+        if passing_only {
+            query.push("passing".into());
+        }
         if let Some(dc) = &self.settings.datacenter {
-            path.push_str(&format!("&dc={}", escape(dc)));
+            query.push(format!("dc={}", escape(dc)));
         }
-        let query = index.query(wait);
-        if !query.is_empty() {
-            path.push('&');
-            path.push_str(&query);
-        }
+        query.push(index.query(wait));
+        query.retain(|q| !q.is_empty());
+        let path = format!("/v1/health/service/{}?{}", escape(service), query.join("&"));
         // Consul adds up to wait/16 of jitter to a blocking query.
         let answer = self.call("GET", &path, Vec::new(), CALL_TIMEOUT + wait + wait / 16).await;
         let (status, header, body) = match answer {
