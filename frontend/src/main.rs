@@ -13,7 +13,7 @@ use zl_frontend::http::{self, App};
 use zl_frontend::limits::KeyLimits;
 use zl_frontend::upstream::{QuicUpstream, Upstream};
 use zl_node::consul::catalog::{FRONTEND_SERVICE, ORCHESTRATOR_SERVICE};
-use zl_node::consul::{Registrar, watch};
+use zl_node::consul::{Registrar, Report, watch};
 use zl_node::discovery::DiscoveryArgs;
 use zl_proto::message::Role;
 use zl_proto::quic::Client;
@@ -118,8 +118,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         Some(c) => Cluster::with_discovery(c.status.clone()),
         None => Cluster::default(),
     });
-    // With consul: follow the passing orchestrators, and register this frontend (for operators and load
-    // balancers that read Consul).
+    // With consul: follow the passing orchestrators, and (once listening) register this frontend, for operators
+    // and load balancers that read Consul.
     let consul = match consul {
         None => None,
         Some(consul) => {
@@ -143,8 +143,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 let cluster = cluster.clone();
                 move || format!("{}; {}", cluster.health(std::time::Instant::now()), scheme)
             };
-            let registrar = Registrar::spawn(consul.client.clone(), reg, Arc::new(note), consul.status.clone());
-            Some((registrar, task, follow))
+            let note: Arc<dyn Report> = Arc::new(note);
+            Some((consul, reg, note, task, follow))
         }
     };
     let config = GatewayConfig {
@@ -179,6 +179,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(args.http_addr)
         .await
         .with_context(|| format!("binding the HTTP API to {}", args.http_addr))?;
+    // Registered once it listens.
+    let consul = consul.map(|(consul, reg, note, task, follow)| {
+        (Registrar::spawn(consul.client.clone(), reg, note, consul.status.clone()), task, follow)
+    });
     let scheme = if tls.is_some() { "https" } else { "http" };
     let orchestrators = if consul.is_some() {
         format!("found through consul at {}", args.discovery.consul_addr)
