@@ -373,6 +373,7 @@ fn discovery_through_consul(variant: Variant) {
     stop.store(true, Ordering::SeqCst);
     let statuses = load.join().unwrap();
     let failed: Vec<_> = statuses.iter().filter(|s| s.as_ref().is_none_or(|(code, _)| *code != 200)).collect();
+    eprintln!("{} requests around the outage, {} failed", statuses.len(), failed.len());
     assert!(statuses.len() >= 10, "only {} requests ran during the outage", statuses.len());
     assert!(failed.is_empty(), "{} of {} requests failed around the outage: {failed:?}", failed.len(), statuses.len());
     let text = http(http_addr, "GET", "/metrics", &[], "").unwrap().1;

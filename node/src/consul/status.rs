@@ -38,7 +38,7 @@ impl DiscoveryStatus {
         if !s.reachable {
             tracing::info!(
                 after = ?now.saturating_duration_since(s.since),
-                "the consul agent answers again; the discovery view is live"
+                "consul answers again; the discovery view is live"
             );
             metrics::gauge!("zl_discovery_up", "backend" => "consul").set(1.0);
             *s = StatusView { reachable: true, since: now, last_error: String::new() };
@@ -50,12 +50,12 @@ impl DiscoveryStatus {
         metrics::counter!("zl_discovery_errors_total", "backend" => "consul", "op" => op).increment(1);
         let mut s = lock(&self.state);
         if s.reachable {
-            tracing::warn!(op, error = %format!("{error:#}"), "the consul agent is unreachable; serving with the last known view");
+            tracing::warn!(op, error = %format!("{error:#}"), "consul calls fail; serving with the last known view");
             metrics::gauge!("zl_discovery_up", "backend" => "consul").set(0.0);
             s.reachable = false;
             s.since = now;
         } else {
-            tracing::debug!(op, error = %format!("{error:#}"), "consul still unreachable");
+            tracing::debug!(op, error = %format!("{error:#}"), "consul calls still fail");
         }
         s.last_error = format!("{op}: {error:#}");
     }
