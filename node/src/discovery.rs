@@ -221,6 +221,41 @@ mod tests {
         }
     }
 
+    #[derive(Parser, Debug)]
+    struct Tier {
+        #[command(subcommand)]
+        cmd: Sub,
+    }
+
+    #[derive(clap::Subcommand, Debug)]
+    enum Sub {
+        #[command(args_override_self = true)]
+        Serve {
+            #[command(flatten)]
+            discovery: DiscoveryArgs,
+            #[arg(long)]
+            config: Option<PathBuf>,
+        },
+    }
+
+    #[test]
+    fn the_settings_come_from_config_files_like_every_other() {
+        use clap::CommandFactory;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tier.toml");
+        std::fs::write(
+            &path,
+            "discovery = \"consul\"\nconsul-addr = \"https://10.0.0.1:8501\"\nconsul-ttl-ms = 5000\n",
+        )
+        .unwrap();
+        let argv = ["zl-worker", "serve", "--config", path.to_str().unwrap(), "--consul-ttl-ms", "4000"];
+        let argv = crate::config::expand(&Tier::command(), "serve", argv.iter().map(Into::into).collect()).unwrap();
+        let Sub::Serve { discovery, .. } = Tier::try_parse_from(argv).unwrap().cmd;
+        assert_eq!(discovery.discovery, Backend::Consul);
+        assert_eq!(discovery.consul_addr, "https://10.0.0.1:8501");
+        assert_eq!(discovery.consul_ttl_ms, 4000, "a flag beats the file");
+    }
+
     #[test]
     fn registrations_use_the_advertised_address_and_leave_wildcards_to_consul() {
         let c = parse(&["--discovery", "consul"]).consul().unwrap().unwrap();
