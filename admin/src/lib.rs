@@ -2,7 +2,6 @@
 //! served by every orchestrator and called by `zl admin`. Only certificates issued for the `admin` role may call
 //! it: [`require_admin`] checks every request.
 
-use std::net::SocketAddr;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -33,16 +32,17 @@ pub fn server_tls(dir: &Path, node_id: &str) -> Result<ServerTlsConfig> {
 }
 
 /// A channel to an orchestrator's admin endpoint, presenting the admin certificate `admin-{id}` from `dir`.
-pub async fn connect(addr: SocketAddr, dir: &Path, admin_id: &str) -> Result<Channel> {
-    endpoint(addr, dir, Role::Admin, admin_id)?
+pub async fn connect(addr: impl std::fmt::Display, dir: &Path, admin_id: &str) -> Result<Channel> {
+    endpoint(&addr.to_string(), dir, Role::Admin, admin_id)?
         .connect()
         .await
         .with_context(|| format!("connecting to the admin API at {addr}"))
 }
 
-/// An endpoint for an orchestrator's admin port, presenting the certificate `{role}-{id}` from `dir` (connect it
-/// now, or lazily on first use). Calls time out after 10 s.
-pub fn endpoint(addr: SocketAddr, dir: &Path, role: Role, id: &str) -> Result<Endpoint> {
+/// An endpoint for an orchestrator's admin port at `addr` (`host:port`; a DNS name is resolved on each
+/// connection), presenting the certificate `{role}-{id}` from `dir` (connect it now, or lazily on first use).
+/// Calls time out after 10 s. The server is verified as an orchestrator whatever name was dialled.
+pub fn endpoint(addr: &str, dir: &Path, role: Role, id: &str) -> Result<Endpoint> {
     let (ca, cert, key) = pems(dir, role, id)?;
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca))

@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use zl_e2e::{
-    OrchestratorProc, admin, admin_as, certs, free_tcp, free_udp, gauge, metrics, request, start_frontend_with,
-    start_orchestrator_at, start_worker_with, zl,
+    OrchestratorProc, admin, admin_as, certs, free_tcp, free_udp, gauge, metrics, request, start_frontend_args,
+    start_orchestrator_at, start_worker_args, zl,
 };
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -105,7 +105,8 @@ fn three_orchestrators_fail_over_catch_up_and_refuse_writes_without_a_majority()
             proc: None,
         })
         .collect();
-    let peers = nodes.iter().map(|n| format!("{}@{}", n.id, n.addrs.1)).collect::<Vec<_>>().join(",");
+    // Peers by DNS name, as a StatefulSet's pods know each other (resolved on each connection).
+    let peers = nodes.iter().map(|n| format!("{}@localhost:{}", n.id, n.addrs.1.port())).collect::<Vec<_>>().join(",");
     for n in nodes.iter_mut() {
         start(tls, n, &peers);
     }
@@ -119,10 +120,10 @@ fn three_orchestrators_fail_over_catch_up_and_refuse_writes_without_a_majority()
         wait_state(tls, n, "acme");
     }
 
-    // A worker and a frontend that know all three.
-    let quics: Vec<SocketAddr> = nodes.iter().map(|n| n.addrs.0).collect();
-    let mut worker = start_worker_with(tls, "w-0", &quics, free_udp(), free_tcp());
-    let (mut frontend, http) = start_frontend_with(tls, "fe-0", &quics);
+    // A worker and a frontend that know all three, by name.
+    let names = nodes.iter().map(|n| format!("localhost:{}", n.addrs.0.port())).collect::<Vec<_>>().join(",");
+    let mut worker = start_worker_args(tls, "w-0", &[], (free_udp(), free_tcp()), &["--orchestrator", &names]);
+    let (mut frontend, http) = start_frontend_args(tls, "fe-0", &[], &["--orchestrator", &names]);
     let deadline = Instant::now() + Duration::from_secs(180);
     while ask(http, 0) != 200 {
         worker.proc.assert_running("zl-worker");
@@ -172,16 +173,17 @@ fn three_orchestrators_fail_over_catch_up_and_refuse_writes_without_a_majority()
     // A fourth orchestrator joins at run time, catches up, and is removed again.
     let mut fourth =
         Node { id: 4, addrs: (free_udp(), free_tcp(), free_tcp()), data: tempfile::tempdir().unwrap(), proc: None };
-    let with_fourth = format!("{peers},4@{}", fourth.addrs.1);
+    let with_fourth = format!("{peers},4@localhost:{}", fourth.addrs.1.port());
     let data4 = fourth.data.path().to_str().unwrap().to_owned();
     let extra = ["--raft-id", "4", "--raft-peers", &with_fourth, "--data-dir", &data4, "--raft-join"];
     certs_for(tls, "o-4");
     fourth.proc = Some(start_orchestrator_at(tls, "o-4", fourth.addrs, &extra));
     let via = nodes[old].addrs.1;
-    admin(tls, via, &["members", "add", "4", &fourth.addrs.1.to_string()]);
+    let fourth_name = format!("localhost:{}", fourth.addrs.1.port());
+    admin(tls, via, &["members", "add", "4", &fourth_name]);
     wait_state(tls, &fourth, "after-failover");
     let listed = members(tls, via);
-    assert!(listed.contains(&fourth.addrs.1.to_string()), "{listed}");
+    assert!(listed.contains(&fourth_name), "{listed}");
     admin(tls, via, &["members", "remove", "4"]);
     // The leader has applied the removal; the node we list through follows within a heartbeat or so.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -38,10 +38,10 @@ struct ServeArgs {
     /// HTTP address (HTTP/1.1 and h2c; HTTP/2 over TLS with --tls-cert).
     #[arg(long, env = "ZL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     http_addr: SocketAddr,
-    /// Orchestrator QUIC addresses (repeat, or comma-separate; --discovery static); calls are spread over them
-    /// and fail over.
-    #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',')]
-    orchestrators: Vec<SocketAddr>,
+    /// Orchestrator QUIC addresses, host:port (a DNS name is resolved again every 5 s; repeat, or
+    /// comma-separate; --discovery static); calls are spread over them and fail over.
+    #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',', value_parser = zl_node::resolve::parse_address)]
+    orchestrators: Vec<String>,
     #[command(flatten)]
     discovery: DiscoveryArgs,
     /// host:port clients reach this frontend at (registered in consul; default: --http-addr).
@@ -112,7 +112,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let identity = zl_node::load_identity(&args.tls_dir, Role::Frontend, &args.node_id)?;
     let metrics = zl_node::metrics_renderer()?;
     let client = Client::new(&identity, zl_frontend::rpc_settings())?;
-    let quic = Arc::new(QuicUpstream::new(client, args.orchestrators.clone()));
+    let quic = Arc::new(QuicUpstream::new(client, vec![]));
+    let resolver = {
+        let quic = quic.clone();
+        let apply = move |addrs| quic.set_orchestrators(addrs);
+        zl_node::resolve::follow_static(args.orchestrators.clone(), zl_node::resolve::RESOLVE_EVERY, apply).await
+    };
     let upstream: Arc<dyn Upstream> = quic.clone();
     let cluster = Arc::new(match &consul {
         Some(c) => Cluster::with_discovery(c.status.clone()),
@@ -214,6 +219,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         registrar.deregister().await;
     }
     eprintln!("zl-frontend: stopped");
+    if let Some(resolver) = resolver {
+        resolver.abort();
+    }
     sync.abort();
     sweeper.abort();
     Ok(())

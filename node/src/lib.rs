@@ -8,6 +8,7 @@ pub mod consul;
 pub mod discovery;
 pub mod memory;
 pub mod pem;
+pub mod resolve;
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -4,7 +4,6 @@
 //! `cargo bench -p zl-orchestrator --bench raft`
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -71,11 +70,11 @@ fn main() {
         std::fs::write(tls.path().join(format!("orchestrator-o-{id}.pem")), &pair.cert_pem).expect("cert");
         std::fs::write(tls.path().join(format!("orchestrator-o-{id}.key")), &pair.key_pem).expect("key");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
-        peers.insert(id, SocketAddr::from(([127, 0, 0, 1], port)));
+        peers.insert(id, format!("127.0.0.1:{port}"));
     }
     runtime.block_on(async {
         let mut groups = BTreeMap::new();
-        for (&id, &addr) in &peers {
+        for (&id, addr) in &peers {
             let config = GroupConfig {
                 id,
                 peers: peers.clone(),
@@ -89,12 +88,13 @@ fn main() {
             let group = Group::start(config, SharedState::default()).expect("group");
             let server_tls = zl_admin::server_tls(tls.path(), &format!("o-{id}")).expect("server TLS");
             let service = group.service();
+            let listen: std::net::SocketAddr = addr.parse().expect("a socket address");
             tokio::spawn(async move {
                 tonic::transport::Server::builder()
                     .tls_config(server_tls)
                     .expect("TLS")
                     .add_service(service)
-                    .serve(addr)
+                    .serve(listen)
                     .await
                     .expect("serve");
             });

@@ -66,8 +66,9 @@ struct ServeArgs {
     /// This orchestrator's Raft id (a positive integer, unique in the group).
     #[arg(long, env = "ZL_RAFT_ID", default_value_t = 1)]
     raft_id: u64,
-    /// The group: `id@host:port` for every orchestrator (this one included), the port being its admin API's.
-    /// Empty: a group of this node alone.
+    /// The group: `id@host:port` for every orchestrator (this one included), the port being its admin API's; a
+    /// host may be a DNS name (resolved on each connection: a StatefulSet pod's stable name). Empty: a group of
+    /// this node alone.
     #[arg(long, env = "ZL_RAFT_PEERS", default_value = "")]
     raft_peers: String,
     /// Join an existing group instead of starting one: start with no members and wait for the leader to add
@@ -117,7 +118,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     }
     let mut peers = parse_peers(&args.raft_peers).map_err(|e| anyhow::anyhow!("--raft-peers: {e}"))?;
     if peers.is_empty() {
-        peers.insert(args.raft_id, args.admin_listen);
+        peers.insert(args.raft_id, args.admin_listen.to_string());
     }
     if !peers.contains_key(&args.raft_id) {
         bail!("--raft-peers must list this node's own id {}", args.raft_id);

@@ -101,10 +101,10 @@ struct ServeArgs {
     /// override it.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
-    /// Orchestrator QUIC addresses to register with (repeatable, or comma-separated; --discovery static); none
-    /// runs standalone.
-    #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',')]
-    orchestrators: Vec<SocketAddr>,
+    /// Orchestrator QUIC addresses to register with, host:port (a DNS name is resolved again every 5 s;
+    /// repeatable, or comma-separated; --discovery static); none runs standalone.
+    #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',', value_parser = zl_node::resolve::parse_address)]
+    orchestrators: Vec<String>,
     #[command(flatten)]
     discovery: DiscoveryArgs,
     /// host:port the orchestrators hand to frontends (default: the listen address).
@@ -272,8 +272,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     let service = Arc::new(WorkerService::new(served));
     let server = Server::spawn(args.listen, &identity, zl_worker::rpc_settings(), service.clone())?;
-    let discovery =
-        Arc::new(DirectDiscovery::new(Client::new(&identity, zl_worker::rpc_settings())?, args.orchestrators.clone()));
+    let discovery = Arc::new(DirectDiscovery::new(Client::new(&identity, zl_worker::rpc_settings())?, vec![]));
+    let resolver = {
+        let discovery = discovery.clone();
+        let apply = move |addrs: Vec<SocketAddr>| discovery.set_orchestrators(&addrs);
+        zl_node::resolve::follow_static(args.orchestrators.clone(), zl_node::resolve::RESOLVE_EVERY, apply).await
+    };
     // With consul: register this worker's service (it serves from now on) and follow the passing orchestrators.
     let (registrar, orchestrator_watch) = match &consul {
         None => (None, None),
@@ -327,6 +331,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if let Some(reporter) = reporter {
         let _ = reporter.await;
         discovery.deregister(&node_id, "graceful shutdown").await;
+    }
+    if let Some(resolver) = resolver {
+        resolver.abort();
     }
     if let Some((watch, follow)) = orchestrator_watch {
         watch.abort();

@@ -138,8 +138,9 @@ pub(crate) enum MembersCommand {
     Add {
         /// Its Raft id.
         raft_id: u64,
-        /// Its admin API address (host:port).
-        address: std::net::SocketAddr,
+        /// Its admin API address (host:port; the host may be a DNS name, resolved on each connection).
+        #[arg(value_parser = zl_node::resolve::parse_address)]
+        address: String,
     },
     /// Remove a voting member. Sent to the leader.
     Remove {
@@ -372,12 +373,10 @@ async fn run_async(args: AdminArgs) -> Result<()> {
             // Membership changes go to the leader: find it through the node we were given.
             let r = c.list_members(pb::ListMembersRequest {}).await.map_err(call)?.into_inner();
             let leader = r.members.iter().find(|m| m.leader).context("the group has no leader right now")?;
-            let addr: std::net::SocketAddr =
-                leader.address.parse().with_context(|| format!("the leader's address {:?}", leader.address))?;
-            let mut leader_client = AdminClient::new(zl_admin::connect(addr, &dir, &node_id).await?);
+            let mut leader_client = AdminClient::new(zl_admin::connect(&leader.address, &dir, &node_id).await?);
             let (request, what) = match change {
                 MembersCommand::Add { raft_id, address } => (
-                    pb::ChangeMemberRequest { raft_id, address: address.to_string(), remove: false },
+                    pb::ChangeMemberRequest { raft_id, address: address.clone(), remove: false },
                     format!("orchestrator {raft_id} at {address} added"),
                 ),
                 MembersCommand::Remove { raft_id } => (

@@ -83,13 +83,9 @@ pub async fn addresses(instances: &[Instance]) -> Vec<SocketAddr> {
             i.address.clone()
         };
         let target = format!("{host}:{}", i.port);
-        if let Ok(addr) = target.parse::<SocketAddr>() {
-            out.push(addr);
-            continue;
-        }
-        match tokio::net::lookup_host(&target).await.map(|mut a| a.next()) {
-            Ok(Some(addr)) => out.push(addr),
-            Ok(None) => tracing::warn!(id = %i.id, target, "a discovered address resolves to nothing; skipped"),
+        match crate::resolve::resolve(&target).await {
+            Ok(found) if !found.is_empty() => out.extend(found),
+            Ok(_) => tracing::warn!(id = %i.id, target, "a discovered address resolves to nothing; skipped"),
             Err(e) => tracing::warn!(id = %i.id, target, error = %e, "a discovered address does not resolve; skipped"),
         }
     }

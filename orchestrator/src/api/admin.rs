@@ -263,7 +263,10 @@ impl pb::admin_server::Admin for AdminService {
         let address = if r.remove {
             None
         } else {
-            Some(r.address.parse().map_err(|e| Status::invalid_argument(format!("address {:?}: {e}", r.address)))?)
+            Some(
+                crate::raft::driver::peer_address(&r.address)
+                    .map_err(|e| Status::invalid_argument(format!("address {:?}: {e}", r.address)))?,
+            )
         };
         tracing::info!(raft_id = r.raft_id, remove = r.remove, address = %r.address, "admin write: membership");
         let applied_index = group.change_membership(r.raft_id, address).await.map_err(status)?;

@@ -8,7 +8,6 @@
 //! orchestrators left they fail with [`CommitError::Unavailable`] after the commit timeout.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -37,7 +36,7 @@ pub struct GroupConfig {
     /// Every member's Raft id and admin address (this node's included). A node with storage ignores this list's
     /// membership and uses the replicated one; a new, empty node listed here starts a group of them all, unless
     /// `join` is set.
-    pub peers: BTreeMap<u64, SocketAddr>,
+    pub peers: BTreeMap<u64, String>,
     /// A new node joining an existing group: it starts with no members and waits for the leader to add it
     /// (`zl admin members add`), instead of starting a group of `peers`.
     pub join: bool,
@@ -116,7 +115,7 @@ pub struct Group {
     pub(super) tx: mpsc::Sender<Input>,
     status: watch::Receiver<GroupStatus>,
     /// Members' admin addresses: from the configuration, then from applied membership changes.
-    peers: Arc<RwLock<BTreeMap<u64, SocketAddr>>>,
+    peers: Arc<RwLock<BTreeMap<u64, String>>>,
     tls_dir: PathBuf,
     node_id: String,
 }
@@ -139,7 +138,7 @@ impl Group {
             report: tx.clone(),
         };
         let mut senders = HashMap::new();
-        for (&peer, &addr) in &config.peers {
+        for (&peer, addr) in &config.peers {
             if peer != config.id {
                 senders.insert(peer, spawn_peer(&dialer, peer, addr));
             }
@@ -233,18 +232,18 @@ impl Group {
         }
     }
 
-    /// Members' admin addresses, as far as this node knows them.
-    pub fn addresses(&self) -> BTreeMap<u64, SocketAddr> {
+    /// Members' admin addresses (`host:port`), as far as this node knows them.
+    pub fn addresses(&self) -> BTreeMap<u64, String> {
         read(&self.peers).clone()
     }
 
     /// Add a voter at admin address `address`, or remove one (`address` `None`); this node must lead. Returns the
     /// change's log index once applied here.
-    pub async fn change_membership(&self, node: u64, address: Option<SocketAddr>) -> Result<u64, CommitError> {
+    pub async fn change_membership(&self, node: u64, address: Option<String>) -> Result<u64, CommitError> {
         if node == 0 {
             return Err(CommitError::Unavailable("Raft ids start at 1".into()));
         }
-        let (add, address) = (address.is_some(), address.map(|a| a.to_string().into_bytes()).unwrap_or_default());
+        let (add, address) = (address.is_some(), address.map(String::into_bytes).unwrap_or_default());
         let until = Instant::now() + COMMIT_TIMEOUT;
         match self.ask(|reply| Input::Membership { node, add, address, reply }, until).await? {
             Some(result) => result,
@@ -253,10 +252,10 @@ impl Group {
     }
 
     async fn forward(&self, leader: u64, cmd: &Command, deadline: Instant) -> Result<u64, CommitError> {
-        let Some(addr) = self.addresses().get(&leader).copied() else {
+        let Some(addr) = self.addresses().get(&leader).cloned() else {
             return Err(CommitError::NotAccepted(format!("leader {leader} has no known address")));
         };
-        let endpoint = zl_admin::endpoint(addr, &self.tls_dir, Role::Orchestrator, &self.node_id)
+        let endpoint = zl_admin::endpoint(&addr, &self.tls_dir, Role::Orchestrator, &self.node_id)
             .map_err(|e| CommitError::Unavailable(format!("{e:#}")))?;
         let left = deadline.saturating_duration_since(Instant::now());
         // Nothing is sent until the connection stands: failing to connect leaves the command untaken.
@@ -475,8 +474,9 @@ fn handle(replica: &mut Replica<SharedState>, input: Input, waiting: &mut Waitin
     }
 }
 
-/// Parse `--raft-peers`: `id@host:port` (the peer's admin address), comma-separated.
-pub fn parse_peers(spec: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
+/// Parse `--raft-peers`: `id@host:port` (the peer's admin address: an IP address, or a DNS name resolved on each
+/// connection, such as a StatefulSet pod's stable name), comma-separated.
+pub fn parse_peers(spec: &str) -> Result<BTreeMap<u64, String>, String> {
     let mut peers = BTreeMap::new();
     for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (id, addr) = part.split_once('@').ok_or_else(|| format!("{part}: expected id@host:port"))?;
@@ -484,12 +484,22 @@ pub fn parse_peers(spec: &str) -> Result<BTreeMap<u64, SocketAddr>, String> {
         if id == 0 {
             return Err(format!("{part}: the id must be a positive integer"));
         }
-        let addr: SocketAddr = addr.parse().map_err(|e| format!("{part}: {e}"))?;
+        let addr = peer_address(addr).map_err(|e| format!("{part}: {e}"))?;
         if peers.insert(id, addr).is_some() {
             return Err(format!("id {id} is listed twice"));
         }
     }
     Ok(peers)
+}
+
+/// A peer's admin address as given: `host:port` with a valid port and a non-empty host (an IP address, a
+/// bracketed IPv6 address, or a DNS name).
+pub fn peer_address(addr: &str) -> Result<String, String> {
+    zl_node::discovery::split_host_port(addr).map_err(|e| format!("{e:#}"))?;
+    if addr.chars().any(|c| c.is_whitespace() || c == '/' || c == '@') {
+        return Err(format!("{addr:?} is not host:port"));
+    }
+    Ok(addr.to_owned())
 }
 
 /// The storage directory's default location under `data_dir`.
@@ -507,12 +517,18 @@ mod tests {
     fn peer_lists_parse_and_bad_ones_are_refused() {
         let p = parse_peers("1@127.0.0.1:7001, 2@127.0.0.1:7011,3@[::1]:7021").unwrap();
         assert_eq!(p.len(), 3);
-        assert_eq!(p[&3], "[::1]:7021".parse().unwrap());
+        assert_eq!(p[&3], "[::1]:7021");
         assert!(parse_peers("127.0.0.1:7001").is_err());
         assert!(parse_peers("0@127.0.0.1:7001").is_err());
         assert!(parse_peers("1@127.0.0.1:7001,1@127.0.0.1:7002").is_err());
         assert!(parse_peers("x@127.0.0.1:7001").is_err());
         assert!(parse_peers("").unwrap().is_empty());
+        // DNS names (a StatefulSet's pods behind a headless Service) are kept as given, resolved on connection.
+        let p = parse_peers("1@orch-0.orch.zl.svc:7001,2@orch-1.orch.zl.svc:7001").unwrap();
+        assert_eq!(p[&2], "orch-1.orch.zl.svc:7001");
+        assert!(parse_peers("1@orch-0:port").is_err());
+        assert!(parse_peers("1@:7001").is_err());
+        assert!(parse_peers("1@http://x:7001").is_err());
     }
 
     #[test]

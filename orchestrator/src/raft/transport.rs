@@ -3,7 +3,6 @@
 //! message from a peer is size-limited and decoded by [`decode_message`] before the replica sees it.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -87,19 +86,19 @@ impl RaftPeer for PeerService {
 pub(super) struct Transport {
     pub(super) dialer: Dialer,
     pub(super) senders: HashMap<u64, mpsc::Sender<Message>>,
-    pub(super) peers: Arc<RwLock<BTreeMap<u64, SocketAddr>>>,
+    pub(super) peers: Arc<RwLock<BTreeMap<u64, String>>>,
 }
 
 impl Transport {
     pub(super) fn member_added(&mut self, node: u64, address: &[u8]) {
-        let parsed = std::str::from_utf8(address).ok().and_then(|a| a.parse::<SocketAddr>().ok());
+        let parsed = std::str::from_utf8(address).ok().and_then(|a| super::driver::peer_address(a).ok());
         let mut peers = write(&self.peers);
         if let Some(addr) = parsed {
             peers.insert(node, addr);
         }
         if node != self.dialer.from
             && !self.senders.contains_key(&node)
-            && let Some(&addr) = peers.get(&node)
+            && let Some(addr) = peers.get(&node)
         {
             self.senders.insert(node, spawn_peer(&self.dialer, node, addr));
         }
@@ -112,7 +111,7 @@ impl Transport {
     }
 }
 
-pub(super) fn spawn_peer(dialer: &Dialer, peer: u64, addr: SocketAddr) -> mpsc::Sender<Message> {
+pub(super) fn spawn_peer(dialer: &Dialer, peer: u64, addr: &str) -> mpsc::Sender<Message> {
     let (tx, mut rx) = mpsc::channel::<Message>(PEER_QUEUE);
     let endpoint = zl_admin::endpoint(addr, &dialer.tls_dir, Role::Orchestrator, &dialer.node_id)
         .map(|e| e.timeout(Duration::from_secs(2)).connect_timeout(Duration::from_millis(500)));
