@@ -14,7 +14,7 @@ use zl_frontend::limits::KeyLimits;
 use zl_frontend::upstream::{QuicUpstream, Upstream};
 use zl_node::consul::catalog::{FRONTEND_SERVICE, ORCHESTRATOR_SERVICE};
 use zl_node::consul::{Registrar, Report, watch};
-use zl_node::discovery::DiscoveryArgs;
+use zl_node::discovery::OrchestratorArgs;
 use zl_proto::message::Role;
 use zl_proto::quic::Client;
 
@@ -38,12 +38,9 @@ struct ServeArgs {
     /// HTTP address (HTTP/1.1 and h2c; HTTP/2 over TLS with --tls-cert).
     #[arg(long, env = "ZL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     http_addr: SocketAddr,
-    /// Orchestrator QUIC addresses, host:port (a DNS name is resolved again every 5 s; repeat, or
-    /// comma-separate; --discovery static); calls are spread over them and fail over.
-    #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',', value_parser = zl_node::resolve::parse_address)]
-    orchestrators: Vec<String>,
+    /// The orchestrators (calls are spread over them and fail over).
     #[command(flatten)]
-    discovery: DiscoveryArgs,
+    peers: OrchestratorArgs,
     /// host:port clients reach this frontend at (registered in consul; default: --http-addr).
     #[arg(long, env = "ZL_ADVERTISE")]
     advertise: Option<String>,
@@ -103,12 +100,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if args.replicas == 0 || args.sync_interval_ms == 0 || args.body_limit_mb == 0 {
         bail!("--replicas, --sync-interval-ms and --body-limit-mb must be at least 1");
     }
-    let consul = args.discovery.consul()?;
-    match (&consul, args.orchestrators.is_empty()) {
-        (None, true) => bail!("give --orchestrator ADDRESS (or --discovery consul)"),
-        (Some(_), false) => bail!("--orchestrator is for --discovery static: with consul the frontend finds them"),
-        _ => {}
-    }
+    let consul = args.peers.consul(true)?;
     let identity = zl_node::load_identity(&args.tls_dir, Role::Frontend, &args.node_id)?;
     let metrics = zl_node::metrics_renderer()?;
     let client = Client::new(&identity, zl_frontend::rpc_settings())?;
@@ -116,7 +108,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let resolver = {
         let quic = quic.clone();
         let apply = move |addrs| quic.set_orchestrators(addrs);
-        zl_node::resolve::follow_static(args.orchestrators.clone(), zl_node::resolve::RESOLVE_EVERY, apply).await
+        zl_node::resolve::follow_static(args.peers.orchestrators.clone(), zl_node::resolve::RESOLVE_EVERY, apply).await
     };
     let upstream: Arc<dyn Upstream> = quic.clone();
     let cluster = Arc::new(match &consul {
@@ -190,9 +182,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     });
     let scheme = if tls.is_some() { "https" } else { "http" };
     let orchestrators = if consul.is_some() {
-        format!("found through consul at {}", args.discovery.consul_addr)
+        format!("found through consul at {}", args.peers.discovery.consul_addr)
     } else {
-        args.orchestrators.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+        args.peers.orchestrators.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     };
     eprintln!(
         "zl-frontend: {} serving {scheme}://{} (orchestrators: {orchestrators})",

@@ -55,6 +55,38 @@ pub struct DiscoveryArgs {
     pub consul_deregister_after_s: u64,
 }
 
+/// How a worker or a frontend finds the orchestrators: a static list, or discovery.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct OrchestratorArgs {
+    /// Orchestrator QUIC addresses, host:port (a DNS name is resolved again every 5 s; repeatable, or
+    /// comma-separated; --discovery static).
+    #[arg(
+        long = "orchestrator",
+        env = "ZL_ORCHESTRATORS",
+        value_delimiter = ',',
+        value_parser = crate::resolve::parse_address
+    )]
+    pub orchestrators: Vec<String>,
+    /// Or discovery.
+    #[command(flatten)]
+    pub discovery: DiscoveryArgs,
+}
+
+impl OrchestratorArgs {
+    /// The Consul backend, when chosen; refuses `--orchestrator` beside it, and no orchestrator at all when
+    /// `required` (a frontend needs them; a worker without any runs standalone).
+    pub fn consul(&self, required: bool) -> Result<Option<ConsulDiscovery>> {
+        let consul = self.discovery.consul()?;
+        match (&consul, self.orchestrators.is_empty()) {
+            (Some(_), false) => {
+                bail!("--orchestrator is for --discovery static: with consul the orchestrators are found there")
+            }
+            (None, true) if required => bail!("give --orchestrator HOST:PORT (or --discovery consul)"),
+            _ => Ok(consul),
+        }
+    }
+}
+
 /// A node's Consul backend, ready to register and watch.
 #[derive(Clone, Debug)]
 pub struct ConsulDiscovery {
@@ -219,6 +251,25 @@ mod tests {
         ] {
             assert!(parse(bad).consul().is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn orchestrators_come_from_flags_or_consul_never_both() {
+        #[derive(Parser, Debug)]
+        struct Peers {
+            #[command(flatten)]
+            peers: OrchestratorArgs,
+        }
+        let parse =
+            |args: &[&str]| Peers::try_parse_from(std::iter::once("t").chain(args.iter().copied())).unwrap().peers;
+        let listed = parse(&["--orchestrator", "orch-0.orch:7000,127.0.0.1:7000"]);
+        assert_eq!(listed.orchestrators, ["orch-0.orch:7000", "127.0.0.1:7000"]);
+        assert!(listed.consul(true).unwrap().is_none());
+        assert!(parse(&[]).consul(true).is_err(), "a frontend needs orchestrators");
+        assert!(parse(&[]).consul(false).unwrap().is_none(), "a worker without any runs standalone");
+        assert!(parse(&["--discovery", "consul"]).consul(true).unwrap().is_some());
+        assert!(parse(&["--discovery", "consul", "--orchestrator", "a:1"]).consul(false).is_err());
+        assert!(Peers::try_parse_from(["t", "--orchestrator", "no-port"]).is_err());
     }
 
     #[derive(Parser, Debug)]

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use zl_node::consul::catalog::{ORCHESTRATOR_SERVICE, WORKER_SERVICE};
 use zl_node::consul::{Registrar, watch};
-use zl_node::discovery::DiscoveryArgs;
+use zl_node::discovery::OrchestratorArgs;
 use zl_proto::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
 use zl_proto::quic::{Client, Server};
 use zl_worker::consul_report::{ReportedEngine, WorkerReport};
@@ -101,12 +101,9 @@ struct ServeArgs {
     /// override it.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
-    /// Orchestrator QUIC addresses to register with, host:port (a DNS name is resolved again every 5 s;
-    /// repeatable, or comma-separated; --discovery static); none runs standalone.
-    #[arg(long = "orchestrator", env = "ZL_ORCHESTRATORS", value_delimiter = ',', value_parser = zl_node::resolve::parse_address)]
-    orchestrators: Vec<String>,
+    /// The orchestrators to register with (none: standalone).
     #[command(flatten)]
-    discovery: DiscoveryArgs,
+    peers: OrchestratorArgs,
     /// host:port the orchestrators hand to frontends (default: the listen address).
     #[arg(long, env = "ZL_ADVERTISE")]
     advertise: Option<String>,
@@ -194,11 +191,8 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
 async fn serve(args: ServeArgs) -> Result<()> {
     let identity = zl_node::load_identity(&args.tls_dir, Role::Worker, &args.node_id)?;
     let node_id = NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
-    let consul = args.discovery.consul()?;
-    if consul.is_some() && !args.orchestrators.is_empty() {
-        bail!("--orchestrator is for --discovery static: with consul the worker finds the orchestrators itself");
-    }
-    let announced = consul.is_some() || !args.orchestrators.is_empty();
+    let consul = args.peers.consul(false)?;
+    let announced = consul.is_some() || !args.peers.orchestrators.is_empty();
     let advertise = match &args.advertise {
         Some(a) => a.clone(),
         None if args.listen.ip().is_unspecified() && announced => {
@@ -276,7 +270,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let resolver = {
         let discovery = discovery.clone();
         let apply = move |addrs: Vec<SocketAddr>| discovery.set_orchestrators(&addrs);
-        zl_node::resolve::follow_static(args.orchestrators.clone(), zl_node::resolve::RESOLVE_EVERY, apply).await
+        zl_node::resolve::follow_static(args.peers.orchestrators.clone(), zl_node::resolve::RESOLVE_EVERY, apply).await
     };
     // With consul: register this worker's service (it serves from now on) and follow the passing orchestrators.
     let (registrar, orchestrator_watch) = match &consul {
@@ -311,11 +305,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
         server.local_addr(),
         args.metrics_addr,
         if consul.is_some() {
-            format!(", discovering orchestrators through consul at {}", args.discovery.consul_addr)
-        } else if args.orchestrators.is_empty() {
+            format!(", discovering orchestrators through consul at {}", args.peers.discovery.consul_addr)
+        } else if args.peers.orchestrators.is_empty() {
             String::from(", standalone")
         } else {
-            format!(", registering with {} orchestrator(s)", args.orchestrators.len())
+            format!(", registering with {} orchestrator(s)", args.peers.orchestrators.len())
         }
     );
     zl_node::shutdown_signal().await;
