@@ -55,7 +55,7 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
     let orch = start_orchestrator(dir.path(), "orch-0", &["--heartbeat-timeout-ms", "2000"]);
     let (orch_addr, orch_metrics, admin_addr, mut orch) = (orch.quic, orch.metrics, orch.admin, orch.proc);
     let worker = start_worker(dir.path(), "worker-0", orch_addr);
-    let (worker_addr, mut worker) = (worker.quic, worker.proc);
+    let (worker_addr, worker_metrics, mut worker) = (worker.quic, worker.metrics, worker.proc);
     let fe = client(dir.path(), Role::Frontend, "fe-0");
 
     // Routed once the worker has loaded its model, registered and reported load (bounded wait).
@@ -71,6 +71,14 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
     };
     assert_eq!(decision.worker_id.as_str(), "worker-0");
     assert_eq!(decision.endpoint, worker_addr.to_string());
+    // The probes Kubernetes asks, on each node's metrics address: alive, and ready (a group with a leader; the
+    // model loaded and the registration taken).
+    for (addr, needle) in [(orch_metrics, "leader 1"), (worker_metrics, "registered with 1 orchestrator")] {
+        let live = zl_e2e::request(addr, "GET", "/healthz", &[], "").unwrap();
+        assert_eq!(live.status, 200, "{}", live.body);
+        let ready = zl_e2e::request(addr, "GET", "/readyz", &[], "").unwrap();
+        assert!(ready.status == 200 && ready.body.contains(needle), "{addr}: {} {}", ready.status, ready.body);
+    }
     assert_eq!(decision.model, MODEL);
     assert_eq!(decision.compute_pool, ComputePool::Cpu);
     assert_ne!(decision.weights_sha256, [0; 32]);

@@ -9,8 +9,8 @@ pub mod discovery;
 pub mod memory;
 pub mod pem;
 pub mod resolve;
+pub mod status;
 
-use std::net::SocketAddr;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -39,16 +39,8 @@ pub fn load_identity(dir: &Path, role: Role, id: &str) -> Result<TlsIdentity> {
         .with_context(|| format!("loading the TLS identity {} from {}", files.stem, dir.display()))
 }
 
-/// Serve Prometheus metrics at `http://{addr}/metrics`.
-pub fn install_metrics(addr: SocketAddr) -> Result<()> {
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .install()
-        .with_context(|| format!("starting the metrics endpoint on {addr}"))
-}
-
-/// Record metrics for a tier that serves `/metrics` itself (the frontend, on its HTTP port): returns the
-/// renderer of the Prometheus text. Upkeep (histogram compaction) runs on every render and every 5 s.
+/// Record metrics for a tier that serves `/metrics` itself (the frontend on its HTTP port, the others through
+/// [`status::serve`]): returns the renderer of the Prometheus text. Upkeep (histogram compaction) runs on every render and every 5 s.
 pub fn metrics_renderer() -> Result<std::sync::Arc<dyn Fn() -> String + Send + Sync>> {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()

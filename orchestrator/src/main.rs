@@ -107,7 +107,23 @@ async fn serve(args: ServeArgs) -> Result<()> {
         bail!("--heartbeat-timeout-ms must be at least 1");
     }
     let identity = zl_node::load_identity(&args.tls_dir, Role::Orchestrator, &args.node_id)?;
-    zl_node::install_metrics(args.metrics_addr)?;
+    // Alive from here on; ready once this node is a voter of a group with a leader.
+    let group_status: Arc<std::sync::OnceLock<zl_orchestrator::raft::Group>> = Arc::default();
+    let probe = {
+        let group_status = group_status.clone();
+        Arc::new(move || {
+            let Some(group) = group_status.get() else { return Err("opening the Raft storage".to_owned()) };
+            let status = group.status();
+            match status.leader {
+                _ if !status.voters.contains(&status.id) => {
+                    Err(format!("not a voter of the group (voters {:?}): waiting to be added", status.voters))
+                }
+                None => Err(format!("no leader elected yet (term {})", status.term)),
+                Some(leader) => Ok(format!("raft id {}, leader {leader}, term {}", status.id, status.term)),
+            }
+        })
+    };
+    zl_node::status::serve(args.metrics_addr, probe).await?;
     let settings = LoadSettings {
         heartbeat_timeout: Duration::from_millis(args.heartbeat_timeout_ms),
         forget_after: Duration::from_secs(args.forget_after_s),
@@ -138,6 +154,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         Orchestrator::start(policy, settings, group)
             .with_context(|| format!("opening the Raft storage in {}", raft_dir(&data_dir).display()))?,
     );
+    let _ = group_status.set(node.group().clone());
     let raft_service = node.group().service();
     let server = Server::spawn(args.listen, &identity, zl_orchestrator::rpc_settings(), node.clone())?;
     let admin = {

@@ -95,6 +95,11 @@ impl DirectDiscovery {
         }
     }
 
+    /// How many orchestrators have acknowledged this worker's registration.
+    pub fn registered_with(&self) -> usize {
+        lock(&self.inner.peers).values().filter(|p| p.registered).count()
+    }
+
     /// The orchestrators reported to.
     pub fn orchestrators(&self) -> Vec<SocketAddr> {
         lock(&self.inner.peers).keys().copied().collect()

@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use zl_node::consul::catalog::{ORCHESTRATOR_SERVICE, WORKER_SERVICE};
 use zl_node::consul::{Registrar, watch};
 use zl_node::discovery::OrchestratorArgs;
+use zl_node::status::Readiness;
 use zl_proto::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
 use zl_proto::quic::{Client, Server};
 use zl_worker::consul_report::{ReportedEngine, WorkerReport};
@@ -203,7 +204,17 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if args.report_interval_ms == 0 {
         bail!("--report-interval-ms must be at least 1");
     }
-    zl_node::install_metrics(args.metrics_addr)?;
+    // Alive from here on; ready once the models are loaded and (unless standalone) an orchestrator has taken the
+    // registration.
+    let readiness: Arc<std::sync::OnceLock<Readiness>> = Arc::default();
+    let probe = {
+        let readiness = readiness.clone();
+        Arc::new(move || match readiness.get() {
+            None => Err("loading the models".to_owned()),
+            Some(ready) => ready(),
+        })
+    };
+    zl_node::status::serve(args.metrics_addr, probe).await?;
     // Which CPU kernels run (the same results on each; only the speed differs), for dashboards comparing nodes.
     metrics::gauge!("zl_worker_cpu_kernels", "isa" => zl_worker::model::kernels::Isa::current().name()).set(1.0);
     let mut served = Vec::new();
@@ -292,6 +303,19 @@ async fn serve(args: ServeArgs) -> Result<()> {
             (Some(registrar), Some((task, follow)))
         }
     };
+    let _ = readiness.set({
+        let (service, discovery) = (service.clone(), discovery.clone());
+        Arc::new(move || {
+            if service.draining() {
+                return Err("draining".to_owned());
+            }
+            match discovery.registered_with() {
+                0 if announced => Err("no orchestrator has taken the registration yet".to_owned()),
+                0 => Ok("serving standalone".to_owned()),
+                n => Ok(format!("registered with {n} orchestrator(s)")),
+            }
+        })
+    });
     let (stop_reports, stop_rx) = tokio::sync::watch::channel(false);
     let reporter = announced.then(|| {
         let discovery = discovery.clone();

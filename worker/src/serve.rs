@@ -102,6 +102,11 @@ impl WorkerService {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// Whether it refuses new requests (draining).
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
     /// Whether any model has requests waiting or running.
     pub fn busy(&self) -> bool {
         self.models.values().any(|m| {
