@@ -1,5 +1,5 @@
 //! The example configuration files in docs/ are accepted by the binaries they document (every key is a real
-//! setting and every value has the right shape).
+//! setting, every value has the right shape and passes the tier's own `serve --check-config`).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::PathBuf;
@@ -16,15 +16,25 @@ fn example_configs_are_valid() {
         ("zl-frontend", "zl-frontend.example.toml"),
     ] {
         let path = docs.join(file);
-        // `--help` stops after parsing: the file's settings have been expanded into flags and validated by then.
-        let out =
-            Command::new(bin(binary)).args(["serve", "--config", path.to_str().unwrap(), "--help"]).output().unwrap();
+        // `--check-config` parses, expands the file into flags and runs every check that needs no file.
+        let out = Command::new(bin(binary))
+            .args(["serve", "--config", path.to_str().unwrap(), "--check-config"])
+            .output()
+            .unwrap();
         assert!(
-            out.status.success(),
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("the configuration is valid"),
             "{binary} rejects {file}: {}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
+        // A value of the right shape that the checks refuse is caught too, with the reason.
+        let out = Command::new(bin(binary))
+            .args(["serve", "--config", path.to_str().unwrap(), "--check-config", "--discovery", "consul"])
+            .args(["--consul-addr", "https://127.0.0.1:8501"])
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && said.contains("--consul-ca-file"), "{binary}: {said}");
         // And a bad key is caught, so the check above is not vacuous.
         let bad = std::env::temp_dir().join(format!("zl-bad-{}-{binary}.toml", std::process::id()));
         std::fs::write(&bad, "no-such-setting = 1\n").unwrap();

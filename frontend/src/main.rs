@@ -94,12 +94,26 @@ struct ServeArgs {
     /// TOML file whose keys are these flags' long names.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
+    /// Check the settings (flags, ZL_* variables, the config file) and exit: 0 and "valid" when they are, the first
+    /// problem otherwise. Files they name (certificates, models, tokens) are not read.
+    #[arg(long)]
+    check_config: bool,
 }
 
-async fn serve(args: ServeArgs) -> Result<()> {
+/// The settings' checks that need no file.
+fn check(args: &ServeArgs) -> Result<()> {
     if args.replicas == 0 || args.sync_interval_ms == 0 || args.body_limit_mb == 0 {
         bail!("--replicas, --sync-interval-ms and --body-limit-mb must be at least 1");
     }
+    if let Some(a) = &args.advertise {
+        zl_node::resolve::parse_address(a).map_err(|e| anyhow::anyhow!("--advertise: {e}"))?;
+    }
+    zl_proto::message::NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
+    args.peers.check(true)
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    check(&args)?;
     let consul = args.peers.consul(true)?;
     let identity = zl_node::load_identity(&args.tls_dir, Role::Frontend, &args.node_id)?;
     let metrics = zl_node::metrics_renderer()?;
@@ -223,6 +237,11 @@ fn main() -> Result<()> {
     // Request bodies of up to 32 MB come and go: give their memory back when they go.
     zl_node::memory::return_large_allocations();
     match zl_node::start::<Cli>()?.command {
+        Command::Serve(args) if args.check_config => {
+            check(&args)?;
+            println!("zl-frontend: the configuration is valid");
+            Ok(())
+        }
         Command::Serve(args) => zl_node::block_on(serve(args)),
     }
 }

@@ -73,17 +73,23 @@ pub struct OrchestratorArgs {
 }
 
 impl OrchestratorArgs {
-    /// The Consul backend, when chosen; refuses `--orchestrator` beside it, and no orchestrator at all when
-    /// `required` (a frontend needs them; a worker without any runs standalone).
-    pub fn consul(&self, required: bool) -> Result<Option<ConsulDiscovery>> {
-        let consul = self.discovery.consul()?;
-        match (&consul, self.orchestrators.is_empty()) {
-            (Some(_), false) => {
+    /// Check the settings without reading any file: `--orchestrator` never beside consul, and some orchestrator
+    /// when `required` (a frontend needs them; a worker without any runs standalone).
+    pub fn check(&self, required: bool) -> Result<()> {
+        self.discovery.check()?;
+        match (self.discovery.discovery, self.orchestrators.is_empty()) {
+            (Backend::Consul, false) => {
                 bail!("--orchestrator is for --discovery static: with consul the orchestrators are found there")
             }
-            (None, true) if required => bail!("give --orchestrator HOST:PORT (or --discovery consul)"),
-            _ => Ok(consul),
+            (Backend::Static, true) if required => bail!("give --orchestrator HOST:PORT (or --discovery consul)"),
+            _ => Ok(()),
         }
+    }
+
+    /// [`OrchestratorArgs::check`], then the Consul backend when chosen (reading its token file).
+    pub fn consul(&self, required: bool) -> Result<Option<ConsulDiscovery>> {
+        self.check(required)?;
+        self.discovery.consul()
     }
 }
 
@@ -131,11 +137,16 @@ pub fn split_host_port(s: &str) -> Result<(String, u16)> {
 }
 
 impl DiscoveryArgs {
-    /// The Consul backend, when `--discovery consul` (reads the token file now).
-    pub fn consul(&self) -> Result<Option<ConsulDiscovery>> {
-        if self.discovery != Backend::Consul {
-            return Ok(None);
+    /// Check the settings without reading any file they name (`--check-config`).
+    pub fn check(&self) -> Result<()> {
+        if self.discovery == Backend::Consul {
+            self.agent()?;
         }
+        Ok(())
+    }
+
+    /// The agent's address without its scheme, and whether it is HTTPS.
+    fn agent(&self) -> Result<(bool, &str)> {
         let (https, addr) = match self.consul_addr.split_once("://") {
             Some(("https", rest)) => (true, rest),
             Some(("http", rest)) => (false, rest),
@@ -150,6 +161,18 @@ impl DiscoveryArgs {
         if !https && self.consul_ca_file.is_some() {
             bail!("--consul-ca-file is for an HTTPS agent, but --consul-addr {:?} says http", self.consul_addr);
         }
+        if self.consul_ttl_ms < 100 {
+            bail!("--consul-ttl-ms must be at least 100");
+        }
+        Ok((https, addr))
+    }
+
+    /// The Consul backend, when `--discovery consul` (reads the token file now).
+    pub fn consul(&self) -> Result<Option<ConsulDiscovery>> {
+        if self.discovery != Backend::Consul {
+            return Ok(None);
+        }
+        let (_, addr) = self.agent()?;
         let token = match &self.consul_token_file {
             None => None,
             Some(path) => {
@@ -162,9 +185,6 @@ impl DiscoveryArgs {
                 Some(token.to_owned())
             }
         };
-        if self.consul_ttl_ms < 100 {
-            bail!("--consul-ttl-ms must be at least 100");
-        }
         let client = ConsulClient::new(ConsulSettings {
             addr: addr.to_owned(),
             token,

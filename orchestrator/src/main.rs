@@ -1,6 +1,7 @@
 //! `zl-orchestrator`: keeps the routing state, takes worker registrations and load reports, answers route
 //! requests.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -89,6 +90,10 @@ struct ServeArgs {
     /// TOML file whose keys are these flags' long names.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
+    /// Check the settings (flags, ZL_* variables, the config file) and exit: 0 and "valid" when they are, the first
+    /// problem otherwise. Files they name (certificates, models, tokens) are not read.
+    #[arg(long)]
+    check_config: bool,
 }
 
 fn default_data_dir(node_id: &str) -> PathBuf {
@@ -99,13 +104,34 @@ fn default_data_dir(node_id: &str) -> PathBuf {
     base.join("zerolayer").join(node_id)
 }
 
-async fn serve(args: ServeArgs) -> Result<()> {
+/// The settings' checks that need no file: the routing policy and the Raft group (its peers with this node).
+fn check(args: &ServeArgs) -> Result<(Box<dyn zl_orchestrator::route::Policy>, BTreeMap<u64, String>)> {
     let Some(policy) = policy_by_name(&args.policy) else {
         bail!("--policy {:?}: choose one of {}", args.policy, POLICY_NAMES.join(", "));
     };
     if args.heartbeat_timeout_ms == 0 {
         bail!("--heartbeat-timeout-ms must be at least 1");
     }
+    if args.raft_tick_ms == 0 || args.raft_id == 0 {
+        bail!("--raft-tick-ms and --raft-id must be at least 1");
+    }
+    let mut peers = parse_peers(&args.raft_peers).map_err(|e| anyhow::anyhow!("--raft-peers: {e}"))?;
+    if peers.is_empty() {
+        peers.insert(args.raft_id, args.admin_listen.to_string());
+    }
+    if !peers.contains_key(&args.raft_id) {
+        bail!("--raft-peers must list this node's own id {}", args.raft_id);
+    }
+    if let Some(a) = &args.advertise {
+        zl_node::resolve::parse_address(a).map_err(|e| anyhow::anyhow!("--advertise: {e}"))?;
+    }
+    NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
+    args.discovery.check()?;
+    Ok((policy, peers))
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let (policy, peers) = check(&args)?;
     let identity = zl_node::load_identity(&args.tls_dir, Role::Orchestrator, &args.node_id)?;
     // Alive from here on; ready once this node is a voter of a group with a leader.
     let group_status: Arc<std::sync::OnceLock<zl_orchestrator::raft::Group>> = Arc::default();
@@ -129,16 +155,6 @@ async fn serve(args: ServeArgs) -> Result<()> {
         forget_after: Duration::from_secs(args.forget_after_s),
         ..LoadSettings::default()
     };
-    if args.raft_tick_ms == 0 || args.raft_id == 0 {
-        bail!("--raft-tick-ms and --raft-id must be at least 1");
-    }
-    let mut peers = parse_peers(&args.raft_peers).map_err(|e| anyhow::anyhow!("--raft-peers: {e}"))?;
-    if peers.is_empty() {
-        peers.insert(args.raft_id, args.admin_listen.to_string());
-    }
-    if !peers.contains_key(&args.raft_id) {
-        bail!("--raft-peers must list this node's own id {}", args.raft_id);
-    }
     let data_dir = args.data_dir.clone().unwrap_or_else(|| default_data_dir(&args.node_id));
     let group = GroupConfig {
         id: args.raft_id,
@@ -250,6 +266,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
 fn main() -> Result<()> {
     match zl_node::start::<Cli>()?.command {
+        Command::Serve(args) if args.check_config => {
+            check(&args)?;
+            println!("zl-orchestrator: the configuration is valid");
+            Ok(())
+        }
         Command::Serve(args) => zl_node::block_on(serve(args)),
     }
 }

@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use zl_node::consul::catalog::{ORCHESTRATOR_SERVICE, WORKER_SERVICE};
 use zl_node::consul::{Registrar, watch};
-use zl_node::discovery::OrchestratorArgs;
+use zl_node::discovery::{Backend, OrchestratorArgs};
 use zl_node::status::Readiness;
 use zl_proto::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
 use zl_proto::quic::{Client, Server};
@@ -117,6 +117,10 @@ struct ServeArgs {
     /// On shutdown, how long running requests may take to finish.
     #[arg(long, env = "ZL_DRAIN_TIMEOUT_S", default_value_t = 30)]
     drain_timeout_s: u64,
+    /// Check the settings (flags, ZL_* variables, the config file) and exit: 0 and "valid" when they are, the first
+    /// problem otherwise. Files they name (certificates, models, tokens) are not read.
+    #[arg(long)]
+    check_config: bool,
 }
 
 pub(crate) struct Loaded {
@@ -189,13 +193,13 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
     Ok(loaded)
 }
 
-async fn serve(args: ServeArgs) -> Result<()> {
-    let identity = zl_node::load_identity(&args.tls_dir, Role::Worker, &args.node_id)?;
+/// The settings' checks that need no file; returns the node id and the address orchestrators hand out.
+fn check(args: &ServeArgs) -> Result<(NodeId, String)> {
     let node_id = NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
-    let consul = args.peers.consul(false)?;
-    let announced = consul.is_some() || !args.peers.orchestrators.is_empty();
+    args.peers.check(false)?;
+    let announced = args.peers.discovery.discovery == Backend::Consul || !args.peers.orchestrators.is_empty();
     let advertise = match &args.advertise {
-        Some(a) => a.clone(),
+        Some(a) => zl_node::resolve::parse_address(a).map_err(|e| anyhow::anyhow!("--advertise: {e}"))?,
         None if args.listen.ip().is_unspecified() && announced => {
             bail!("--listen {} is a wildcard address: give --advertise HOST:PORT for the orchestrators", args.listen)
         }
@@ -204,6 +208,17 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if args.report_interval_ms == 0 {
         bail!("--report-interval-ms must be at least 1");
     }
+    if !args.model.models.is_empty() {
+        model_specs(&args.model)?;
+    }
+    Ok((node_id, advertise))
+}
+
+async fn serve(args: ServeArgs) -> Result<()> {
+    let (node_id, advertise) = check(&args)?;
+    let identity = zl_node::load_identity(&args.tls_dir, Role::Worker, &args.node_id)?;
+    let consul = args.peers.consul(false)?;
+    let announced = consul.is_some() || !args.peers.orchestrators.is_empty();
     // Alive from here on; ready once the models are loaded and (unless standalone) an orchestrator has taken the
     // registration.
     let readiness: Arc<std::sync::OnceLock<Readiness>> = Arc::default();
@@ -378,6 +393,11 @@ fn main() -> Result<()> {
         }
         Command::Bench(args) => bench::run(&args),
         Command::Eval(args) => eval_cmd::run(&args),
+        Command::Serve(args) if args.check_config => {
+            check(&args)?;
+            println!("zl-worker: the configuration is valid");
+            Ok(())
+        }
         Command::Serve(args) => zl_node::block_on(serve(*args)),
     }
 }
