@@ -31,10 +31,16 @@ pub fn block_on<T>(main: impl std::future::Future<Output = Result<T>>) -> Result
     tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(main)
 }
 
-/// Load `{dir}/ca.pem` and the node's `{dir}/{role}-{id}.pem` / `.key`, as `zl certs issue` names them.
+/// Load `{dir}/ca.pem` and the node's `{dir}/{role}-{id}.pem` / `.key`, as `zl certs issue` names them; without
+/// those, a replica certificate of the role (`{dir}/{role}.pem` / `.key`, `zl certs issue --replicas`: the
+/// replicas of a Deployment share one).
 pub fn load_identity(dir: &Path, role: Role, id: &str) -> Result<TlsIdentity> {
     let node_id = NodeId::new(id.to_owned()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
-    let files = NodeFiles::new(dir, role, node_id.as_str());
+    let mut files = NodeFiles::new(dir, role, node_id.as_str());
+    let replicas = NodeFiles::replicas(dir, role);
+    if !files.cert.exists() && replicas.cert.exists() {
+        files = replicas;
+    }
     TlsIdentity::from_files(&files.ca, &files.cert, &files.key, role, node_id)
         .with_context(|| format!("loading the TLS identity {} from {}", files.stem, dir.display()))
 }

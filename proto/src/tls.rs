@@ -65,8 +65,21 @@ pub fn node_name(role: Role, node_id: &NodeId) -> String {
     format!("{node_id}.{}.{CLUSTER_DOMAIN}", role.name())
 }
 
+/// The wildcard name a replica certificate carries: valid for every node id of `role` (a node id is one DNS label,
+/// and a wildcard matches exactly one).
+pub fn any_node_name(role: Role) -> String {
+    format!("*.{}.{CLUSTER_DOMAIN}", role.name())
+}
+
+/// The roles whose nodes may share one replica certificate: interchangeable replicas that Kubernetes names at
+/// random (Deployments). Orchestrators (Raft members with stable names) and admins never do.
+pub fn replica_role(role: Role) -> bool {
+    matches!(role, Role::Worker | Role::Frontend)
+}
+
 /// Where a node's PEM files live in a certificate directory, as `zl certs` writes them: the cluster CA's
-/// `ca.pem`, and the node's `{role}-{node id}.pem` and `.key`. The one place these names are made.
+/// `ca.pem`, and the node's `{role}-{node id}.pem` and `.key` (or a replica certificate's `{role}.pem` and `.key`,
+/// [`NodeFiles::replicas`]). The one place these names are made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeFiles {
     /// `{role}-{node id}`, the file stem.
@@ -83,6 +96,18 @@ impl NodeFiles {
     /// The files of node `id` in role `role` under `dir`.
     pub fn new(dir: &std::path::Path, role: Role, id: &str) -> NodeFiles {
         let stem = format!("{}-{id}", role.name());
+        NodeFiles {
+            ca: dir.join("ca.pem"),
+            cert: dir.join(format!("{stem}.pem")),
+            key: dir.join(format!("{stem}.key")),
+            stem,
+        }
+    }
+
+    /// The files of a replica certificate of `role` under `dir` (`{role}.pem`, `{role}.key`): one certificate
+    /// every replica of a Deployment presents, whatever its node id.
+    pub fn replicas(dir: &std::path::Path, role: Role) -> NodeFiles {
+        let stem = role.name().to_owned();
         NodeFiles {
             ca: dir.join("ca.pem"),
             cert: dir.join(format!("{stem}.pem")),
@@ -176,11 +201,30 @@ impl ClusterCa {
     /// Issue a certificate for one node, valid for `days`, usable as both TLS client and server. `extra_names` are
     /// added as SANs (DNS names, or IP addresses when they parse as one).
     pub fn issue(&self, role: Role, node_id: &NodeId, extra_names: &[String], days: u32) -> Result<PemPair, TlsError> {
-        let mut names = vec![role_name(role), node_name(role, node_id)];
+        self.issue_for(role, node_name(role, node_id), extra_names, days)
+    }
+
+    /// Issue a replica certificate: valid for every node id of `role` ([`any_node_name`]), for the replicas of a
+    /// Deployment, which share it. Only for [`replica_role`]s.
+    pub fn issue_replicas(&self, role: Role, extra_names: &[String], days: u32) -> Result<PemPair, TlsError> {
+        if !replica_role(role) {
+            return Err(TlsError::Identity {
+                expected: any_node_name(role),
+                problem: format!(
+                    "{} nodes need a certificate each (only workers and frontends share one)",
+                    role.name()
+                ),
+            });
+        }
+        self.issue_for(role, any_node_name(role), extra_names, days)
+    }
+
+    fn issue_for(&self, role: Role, node: String, extra_names: &[String], days: u32) -> Result<PemPair, TlsError> {
+        let mut names = vec![role_name(role), node.clone()];
         names.extend(extra_names.iter().cloned());
         let mut params = CertificateParams::new(names)?;
         let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, node_name(role, node_id));
+        dn.push(DnType::CommonName, node);
         dn.push(DnType::OrganizationName, "zerolayer");
         params.distinguished_name = dn;
         params.is_ca = IsCa::ExplicitNoCa;
@@ -305,6 +349,9 @@ impl TlsIdentity {
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
         ctx.update(b"zerolayer derived secret v1\0");
         ctx.update(label);
+        // Replicas sharing one certificate still get secrets of their own.
+        ctx.update(self.node_id.as_str().as_bytes());
+        ctx.update(b"\0");
         ctx.update(self.key.secret_der());
         let mut out = [0; 32];
         out.copy_from_slice(ctx.finish().as_ref());
@@ -349,6 +396,25 @@ mod tests {
         check_identity(&chain[0], Role::Worker, &id("w0")).unwrap();
         assert!(check_identity(&chain[0], Role::Orchestrator, &id("w0")).is_err());
         assert!(check_identity(&chain[0], Role::Worker, &id("w1")).is_err());
+    }
+
+    #[test]
+    fn replica_certificates_serve_every_node_id_of_their_role_only() {
+        let ca = ClusterCa::generate("test CA", 1).unwrap();
+        let pair = ca.issue_replicas(Role::Worker, &[], 1).unwrap();
+        let chain = certs_from_pem("c", pair.cert_pem.as_bytes()).unwrap();
+        for node in ["zl-worker-cpu-7d9f8c6b5-x2x9z", "w0", "a"] {
+            check_identity(&chain[0], Role::Worker, &id(node)).unwrap();
+        }
+        assert!(check_identity(&chain[0], Role::Frontend, &id("w0")).is_err(), "another role");
+        assert!(check_identity(&chain[0], Role::Orchestrator, &id("w0")).is_err(), "another role");
+        let a = TlsIdentity::from_pem(ca.cert_pem(), &pair, Role::Worker, id("w-a")).unwrap();
+        let b = TlsIdentity::from_pem(ca.cert_pem(), &pair, Role::Worker, id("w-b")).unwrap();
+        assert_ne!(a.derived_secret(b"reset"), b.derived_secret(b"reset"), "replicas keep secrets of their own");
+        assert_eq!(a.derived_secret(b"reset"), a.derived_secret(b"reset"));
+        // Raft members and operators each need their own.
+        assert!(ca.issue_replicas(Role::Orchestrator, &[], 1).is_err());
+        assert!(ca.issue_replicas(Role::Admin, &[], 1).is_err());
     }
 
     #[test]

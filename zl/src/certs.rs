@@ -16,7 +16,8 @@ use zl_proto::tls::{ClusterCa, NodeFiles, PemPair};
 pub(crate) enum CertsCommand {
     /// Create a new cluster CA: `ca.pem` (give it to every node) and `ca.key` (keep it offline).
     Init(InitArgs),
-    /// Issue a node certificate signed by the cluster CA: `{role}-{node-id}.pem` and `.key`.
+    /// Issue a node certificate signed by the cluster CA: `{role}-{node-id}.pem` and `.key` (or a replica
+    /// certificate, `{role}.pem` and `.key`, with --replicas).
     Issue(IssueArgs),
 }
 
@@ -48,8 +49,12 @@ pub(crate) struct IssueArgs {
     #[arg(long)]
     role: String,
     /// The node's id: a lowercase DNS label, e.g. worker-0.
+    #[arg(long, required_unless_present = "replicas", conflicts_with = "replicas")]
+    node_id: Option<String>,
+    /// Instead of one node's: a replica certificate (`{role}.pem`) valid for every node id of the role, shared by
+    /// the replicas of a Deployment (workers and frontends only).
     #[arg(long)]
-    node_id: String,
+    replicas: bool,
     /// Extra DNS names or IP addresses for the certificate (repeatable), e.g. the pod's service name.
     #[arg(long = "san")]
     sans: Vec<String>,
@@ -81,7 +86,6 @@ fn init(args: &InitArgs) -> Result<()> {
 fn issue(args: &IssueArgs) -> Result<()> {
     let role = Role::from_name(&args.role)
         .with_context(|| format!("unknown role {:?}: use frontend, orchestrator, worker or admin", args.role))?;
-    let node_id = NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
     if args.days == 0 {
         bail!("--days must be at least 1");
     }
@@ -90,9 +94,18 @@ fn issue(args: &IssueArgs) -> Result<()> {
         fs::read_to_string(&path).with_context(|| format!("reading {} (run `zl certs init` first)", path.display()))
     };
     let ca = ClusterCa::from_pem(&read("ca.pem")?, &read("ca.key")?).context("loading the CA")?;
-    let pair = ca.issue(role, &node_id, &args.sans, args.days).context("issuing the certificate")?;
     let out = args.out.as_ref().unwrap_or(&args.ca_dir);
-    let files = NodeFiles::new(out, role, node_id.as_str());
+    let (pair, files) = match &args.node_id {
+        Some(node_id) => {
+            let node_id = NodeId::new(node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
+            let pair = ca.issue(role, &node_id, &args.sans, args.days).context("issuing the certificate")?;
+            (pair, NodeFiles::new(out, role, node_id.as_str()))
+        }
+        None => {
+            let pair = ca.issue_replicas(role, &args.sans, args.days).context("issuing the replica certificate")?;
+            (pair, NodeFiles::replicas(out, role))
+        }
+    };
     write_pair(out, &files.stem, &pair, args.force)?;
     println!("wrote {} and {}", files.cert.display(), files.key.display());
     Ok(())
