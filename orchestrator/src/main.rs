@@ -67,6 +67,10 @@ struct ServeArgs {
     /// This orchestrator's Raft id (a positive integer, unique in the group).
     #[arg(long, env = "ZL_RAFT_ID", default_value_t = 1)]
     raft_id: u64,
+    /// Take the Raft id from the node id's ordinal instead: `NAME-N` has Raft id N+1 (a StatefulSet's pods are
+    /// named `NAME-0`, `NAME-1`, ...: give each `--node-id` its pod name).
+    #[arg(long, env = "ZL_RAFT_ID_FROM_ORDINAL")]
+    raft_id_from_ordinal: bool,
     /// The group: `id@host:port` for every orchestrator (this one included), the port being its admin API's; a
     /// host may be a DNS name (resolved on each connection: a StatefulSet pod's stable name). Empty: a group of
     /// this node alone.
@@ -104,8 +108,20 @@ fn default_data_dir(node_id: &str) -> PathBuf {
     base.join("zerolayer").join(node_id)
 }
 
+/// The Raft id of a node named `NAME-N`: N+1.
+fn ordinal_raft_id(node_id: &str) -> Result<u64> {
+    let ordinal = node_id.rsplit_once('-').and_then(|(_, n)| n.parse::<u64>().ok());
+    match ordinal {
+        Some(n) if n < u64::MAX => Ok(n + 1),
+        _ => bail!("--raft-id-from-ordinal: the node id {node_id:?} does not end in -N (a StatefulSet pod's name)"),
+    }
+}
+
 /// The settings' checks that need no file: the routing policy and the Raft group (its peers with this node).
-fn check(args: &ServeArgs) -> Result<(Box<dyn zl_orchestrator::route::Policy>, BTreeMap<u64, String>)> {
+fn check(args: &mut ServeArgs) -> Result<(Box<dyn zl_orchestrator::route::Policy>, BTreeMap<u64, String>)> {
+    if args.raft_id_from_ordinal {
+        args.raft_id = ordinal_raft_id(&args.node_id)?;
+    }
     let Some(policy) = policy_by_name(&args.policy) else {
         bail!("--policy {:?}: choose one of {}", args.policy, POLICY_NAMES.join(", "));
     };
@@ -130,8 +146,8 @@ fn check(args: &ServeArgs) -> Result<(Box<dyn zl_orchestrator::route::Policy>, B
     Ok((policy, peers))
 }
 
-async fn serve(args: ServeArgs) -> Result<()> {
-    let (policy, peers) = check(&args)?;
+async fn serve(mut args: ServeArgs) -> Result<()> {
+    let (policy, peers) = check(&mut args)?;
     let identity = zl_node::load_identity(&args.tls_dir, Role::Orchestrator, &args.node_id)?;
     // Alive from here on; ready once this node is a voter of a group with a leader.
     let group_status: Arc<std::sync::OnceLock<zl_orchestrator::raft::Group>> = Arc::default();
@@ -266,11 +282,22 @@ async fn serve(args: ServeArgs) -> Result<()> {
 
 fn main() -> Result<()> {
     match zl_node::start::<Cli>()?.command {
-        Command::Serve(args) if args.check_config => {
-            check(&args)?;
+        Command::Serve(mut args) if args.check_config => {
+            check(&mut args)?;
             println!("zl-orchestrator: the configuration is valid");
             Ok(())
         }
         Command::Serve(args) => zl_node::block_on(serve(args)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_statefulset_ordinal_is_a_raft_id() {
+        assert_eq!(super::ordinal_raft_id("zl-orchestrator-0").unwrap(), 1);
+        assert_eq!(super::ordinal_raft_id("zl-orchestrator-4").unwrap(), 5);
+        assert!(super::ordinal_raft_id("orchestrator").is_err());
+        assert!(super::ordinal_raft_id("orch-x").is_err());
     }
 }

@@ -1,7 +1,6 @@
 //! `zl admin`: the operator admin API of an orchestrator (`schemas/admin.proto`), over gRPC with the admin's
 //! certificate from the cluster CA.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
@@ -12,10 +11,10 @@ use zl_admin::pb::admin_client::AdminClient;
 /// Where and as whom. Each defaults to the cluster `zl up` is running (its `cluster.json`).
 #[derive(Args, Debug)]
 pub(crate) struct AdminArgs {
-    /// An orchestrator's admin API address (its `--admin-listen`). Default: the local cluster's orchestrators,
-    /// the first that answers.
-    #[arg(long, env = "ZL_ADMIN_ADDR", global = true)]
-    orchestrator: Option<SocketAddr>,
+    /// An orchestrator's admin API address (its `--admin-listen`; host:port, the host may be a DNS name).
+    /// Default: the local cluster's orchestrators, the first that answers.
+    #[arg(long, env = "ZL_ADMIN_ADDR", global = true, value_parser = zl_node::resolve::parse_address)]
+    orchestrator: Option<String>,
     /// Directory with `ca.pem` and `admin-{node-id}.pem`/`.key` (`zl certs issue --role admin`). Default: the
     /// local cluster's.
     #[arg(long, env = "ZL_TLS_DIR", global = true)]
@@ -183,10 +182,10 @@ async fn run_async(args: AdminArgs) -> Result<()> {
         None => (PathBuf::from(local.pick(None, "tls_dir", "--tls-dir (or ZL_TLS_DIR)")?), crate::local::ADMIN_ID),
     };
     let node_id = args.node_id.clone().unwrap_or_else(|| default_id.to_owned());
-    let addrs = match args.orchestrator {
-        Some(addr) => vec![addr],
-        None if args.tls_dir.is_none() => local.admin_addrs(),
-        None => vec![SocketAddr::from(([127, 0, 0, 1], 7001))],
+    let addrs: Vec<String> = match &args.orchestrator {
+        Some(addr) => vec![addr.clone()],
+        None if args.tls_dir.is_none() => local.admin_addrs().iter().map(ToString::to_string).collect(),
+        None => vec!["127.0.0.1:7001".to_owned()],
     };
     if addrs.is_empty() {
         bail!("{}", local.missing("--orchestrator (or ZL_ADMIN_ADDR)"));
@@ -195,7 +194,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
     let mut last = None;
     let mut channel = None;
     for addr in addrs {
-        match zl_admin::connect(addr, &dir, &node_id).await {
+        match zl_admin::connect(&addr, &dir, &node_id).await {
             Ok(c) => {
                 channel = Some(c);
                 break;
