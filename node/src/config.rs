@@ -62,10 +62,11 @@ pub fn expand(cmd: &clap::Command, subcommand_name: &str, argv: Vec<OsString>) -
                     injected.push(scalar(item)?.into());
                 }
             }
-            toml::Value::Boolean(true) if arg.get_num_args().is_some_and(|n| n.max_values() == 0) => {
+            // A switch (`--flag`, no value): `true` sets it, `false` leaves it out.
+            toml::Value::Boolean(true) if !arg.get_action().takes_values() => {
                 injected.push(format!("--{key}").into());
             }
-            toml::Value::Boolean(false) if arg.get_num_args().is_some_and(|n| n.max_values() == 0) => {}
+            toml::Value::Boolean(false) if !arg.get_action().takes_values() => {}
             other => {
                 injected.push(format!("--{key}").into());
                 injected.push(scalar(other)?.into());
@@ -101,18 +102,18 @@ mod tests {
             models: Vec<String>,
             #[arg(long)]
             config: Option<PathBuf>,
+            #[arg(long)]
+            switch: bool,
         },
     }
 
     fn run(file: &str, args: &[&str]) -> Result<Cmd> {
-        let dir = std::env::temp_dir().join(format!("zl-config-test-{}-{}", std::process::id(), args.len()));
-        std::fs::create_dir_all(&dir)?;
-        let path = dir.join("c.toml");
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("c.toml");
         std::fs::write(&path, file)?;
         let mut argv: Vec<OsString> = vec!["zl-worker".into(), "serve".into(), "--config".into(), path.clone().into()];
         argv.extend(args.iter().map(OsString::from));
         let argv = expand(&Cli::command(), "serve", argv)?;
-        std::fs::remove_dir_all(&dir)?;
         Ok(Cli::try_parse_from(argv)?.cmd)
     }
 
@@ -124,6 +125,14 @@ mod tests {
         assert_eq!(listen, "1.2.3.4:9");
         assert_eq!(size, 5);
         assert_eq!(models, vec!["a=x.gguf", "b=y"]);
+    }
+
+    #[test]
+    fn switches_take_true_and_false() {
+        let Cmd::Serve { switch, .. } = run("switch = true\n", &[]).unwrap();
+        assert!(switch);
+        let Cmd::Serve { switch, .. } = run("switch = false\n", &["--listen", "1.2.3.4:9"]).unwrap();
+        assert!(!switch);
     }
 
     #[test]

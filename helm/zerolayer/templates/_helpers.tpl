@@ -1,0 +1,187 @@
+{{/* Names and labels. */}}
+{{- define "zl.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "zl.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "zl.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+app.kubernetes.io/name: {{ include "zl.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/* Selector labels of one tier: (dict "root" $ "tier" "orchestrator"). */}}
+{{- define "zl.selector" -}}
+app.kubernetes.io/name: {{ include "zl.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .tier }}
+{{- end -}}
+
+{{- define "zl.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "zl.orchestrator" -}}{{ include "zl.fullname" . }}-orchestrator{{- end -}}
+{{- define "zl.peers" -}}{{ include "zl.fullname" . }}-orchestrator-peers{{- end -}}
+{{- define "zl.frontend" -}}{{ include "zl.fullname" . }}-frontend{{- end -}}
+
+{{/* The orchestrators' stable names: pod.headless-service.namespace.svc.domain. */}}
+{{- define "zl.orchestratorHost" -}}
+{{ include "zl.orchestrator" .root }}-{{ .i }}.{{ include "zl.peers" .root }}.{{ .root.Release.Namespace }}.svc.{{ .root.Values.clusterDomain }}
+{{- end -}}
+
+{{/* --raft-peers: id@host:admin-port for every orchestrator. */}}
+{{- define "zl.raftPeers" -}}
+{{- $root := . -}}
+{{- $peers := list -}}
+{{- range $i := until (int .Values.orchestrator.replicas) -}}
+{{- $peers = append $peers (printf "%d@%s:7001" (add $i 1) (include "zl.orchestratorHost" (dict "root" $root "i" $i))) -}}
+{{- end -}}
+{{- join "," $peers -}}
+{{- end -}}
+
+{{/* The orchestrators' QUIC addresses, for static discovery. */}}
+{{- define "zl.orchestratorAddrs" -}}
+{{- $root := . -}}
+{{- $addrs := list -}}
+{{- range $i := until (int .Values.orchestrator.replicas) -}}
+{{- $addrs = append $addrs (printf "%s:7000" (include "zl.orchestratorHost" (dict "root" $root "i" $i))) -}}
+{{- end -}}
+{{- toJson $addrs -}}
+{{- end -}}
+
+{{/* What every pod runs as: non-root, read-only root file system, no capabilities. */}}
+{{- define "zl.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "zl.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{/* Environment every tier shares: its node id is its pod name. */}}
+{{- define "zl.env" -}}
+- name: ZL_NODE_ID
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: ZL_TLS_DIR
+  value: /etc/zerolayer/tls
+- name: ZL_CONFIG
+  value: /etc/zerolayer/config/config.toml
+{{- if eq .Values.discovery.backend "consul" }}
+{{- if .Values.discovery.consul.useHostIP }}
+- name: HOST_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.hostIP
+- name: ZL_CONSUL_ADDR
+  value: "$(HOST_IP):{{ .Values.discovery.consul.port }}"
+{{- else }}
+- name: ZL_CONSUL_ADDR
+  value: {{ .Values.discovery.consul.address | quote }}
+{{- end }}
+{{- if .Values.discovery.consul.tokenSecret }}
+- name: ZL_CONSUL_TOKEN_FILE
+  value: /etc/zerolayer/consul/token
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Discovery settings of a config file (TOML). */}}
+{{- define "zl.discoveryConfig" -}}
+{{- if eq .Values.discovery.backend "consul" }}
+discovery = "consul"
+consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
+{{- end }}
+{{- end -}}
+
+{{/* Volumes every tier mounts: its TLS files, its config, a writable /tmp; Consul's token when used.
+     (dict "root" $ "tier" "worker" "config" "worker-cpu"). The TLS files are laid out as `zl certs` writes them:
+     ca.pem and {role}-{node}.pem/.key (orchestrators) or {role}.pem/.key (replica certificates). */}}
+{{- define "zl.volumes" -}}
+{{- $root := .root -}}
+{{- $full := include "zl.fullname" .root -}}
+- name: tls
+{{- if .root.Values.tls.certManager.enabled }}
+  projected:
+    defaultMode: 0440
+    sources:
+{{- if eq .tier "orchestrator" }}
+{{- range $i := until (int $root.Values.orchestrator.replicas) }}
+      - secret:
+          name: {{ $full }}-tls-orchestrator-{{ $i }}
+          items:
+            - {key: tls.crt, path: orchestrator-{{ $full }}-orchestrator-{{ $i }}.pem}
+            - {key: tls.key, path: orchestrator-{{ $full }}-orchestrator-{{ $i }}.key}
+{{- if eq $i 0 }}
+            - {key: ca.crt, path: ca.pem}
+{{- end }}
+{{- end }}
+{{- else }}
+      - secret:
+          name: {{ $full }}-tls-{{ .tier }}
+          items:
+            - {key: tls.crt, path: {{ .tier }}.pem}
+            - {key: tls.key, path: {{ .tier }}.key}
+            - {key: ca.crt, path: ca.pem}
+{{- end }}
+{{- else }}
+  secret:
+    secretName: {{ $full }}-tls-{{ .tier }}
+    defaultMode: 0440
+{{- end }}
+- name: config
+  configMap:
+    name: {{ $full }}-{{ .config }}
+- name: tmp
+  emptyDir: {}
+{{- if and (eq .root.Values.discovery.backend "consul") .root.Values.discovery.consul.tokenSecret }}
+- name: consul-token
+  secret:
+    secretName: {{ .root.Values.discovery.consul.tokenSecret }}
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{- define "zl.mounts" -}}
+- name: tls
+  mountPath: /etc/zerolayer/tls
+  readOnly: true
+- name: config
+  mountPath: /etc/zerolayer/config
+  readOnly: true
+- name: tmp
+  mountPath: /tmp
+{{- if and (eq .Values.discovery.backend "consul") .Values.discovery.consul.tokenSecret }}
+- name: consul-token
+  mountPath: /etc/zerolayer/consul
+  readOnly: true
+{{- end }}
+{{- end -}}
