@@ -28,3 +28,49 @@ fn the_charts_app_version_is_the_workspace_version() {
     let app = chart.lines().find_map(|l| l.strip_prefix("appVersion: ")).unwrap().trim_matches('"');
     assert_eq!(app, env!("CARGO_PKG_VERSION"));
 }
+
+#[test]
+fn zl_certs_kube_writes_the_secrets_the_charts_pods_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca_dir = dir.path().join("ca");
+    let out = dir.path().join("secrets.json");
+    let kube = |out: &std::path::Path| {
+        let args = ["certs", "kube", "--release", "zl", "--namespace", "inference", "--orchestrators", "3"];
+        let result =
+            zl_e2e::zl(&[&args[..], &["--ca-dir", ca_dir.to_str().unwrap(), "--out", out.to_str().unwrap()]].concat());
+        assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    };
+    kube(&out);
+    let ca = std::fs::read_to_string(ca_dir.join("ca.pem")).unwrap();
+    let list: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let secrets = list["items"].as_array().unwrap();
+    let names: Vec<&str> = secrets.iter().map(|s| s["metadata"]["name"].as_str().unwrap()).collect();
+    // The names the chart's pods mount (release `zl`: resources are prefixed `zl-zerolayer`).
+    assert_eq!(names, ["zl-zerolayer-tls-orchestrator", "zl-zerolayer-tls-worker", "zl-zerolayer-tls-frontend"]);
+    // Each Secret, mounted as the chart mounts it, gives the pods the chart names their identities.
+    for (secret, role, pods) in [
+        (
+            &secrets[0],
+            zl_proto::message::Role::Orchestrator,
+            vec!["zl-zerolayer-orchestrator-0", "zl-zerolayer-orchestrator-2"],
+        ),
+        (&secrets[1], zl_proto::message::Role::Worker, vec!["zl-zerolayer-worker-cpu-7d9f8c6b5-x2x9z"]),
+        (&secrets[2], zl_proto::message::Role::Frontend, vec!["zl-zerolayer-frontend-5c7d9-8kq2p"]),
+    ] {
+        assert_eq!(secret["metadata"]["namespace"], "inference");
+        let mounted = dir.path().join(secret["metadata"]["name"].as_str().unwrap());
+        std::fs::create_dir_all(&mounted).unwrap();
+        for (file, text) in secret["stringData"].as_object().unwrap() {
+            assert!(!file.starts_with("ca.key"), "the CA key never leaves --ca-dir");
+            std::fs::write(mounted.join(file), text.as_str().unwrap()).unwrap();
+        }
+        assert_eq!(std::fs::read_to_string(mounted.join("ca.pem")).unwrap(), ca);
+        for pod in pods {
+            zl_node::load_identity(&mounted, role, pod).unwrap_or_else(|e| panic!("{pod}: {e:#}"));
+        }
+    }
+    // Run again (a fourth orchestrator, or renewals): the same CA signs, so running pods keep trusting.
+    kube(&dir.path().join("again.json"));
+    assert_eq!(std::fs::read_to_string(ca_dir.join("ca.pem")).unwrap(), ca);
+    assert!(ca_dir.join("admin-admin.pem").is_file(), "an admin certificate for zl admin");
+}

@@ -19,6 +19,8 @@ pub(crate) enum CertsCommand {
     /// Issue a node certificate signed by the cluster CA: `{role}-{node-id}.pem` and `.key` (or a replica
     /// certificate, `{role}.pem` and `.key`, with --replicas).
     Issue(IssueArgs),
+    /// The Kubernetes Secrets the Helm chart's pods read their certificates from (without cert-manager).
+    Kube(crate::certs_kube::KubeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -70,6 +72,7 @@ pub(crate) fn run(cmd: CertsCommand) -> Result<()> {
     match cmd {
         CertsCommand::Init(args) => init(&args),
         CertsCommand::Issue(args) => issue(&args),
+        CertsCommand::Kube(args) => crate::certs_kube::run(&args),
     }
 }
 

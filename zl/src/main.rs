@@ -6,6 +6,7 @@
 
 mod admin;
 mod certs;
+mod certs_kube;
 mod chat;
 mod local;
 mod supervise;
