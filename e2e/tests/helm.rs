@@ -73,4 +73,20 @@ fn zl_certs_kube_writes_the_secrets_the_charts_pods_read() {
     kube(&dir.path().join("again.json"));
     assert_eq!(std::fs::read_to_string(ca_dir.join("ca.pem")).unwrap(), ca);
     assert!(ca_dir.join("admin-admin.pem").is_file(), "an admin certificate for zl admin");
+    // As the chart's certificate Job runs it: the CA from a read-only mounted Secret, written back as a Secret
+    // with an admin certificate for in-cluster zl admin.
+    let work = dir.path().join("work");
+    let args = ["certs", "kube", "--release", "zl", "--namespace", "inference", "--ca-secret", "--admin-secret"];
+    let paths =
+        ["--ca-from", ca_dir.to_str().unwrap(), "--ca-dir", work.to_str().unwrap(), "--admin-id", "zl-bootstrap"];
+    let result = zl_e2e::zl(&[&args[..], &paths[..]].concat());
+    assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+    let list: serde_json::Value = serde_json::from_slice(&result.stdout).unwrap();
+    let by_name =
+        |name: &str| list["items"].as_array().unwrap().iter().find(|s| s["metadata"]["name"] == name).cloned();
+    let ca_secret = by_name("zl-zerolayer-ca").expect("the CA Secret");
+    assert_eq!(ca_secret["stringData"]["ca.pem"], ca.as_str(), "the mounted CA, not a new one");
+    assert!(ca_secret["stringData"]["ca.key"].as_str().unwrap().contains("PRIVATE KEY"));
+    let admin = by_name("zl-zerolayer-tls-admin").expect("the admin Secret");
+    assert!(admin["stringData"]["admin-zl-bootstrap.pem"].as_str().unwrap().contains("CERTIFICATE"));
 }

@@ -31,6 +31,17 @@ pub(crate) struct KubeArgs {
     /// Directory of the cluster CA (`ca.pem`, `ca.key`); a new CA is created there when it holds none.
     #[arg(long, default_value = "certs")]
     ca_dir: PathBuf,
+    /// Read the CA from here when it holds one, instead of --ca-dir (a mounted Secret, read-only); a new CA is
+    /// still written to --ca-dir when neither holds one.
+    #[arg(long)]
+    ca_from: Option<PathBuf>,
+    /// Also write the CA (certificate and key) as the Secret FULLNAME-ca, so a Job run in the cluster finds it
+    /// again on the next upgrade (the key then lives in the cluster, as with cert-manager's own CA).
+    #[arg(long)]
+    ca_secret: bool,
+    /// Also write the admin certificate as the Secret FULLNAME-tls-admin (for in-cluster `zl admin` Jobs).
+    #[arg(long)]
+    admin_secret: bool,
     /// Validity of the node certificates in days.
     #[arg(long, default_value_t = 365)]
     days: u32,
@@ -64,9 +75,14 @@ pub(crate) fn run(args: &KubeArgs) -> Result<()> {
         bail!("--days and --orchestrators must be at least 1");
     }
     let full = args.fullname.clone().unwrap_or_else(|| fullname(&args.release));
-    let ca = match (fs::read_to_string(args.ca_dir.join("ca.pem")), fs::read_to_string(args.ca_dir.join("ca.key"))) {
-        (Ok(cert), Ok(key)) => ClusterCa::from_pem(&cert, &key).context("loading the CA")?,
-        _ => {
+    let read_ca = |dir: &std::path::Path| {
+        let (cert, key) = (fs::read_to_string(dir.join("ca.pem")).ok()?, fs::read_to_string(dir.join("ca.key")).ok()?);
+        Some(ClusterCa::from_pem(&cert, &key).with_context(|| format!("loading the CA in {}", dir.display())))
+    };
+    let found = args.ca_from.as_deref().and_then(read_ca).or_else(|| read_ca(&args.ca_dir));
+    let ca = match found {
+        Some(ca) => ca?,
+        None => {
             let ca = ClusterCa::generate(&format!("{full} cluster CA"), 3650).context("generating the CA")?;
             crate::certs::write_pair(&args.ca_dir, "ca", ca.pem(), false)?;
             eprintln!("zl certs kube: a new cluster CA in {}", args.ca_dir.display());
@@ -90,12 +106,17 @@ pub(crate) fn run(args: &KubeArgs) -> Result<()> {
     }
     let admin = NodeId::new(args.admin_id.clone()).map_err(|e| anyhow::anyhow!("--admin-id: {e}"))?;
     let pair = ca.issue(Role::Admin, &admin, &[], args.days)?;
-    crate::certs::write_pair(
-        &args.ca_dir,
-        &NodeFiles::new(&args.ca_dir, Role::Admin, admin.as_str()).stem,
-        &pair,
-        true,
-    )?;
+    let admin_stem = NodeFiles::new(&args.ca_dir, Role::Admin, admin.as_str()).stem;
+    if args.admin_secret {
+        let mut files = vec![ca_pem.clone()];
+        files.extend(pem(&admin_stem, pair.clone()));
+        items.push(secret(format!("{full}-tls-admin"), &args.namespace, files));
+    }
+    if args.ca_secret {
+        let files = vec![ca_pem.clone(), ("ca.key".to_owned(), ca.pem().key_pem.clone())];
+        items.push(secret(format!("{full}-ca"), &args.namespace, files));
+    }
+    crate::certs::write_pair(&args.ca_dir, &admin_stem, &pair, true)?;
     let list = serde_json::to_string_pretty(&json!({"apiVersion": "v1", "kind": "List", "items": items}))?;
     if args.out == "-" {
         println!("{list}");
