@@ -22,6 +22,29 @@ fn the_chart_lints_renders_validates_and_wires_up_in_every_variant() {
     assert!(stdout.contains("wiring and configs ok"), "{stdout}");
 }
 
+/// The checks can fail: a copy of the chart with one broken reference is refused, naming it.
+#[test]
+fn a_chart_with_a_broken_reference_fails_the_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("zerolayer");
+    let copied = Command::new("cp").arg("-r").arg(root().join("helm/zerolayer")).arg(&chart).status().unwrap();
+    assert!(copied.success());
+    let frontend = chart.join("templates/frontend.yaml");
+    let text = std::fs::read_to_string(&frontend).unwrap();
+    assert!(text.contains("targetPort: http"));
+    std::fs::write(&frontend, text.replace("targetPort: http", "targetPort: htp")).unwrap();
+    let bin_dir = zl_e2e::bin("zl-orchestrator").parent().unwrap().to_owned();
+    let out = Command::new(zl_e2e::python())
+        .arg(root().join("scripts/check-chart"))
+        .arg(&bin_dir)
+        .env("ZL_CHART", &chart)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a broken chart passed");
+    assert!(stderr.contains("port htp is not a port of"), "{stderr}");
+}
+
 #[test]
 fn the_charts_app_version_is_the_workspace_version() {
     let chart = std::fs::read_to_string(root().join("helm/zerolayer/Chart.yaml")).unwrap();
