@@ -134,14 +134,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let consul = match consul {
         None => None,
         Some(consul) => {
-            let (mut found, task) =
-                watch::spawn(consul.client.clone(), ORCHESTRATOR_SERVICE, true, consul.status.clone());
-            let follow = tokio::spawn(async move {
-                while found.changed().await.is_ok() {
-                    let instances = found.borrow_and_update().clone().unwrap_or_default();
-                    quic.set_orchestrators(watch::addresses(&instances).await);
-                }
-            });
+            let apply = move |addrs| quic.set_orchestrators(addrs);
+            let follow =
+                watch::follow_addresses(consul.client.clone(), ORCHESTRATOR_SERVICE, consul.status.clone(), apply);
             let advertise = args.advertise.clone().unwrap_or_else(|| args.http_addr.to_string());
             let mut reg = consul.registration(FRONTEND_SERVICE, &args.node_id, &advertise)?;
             let scheme = if args.tls_cert.is_some() { "https" } else { "http" };
@@ -155,7 +150,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 move || format!("{}; {}", cluster.health(std::time::Instant::now()), scheme)
             };
             let note: Arc<dyn Report> = Arc::new(note);
-            Some((consul, reg, note, task, follow))
+            Some((consul, reg, note, follow))
         }
     };
     let config = GatewayConfig {
@@ -191,8 +186,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         .await
         .with_context(|| format!("binding the HTTP API to {}", args.http_addr))?;
     // Registered once it listens.
-    let consul = consul.map(|(consul, reg, note, task, follow)| {
-        (Registrar::spawn(consul.client.clone(), reg, note, consul.status.clone()), task, follow)
+    let consul = consul.map(|(consul, reg, note, follow)| {
+        (Registrar::spawn(consul.client.clone(), reg, note, consul.status.clone()), follow)
     });
     let scheme = if tls.is_some() { "https" } else { "http" };
     let orchestrators = if consul.is_some() {
@@ -219,8 +214,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         Duration::from_secs(args.drain_timeout_s),
     )
     .await;
-    if let Some((registrar, watch, follow)) = consul {
-        watch.abort();
+    if let Some((registrar, follow)) = consul {
         follow.abort();
         registrar.deregister().await;
     }

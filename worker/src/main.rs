@@ -306,16 +306,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
             reg.tags = report.tags();
             reg.meta = report.meta_now().encode();
             let registrar = Registrar::spawn(consul.client.clone(), reg, Arc::new(report), consul.status.clone());
-            let (mut found, task) =
-                watch::spawn(consul.client.clone(), ORCHESTRATOR_SERVICE, true, consul.status.clone());
             let discovery = discovery.clone();
-            let follow = tokio::spawn(async move {
-                while found.changed().await.is_ok() {
-                    let instances = found.borrow_and_update().clone().unwrap_or_default();
-                    discovery.set_orchestrators(&watch::addresses(&instances).await);
-                }
-            });
-            (Some(registrar), Some((task, follow)))
+            let apply = move |addrs: Vec<SocketAddr>| discovery.set_orchestrators(&addrs);
+            let follow =
+                watch::follow_addresses(consul.client.clone(), ORCHESTRATOR_SERVICE, consul.status.clone(), apply);
+            (Some(registrar), Some(follow))
         }
     };
     let _ = readiness.set({
@@ -368,8 +363,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if let Some(resolver) = resolver {
         resolver.abort();
     }
-    if let Some((watch, follow)) = orchestrator_watch {
-        watch.abort();
+    if let Some(follow) = orchestrator_watch {
         follow.abort();
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.drain_timeout_s);

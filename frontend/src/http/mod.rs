@@ -177,7 +177,9 @@ async fn healthz() -> Response {
 async fn readyz(State(app): State<App>) -> Response {
     let now = Instant::now();
     let cluster = app.gateway.cluster();
-    let mut body = match cluster.ready(now) {
+    let ready = cluster.ready(now);
+    let status = if ready.is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let mut body = match ready {
         Ok(()) => json!({"status": "ready"}),
         Err(reason) => json!({"status": "not ready", "reason": reason}),
     };
@@ -189,7 +191,6 @@ async fn readyz(State(app): State<App>) -> Response {
             "last_error": d.last_error,
         });
     }
-    let status = if cluster.ready(now).is_ok() { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     let mut resp = (status, axum::Json(body)).into_response();
     set(resp.headers_mut(), "x-zl-health", cluster.health(now));
     resp

@@ -72,6 +72,33 @@ pub fn spawn(
     (rx, task)
 }
 
+/// Watch the passing instances of `service` and hand the addresses of every new list to `apply` (the orchestrators a
+/// worker reports to, or a frontend calls). Aborting the returned task stops the watch too.
+pub fn follow_addresses<F>(
+    client: ConsulClient,
+    service: &'static str,
+    status: Arc<DiscoveryStatus>,
+    apply: F,
+) -> tokio::task::JoinHandle<()>
+where
+    F: Fn(Vec<SocketAddr>) + Send + Sync + 'static,
+{
+    struct AbortOnDrop(tokio::task::JoinHandle<()>);
+    impl Drop for AbortOnDrop {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    let (mut found, task) = spawn(client, service, true, status);
+    tokio::spawn(async move {
+        let _watch = AbortOnDrop(task);
+        while found.changed().await.is_ok() {
+            let instances = found.borrow_and_update().clone().unwrap_or_default();
+            apply(addresses(&instances).await);
+        }
+    })
+}
+
 /// The addresses to dial of these instances (`address:port`; host names resolved, those that do not resolve
 /// left out with a warning).
 pub async fn addresses(instances: &[Instance]) -> Vec<SocketAddr> {

@@ -495,11 +495,7 @@ pub fn parse_peers(spec: &str) -> Result<BTreeMap<u64, String>, String> {
 /// A peer's admin address as given: `host:port` with a valid port and a non-empty host (an IP address, a
 /// bracketed IPv6 address, or a DNS name).
 pub fn peer_address(addr: &str) -> Result<String, String> {
-    zl_node::discovery::split_host_port(addr).map_err(|e| format!("{e:#}"))?;
-    if addr.chars().any(|c| c.is_whitespace() || c == '/' || c == '@') {
-        return Err(format!("{addr:?} is not host:port"));
-    }
-    Ok(addr.to_owned())
+    zl_node::resolve::parse_address(addr)
 }
 
 /// The storage directory's default location under `data_dir`.
