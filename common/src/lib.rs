@@ -7,4 +7,5 @@
 pub mod billing;
 pub mod block_hash;
 pub mod keys;
+pub mod rng;
 pub mod sync;

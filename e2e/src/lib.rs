@@ -33,6 +33,42 @@ pub fn zl(args: &[&str]) -> Output {
     Command::new(bin("zl")).args(args).output().expect("zl could not be started")
 }
 
+/// Wait (bounded) for `zl up`'s `cluster.json` in `data` to appear and its API at `http_addr` to be ready; returns
+/// the parsed file. Panics with the tail of every log when `up` exits first.
+pub fn wait_up(
+    data: &std::path::Path,
+    http_addr: std::net::SocketAddr,
+    up: &mut std::process::Child,
+) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(300);
+    loop {
+        if let Ok(Some(status)) = up.try_wait() {
+            // Everything zl up and its children said, to see which one failed and why.
+            let mut said = String::new();
+            let parent = data.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+            for dir in [parent, data.to_path_buf(), data.join("logs")] {
+                for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let path = entry.path();
+                    if path.is_file() && path.extension().is_some_and(|e| e == "log" || e == "err" || e == "out") {
+                        let text = std::fs::read_to_string(&path).unwrap_or_default();
+                        let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                        said.push_str(&format!("--- {}\n", path.display()));
+                        said.extend(tail.into_iter().rev().map(|l| format!("{l}\n")));
+                    }
+                }
+            }
+            panic!("zl up exited early: {status}\n{said}");
+        }
+        if let Ok(text) = std::fs::read_to_string(data.join("cluster.json"))
+            && let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "")
+        {
+            return serde_json::from_str(&text).expect("cluster.json is JSON");
+        }
+        assert!(std::time::Instant::now() < deadline, "zl up never became ready");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
 /// A child process that is killed (and reaped) when dropped, so a failing test never leaves it running.
 #[derive(Debug)]
 pub struct Proc(pub std::process::Child);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use zl_e2e::{
     SmallCluster, alive, bin, free_tcp, http, http_stream, metric_sum, metrics, request, signal, small_cluster,
-    start_worker_at,
+    start_worker_at, wait_up,
 };
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -27,37 +27,6 @@ fn body(max_tokens: u32, stream: bool, temperature: f32, content: &str) -> Strin
 
 fn post(addr: SocketAddr, body: &str) -> zl_e2e::HttpResponse {
     request(addr, "POST", "/v1/messages", &[("x-api-key", KEY)], body).expect("the frontend answers")
-}
-
-/// Wait (bounded) for `path` of `cluster.json` to appear and the API to be ready; returns the parsed file.
-fn wait_up(data: &std::path::Path, http_addr: SocketAddr, up: &mut std::process::Child) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    loop {
-        if let Ok(Some(status)) = up.try_wait() {
-            // Everything zl up and its children said, to see which one failed and why.
-            let mut said = String::new();
-            let parent = data.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
-            for dir in [parent, data.to_path_buf(), data.join("logs")] {
-                for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                    let path = entry.path();
-                    if path.is_file() && path.extension().is_some_and(|e| e == "log" || e == "err" || e == "out") {
-                        let text = std::fs::read_to_string(&path).unwrap_or_default();
-                        let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                        said.push_str(&format!("--- {}\n", path.display()));
-                        said.extend(tail.into_iter().rev().map(|l| format!("{l}\n")));
-                    }
-                }
-            }
-            panic!("zl up exited early: {status}\n{said}");
-        }
-        if let Ok(text) = std::fs::read_to_string(data.join("cluster.json"))
-            && let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "")
-        {
-            return serde_json::from_str(&text).unwrap();
-        }
-        assert!(Instant::now() < deadline, "zl up never became ready");
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }
 
 fn pids(state: &Value) -> Vec<(String, u32)> {

@@ -202,34 +202,38 @@ impl Cluster {
             let err = ApiError::from_call(&e, "routing");
             if err.kind == ErrorKind::NotFound { self.not_found(model) } else { err }
         })?;
-        let card = upstream
-            .model_card(decision.endpoint.clone(), decision.model.clone())
-            .await
-            .map_err(|e| ApiError::from_call(&e, "fetching the model card"))?;
-        let parts = TokenizerParts {
-            tokenizer_json: card.tokenizer_json,
-            chat_template: card.chat_template,
-            bos: card.bos_token,
-            eos: card.eos_token,
-            stop_ids: card.stop_token_ids,
-        };
-        // Parsing a tokenizer is a second of CPU: off the async threads, which must keep serving other requests
-        // and keeping connections alive.
-        let tokenizer = tokio::task::spawn_blocking(move || TextTokenizer::from_parts(&parts))
-            .await
-            .map_err(|e| ApiError::internal(format!("building the tokenizer failed: {e}")))?
-            .map_err(|e| ApiError::internal(format!("the worker's model card for {model} is unusable: {e}")))?;
-        let card = Arc::new(Card {
-            model: card.model,
-            weights: hex(&card.weights_sha256),
-            context_length: card.context_length,
-            kv_block_size: card.kv_block_size,
-            tokenizer,
-        });
+        let card = Arc::new(fetch_card(upstream, decision.endpoint.clone(), decision.model.clone()).await?);
         lock(&self.cards).insert(model.to_owned(), card.clone());
         tracing::info!(model, concrete = %card.model, "model card loaded");
         Ok(card)
     }
+}
+
+/// The card of `model` from the worker at `endpoint`, with its tokenizer built (off the async threads: parsing a
+/// tokenizer is a second of CPU, and they must keep serving other requests and keeping connections alive).
+pub async fn fetch_card(upstream: &dyn Upstream, endpoint: String, model: String) -> Result<Card, ApiError> {
+    let card = upstream
+        .model_card(endpoint, model.clone())
+        .await
+        .map_err(|e| ApiError::from_call(&e, "fetching the model card"))?;
+    let parts = TokenizerParts {
+        tokenizer_json: card.tokenizer_json,
+        chat_template: card.chat_template,
+        bos: card.bos_token,
+        eos: card.eos_token,
+        stop_ids: card.stop_token_ids,
+    };
+    let tokenizer = tokio::task::spawn_blocking(move || TextTokenizer::from_parts(&parts))
+        .await
+        .map_err(|e| ApiError::internal(format!("building the tokenizer failed: {e}")))?
+        .map_err(|e| ApiError::internal(format!("the worker's model card for {model} is unusable: {e}")))?;
+    Ok(Card {
+        model: card.model,
+        weights: hex(&card.weights_sha256),
+        context_length: card.context_length,
+        kv_block_size: card.kv_block_size,
+        tokenizer,
+    })
 }
 
 /// Keep `cluster` in step with the routing state: one sync call per `interval`, asking only for changes.

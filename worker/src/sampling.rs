@@ -4,6 +4,8 @@
 //! never of a shared generator, so a request draws the same numbers whether it runs alone or in a batch. Every tie
 //! is broken by the lower token id. Pure: no IO, no clock, no global state.
 
+use zl_common::rng::splitmix64;
+
 /// Sampling settings of one request.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampling {
@@ -24,16 +26,9 @@ impl Sampling {
     }
 }
 
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 /// The uniform number in [0, 1) that picks token number `step` of a request seeded with `seed`.
 pub fn uniform(seed: u64, step: u64) -> f64 {
-    let bits = splitmix(splitmix(seed) ^ splitmix(step.wrapping_add(0x5a17)));
+    let bits = splitmix64(splitmix64(seed) ^ splitmix64(step.wrapping_add(0x5a17)));
     (bits >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 

@@ -28,10 +28,17 @@ impl LocalCluster {
 
     /// `given`, or the cluster's string `field`; an error naming `flag` when neither exists.
     pub(crate) fn pick(&self, given: Option<&str>, field: &str, flag: &str) -> Result<String> {
-        given
-            .map(str::to_owned)
-            .or_else(|| self.state[field].as_str().map(str::to_owned))
-            .with_context(|| self.missing(flag))
+        given.map(str::to_owned).or_else(|| self.field(field)).with_context(|| self.missing(flag))
+    }
+
+    /// The cluster's string `field`, if it has one.
+    pub(crate) fn field(&self, field: &str) -> Option<String> {
+        self.state[field].as_str().map(str::to_owned)
+    }
+
+    /// The first worker's QUIC address.
+    pub(crate) fn first_worker(&self) -> Option<String> {
+        self.state["workers"][0]["quic"].as_str().map(str::to_owned)
     }
 
     /// The orchestrators' admin API addresses, in the order `zl up` started them.
@@ -64,5 +71,6 @@ mod tests {
         assert!(err.contains("--api-key") && err.contains("cluster.json"), "{err}");
         let none = LocalCluster::read(Some(&dir.path().join("absent")));
         assert!(none.admin_addrs().is_empty());
+        assert_eq!(none.first_worker(), None);
     }
 }

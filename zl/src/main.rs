@@ -1,10 +1,11 @@
 //! `zl`: zerolayer's command for operators and users.
 //!
 //! `zl up` runs a whole cluster on this machine, `zl chat` talks to one, `zl certs` makes the cluster CA and node
-//! certificates, `zl admin` administers orchestrators, `zl version` prints the build. Certificate logic lives in
+//! certificates, `zl admin` administers orchestrators, `zl bench` measures an endpoint, `zl version` prints the build. Certificate logic lives in
 //! `zl_proto::tls`, the admin API in `zl_admin`; this crate owns argument parsing, processes and output.
 
 mod admin;
+mod bench;
 mod certs;
 mod certs_kube;
 mod chat;
@@ -36,6 +37,15 @@ enum Command {
     Certs(certs::CertsCommand),
     /// Administer the cluster through an orchestrator: workers, drains, aliases, canaries, keys, quotas, policy.
     Admin(admin::AdminArgs),
+    /// Load-test any Anthropic- or OpenAI-compatible endpoint (a `zl up` cluster by default), or one worker
+    /// directly; `zl bench compare A.json B.json` puts two runs side by side.
+    Bench {
+        #[command(flatten)]
+        args: zl_bench::cli::BenchArgs,
+        /// `zl up`'s data dir, to find its cluster.json.
+        #[arg(long, env = "ZL_DATA_DIR", global = true)]
+        data_dir: Option<std::path::PathBuf>,
+    },
     /// Print the version of this build and of its wire protocol.
     Version,
 }
@@ -48,6 +58,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => chat::run(args),
         Command::Certs(cmd) => certs::run(cmd),
         Command::Admin(args) => admin::run(args),
+        Command::Bench { args, data_dir } => bench::run(args, data_dir.as_deref()),
         Command::Version => {
             println!(
                 "zl {} (wire protocol {}.{})",

@@ -41,6 +41,9 @@ pub(crate) struct UpArgs {
     /// Orchestrator processes, as one Raft group (3 or 5 to try fail-over: kill the leader and watch).
     #[arg(long, default_value_t = 1)]
     orchestrators: usize,
+    /// The orchestrators' routing policy: prefix-aware, least-loaded, session-affinity or round-robin.
+    #[arg(long, env = "ZL_POLICY", default_value = "prefix-aware")]
+    policy: String,
     /// KV-cache memory per worker, in MiB.
     #[arg(long, default_value_t = 512)]
     kv_memory_mb: usize,
@@ -240,6 +243,8 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             &(i + 1).to_string(),
             "--raft-peers",
             &peers,
+            "--policy",
+            &args.policy,
         ]
         .map(str::to_owned)
         .to_vec();

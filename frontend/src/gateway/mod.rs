@@ -622,7 +622,8 @@ fn fits_in_bytes(card: &Card, text_bytes: usize) -> Result<(), ApiError> {
 }
 
 /// The rendered prompt and its tokens (CPU-heavy: run it off the async threads).
-fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), ApiError> {
+/// A request's prompt as the model sees it (the chat template applied) and its tokens: what a worker is sent.
+pub fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), ApiError> {
     let prompt = render(card, req)?;
     let tokens = card
         .tokenizer

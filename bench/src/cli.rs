@@ -1,0 +1,328 @@
+//! `zl bench`'s arguments and the run they describe: levels one after another, a table after each, then the
+//! results file and the plots. The `zl` binary passes in the defaults of a running `zl up` ([`Defaults`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+
+use crate::api::Flavour;
+use crate::client::{Endpoint, split_url, tls_config};
+use crate::direct::DirectWorker;
+use crate::load::sweep;
+use crate::progress::{Progress, Ticker};
+use crate::report::{FORMAT, LevelResult, Report, table};
+use crate::runner::{Plan, Target, run_level};
+use crate::stats::{Targets, summarize};
+use crate::workload::{Kind, Length, Workload, read_jsonl};
+
+/// What the target speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Api {
+    /// Anthropic Messages (`/v1/messages`).
+    Anthropic,
+    /// OpenAI Chat Completions (`/v1/chat/completions`).
+    Openai,
+    /// One zerolayer worker over the cluster RPC, past the frontend (`--url quic://HOST:PORT`).
+    ZlWorker,
+}
+
+/// Workload kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WorkloadKind {
+    /// Independent requests of the given lengths.
+    Synthetic,
+    /// Groups of requests sharing a long system prompt.
+    SharedPrefix,
+    /// Conversations whose history grows.
+    MultiTurn,
+    /// Requests from a JSONL file (`--file`).
+    File,
+}
+
+/// `zl bench`.
+#[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    command: Option<BenchCommand>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Compare two results files: the figures side by side with their ratios (B/A), and both on one plot.
+    Compare {
+        /// The first results file (A).
+        a: PathBuf,
+        /// The second results file (B).
+        b: PathBuf,
+        /// Where the plots go.
+        #[arg(long, default_value = "zl-bench-compare")]
+        out: PathBuf,
+    },
+}
+
+/// Settings of a run.
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// The endpoint's base URL (http:// or https://; a trailing /v1 is fine), or quic://HOST:PORT of a worker with
+    /// `--api zl-worker`. Default: the running `zl up`'s.
+    #[arg(long, env = "ZL_URL")]
+    url: Option<String>,
+    /// The API to speak.
+    #[arg(long, value_enum, default_value = "anthropic")]
+    api: Api,
+    /// API key. Default: the running `zl up`'s.
+    #[arg(long, env = "ZL_API_KEY")]
+    api_key: Option<String>,
+    /// Model id. Default: the running `zl up`'s.
+    #[arg(long)]
+    model: Option<String>,
+    /// An extra CA certificate (PEM) to trust for https, besides the system's.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// `--api zl-worker`: the directory with the cluster's certificates. Default: the running `zl up`'s.
+    #[arg(long)]
+    tls_dir: Option<PathBuf>,
+    /// `--api zl-worker`: whose frontend certificate to present.
+    #[arg(long, default_value = "frontend-0")]
+    node_id: String,
+    /// The workload.
+    #[arg(long, value_enum, default_value = "synthetic")]
+    workload: WorkloadKind,
+    /// Words per user turn, MEAN or MEAN:STDDEV (about one token each).
+    #[arg(long, default_value = "32:8")]
+    input_tokens: String,
+    /// `max_tokens` per request, MEAN or MEAN:STDDEV.
+    #[arg(long, default_value = "64")]
+    output_tokens: String,
+    /// shared-prefix: the number of groups.
+    #[arg(long, default_value_t = 4)]
+    groups: u32,
+    /// shared-prefix: words in each group's shared system prompt, MEAN or MEAN:STDDEV.
+    #[arg(long, default_value = "512")]
+    prefix_tokens: String,
+    /// multi-turn: user turns per conversation.
+    #[arg(long, default_value_t = 4)]
+    turns: u32,
+    /// file: a JSONL file of requests (`{"messages": [...], "system": ..., "max_tokens": ...}` or `{"prompt": ...}`).
+    #[arg(long)]
+    file: Option<PathBuf>,
+    /// The workload's seed: the same seed sends the same requests.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Closed loop: concurrent clients, one level per value (a sweep: 1,2,4).
+    #[arg(long)]
+    concurrency: Option<String>,
+    /// Open loop: Poisson arrivals per second, one level per value (a sweep: 0.5,1,2).
+    #[arg(long)]
+    rate: Option<String>,
+    /// Requests per level, at most.
+    #[arg(long, default_value_t = 50)]
+    requests: usize,
+    /// Seconds per level, at most (no new request after it).
+    #[arg(long)]
+    duration_s: Option<f64>,
+    /// Requests sent (and not counted) before the first level, to load caches and connections.
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    /// Per-request deadline, seconds.
+    #[arg(long, default_value_t = 300.0)]
+    timeout_s: f64,
+    /// Goodput: a request is good when its TTFT is at most this many milliseconds (and its TPOT within its target).
+    #[arg(long)]
+    ttft_target_ms: Option<f64>,
+    /// Goodput: a request is good when its time per output token is at most this many milliseconds.
+    #[arg(long)]
+    tpot_target_ms: Option<f64>,
+    /// Where the results file and plots go. Default: zl-bench-UNIXTIME.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// A name for this run in tables and plots. Default: the API and URL.
+    #[arg(long)]
+    label: Option<String>,
+    /// Write the results file only.
+    #[arg(long)]
+    no_plots: bool,
+    /// No progress output.
+    #[arg(long)]
+    quiet: bool,
+}
+
+/// What a running `zl up` offers when flags are not given.
+#[derive(Debug, Default, Clone)]
+pub struct Defaults {
+    /// Its HTTP URL.
+    pub url: Option<String>,
+    /// Its API key.
+    pub api_key: Option<String>,
+    /// Its model.
+    pub model: Option<String>,
+    /// Its certificates' directory.
+    pub tls_dir: Option<PathBuf>,
+    /// Its first worker's QUIC address.
+    pub worker: Option<String>,
+    /// Why a missing setting was not found, for the error.
+    pub missing: String,
+}
+
+/// Run `zl bench`.
+pub fn main(args: BenchArgs, defaults: Defaults) -> Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    match args.command {
+        Some(BenchCommand::Compare { a, b, out }) => {
+            let (a, b) = (Report::read(&a)?, Report::read(&b)?);
+            print!("{}", crate::compare::table(&a, &b));
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            let files = crate::compare::plots(&a, &b, &out)?;
+            println!("\nplots: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
+            Ok(())
+        }
+        None => rt.block_on(run(args.run, defaults)),
+    }
+}
+
+fn workload(args: &RunArgs) -> Result<Workload> {
+    let kind = match args.workload {
+        WorkloadKind::Synthetic => Kind::Synthetic,
+        WorkloadKind::SharedPrefix => {
+            if args.groups == 0 {
+                bail!("--groups must be at least 1");
+            }
+            Kind::SharedPrefix {
+                groups: args.groups,
+                prefix: Length::parse(&args.prefix_tokens).context("--prefix-tokens")?,
+            }
+        }
+        WorkloadKind::MultiTurn => {
+            if args.turns == 0 {
+                bail!("--turns must be at least 1");
+            }
+            Kind::MultiTurn { turns: args.turns }
+        }
+        WorkloadKind::File => {
+            let Some(path) = &args.file else { bail!("--workload file needs --file PATH") };
+            Kind::File(read_jsonl(path)?)
+        }
+    };
+    Ok(Workload {
+        kind,
+        input: Length::parse(&args.input_tokens).context("--input-tokens")?,
+        output: Length::parse(&args.output_tokens).context("--output-tokens")?,
+        seed: args.seed,
+    })
+}
+
+async fn target(args: &RunArgs, d: &Defaults, url: &str, key: &str, model: &str) -> Result<Target> {
+    let timeout = Duration::from_secs_f64(args.timeout_s.max(0.001));
+    if args.api == Api::ZlWorker {
+        let Some(addr) = url.strip_prefix("quic://") else { bail!("--api zl-worker takes --url quic://HOST:PORT") };
+        let tls_dir =
+            args.tls_dir.clone().or(d.tls_dir.clone()).with_context(|| format!("no --tls-dir: {}", d.missing))?;
+        return Ok(Target::Worker(DirectWorker::connect(addr, &tls_dir, &args.node_id, model).await?, timeout));
+    }
+    let (tls, host, port, path) = split_url(url)?;
+    let flavour = if args.api == Api::Openai { Flavour::Openai } else { Flavour::Anthropic };
+    Ok(Target::Http(Arc::new(Endpoint {
+        authority: format!("{host}:{port}"),
+        host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
+        path: flavour.path(&path),
+        tls: if tls { Some(tls_config(args.ca_file.as_deref())?) } else { None },
+        flavour,
+        key: key.to_owned(),
+        timeout,
+    })))
+}
+
+async fn run(args: RunArgs, d: Defaults) -> Result<()> {
+    let pick = |given: &Option<String>, default: &Option<String>, flag: &str| {
+        given.clone().or_else(|| default.clone()).with_context(|| format!("no {flag}: {}", d.missing))
+    };
+    let default_url =
+        if args.api == Api::ZlWorker { d.worker.as_ref().map(|w| format!("quic://{w}")) } else { d.url.clone() };
+    let url = pick(&args.url, &default_url, "--url")?;
+    let model = pick(&args.model, &d.model, "--model")?;
+    let key = if args.api == Api::ZlWorker { String::new() } else { pick(&args.api_key, &d.api_key, "--api-key")? };
+    let shapes = sweep(args.concurrency.as_deref(), args.rate.as_deref())?;
+    if args.requests == 0 {
+        bail!("--requests must be at least 1");
+    }
+    let plan = Plan {
+        workload: workload(&args)?,
+        model: model.clone(),
+        temperature: args.temperature,
+        requests: args.requests,
+        duration: args.duration_s.map(|s| Duration::from_secs_f64(s.max(0.0))),
+    };
+    let targets =
+        Targets { ttft_s: args.ttft_target_ms.map(|m| m / 1e3), tpot_s: args.tpot_target_ms.map(|m| m / 1e3) };
+    let started_unix_s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let out = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("zl-bench-{started_unix_s}")));
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let api = match args.api {
+        Api::Anthropic => "anthropic",
+        Api::Openai => "openai",
+        Api::ZlWorker => "zl-worker",
+    };
+    let target = target(&args, &d, &url, &key, &model).await?;
+    let mut report = Report {
+        format: FORMAT,
+        label: args.label.clone().unwrap_or_else(|| format!("{api} {url}")),
+        url: url.clone(),
+        api: api.into(),
+        model,
+        workload: plan.workload.describe(),
+        started_unix_s,
+        levels: vec![],
+    };
+    eprintln!(
+        "zl bench: {} levels of at most {} requests against {url} ({api}), {}",
+        shapes.len(),
+        plan.requests,
+        report.workload
+    );
+    if args.warmup > 0 {
+        // Sessions far from the measured ones: the warm-up never sends a measured prompt ahead of time.
+        let warm = Plan { requests: args.warmup, duration: None, ..plan.clone() };
+        let shape = crate::load::Shape::Closed { clients: 1 };
+        let (records, _) = run_level(&warm, &target, shape, 1 << 40, Arc::default()).await;
+        if let Some(r) = records.iter().find(|r| !r.ok()) {
+            bail!(
+                "the warm-up request failed ({}: {}); is the endpoint up, and are the URL, key and model right?",
+                r.error.as_deref().unwrap_or("?"),
+                r.error_message.as_deref().unwrap_or("")
+            );
+        }
+    }
+    // Session numbers run on across levels, so no level repeats another's prompts.
+    let mut next = 0;
+    for shape in shapes {
+        let progress = Arc::new(Progress::default());
+        let ticker = Ticker::start(shape.to_string(), plan.requests, progress.clone(), args.quiet);
+        let (records, n) = run_level(&plan, &target, shape, next, progress).await;
+        drop(ticker);
+        next = n;
+        let summary = summarize(&records, targets);
+        report.levels.push(LevelResult { shape, summary, records });
+        let last = Report { levels: vec![report.levels[report.levels.len() - 1].clone()], ..report.clone() };
+        if !args.quiet {
+            eprint!("{}", table(&last).lines().skip(2).map(|l| format!("{l}\n")).collect::<String>());
+        }
+    }
+    let results = out.join("results.json");
+    report.write(&results)?;
+    println!("{}", table(&report));
+    println!("results: {}", results.display());
+    if !args.no_plots {
+        let files = crate::plot::run_plots(&report, &out)?;
+        println!("plots: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
+    }
+    Ok(())
+}

@@ -1,0 +1,280 @@
+//! The HTTP side of `zl bench`: one keep-alive HTTP/1.1 connection per client (plain or TLS with the system's roots
+//! and an optional extra CA), one streamed request at a time, every content chunk timestamped as it is read.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
+
+use crate::api::{Flavour, Said};
+use crate::record::{Record, status_kind};
+use crate::sse::Parser;
+use crate::workload::Turn;
+
+/// Where requests go.
+#[derive(Clone)]
+pub struct Endpoint {
+    /// `host:port` to connect to.
+    pub authority: String,
+    /// Host name, for TLS and the `Host` header.
+    pub host: String,
+    /// The path of the request, after the base URL's.
+    pub path: String,
+    /// TLS settings where the URL is https.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The API flavour.
+    pub flavour: Flavour,
+    /// The API key.
+    pub key: String,
+    /// Per-request deadline.
+    pub timeout: Duration,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").field("authority", &self.authority).field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+/// Split `http(s)://host[:port][/path]`.
+pub fn split_url(url: &str) -> Result<(bool, String, u16, String)> {
+    let (tls, rest) = match url.split_once("://") {
+        Some(("http", r)) => (false, r),
+        Some(("https", r)) => (true, r),
+        _ => bail!("--url {url:?}: expected http://HOST[:PORT][/PATH] or https://..."),
+    };
+    let (hostport, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let (host, port) = match hostport.rsplit_once(':') {
+        Some((h, p)) if !h.is_empty() && !p.contains(']') => {
+            (h, p.parse().with_context(|| format!("--url {url:?}: bad port {p:?}"))?)
+        }
+        _ => (hostport, if tls { 443 } else { 80 }),
+    };
+    if host.is_empty() || host.starts_with(':') {
+        bail!("--url {url:?}: no host");
+    }
+    Ok((tls, host.to_owned(), port, path.to_owned()))
+}
+
+/// TLS settings: the system's root certificates, plus `ca_file`'s.
+pub fn tls_config(ca_file: Option<&std::path::Path>) -> Result<Arc<rustls::ClientConfig>> {
+    let mut roots = rustls::RootCertStore::empty();
+    let native = rustls_native_certs::load_native_certs();
+    roots.add_parsable_certificates(native.certs);
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let mut added = 0;
+        for cert in rustls_pki_types::pem::PemObject::pem_slice_iter(&pem) {
+            let cert: rustls_pki_types::CertificateDer<'static> =
+                cert.with_context(|| format!("{}: not PEM certificates", path.display()))?;
+            roots.add(cert).with_context(|| format!("{}: an unusable certificate", path.display()))?;
+            added += 1;
+        }
+        if added == 0 {
+            bail!("{}: no certificate in it", path.display());
+        }
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(zl_proto::tls::provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// A client's connection, opened on first use and again after it closes.
+#[derive(Default)]
+pub struct Connection {
+    sender: Option<SendRequest<Full<Bytes>>>,
+}
+
+impl Connection {
+    async fn ready(&mut self, ep: &Endpoint) -> Result<&mut SendRequest<Full<Bytes>>, String> {
+        if let Some(s) = &mut self.sender
+            && !s.is_closed()
+            && s.ready().await.is_ok()
+        {
+            return self.sender.as_mut().ok_or_else(String::new);
+        }
+        self.sender = None;
+        let tcp =
+            TcpStream::connect(&ep.authority).await.map_err(|e| format!("connecting to {}: {e}", ep.authority))?;
+        let _ = tcp.set_nodelay(true);
+        let sender = match &ep.tls {
+            None => handshake(tcp).await?,
+            Some(config) => {
+                let name = ServerName::try_from(ep.host.clone()).map_err(|e| format!("{}: {e}", ep.host))?;
+                let tls = tokio_rustls::TlsConnector::from(config.clone())
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| format!("TLS with {}: {e}", ep.authority))?;
+                handshake(tls).await?
+            }
+        };
+        Ok(self.sender.insert(sender))
+    }
+}
+
+async fn handshake<S>(io: S) -> Result<SendRequest<Full<Bytes>>, String>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP handshake: {e}"))?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+/// One request to send.
+#[derive(Debug)]
+pub struct Ask<'a> {
+    /// Model id.
+    pub model: &'a str,
+    /// System prompt.
+    pub system: Option<&'a str>,
+    /// The messages, the last one the user's.
+    pub messages: &'a [Turn],
+    /// Output limit.
+    pub max_tokens: u32,
+    /// Sampling temperature.
+    pub temperature: f32,
+}
+
+fn header(resp: &hyper::Response<hyper::body::Incoming>, name: &str) -> Option<String> {
+    resp.headers().get(name).and_then(|v| v.to_str().ok()).filter(|v| !v.is_empty() && *v != "-").map(str::to_owned)
+}
+
+/// Send `ask` and stream its answer; the record (times relative to `t0`; its start is `due` where the request
+/// was due earlier, as in an open loop, else now) and the answer's text.
+pub async fn send(
+    conn: &mut Connection,
+    ep: &Endpoint,
+    ask: &Ask<'_>,
+    t0: Instant,
+    due: Option<f64>,
+) -> (Record, String) {
+    let mut rec = Record { start_s: due.unwrap_or_else(|| t0.elapsed().as_secs_f64()), ..Record::default() };
+    let mut answer = String::new();
+    let outcome = tokio::time::timeout(ep.timeout, exchange(conn, ep, ask, t0, &mut rec, &mut answer)).await;
+    let failure = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err((kind, message))) => Some((kind, message)),
+        Err(_) => Some(("timeout".to_owned(), format!("no complete answer within {:?}", ep.timeout))),
+    };
+    if let Some((kind, message)) = failure {
+        // A connection in an unknown state is not reused.
+        conn.sender = None;
+        rec.error = Some(kind);
+        rec.error_message = Some(message);
+    }
+    rec.end_s = t0.elapsed().as_secs_f64();
+    if rec.output_tokens == 0 {
+        rec.output_tokens = rec.chunks_s.len() as u32;
+    }
+    (rec, answer)
+}
+
+type Failure = (String, String);
+
+async fn exchange(
+    conn: &mut Connection,
+    ep: &Endpoint,
+    ask: &Ask<'_>,
+    t0: Instant,
+    rec: &mut Record,
+    answer: &mut String,
+) -> Result<(), Failure> {
+    let body = ep.flavour.body(ask.model, ask.system, ask.messages, ask.max_tokens, ask.temperature).to_string();
+    let mut req = hyper::Request::post(&ep.path)
+        .header("host", &ep.host)
+        .header("content-type", "application/json")
+        .header("accept", "text/event-stream");
+    for (name, value) in ep.flavour.headers(&ep.key) {
+        req = req.header(name, value);
+    }
+    let req = req.body(Full::new(Bytes::from(body))).map_err(|e| ("request".to_owned(), e.to_string()))?;
+    let sender = conn.ready(ep).await.map_err(|e| ("connect".to_owned(), e))?;
+    let resp = sender.send_request(req).await.map_err(|e| ("connection".to_owned(), e.to_string()))?;
+    rec.status = resp.status().as_u16();
+    rec.request_id = header(&resp, "request-id").or_else(|| header(&resp, "x-request-id"));
+    rec.worker = header(&resp, "x-zl-worker");
+    rec.cache = header(&resp, "x-zl-cache");
+    rec.route_ms = header(&resp, "x-zl-route-ms").and_then(|v| v.parse().ok());
+    let status = resp.status();
+    let mut body = resp.into_body();
+    if !status.is_success() {
+        let mut text = Vec::new();
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                text.extend_from_slice(&data);
+                if text.len() > 64 << 10 {
+                    break;
+                }
+            }
+        }
+        let text = String::from_utf8_lossy(&text);
+        let message = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| text.chars().take(300).collect());
+        return Err((status_kind(status.as_u16()), message));
+    }
+    let mut parser = Parser::default();
+    loop {
+        let frame = match body.frame().await {
+            None => return Err(("incomplete".to_owned(), "the stream ended before the answer was complete".into())),
+            Some(Err(e)) => return Err(("connection".to_owned(), e.to_string())),
+            Some(Ok(frame)) => frame,
+        };
+        let Ok(data) = frame.into_data() else { continue };
+        let now = t0.elapsed().as_secs_f64();
+        for event in parser.feed(&data).map_err(|e| ("protocol".to_owned(), e))? {
+            match ep.flavour.read(event.name.as_deref(), &event.data) {
+                Said::Start { input_tokens, id } => {
+                    rec.input_tokens = input_tokens.or(rec.input_tokens);
+                    rec.request_id = rec.request_id.take().or(id);
+                }
+                Said::Text(t) => {
+                    rec.chunks_s.push(now);
+                    answer.push_str(&t);
+                }
+                Said::Usage { input_tokens, output_tokens } => {
+                    rec.input_tokens = input_tokens.or(rec.input_tokens);
+                    if let Some(n) = output_tokens {
+                        rec.output_tokens = n;
+                    }
+                }
+                // (OpenAI's usage chunk comes after the last content and before [DONE].)
+                Said::Stop => return Ok(()),
+                Said::Error(e) => return Err(("stream_error".to_owned(), e)),
+                Said::Other => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(split_url("http://127.0.0.1:8080").unwrap(), (false, "127.0.0.1".into(), 8080, String::new()));
+        assert_eq!(
+            split_url("https://api.example.com/v1").unwrap(),
+            (true, "api.example.com".into(), 443, "/v1".into())
+        );
+        assert_eq!(split_url("http://h/").unwrap().2, 80);
+        for bad in ["127.0.0.1:8080", "ftp://x", "http://:80", "http://h:x"] {
+            assert!(split_url(bad).is_err(), "{bad}");
+        }
+    }
+}
