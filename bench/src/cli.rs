@@ -54,12 +54,20 @@ pub struct BenchArgs {
 
 #[derive(Subcommand, Debug)]
 enum BenchCommand {
-    /// Compare two results files: the figures side by side with their ratios (B/A), and both on one plot.
+    /// Draw a results file's plots again (for a run with --no-plots, or after an upgrade of the plots).
+    Plot {
+        /// The results file.
+        file: PathBuf,
+        /// Where the plots go. Default: beside the results file.
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Compare results files: the figures side by side with their ratios to the first (B/A, ...), and all on one
+    /// set of plots.
     Compare {
-        /// The first results file (A).
-        a: PathBuf,
-        /// The second results file (B).
-        b: PathBuf,
+        /// The results files: A (the baseline), B, and optionally more.
+        #[arg(num_args = 2.., required = true)]
+        files: Vec<PathBuf>,
         /// Where the plots go.
         #[arg(long, default_value = "zl-bench-compare")]
         out: PathBuf,
@@ -177,12 +185,22 @@ pub struct Defaults {
 pub fn main(args: BenchArgs, defaults: Defaults) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match args.command {
-        Some(BenchCommand::Compare { a, b, out }) => {
-            let (a, b) = (Report::read(&a)?, Report::read(&b)?);
-            print!("{}", crate::compare::table(&a, &b));
+        Some(BenchCommand::Compare { files, out }) => {
+            let reports = files.iter().map(|f| Report::read(f)).collect::<Result<Vec<_>>>()?;
+            let reports: Vec<&Report> = reports.iter().collect();
+            print!("{}", crate::compare::table(&reports));
             std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
-            let files = crate::compare::plots(&a, &b, &out)?;
+            let files = crate::compare::plots(&reports, &out)?;
             println!("\nplots: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
+            Ok(())
+        }
+        Some(BenchCommand::Plot { file, out }) => {
+            let report = Report::read(&file)?;
+            let beside = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+            let out = out.unwrap_or_else(|| beside.to_path_buf());
+            std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+            let files = crate::plot::run_plots(&report, &out)?;
+            println!("plots: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
             Ok(())
         }
         None => rt.block_on(run(args.run, defaults)),
@@ -282,12 +300,8 @@ async fn run(args: RunArgs, d: Defaults) -> Result<()> {
         started_unix_s,
         levels: vec![],
     };
-    eprintln!(
-        "zl bench: {} levels of at most {} requests against {url} ({api}), {}",
-        shapes.len(),
-        plan.requests,
-        report.workload
-    );
+    let levels = if shapes.len() == 1 { "1 level".to_owned() } else { format!("{} levels", shapes.len()) };
+    eprintln!("zl bench: {levels} of at most {} requests against {url} ({api}), {}", plan.requests, report.workload);
     if args.warmup > 0 {
         // Sessions far from the measured ones: the warm-up never sends a measured prompt ahead of time.
         let warm = Plan { requests: args.warmup, duration: None, ..plan.clone() };

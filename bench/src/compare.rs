@@ -1,4 +1,5 @@
-//! `zl bench compare A.json B.json`: two runs side by side, level by level, as B/A ratios, and both on one plot.
+//! `zl bench compare A.json B.json [C.json ...]`: runs side by side, level by level, as ratios to the first (B/A,
+//! C/A, ...), and all on one set of plots.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -41,50 +42,68 @@ fn num(x: f64) -> String {
     }
 }
 
-/// The side-by-side table.
-pub fn table(a: &Report, b: &Report) -> String {
+/// The letters naming the runs compared: A, B, C...
+fn letter(i: usize) -> char {
+    char::from(b'A' + (i % 26) as u8)
+}
+
+/// The side-by-side table: each run's figures and its ratio to the first run's (A); with two runs, which is better.
+pub fn table(reports: &[&Report]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "A = {} ({}), B = {} ({})", a.label, a.url, b.label, b.url);
-    if a.workload != b.workload {
-        let _ = writeln!(out, "note: the workloads differ:\n  A: {}\n  B: {}", a.workload, b.workload);
+    let Some(a) = reports.first() else { return out };
+    for (i, r) in reports.iter().enumerate() {
+        let _ = writeln!(out, "{} = {} ({})", letter(i), r.label, r.url);
     }
-    for (i, (la, lb)) in a.levels.iter().zip(&b.levels).enumerate() {
-        let shape =
-            if la.shape == lb.shape { la.shape.to_string() } else { format!("A {} / B {}", la.shape, lb.shape) };
-        let _ = writeln!(out, "\nlevel {}: {shape}", i + 1);
-        let _ = writeln!(out, "  {:<18} {:>10} {:>10} {:>8}   ", "", "A", "B", "B/A");
-        for (name, lower_better, pick) in FIGURES {
-            let (x, y) = (pick(&la.summary), pick(&lb.summary));
-            let r = ratio(x, y);
-            let verdict = match r.is_finite() {
-                true if (r < 1.0) == *lower_better && r != 1.0 => "B better",
-                true if r != 1.0 => "A better",
-                _ => "",
-            };
-            let _ = writeln!(out, "  {name:<18} {:>10} {:>10} {:>8}   {verdict}", num(x), num(y), num(r));
+    if reports.iter().any(|r| r.workload != a.workload) {
+        let _ = writeln!(out, "note: the workloads differ:");
+        for (i, r) in reports.iter().enumerate() {
+            let _ = writeln!(out, "  {}: {}", letter(i), r.workload);
         }
     }
-    if a.levels.len() != b.levels.len() {
-        let _ = writeln!(
-            out,
-            "\n(A has {} levels, B {}: only the first {} are compared)",
-            a.levels.len(),
-            b.levels.len(),
-            a.levels.len().min(b.levels.len())
-        );
+    let levels = reports.iter().map(|r| r.levels.len()).min().unwrap_or(0);
+    for level in 0..levels {
+        let shapes: Vec<String> = reports.iter().map(|r| r.levels[level].shape.to_string()).collect();
+        let shape = if shapes.iter().all(|s| s == &shapes[0]) { shapes[0].clone() } else { shapes.join(" / ") };
+        let _ = writeln!(out, "\nlevel {}: {shape}", level + 1);
+        let mut head = format!("  {:<18} {:>10}", "", "A");
+        for i in 1..reports.len() {
+            head.push_str(&format!(" {:>10} {:>8}", letter(i), format!("{}/A", letter(i))));
+        }
+        let _ = writeln!(out, "{head}");
+        for (name, lower_better, pick) in FIGURES {
+            let x = pick(&a.levels[level].summary);
+            let mut row = format!("  {name:<18} {:>10}", num(x));
+            let mut verdict = "";
+            for r in &reports[1..] {
+                let y = pick(&r.levels[level].summary);
+                let q = ratio(x, y);
+                row.push_str(&format!(" {:>10} {:>8}", num(y), num(q)));
+                verdict = match q.is_finite() && q != 1.0 {
+                    true if (q < 1.0) == *lower_better => "B better",
+                    true => "A better",
+                    false => "",
+                };
+            }
+            if reports.len() == 2 {
+                row.push_str(&format!("   {verdict}"));
+            }
+            let _ = writeln!(out, "{}", row.trim_end());
+        }
+    }
+    if reports.iter().any(|r| r.levels.len() != levels) {
+        let _ = writeln!(out, "\n(the runs have different numbers of levels: only the first {levels} are compared)");
     }
     out
 }
 
-/// Both runs on one set of plots, into `dir`.
-pub fn plots(a: &Report, b: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
-    let both = [a, b];
+/// All the runs on one set of plots, into `dir`.
+pub fn plots(reports: &[&Report], dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
-    files.extend(plot::draw(&plot::latency_cdf(&both, "time to first token", |r| r.ttft()), dir, "ttft_cdf")?);
-    files.extend(plot::draw(&plot::latency_cdf(&both, "end-to-end latency", |r| Some(r.e2e())), dir, "e2e_cdf")?);
-    if a.levels.len() > 1 || b.levels.len() > 1 {
-        files.extend(plot::draw(&plot::throughput(&both), dir, "throughput")?);
-        files.extend(plot::draw(&plot::ttft_p90(&both), dir, "ttft_vs_load")?);
+    files.extend(plot::draw(&plot::latency_cdf(reports, "time to first token", |r| r.ttft()), dir, "ttft_cdf")?);
+    files.extend(plot::draw(&plot::latency_cdf(reports, "end-to-end latency", |r| Some(r.e2e())), dir, "e2e_cdf")?);
+    if reports.iter().any(|r| r.levels.len() > 1) {
+        files.extend(plot::draw(&plot::throughput(reports), dir, "throughput")?);
+        files.extend(plot::draw(&plot::ttft_p90(reports), dir, "ttft_vs_load")?);
     }
     Ok(files)
 }
@@ -127,7 +146,7 @@ mod tests {
     fn ratios_side_by_side() {
         assert_eq!(ratio(2.0, 1.0), 0.5);
         assert!(ratio(0.0, 1.0).is_nan());
-        let t = table(&report("round-robin", 0.4), &report("prefix-aware", 0.1));
+        let t = table(&[&report("round-robin", 0.4), &report("prefix-aware", 0.1)]);
         let line = t.lines().find(|l| l.contains("TTFT p50")).unwrap();
         // 400 ms against 100 ms: B/A = 0.25, B better.
         assert!(
@@ -136,6 +155,11 @@ mod tests {
         );
         assert!(t.contains("A = round-robin"));
         let dir = tempfile::tempdir().unwrap();
-        assert_eq!(plots(&report("a", 0.4), &report("b", 0.1), dir.path()).unwrap().len(), 4);
+        assert_eq!(plots(&[&report("a", 0.4), &report("b", 0.1)], dir.path()).unwrap().len(), 4);
+        // Three runs: each against A, no verdict.
+        let t = table(&[&report("a", 0.4), &report("b", 0.1), &report("c", 0.8)]);
+        let line = t.lines().find(|l| l.contains("TTFT p50")).unwrap();
+        assert!(line.contains("0.25") && line.contains("2.00") && !line.contains("better"), "{line}");
+        assert!(t.contains("C/A"));
     }
 }

@@ -143,6 +143,18 @@ fn bounds(chart: &Chart) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
     (x0..pad(x0, x1), y0..pad(y0, y1))
 }
 
+/// Line colours (the "tab10" palette: distinguishable, and readable on white).
+const COLOURS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(23, 190, 207),
+];
+
 fn font() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -170,7 +182,7 @@ fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> R
         .draw()
         .map_err(e)?;
     for (i, s) in chart.series.iter().enumerate() {
-        let color = if s.mark == Mark::Crosses { RED.to_rgba() } else { Palette99::pick(i).to_rgba() };
+        let color = if s.mark == Mark::Crosses { RED.to_rgba() } else { COLOURS[i % COLOURS.len()].to_rgba() };
         let drawn = match s.mark {
             Mark::Line => c.draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2))).map_err(e)?,
             Mark::Dots => c.draw_series(s.points.iter().map(|&p| Circle::new(p, 2, color.filled()))).map_err(e)?,

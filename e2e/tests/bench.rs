@@ -130,6 +130,10 @@ fn zl_bench_runs_against_zl_up_and_compares() {
     let turns: Vec<u64> = level["records"].as_array().unwrap().iter().map(|r| r["turn"].as_u64().unwrap()).collect();
     assert!(turns.contains(&1), "conversations went on to their second turn: {turns:?}");
     assert!(!open.join("ttft_cdf.png").exists());
+    // Its plots, drawn afterwards from the results file.
+    let run = zl(&["bench", "plot", open.join("results.json").to_str().unwrap()]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    plots_written(&open, &["ttft_cdf", "e2e_cdf", "ttft_timeline"]);
 
     // A JSONL file of requests, straight to a worker over the cluster RPC.
     let file = dir.path().join("requests.jsonl");

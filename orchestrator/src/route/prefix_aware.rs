@@ -9,12 +9,18 @@
 //!
 //! `prompt_blocks` is the number of full blocks in the prompt (the request's block hashes); the cached prefix is
 //! what the worker's KV events say it holds. A queued or running sequence costs `load_weight` blocks (default 4:
-//! a sequence in the batch slows every step a little, which a short prefill saving does not outweigh). Ties go to
-//! the lower worker id.
+//! a sequence in the batch slows every step a little, which a short prefill saving does not outweigh).
+//!
+//! Ties (every worker idle and none holding the prefix, as for each new document or system prompt) are broken by
+//! rendezvous hashing of the prompt's first block over the workers: new prefixes spread evenly over the pool, and a
+//! prefix's next requests, arriving before the workers' KV events tell where its blocks are, go where its first
+//! one went. (Breaking ties by worker id piled every new prefix onto the first worker: measured with `zl bench`,
+//! docs/benchmarks.md.) A prompt shorter than a block has no prefix to keep together: its request id decides.
 
 use zl_proto::message::RouteRequest;
 
-use super::{Candidate, Pick, Policy, lowest};
+use super::{Candidate, Pick, Policy};
+use crate::hash::{mix, stable_hash};
 
 /// The prefix-aware policy.
 #[derive(Clone, Copy, Debug)]
@@ -47,7 +53,15 @@ impl Policy for PrefixAware {
 
     fn pick(&self, request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick {
         let blocks = request.block_hashes.len();
-        let (best, best_cost) = lowest(candidates, |c| self.cost(c, blocks));
+        let key = request.block_hashes.first().copied().unwrap_or_else(|| stable_hash(&request.request_id));
+        let (mut best, mut best_cost, mut best_weight) = (0, f64::INFINITY, 0u64);
+        for (i, c) in candidates.iter().enumerate() {
+            let (cost, weight) = (self.cost(c, blocks), mix(key ^ c.id_hash));
+            // Costs are sums of small integers times the weights: equal ones are exactly equal.
+            if cost < best_cost || (cost == best_cost && weight > best_weight) {
+                (best, best_cost, best_weight) = (i, cost, weight);
+            }
+        }
         let c = &candidates[best];
         Pick {
             index: best,

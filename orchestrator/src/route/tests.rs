@@ -242,6 +242,38 @@ fn prefix_aware_prefers_cached_prefixes_unless_busy() {
 }
 
 #[test]
+fn prefix_aware_spreads_new_prefixes_and_keeps_each_together() {
+    let mut w = World::new();
+    for i in 0..4 {
+        w.worker(&format!("w{i}"), "m", 1, ComputePool::Cpu);
+    }
+    // Idle workers, nothing cached: 64 new documents (first block hash d) go everywhere, none on one worker more
+    // than twice its share, and each document's requests all go to one worker.
+    let route = |w: &World, doc: u64, question: u64| {
+        let mut r = req("m");
+        r.block_hashes = vec![doc * 1000, doc * 1000 + 1, 7_000_000 + question];
+        w.route(&r, &PrefixAware::default()).unwrap().worker_id
+    };
+    let mut per_worker: BTreeMap<NodeId, usize> = BTreeMap::new();
+    for doc in 1..=64 {
+        let first = route(&w, doc, 0);
+        assert!((1..5).all(|q| route(&w, doc, q) == first), "document {doc} split");
+        *per_worker.entry(first).or_default() += 1;
+    }
+    assert_eq!(per_worker.len(), 4, "{per_worker:?}");
+    assert!(per_worker.values().all(|&n| n <= 32), "{per_worker:?}");
+    // A prompt under one block has no prefix: its request id spreads such requests too.
+    let spread: std::collections::HashSet<NodeId> = (0..40)
+        .map(|i| {
+            let mut r = req("m");
+            r.request_id = format!("req-{i}");
+            w.route(&r, &PrefixAware::default()).unwrap().worker_id
+        })
+        .collect();
+    assert_eq!(spread.len(), 4);
+}
+
+#[test]
 fn session_affinity_is_sticky_and_moves_only_the_leavers_sessions() {
     let mut w = World::new();
     for i in 0..5 {
