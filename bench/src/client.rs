@@ -8,9 +8,6 @@ use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
-use rustls_pki_types::ServerName;
-use tokio::net::TcpStream;
 
 use crate::api::{Flavour, Said};
 use crate::record::{Record, status_kind};
@@ -103,34 +100,10 @@ impl Connection {
             return self.sender.as_mut().ok_or_else(String::new);
         }
         self.sender = None;
-        let tcp =
-            TcpStream::connect(&ep.authority).await.map_err(|e| format!("connecting to {}: {e}", ep.authority))?;
-        let _ = tcp.set_nodelay(true);
-        let sender = match &ep.tls {
-            None => handshake(tcp).await?,
-            Some(config) => {
-                let name = ServerName::try_from(ep.host.clone()).map_err(|e| format!("{}: {e}", ep.host))?;
-                let tls = tokio_rustls::TlsConnector::from(config.clone())
-                    .connect(name, tcp)
-                    .await
-                    .map_err(|e| format!("TLS with {}: {e}", ep.authority))?;
-                handshake(tls).await?
-            }
-        };
+        let tls = ep.tls.clone().map(tokio_rustls::TlsConnector::from);
+        let sender = zl_node::http_client::connect(&ep.authority, tls.as_ref()).await.map_err(|e| format!("{e:#}"))?;
         Ok(self.sender.insert(sender))
     }
-}
-
-async fn handshake<S>(io: S) -> Result<SendRequest<Full<Bytes>>, String>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(io)).await.map_err(|e| format!("HTTP handshake: {e}"))?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(sender)
 }
 
 /// One request to send.

@@ -7,5 +7,6 @@
 pub mod billing;
 pub mod block_hash;
 pub mod keys;
+pub mod region;
 pub mod rng;
 pub mod sync;

@@ -24,6 +24,8 @@ pub struct KeyInfo {
     pub key_id: String,
     /// Project it bills to.
     pub project: String,
+    /// Data residency: the regions that may serve it; empty for any.
+    pub regions: Vec<String>,
 }
 
 /// Everything a frontend needs to tokenise and check a model's prompts.
@@ -92,7 +94,7 @@ impl Cluster {
         s.keys = sync
             .keys
             .into_iter()
-            .map(|k| (k.secret_sha256, KeyInfo { key_id: k.key_id, project: k.project }))
+            .map(|k| (k.secret_sha256, KeyInfo { key_id: k.key_id, project: k.project, regions: k.regions }))
             .collect();
         s.projects = sync.projects.into_iter().map(|p| (p.project.clone(), p)).collect();
         s.models = sync.models.into_iter().map(|m| (m.id.clone(), m)).collect();

@@ -18,6 +18,7 @@ pub mod http;
 pub mod ids;
 pub mod limits;
 pub mod openai;
+pub mod regions;
 pub mod request;
 pub mod sanitize;
 pub mod suspects;

@@ -9,8 +9,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use zl_frontend::cluster::{Cluster, sync_loop};
 use zl_frontend::gateway::{Gateway, GatewayConfig};
+use zl_frontend::http::spill::Spill;
 use zl_frontend::http::{self, App};
 use zl_frontend::limits::KeyLimits;
+use zl_frontend::regions::{Regions, parse_peer};
 use zl_frontend::upstream::{QuicUpstream, Upstream};
 use zl_node::consul::catalog::{FRONTEND_SERVICE, ORCHESTRATOR_SERVICE};
 use zl_node::consul::{Registrar, Report, watch};
@@ -91,6 +93,15 @@ struct ServeArgs {
     /// On shutdown, how long open requests and streams may take to finish.
     #[arg(long, env = "ZL_DRAIN_TIMEOUT_S", default_value_t = 30)]
     drain_timeout_s: u64,
+    #[command(flatten)]
+    region: zl_node::region::RegionArgs,
+    /// Peer regions' frontends, nearest first, as REGION=URL (comma-separated or repeated): where requests this
+    /// region cannot serve spill over, and where an `x-zl-region` preference is sent (docs/regions.md).
+    #[arg(long = "peer-region", env = "ZL_PEER_REGIONS", value_delimiter = ',')]
+    peer_regions: Vec<String>,
+    /// CA certificate (PEM) that https peer regions' frontends are checked against.
+    #[arg(long, env = "ZL_PEER_CA_FILE")]
+    peer_ca_file: Option<PathBuf>,
     /// TOML file whose keys are these flags' long names.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
@@ -109,7 +120,34 @@ fn check(args: &ServeArgs) -> Result<()> {
         zl_node::resolve::parse_address(a).map_err(|e| anyhow::anyhow!("--advertise: {e}"))?;
     }
     zl_proto::message::NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
+    args.region.check()?;
+    regions(args)?;
     args.peers.check(true)
+}
+
+/// This frontend's region and its peers, from the settings.
+fn regions(args: &ServeArgs) -> Result<Regions> {
+    let peers =
+        args.peer_regions.iter().map(|p| parse_peer(p)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
+    if peers.iter().any(|p| p.tls) && args.peer_ca_file.is_none() {
+        bail!("an https --peer-region needs --peer-ca-file, the CA its certificate is checked against");
+    }
+    Regions::new(args.region.region.clone(), peers).map_err(anyhow::Error::msg)
+}
+
+/// How this frontend reaches its peer regions.
+fn spill(args: &ServeArgs) -> Result<Spill> {
+    let tls = match &args.peer_ca_file {
+        None => None,
+        Some(ca) => {
+            let config = rustls::ClientConfig::builder_with_provider(zl_proto::tls::provider())
+                .with_safe_default_protocol_versions()?
+                .with_root_certificates(zl_node::pem::roots(ca)?)
+                .with_no_client_auth();
+            Some(tokio_rustls::TlsConnector::from(Arc::new(config)))
+        }
+    };
+    Ok(Spill { regions: regions(args)?, tls })
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {
@@ -181,7 +219,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         (Some(cert), Some(key)) => Some(http::tls_config(cert, key)?),
         _ => None,
     };
-    let app = App { gateway, metrics: Some(metrics), body_limit: args.body_limit_mb * 1024 * 1024 };
+    let spill = Arc::new(spill(&args)?);
+    let peers: Vec<String> = spill.regions.peers().iter().map(|p| format!("{} at {}", p.region, p.url)).collect();
+    let app = App { gateway, metrics: Some(metrics), body_limit: args.body_limit_mb * 1024 * 1024, spill };
     let listener = tokio::net::TcpListener::bind(args.http_addr)
         .await
         .with_context(|| format!("binding the HTTP API to {}", args.http_addr))?;
@@ -195,10 +235,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     } else {
         args.peers.orchestrators.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     };
+    let peers = if peers.is_empty() { "none".to_owned() } else { peers.join(", ") };
     eprintln!(
-        "zl-frontend: {} serving {scheme}://{} (orchestrators: {orchestrators})",
+        "zl-frontend: {} serving {scheme}://{} in region {} (orchestrators: {orchestrators}; peer regions: {peers})",
         args.node_id,
-        listener.local_addr()?
+        listener.local_addr()?,
+        args.region.region
     );
     http::serve(
         listener,

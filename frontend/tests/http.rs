@@ -388,7 +388,7 @@ async fn health_and_readiness() {
     assert_eq!(h.send(Request::get("/readyz").body(Body::empty()).unwrap()).await.status(), 200);
     // A frontend that never synced is not ready.
     let gateway = Arc::new(Gateway::new(h.fake.clone(), Arc::new(Cluster::default()), GatewayConfig::default()));
-    let cold = router(App { gateway, metrics: None, body_limit: 1024 });
+    let cold = router(App { gateway, metrics: None, body_limit: 1024, spill: Default::default() });
     let resp = cold.oneshot(Request::get("/readyz").body(Body::empty()).unwrap()).await.unwrap();
     assert_eq!(resp.status(), 503);
 }

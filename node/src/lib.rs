@@ -6,8 +6,10 @@
 pub mod config;
 pub mod consul;
 pub mod discovery;
+pub mod http_client;
 pub mod memory;
 pub mod pem;
+pub mod region;
 pub mod resolve;
 pub mod status;
 

@@ -55,6 +55,9 @@ struct ServeArgs {
     /// Routing policy: least-loaded, prefix-aware, session-affinity or round-robin.
     #[arg(long, env = "ZL_POLICY", default_value = "prefix-aware")]
     policy: String,
+    /// This orchestrator's region: its Raft group serves that region alone (docs/regions.md).
+    #[command(flatten)]
+    region: zl_node::region::RegionArgs,
     /// A worker silent for this long gets no new requests.
     #[arg(long, env = "ZL_HEARTBEAT_TIMEOUT_MS", default_value_t = 1000)]
     heartbeat_timeout_ms: u64,
@@ -122,6 +125,7 @@ fn check(args: &mut ServeArgs) -> Result<(Box<dyn zl_orchestrator::route::Policy
     if args.raft_id_from_ordinal {
         args.raft_id = ordinal_raft_id(&args.node_id)?;
     }
+    args.region.check()?;
     let Some(policy) = policy_by_name(&args.policy) else {
         bail!("--policy {:?}: choose one of {}", args.policy, POLICY_NAMES.join(", "));
     };
@@ -258,9 +262,10 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         }
     };
     eprintln!(
-        "zl-orchestrator: {} (Raft id {}) serving on {} with the {} policy (admin API on {}, metrics on http://{}/metrics)",
+        "zl-orchestrator: {} (Raft id {}, region {}) serving on {} with the {} policy (admin API on {}, metrics on http://{}/metrics)",
         args.node_id,
         args.raft_id,
+        args.region.region,
         server.local_addr(),
         node.policy_name(),
         args.admin_listen,

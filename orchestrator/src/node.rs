@@ -303,6 +303,7 @@ impl Orchestrator {
                 key_id: k.key_id.clone(),
                 secret_sha256: k.secret_sha256.clone(),
                 project: k.project.clone(),
+                regions: k.regions.clone(),
             })
             .collect();
         sync.projects = state

@@ -100,6 +100,9 @@ pub struct ApiKey {
     pub secret_sha256: String,
     /// Project the key bills to.
     pub project: String,
+    /// Data residency: the regions whose frontends may serve it (docs/regions.md); empty for any region.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<String>,
 }
 
 /// Compute-pool thresholds on a request's predicted cost in [0, 1].
@@ -177,6 +180,13 @@ pub enum Command {
         /// Its id.
         key_id: String,
     },
+    /// Bind a key to regions (data residency); an empty list unbinds it.
+    SetKeyRegions {
+        /// Its id.
+        key_id: String,
+        /// The regions whose frontends may serve it.
+        regions: Vec<String>,
+    },
     /// Create or update a project and its quota.
     SetProject {
         /// Project name.
@@ -204,6 +214,7 @@ impl Command {
             Command::PinPool { .. } => "pin_pool",
             Command::CreateKey(_) => "create_key",
             Command::RevokeKey { .. } => "revoke_key",
+            Command::SetKeyRegions { .. } => "set_key_regions",
             Command::SetProject { .. } => "set_project",
             Command::SetBillingWeights(_) => "set_billing_weights",
             Command::SetPoolThresholds(_) => "set_pool_thresholds",
@@ -242,6 +253,13 @@ fn check_name(field: &'static str, name: &str) -> Result<(), CommandError> {
         return Err(invalid(field, format!("{name:?} must be 1 to {} printable bytes", limits::MAX_NAME)));
     }
     Ok(())
+}
+
+fn check_regions(regions: &[String]) -> Result<(), CommandError> {
+    match zl_common::region::regions_problem(regions) {
+        Some(problem) => Err(invalid("regions", problem)),
+        None => Ok(()),
+    }
 }
 
 fn check_sha(field: &'static str, sha: &str) -> Result<(), CommandError> {
@@ -301,7 +319,9 @@ impl RoutingState {
         {
             self.rebuild_index();
         }
-        if result.is_ok() && matches!(cmd, Command::CreateKey(_) | Command::RevokeKey { .. }) {
+        if result.is_ok()
+            && matches!(cmd, Command::CreateKey(_) | Command::RevokeKey { .. } | Command::SetKeyRegions { .. })
+        {
             self.rebuild_key_index();
         }
         result
@@ -408,10 +428,16 @@ impl RoutingState {
                 if !self.projects.contains_key(&key.project) {
                     return Err(CommandError::NotFound(format!("project {}", key.project)));
                 }
+                check_regions(&key.regions)?;
                 self.keys.insert(key.key_id.clone(), key.clone());
             }
             Command::RevokeKey { key_id } => {
                 self.keys.remove(key_id).ok_or_else(|| CommandError::NotFound(format!("key {key_id}")))?;
+            }
+            Command::SetKeyRegions { key_id, regions } => {
+                check_regions(regions)?;
+                let key = self.keys.get_mut(key_id).ok_or_else(|| CommandError::NotFound(format!("key {key_id}")))?;
+                key.regions = regions.clone();
             }
             Command::SetProject { name, quota } => {
                 check_name("name", name)?;
@@ -638,8 +664,14 @@ pub(crate) mod tests {
                 key_id: "k1".into(),
                 secret_sha256: secret_sha256("s3cret"),
                 project: "acme".into(),
+                regions: vec![],
             }),
-            Command::CreateKey(ApiKey { key_id: "k2".into(), secret_sha256: sha(9), project: "nobody".into() }),
+            Command::CreateKey(ApiKey {
+                key_id: "k2".into(),
+                secret_sha256: sha(9),
+                project: "acme".into(),
+                regions: vec!["eu".into(), "eu".into()],
+            }),
             Command::SetBillingWeights(BillingWeights { input: 0.2, output: 0.6, context: 0.2 }),
             Command::SetPoolThresholds(PoolThresholds { gpu: 0.2, hybrid: 0.5 }),
             Command::DeregisterWorker { id: id("w2") },
@@ -664,7 +696,20 @@ pub(crate) mod tests {
         assert_eq!(restored, a);
         assert_eq!(restored.index().by_model["llama"].len(), 1);
         assert_eq!(restored.verify_key("s3cret").map(|k| k.key_id.as_str()), Some("k1"));
-        restored.apply(13, &Command::RevokeKey { key_id: "k1".into() }).unwrap();
+        // Data residency: a key is bound to regions (checked names, no repeats) and unbound.
+        let bind = |regions: &[&str]| Command::SetKeyRegions {
+            key_id: "k1".into(),
+            regions: regions.iter().map(|r| (*r).to_owned()).collect(),
+        };
+        restored.apply(13, &bind(&["eu-west", "eu-central"])).unwrap();
+        assert_eq!(restored.keys()["k1"].regions, ["eu-west", "eu-central"]);
+        assert!(restored.apply(14, &bind(&["EU"])).is_err());
+        assert!(restored.apply(15, &Command::SetKeyRegions { key_id: "nope".into(), regions: vec![] }).is_err());
+        let again = RoutingState::restore(&restored.snapshot()).unwrap();
+        assert_eq!(again.keys()["k1"].regions, ["eu-west", "eu-central"], "bindings survive a snapshot");
+        restored.apply(16, &bind(&[])).unwrap();
+        assert!(restored.keys()["k1"].regions.is_empty());
+        restored.apply(17, &Command::RevokeKey { key_id: "k1".into() }).unwrap();
         assert!(restored.verify_key("s3cret").is_none(), "a revoked key no longer verifies");
     }
 

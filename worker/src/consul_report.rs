@@ -98,11 +98,11 @@ impl WorkerReport {
         self.meta_of(totals(&self.stats(), self.kv_budget_bytes))
     }
 
-    /// The service tags: the device class, the region (if any), and every model id.
+    /// The service tags: the device class, `region=NAME` (if any), and every model id.
     pub fn tags(&self) -> Vec<String> {
         let mut tags = vec![self.device.clone()];
         if !self.region.is_empty() {
-            tags.push(self.region.clone());
+            tags.push(format!("region={}", self.region));
         }
         tags.extend(self.models.iter().map(|m| m.id.clone()));
         tags

@@ -111,6 +111,8 @@ struct ServeArgs {
     /// The pool this worker serves: cpu, hybrid or gpu.
     #[arg(long, env = "ZL_DEVICE_CLASS", default_value = "cpu", value_parser = ["cpu", "hybrid", "gpu"])]
     device_class: String,
+    #[command(flatten)]
+    region: zl_node::region::RegionArgs,
     /// How often load and KV events go to the orchestrators.
     #[arg(long, env = "ZL_REPORT_INTERVAL_MS", default_value_t = 250)]
     report_interval_ms: u64,
@@ -197,6 +199,7 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
 fn check(args: &ServeArgs) -> Result<(NodeId, String)> {
     let node_id = NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
     args.peers.check(false)?;
+    args.region.check()?;
     let announced = args.peers.discovery.discovery == Backend::Consul || !args.peers.orchestrators.is_empty();
     let advertise = match &args.advertise {
         Some(a) => zl_node::resolve::parse_address(a).map_err(|e| anyhow::anyhow!("--advertise: {e}"))?,
@@ -286,7 +289,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             })
             .collect(),
         device: args.device_class.clone(),
-        region: String::new(),
+        region: args.region.region.clone(),
         max_running: args.model.max_running as u32,
         kv_budget_bytes: (args.model.kv_memory_mb as u64) << 20,
     };

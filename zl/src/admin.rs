@@ -159,9 +159,20 @@ pub(crate) enum KeysCommand {
         /// Project the key bills to (must exist: `zl admin project NAME`).
         #[arg(long)]
         project: String,
-        /// Use this secret instead of generating one.
+        /// Use this secret instead of generating one (the same key in every region: docs/regions.md).
         #[arg(long, env = "ZL_NEW_KEY_SECRET")]
         secret: Option<String>,
+        /// Data residency: only these regions' frontends serve the key, and it never spills elsewhere.
+        #[arg(long, value_delimiter = ',')]
+        regions: Vec<String>,
+    },
+    /// Bind a key to regions (data residency), or with no region unbind it.
+    Regions {
+        /// Key id.
+        key_id: String,
+        /// The regions whose frontends may serve it, e.g. `eu-west,eu-central`.
+        #[arg(value_delimiter = ',')]
+        regions: Vec<String>,
     },
     /// Revoke a key.
     Revoke {
@@ -324,15 +335,17 @@ async fn run_async(args: AdminArgs) -> Result<()> {
         ),
         AdminCommand::Keys(KeysCommand::List) => {
             for k in c.list_keys(pb::ListKeysRequest {}).await.map_err(call)?.into_inner().keys {
-                println!("{}\t{}", k.key_id, k.project);
+                let regions = if k.regions.is_empty() { "any region".to_owned() } else { k.regions.join(",") };
+                println!("{}\t{}\t{regions}", k.key_id, k.project);
             }
         }
-        AdminCommand::Keys(KeysCommand::Create { key_id, project, secret }) => {
+        AdminCommand::Keys(KeysCommand::Create { key_id, project, secret, regions }) => {
             let r = c
                 .create_key(pb::CreateKeyRequest {
                     key_id: key_id.clone(),
                     project,
                     secret: secret.unwrap_or_default(),
+                    regions,
                 })
                 .await
                 .map_err(call)?
@@ -340,6 +353,16 @@ async fn run_async(args: AdminArgs) -> Result<()> {
             eprintln!("key {key_id} created (applied at index {}); its secret, shown once:", r.applied_index);
             println!("{}", r.secret);
         }
+        AdminCommand::Keys(KeysCommand::Regions { key_id, regions }) => written(
+            &format!(
+                "key {key_id} bound to {}",
+                if regions.is_empty() { "any region".into() } else { regions.join(",") }
+            ),
+            c.set_key_regions(pb::SetKeyRegionsRequest { key_id: key_id.clone(), regions })
+                .await
+                .map_err(call)?
+                .into_inner(),
+        ),
         AdminCommand::Keys(KeysCommand::Revoke { key_id }) => written(
             &format!("key {key_id} revoked"),
             c.revoke_key(pb::RevokeKeyRequest { key_id: key_id.clone() }).await.map_err(call)?.into_inner(),

@@ -44,6 +44,12 @@ pub(crate) struct UpArgs {
     /// The orchestrators' routing policy: prefix-aware, least-loaded, session-affinity or round-robin.
     #[arg(long, env = "ZL_POLICY", default_value = "prefix-aware")]
     policy: String,
+    /// The region of every process of this cluster (docs/regions.md).
+    #[arg(long, env = "ZL_REGION", default_value = "local")]
+    region: String,
+    /// Peer regions' frontends, nearest first, as REGION=URL, for the frontend's spillover.
+    #[arg(long = "peer-region", value_delimiter = ',')]
+    peer_regions: Vec<String>,
     /// KV-cache memory per worker, in MiB.
     #[arg(long, default_value_t = 512)]
     kv_memory_mb: usize,
@@ -149,7 +155,12 @@ async fn seed_key(admin: SocketAddr, tls: &Path, secret: &str) -> Result<()> {
         .await
         .map_err(fail)?;
     let created = c
-        .create_key(pb::CreateKeyRequest { key_id: "local".into(), project: "default".into(), secret: secret.into() })
+        .create_key(pb::CreateKeyRequest {
+            key_id: "local".into(),
+            project: "default".into(),
+            secret: secret.into(),
+            regions: vec![],
+        })
         .await;
     match created {
         Ok(_) => Ok(()),
@@ -245,6 +256,8 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             &peers,
             "--policy",
             &args.policy,
+            "--region",
+            &args.region,
         ]
         .map(str::to_owned)
         .to_vec();
@@ -285,6 +298,8 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             &tls_s,
             "--kv-memory-mb",
             &args.kv_memory_mb.to_string(),
+            "--region",
+            &args.region,
         ]
         .map(str::to_owned)
         .to_vec();
@@ -299,6 +314,10 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         ["serve", "--http-addr", &args.http_addr.to_string(), "--node-id", "frontend-0", "--tls-dir", &tls_s]
             .map(str::to_owned)
             .to_vec();
+    argv.extend(["--region".to_owned(), args.region.clone()]);
+    if !args.peer_regions.is_empty() {
+        argv.extend(["--peer-region".to_owned(), args.peer_regions.join(",")]);
+    }
     peers_or_discovery(&mut argv);
     cluster.spawn("frontend-0", &frontend_bin, &argv, &logs)?;
 

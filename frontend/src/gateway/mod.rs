@@ -282,7 +282,7 @@ impl Gateway {
         };
         let Some(secret) = secret else {
             if !self.config.require_auth {
-                return Ok(KeyInfo { key_id: "anonymous".into(), project: "default".into() });
+                return Ok(KeyInfo { key_id: "anonymous".into(), project: "default".into(), regions: vec![] });
             }
             return Err(ApiError::new(
                 ErrorKind::Authentication,
@@ -291,7 +291,9 @@ impl Gateway {
         };
         match self.cluster.verify(&secret) {
             Some(key) => Ok(key),
-            None if !self.config.require_auth => Ok(KeyInfo { key_id: "anonymous".into(), project: "default".into() }),
+            None if !self.config.require_auth => {
+                Ok(KeyInfo { key_id: "anonymous".into(), project: "default".into(), regions: vec![] })
+            }
             None => Err(ApiError::new(ErrorKind::Authentication, format!("invalid {used}: no such API key"))),
         }
     }

@@ -12,7 +12,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{App, error_response, request_id, set, zl_headers};
+use super::{App, error_response, request_id, set, spill, zl_headers};
 use crate::anthropic;
 use crate::cache::FinishInfo;
 use crate::cluster::KeyInfo;
@@ -43,6 +43,12 @@ impl Drop for Recorder {
 }
 
 async fn read_json(app: &App, req: Request) -> Result<Value, ApiError> {
+    let bytes = read_body(app, req).await?;
+    parse_json(app, bytes).await
+}
+
+/// The request body, within the size limit.
+async fn read_body(app: &App, req: Request) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             ErrorKind::RequestTooLarge,
@@ -63,6 +69,11 @@ async fn read_json(app: &App, req: Request) -> Result<Value, ApiError> {
     if bytes.is_empty() {
         return Err(ApiError::invalid("the request body is empty; send a JSON object"));
     }
+    Ok(bytes)
+}
+
+/// A request body as JSON.
+async fn parse_json(app: &App, bytes: Bytes) -> Result<Value, ApiError> {
     let large = bytes.len() > LARGE_BODY;
     let parse = move || {
         serde_json::from_slice(&bytes).map_err(|e| {
@@ -101,21 +112,33 @@ fn json_response(meta: &Meta, health: &str, value: Value, finish: &FinishInfo) -
     resp
 }
 
-/// Authenticate, read the options and the body, parse it as `D` and prepare the request.
-async fn admitted<D: Dialect>(
-    app: &App,
-    req: Request,
-    rid: &str,
-) -> Result<(KeyInfo, Prepared, RequestOptions, D), Failure> {
+/// What the handler knows of a request before serving it locally: its caller, options and raw body (kept for a
+/// hop to a peer region).
+struct Received {
+    key: KeyInfo,
+    opts: RequestOptions,
+    body: Bytes,
+}
+
+/// Authenticate, check data residency, read the options and the body.
+async fn receive(app: &App, req: Request) -> Result<Received, Failure> {
     let key = app.gateway.authenticate(req.headers())?;
     // From here on the caller is known: failures carry its rate-limit figures too.
     let known = |e: ApiError| Failure::known(e, app.gateway.rate_figures(&key));
+    app.spill.regions.admit(&key.key_id, &key.regions).map_err(known)?;
     let opts = RequestOptions::from_headers(req.headers()).map_err(known)?;
-    let body = read_json(app, req).await.map_err(known)?;
+    let body = read_body(app, req).await.map_err(known)?;
+    Ok(Received { key, opts, body })
+}
+
+/// Parse a received body as `D` and prepare the request.
+async fn admitted<D: Dialect>(app: &App, r: &Received, rid: &str) -> Result<(Prepared, D), Failure> {
+    let known = |e: ApiError| Failure::known(e, app.gateway.rate_figures(&r.key));
+    let body = parse_json(app, r.body.clone()).await.map_err(known)?;
     let (gen_req, mut dialect) = D::parse(&body).map_err(known)?;
     let prepared = app.gateway.prepare(gen_req, rid).await.map_err(known)?;
     dialect.prepared(&prepared);
-    Ok((key, prepared, opts, dialect))
+    Ok((prepared, dialect))
 }
 
 /// A body that pulls events from a generation and renders each in `D`; ends after the finish or an error.
@@ -161,30 +184,75 @@ fn event_body<D: Dialect>(generation: Generation, dialect: D, recorder: Recorder
     Body::from_stream(stream)
 }
 
-/// `POST /v1/messages` or `POST /v1/chat/completions`, as `D` words them.
+/// `POST /v1/messages` or `POST /v1/chat/completions`, as `D` words them: served here, or by a peer region when
+/// the client prefers one (`x-zl-region`) or this region cannot serve it (docs/regions.md).
 pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -> Response {
     let rid = request_id(&req);
     let started = Instant::now();
-    let result = async {
-        let (key, prepared, opts, mut dialect) = admitted::<D>(&app, req, &rid).await?;
-        let stream = prepared.req.stream;
-        let model_name = prepared.req.model.clone();
-        let (meta, generation) = app.gateway.start(&key, prepared, &opts, &rid).await?;
-        let health = app.gateway.cluster().health(Instant::now());
-        dialect.routed(&meta);
-        if stream {
-            let recorder = Recorder { api: D::API, model: model_name, status: 200, started };
-            return Ok(sse_response(&meta, health, event_body(generation, dialect, recorder)));
+    let hop = spill::is_hop(req.headers());
+    let headers = req.headers().clone();
+    let path = req.uri().path().to_owned();
+    let preferred = headers.get(spill::REGION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let received = match receive(&app, req).await {
+        Ok(r) => r,
+        Err(f) => return failed::<D>(&app, &rid, started, &f),
+    };
+    let regions = &app.spill.regions;
+    let mut tried = Vec::new();
+    if !hop && let Some(region) = preferred.as_deref().filter(|r| *r != regions.local()) {
+        // The client prefers a peer region: ask it first, and serve here if it does not.
+        let order: Vec<usize> = regions
+            .spill_order(&received.key.regions, Some(region), Instant::now())
+            .into_iter()
+            .filter(|&i| regions.peers()[i].region == region)
+            .collect();
+        if let Some(resp) = spill::forward(&app.spill, &order, &path, &headers, received.body.clone(), &rid).await {
+            record(D::API, "-", resp.status().as_u16(), started);
+            return resp;
         }
-        let (text, finish) = generation.collect().await.map_err(|e| Failure::known(e, meta.rate))?;
-        record(D::API, &model_name, 200, started);
-        Ok(json_response(&meta, health, dialect.final_body(&text, &finish), &finish))
+        tried = order;
     }
-    .await;
-    result.unwrap_or_else(|f: Failure| {
-        record(D::API, "-", f.error.kind.status().as_u16(), started);
-        error_response(&app, D::ERRORS, &rid, &f)
-    })
+    match serve::<D>(&app, &received, &rid, started).await {
+        Ok(resp) => resp,
+        Err(f) if !hop && matches!(f.error.kind, ErrorKind::Overloaded | ErrorKind::NotFound) => {
+            // This region cannot serve it now: the nearest healthy peer that the key may use, if any.
+            let order: Vec<usize> = regions
+                .spill_order(&received.key.regions, None, Instant::now())
+                .into_iter()
+                .filter(|i| !tried.contains(i))
+                .collect();
+            match spill::forward(&app.spill, &order, &path, &headers, received.body.clone(), &rid).await {
+                Some(resp) => {
+                    record(D::API, "-", resp.status().as_u16(), started);
+                    resp
+                }
+                None => failed::<D>(&app, &rid, started, &f),
+            }
+        }
+        Err(f) => failed::<D>(&app, &rid, started, &f),
+    }
+}
+
+fn failed<D: Dialect>(app: &App, rid: &str, started: Instant, f: &Failure) -> Response {
+    record(D::API, "-", f.error.kind.status().as_u16(), started);
+    error_response(app, D::ERRORS, rid, f)
+}
+
+/// Serve a received request in this region.
+async fn serve<D: Dialect>(app: &App, r: &Received, rid: &str, started: Instant) -> Result<Response, Failure> {
+    let (prepared, mut dialect) = admitted::<D>(app, r, rid).await?;
+    let stream = prepared.req.stream;
+    let model_name = prepared.req.model.clone();
+    let (meta, generation) = app.gateway.start(&r.key, prepared, &r.opts, rid).await?;
+    let health = app.gateway.cluster().health(Instant::now());
+    dialect.routed(&meta);
+    if stream {
+        let recorder = Recorder { api: D::API, model: model_name, status: 200, started };
+        return Ok(sse_response(&meta, health, event_body(generation, dialect, recorder)));
+    }
+    let (text, finish) = generation.collect().await.map_err(|e| Failure::known(e, meta.rate))?;
+    record(D::API, &model_name, 200, started);
+    Ok(json_response(&meta, health, dialect.final_body(&text, &finish), &finish))
 }
 
 /// `POST /v1/messages/count_tokens`.

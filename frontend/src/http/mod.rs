@@ -6,6 +6,7 @@ mod generate;
 mod keep_alive;
 mod models;
 mod server;
+pub mod spill;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -42,6 +43,8 @@ pub struct App {
     pub metrics: Option<MetricsRender>,
     /// Largest accepted request body.
     pub body_limit: usize,
+    /// This frontend's region and its peer regions (spillover and data residency).
+    pub spill: Arc<spill::Spill>,
 }
 
 /// The router: every endpoint of both APIs, health, readiness and metrics.
@@ -58,7 +61,7 @@ pub fn router(app: App) -> Router {
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(keep_alive::keep_alive))
-        .layer(axum::middleware::from_fn(with_request_id))
+        .layer(axum::middleware::from_fn_with_state(app.clone(), with_request_id))
         .with_state(app)
 }
 
@@ -66,13 +69,20 @@ pub fn router(app: App) -> Router {
 #[derive(Clone, Debug)]
 pub struct RequestId(pub String);
 
-async fn with_request_id(mut req: Request, next: axum::middleware::Next) -> Response {
-    let id = random_id("req_", 24);
+/// Give the request its id (a new one, or the one a peer region's frontend forwarded it with), and answer with it
+/// and with the region that served it.
+async fn with_request_id(State(app): State<App>, mut req: Request, next: axum::middleware::Next) -> Response {
+    let id = spill::forwarded_id(req.headers()).unwrap_or_else(|| random_id("req_", 24));
     req.extensions_mut().insert(RequestId(id.clone()));
     let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path());
     let mut resp = tracing::Instrument::instrument(next.run(req), span).await;
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert("request-id", v);
+    }
+    if !resp.headers().contains_key(spill::REGION_HEADER)
+        && let Ok(v) = HeaderValue::from_str(app.spill.regions.local())
+    {
+        resp.headers_mut().insert(spill::REGION_HEADER, v);
     }
     resp
 }

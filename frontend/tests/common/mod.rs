@@ -210,7 +210,12 @@ pub fn sync_state(index: u64) -> StateSync {
     StateSync {
         applied_index: 5 + index,
         unchanged: false,
-        keys: vec![ApiKeyEntry { key_id: "key-1".into(), secret_sha256: secret_sha256(KEY), project: "acme".into() }],
+        keys: vec![ApiKeyEntry {
+            key_id: "key-1".into(),
+            secret_sha256: secret_sha256(KEY),
+            project: "acme".into(),
+            regions: vec![],
+        }],
         projects: vec![ProjectQuota { project: "acme".into(), ..ProjectQuota::default() }],
         models: vec![ModelInfo {
             id: MODEL.into(),
@@ -239,7 +244,7 @@ pub fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
     let cluster = Arc::new(Cluster::default());
     cluster.apply(sync_state(0), Instant::now());
     let gateway = Arc::new(Gateway::new(fake.clone(), cluster, config));
-    Harness { app: router(App { gateway, metrics: None, body_limit }), fake }
+    Harness { app: router(App { gateway, metrics: None, body_limit, spill: Default::default() }), fake }
 }
 
 pub fn harness() -> Harness {

@@ -11,7 +11,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 
 use super::catalog::{BlockingIndex, IndexChange, Instance, MAX_HEALTH_BODY, Registration, parse_health};
 
@@ -144,20 +143,10 @@ impl ConsulClient {
         }
         let request = request.body(Full::new(Bytes::from(body))).context("building a consul request")?;
         let exchange = async {
-            let tcp = tokio::net::TcpStream::connect(addr.as_str())
+            let mut sender = crate::http_client::connect(addr, self.tls.as_ref())
                 .await
-                .with_context(|| format!("connecting to the consul agent at {addr}"))?;
-            let response = match &self.tls {
-                None => send(TokioIo::new(tcp), request).await?,
-                Some(tls) => {
-                    let host = addr.rsplit_once(':').map_or(addr.as_str(), |(h, _)| h.trim_matches(['[', ']']));
-                    let name = rustls_pki_types::ServerName::try_from(host.to_owned())
-                        .map_err(|e| anyhow!("consul address {addr}: {e}"))?;
-                    let stream =
-                        tls.connect(name, tcp).await.with_context(|| format!("TLS to the consul agent at {addr}"))?;
-                    send(TokioIo::new(stream), request).await?
-                }
-            };
+                .with_context(|| format!("the consul agent at {addr}"))?;
+            let response = sender.send_request(request).await.context("a request to consul")?;
             let status = response.status().as_u16();
             let index = response.headers().get("x-consul-index").and_then(|v| v.to_str().ok()).map(str::to_owned);
             let body = Limited::new(response.into_body(), MAX_HEALTH_BODY)
@@ -171,17 +160,6 @@ impl ConsulClient {
             .await
             .map_err(|_| anyhow!("no answer from the consul agent at {addr} within {limit:?}"))?
     }
-}
-
-async fn send<S>(io: TokioIo<S>, request: hyper::Request<Full<Bytes>>) -> Result<hyper::Response<hyper::body::Incoming>>
-where
-    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-{
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(io).await.context("HTTP to consul")?;
-    tokio::spawn(async move {
-        let _ = connection.await;
-    });
-    sender.send_request(request).await.context("a request to consul")
 }
 
 fn tls_connector(ca: &Path, client: Option<&(PathBuf, PathBuf)>) -> Result<tokio_rustls::TlsConnector> {

@@ -181,7 +181,8 @@ impl pb::admin_server::Admin for AdminService {
         if secret.len() < 16 || secret.len() > 256 || secret.chars().any(|c| c.is_control() || c.is_whitespace()) {
             return Err(Status::invalid_argument("a key secret must be 16 to 256 printable characters"));
         }
-        let key = ApiKey { key_id: r.key_id, secret_sha256: secret_sha256(&secret), project: r.project };
+        let key =
+            ApiKey { key_id: r.key_id, secret_sha256: secret_sha256(&secret), project: r.project, regions: r.regions };
         tracing::info!(key_id = %key.key_id, project = %key.project, "admin write: create_key");
         let applied_index = self.node.commit(&Command::CreateKey(key)).await.map_err(status)?;
         Ok(Response::new(pb::CreateKeyResponse { applied_index, secret }))
@@ -196,9 +197,25 @@ impl pb::admin_server::Admin for AdminService {
         require_admin(&req)?;
         self.node.read_barrier().await.map_err(status)?;
         let keys = self.node.with_state(|s| {
-            s.keys().values().map(|k| pb::KeyInfo { key_id: k.key_id.clone(), project: k.project.clone() }).collect()
+            s.keys()
+                .values()
+                .map(|k| pb::KeyInfo {
+                    key_id: k.key_id.clone(),
+                    project: k.project.clone(),
+                    regions: k.regions.clone(),
+                })
+                .collect()
         });
         Ok(Response::new(pb::ListKeysResponse { keys }))
+    }
+
+    async fn set_key_regions(
+        &self,
+        req: Request<pb::SetKeyRegionsRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        self.write(Command::SetKeyRegions { key_id: r.key_id, regions: r.regions }).await
     }
 
     async fn set_billing_weights(

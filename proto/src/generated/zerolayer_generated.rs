@@ -3743,6 +3743,7 @@ impl<'a> ApiKeyEntry<'a> {
   pub const VT_KEY_ID: ::flatbuffers::VOffsetT = 4;
   pub const VT_SECRET_SHA256: ::flatbuffers::VOffsetT = 6;
   pub const VT_PROJECT: ::flatbuffers::VOffsetT = 8;
+  pub const VT_REGIONS: ::flatbuffers::VOffsetT = 10;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -3754,6 +3755,7 @@ impl<'a> ApiKeyEntry<'a> {
     args: &'args ApiKeyEntryArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ApiKeyEntry<'bldr>> {
     let mut builder = ApiKeyEntryBuilder::new(_fbb);
+    if let Some(x) = args.regions { builder.add_regions(x); }
     if let Some(x) = args.project { builder.add_project(x); }
     if let Some(x) = args.secret_sha256 { builder.add_secret_sha256(x); }
     if let Some(x) = args.key_id { builder.add_key_id(x); }
@@ -3783,6 +3785,14 @@ impl<'a> ApiKeyEntry<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ApiKeyEntry::VT_PROJECT, None).unwrap()}
   }
+  /// Data residency: the regions whose frontends may serve this key (at most 16); empty for any region.
+  #[inline]
+  pub fn regions(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(ApiKeyEntry::VT_REGIONS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ApiKeyEntry<'_> {
@@ -3794,6 +3804,7 @@ impl ::flatbuffers::Verifiable for ApiKeyEntry<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("key_id", Self::VT_KEY_ID, true)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("secret_sha256", Self::VT_SECRET_SHA256, true)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("regions", Self::VT_REGIONS, false)?
      .finish();
     Ok(())
   }
@@ -3802,6 +3813,7 @@ pub struct ApiKeyEntryArgs<'a> {
     pub key_id: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub secret_sha256: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub regions: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
 }
 impl<'a> Default for ApiKeyEntryArgs<'a> {
   #[inline]
@@ -3810,6 +3822,7 @@ impl<'a> Default for ApiKeyEntryArgs<'a> {
       key_id: None, // required field
       secret_sha256: None, // required field
       project: None, // required field
+      regions: None,
     }
   }
 }
@@ -3830,6 +3843,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ApiKeyEntryBuilder<'a, 'b, A>
   #[inline]
   pub fn add_project(&mut self, project: ::flatbuffers::WIPOffset<&'b  str>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ApiKeyEntry::VT_PROJECT, project);
+  }
+  #[inline]
+  pub fn add_regions(&mut self, regions: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ApiKeyEntry::VT_REGIONS, regions);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ApiKeyEntryBuilder<'a, 'b, A> {
@@ -3855,6 +3872,7 @@ impl ::core::fmt::Debug for ApiKeyEntry<'_> {
       ds.field("key_id", &self.key_id());
       ds.field("secret_sha256", &self.secret_sha256());
       ds.field("project", &self.project());
+      ds.field("regions", &self.regions());
       ds.finish()
   }
 }

@@ -148,12 +148,17 @@ pub struct ApiKeyEntry {
     pub secret_sha256: String,
     /// Project the key bills to.
     pub project: String,
+    /// Regions whose frontends may serve it; empty for any.
+    pub regions: Vec<String>,
 }
 
 impl ApiKeyEntry {
     fn check(&self) -> Result<(), MessageError> {
         check::id("ApiKeyEntry.key_id", &self.key_id)?;
         check::id("ApiKeyEntry.project", &self.project)?;
+        if let Some(problem) = zl_common::region::regions_problem(&self.regions) {
+            return Err(invalid("ApiKeyEntry.regions", problem));
+        }
         if self.secret_sha256.len() != 64 || !self.secret_sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
         {
             return Err(invalid("ApiKeyEntry.secret_sha256", "must be 64 lowercase hex characters"));
@@ -225,9 +230,18 @@ impl StateSync {
                 let key_id = fbb.create_string(&k.key_id);
                 let secret = fbb.create_string(&k.secret_sha256);
                 let project = fbb.create_string(&k.project);
+                let regions = (!k.regions.is_empty()).then(|| {
+                    let names: Vec<_> = k.regions.iter().map(|r| fbb.create_string(r)).collect();
+                    fbb.create_vector(&names)
+                });
                 fb::ApiKeyEntry::create(
                     fbb,
-                    &fb::ApiKeyEntryArgs { key_id: Some(key_id), secret_sha256: Some(secret), project: Some(project) },
+                    &fb::ApiKeyEntryArgs {
+                        key_id: Some(key_id),
+                        secret_sha256: Some(secret),
+                        project: Some(project),
+                        regions,
+                    },
                 )
             })
             .collect();
@@ -280,12 +294,17 @@ impl StateSync {
             unchanged: t.unchanged(),
             keys: keys
                 .iter()
-                .map(|k| ApiKeyEntry {
-                    key_id: k.key_id().to_owned(),
-                    secret_sha256: k.secret_sha256().to_owned(),
-                    project: k.project().to_owned(),
+                .map(|k| {
+                    let regions = k.regions().unwrap_or_default();
+                    check::count("ApiKeyEntry.regions", regions.len(), zl_common::region::MAX_KEY_REGIONS)?;
+                    Ok(ApiKeyEntry {
+                        key_id: k.key_id().to_owned(),
+                        secret_sha256: k.secret_sha256().to_owned(),
+                        project: k.project().to_owned(),
+                        regions: regions.iter().map(str::to_owned).collect(),
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, MessageError>>()?,
             projects: projects
                 .iter()
                 .map(|p| ProjectQuota {

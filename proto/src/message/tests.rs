@@ -144,6 +144,7 @@ pub(crate) fn samples() -> Vec<Message> {
                 key_id: "key-1".into(),
                 secret_sha256: "ab".repeat(32),
                 project: "default".into(),
+                regions: vec!["eu-west".into(), "us-east".into()],
             }],
             projects: vec![ProjectQuota {
                 project: "default".into(),

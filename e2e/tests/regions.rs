@@ -1,0 +1,110 @@
+//! Two regions on loopback, each a whole cluster of its own (its own CA, orchestrator group, worker and frontend):
+//! requests are served where they arrive; when region a loses its workers its frontend spills to region b (same
+//! model, streaming through, `x-zl-region: b`, no client error) and takes the traffic back once they return; a key
+//! bound to a alone gets a's 529 instead of leaving; a key bound to b is refused at a with a 403; a client's
+//! `x-zl-region` preference is honoured. Bounded polls only; nothing is timed.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use zl_e2e::{HttpResponse, admin, request, small_cluster, start_worker_args};
+
+const KEY: &str = "sk-zl-regions-any-0123456789abcdef";
+const BOUND_A: &str = "sk-zl-regions-bound-a-0123456789ab";
+const BOUND_B: &str = "sk-zl-regions-bound-b-0123456789ab";
+const MODEL: &str = "smollm2-135m-instruct";
+
+fn ask(addr: SocketAddr, key: &str, stream: bool, extra: &[(&str, &str)]) -> HttpResponse {
+    let body = serde_json::json!({"model": MODEL, "max_tokens": 4, "temperature": 0.7, "stream": stream,
+        "messages": [{"role": "user", "content": "Name a colour."}]})
+    .to_string();
+    let mut headers = vec![("x-api-key", key)];
+    headers.extend_from_slice(extra);
+    request(addr, "POST", "/v1/messages", &headers, &body).expect("the frontend answers")
+}
+
+fn region(r: &HttpResponse) -> &str {
+    r.header("x-zl-region").unwrap_or("(none)")
+}
+
+/// Ask (bounded) until `done` holds for an answer; every answer on the way must satisfy `each`.
+fn until(what: &str, mut attempt: impl FnMut() -> HttpResponse, done: impl Fn(&HttpResponse) -> bool) -> HttpResponse {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = attempt();
+        if done(&r) {
+            return r;
+        }
+        assert!(Instant::now() < deadline, "{what}: last answer {} from {}: {}", r.status, region(&r), r.body);
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let b = small_cluster(dir_b.path(), &["wb"], &["--region", "b"], &["--region", "b"], KEY);
+    let peer = format!("b=http://{}", b.http);
+    let mut a =
+        small_cluster(dir_a.path(), &["wa"], &["--region", "a"], &["--region", "a", "--peer-region", &peer], KEY);
+    // The same keys in both regions (an operator's Terraform or `zl admin` does this), two of them bound.
+    for (tls, orch) in [(dir_a.path(), a.orch.admin), (dir_b.path(), b.orch.admin)] {
+        admin(tls, orch, &["keys", "create", "bound-a", "--project", "p", "--secret", BOUND_A, "--regions", "a"]);
+        admin(tls, orch, &["keys", "create", "bound-b", "--project", "p", "--secret", BOUND_B, "--regions", "b"]);
+        let listed = admin(tls, orch, &["keys", "list"]);
+        assert!(listed.contains("bound-a\tp\ta") && listed.contains("k\tp\tany region"), "{listed}");
+    }
+
+    // Served where it arrives.
+    let r = until("a serves", || ask(a.http, KEY, false, &[]), |r| r.status == 200);
+    assert_eq!(region(&r), "a", "{}", r.body);
+    let r = until("a serves bound-a", || ask(a.http, BOUND_A, false, &[]), |r| r.status == 200);
+    assert_eq!(region(&r), "a");
+    assert_eq!(region(&ask(b.http, KEY, false, &[])), "b");
+    // A key bound to b is refused at a, naming both regions (once a's frontend has synced the key).
+    let r = until("bound-b refused at a", || ask(a.http, BOUND_B, false, &[]), |r| r.status == 403);
+    assert!(
+        r.body.contains("permission_error") && r.body.contains("region b") && r.body.contains("region a"),
+        "{}",
+        r.body
+    );
+    // A client's preference for b is honoured while a is healthy.
+    let r = ask(a.http, KEY, false, &[("x-zl-region", "b")]);
+    assert_eq!((r.status, region(&r)), (200, "b"), "{}", r.body);
+
+    // a loses its only worker: requests at a are served by b, streamed through, without a client error.
+    let wa = a.workers[0].take().unwrap();
+    let (wa_quic, wa_metrics) = (wa.quic, wa.metrics);
+    drop(wa);
+    let mut seen_b = 0;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen_b < 3 {
+        assert!(Instant::now() < deadline, "a never spilled to b");
+        let r = ask(a.http, KEY, seen_b % 2 == 1, &[]);
+        assert_eq!(r.status, 200, "a client saw an error while a's worker was gone: {}", r.body);
+        if region(&r) == "b" {
+            seen_b += 1;
+            if r.body.starts_with("event:") {
+                assert!(r.body.contains("event: message_stop"), "{}", r.body);
+            }
+        }
+    }
+    // A key bound to a does not leave: a's own 529.
+    let r = ask(a.http, BOUND_A, false, &[]);
+    assert_eq!(r.status, 529, "{}", r.body);
+    assert_eq!(region(&r), "a");
+    assert!(r.body.contains("overloaded_error"), "{}", r.body);
+
+    // a's worker comes back: traffic returns to a.
+    let wa = start_worker_args(dir_a.path(), "wa", &[a.orch.quic], (wa_quic, wa_metrics), &["--region", "a"]);
+    a.workers[0] = Some(wa);
+    until("traffic returns to a", || ask(a.http, KEY, false, &[]), |r| r.status == 200 && region(r) == "a");
+    until("bound-a served at a again", || ask(a.http, BOUND_A, false, &[]), |r| r.status == 200);
+
+    // A dead peer costs one failed attempt per backoff, not one per request: with b's frontend gone, a request at
+    // a preferring b is served by a.
+    drop(b);
+    let r = ask(a.http, KEY, false, &[("x-zl-region", "b")]);
+    assert_eq!((r.status, region(&r)), (200, "a"), "{}", r.body);
+}

@@ -1,0 +1,206 @@
+//! Spillover (docs/regions.md): a request this region cannot serve goes to the nearest healthy peer region's
+//! frontend that will take it, and the peer's answer streams through unchanged (status, headers with its
+//! `x-zl-region`, body). The hop carries the request id and `x-zl-hop: 1`, so the peer serves it itself or fails:
+//! a request crosses at most one region boundary. Which peers, in which order, and their health are
+//! [`crate::regions::Regions`]'s.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderValue, Response};
+use http_body_util::Full;
+
+use crate::regions::Regions;
+
+/// The header that marks a forwarded request; its value counts the hops.
+pub const HOP_HEADER: &str = "x-zl-hop";
+/// The forwarded request's id, adopted by the peer.
+pub const FORWARDED_ID_HEADER: &str = "x-zl-request-id";
+/// Where the request was served (responses), or where the client would like it served (requests).
+pub const REGION_HEADER: &str = "x-zl-region";
+
+/// How long connecting to a peer may take before it counts as down.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a peer may take to answer with its headers (a streamed answer's come at admission; a complete one's
+/// after the whole generation).
+const HEAD_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The client headers a hop carries; everything else (hop-by-hop headers, our own `x-zl-hop`) is dropped.
+const FORWARDED: &[&str] = &[
+    "authorization",
+    "x-api-key",
+    "anthropic-version",
+    "anthropic-beta",
+    "content-type",
+    "accept",
+    "user-agent",
+    "x-zl-cache",
+    "x-zl-route-hint",
+    "x-zl-streaming-predicted",
+    "openai-organization",
+    "openai-project",
+];
+
+/// Response headers that belong to one connection and are not passed on.
+const HOP_BY_HOP: &[&str] = &["connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"];
+
+/// The peers of this frontend and how to reach them.
+pub struct Spill {
+    /// This region and the peers.
+    pub regions: Regions,
+    /// TLS for https peers (the CA of `--peer-ca-file`).
+    pub tls: Option<tokio_rustls::TlsConnector>,
+}
+
+impl std::fmt::Debug for Spill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spill").field("regions", &self.regions).field("tls", &self.tls.is_some()).finish()
+    }
+}
+
+impl Default for Spill {
+    fn default() -> Self {
+        let regions = Regions::new(zl_common::region::DEFAULT_REGION.into(), vec![]).unwrap_or_else(|_| unreachable!());
+        Spill { regions, tls: None }
+    }
+}
+
+/// Whether `headers` mark a request that already crossed a region boundary.
+pub fn is_hop(headers: &HeaderMap) -> bool {
+    headers.contains_key(HOP_HEADER)
+}
+
+/// A forwarded request's id when it is one of ours (`req_` and up to 60 letters and digits).
+pub fn forwarded_id(headers: &HeaderMap) -> Option<String> {
+    if !is_hop(headers) {
+        return None;
+    }
+    let id = headers.get(FORWARDED_ID_HEADER)?.to_str().ok()?;
+    let rest = id.strip_prefix("req_")?;
+    (!rest.is_empty() && rest.len() <= 60 && rest.bytes().all(|b| b.is_ascii_alphanumeric())).then(|| id.to_owned())
+}
+
+enum Outcome {
+    Served(Response<Body>),
+    /// Alive but would not serve it (4xx, 529): the next peer may.
+    Declined(u16),
+    /// Down: back off.
+    Failed(String),
+}
+
+/// Forward `body` (a request to `path` with the client's `headers`) to the peers in `order`, until one serves it.
+pub async fn forward(
+    spill: &Arc<Spill>,
+    order: &[usize],
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+    rid: &str,
+) -> Option<Response<Body>> {
+    for &i in order {
+        let peer = &spill.regions.peers()[i];
+        let started = Instant::now();
+        let outcome = attempt(spill, i, path, headers, body.clone(), rid).await;
+        let result = match &outcome {
+            Outcome::Served(_) => "served",
+            Outcome::Declined(_) => "declined",
+            Outcome::Failed(_) => "failed",
+        };
+        metrics::counter!("zl_frontend_spills_total", "region" => peer.region.clone(), "result" => result).increment(1);
+        metrics::histogram!("zl_frontend_spill_head_seconds", "region" => peer.region.clone())
+            .record(started.elapsed().as_secs_f64());
+        match outcome {
+            Outcome::Served(resp) => {
+                spill.regions.answered(i);
+                tracing::info!(request_id = rid, region = %peer.region, "served by a peer region");
+                return Some(resp);
+            }
+            Outcome::Declined(status) => {
+                spill.regions.answered(i);
+                tracing::info!(request_id = rid, region = %peer.region, status, "the peer region declined");
+            }
+            Outcome::Failed(why) => {
+                spill.regions.failed(i, Instant::now());
+                tracing::warn!(request_id = rid, region = %peer.region, error = %why, "the peer region failed; backing off");
+            }
+        }
+    }
+    None
+}
+
+async fn attempt(spill: &Spill, i: usize, path: &str, headers: &HeaderMap, body: Bytes, rid: &str) -> Outcome {
+    let peer = &spill.regions.peers()[i];
+    let tls = match (peer.tls, &spill.tls) {
+        (false, _) => None,
+        (true, Some(tls)) => Some(tls),
+        (true, None) => return Outcome::Failed("an https peer needs --peer-ca-file".into()),
+    };
+    let mut req = hyper::Request::post(path).header("host", &peer.authority);
+    for name in FORWARDED {
+        if let Some(v) = headers.get(*name) {
+            req = req.header(*name, v);
+        }
+    }
+    let req = req
+        .header(HOP_HEADER, "1")
+        .header(FORWARDED_ID_HEADER, rid)
+        .header("x-zl-from-region", spill.regions.local())
+        .body(Full::new(body));
+    let req = match req {
+        Ok(r) => r,
+        Err(e) => return Outcome::Failed(format!("building the request: {e}")),
+    };
+    let mut sender =
+        match tokio::time::timeout(CONNECT_TIMEOUT, zl_node::http_client::connect(&peer.authority, tls)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Outcome::Failed(format!("{e:#}")),
+            Err(_) => return Outcome::Failed(format!("no connection within {CONNECT_TIMEOUT:?}")),
+        };
+    let resp = match tokio::time::timeout(HEAD_TIMEOUT, sender.send_request(req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Outcome::Failed(e.to_string()),
+        Err(_) => return Outcome::Failed(format!("no answer within {HEAD_TIMEOUT:?}")),
+    };
+    let status = resp.status();
+    if status.is_server_error() && status.as_u16() != 529 {
+        return Outcome::Failed(format!("it answered {status}"));
+    }
+    if !status.is_success() {
+        return Outcome::Declined(status.as_u16());
+    }
+    let (parts, incoming) = resp.into_parts();
+    let mut out = Response::new(Body::new(incoming));
+    *out.status_mut() = parts.status;
+    for (name, value) in &parts.headers {
+        if !HOP_BY_HOP.contains(&name.as_str()) {
+            out.headers_mut().append(name, value.clone());
+        }
+    }
+    if !out.headers().contains_key(REGION_HEADER)
+        && let Ok(v) = HeaderValue::from_str(&peer.region)
+    {
+        out.headers_mut().insert(REGION_HEADER, v);
+    }
+    Outcome::Served(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarded_ids_only_on_hops() {
+        let mut h = HeaderMap::new();
+        h.insert(FORWARDED_ID_HEADER, HeaderValue::from_static("req_abc123"));
+        assert_eq!(forwarded_id(&h), None, "not a hop");
+        h.insert(HOP_HEADER, HeaderValue::from_static("1"));
+        assert_eq!(forwarded_id(&h).as_deref(), Some("req_abc123"));
+        for bad in ["abc", "req_", "req_a-b", "req_ä"] {
+            if let Ok(v) = HeaderValue::from_str(bad) {
+                h.insert(FORWARDED_ID_HEADER, v);
+                assert_eq!(forwarded_id(&h), None, "{bad}");
+            }
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! `--region`: the region every tier belongs to (docs/regions.md). One Raft group per region; workers report it to
+//! the orchestrators and in Consul (Meta `region`, tag `region=NAME`); frontends answer with it (`x-zl-region`).
+
+use anyhow::{Result, bail};
+use clap::Args;
+
+/// The region setting every tier binary flattens into its `serve` arguments.
+#[derive(Args, Debug, Clone)]
+pub struct RegionArgs {
+    /// The region this node serves in (a-z, 0-9, '-', '_', '.'): a failure and latency domain with its own
+    /// orchestrator group.
+    #[arg(long, env = "ZL_REGION", default_value = zl_common::region::DEFAULT_REGION)]
+    pub region: String,
+}
+
+impl RegionArgs {
+    /// The setting's check.
+    pub fn check(&self) -> Result<()> {
+        if let Some(problem) = zl_common::region::region_problem(&self.region) {
+            bail!("--region: {problem}");
+        }
+        Ok(())
+    }
+}
