@@ -51,7 +51,13 @@ fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
     // The same keys in both regions (an operator's Terraform or `zl admin` does this), two of them bound.
     for (tls, orch) in [(dir_a.path(), a.orch.admin), (dir_b.path(), b.orch.admin)] {
         admin(tls, orch, &["keys", "create", "bound-a", "--project", "p", "--secret", BOUND_A, "--regions", "a"]);
-        admin(tls, orch, &["keys", "create", "bound-b", "--project", "p", "--secret", BOUND_B, "--regions", "b"]);
+        // `keys ensure` (what deploy jobs run every time): creates, then only sets the regions.
+        let out =
+            admin(tls, orch, &["keys", "ensure", "bound-b", "--project", "p", "--secret", BOUND_B, "--regions", "a"]);
+        assert!(out.contains("created"), "{out}");
+        let out =
+            admin(tls, orch, &["keys", "ensure", "bound-b", "--project", "p", "--secret", BOUND_B, "--regions", "b"]);
+        assert!(out.contains("exists; regions set"), "{out}");
         let listed = admin(tls, orch, &["keys", "list"]);
         assert!(listed.contains("bound-a\tp\ta") && listed.contains("k\tp\tany region"), "{listed}");
     }

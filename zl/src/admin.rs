@@ -166,6 +166,21 @@ pub(crate) enum KeysCommand {
         #[arg(long, value_delimiter = ',')]
         regions: Vec<String>,
     },
+    /// Make sure a key exists with this secret's registration and these regions: create it when absent, else set
+    /// its regions (for jobs and automation that run on every deploy: the chart's, Terraform's).
+    Ensure {
+        /// Key id (public).
+        key_id: String,
+        /// Project the key bills to (must exist).
+        #[arg(long)]
+        project: String,
+        /// The secret to register when the key is created.
+        #[arg(long, env = "ZL_NEW_KEY_SECRET")]
+        secret: String,
+        /// Data residency: the regions whose frontends may serve the key (none: any region).
+        #[arg(long, value_delimiter = ',')]
+        regions: Vec<String>,
+    },
     /// Bind a key to regions (data residency), or with no region unbind it.
     Regions {
         /// Key id.
@@ -352,6 +367,20 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                 .into_inner();
             eprintln!("key {key_id} created (applied at index {}); its secret, shown once:", r.applied_index);
             println!("{}", r.secret);
+        }
+        AdminCommand::Keys(KeysCommand::Ensure { key_id, project, secret, regions }) => {
+            let create = pb::CreateKeyRequest { key_id: key_id.clone(), project, secret, regions: regions.clone() };
+            match c.create_key(create).await {
+                Ok(r) => println!("key {key_id} created (applied at index {})", r.into_inner().applied_index),
+                Err(e) if e.code() == tonic::Code::AlreadyExists => written(
+                    &format!("key {key_id} exists; regions set"),
+                    c.set_key_regions(pb::SetKeyRegionsRequest { key_id: key_id.clone(), regions })
+                        .await
+                        .map_err(call)?
+                        .into_inner(),
+                ),
+                Err(e) => return Err(call(e)),
+            }
         }
         AdminCommand::Keys(KeysCommand::Regions { key_id, regions }) => written(
             &format!(

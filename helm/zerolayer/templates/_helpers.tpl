@@ -95,6 +95,8 @@ capabilities:
   value: /etc/zerolayer/tls
 - name: ZL_CONFIG
   value: /etc/zerolayer/config/config.toml
+- name: ZL_REGION
+  value: {{ .Values.region | quote }}
 {{- if eq .Values.discovery.backend "consul" }}
 {{- if .Values.discovery.consul.useHostIP }}
 - name: HOST_IP
@@ -184,4 +186,30 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
   mountPath: /etc/zerolayer/consul
   readOnly: true
 {{- end }}
+{{- end -}}
+
+{{/* The admin certificate volume of the admin Jobs (bootstrap, keys): `zl admin --node-id zl-bootstrap`. */}}
+{{- define "zl.adminTlsVolume" -}}
+{{- $full := include "zl.fullname" . -}}
+- name: tls
+{{- if .Values.tls.certManager.enabled }}
+  projected:
+    defaultMode: 0440
+    sources:
+      - secret:
+          name: {{ $full }}-tls-admin
+          items:
+            - {key: tls.crt, path: admin-zl-bootstrap.pem}
+            - {key: tls.key, path: admin-zl-bootstrap.key}
+            - {key: ca.crt, path: ca.pem}
+{{- else }}
+  secret:
+    secretName: {{ $full }}-tls-admin
+    defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{/* The frontend's peer regions as ZL_PEER_REGIONS wants them: REGION=URL,... nearest first. */}}
+{{- define "zl.peerRegions" -}}
+{{- range $i, $p := .Values.frontend.peerRegions }}{{ if $i }},{{ end }}{{ $p.region }}={{ $p.url }}{{ end }}
 {{- end -}}
