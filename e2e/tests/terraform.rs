@@ -1,0 +1,57 @@
+//! The Terraform modules and example, checked offline (no Terraform binary or provider can be had here):
+//! `scripts/check-terraform` parses every file as HCL, checks variables (typed, described, used), outputs
+//! (described), providers (declared with versions) and every local module call (required inputs passed, nothing
+//! undeclared), and runs checkov's static scan. And it can fail: a broken copy is refused, naming each fault.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn check(dir: &Path) -> Output {
+    Command::new(zl_e2e::python()).arg(root().join("scripts/check-terraform")).arg(dir).output().unwrap()
+}
+
+#[test]
+fn the_terraform_passes_the_offline_checks() {
+    let out = check(&root().join("terraform"));
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "scripts/check-terraform failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("4 module calls consistent") && stdout.contains("checkov"), "{stdout}");
+}
+
+#[test]
+fn broken_terraform_fails_the_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("terraform");
+    assert!(Command::new("cp").arg("-r").arg(root().join("terraform")).arg(&copy).status().unwrap().success());
+    // A module call without a required input, one with an input the module lacks, an unused variable, and a file
+    // that is not HCL.
+    let example = copy.join("examples/three-regions/main.tf");
+    let text = std::fs::read_to_string(&example).unwrap();
+    let text = text.replacen("  region          = module.fleet.regions[\"eu-west\"].region\n", "", 1);
+    let text =
+        text.replacen("  ingress_class   = \"nginx\"\n", "  ingress_class   = \"nginx\"\n  colour = \"blue\"\n", 1);
+    std::fs::write(&example, text).unwrap();
+    let vars = copy.join("modules/zerolayer-fleet/variables.tf");
+    let mut text = std::fs::read_to_string(&vars).unwrap();
+    text.push_str(
+        "\nvariable \"unused\" {\n  description = \"nothing\"\n  type        = string\n  default     = \"\"\n}\n",
+    );
+    std::fs::write(&vars, text).unwrap();
+    std::fs::write(copy.join("modules/zerolayer-region/broken.tf"), "resource \"x\" {\n").unwrap();
+    let out = check(&copy);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for want in [
+        "module eu_west: does not pass the required input region",
+        "module eu_west: passes colour, which ../../modules/zerolayer-region does not declare",
+        "variable unused is declared but never used",
+        "broken.tf: does not parse as HCL",
+    ] {
+        assert!(stderr.contains(want), "{want:?} not in:\n{stderr}");
+    }
+}
