@@ -17,6 +17,8 @@ pub struct ConsulAgent {
     pub http: SocketAddr,
     /// Its HTTPS API, when started with one.
     pub https: Option<SocketAddr>,
+    /// Its WAN gossip address (what another datacenter's `retry_join_wan` names).
+    pub wan: SocketAddr,
     dir: tempfile::TempDir,
 }
 
@@ -77,7 +79,7 @@ impl ConsulAgent {
         );
         std::fs::write(&config, hcl).expect("writing the agent's config");
         let proc = spawn(dir.path());
-        let mut agent = ConsulAgent { proc, http, https, dir };
+        let mut agent = ConsulAgent { proc, http, https, wan, dir };
         agent.wait_for_leader();
         agent
     }

@@ -114,3 +114,43 @@ fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
     let r = ask(a.http, KEY, false, &[("x-zl-region", "b")]);
     assert_eq!((r.status, region(&r)), (200, "a"), "{}", r.body);
 }
+
+/// Start `zl up` as region `region` through the Consul agent at `consul`, with `env`; waits until it serves.
+fn up_in(dir: &std::path::Path, region: &str, consul: SocketAddr, env: &[(&str, &str)]) -> (zl_e2e::Proc, SocketAddr) {
+    let data = dir.join(region);
+    let http = zl_e2e::free_tcp();
+    let mut cmd = std::process::Command::new(zl_e2e::bin("zl"));
+    cmd.args(["up", "--data-dir", data.to_str().unwrap(), "--http-addr", &http.to_string(), "--api-key", KEY])
+        .args(["--region", region, "--discovery", "consul", "--consul-addr", &consul.to_string()])
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("{region}.err"))).unwrap());
+    let mut up = zl_e2e::Proc(cmd.spawn().unwrap());
+    zl_e2e::wait_up(&data, http, &mut up.0);
+    (up, http)
+}
+
+/// Peer regions from Consul: two datacenters joined over the WAN, one region each; region a's frontend finds b's
+/// frontend in datacenter b (no --peer-region) and a preference for b is served there.
+#[test]
+fn peer_regions_are_found_in_consuls_other_datacenters() {
+    let dir = tempfile::tempdir().unwrap();
+    let agent_a = zl_e2e::consul::ConsulAgent::start("datacenter = \"a\"\n");
+    let agent_b =
+        zl_e2e::consul::ConsulAgent::start(&format!("datacenter = \"b\"\nretry_join_wan = [\"{}\"]\n", agent_a.wan));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !agent_a.get("/v1/catalog/datacenters").is_some_and(|r| r.body.contains("\"b\"")) {
+        assert!(Instant::now() < deadline, "the datacenters never joined: {}", agent_b.log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (mut up_b, _) = up_in(dir.path(), "b", agent_b.http, &[]);
+    let (mut up_a, http_a) = up_in(dir.path(), "a", agent_a.http, &[("ZL_PEER_REGIONS_FROM_CONSUL", "true")]);
+    until(
+        "a's frontend finds b through consul",
+        || ask(http_a, KEY, false, &[("x-zl-region", "b")]),
+        |r| r.status == 200 && region(r) == "b",
+    );
+    assert_eq!(region(&ask(http_a, KEY, false, &[])), "a", "without a preference, a serves");
+    assert!(up_a.terminate(Duration::from_secs(30)) && up_b.terminate(Duration::from_secs(30)));
+}

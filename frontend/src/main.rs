@@ -99,6 +99,10 @@ struct ServeArgs {
     /// region cannot serve spill over, and where an `x-zl-region` preference is sent (docs/regions.md).
     #[arg(long = "peer-region", env = "ZL_PEER_REGIONS", value_delimiter = ',')]
     peer_regions: Vec<String>,
+    /// With --discovery consul: the peer regions are the Consul agent's other datacenters, nearest first, each
+    /// with a passing frontend (the datacenter names the region), read again every 10 s. Replaces --peer-region.
+    #[arg(long, env = "ZL_PEER_REGIONS_FROM_CONSUL", default_value_t = false, action = clap::ArgAction::Set)]
+    peer_regions_from_consul: bool,
     /// CA certificate (PEM) that https peer regions' frontends are checked against.
     #[arg(long, env = "ZL_PEER_CA_FILE")]
     peer_ca_file: Option<PathBuf>,
@@ -122,6 +126,14 @@ fn check(args: &ServeArgs) -> Result<()> {
     zl_proto::message::NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
     args.region.check()?;
     regions(args)?;
+    if args.peer_regions_from_consul {
+        if args.peers.discovery.discovery != zl_node::discovery::Backend::Consul {
+            bail!("--peer-regions-from-consul needs --discovery consul");
+        }
+        if !args.peer_regions.is_empty() {
+            bail!("give --peer-region or --peer-regions-from-consul, not both");
+        }
+    }
     args.peers.check(true)
 }
 
@@ -220,7 +232,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
         _ => None,
     };
     let spill = Arc::new(spill(&args)?);
-    let peers: Vec<String> = spill.regions.peers().iter().map(|p| format!("{} at {}", p.region, p.url)).collect();
+    let mut peers: Vec<String> = spill.regions.peers().iter().map(|p| format!("{} at {}", p.region, p.url)).collect();
+    let consul_peers = match (&consul, args.peer_regions_from_consul) {
+        (Some((c, ..)), true) => {
+            peers.push("other consul datacenters".into());
+            Some(tokio::spawn(http::spill::follow_consul_peers(c.client.clone(), spill.clone())))
+        }
+        _ => None,
+    };
     let app = App { gateway, metrics: Some(metrics), body_limit: args.body_limit_mb * 1024 * 1024, spill };
     let listener = tokio::net::TcpListener::bind(args.http_addr)
         .await
@@ -263,6 +282,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
     eprintln!("zl-frontend: stopped");
     if let Some(resolver) = resolver {
         resolver.abort();
+    }
+    if let Some(task) = consul_peers {
+        task.abort();
     }
     sync.abort();
     sweeper.abort();

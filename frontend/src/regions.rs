@@ -8,11 +8,12 @@
 //!   failure in a row; after it, one request tries it again. A dead region thus costs one failed attempt per
 //!   backoff, not one per request.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use zl_common::region::region_problem;
-use zl_common::sync::lock;
+use zl_common::sync::{lock, read, write};
 
 use crate::error::{ApiError, ErrorKind};
 
@@ -60,18 +61,46 @@ pub fn parse_peer(spec: &str) -> Result<Peer, String> {
     Ok(Peer { region: region.to_owned(), authority, tls, url: url.to_owned() })
 }
 
+/// A peer region's frontend as Consul lists it in another datacenter: the datacenter names the region, the
+/// instance's address and port are its API, and its `scheme` Meta (which frontends register) says http or https.
+pub fn peer_from_instance(dc: &str, instance: &zl_node::consul::catalog::Instance) -> Option<Peer> {
+    if region_problem(dc).is_some() || instance.address.is_empty() || instance.port == 0 {
+        return None;
+    }
+    let tls = instance.meta.get("scheme").is_some_and(|s| s == "https");
+    let host =
+        if instance.address.contains(':') { format!("[{}]", instance.address) } else { instance.address.clone() };
+    let authority = format!("{host}:{}", instance.port);
+    let url = format!("{}://{authority}", if tls { "https" } else { "http" });
+    Some(Peer { region: dc.to_owned(), authority, tls, url })
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Health {
     failures: u32,
     down_until: Option<Instant>,
 }
 
-/// This frontend's region and its peers.
+/// This frontend's region and its peers (from settings, or followed in Consul: [`Regions::set_peers`]).
 #[derive(Debug)]
 pub struct Regions {
     local: String,
-    peers: Vec<Peer>,
-    health: Mutex<Vec<Health>>,
+    peers: RwLock<Arc<Vec<Peer>>>,
+    /// By region name, so a peer list that changes keeps what is known of each region.
+    health: Mutex<HashMap<String, Health>>,
+}
+
+/// Why `peers` cannot be `local`'s peer list: a peer that is this region, or one listed twice.
+fn peers_problem(local: &str, peers: &[Peer]) -> Option<String> {
+    for (i, p) in peers.iter().enumerate() {
+        if p.region == local {
+            return Some(format!("--peer-region {}: that is this frontend's own region", p.region));
+        }
+        if peers[..i].iter().any(|q| q.region == p.region) {
+            return Some(format!("--peer-region {}: listed twice", p.region));
+        }
+    }
+    None
 }
 
 impl Regions {
@@ -80,16 +109,22 @@ impl Regions {
         if let Some(p) = region_problem(&local) {
             return Err(format!("--region: {p}"));
         }
-        for (i, p) in peers.iter().enumerate() {
-            if p.region == local {
-                return Err(format!("--peer-region {}: that is this frontend's own region", p.region));
-            }
-            if peers[..i].iter().any(|q| q.region == p.region) {
-                return Err(format!("--peer-region {}: listed twice", p.region));
+        if let Some(p) = peers_problem(&local, &peers) {
+            return Err(p);
+        }
+        Ok(Regions { local, peers: RwLock::new(Arc::new(peers)), health: Mutex::default() })
+    }
+
+    /// Replace the peers (nearest first), as discovery found them: this region and repeats are left out; what is
+    /// known of a region's health stays.
+    pub fn set_peers(&self, found: Vec<Peer>) {
+        let mut peers: Vec<Peer> = Vec::with_capacity(found.len());
+        for p in found {
+            if p.region != self.local && !peers.iter().any(|q| q.region == p.region) {
+                peers.push(p);
             }
         }
-        let health = Mutex::new(vec![Health::default(); peers.len()]);
-        Ok(Regions { local, peers, health })
+        *write(&self.peers) = Arc::new(peers);
     }
 
     /// This frontend's region.
@@ -98,8 +133,8 @@ impl Regions {
     }
 
     /// The peers, nearest first.
-    pub fn peers(&self) -> &[Peer] {
-        &self.peers
+    pub fn peers(&self) -> Arc<Vec<Peer>> {
+        read(&self.peers).clone()
     }
 
     /// May a key bound to `bound` (empty: any region) be served here? The 403 names both sides.
@@ -119,14 +154,15 @@ impl Regions {
 
     /// Peers to try for a request, in order: the preferred region first when it is a peer, then the others by
     /// nearness; only those `bound` allows, and none that is backing off at `now`.
-    pub fn spill_order(&self, bound: &[String], preferred: Option<&str>, now: Instant) -> Vec<usize> {
+    pub fn spill_order(&self, bound: &[String], preferred: Option<&str>, now: Instant) -> Vec<Peer> {
+        let peers = self.peers();
         let health = lock(&self.health);
-        let allowed = |i: &usize| {
-            let p = &self.peers[*i];
-            (bound.is_empty() || bound.contains(&p.region)) && health[*i].down_until.is_none_or(|t| now >= t)
+        let allowed = |p: &&Peer| {
+            (bound.is_empty() || bound.contains(&p.region))
+                && health.get(&p.region).and_then(|h| h.down_until).is_none_or(|t| now >= t)
         };
-        let mut order: Vec<usize> = (0..self.peers.len()).filter(allowed).collect();
-        if let Some(pos) = preferred.and_then(|r| order.iter().position(|&i| self.peers[i].region == r)) {
+        let mut order: Vec<Peer> = peers.iter().filter(allowed).cloned().collect();
+        if let Some(pos) = preferred.and_then(|r| order.iter().position(|p| p.region == r)) {
             let first = order.remove(pos);
             order.insert(0, first);
         }
@@ -135,30 +171,30 @@ impl Regions {
 
     /// Whether `bound` shuts every peer out (a bound key that cannot spill gets the local answer).
     pub fn confined(&self, bound: &[String]) -> bool {
-        !bound.is_empty() && !self.peers.iter().any(|p| bound.contains(&p.region))
+        !bound.is_empty() && !self.peers().iter().any(|p| bound.contains(&p.region))
     }
 
-    /// Peer `i` failed at `now`: back off.
-    pub fn failed(&self, i: usize, now: Instant) {
+    /// `region` failed at `now`: back off.
+    pub fn failed(&self, region: &str, now: Instant) {
         let mut health = lock(&self.health);
-        let h = &mut health[i];
+        let h = health.entry(region.to_owned()).or_default();
         h.failures = h.failures.saturating_add(1);
         let backoff = FIRST_BACKOFF.saturating_mul(1 << (h.failures - 1).min(5)).min(MAX_BACKOFF);
         h.down_until = Some(now + backoff);
     }
 
-    /// Peer `i` answered: healthy again.
-    pub fn answered(&self, i: usize) {
-        lock(&self.health)[i] = Health::default();
+    /// `region` answered: healthy again.
+    pub fn answered(&self, region: &str) {
+        lock(&self.health).remove(region);
     }
 
-    /// Peers backing off at `now`, for metrics and readiness.
-    pub fn down(&self, now: Instant) -> Vec<&str> {
+    /// Peer regions backing off at `now`.
+    pub fn down(&self, now: Instant) -> Vec<String> {
         let health = lock(&self.health);
-        (0..self.peers.len())
-            .filter(|&i| health[i].down_until.is_some_and(|t| now < t))
-            .map(|i| self.peers[i].region.as_str())
-            .collect()
+        let mut down: Vec<String> =
+            health.iter().filter(|(_, h)| h.down_until.is_some_and(|t| now < t)).map(|(r, _)| r.clone()).collect();
+        down.sort();
+        down
     }
 }
 
@@ -186,6 +222,27 @@ mod tests {
     }
 
     #[test]
+    fn peers_from_consul_instances() {
+        let mut instance = zl_node::consul::catalog::Instance {
+            id: "fe-0".into(),
+            address: "10.1.2.3".into(),
+            port: 8443,
+            tags: vec![],
+            meta: [("scheme".to_owned(), "https".to_owned())].into(),
+            node: "n".into(),
+            passing: true,
+        };
+        let p = peer_from_instance("eu-central", &instance).unwrap();
+        assert_eq!((p.authority.as_str(), p.tls, p.url.as_str()), ("10.1.2.3:8443", true, "https://10.1.2.3:8443"));
+        instance.meta.clear();
+        instance.address = "::1".into();
+        assert_eq!(peer_from_instance("dc2", &instance).unwrap().url, "http://[::1]:8443");
+        assert!(peer_from_instance("DC2", &instance).is_none(), "not a region name");
+        instance.port = 0;
+        assert!(peer_from_instance("dc2", &instance).is_none());
+    }
+
+    #[test]
     fn residency() {
         let r = regions();
         assert!(r.admit("k", &[]).is_ok());
@@ -194,7 +251,8 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::Permission);
         assert!(e.message.contains("region b") && e.message.contains("this is region a"), "{}", e.message);
         let now = Instant::now();
-        assert_eq!(r.spill_order(&["a".into(), "c".into()], None, now), vec![1]);
+        let names = |v: Vec<Peer>| v.into_iter().map(|p| p.region).collect::<Vec<_>>();
+        assert_eq!(names(r.spill_order(&["a".into(), "c".into()], None, now)), ["c"]);
         assert!(r.spill_order(&["a".into()], None, now).is_empty());
         assert!(r.confined(&["a".into()]) && !r.confined(&[]) && !r.confined(&["c".into()]));
     }
@@ -202,25 +260,36 @@ mod tests {
     #[test]
     fn order_preference_and_backoff() {
         let r = regions();
+        let order = |bound: &[String], preferred: Option<&str>, now: Instant| {
+            r.spill_order(bound, preferred, now).into_iter().map(|p| p.region).collect::<Vec<_>>()
+        };
         let t0 = Instant::now();
-        assert_eq!(r.spill_order(&[], None, t0), vec![0, 1]);
-        assert_eq!(r.spill_order(&[], Some("c"), t0), vec![1, 0]);
-        assert_eq!(r.spill_order(&[], Some("zz"), t0), vec![0, 1]);
+        assert_eq!(order(&[], None, t0), ["b", "c"]);
+        assert_eq!(order(&[], Some("c"), t0), ["c", "b"]);
+        assert_eq!(order(&[], Some("zz"), t0), ["b", "c"]);
         // b fails: skipped for 1 s, then tried again; failing again doubles the wait.
-        r.failed(0, t0);
-        assert_eq!(r.spill_order(&[], None, t0), vec![1]);
-        assert_eq!(r.down(t0), vec!["b"]);
+        r.failed("b", t0);
+        assert_eq!(order(&[], None, t0), ["c"]);
+        assert_eq!(r.down(t0), ["b"]);
         let t1 = t0 + Duration::from_secs(1);
-        assert_eq!(r.spill_order(&[], None, t1), vec![0, 1]);
-        r.failed(0, t1);
-        assert_eq!(r.spill_order(&[], None, t1 + Duration::from_millis(1999)), vec![1]);
-        assert_eq!(r.spill_order(&[], None, t1 + Duration::from_secs(2)), vec![0, 1]);
+        assert_eq!(order(&[], None, t1), ["b", "c"]);
+        r.failed("b", t1);
+        assert_eq!(order(&[], None, t1 + Duration::from_millis(1999)), ["c"]);
+        assert_eq!(order(&[], None, t1 + Duration::from_secs(2)), ["b", "c"]);
         for _ in 0..10 {
-            r.failed(0, t1);
+            r.failed("b", t1);
         }
-        assert_eq!(r.spill_order(&[], None, t1 + MAX_BACKOFF - Duration::from_millis(1)), vec![1]);
-        assert_eq!(r.spill_order(&[], None, t1 + MAX_BACKOFF), vec![0, 1]);
-        r.answered(0);
+        assert_eq!(order(&[], None, t1 + MAX_BACKOFF - Duration::from_millis(1)), ["c"]);
+        assert_eq!(order(&[], None, t1 + MAX_BACKOFF), ["b", "c"]);
+        // A new peer list (from discovery) keeps b's backoff, drops this region and repeats.
+        let d = parse_peer("d=http://d:80").unwrap();
+        let a = parse_peer("a=http://self:80").unwrap();
+        let b = parse_peer("b=http://b2:80").unwrap();
+        r.set_peers(vec![d.clone(), a, b.clone(), d]);
+        assert_eq!(order(&[], None, t1), ["d"]);
+        assert_eq!(r.peers().iter().map(|p| p.authority.as_str()).collect::<Vec<_>>(), ["d:80", "b2:80"]);
+        r.answered("b");
         assert!(r.down(t1).is_empty());
+        assert_eq!(order(&[], None, t1), ["d", "b"]);
     }
 }

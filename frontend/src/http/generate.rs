@@ -198,28 +198,28 @@ pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -
         Err(f) => return failed::<D>(&app, &rid, started, &f),
     };
     let regions = &app.spill.regions;
-    let mut tried = Vec::new();
+    let mut tried: Vec<String> = Vec::new();
     if !hop && let Some(region) = preferred.as_deref().filter(|r| *r != regions.local()) {
         // The client prefers a peer region: ask it first, and serve here if it does not.
-        let order: Vec<usize> = regions
+        let order: Vec<_> = regions
             .spill_order(&received.key.regions, Some(region), Instant::now())
             .into_iter()
-            .filter(|&i| regions.peers()[i].region == region)
+            .filter(|p| p.region == region)
             .collect();
         if let Some(resp) = spill::forward(&app.spill, &order, &path, &headers, received.body.clone(), &rid).await {
             record(D::API, "-", resp.status().as_u16(), started);
             return resp;
         }
-        tried = order;
+        tried = order.into_iter().map(|p| p.region).collect();
     }
     match serve::<D>(&app, &received, &rid, started).await {
         Ok(resp) => resp,
         Err(f) if !hop && matches!(f.error.kind, ErrorKind::Overloaded | ErrorKind::NotFound) => {
             // This region cannot serve it now: the nearest healthy peer that the key may use, if any.
-            let order: Vec<usize> = regions
+            let order: Vec<_> = regions
                 .spill_order(&received.key.regions, None, Instant::now())
                 .into_iter()
-                .filter(|i| !tried.contains(i))
+                .filter(|p| !tried.contains(&p.region))
                 .collect();
             match spill::forward(&app.spill, &order, &path, &headers, received.body.clone(), &rid).await {
                 Some(resp) => {

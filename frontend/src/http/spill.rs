@@ -11,7 +11,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, Response};
 use http_body_util::Full;
 
-use crate::regions::Regions;
+use crate::regions::{Peer, Regions};
 
 /// The header that marks a forwarded request; its value counts the hops.
 pub const HOP_HEADER: &str = "x-zl-hop";
@@ -66,6 +66,45 @@ impl Default for Spill {
     }
 }
 
+/// How often the peer regions are read again from Consul.
+pub const CONSUL_PEERS_EVERY: Duration = Duration::from_secs(10);
+
+/// Follow the peer regions in Consul: every [`CONSUL_PEERS_EVERY`], the agent's other datacenters nearest first,
+/// each with a passing frontend, become the peers. When Consul cannot be read, the last list stays.
+pub async fn follow_consul_peers(client: zl_node::consul::ConsulClient, spill: Arc<Spill>) {
+    let mut failing = false;
+    loop {
+        match consul_peers(&client).await {
+            Ok(peers) => {
+                if failing || peers != *spill.regions.peers() {
+                    let names: Vec<&str> = peers.iter().map(|p| p.region.as_str()).collect();
+                    tracing::info!(peers = ?names, "peer regions from consul");
+                }
+                spill.regions.set_peers(peers);
+                failing = false;
+            }
+            Err(e) if !failing => {
+                tracing::warn!(error = %format!("{e:#}"), "cannot read the peer regions from consul; keeping the last");
+                failing = true;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(CONSUL_PEERS_EVERY).await;
+    }
+}
+
+async fn consul_peers(client: &zl_node::consul::ConsulClient) -> anyhow::Result<Vec<Peer>> {
+    let mut peers = Vec::new();
+    for dc in client.datacenters().await? {
+        let mut frontends = client.passing_in(zl_node::consul::catalog::FRONTEND_SERVICE, &dc).await?;
+        frontends.sort_by(|a, b| a.id.cmp(&b.id));
+        if let Some(peer) = frontends.iter().find_map(|i| crate::regions::peer_from_instance(&dc, i)) {
+            peers.push(peer);
+        }
+    }
+    Ok(peers)
+}
+
 /// Whether `headers` mark a request that already crossed a region boundary.
 pub fn is_hop(headers: &HeaderMap) -> bool {
     headers.contains_key(HOP_HEADER)
@@ -92,16 +131,15 @@ enum Outcome {
 /// Forward `body` (a request to `path` with the client's `headers`) to the peers in `order`, until one serves it.
 pub async fn forward(
     spill: &Arc<Spill>,
-    order: &[usize],
+    order: &[Peer],
     path: &str,
     headers: &HeaderMap,
     body: Bytes,
     rid: &str,
 ) -> Option<Response<Body>> {
-    for &i in order {
-        let peer = &spill.regions.peers()[i];
+    for peer in order {
         let started = Instant::now();
-        let outcome = attempt(spill, i, path, headers, body.clone(), rid).await;
+        let outcome = attempt(spill, peer, path, headers, body.clone(), rid).await;
         let result = match &outcome {
             Outcome::Served(_) => "served",
             Outcome::Declined(_) => "declined",
@@ -112,16 +150,16 @@ pub async fn forward(
             .record(started.elapsed().as_secs_f64());
         match outcome {
             Outcome::Served(resp) => {
-                spill.regions.answered(i);
+                spill.regions.answered(&peer.region);
                 tracing::info!(request_id = rid, region = %peer.region, "served by a peer region");
                 return Some(resp);
             }
             Outcome::Declined(status) => {
-                spill.regions.answered(i);
+                spill.regions.answered(&peer.region);
                 tracing::info!(request_id = rid, region = %peer.region, status, "the peer region declined");
             }
             Outcome::Failed(why) => {
-                spill.regions.failed(i, Instant::now());
+                spill.regions.failed(&peer.region, Instant::now());
                 tracing::warn!(request_id = rid, region = %peer.region, error = %why, "the peer region failed; backing off");
             }
         }
@@ -129,8 +167,7 @@ pub async fn forward(
     None
 }
 
-async fn attempt(spill: &Spill, i: usize, path: &str, headers: &HeaderMap, body: Bytes, rid: &str) -> Outcome {
-    let peer = &spill.regions.peers()[i];
+async fn attempt(spill: &Spill, peer: &Peer, path: &str, headers: &HeaderMap, body: Bytes, rid: &str) -> Outcome {
     let tls = match (peer.tls, &spill.tls) {
         (false, _) => None,
         (true, Some(tls)) => Some(tls),

@@ -79,6 +79,27 @@ impl ConsulClient {
         self.expect_ok("PUT", &format!("/v1/agent/service/deregister/{}", escape(service_id)), Vec::new()).await
     }
 
+    /// The datacenters the agent knows, nearest first (Consul sorts them by estimated round-trip time from its
+    /// servers: its own comes first).
+    pub async fn datacenters(&self) -> Result<Vec<String>> {
+        let (status, _, body) = self.call("GET", "/v1/catalog/datacenters", Vec::new(), CALL_TIMEOUT).await?;
+        if status != 200 {
+            bail!("consul answered {status} to GET /v1/catalog/datacenters: {}", String::from_utf8_lossy(&body));
+        }
+        let dcs: Vec<String> = serde_json::from_slice(&body).context("consul's datacenter list")?;
+        Ok(dcs)
+    }
+
+    /// The passing instances of `service` in datacenter `dc` (one plain query, no blocking).
+    pub async fn passing_in(&self, service: &str, dc: &str) -> Result<Vec<Instance>> {
+        let path = format!("/v1/health/service/{}?passing&dc={}", escape(service), escape(dc));
+        let (status, _, body) = self.call("GET", &path, Vec::new(), CALL_TIMEOUT).await?;
+        if status != 200 {
+            bail!("consul answered {status} to GET {path}: {}", String::from_utf8_lossy(&body));
+        }
+        Ok(parse_health(&body)?)
+    }
+
     /// The instances of `service` (only those whose every check passes when `passing_only`: `?passing`), as a
     /// blocking query on `index` (which it advances) waiting up to `wait` for a change. On an error the index is
     /// forgotten, so the next call is a full list.
