@@ -113,6 +113,10 @@ fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
     drop(b);
     let r = ask(a.http, KEY, false, &[("x-zl-region", "b")]);
     assert_eq!((r.status, region(&r)), (200, "a"), "{}", r.body);
+    // /readyz shows the region, its peers and the one backing off.
+    let (_, ready) = zl_e2e::http(a.http, "GET", "/readyz", &[], "").unwrap();
+    let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(ready["region"], serde_json::json!({"local": "a", "peers": ["b"], "backing_off": ["b"]}), "{ready}");
 }
 
 /// Start `zl up` as region `region` through the Consul agent at `consul`, with `env`; waits until it serves.

@@ -3,7 +3,7 @@
 //! `http/spill.rs`.
 //!
 //! - A key bound to regions is served only by frontends of those regions ([`Regions::admit`]) and never spills
-//!   outside them ([`Regions::spill_order`]).
+//!   outside them ([`Regions::spill_order`]); with no peer inside them, it gets this region's own answer.
 //! - A peer that failed (no connection, a 5xx) is skipped for a backoff that doubles from 1 s to 30 s with each
 //!   failure in a row; after it, one request tries it again. A dead region thus costs one failed attempt per
 //!   backoff, not one per request.
@@ -169,11 +169,6 @@ impl Regions {
         order
     }
 
-    /// Whether `bound` shuts every peer out (a bound key that cannot spill gets the local answer).
-    pub fn confined(&self, bound: &[String]) -> bool {
-        !bound.is_empty() && !self.peers().iter().any(|p| bound.contains(&p.region))
-    }
-
     /// `region` failed at `now`: back off.
     pub fn failed(&self, region: &str, now: Instant) {
         let mut health = lock(&self.health);
@@ -188,7 +183,7 @@ impl Regions {
         lock(&self.health).remove(region);
     }
 
-    /// Peer regions backing off at `now`.
+    /// Peer regions backing off at `now` (`/readyz` shows them).
     pub fn down(&self, now: Instant) -> Vec<String> {
         let health = lock(&self.health);
         let mut down: Vec<String> =
@@ -254,7 +249,6 @@ mod tests {
         let names = |v: Vec<Peer>| v.into_iter().map(|p| p.region).collect::<Vec<_>>();
         assert_eq!(names(r.spill_order(&["a".into(), "c".into()], None, now)), ["c"]);
         assert!(r.spill_order(&["a".into()], None, now).is_empty());
-        assert!(r.confined(&["a".into()]) && !r.confined(&[]) && !r.confined(&["c".into()]));
     }
 
     #[test]

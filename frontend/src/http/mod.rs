@@ -201,6 +201,10 @@ async fn readyz(State(app): State<App>) -> Response {
             "last_error": d.last_error,
         });
     }
+    let regions = &app.spill.regions;
+    let peer_list = regions.peers();
+    let peers: Vec<&str> = peer_list.iter().map(|p| p.region.as_str()).collect();
+    body["region"] = json!({"local": regions.local(), "peers": peers, "backing_off": regions.down(now)});
     let mut resp = (status, axum::Json(body)).into_response();
     set(resp.headers_mut(), "x-zl-health", cluster.health(now));
     resp
