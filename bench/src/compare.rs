@@ -111,10 +111,7 @@ pub fn plots(reports: &[&Report], dir: &Path) -> Result<Vec<PathBuf>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::Shape;
     use crate::record::Record;
-    use crate::report::{FORMAT, LevelResult};
-    use crate::stats::{Targets, summarize};
 
     fn report(label: &str, ttft: f64) -> Report {
         let records: Vec<Record> = (0..3)
@@ -126,20 +123,7 @@ mod tests {
                 ..Record::default()
             })
             .collect();
-        Report {
-            format: FORMAT,
-            label: label.into(),
-            url: "u".into(),
-            api: "anthropic".into(),
-            model: "m".into(),
-            workload: "w".into(),
-            started_unix_s: 0,
-            levels: vec![LevelResult {
-                shape: Shape::Closed { clients: 2 },
-                summary: summarize(&records, Targets::default()),
-                records,
-            }],
-        }
+        crate::report::test_report(label, vec![(2, records)])
     }
 
     #[test]

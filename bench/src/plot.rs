@@ -245,10 +245,7 @@ pub fn ttft_p90(reports: &[&Report]) -> Chart {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::load::Shape;
     use crate::record::Record;
-    use crate::report::{FORMAT, LevelResult};
-    use crate::stats::{Targets, summarize};
 
     fn report(label: &str) -> Report {
         let level = |clients: usize, ttft: f64| {
@@ -262,18 +259,9 @@ mod tests {
                     ..Record::default()
                 })
                 .collect();
-            LevelResult { shape: Shape::Closed { clients }, summary: summarize(&records, Targets::default()), records }
+            (clients, records)
         };
-        Report {
-            format: FORMAT,
-            label: label.into(),
-            url: "http://x".into(),
-            api: "anthropic".into(),
-            model: "m".into(),
-            workload: "w".into(),
-            started_unix_s: 0,
-            levels: vec![level(1, 0.1), level(4, 0.3)],
-        }
+        crate::report::test_report(label, vec![level(1, 0.1), level(4, 0.3)])
     }
 
     #[test]

@@ -124,6 +124,29 @@ pub fn table(report: &Report) -> String {
     out
 }
 
+/// A report of closed-loop levels (`clients`, records) for tests, figures computed without targets.
+#[cfg(test)]
+pub(crate) fn test_report(label: &str, levels: Vec<(usize, Vec<Record>)>) -> Report {
+    use crate::stats::{Targets, summarize};
+    Report {
+        format: FORMAT,
+        label: label.into(),
+        url: format!("http://{label}"),
+        api: "anthropic".into(),
+        model: "m".into(),
+        workload: "w".into(),
+        started_unix_s: 0,
+        levels: levels
+            .into_iter()
+            .map(|(clients, records)| LevelResult {
+                shape: Shape::Closed { clients },
+                summary: summarize(&records, Targets::default()),
+                records,
+            })
+            .collect(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
