@@ -10,3 +10,4 @@ pub mod keys;
 pub mod region;
 pub mod rng;
 pub mod sync;
+pub mod trace;

@@ -27,6 +27,7 @@ fn route_request(model: &str) -> Message {
         hint: RouteHint::None,
         input_semantic_weight: 0.4,
         excluded_workers: vec![],
+        trace_id: String::new(),
     })
 }
 

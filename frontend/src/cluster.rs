@@ -199,6 +199,7 @@ impl Cluster {
             hint: Default::default(),
             input_semantic_weight: 0.0,
             excluded_workers: vec![],
+            trace_id: String::new(),
         };
         let decision = upstream.route(probe).await.map_err(|e| {
             let err = ApiError::from_call(&e, "routing");

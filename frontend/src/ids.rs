@@ -4,7 +4,20 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// `prefix` and `len` random alphanumerics from the OS's generator.
 pub fn random_id(prefix: &str, len: usize) -> String {
-    const ALPHABET: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+    random_from(prefix, len, b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+}
+
+/// `len` random lowercase hex characters, never all zero (W3C trace and span ids).
+pub fn random_hex(len: usize) -> String {
+    loop {
+        let id = random_from("", len, b"0123456789abcdef");
+        if id.bytes().any(|b| b != b'0') {
+            return id;
+        }
+    }
+}
+
+fn random_from(prefix: &str, len: usize, alphabet: &[u8]) -> String {
     let mut bytes = vec![0u8; len];
     let rng = ring::rand::SystemRandom::new();
     if ring::rand::SecureRandom::fill(&rng, &mut bytes).is_err() {
@@ -14,7 +27,7 @@ pub fn random_id(prefix: &str, len: usize) -> String {
     }
     let mut id = String::with_capacity(prefix.len() + len);
     id.push_str(prefix);
-    id.extend(bytes.iter().map(|b| ALPHABET[usize::from(*b) % ALPHABET.len()] as char));
+    id.extend(bytes.iter().map(|b| alphabet[usize::from(*b) % alphabet.len()] as char));
     id
 }
 

@@ -19,11 +19,13 @@ use anyhow::{Context, Result};
 use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::{NodeFiles, TlsIdentity};
 
-/// Start a tier binary: install the one TLS crypto provider, log to stderr (filter: `ZL_LOG`), and parse the
-/// command line with the config file of `serve` (if any) layered under flags and `ZL_*` variables.
+/// Start a tier binary: install the one TLS crypto provider, log to stderr (filter: `ZL_LOG`; colours only on a
+/// terminal, so log files and collectors get plain text), and parse the command line with the config file of
+/// `serve` (if any) layered under flags and `ZL_*` variables.
 pub fn start<C: clap::Parser>() -> Result<C> {
     zl_proto::tls::install_default_provider();
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG")).init();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG")).with_ansi(ansi).init();
     let argv = config::expand(&C::command(), "serve", std::env::args_os().collect())?;
     Ok(C::parse_from(argv))
 }

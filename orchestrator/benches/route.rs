@@ -86,6 +86,7 @@ fn main() {
                     hint: RouteHint::None,
                     input_semantic_weight: 0.5,
                     excluded_workers: vec![],
+                    trace_id: String::new(),
                 };
                 let t = Instant::now();
                 let decision = decide(&state, &load, &request, policy.as_ref(), now, &mut scratch);

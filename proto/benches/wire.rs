@@ -110,6 +110,7 @@ async fn quic(calls: usize, frames: u32) {
             hint: Default::default(),
             input_semantic_weight: 0.5,
             excluded_workers: vec![],
+            trace_id: String::new(),
         })
     };
     for i in 0..100 {

@@ -135,6 +135,7 @@ fn route(request_id: &str) -> Message {
         hint: Default::default(),
         input_semantic_weight: 0.5,
         excluded_workers: vec![],
+        trace_id: String::new(),
     })
 }
 

@@ -182,6 +182,7 @@ impl WorkerService {
                 other => WireError::new(ErrorCode::InvalidRequest, other.to_string()),
             })?;
         let send_err = |e: zl_proto::CallError| WireError::new(ErrorCode::Cancelled, e.to_string());
+        tracing::debug!("admitted");
         if g.stream {
             // Admitted: an empty chunk says so at once, so the caller can answer its client (headers, the first
             // event) while a long prompt is still being computed.
@@ -231,6 +232,7 @@ impl WorkerService {
                         },
                     };
                     out.send(Message::Finish(finish)).await.map_err(send_err)?;
+                    tracing::debug!(input_tokens, output_tokens, cached_input_tokens, reason = ?reason, "finished");
                     return Ok(());
                 }
             }
@@ -242,7 +244,16 @@ impl WorkerService {
 impl Handler for WorkerService {
     async fn call(&self, _ctx: CallContext, request: Message, out: &mut Responder) -> Result<(), WireError> {
         match request {
-            Message::GenerateRequest(g) => self.generate(g, out).await,
+            Message::GenerateRequest(g) => {
+                // One span per generation: its request and trace ids are on every log line it writes.
+                let span = tracing::debug_span!(
+                    "generate",
+                    request_id = %g.request_id,
+                    trace_id = %zl_common::trace::trace_id_of(&g.trace_id),
+                    model = %g.model,
+                );
+                tracing::Instrument::instrument(self.generate(g, out), span).await
+            }
             Message::ModelCardRequest(r) => {
                 let card = self.card(&r.model)?;
                 out.send(Message::ModelCard((*card).clone()))

@@ -147,6 +147,9 @@ pub struct RequestOptions {
     /// `x-zl-streaming-predicted: true|false`: predictive streaming asked for or refused; absent, the worker's
     /// default.
     pub streaming_predicted: Option<bool>,
+    /// W3C `traceparent` of this frontend's span (the HTTP layer sets it), carried to the orchestrator and the
+    /// worker; empty for none.
+    pub traceparent: String,
 }
 
 impl RequestOptions {
@@ -180,7 +183,13 @@ impl RequestOptions {
                 )));
             }
         };
-        Ok(RequestOptions { bypass_cache, hint, streaming_predicted })
+        let traceparent = text("traceparent").filter(|t| zl_common::trace::TraceContext::parse(t).is_some());
+        Ok(RequestOptions {
+            bypass_cache,
+            hint,
+            streaming_predicted,
+            traceparent: traceparent.unwrap_or_default().to_owned(),
+        })
     }
 }
 
@@ -520,6 +529,7 @@ impl Gateway {
                 hint: opts.hint,
                 input_semantic_weight,
                 excluded_workers: excluded.clone(),
+                trace_id: opts.traceparent.clone(),
             };
             let t0 = Instant::now();
             let decision = self.upstream.route(route).await.map_err(|e| {
@@ -528,9 +538,10 @@ impl Gateway {
             })?;
             route_time += t0.elapsed();
             metrics::histogram!("zl_frontend_route_seconds").record(t0.elapsed().as_secs_f64());
+            tracing::debug!(worker = %decision.worker_id, route_ms = t0.elapsed().as_secs_f64() * 1e3, "routed");
             let request = GenerateRequest {
                 request_id: request_id.to_owned(),
-                trace_id: String::new(),
+                trace_id: opts.traceparent.clone(),
                 model: decision.model.clone(),
                 prompt: Prompt::Tokens(p.tokens.clone()),
                 sampling: SamplingParams {

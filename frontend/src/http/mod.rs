@@ -24,9 +24,10 @@ pub use server::{serve, tls_config};
 use crate::anthropic::Messages;
 use crate::error::{ApiError, ErrorFormat, ErrorKind, Failure};
 use crate::gateway::{CacheStatus, Gateway, Meta};
-use crate::ids::random_id;
+use crate::ids::{random_hex, random_id};
 use crate::limits::{Figures, RateFigures};
 use crate::openai::ChatCompletions;
+use zl_common::trace::TraceContext;
 
 /// Anthropic's request size limit.
 pub const DEFAULT_BODY_LIMIT: usize = 32 * 1024 * 1024;
@@ -74,10 +75,23 @@ pub struct RequestId(pub String);
 async fn with_request_id(State(app): State<App>, mut req: Request, next: axum::middleware::Next) -> Response {
     let id = spill::forwarded_id(req.headers()).unwrap_or_else(|| random_id("req_", 24));
     req.extensions_mut().insert(RequestId(id.clone()));
-    let span = tracing::info_span!("request", request_id = %id, method = %req.method(), path = %req.uri().path());
+    // The client's trace (W3C traceparent), or a new one; this frontend's span becomes the parent of the calls to the
+    // orchestrator and the worker (the handlers read the rewritten header).
+    let caller = req.headers().get("traceparent").and_then(|v| v.to_str().ok()).and_then(TraceContext::parse);
+    let trace = match caller {
+        Some(t) => t.child(random_hex(16)),
+        None => TraceContext { trace_id: random_hex(32), span_id: random_hex(16), flags: 1 },
+    };
+    if let Ok(v) = HeaderValue::from_str(&trace.header()) {
+        req.headers_mut().insert("traceparent", v);
+    }
+    let span = tracing::info_span!("request", request_id = %id, trace_id = %trace.trace_id, method = %req.method(), path = %req.uri().path());
     let mut resp = tracing::Instrument::instrument(next.run(req), span).await;
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert("request-id", v);
+    }
+    if let Ok(v) = HeaderValue::from_str(&trace.trace_id) {
+        resp.headers_mut().insert("x-zl-trace-id", v);
     }
     if !resp.headers().contains_key(spill::REGION_HEADER)
         && let Ok(v) = HeaderValue::from_str(app.spill.regions.local())

@@ -40,6 +40,7 @@ const FORWARDED: &[&str] = &[
     "x-zl-streaming-predicted",
     "openai-organization",
     "openai-project",
+    "traceparent",
 ];
 
 /// Response headers that belong to one connection and are not passed on.

@@ -66,7 +66,18 @@ impl Handler for Orchestrator {
                 if !matches!(ctx.peer.role, Role::Frontend | Role::Admin) {
                     return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends ask for routes"));
                 }
-                Message::RouteDecision(self.route(&r).map_err(|e| route_error(&e))?)
+                let span = tracing::debug_span!(
+                    "route",
+                    request_id = %r.request_id,
+                    trace_id = %zl_common::trace::trace_id_of(&r.trace_id),
+                );
+                let _entered = span.enter();
+                let decision = self.route(&r).map_err(|e| {
+                    tracing::debug!(error = %e, "no route");
+                    route_error(&e)
+                })?;
+                tracing::debug!(worker = %decision.worker_id, reason = %decision.reason, "routed");
+                Message::RouteDecision(decision)
             }
             Message::StateSyncRequest(r) => {
                 if !matches!(ctx.peer.role, Role::Frontend | Role::Admin) {

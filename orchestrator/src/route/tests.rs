@@ -95,6 +95,7 @@ fn req(model: &str) -> RouteRequest {
         hint: RouteHint::None,
         input_semantic_weight: 0.5,
         excluded_workers: vec![],
+        trace_id: String::new(),
     }
 }
 

@@ -1717,6 +1717,7 @@ impl<'a> RouteRequest<'a> {
   pub const VT_HINT: ::flatbuffers::VOffsetT = 16;
   pub const VT_INPUT_SEMANTIC_WEIGHT: ::flatbuffers::VOffsetT = 18;
   pub const VT_EXCLUDED_WORKERS: ::flatbuffers::VOffsetT = 20;
+  pub const VT_TRACE_ID: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1728,6 +1729,7 @@ impl<'a> RouteRequest<'a> {
     args: &'args RouteRequestArgs<'args>
   ) -> ::flatbuffers::WIPOffset<RouteRequest<'bldr>> {
     let mut builder = RouteRequestBuilder::new(_fbb);
+    if let Some(x) = args.trace_id { builder.add_trace_id(x); }
     if let Some(x) = args.excluded_workers { builder.add_excluded_workers(x); }
     builder.add_input_semantic_weight(args.input_semantic_weight);
     if let Some(x) = args.session_id { builder.add_session_id(x); }
@@ -1813,6 +1815,14 @@ impl<'a> RouteRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(RouteRequest::VT_EXCLUDED_WORKERS, None)}
   }
+  /// W3C traceparent of the caller's span, empty for none.
+  #[inline]
+  pub fn trace_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(RouteRequest::VT_TRACE_ID, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for RouteRequest<'_> {
@@ -1830,6 +1840,7 @@ impl ::flatbuffers::Verifiable for RouteRequest<'_> {
      .visit_field::<RouteHint>("hint", Self::VT_HINT, false)?
      .visit_field::<f32>("input_semantic_weight", Self::VT_INPUT_SEMANTIC_WEIGHT, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("excluded_workers", Self::VT_EXCLUDED_WORKERS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("trace_id", Self::VT_TRACE_ID, false)?
      .finish();
     Ok(())
   }
@@ -1844,6 +1855,7 @@ pub struct RouteRequestArgs<'a> {
     pub hint: RouteHint,
     pub input_semantic_weight: f32,
     pub excluded_workers: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
+    pub trace_id: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for RouteRequestArgs<'a> {
   #[inline]
@@ -1858,6 +1870,7 @@ impl<'a> Default for RouteRequestArgs<'a> {
       hint: RouteHint::None,
       input_semantic_weight: 0.0,
       excluded_workers: None,
+      trace_id: None,
     }
   }
 }
@@ -1904,6 +1917,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> RouteRequestBuilder<'a, 'b, A
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(RouteRequest::VT_EXCLUDED_WORKERS, excluded_workers);
   }
   #[inline]
+  pub fn add_trace_id(&mut self, trace_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(RouteRequest::VT_TRACE_ID, trace_id);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> RouteRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     RouteRequestBuilder {
@@ -1932,6 +1949,7 @@ impl ::core::fmt::Debug for RouteRequest<'_> {
       ds.field("hint", &self.hint());
       ds.field("input_semantic_weight", &self.input_semantic_weight());
       ds.field("excluded_workers", &self.excluded_workers());
+      ds.field("trace_id", &self.trace_id());
       ds.finish()
   }
 }

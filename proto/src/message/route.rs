@@ -60,6 +60,8 @@ pub struct RouteRequest {
     pub input_semantic_weight: f32,
     /// Workers that already failed this request.
     pub excluded_workers: Vec<NodeId>,
+    /// W3C traceparent of the caller's span; empty for none.
+    pub trace_id: String,
 }
 
 impl RouteRequest {
@@ -70,6 +72,7 @@ impl RouteRequest {
             check::text("RouteRequest.session_id", session, 1, check::MAX_ID_LEN)?;
         }
         check::range("RouteRequest.input_semantic_weight", self.input_semantic_weight, 0.0, 1.0)?;
+        check::text("RouteRequest.trace_id", &self.trace_id, 0, check::MAX_ID_LEN)?;
         check::count("RouteRequest.excluded_workers", self.excluded_workers.len(), check::MAX_EXCLUDED_WORKERS)
     }
 
@@ -80,6 +83,7 @@ impl RouteRequest {
         let session_id = self.session_id.as_deref().map(|s| fbb.create_string(s));
         let excluded: Vec<_> = self.excluded_workers.iter().map(|w| fbb.create_string(w.as_str())).collect();
         let excluded = fbb.create_vector(&excluded);
+        let trace_id = (!self.trace_id.is_empty()).then(|| fbb.create_string(&self.trace_id));
         fb::RouteRequest::create(
             fbb,
             &fb::RouteRequestArgs {
@@ -92,6 +96,7 @@ impl RouteRequest {
                 hint: self.hint.to_wire(),
                 input_semantic_weight: self.input_semantic_weight,
                 excluded_workers: Some(excluded),
+                trace_id,
             },
         )
     }
@@ -112,6 +117,7 @@ impl RouteRequest {
                 .iter()
                 .map(|w| NodeId::read("RouteRequest.excluded_workers", w))
                 .collect::<Result<_, _>>()?,
+            trace_id: t.trace_id().unwrap_or_default().to_owned(),
         };
         msg.check()?;
         Ok(msg)
