@@ -79,6 +79,71 @@ fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
     let r = ask(a.http, KEY, false, &[("x-zl-region", "b")]);
     assert_eq!((r.status, region(&r)), (200, "b"), "{}", r.body);
 
+    // Over HTTPS: b gets a frontend with a public certificate for localhost (from a CA of its own), a gets a
+    // frontend whose peer b is that one (https, --peer-ca-file); the hop and `zl bench --ca-file` both verify it.
+    let public = tempfile::tempdir().unwrap();
+    let pub_dir = public.path().to_str().unwrap();
+    assert!(zl_e2e::zl(&["certs", "init", "--out", pub_dir]).status.success());
+    let issued = zl_e2e::zl(&[
+        "certs",
+        "issue",
+        "--ca-dir",
+        pub_dir,
+        "--role",
+        "frontend",
+        "--node-id",
+        "api",
+        "--san",
+        "localhost",
+    ]);
+    assert!(issued.status.success(), "{}", String::from_utf8_lossy(&issued.stderr));
+    let (cert, key, ca) =
+        (public.path().join("frontend-api.pem"), public.path().join("frontend-api.key"), public.path().join("ca.pem"));
+    let (_b_https, b_https) = zl_e2e::start_frontend_args(
+        dir_b.path(),
+        "fe-0",
+        &[b.orch.quic],
+        &["--region", "b", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+    );
+    let peer_https = format!("b=https://localhost:{}", b_https.port());
+    let (_a_https, a_https) = zl_e2e::start_frontend_args(
+        dir_a.path(),
+        "fe-0",
+        &[a.orch.quic],
+        &["--region", "a", "--peer-region", &peer_https, "--peer-ca-file", ca.to_str().unwrap()],
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while zl_e2e::http(a_https, "GET", "/healthz", &[], "").is_none() {
+        assert!(Instant::now() < deadline, "the second frontend of a never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    until(
+        "a spills to b over https",
+        || ask(a_https, KEY, true, &[("x-zl-region", "b")]),
+        |r| r.status == 200 && region(r) == "b" && r.body.contains("message_stop"),
+    );
+    let out = public.path().join("bench");
+    let run = zl_e2e::zl(&[
+        "bench",
+        "--url",
+        &format!("https://localhost:{}", b_https.port()),
+        "--ca-file",
+        ca.to_str().unwrap(),
+        "--api-key",
+        KEY,
+        "--model",
+        MODEL,
+        "--requests",
+        "2",
+        "--output-tokens",
+        "4",
+        "--quiet",
+        "--no-plots",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+
     // a loses its only worker: requests at a are served by b, streamed through, without a client error.
     let wa = a.workers[0].take().unwrap();
     let (wa_quic, wa_metrics) = (wa.quic, wa.metrics);
