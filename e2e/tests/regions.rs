@@ -161,6 +161,14 @@ fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
             }
         }
     }
+    // The hops reused their connections to b (a connection goes back to the pool when its answer has been read).
+    let (_, scrape) = zl_e2e::http(a.http, "GET", "/metrics", &[], "").unwrap();
+    let reused: f64 = scrape
+        .lines()
+        .filter(|l| l.starts_with("zl_frontend_spill_connections_total{") && l.contains("reused=\"true\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(reused >= 1.0, "no spilled request reused a connection:\n{scrape}");
     // A key bound to a does not leave: a's own 529.
     let r = ask(a.http, BOUND_A, false, &[]);
     assert_eq!(r.status, 529, "{}", r.body);

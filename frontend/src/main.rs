@@ -159,7 +159,7 @@ fn spill(args: &ServeArgs) -> Result<Spill> {
             Some(tokio_rustls::TlsConnector::from(Arc::new(config)))
         }
     };
-    Ok(Spill { regions: regions(args)?, tls })
+    Ok(Spill { regions: regions(args)?, tls, pool: Arc::default() })
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {

@@ -5,6 +5,7 @@
 mod generate;
 mod keep_alive;
 mod models;
+pub mod peer_pool;
 mod server;
 pub mod spill;
 

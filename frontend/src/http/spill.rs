@@ -11,6 +11,7 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderValue, Response};
 use http_body_util::Full;
 
+use super::peer_pool::{PeerPool, Returning};
 use crate::regions::{Peer, Regions};
 
 /// The header that marks a forwarded request; its value counts the hops.
@@ -52,6 +53,8 @@ pub struct Spill {
     pub regions: Regions,
     /// TLS for https peers (the CA of `--peer-ca-file`).
     pub tls: Option<tokio_rustls::TlsConnector>,
+    /// Idle connections to the peers.
+    pub pool: Arc<PeerPool>,
 }
 
 impl std::fmt::Debug for Spill {
@@ -63,7 +66,7 @@ impl std::fmt::Debug for Spill {
 impl Default for Spill {
     fn default() -> Self {
         let regions = Regions::new(zl_common::region::DEFAULT_REGION.into(), vec![]).unwrap_or_else(|_| unreachable!());
-        Spill { regions, tls: None }
+        Spill { regions, tls: None, pool: Arc::default() }
     }
 }
 
@@ -174,32 +177,58 @@ async fn attempt(spill: &Spill, peer: &Peer, path: &str, headers: &HeaderMap, bo
         (true, Some(tls)) => Some(tls),
         (true, None) => return Outcome::Failed("an https peer needs --peer-ca-file".into()),
     };
-    let mut req = hyper::Request::post(path).header("host", &peer.authority);
-    for name in FORWARDED {
-        if let Some(v) = headers.get(*name) {
-            req = req.header(*name, v);
+    let request = || {
+        let mut req = hyper::Request::post(path).header("host", &peer.authority);
+        for name in FORWARDED {
+            if let Some(v) = headers.get(*name) {
+                req = req.header(*name, v);
+            }
+        }
+        req.header(HOP_HEADER, "1")
+            .header(FORWARDED_ID_HEADER, rid)
+            .header("x-zl-from-region", spill.regions.local())
+            .body(Full::new(body.clone()))
+            .map_err(|e| format!("building the request: {e}"))
+    };
+    // A pooled connection first; if the peer closed it meanwhile, a fresh one (a stale connection is not the
+    // peer's failure).
+    let mut answered = None;
+    if let Some(mut sender) = spill.pool.take(&peer.authority)
+        && sender.ready().await.is_ok()
+    {
+        let req = match request() {
+            Ok(r) => r,
+            Err(e) => return Outcome::Failed(e),
+        };
+        if let Ok(Ok(resp)) = tokio::time::timeout(HEAD_TIMEOUT, sender.send_request(req)).await {
+            metrics::counter!("zl_frontend_spill_connections_total", "region" => peer.region.clone(), "reused" => "true")
+                .increment(1);
+            answered = Some((resp, sender));
         }
     }
-    let req = req
-        .header(HOP_HEADER, "1")
-        .header(FORWARDED_ID_HEADER, rid)
-        .header("x-zl-from-region", spill.regions.local())
-        .body(Full::new(body));
-    let req = match req {
-        Ok(r) => r,
-        Err(e) => return Outcome::Failed(format!("building the request: {e}")),
-    };
-    let mut sender =
-        match tokio::time::timeout(CONNECT_TIMEOUT, zl_node::http_client::connect(&peer.authority, tls)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Outcome::Failed(format!("{e:#}")),
-            Err(_) => return Outcome::Failed(format!("no connection within {CONNECT_TIMEOUT:?}")),
+    let (resp, sender) =
+        match answered {
+            Some(a) => a,
+            None => {
+                let mut sender =
+                    match tokio::time::timeout(CONNECT_TIMEOUT, zl_node::http_client::connect(&peer.authority, tls))
+                        .await
+                    {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => return Outcome::Failed(format!("{e:#}")),
+                        Err(_) => return Outcome::Failed(format!("no connection within {CONNECT_TIMEOUT:?}")),
+                    };
+                let req = match request() {
+                    Ok(r) => r,
+                    Err(e) => return Outcome::Failed(e),
+                };
+                match tokio::time::timeout(HEAD_TIMEOUT, sender.send_request(req)).await {
+                    Ok(Ok(r)) => (r, sender),
+                    Ok(Err(e)) => return Outcome::Failed(e.to_string()),
+                    Err(_) => return Outcome::Failed(format!("no answer within {HEAD_TIMEOUT:?}")),
+                }
+            }
         };
-    let resp = match tokio::time::timeout(HEAD_TIMEOUT, sender.send_request(req)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => return Outcome::Failed(e.to_string()),
-        Err(_) => return Outcome::Failed(format!("no answer within {HEAD_TIMEOUT:?}")),
-    };
     let status = resp.status();
     if status.is_server_error() && status.as_u16() != 529 {
         return Outcome::Failed(format!("it answered {status}"));
@@ -208,7 +237,8 @@ async fn attempt(spill: &Spill, peer: &Peer, path: &str, headers: &HeaderMap, bo
         return Outcome::Declined(status.as_u16());
     }
     let (parts, incoming) = resp.into_parts();
-    let mut out = Response::new(Body::new(incoming));
+    let body = Returning::new(incoming, spill.pool.clone(), peer.authority.clone(), sender);
+    let mut out = Response::new(Body::new(body));
     *out.status_mut() = parts.status;
     for (name, value) in &parts.headers {
         if !HOP_BY_HOP.contains(&name.as_str()) {
