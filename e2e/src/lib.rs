@@ -69,6 +69,34 @@ pub fn wait_up(
     }
 }
 
+/// Start `zl up` with its data dir at `dir/name`, a free HTTP port, API key `key`, more `args` and `env`; its
+/// stderr goes to `dir/name.err`. Waits (bounded) until it serves; the process, its HTTP address and its
+/// `cluster.json`.
+pub fn zl_up(
+    dir: &std::path::Path,
+    name: &str,
+    key: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (Proc, std::net::SocketAddr, serde_json::Value) {
+    let data = dir.join(name);
+    let http = free_tcp();
+    let stderr = std::fs::File::create(dir.join(format!("{name}.err"))).expect("zl up's stderr file");
+    let child = Command::new(bin("zl"))
+        .args(["up", "--data-dir", data.to_str().expect("a UTF-8 path"), "--http-addr", &http.to_string()])
+        .args(["--api-key", key])
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("zl up could not be started");
+    let mut up = Proc(child);
+    let state = wait_up(&data, http, &mut up.0);
+    (up, http, state)
+}
+
 /// A child process that is killed (and reaped) when dropped, so a failing test never leaves it running.
 #[derive(Debug)]
 pub struct Proc(pub std::process::Child);

@@ -4,11 +4,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
-use zl_e2e::{Proc, bin, free_tcp, wait_up, zl};
+use zl_e2e::{zl, zl_up};
 
 const KEY: &str = "sk-zl-bench-test-key-0123456789abcdef";
 
@@ -35,17 +34,8 @@ fn plots_written(dir: &Path, names: &[&str]) {
 fn zl_bench_runs_against_zl_up_and_compares() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let http_addr = free_tcp();
-    let up = Command::new(bin("zl"))
-        .args(["up", "--data-dir", data.to_str().unwrap(), "--http-addr", &http_addr.to_string()])
-        .args(["--api-key", KEY, "--workers", "2", "--kv-memory-mb", "128", "--policy", "round-robin"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("up.err")).unwrap())
-        .spawn()
-        .unwrap();
-    let mut up = Proc(up);
-    wait_up(&data, http_addr, &mut up.0);
+    let args = ["--workers", "2", "--kv-memory-mb", "128", "--policy", "round-robin"];
+    let (mut up, http_addr, _) = zl_up(dir.path(), "data", KEY, &args, &[]);
 
     // A closed-loop sweep over a shared-prefix workload, Anthropic flavour, with goodput targets.
     let rr = dir.path().join("rr");

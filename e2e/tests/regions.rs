@@ -194,17 +194,9 @@ fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
 
 /// Start `zl up` as region `region` through the Consul agent at `consul`, with `env`; waits until it serves.
 fn up_in(dir: &std::path::Path, region: &str, consul: SocketAddr, env: &[(&str, &str)]) -> (zl_e2e::Proc, SocketAddr) {
-    let data = dir.join(region);
-    let http = zl_e2e::free_tcp();
-    let mut cmd = std::process::Command::new(zl_e2e::bin("zl"));
-    cmd.args(["up", "--data-dir", data.to_str().unwrap(), "--http-addr", &http.to_string(), "--api-key", KEY])
-        .args(["--region", region, "--discovery", "consul", "--consul-addr", &consul.to_string()])
-        .envs(env.iter().copied())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(dir.join(format!("{region}.err"))).unwrap());
-    let mut up = zl_e2e::Proc(cmd.spawn().unwrap());
-    zl_e2e::wait_up(&data, http, &mut up.0);
+    let consul = consul.to_string();
+    let args = ["--region", region, "--discovery", "consul", "--consul-addr", &consul];
+    let (up, http, _) = zl_e2e::zl_up(dir, region, KEY, &args, env);
     (up, http)
 }
 

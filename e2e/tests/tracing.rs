@@ -4,10 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use zl_e2e::{Proc, bin, free_tcp, request, wait_up};
+use zl_e2e::{request, zl_up};
 
 const KEY: &str = "sk-zl-tracing-test-key-0123456789ab";
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -28,18 +27,8 @@ fn log_has(logs: &Path, name: &str, needle: &str) -> bool {
 #[test]
 fn a_traceparent_is_followed_through_every_tier() {
     let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let http = free_tcp();
-    let up = Command::new(bin("zl"))
-        .args(["up", "--data-dir", data.to_str().unwrap(), "--http-addr", &http.to_string(), "--api-key", KEY])
-        .env("ZL_LOG", "info,zl_frontend=debug,zl_orchestrator=debug,zl_worker=debug")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(dir.path().join("up.err")).unwrap())
-        .spawn()
-        .unwrap();
-    let mut up = Proc(up);
-    let state = wait_up(&data, http, &mut up.0);
+    let env = [("ZL_LOG", "info,zl_frontend=debug,zl_orchestrator=debug,zl_worker=debug")];
+    let (mut up, http, state) = zl_up(dir.path(), "data", KEY, &[], &env);
     let logs = Path::new(state["logs"].as_str().unwrap()).to_owned();
 
     let r = ask(http, &[("traceparent", &format!("00-{TRACE}-00f067aa0ba902b7-01"))]);
