@@ -9,6 +9,19 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().flat_map(|b| [DIGITS[usize::from(b >> 4)] as char, DIGITS[usize::from(b & 0x0f)] as char]).collect()
 }
 
+/// Bytes from hex digits (either case).
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
+        return None;
+    }
+    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect()
+}
+
+/// 32 bytes from 64 hex digits.
+pub fn parse_hex32(s: &str) -> Option<[u8; 32]> {
+    unhex(s)?.try_into().ok()
+}
+
 /// SHA-256 of an API key secret as stored: lowercase hex.
 pub fn secret_sha256(secret: &str) -> String {
     hex(ring::digest::digest(&ring::digest::SHA256, secret.as_bytes()).as_ref())
@@ -35,6 +48,9 @@ mod tests {
     fn hashes_are_lowercase_hex_sha256() {
         assert_eq!(secret_sha256("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
         assert_eq!(hex(&[0, 0xab, 0xff]), "00abff");
+        let h = secret_sha256("abc");
+        assert_eq!(parse_hex32(&h).map(|b| hex(&b)), Some(h));
+        assert_eq!(parse_hex32("zz"), None);
     }
 
     #[test]

@@ -4,8 +4,10 @@
 //!
 //! Nothing here does IO, allocates threads or reads clocks.
 
+pub mod audit;
 pub mod billing;
 pub mod block_hash;
+pub mod calendar;
 pub mod keys;
 pub mod region;
 pub mod rng;

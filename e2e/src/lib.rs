@@ -201,6 +201,12 @@ pub fn gauge(text: &str, name: &str) -> Option<f64> {
 pub fn certs(dir: &std::path::Path, nodes: &[(&str, &str)]) {
     let d = dir.to_str().expect("a UTF-8 temp dir");
     assert!(zl(&["certs", "init", "--out", d]).status.success(), "zl certs init failed");
+    certs_more(dir, nodes);
+}
+
+/// Issue more node certificates from the CA `certs` made in `dir`.
+pub fn certs_more(dir: &std::path::Path, nodes: &[(&str, &str)]) {
+    let d = dir.to_str().expect("a UTF-8 temp dir");
     for (role, id) in nodes {
         let out = zl(&["certs", "issue", "--ca-dir", d, "--role", role, "--node-id", id]);
         assert!(out.status.success(), "zl certs issue {role} {id} failed: {}", String::from_utf8_lossy(&out.stderr));

@@ -367,7 +367,7 @@ fn discovery_through_consul(variant: Variant) {
     eprintln!("every service registered again {back:?} after the agent restarted");
     until(Duration::from_secs(10), "the frontend says consul is reachable", || {
         let r = request(http_addr, "GET", "/readyz", &[], "").unwrap();
-        r.body.contains("\"reachable\":true") && r.header("x-zl-health") == Some("ok")
+        r.body.contains("\"reachable\":true") && r.header("x-zl-health") == Some("healthy")
     });
     std::thread::sleep(Duration::from_millis(500));
     stop.store(true, Ordering::SeqCst);

@@ -54,5 +54,13 @@ fn a_traceparent_is_followed_through_every_tier() {
         assert!(id.len() == 32 && id.bytes().all(|c| c.is_ascii_hexdigit()) && id != TRACE, "{id}");
     }
     assert_ne!(a.header("x-zl-trace-id"), b.header("x-zl-trace-id"));
+
+    // The request's audit record carries the trace id too.
+    let chain = Path::new(state["audit_dir"].as_str().unwrap()).join("frontend-0");
+    let out = zl_e2e::zl(&["audit", "export", chain.to_str().unwrap()]);
+    let export = String::from_utf8_lossy(&out.stdout);
+    let record: serde_json::Value =
+        serde_json::from_str(export.lines().find(|l| l.contains(rid)).expect("the request's audit record")).unwrap();
+    assert_eq!(record["trace_id"], TRACE);
     assert!(up.terminate(Duration::from_secs(30)));
 }

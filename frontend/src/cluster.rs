@@ -11,10 +11,11 @@ use zl_common::keys::hex;
 use zl_common::sync::{lock, read, write};
 use zl_node::consul::DiscoveryStatus;
 use zl_node::consul::status::StatusView;
-use zl_proto::message::{ModelInfo, ProjectQuota, RouteRequest, StateSync};
+use zl_proto::message::{FrontendGrant, ModelInfo, ProjectQuota, RouteRequest, StateSync};
 use zl_text::{TextTokenizer, TokenizerParts};
 
 use crate::error::{ApiError, ErrorKind};
+use crate::health::{Inputs, Level, Thresholds, assess};
 use crate::upstream::Upstream;
 
 /// An authenticated caller.
@@ -65,6 +66,10 @@ pub struct Cluster {
     loading: tokio::sync::Mutex<()>,
     /// The discovery backend's reachability (`--discovery consul`).
     discovery: Option<Arc<DiscoveryStatus>>,
+    /// The orchestrators' last answer to this frontend's report (health signals), and when it came.
+    signals: RwLock<Option<(FrontendGrant, Instant)>>,
+    /// Where the degradation levels change.
+    thresholds: RwLock<Thresholds>,
 }
 
 /// How stale the synced state may be before `/readyz` and `x-zl-health` say so.
@@ -157,11 +162,35 @@ impl Cluster {
         }
     }
 
-    /// `ok`, or `degraded` while the cached state is stale, no worker is healthy, or the discovery backend is
-    /// unreachable (the frontend serves on with the orchestrators it last knew) (`x-zl-health`).
+    /// Use these degradation thresholds.
+    pub fn set_thresholds(&self, t: Thresholds) {
+        *write(&self.thresholds) = t;
+    }
+
+    /// The orchestrators answered a report with these signals.
+    pub fn set_signals(&self, grant: FrontendGrant, now: Instant) {
+        *write(&self.signals) = Some((grant, now));
+    }
+
+    /// The degradation level now, and why (docs/operations.md, "Degradation levels").
+    pub fn level(&self, now: Instant) -> (Level, String) {
+        let state = self.ready(now).err();
+        let inputs = {
+            let s = read(&self.synced);
+            Inputs {
+                state,
+                ever_synced: s.ever_ok,
+                serving_workers: s.serving_workers,
+                discovery_ok: self.discovery().is_none_or(|d| d.reachable),
+                signals: read(&self.signals).clone(),
+            }
+        };
+        assess(&read(&self.thresholds), &inputs, now)
+    }
+
+    /// `healthy`, `degraded` or `unavailable` (`x-zl-health`).
     pub fn health(&self, now: Instant) -> &'static str {
-        let discovery_ok = self.discovery().is_none_or(|d| d.reachable);
-        if discovery_ok && self.ready(now).is_ok() { "ok" } else { "degraded" }
+        self.level(now).0.as_str()
     }
 
     /// 404 for a model no worker serves, naming the ones served (a typo is the usual cause).

@@ -9,16 +9,20 @@
 //! parts: [`limits`], [`cache`], [`sanitize`], [`suspects`], [`error`], [`ids`].
 
 pub mod anthropic;
+pub mod audit;
 pub mod cache;
 pub mod cluster;
 pub mod dialect;
 pub mod error;
 pub mod gateway;
+pub mod health;
 pub mod http;
 pub mod ids;
+pub mod ledger;
 pub mod limits;
 pub mod openai;
 pub mod regions;
+pub mod report;
 pub mod request;
 pub mod sanitize;
 pub mod suspects;

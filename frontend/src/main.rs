@@ -7,12 +7,15 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use zl_frontend::audit::{AuditConfig, AuditLog, Fsync, OnFailure};
 use zl_frontend::cluster::{Cluster, sync_loop};
-use zl_frontend::gateway::{Gateway, GatewayConfig};
+use zl_frontend::gateway::{DegradeConfig, Gateway, GatewayConfig};
+use zl_frontend::health::Thresholds;
 use zl_frontend::http::spill::Spill;
 use zl_frontend::http::{self, App};
 use zl_frontend::limits::KeyLimits;
 use zl_frontend::regions::{Regions, parse_peer};
+use zl_frontend::report::report_loop;
 use zl_frontend::upstream::{QuicUpstream, Upstream};
 use zl_node::consul::catalog::{FRONTEND_SERVICE, ORCHESTRATOR_SERVICE};
 use zl_node::consul::{Registrar, Report, watch};
@@ -106,6 +109,45 @@ struct ServeArgs {
     /// CA certificate (PEM) that https peer regions' frontends are checked against.
     #[arg(long, env = "ZL_PEER_CA_FILE")]
     peer_ca_file: Option<PathBuf>,
+    /// Directory of this frontend's audit log (hash-chained records, one per request; docs/audit.md). Unset: no
+    /// audit log.
+    #[arg(long, env = "ZL_AUDIT_DIR")]
+    audit_dir: Option<PathBuf>,
+    /// Rotate audit segments past this size, in MiB.
+    #[arg(long, env = "ZL_AUDIT_SEGMENT_MB", default_value_t = 64)]
+    audit_segment_mb: u64,
+    /// Keep at most this many audit segments, removing the oldest (0: keep all).
+    #[arg(long, env = "ZL_AUDIT_KEEP_SEGMENTS", default_value_t = 0)]
+    audit_keep_segments: usize,
+    /// When audit records reach the disk: always (fsync each), interval (each second) or never (the kernel's call).
+    #[arg(long, env = "ZL_AUDIT_FSYNC", default_value = "interval")]
+    audit_fsync: String,
+    /// When an audit record cannot be written: fail-closed (refuse requests with 529 until it can) or continue
+    /// (serve on; counted and logged as errors).
+    #[arg(long, env = "ZL_AUDIT_ON_FAILURE", default_value = "fail-closed")]
+    audit_on_failure: String,
+    /// How often usage, budget leases and the audit head are reported to the orchestrators.
+    #[arg(long, env = "ZL_REPORT_INTERVAL_MS", default_value_t = 1000)]
+    report_interval_ms: u64,
+    /// Share of a project's budget this frontend leases at a time (the most one frontend can hold unused).
+    #[arg(long, env = "ZL_BUDGET_LEASE_FRACTION", default_value_t = 0.05)]
+    budget_lease_fraction: f64,
+    /// How long this frontend's budget leases hold without a report; after that the orchestrators charge them.
+    #[arg(long, env = "ZL_BUDGET_LEASE_S", default_value_t = 15)]
+    budget_lease_s: u64,
+    /// Degraded when the workers' load reaches this: sequences running and waiting per sequence slot (0 to 2;
+    /// a worker queues at most as many as it runs).
+    #[arg(long, env = "ZL_DEGRADED_LOAD", default_value_t = 1.5)]
+    degraded_load: f64,
+    /// Unavailable (529 at once, nothing queued) when the workers' load reaches this.
+    #[arg(long, env = "ZL_UNAVAILABLE_LOAD", default_value_t = 1.9)]
+    unavailable_load: f64,
+    /// While degraded, refuse requests of this priority class and lower with 529: low, normal or none.
+    #[arg(long, env = "ZL_DEGRADED_SHED", default_value = "low")]
+    degraded_shed: String,
+    /// While degraded, cap max_tokens of normal and low priority requests to this (0: no cap).
+    #[arg(long, env = "ZL_DEGRADED_MAX_TOKENS", default_value_t = 0)]
+    degraded_max_tokens: u32,
     /// TOML file whose keys are these flags' long names.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
@@ -115,8 +157,53 @@ struct ServeArgs {
     check_config: bool,
 }
 
+fn audit_config(args: &ServeArgs) -> Result<Option<AuditConfig>> {
+    let fsync = match args.audit_fsync.as_str() {
+        "always" => Fsync::Always,
+        "interval" => Fsync::Interval,
+        "never" => Fsync::Never,
+        other => bail!("--audit-fsync {other:?}: use always, interval or never"),
+    };
+    let on_failure = match args.audit_on_failure.as_str() {
+        "fail-closed" => OnFailure::FailClosed,
+        "continue" => OnFailure::Continue,
+        other => bail!("--audit-on-failure {other:?}: use fail-closed or continue"),
+    };
+    if args.audit_segment_mb == 0 {
+        bail!("--audit-segment-mb must be at least 1");
+    }
+    Ok(args.audit_dir.clone().map(|dir| AuditConfig {
+        dir,
+        segment_bytes: args.audit_segment_mb * 1024 * 1024,
+        keep_segments: args.audit_keep_segments,
+        fsync,
+        on_failure,
+    }))
+}
+
+fn degrade(args: &ServeArgs) -> Result<(DegradeConfig, Thresholds)> {
+    let shed_from_class = match args.degraded_shed.as_str() {
+        "low" => 2,
+        "normal" => 1,
+        "none" => 3,
+        other => bail!("--degraded-shed {other:?}: use low, normal or none"),
+    };
+    let (d, u) = (args.degraded_load, args.unavailable_load);
+    if !(d.is_finite() && u.is_finite() && 0.0 < d && d <= u) {
+        bail!("need 0 < --degraded-load <= --unavailable-load");
+    }
+    if !(0.0..=1.0).contains(&args.budget_lease_fraction) || args.budget_lease_s == 0 || args.report_interval_ms == 0 {
+        bail!("--budget-lease-fraction must be in [0, 1]; --budget-lease-s and --report-interval-ms at least 1");
+    }
+    let config = DegradeConfig { shed_from_class, cap_max_tokens: args.degraded_max_tokens, retry_after: 5 };
+    let thresholds = Thresholds { degraded_load: d, unavailable_load: u, ..Thresholds::default() };
+    Ok((config, thresholds))
+}
+
 /// The settings' checks that need no file.
 fn check(args: &ServeArgs) -> Result<()> {
+    audit_config(args)?;
+    degrade(args)?;
     if args.replicas == 0 || args.sync_interval_ms == 0 || args.body_limit_mb == 0 {
         bail!("--replicas, --sync-interval-ms and --body-limit-mb must be at least 1");
     }
@@ -214,8 +301,38 @@ async fn serve(args: ServeArgs) -> Result<()> {
         cache_bytes: args.cache_mb * 1024 * 1024,
         max_prompt_bytes: args.max_prompt_bytes,
         sanitize: args.sanitize,
+        lease_fraction: args.budget_lease_fraction,
+        lease: Duration::from_secs(args.budget_lease_s),
+        degrade: degrade(&args)?.0,
+    };
+    cluster.set_thresholds(degrade(&args)?.1);
+    let audit = match audit_config(&args)? {
+        Some(c) => {
+            let dir = c.dir.clone();
+            let log = AuditLog::open(c, &args.node_id, &args.region.region)
+                .with_context(|| format!("opening the audit log in {}", dir.display()))?;
+            Some(Arc::new(log))
+        }
+        None => None,
     };
     let gateway = Arc::new(Gateway::new(upstream.clone(), cluster.clone(), config));
+    let reports = tokio::spawn(report_loop(
+        gateway.reporter().clone(),
+        upstream.clone(),
+        cluster.clone(),
+        audit.clone(),
+        Duration::from_millis(args.report_interval_ms),
+    ));
+    let fsync = audit.clone().map(|log| {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tick.tick().await;
+                let log = log.clone();
+                let _ = tokio::task::spawn_blocking(move || log.sync()).await;
+            }
+        })
+    });
     let sync = tokio::spawn(sync_loop(cluster, upstream, Duration::from_millis(args.sync_interval_ms)));
     let sweeper = {
         let gateway = gateway.clone();
@@ -240,7 +357,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
         }
         _ => None,
     };
-    let app = App { gateway, metrics: Some(metrics), body_limit: args.body_limit_mb * 1024 * 1024, spill };
+    let app = App {
+        gateway,
+        metrics: Some(metrics),
+        body_limit: args.body_limit_mb * 1024 * 1024,
+        spill,
+        audit: audit.clone(),
+    };
     let listener = tokio::net::TcpListener::bind(args.http_addr)
         .await
         .with_context(|| format!("binding the HTTP API to {}", args.http_addr))?;
@@ -288,6 +411,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
     }
     sync.abort();
     sweeper.abort();
+    reports.abort();
+    if let Some(task) = fsync {
+        task.abort();
+    }
+    if let Some(log) = audit {
+        log.sync();
+    }
     Ok(())
 }
 

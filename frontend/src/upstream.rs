@@ -12,8 +12,8 @@ use std::time::Duration;
 use zl_common::sync::{read, write};
 use zl_proto::CallError;
 use zl_proto::message::{
-    ErrorCode, GenerateRequest, Message, ModelCard, ModelCardRequest, Role, RouteDecision, RouteRequest, StateSync,
-    StateSyncRequest, WireError,
+    ErrorCode, FrontendGrant, FrontendReport, GenerateRequest, Message, ModelCard, ModelCardRequest, Role,
+    RouteDecision, RouteRequest, StateSync, StateSyncRequest, WireError,
 };
 use zl_proto::quic::{Client, ResponseStream};
 
@@ -41,6 +41,14 @@ pub trait Upstream: Send + Sync + 'static {
         endpoint: String,
         request: GenerateRequest,
     ) -> BoxFuture<'_, Result<Box<dyn TokenSource>, CallError>>;
+    /// Send this frontend's report (usage, budget positions, audit head) to some orchestrator. Without an
+    /// implementation there are no orchestrators to report to.
+    fn report(&self, report: FrontendReport) -> BoxFuture<'_, Result<FrontendGrant, CallError>> {
+        let _ = report;
+        Box::pin(async {
+            Err(CallError::Remote(WireError::new(ErrorCode::Unavailable, "no orchestrator takes reports")))
+        })
+    }
 }
 
 impl TokenSource for ResponseStream {
@@ -56,6 +64,9 @@ const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Per-call deadline for orchestrator calls (routes, state syncs; answered in well under a millisecond): a dead or
 /// hung orchestrator costs at most this before the next one is tried, so a request fails over within a second.
 const ORCHESTRATOR_TIMEOUT: Duration = Duration::from_millis(800);
+
+/// Per-call deadline for reports (a Raft commit).
+const REPORT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The real tiers over QUIC.
 pub struct QuicUpstream {
@@ -111,6 +122,10 @@ impl QuicUpstream {
 
     /// A unary call to the orchestrators: each is tried once, starting with the next in turn.
     async fn orchestrator_call(&self, request: Message) -> Result<Message, CallError> {
+        self.orchestrator_call_within(ORCHESTRATOR_TIMEOUT, request).await
+    }
+
+    async fn orchestrator_call_within(&self, timeout: Duration, request: Message) -> Result<Message, CallError> {
         let orchestrators = self.orchestrators();
         let n = orchestrators.len();
         if n == 0 {
@@ -123,7 +138,7 @@ impl QuicUpstream {
         let mut last = None;
         for i in 0..n {
             let to = orchestrators[(start + i) % n];
-            match self.client.call_within(ORCHESTRATOR_TIMEOUT, to, Role::Orchestrator, request.clone()).await {
+            match self.client.call_within(timeout, to, Role::Orchestrator, request.clone()).await {
                 Ok(reply) => return Ok(reply),
                 Err(e) if try_next_orchestrator(&e) => {
                     tracing::debug!(orchestrator = %to, error = %e, "orchestrator unavailable; trying the next");
@@ -156,6 +171,16 @@ impl Upstream for QuicUpstream {
             match self.orchestrator_call(Message::StateSyncRequest(StateSyncRequest { known_index })).await? {
                 Message::StateSync(s) => Ok(s),
                 other => Err(unexpected("a state sync", &other)),
+            }
+        })
+    }
+
+    fn report(&self, report: FrontendReport) -> BoxFuture<'_, Result<FrontendGrant, CallError>> {
+        Box::pin(async move {
+            // A report is a Raft write: more time than a route, still well under the report interval's worth.
+            match self.orchestrator_call_within(REPORT_TIMEOUT, Message::FrontendReport(report)).await? {
+                Message::FrontendGrant(g) => Ok(g),
+                other => Err(unexpected("a frontend grant", &other)),
             }
         })
     }

@@ -29,7 +29,7 @@ async fn a_message_comes_back_with_every_header() {
     assert_eq!(header(&resp, "x-zl-worker"), "w1");
     assert_eq!(header(&resp, "x-zl-compute-path"), "cpu");
     assert_eq!(header(&resp, "x-zl-cache"), "bypass", "sampled without a seed is not cacheable");
-    assert_eq!(header(&resp, "x-zl-health"), "ok");
+    assert_eq!(header(&resp, "x-zl-health"), "healthy");
     assert!(header(&resp, "x-zl-route-ms").parse::<f64>().is_ok());
     assert!(header(&resp, "x-zl-billing-unit").parse::<f64>().is_ok());
     assert_eq!(header(&resp, "anthropic-ratelimit-requests-limit"), "4000");
@@ -388,7 +388,7 @@ async fn health_and_readiness() {
     assert_eq!(h.send(Request::get("/readyz").body(Body::empty()).unwrap()).await.status(), 200);
     // A frontend that never synced is not ready.
     let gateway = Arc::new(Gateway::new(h.fake.clone(), Arc::new(Cluster::default()), GatewayConfig::default()));
-    let cold = router(App { gateway, metrics: None, body_limit: 1024, spill: Default::default() });
+    let cold = router(App { gateway, metrics: None, body_limit: 1024, spill: Default::default(), audit: None });
     let resp = cold.oneshot(Request::get("/readyz").body(Body::empty()).unwrap()).await.unwrap();
     assert_eq!(resp.status(), 503);
 }

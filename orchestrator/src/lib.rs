@@ -13,6 +13,7 @@
 
 pub mod api;
 pub mod hash;
+pub mod ledger;
 pub mod load;
 pub mod node;
 pub mod raft;

@@ -187,7 +187,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         replica: ReplicaConfig { snapshot_every: args.raft_snapshot_every.max(1), ..ReplicaConfig::default() },
     };
     let node = Arc::new(
-        Orchestrator::start(policy, settings, group)
+        Orchestrator::start(&args.node_id, policy, settings, group)
             .with_context(|| format!("opening the Raft storage in {}", raft_dir(&data_dir).display()))?,
     );
     let _ = group_status.set(node.group().clone());

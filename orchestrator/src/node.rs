@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use zl_common::sync::{read, write};
 use zl_proto::message::{
-    ApiKeyEntry, ErrorCode, KvCacheEvents, LoadReport, ModelInfo, NodeId, ProjectQuota, RegisterWorker, RouteRequest,
-    StateSync, WireError,
+    ApiKeyEntry, ErrorCode, FrontendGrant, FrontendReport, KvCacheEvents, LoadReport, ModelInfo, NodeId, ProjectQuota,
+    RegisterWorker, RouteRequest, StateSync, WireError,
 };
 
 use crate::load::{Accepted, LoadSettings, LoadView};
@@ -56,6 +56,8 @@ pub struct Orchestrator {
     /// Until then this node's soft view may lack workers that are alive (they report every 250 ms): a route
     /// that finds no healthy worker is [`RouteError::WarmingUp`], so the frontend asks another orchestrator.
     warm_at: Instant,
+    /// This node's id (named in route decisions, for the audit record).
+    node_id: String,
 }
 
 impl std::fmt::Debug for Orchestrator {
@@ -67,13 +69,25 @@ impl std::fmt::Debug for Orchestrator {
 impl Orchestrator {
     /// Open this node's Raft storage, start its group (which replays the log into the routing state) and serve
     /// with `policy` over a fresh load view.
-    pub fn start(policy: Box<dyn Policy>, load: LoadSettings, group: GroupConfig) -> Result<Self, ConsensusError> {
+    pub fn start(
+        node_id: &str,
+        policy: Box<dyn Policy>,
+        load: LoadSettings,
+        group: GroupConfig,
+    ) -> Result<Self, ConsensusError> {
         let state = SharedState::default();
         let group = Group::start(group, state.clone())?;
         // Two heartbeat timeouts: every live worker has reported by then, even one whose connection to this
         // address must first notice that the process behind it was replaced.
         let warm_at = Instant::now() + load.heartbeat_timeout * 2;
-        Ok(Orchestrator { state, group, load: RwLock::new(LoadView::new(load)), policy, warm_at })
+        Ok(Orchestrator {
+            state,
+            group,
+            load: RwLock::new(LoadView::new(load)),
+            policy,
+            warm_at,
+            node_id: node_id.to_owned(),
+        })
     }
 
     /// The routing policy's name.
@@ -136,6 +150,7 @@ impl Orchestrator {
         metrics::histogram!("zl_route_decision_seconds").record(elapsed.as_secs_f64());
         result.map(|mut d| {
             d.decision_nanos = elapsed.as_nanos() as u64;
+            d.orchestrator_id.clone_from(&self.node_id);
             d
         })
     }
@@ -276,6 +291,37 @@ impl Orchestrator {
         self.counts(now).0
     }
 
+    /// Commit a frontend's report (usage, budget leases, audit head) and answer with its budget allotments and
+    /// the cluster's health signals.
+    pub async fn frontend_report(
+        &self,
+        frontend: &NodeId,
+        report: FrontendReport,
+        now: Instant,
+    ) -> Result<FrontendGrant, CommitError> {
+        let now_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let projects: Vec<String> = report.asks.iter().map(|a| a.project.clone()).collect();
+        let cmd = Command::FrontendReport { frontend: frontend.to_string(), now_ms, report };
+        let applied_index = self.commit(&cmd).await?;
+        let state = read(&self.state.0);
+        let load = read(&self.load);
+        let mut grant = FrontendGrant {
+            applied_index,
+            grants: state.ledger().grants(frontend.as_str(), now_ms, projects.iter().map(String::as_str)),
+            leader: self.group.status().leader.is_some(),
+            ..FrontendGrant::default()
+        };
+        for (id, w) in state.workers().iter().filter(|(_, w)| !w.draining) {
+            if let Some((report, _)) = load.healthy(id, now) {
+                grant.capacity += w.spec.max_running_sequences;
+                grant.running += report.running_sequences;
+                grant.waiting += report.queue_depth;
+            }
+        }
+        Ok(grant)
+    }
+
     /// What frontends cache: keys, quotas and the models some non-draining worker serves (aliases listed under
     /// their own names). Lists are left out when the caller already holds `known_index`; the count of healthy,
     /// non-draining workers (soft state) is always current.
@@ -309,13 +355,22 @@ impl Orchestrator {
         sync.projects = state
             .projects()
             .iter()
-            .map(|(name, q)| ProjectQuota {
-                project: name.clone(),
-                requests_per_minute: q.requests_per_minute,
-                tokens_per_minute: q.tokens_per_minute,
-                max_concurrent: q.max_concurrent,
-                input_tokens_per_minute: q.input_tokens_per_minute,
-                output_tokens_per_minute: q.output_tokens_per_minute,
+            .map(|(name, q)| {
+                let ledger = state.ledger();
+                ProjectQuota {
+                    project: name.clone(),
+                    requests_per_minute: q.requests_per_minute,
+                    tokens_per_minute: q.tokens_per_minute,
+                    max_concurrent: q.max_concurrent,
+                    input_tokens_per_minute: q.input_tokens_per_minute,
+                    output_tokens_per_minute: q.output_tokens_per_minute,
+                    priority: ledger.priority.get(name).copied().unwrap_or(1),
+                    budget: ledger.budgets.get(name).map(crate::ledger::BudgetSpec::wire),
+                    content_key: ledger
+                        .data_keys
+                        .get(name)
+                        .and_then(|k| Some((k.key_id.clone(), zl_common::keys::unhex(&k.key)?))),
+                }
             })
             .collect();
         let mut models = std::collections::BTreeMap::new();

@@ -52,6 +52,7 @@ fn decision(request_id: String) -> RouteDecision {
         predicted_billing_unit: 0.4,
         reason: "least-loaded".into(),
         decision_nanos: 900,
+        orchestrator_id: String::new(),
     }
 }
 

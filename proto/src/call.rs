@@ -45,6 +45,7 @@ impl CallShape {
             K::RouteRequest => Some(CallShape::Unary { reply: K::RouteDecision }),
             K::ModelCardRequest => Some(CallShape::Unary { reply: K::ModelCard }),
             K::StateSyncRequest => Some(CallShape::Unary { reply: K::StateSync }),
+            K::FrontendReport => Some(CallShape::Unary { reply: K::FrontendGrant }),
             K::GenerateRequest => Some(CallShape::ServerStreaming { item: K::TokenChunk, terminal: K::Finish }),
             K::Ack
             | K::RouteDecision
@@ -53,7 +54,8 @@ impl CallShape {
             | K::Error
             | K::Cancel
             | K::ModelCard
-            | K::StateSync => None,
+            | K::StateSync
+            | K::FrontendGrant => None,
         }
     }
 }
@@ -316,6 +318,7 @@ mod tests {
                     | K::Cancel
                     | K::ModelCard
                     | K::StateSync
+                    | K::FrontendGrant
             );
             assert_eq!(opens, expected, "{kind}");
         }

@@ -52,11 +52,15 @@ pub enum FrameKind {
     StateSyncRequest = 16,
     /// `StateSync`.
     StateSync = 17,
+    /// `FrontendReport`.
+    FrontendReport = 18,
+    /// `FrontendGrant`.
+    FrontendGrant = 19,
 }
 
 impl FrameKind {
     /// Every kind, in wire-value order.
-    pub const ALL: [FrameKind; 17] = [
+    pub const ALL: [FrameKind; 19] = [
         FrameKind::Handshake,
         FrameKind::RegisterWorker,
         FrameKind::DeregisterWorker,
@@ -74,6 +78,8 @@ impl FrameKind {
         FrameKind::ModelCard,
         FrameKind::StateSyncRequest,
         FrameKind::StateSync,
+        FrameKind::FrontendReport,
+        FrameKind::FrontendGrant,
     ];
 
     /// The kind with this wire value, if any.
@@ -106,6 +112,8 @@ impl FrameKind {
             FrameKind::ModelCard => "model_card",
             FrameKind::StateSyncRequest => "state_sync_request",
             FrameKind::StateSync => "state_sync",
+            FrameKind::FrontendReport => "frontend_report",
+            FrameKind::FrontendGrant => "frontend_grant",
         }
     }
 }
@@ -304,7 +312,7 @@ mod tests {
             assert_eq!(FrameKind::from_wire(kind.to_wire()), Some(kind));
         }
         assert_eq!(FrameKind::from_wire(0), None);
-        assert_eq!(FrameKind::from_wire(18), None);
+        assert_eq!(FrameKind::from_wire(20), None);
         assert_eq!(FrameKind::from_wire(u16::MAX), None);
     }
 

@@ -60,6 +60,7 @@ impl Handler for TestHandler {
                     predicted_billing_unit: 0.5,
                     reason: format!("caller {}", ctx.peer.node_id),
                     decision_nanos: 1,
+                    orchestrator_id: String::new(),
                 }))
                 .await
                 .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string())),

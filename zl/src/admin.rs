@@ -8,9 +8,18 @@ use clap::{Args, Subcommand};
 use zl_admin::pb;
 use zl_admin::pb::admin_client::AdminClient;
 
-/// Where and as whom. Each defaults to the cluster `zl up` is running (its `cluster.json`).
+/// The admin API of an orchestrator, and which one.
 #[derive(Args, Debug)]
 pub(crate) struct AdminArgs {
+    #[command(flatten)]
+    conn: Conn,
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+/// Where and as whom. Each defaults to the cluster `zl up` is running (its `cluster.json`).
+#[derive(Args, Debug)]
+pub(crate) struct Conn {
     /// An orchestrator's admin API address (its `--admin-listen`; host:port, the host may be a DNS name).
     /// Default: the local cluster's orchestrators, the first that answers.
     #[arg(long, env = "ZL_ADMIN_ADDR", global = true, value_parser = zl_node::resolve::parse_address)]
@@ -25,8 +34,6 @@ pub(crate) struct AdminArgs {
     /// `zl up`'s data dir, to find its cluster.json.
     #[arg(long, env = "ZL_DATA_DIR", global = true)]
     data_dir: Option<PathBuf>,
-    #[command(subcommand)]
-    command: AdminCommand,
 }
 
 #[derive(Subcommand, Debug)]
@@ -127,6 +134,47 @@ pub(crate) enum AdminCommand {
     /// The orchestrators' Raft group.
     #[command(subcommand)]
     Members(MembersCommand),
+    /// Usage per hour, project and key, and budgets with what is spent of them.
+    Usage {
+        /// From this many hours ago.
+        #[arg(long, default_value_t = 24)]
+        hours: u64,
+        /// Only this project.
+        #[arg(long)]
+        project: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set a project's budget per period, enforced across all frontends (a limit of 0 clears it).
+    Budget {
+        /// Project.
+        project: String,
+        /// What it counts: tokens (input plus output) or units (billing units).
+        #[arg(long, default_value = "tokens")]
+        metric: String,
+        /// When it resets: day or month (UTC calendar).
+        #[arg(long, default_value = "month")]
+        period: String,
+        /// The budget per period.
+        #[arg(long)]
+        limit: f64,
+    },
+    /// A project's priority class under degradation: high, normal or low.
+    Priority {
+        /// Project.
+        project: String,
+        /// high, normal or low.
+        class: String,
+    },
+    /// Content logging: `on` stores the project's prompts and answers encrypted in the audit log; `shred` forgets
+    /// the data key, so what it sealed can never be read again (docs/audit.md).
+    ContentLogging {
+        /// Project.
+        project: String,
+        /// on or shred.
+        action: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -196,45 +244,48 @@ pub(crate) enum KeysCommand {
     },
 }
 
-fn written(what: &str, r: pb::WriteResponse) {
+pub(crate) fn written(what: &str, r: pb::WriteResponse) {
     println!("{what} (applied at index {})", r.applied_index);
 }
 
-async fn run_async(args: AdminArgs) -> Result<()> {
-    let local = crate::local::LocalCluster::read(args.data_dir.as_deref());
+/// A client of the first orchestrator that answers (any member serves reads and forwards changes to the leader),
+/// with the certificate directory and node id it used.
+pub(crate) async fn connect(conn: &Conn) -> Result<(AdminClient<tonic::transport::Channel>, PathBuf, String)> {
+    let local = crate::local::LocalCluster::read(conn.data_dir.as_deref());
     // Certificates: the given directory (node id `admin` unless given), or the local cluster's (`zl-up`).
-    let (dir, default_id) = match &args.tls_dir {
+    let (dir, default_id) = match &conn.tls_dir {
         Some(dir) => (dir.clone(), "admin"),
         None => (PathBuf::from(local.pick(None, "tls_dir", "--tls-dir (or ZL_TLS_DIR)")?), crate::local::ADMIN_ID),
     };
-    let node_id = args.node_id.clone().unwrap_or_else(|| default_id.to_owned());
-    let addrs: Vec<String> = match &args.orchestrator {
+    let node_id = conn.node_id.clone().unwrap_or_else(|| default_id.to_owned());
+    let addrs: Vec<String> = match &conn.orchestrator {
         Some(addr) => vec![addr.clone()],
-        None if args.tls_dir.is_none() => local.admin_addrs().iter().map(ToString::to_string).collect(),
+        None if conn.tls_dir.is_none() => local.admin_addrs().iter().map(ToString::to_string).collect(),
         None => vec!["127.0.0.1:7001".to_owned()],
     };
     if addrs.is_empty() {
         bail!("{}", local.missing("--orchestrator (or ZL_ADMIN_ADDR)"));
     }
-    // The first orchestrator that answers: any member serves reads and forwards changes to the leader.
     let mut last = None;
-    let mut channel = None;
     for addr in addrs {
         match zl_admin::connect(&addr, &dir, &node_id).await {
-            Ok(c) => {
-                channel = Some(c);
-                break;
-            }
+            Ok(c) => return Ok((AdminClient::new(c), dir, node_id)),
             Err(e) => last = Some(e.context(format!("orchestrator {addr}"))),
         }
     }
-    let channel = match (channel, last) {
-        (Some(c), _) => c,
-        (None, Some(e)) => return Err(e),
-        (None, None) => bail!("no orchestrator to call"),
-    };
-    let mut c = AdminClient::new(channel);
-    let call = |e: tonic::Status| anyhow::anyhow!("{}: {}", e.code(), e.message());
+    Err(last.unwrap_or_else(|| anyhow::anyhow!("no orchestrator to call")))
+}
+
+/// A gRPC status as an error.
+pub(crate) fn call(e: tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}: {}", e.code(), e.message())
+}
+
+async fn run_async(args: AdminArgs) -> Result<()> {
+    let (mut c, dir, node_id) = connect(&args.conn).await?;
+    if let Some(done) = crate::admin_ledger::run(&mut c, &args.command).await? {
+        return Ok(done);
+    }
     match args.command {
         AdminCommand::Workers => {
             let workers = c.list_workers(pb::ListWorkersRequest {}).await.map_err(call)?.into_inner().workers;
@@ -438,6 +489,10 @@ async fn run_async(args: AdminArgs) -> Result<()> {
             };
             written(&what, leader_client.change_member(request).await.map_err(call)?.into_inner());
         }
+        AdminCommand::Usage { .. }
+        | AdminCommand::Budget { .. }
+        | AdminCommand::Priority { .. }
+        | AdminCommand::ContentLogging { .. } => unreachable!("run by admin_ledger"),
     }
     Ok(())
 }

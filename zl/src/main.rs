@@ -1,10 +1,12 @@
 //! `zl`: zerolayer's command for operators and users.
 //!
 //! `zl up` runs a whole cluster on this machine, `zl chat` talks to one, `zl certs` makes the cluster CA and node
-//! certificates, `zl admin` administers orchestrators, `zl bench` measures an endpoint, `zl version` prints the build. Certificate logic lives in
+//! certificates, `zl admin` administers orchestrators, `zl audit` checks and exports audit logs, `zl bench` measures an endpoint, `zl version` prints the build. Certificate logic lives in
 //! `zl_proto::tls`, the admin API in `zl_admin`; this crate owns argument parsing, processes and output.
 
 mod admin;
+mod admin_ledger;
+mod audit;
 mod bench;
 mod certs;
 mod certs_kube;
@@ -37,6 +39,8 @@ enum Command {
     Certs(certs::CertsCommand),
     /// Administer the cluster through an orchestrator: workers, drains, aliases, canaries, keys, quotas, policy.
     Admin(admin::AdminArgs),
+    /// Audit logs: verify chains against the heads committed to the orchestrators, export records.
+    Audit(audit::AuditArgs),
     /// Load-test any Anthropic- or OpenAI-compatible endpoint (a `zl up` cluster by default), or one worker
     /// directly; `zl bench compare A.json B.json` puts two runs side by side.
     Bench {
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
         Command::Chat(args) => chat::run(args),
         Command::Certs(cmd) => certs::run(cmd),
         Command::Admin(args) => admin::run(args),
+        Command::Audit(args) => audit::run(args),
         Command::Bench { args, data_dir } => bench::run(args, data_dir.as_deref()),
         Command::Version => {
             println!(

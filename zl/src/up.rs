@@ -315,6 +315,9 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             .map(str::to_owned)
             .to_vec();
     argv.extend(["--region".to_owned(), args.region.clone()]);
+    // Every request is audited (docs/audit.md); `zl audit verify` finds the chain here.
+    let audit = data.join("audit").join("frontend-0");
+    argv.extend(["--audit-dir".to_owned(), audit.display().to_string()]);
     if !args.peer_regions.is_empty() {
         argv.extend(["--peer-region".to_owned(), args.peer_regions.join(",")]);
     }
@@ -405,6 +408,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             "pids": cluster.pids().iter().map(|(name, pid)| serde_json::json!({"name": name, "pid": pid})).collect::<Vec<_>>(),
             "tls_dir": tls,
             "logs": logs,
+            "audit_dir": data.join("audit"),
         });
         write_private(&state_path, &serde_json::to_string_pretty(&state)?)
     };
@@ -426,12 +430,14 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
          print(c.messages.create(model=\"{model_id}\", max_tokens=64, system=\"You are a helpful assistant.\", \
 extra_body={{\"temperature\": 0}}, messages=[{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]).content[0].text)'\n\n  \
          {zl} chat             (a streaming chat in this terminal)\n  \
-         {zl} admin workers    (the workers, their health and load; `{zl} admin --help` for more)\n\n\
+         {zl} admin workers    (the workers, their health and load; `{zl} admin --help` for more)\n  \
+         {zl} audit verify {}   (check the audit log against the heads the orchestrators hold)\n\n\
          Ctrl-C stops the cluster.",
         args.orchestrators,
         args.workers,
         started.elapsed().as_secs_f64(),
         logs.display(),
+        data.join("audit").display(),
     );
     let _ = std::io::stdout().flush();
 

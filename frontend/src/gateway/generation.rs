@@ -13,20 +13,34 @@ use zl_proto::message::{Message, NodeId};
 use super::{Gateway, GenEvent};
 use crate::cache::FinishInfo;
 use crate::error::ApiError;
+use crate::ledger::{Hold, Spent};
 use crate::limits::Reservation;
 use crate::upstream::TokenSource;
 
-/// Gives back a request's unused rate-limit reservation when it ends, however it ends.
+/// Gives back a request's unused rate-limit reservation and budget hold, and counts its usage, when it ends,
+/// however it ends.
 pub(super) struct Settle {
     pub(super) gateway: Arc<Gateway>,
     pub(super) reservation: Option<Reservation>,
     pub(super) output_tokens: u32,
+    pub(super) hold: Option<Hold>,
+    /// The usage to count (output tokens and units filled in as they come).
+    pub(super) spent: Spent,
+    /// A worker (or the cache) took the request: its usage counts. Before that only holds are given back.
+    pub(super) started: bool,
 }
 
 impl Drop for Settle {
     fn drop(&mut self) {
         if let Some(r) = self.reservation.take() {
             lock(&self.gateway.limiter).settle(&r, self.output_tokens, Instant::now());
+        }
+        self.spent.output_tokens = u64::from(self.output_tokens);
+        let now = crate::report::unix_ms() / 1000;
+        let mut ledger = lock(&self.gateway.reporter.ledger);
+        match self.started {
+            true => ledger.settle(&self.spent, self.hold.as_ref(), now),
+            false => ledger.release(self.hold.as_ref()),
         }
     }
 }
@@ -91,6 +105,7 @@ impl Generation {
                 let ev = events.pop_front()?;
                 if let GenEvent::Finish(f) = &ev {
                     self.settle.output_tokens = f.output_tokens;
+                    self.settle.spent.milli_units = milli(f.billing_unit);
                 }
                 return Some(Ok(ev));
             }
@@ -144,6 +159,7 @@ impl Generation {
                     accepted_draft_tokens: f.usage.accepted_draft_tokens,
                 };
                 self.settle.output_tokens = f.usage.output_tokens;
+                self.settle.spent.milli_units = milli(unit);
                 metrics::counter!("zl_frontend_output_tokens_total", "model" => live.model.clone())
                     .increment(u64::from(f.usage.output_tokens));
                 metrics::histogram!("zl_frontend_billing_unit").record(f64::from(unit));
@@ -174,4 +190,9 @@ impl Generation {
         }
         Err(ApiError::internal("the generation ended without a finish"))
     }
+}
+
+/// A billing unit in thousandths.
+fn milli(unit: f32) -> u64 {
+    (f64::from(unit.clamp(0.0, 1.0)) * 1000.0).round() as u64
 }

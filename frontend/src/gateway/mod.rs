@@ -3,6 +3,7 @@
 //! against rate limits, route, stream from the worker (retrying once on another worker if the first fails
 //! before its first token), and settle limits, cache and metrics when the generation ends (`generation.rs`).
 
+mod admission;
 mod generation;
 
 use std::collections::VecDeque;
@@ -11,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 use zl_common::billing;
+use zl_common::keys::hex;
 use zl_common::sync::lock;
 use zl_proto::CallError;
 use zl_proto::message::{
@@ -21,10 +23,13 @@ use zl_text::ChatMessage;
 use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
 use crate::cluster::{Card, Cluster, KeyInfo};
 use crate::error::{ApiError, ErrorKind, Failure};
+use crate::ledger::Spent;
 use crate::limits::{KeyLimits, ProjectLimits, RateFigures, RateLimiter};
+use crate::report::Reporter;
 use crate::suspects::Suspects;
 use crate::upstream::{TokenSource, Upstream};
 
+pub use admission::DegradeConfig;
 pub use generation::Generation;
 use generation::{Live, Settle, Source};
 
@@ -43,6 +48,12 @@ pub struct GatewayConfig {
     pub max_prompt_bytes: usize,
     /// Strip BOMs and invisible bidi/zero-width characters before tokenising.
     pub sanitize: bool,
+    /// Share of a budget a frontend leases at a time.
+    pub lease_fraction: f64,
+    /// How long leases hold without another report.
+    pub lease: Duration,
+    /// What `degraded` does.
+    pub degrade: DegradeConfig,
 }
 
 impl Default for GatewayConfig {
@@ -54,6 +65,9 @@ impl Default for GatewayConfig {
             cache_bytes: 256 * 1024 * 1024,
             max_prompt_bytes: 4 * 1024 * 1024,
             sanitize: false,
+            lease_fraction: 0.05,
+            lease: Duration::from_secs(15),
+            degrade: DegradeConfig::default(),
         }
     }
 }
@@ -126,6 +140,12 @@ pub struct Meta {
     pub cache: CacheStatus,
     /// Rate-limit figures after admission.
     pub rate: RateFigures,
+    /// SHA-256 of the model's weights (hex).
+    pub weights_sha256: String,
+    /// SHA-256 of the canonical input: the rendered prompt and every parameter that decides the output.
+    pub input_sha256: [u8; 32],
+    /// The orchestrator that routed it (empty for a cache hit).
+    pub orchestrator: String,
 }
 
 /// One event of a generation.
@@ -203,6 +223,7 @@ pub struct Gateway {
     /// Rendering and tokenizing prompts runs on blocking threads, this many at once (one per core): CPU-heavy
     /// request work never holds up the async threads, and a burst of huge prompts queues instead of piling up.
     cpu: tokio::sync::Semaphore,
+    reporter: Arc<Reporter>,
     config: GatewayConfig,
 }
 
@@ -237,6 +258,7 @@ impl Gateway {
             cache: Mutex::new(ResponseCache::new(config.cache_bytes)),
             suspects: Mutex::new(Suspects::default()),
             cpu: tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get())),
+            reporter: Arc::new(Reporter::new(config.lease_fraction, config.lease)),
             config,
         }
     }
@@ -259,6 +281,11 @@ impl Gateway {
     /// The tiers behind this frontend.
     pub fn upstream(&self) -> &Arc<dyn Upstream> {
         &self.upstream
+    }
+
+    /// This frontend's usage and budget ledger and its report trigger.
+    pub fn reporter(&self) -> &Arc<Reporter> {
+        &self.reporter
     }
 
     /// Forget idle rate-limit state (run now and then).
@@ -403,25 +430,25 @@ impl Gateway {
     pub async fn start(
         self: &Arc<Self>,
         key: &KeyInfo,
-        p: Prepared,
+        mut p: Prepared,
         opts: &RequestOptions,
         request_id: &str,
     ) -> Result<(Meta, Generation), Failure> {
+        self.degrade(key, &mut p).map_err(|e| Failure::known(e, self.rate_figures(key)))?;
+        let input_sha256 = CacheKeyParts {
+            model: &p.card.model,
+            weights: &p.card.weights,
+            prompt: &p.prompt,
+            max_tokens: p.max_tokens,
+            temperature: p.req.temperature,
+            top_p: p.req.top_p,
+            top_k: p.req.top_k,
+            seed: p.req.seed,
+            stop: &p.req.stop,
+        }
+        .key();
         let cacheable = (p.req.temperature == 0.0 || p.req.seed.is_some()) && lock(&self.cache).enabled();
-        let cache_key = (cacheable && !opts.bypass_cache).then(|| {
-            CacheKeyParts {
-                model: &p.card.model,
-                weights: &p.card.weights,
-                prompt: &p.prompt,
-                max_tokens: p.max_tokens,
-                temperature: p.req.temperature,
-                top_p: p.req.top_p,
-                top_k: p.req.top_k,
-                seed: p.req.seed,
-                stop: &p.req.stop,
-            }
-            .key()
-        });
+        let cache_key = (cacheable && !opts.bypass_cache).then_some(input_sha256);
         let (limits, quota) = self.limits_for(key);
         let input_tokens = p.tokens.len() as u32;
         let admitted = lock(&self.limiter).admit(
@@ -442,10 +469,25 @@ impl Gateway {
                 return Err(Failure::known(err, refusal.figures));
             }
         };
-        let settle = Settle { gateway: self.clone(), reservation: Some(reservation), output_tokens: 0 };
+        let mut settle = Settle {
+            gateway: self.clone(),
+            reservation: Some(reservation),
+            output_tokens: 0,
+            hold: None,
+            spent: Spent {
+                key_id: key.key_id.clone(),
+                project: key.project.clone(),
+                input_tokens: u64::from(input_tokens),
+                ..Spent::default()
+            },
+            started: false,
+        };
+        // After the rate limits, so a request they refuse holds no budget; dropping `settle` gives both back.
+        settle.hold = self.reserve_budget(key, &p).await.map_err(|e| Failure::known(e, rate))?;
         if let Some(k) = &cache_key
             && let Some(hit) = lock(&self.cache).get(k)
         {
+            settle.started = true;
             metrics::counter!("zl_frontend_cache_total", "result" => "hit").increment(1);
             let meta = Meta {
                 model: hit.model.clone(),
@@ -456,6 +498,9 @@ impl Gateway {
                 route_ms: 0.0,
                 cache: CacheStatus::Hit,
                 rate,
+                weights_sha256: p.card.weights.clone(),
+                input_sha256,
+                orchestrator: String::new(),
             };
             let mut events: VecDeque<GenEvent> = hit.deltas.iter().cloned().map(GenEvent::Delta).collect();
             events.push_back(GenEvent::Finish(hit.finish.clone()));
@@ -474,6 +519,7 @@ impl Gateway {
                 Ok(ok) => ok,
                 Err(e) => return Err(Failure::known(e, rate)),
             };
+        settle.started = true;
         let route_ms = route_time.as_secs_f64() * 1e3;
         let meta = Meta {
             model: decision.model.clone(),
@@ -484,6 +530,9 @@ impl Gateway {
             route_ms,
             cache: cache_status,
             rate,
+            weights_sha256: hex(&decision.weights_sha256),
+            input_sha256,
+            orchestrator: decision.orchestrator_id.clone(),
         };
         let live = Live {
             worker: decision.worker_id,

@@ -3,6 +3,7 @@
 //! or route, admission), then answer as one JSON body or as server-sent events. `count_tokens` shares the first
 //! steps.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
@@ -13,7 +14,10 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::{App, error_response, request_id, set, spill, zl_headers};
+use zl_common::billing::BillingWeights;
+
 use crate::anthropic;
+use crate::audit::{AuditLog, ContentKey, Draft};
 use crate::cache::FinishInfo;
 use crate::cluster::KeyInfo;
 use crate::dialect::Dialect;
@@ -28,17 +32,54 @@ fn record(api: &'static str, model: &str, status: u16, started: Instant) {
         .record(started.elapsed().as_secs_f64());
 }
 
-/// Records a request's status and duration when dropped (for streams: when the body ends or the client leaves).
+/// Records a request's status and duration, and appends its audit record, when dropped (for streams: when the
+/// body ends or the client leaves).
 struct Recorder {
     api: &'static str,
     model: String,
     status: u16,
     started: Instant,
+    audit: Option<Audit>,
+}
+
+/// A request's audit record in the making, and the log it goes to.
+struct Audit {
+    log: Arc<AuditLog>,
+    draft: Draft,
+    weights: BillingWeights,
+}
+
+impl Recorder {
+    fn new(app: &App, api: &'static str, started: Instant, audit: Option<Draft>) -> Self {
+        let audit = match (&app.audit, audit) {
+            (Some(log), Some(draft)) => {
+                Some(Audit { log: log.clone(), draft, weights: app.gateway.cluster().billing_weights() })
+            }
+            _ => None,
+        };
+        Recorder { api, model: "-".into(), status: 200, started, audit }
+    }
+
+    fn event(&mut self, ev: &GenEvent) {
+        if let Some(a) = self.audit.as_mut() {
+            a.draft.event(ev);
+        }
+    }
+
+    fn failed(&mut self, e: &ApiError) {
+        self.status = e.kind.status().as_u16();
+        if let Some(a) = self.audit.as_mut() {
+            a.draft.failed(e);
+        }
+    }
 }
 
 impl Drop for Recorder {
     fn drop(&mut self) {
         record(self.api, &self.model, self.status, self.started);
+        if let Some(a) = self.audit.take() {
+            a.draft.finish(&a.log, self.status, &a.weights);
+        }
     }
 }
 
@@ -120,11 +161,13 @@ struct Received {
     body: Bytes,
 }
 
-/// Authenticate, check data residency, read the options and the body.
-async fn receive(app: &App, req: Request) -> Result<Received, Failure> {
-    let key = app.gateway.authenticate(req.headers())?;
-    // From here on the caller is known: failures carry its rate-limit figures too.
+/// Check data residency and the audit log, read the options and the body of an authenticated request.
+async fn receive(app: &App, key: KeyInfo, req: Request) -> Result<Received, Failure> {
+    // The caller is known: failures carry its rate-limit figures too.
     let known = |e: ApiError| Failure::known(e, app.gateway.rate_figures(&key));
+    if let Some(log) = &app.audit {
+        log.admit().map_err(known)?;
+    }
     app.spill.regions.admit(&key.key_id, &key.regions).map_err(known)?;
     let opts = RequestOptions::from_headers(req.headers()).map_err(known)?;
     let body = read_body(app, req).await.map_err(known)?;
@@ -164,17 +207,18 @@ fn event_body<D: Dialect>(generation: Generation, dialect: D, recorder: Recorder
                 Some(Ok(GenEvent::Delta(d))) if d.is_empty() => continue,
                 Some(Ok(ev)) => {
                     s.done = matches!(ev, GenEvent::Finish(_));
+                    s.recorder.event(&ev);
                     s.dialect.render_event(&ev)
                 }
                 Some(Err(e)) => {
                     s.done = true;
-                    s.recorder.status = e.kind.status().as_u16();
+                    s.recorder.failed(&e);
                     D::render_error(&e)
                 }
                 None => {
                     s.done = true;
                     let e = ApiError::internal("the generation ended without a finish");
-                    s.recorder.status = 500;
+                    s.recorder.failed(&e);
                     D::render_error(&e)
                 }
             };
@@ -193,9 +237,15 @@ pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -
     let headers = req.headers().clone();
     let path = req.uri().path().to_owned();
     let preferred = headers.get(spill::REGION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let received = match receive(&app, req).await {
+    let key = match app.gateway.authenticate(req.headers()) {
+        Ok(key) => key,
+        Err(e) => return failed::<D>(&app, &rid, Some(Recorder::new(&app, D::API, started, None)), &e.into()),
+    };
+    // From here on every outcome is audited.
+    let mut recorder = Some(Recorder::new(&app, D::API, started, draft(&app, &key, &headers, &rid, started)));
+    let received = match receive(&app, key, req).await {
         Ok(r) => r,
-        Err(f) => return failed::<D>(&app, &rid, started, &f),
+        Err(f) => return failed::<D>(&app, &rid, recorder, &f),
     };
     let regions = &app.spill.regions;
     let mut tried: Vec<String> = Vec::new();
@@ -207,12 +257,14 @@ pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -
             .filter(|p| p.region == region)
             .collect();
         if let Some(resp) = spill::forward(&app.spill, &order, &path, &headers, received.body.clone(), &rid).await {
-            record(D::API, "-", resp.status().as_u16(), started);
+            if let Some(r) = recorder.as_mut() {
+                r.status = resp.status().as_u16();
+            }
             return resp;
         }
         tried = order.into_iter().map(|p| p.region).collect();
     }
-    match serve::<D>(&app, &received, &rid, started).await {
+    match serve::<D>(&app, &received, &rid, &mut recorder).await {
         Ok(resp) => resp,
         Err(f) if !hop && matches!(f.error.kind, ErrorKind::Overloaded | ErrorKind::NotFound) => {
             // This region cannot serve it now: the nearest healthy peer that the key may use, if any.
@@ -223,35 +275,64 @@ pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -
                 .collect();
             match spill::forward(&app.spill, &order, &path, &headers, received.body.clone(), &rid).await {
                 Some(resp) => {
-                    record(D::API, "-", resp.status().as_u16(), started);
+                    if let Some(r) = recorder.as_mut() {
+                        r.status = resp.status().as_u16();
+                    }
                     resp
                 }
-                None => failed::<D>(&app, &rid, started, &f),
+                None => failed::<D>(&app, &rid, recorder, &f),
             }
         }
-        Err(f) => failed::<D>(&app, &rid, started, &f),
+        Err(f) => failed::<D>(&app, &rid, recorder, &f),
     }
 }
 
-fn failed<D: Dialect>(app: &App, rid: &str, started: Instant, f: &Failure) -> Response {
-    record(D::API, "-", f.error.kind.status().as_u16(), started);
+/// The audit draft of an authenticated request, when there is an audit log.
+fn draft(app: &App, key: &KeyInfo, headers: &axum::http::HeaderMap, rid: &str, started: Instant) -> Option<Draft> {
+    app.audit.as_ref()?;
+    let trace = headers.get("traceparent").and_then(|v| v.to_str().ok()).map(zl_common::trace::trace_id_of);
+    let content =
+        app.gateway.cluster().project(&key.project).content_key.map(|(key_id, key)| ContentKey { key_id, key });
+    Some(Draft::new(key, rid, trace.unwrap_or_default(), started, content))
+}
+
+fn failed<D: Dialect>(app: &App, rid: &str, recorder: Option<Recorder>, f: &Failure) -> Response {
+    if let Some(mut r) = recorder {
+        r.failed(&f.error);
+    }
     error_response(app, D::ERRORS, rid, f)
 }
 
 /// Serve a received request in this region.
-async fn serve<D: Dialect>(app: &App, r: &Received, rid: &str, started: Instant) -> Result<Response, Failure> {
+/// A streamed answer takes the recorder into its body (it records when the body ends).
+async fn serve<D: Dialect>(
+    app: &App,
+    r: &Received,
+    rid: &str,
+    slot: &mut Option<Recorder>,
+) -> Result<Response, Failure> {
     let (prepared, mut dialect) = admitted::<D>(app, r, rid).await?;
+    let Some(recorder) = slot.as_mut() else { return Err(ApiError::internal("request recorded twice").into()) };
     let stream = prepared.req.stream;
-    let model_name = prepared.req.model.clone();
+    recorder.model = prepared.req.model.clone();
+    if let Some(a) = recorder.audit.as_mut() {
+        a.draft.requested(&prepared.req.model);
+    }
+    let prompt = recorder.audit.as_ref().is_some_and(|a| a.draft.wants_content()).then(|| prepared.prompt.clone());
     let (meta, generation) = app.gateway.start(&r.key, prepared, &r.opts, rid).await?;
+    if let Some(a) = recorder.audit.as_mut() {
+        a.draft.started(&meta, prompt);
+    }
     let health = app.gateway.cluster().health(Instant::now());
     dialect.routed(&meta);
-    if stream {
-        let recorder = Recorder { api: D::API, model: model_name, status: 200, started };
+    if stream && let Some(recorder) = slot.take() {
         return Ok(sse_response(&meta, health, event_body(generation, dialect, recorder)));
     }
     let (text, finish) = generation.collect().await.map_err(|e| Failure::known(e, meta.rate))?;
-    record(D::API, &model_name, 200, started);
+    if let Some(recorder) = slot.as_mut() {
+        recorder.event(&GenEvent::Delta(text.clone()));
+        recorder.event(&GenEvent::Finish(finish.clone()));
+    }
     Ok(json_response(&meta, health, dialect.final_body(&text, &finish), &finish))
 }
 

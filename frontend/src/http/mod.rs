@@ -47,6 +47,8 @@ pub struct App {
     pub body_limit: usize,
     /// This frontend's region and its peer regions (spillover and data residency).
     pub spill: Arc<spill::Spill>,
+    /// The audit log (none: requests are not audited).
+    pub audit: Option<Arc<crate::audit::AuditLog>>,
 }
 
 /// The router: every endpoint of both APIs, health, readiness and metrics.
@@ -114,19 +116,7 @@ fn set(headers: &mut HeaderMap, name: &'static str, value: &str) {
 
 /// RFC 3339 UTC time, second precision.
 pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's civil_from_days.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem / 60 % 60, rem % 60)
+    zl_common::calendar::rfc3339(t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()))
 }
 
 fn rate_headers(headers: &mut HeaderMap, rate: &RateFigures) {
@@ -220,8 +210,10 @@ async fn readyz(State(app): State<App>) -> Response {
     let peer_list = regions.peers();
     let peers: Vec<&str> = peer_list.iter().map(|p| p.region.as_str()).collect();
     body["region"] = json!({"local": regions.local(), "peers": peers, "backing_off": regions.down(now)});
+    let (level, why) = cluster.level(now);
+    body["health"] = json!({"level": level.as_str(), "reason": why});
     let mut resp = (status, axum::Json(body)).into_response();
-    set(resp.headers_mut(), "x-zl-health", cluster.health(now));
+    set(resp.headers_mut(), "x-zl-health", level.as_str());
     resp
 }
 
@@ -243,7 +235,7 @@ async fn method_not_allowed(req: Request) -> Response {
     let e = ApiError::invalid(format!("method {} is not allowed on {}", req.method(), req.uri().path()));
     let mut resp =
         (StatusCode::METHOD_NOT_ALLOWED, axum::Json(e.body(ErrorFormat::Anthropic, &request_id(&req)))).into_response();
-    set(resp.headers_mut(), "x-zl-health", "ok");
+    set(resp.headers_mut(), "x-zl-health", "healthy");
     resp
 }
 

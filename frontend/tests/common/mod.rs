@@ -137,6 +137,7 @@ impl Upstream for Fake {
                 predicted_billing_unit: 0.06,
                 reason: "test".into(),
                 decision_nanos: 1000,
+                orchestrator_id: String::new(),
             })
         })
     }
@@ -244,7 +245,7 @@ pub fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
     let cluster = Arc::new(Cluster::default());
     cluster.apply(sync_state(0), Instant::now());
     let gateway = Arc::new(Gateway::new(fake.clone(), cluster, config));
-    Harness { app: router(App { gateway, metrics: None, body_limit, spill: Default::default() }), fake }
+    Harness { app: router(App { gateway, metrics: None, body_limit, spill: Default::default(), audit: None }), fake }
 }
 
 pub fn harness() -> Harness {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use tonic::{Request, Response, Status};
 use zl_admin::pb;
@@ -12,6 +12,7 @@ use zl_admin::require_admin;
 use zl_common::billing::BillingWeights;
 use zl_proto::message::{ComputePool, NodeId};
 
+use super::ledger;
 use crate::node::Orchestrator;
 use crate::raft::{CommitError, command_status};
 use crate::state::{ApiKey, Command, PoolThresholds, Quota, secret_sha256};
@@ -296,5 +297,57 @@ impl pb::admin_server::Admin for AdminService {
         let (applied_index, bytes) = self.node.with_state(|s| (s.applied_index(), s.snapshot()));
         let state_json = String::from_utf8(bytes).map_err(|_| Status::internal("state is not UTF-8"))?;
         Ok(Response::new(pb::GetStateResponse { applied_index, state_json }))
+    }
+
+    async fn set_budget(&self, req: Request<pb::SetBudgetRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        self.write(ledger::set_budget(req.into_inner())?).await
+    }
+
+    async fn set_priority(&self, req: Request<pb::SetPriorityRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        self.write(ledger::set_priority(req.into_inner())?).await
+    }
+
+    async fn set_content_logging(
+        &self,
+        req: Request<pb::SetContentLoggingRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        self.node.read_barrier().await.map_err(status)?;
+        let existing = self.node.with_state(|s| s.ledger().data_keys.contains_key(&r.project));
+        match ledger::set_content_logging(r, existing)? {
+            Some(cmd) => self.write(cmd).await,
+            None => Ok(Response::new(pb::WriteResponse { applied_index: self.node.with_state(|s| s.applied_index()) })),
+        }
+    }
+
+    async fn get_usage(&self, req: Request<pb::GetUsageRequest>) -> Result<Response<pb::GetUsageResponse>, Status> {
+        require_admin(&req)?;
+        self.node.read_barrier().await.map_err(status)?;
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let r = req.into_inner();
+        Ok(Response::new(self.node.with_state(|s| ledger::usage(s.ledger(), &r, now))))
+    }
+
+    async fn list_audit_heads(
+        &self,
+        req: Request<pb::ListAuditHeadsRequest>,
+    ) -> Result<Response<pb::ListAuditHeadsResponse>, Status> {
+        require_admin(&req)?;
+        self.node.read_barrier().await.map_err(status)?;
+        Ok(Response::new(self.node.with_state(|s| ledger::audit_heads(s.ledger()))))
+    }
+
+    async fn get_data_keys(
+        &self,
+        req: Request<pb::GetDataKeysRequest>,
+    ) -> Result<Response<pb::GetDataKeysResponse>, Status> {
+        require_admin(&req)?;
+        self.node.read_barrier().await.map_err(status)?;
+        let project = req.into_inner().project;
+        tracing::info!(%project, "data key read by an operator");
+        Ok(Response::new(self.node.with_state(|s| ledger::data_keys(s.ledger(), &project))))
     }
 }

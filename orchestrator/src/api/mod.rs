@@ -2,4 +2,5 @@
 //! workers (FlatBuffers over QUIC), [`admin`] for operators (gRPC).
 
 pub mod admin;
+pub mod ledger;
 pub mod quic;

@@ -85,6 +85,13 @@ impl Handler for Orchestrator {
                 }
                 Message::StateSync(self.state_sync(r.known_index, now))
             }
+            Message::FrontendReport(r) => {
+                if ctx.peer.role != Role::Frontend {
+                    return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends report usage"));
+                }
+                let node = ctx.peer.node_id.clone();
+                Message::FrontendGrant(self.frontend_report(&node, r, now).await.map_err(command_error)?)
+            }
             Message::RegisterWorker(r) => {
                 speaks_for(&ctx, &r.worker_id)?;
                 Message::Ack(Ack { applied_index: self.register(&r).await.map_err(command_error)? })

@@ -271,6 +271,7 @@ pub fn decide(
                     predicted_billing_unit: unit,
                     reason,
                     decision_nanos: 0,
+                    orchestrator_id: String::new(),
                 });
             }
         }

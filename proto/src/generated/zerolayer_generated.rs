@@ -1979,6 +1979,7 @@ impl<'a> RouteDecision<'a> {
   pub const VT_PREDICTED_BILLING_UNIT: ::flatbuffers::VOffsetT = 16;
   pub const VT_REASON: ::flatbuffers::VOffsetT = 18;
   pub const VT_DECISION_NANOS: ::flatbuffers::VOffsetT = 20;
+  pub const VT_ORCHESTRATOR_ID: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1991,6 +1992,7 @@ impl<'a> RouteDecision<'a> {
   ) -> ::flatbuffers::WIPOffset<RouteDecision<'bldr>> {
     let mut builder = RouteDecisionBuilder::new(_fbb);
     builder.add_decision_nanos(args.decision_nanos);
+    if let Some(x) = args.orchestrator_id { builder.add_orchestrator_id(x); }
     if let Some(x) = args.reason { builder.add_reason(x); }
     builder.add_predicted_billing_unit(args.predicted_billing_unit);
     if let Some(x) = args.weights_sha256 { builder.add_weights_sha256(x); }
@@ -2072,6 +2074,14 @@ impl<'a> RouteDecision<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(RouteDecision::VT_DECISION_NANOS, Some(0)).unwrap()}
   }
+  /// Node id of the orchestrator that decided (for the audit record); empty from older orchestrators.
+  #[inline]
+  pub fn orchestrator_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(RouteDecision::VT_ORCHESTRATOR_ID, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for RouteDecision<'_> {
@@ -2089,6 +2099,7 @@ impl ::flatbuffers::Verifiable for RouteDecision<'_> {
      .visit_field::<f32>("predicted_billing_unit", Self::VT_PREDICTED_BILLING_UNIT, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("reason", Self::VT_REASON, false)?
      .visit_field::<u64>("decision_nanos", Self::VT_DECISION_NANOS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("orchestrator_id", Self::VT_ORCHESTRATOR_ID, false)?
      .finish();
     Ok(())
   }
@@ -2103,6 +2114,7 @@ pub struct RouteDecisionArgs<'a> {
     pub predicted_billing_unit: f32,
     pub reason: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub decision_nanos: u64,
+    pub orchestrator_id: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for RouteDecisionArgs<'a> {
   #[inline]
@@ -2117,6 +2129,7 @@ impl<'a> Default for RouteDecisionArgs<'a> {
       predicted_billing_unit: 0.0,
       reason: None,
       decision_nanos: 0,
+      orchestrator_id: None,
     }
   }
 }
@@ -2163,6 +2176,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> RouteDecisionBuilder<'a, 'b, 
     self.fbb_.push_slot::<u64>(RouteDecision::VT_DECISION_NANOS, decision_nanos, 0);
   }
   #[inline]
+  pub fn add_orchestrator_id(&mut self, orchestrator_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(RouteDecision::VT_ORCHESTRATOR_ID, orchestrator_id);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> RouteDecisionBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     RouteDecisionBuilder {
@@ -2194,6 +2211,7 @@ impl ::core::fmt::Debug for RouteDecision<'_> {
       ds.field("predicted_billing_unit", &self.predicted_billing_unit());
       ds.field("reason", &self.reason());
       ds.field("decision_nanos", &self.decision_nanos());
+      ds.field("orchestrator_id", &self.orchestrator_id());
       ds.finish()
   }
 }
@@ -3917,6 +3935,12 @@ impl<'a> ProjectQuota<'a> {
   pub const VT_MAX_CONCURRENT: ::flatbuffers::VOffsetT = 10;
   pub const VT_INPUT_TOKENS_PER_MINUTE: ::flatbuffers::VOffsetT = 12;
   pub const VT_OUTPUT_TOKENS_PER_MINUTE: ::flatbuffers::VOffsetT = 14;
+  pub const VT_PRIORITY: ::flatbuffers::VOffsetT = 16;
+  pub const VT_BUDGET_METRIC: ::flatbuffers::VOffsetT = 18;
+  pub const VT_BUDGET_PERIOD: ::flatbuffers::VOffsetT = 20;
+  pub const VT_BUDGET_LIMIT: ::flatbuffers::VOffsetT = 22;
+  pub const VT_CONTENT_KEY_ID: ::flatbuffers::VOffsetT = 24;
+  pub const VT_CONTENT_KEY: ::flatbuffers::VOffsetT = 26;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -3928,12 +3952,18 @@ impl<'a> ProjectQuota<'a> {
     args: &'args ProjectQuotaArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ProjectQuota<'bldr>> {
     let mut builder = ProjectQuotaBuilder::new(_fbb);
+    builder.add_budget_limit(args.budget_limit);
+    if let Some(x) = args.content_key { builder.add_content_key(x); }
+    if let Some(x) = args.content_key_id { builder.add_content_key_id(x); }
     builder.add_output_tokens_per_minute(args.output_tokens_per_minute);
     builder.add_input_tokens_per_minute(args.input_tokens_per_minute);
     builder.add_max_concurrent(args.max_concurrent);
     builder.add_tokens_per_minute(args.tokens_per_minute);
     builder.add_requests_per_minute(args.requests_per_minute);
     if let Some(x) = args.project { builder.add_project(x); }
+    builder.add_budget_period(args.budget_period);
+    builder.add_budget_metric(args.budget_metric);
+    builder.add_priority(args.priority);
     builder.finish()
   }
 
@@ -3981,6 +4011,52 @@ impl<'a> ProjectQuota<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(ProjectQuota::VT_OUTPUT_TOKENS_PER_MINUTE, Some(0)).unwrap()}
   }
+  /// Priority class under degradation (docs/operations.md): 0 high, 1 normal (the default), 2 low.
+  #[inline]
+  pub fn priority(&self) -> u8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(ProjectQuota::VT_PRIORITY, Some(1)).unwrap()}
+  }
+  /// The project's budget, when it has one (`budget_limit` above 0): what it counts (0 billing milli-units,
+  /// 1 tokens) and per what period (0 day, 1 month, UTC calendar).
+  #[inline]
+  pub fn budget_metric(&self) -> u8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(ProjectQuota::VT_BUDGET_METRIC, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn budget_period(&self) -> u8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(ProjectQuota::VT_BUDGET_PERIOD, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn budget_limit(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ProjectQuota::VT_BUDGET_LIMIT, Some(0)).unwrap()}
+  }
+  /// Content logging: the project's data key (32 bytes) and its id; absent when off or shredded.
+  #[inline]
+  pub fn content_key_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ProjectQuota::VT_CONTENT_KEY_ID, None)}
+  }
+  #[inline]
+  pub fn content_key(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ProjectQuota::VT_CONTENT_KEY, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ProjectQuota<'_> {
@@ -3995,6 +4071,12 @@ impl ::flatbuffers::Verifiable for ProjectQuota<'_> {
      .visit_field::<u32>("max_concurrent", Self::VT_MAX_CONCURRENT, false)?
      .visit_field::<u32>("input_tokens_per_minute", Self::VT_INPUT_TOKENS_PER_MINUTE, false)?
      .visit_field::<u32>("output_tokens_per_minute", Self::VT_OUTPUT_TOKENS_PER_MINUTE, false)?
+     .visit_field::<u8>("priority", Self::VT_PRIORITY, false)?
+     .visit_field::<u8>("budget_metric", Self::VT_BUDGET_METRIC, false)?
+     .visit_field::<u8>("budget_period", Self::VT_BUDGET_PERIOD, false)?
+     .visit_field::<u64>("budget_limit", Self::VT_BUDGET_LIMIT, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("content_key_id", Self::VT_CONTENT_KEY_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("content_key", Self::VT_CONTENT_KEY, false)?
      .finish();
     Ok(())
   }
@@ -4006,6 +4088,12 @@ pub struct ProjectQuotaArgs<'a> {
     pub max_concurrent: u32,
     pub input_tokens_per_minute: u32,
     pub output_tokens_per_minute: u32,
+    pub priority: u8,
+    pub budget_metric: u8,
+    pub budget_period: u8,
+    pub budget_limit: u64,
+    pub content_key_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub content_key: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
 }
 impl<'a> Default for ProjectQuotaArgs<'a> {
   #[inline]
@@ -4017,6 +4105,12 @@ impl<'a> Default for ProjectQuotaArgs<'a> {
       max_concurrent: 0,
       input_tokens_per_minute: 0,
       output_tokens_per_minute: 0,
+      priority: 1,
+      budget_metric: 0,
+      budget_period: 0,
+      budget_limit: 0,
+      content_key_id: None,
+      content_key: None,
     }
   }
 }
@@ -4051,6 +4145,30 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ProjectQuotaBuilder<'a, 'b, A
     self.fbb_.push_slot::<u32>(ProjectQuota::VT_OUTPUT_TOKENS_PER_MINUTE, output_tokens_per_minute, 0);
   }
   #[inline]
+  pub fn add_priority(&mut self, priority: u8) {
+    self.fbb_.push_slot::<u8>(ProjectQuota::VT_PRIORITY, priority, 1);
+  }
+  #[inline]
+  pub fn add_budget_metric(&mut self, budget_metric: u8) {
+    self.fbb_.push_slot::<u8>(ProjectQuota::VT_BUDGET_METRIC, budget_metric, 0);
+  }
+  #[inline]
+  pub fn add_budget_period(&mut self, budget_period: u8) {
+    self.fbb_.push_slot::<u8>(ProjectQuota::VT_BUDGET_PERIOD, budget_period, 0);
+  }
+  #[inline]
+  pub fn add_budget_limit(&mut self, budget_limit: u64) {
+    self.fbb_.push_slot::<u64>(ProjectQuota::VT_BUDGET_LIMIT, budget_limit, 0);
+  }
+  #[inline]
+  pub fn add_content_key_id(&mut self, content_key_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ProjectQuota::VT_CONTENT_KEY_ID, content_key_id);
+  }
+  #[inline]
+  pub fn add_content_key(&mut self, content_key: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ProjectQuota::VT_CONTENT_KEY, content_key);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ProjectQuotaBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ProjectQuotaBuilder {
@@ -4075,6 +4193,12 @@ impl ::core::fmt::Debug for ProjectQuota<'_> {
       ds.field("max_concurrent", &self.max_concurrent());
       ds.field("input_tokens_per_minute", &self.input_tokens_per_minute());
       ds.field("output_tokens_per_minute", &self.output_tokens_per_minute());
+      ds.field("priority", &self.priority());
+      ds.field("budget_metric", &self.budget_metric());
+      ds.field("budget_period", &self.budget_period());
+      ds.field("budget_limit", &self.budget_limit());
+      ds.field("content_key_id", &self.content_key_id());
+      ds.field("content_key", &self.content_key());
       ds.finish()
   }
 }
@@ -4279,6 +4403,940 @@ impl ::core::fmt::Debug for StateSync<'_> {
       ds.field("models", &self.models());
       ds.field("serving_workers", &self.serving_workers());
       ds.field("billing_weights", &self.billing_weights());
+      ds.finish()
+  }
+}
+pub enum UsageDeltaOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Usage of one key in one hour, counted by a frontend since its last report.
+pub struct UsageDelta<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for UsageDelta<'a> {
+  type Inner = UsageDelta<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> UsageDelta<'a> {
+  pub const VT_HOUR: ::flatbuffers::VOffsetT = 4;
+  pub const VT_KEY_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PROJECT: ::flatbuffers::VOffsetT = 8;
+  pub const VT_REQUESTS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_INPUT_TOKENS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_OUTPUT_TOKENS: ::flatbuffers::VOffsetT = 14;
+  pub const VT_MILLI_UNITS: ::flatbuffers::VOffsetT = 16;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    UsageDelta { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args UsageDeltaArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<UsageDelta<'bldr>> {
+    let mut builder = UsageDeltaBuilder::new(_fbb);
+    builder.add_milli_units(args.milli_units);
+    builder.add_output_tokens(args.output_tokens);
+    builder.add_input_tokens(args.input_tokens);
+    builder.add_requests(args.requests);
+    builder.add_hour(args.hour);
+    if let Some(x) = args.project { builder.add_project(x); }
+    if let Some(x) = args.key_id { builder.add_key_id(x); }
+    builder.finish()
+  }
+
+
+  /// Unix time of the hour's start, in seconds.
+  #[inline]
+  pub fn hour(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(UsageDelta::VT_HOUR, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn key_id(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(UsageDelta::VT_KEY_ID, None).unwrap()}
+  }
+  #[inline]
+  pub fn project(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(UsageDelta::VT_PROJECT, None).unwrap()}
+  }
+  #[inline]
+  pub fn requests(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(UsageDelta::VT_REQUESTS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn input_tokens(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(UsageDelta::VT_INPUT_TOKENS, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output_tokens(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(UsageDelta::VT_OUTPUT_TOKENS, Some(0)).unwrap()}
+  }
+  /// Billing units times 1000.
+  #[inline]
+  pub fn milli_units(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(UsageDelta::VT_MILLI_UNITS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for UsageDelta<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("hour", Self::VT_HOUR, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("key_id", Self::VT_KEY_ID, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, true)?
+     .visit_field::<u64>("requests", Self::VT_REQUESTS, false)?
+     .visit_field::<u64>("input_tokens", Self::VT_INPUT_TOKENS, false)?
+     .visit_field::<u64>("output_tokens", Self::VT_OUTPUT_TOKENS, false)?
+     .visit_field::<u64>("milli_units", Self::VT_MILLI_UNITS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct UsageDeltaArgs<'a> {
+    pub hour: u64,
+    pub key_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub milli_units: u64,
+}
+impl<'a> Default for UsageDeltaArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    UsageDeltaArgs {
+      hour: 0,
+      key_id: None, // required field
+      project: None, // required field
+      requests: 0,
+      input_tokens: 0,
+      output_tokens: 0,
+      milli_units: 0,
+    }
+  }
+}
+
+pub struct UsageDeltaBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> UsageDeltaBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_hour(&mut self, hour: u64) {
+    self.fbb_.push_slot::<u64>(UsageDelta::VT_HOUR, hour, 0);
+  }
+  #[inline]
+  pub fn add_key_id(&mut self, key_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UsageDelta::VT_KEY_ID, key_id);
+  }
+  #[inline]
+  pub fn add_project(&mut self, project: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UsageDelta::VT_PROJECT, project);
+  }
+  #[inline]
+  pub fn add_requests(&mut self, requests: u64) {
+    self.fbb_.push_slot::<u64>(UsageDelta::VT_REQUESTS, requests, 0);
+  }
+  #[inline]
+  pub fn add_input_tokens(&mut self, input_tokens: u64) {
+    self.fbb_.push_slot::<u64>(UsageDelta::VT_INPUT_TOKENS, input_tokens, 0);
+  }
+  #[inline]
+  pub fn add_output_tokens(&mut self, output_tokens: u64) {
+    self.fbb_.push_slot::<u64>(UsageDelta::VT_OUTPUT_TOKENS, output_tokens, 0);
+  }
+  #[inline]
+  pub fn add_milli_units(&mut self, milli_units: u64) {
+    self.fbb_.push_slot::<u64>(UsageDelta::VT_MILLI_UNITS, milli_units, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> UsageDeltaBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    UsageDeltaBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<UsageDelta<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, UsageDelta::VT_KEY_ID,"key_id");
+    self.fbb_.required(o, UsageDelta::VT_PROJECT,"project");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for UsageDelta<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("UsageDelta");
+      ds.field("hour", &self.hour());
+      ds.field("key_id", &self.key_id());
+      ds.field("project", &self.project());
+      ds.field("requests", &self.requests());
+      ds.field("input_tokens", &self.input_tokens());
+      ds.field("output_tokens", &self.output_tokens());
+      ds.field("milli_units", &self.milli_units());
+      ds.finish()
+  }
+}
+pub enum BudgetAskOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A frontend's position in a project's budget for one period: what it has used of its allotment so far, and the
+/// allotment it wants to hold (cumulative figures, so a repeated report changes nothing).
+pub struct BudgetAsk<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for BudgetAsk<'a> {
+  type Inner = BudgetAsk<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> BudgetAsk<'a> {
+  pub const VT_PROJECT: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PERIOD_START: ::flatbuffers::VOffsetT = 6;
+  pub const VT_USED: ::flatbuffers::VOffsetT = 8;
+  pub const VT_TARGET: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    BudgetAsk { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args BudgetAskArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<BudgetAsk<'bldr>> {
+    let mut builder = BudgetAskBuilder::new(_fbb);
+    builder.add_target(args.target);
+    builder.add_used(args.used);
+    builder.add_period_start(args.period_start);
+    if let Some(x) = args.project { builder.add_project(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn project(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(BudgetAsk::VT_PROJECT, None).unwrap()}
+  }
+  /// Unix time (seconds) of the start of the period these figures count in.
+  #[inline]
+  pub fn period_start(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BudgetAsk::VT_PERIOD_START, Some(0)).unwrap()}
+  }
+  /// Used this period by this frontend (the budget's metric).
+  #[inline]
+  pub fn used(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BudgetAsk::VT_USED, Some(0)).unwrap()}
+  }
+  /// The allotment this frontend wants to hold this period (at least `used`; below its current allotment returns
+  /// the difference).
+  #[inline]
+  pub fn target(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BudgetAsk::VT_TARGET, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for BudgetAsk<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, true)?
+     .visit_field::<u64>("period_start", Self::VT_PERIOD_START, false)?
+     .visit_field::<u64>("used", Self::VT_USED, false)?
+     .visit_field::<u64>("target", Self::VT_TARGET, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BudgetAskArgs<'a> {
+    pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub period_start: u64,
+    pub used: u64,
+    pub target: u64,
+}
+impl<'a> Default for BudgetAskArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    BudgetAskArgs {
+      project: None, // required field
+      period_start: 0,
+      used: 0,
+      target: 0,
+    }
+  }
+}
+
+pub struct BudgetAskBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BudgetAskBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_project(&mut self, project: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BudgetAsk::VT_PROJECT, project);
+  }
+  #[inline]
+  pub fn add_period_start(&mut self, period_start: u64) {
+    self.fbb_.push_slot::<u64>(BudgetAsk::VT_PERIOD_START, period_start, 0);
+  }
+  #[inline]
+  pub fn add_used(&mut self, used: u64) {
+    self.fbb_.push_slot::<u64>(BudgetAsk::VT_USED, used, 0);
+  }
+  #[inline]
+  pub fn add_target(&mut self, target: u64) {
+    self.fbb_.push_slot::<u64>(BudgetAsk::VT_TARGET, target, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BudgetAskBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BudgetAskBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<BudgetAsk<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, BudgetAsk::VT_PROJECT,"project");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for BudgetAsk<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("BudgetAsk");
+      ds.field("project", &self.project());
+      ds.field("period_start", &self.period_start());
+      ds.field("used", &self.used());
+      ds.field("target", &self.target());
+      ds.finish()
+  }
+}
+pub enum FrontendReportOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A frontend's periodic report (frontend -> orchestrator, about once a second): usage since the last report,
+/// budget leases, and its audit chain head. Answered with `FrontendGrant`.
+pub struct FrontendReport<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for FrontendReport<'a> {
+  type Inner = FrontendReport<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> FrontendReport<'a> {
+  pub const VT_REPORT_SEQ: ::flatbuffers::VOffsetT = 4;
+  pub const VT_USAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_ASKS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_AUDIT_SEQ: ::flatbuffers::VOffsetT = 10;
+  pub const VT_AUDIT_HASH: ::flatbuffers::VOffsetT = 12;
+  pub const VT_SENT_MS: ::flatbuffers::VOffsetT = 14;
+  pub const VT_LEASE_MS: ::flatbuffers::VOffsetT = 16;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    FrontendReport { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args FrontendReportArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<FrontendReport<'bldr>> {
+    let mut builder = FrontendReportBuilder::new(_fbb);
+    builder.add_lease_ms(args.lease_ms);
+    builder.add_sent_ms(args.sent_ms);
+    builder.add_audit_seq(args.audit_seq);
+    builder.add_report_seq(args.report_seq);
+    if let Some(x) = args.audit_hash { builder.add_audit_hash(x); }
+    if let Some(x) = args.asks { builder.add_asks(x); }
+    if let Some(x) = args.usage { builder.add_usage(x); }
+    builder.finish()
+  }
+
+
+  /// Sequence number of this report from this frontend (from 1); a repeated number is applied once.
+  #[inline]
+  pub fn report_seq(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(FrontendReport::VT_REPORT_SEQ, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn usage(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<UsageDelta<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<UsageDelta>>>>(FrontendReport::VT_USAGE, None)}
+  }
+  #[inline]
+  pub fn asks(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BudgetAsk<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BudgetAsk>>>>(FrontendReport::VT_ASKS, None)}
+  }
+  /// The newest record of this frontend's audit chain (0: none yet) and its SHA-256 (32 bytes).
+  #[inline]
+  pub fn audit_seq(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(FrontendReport::VT_AUDIT_SEQ, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn audit_hash(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(FrontendReport::VT_AUDIT_HASH, None)}
+  }
+  /// Unix time (milliseconds) at the frontend when it sent this; the orchestrator's own clock decides periods.
+  #[inline]
+  pub fn sent_ms(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(FrontendReport::VT_SENT_MS, Some(0)).unwrap()}
+  }
+  /// How long this frontend's leases hold without another report (milliseconds); after that it is presumed dead
+  /// and its allotments are charged. 0: the orchestrators' default.
+  #[inline]
+  pub fn lease_ms(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(FrontendReport::VT_LEASE_MS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for FrontendReport<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("report_seq", Self::VT_REPORT_SEQ, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<UsageDelta>>>>("usage", Self::VT_USAGE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<BudgetAsk>>>>("asks", Self::VT_ASKS, false)?
+     .visit_field::<u64>("audit_seq", Self::VT_AUDIT_SEQ, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("audit_hash", Self::VT_AUDIT_HASH, false)?
+     .visit_field::<u64>("sent_ms", Self::VT_SENT_MS, false)?
+     .visit_field::<u64>("lease_ms", Self::VT_LEASE_MS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct FrontendReportArgs<'a> {
+    pub report_seq: u64,
+    pub usage: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<UsageDelta<'a>>>>>,
+    pub asks: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BudgetAsk<'a>>>>>,
+    pub audit_seq: u64,
+    pub audit_hash: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub sent_ms: u64,
+    pub lease_ms: u64,
+}
+impl<'a> Default for FrontendReportArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    FrontendReportArgs {
+      report_seq: 0,
+      usage: None,
+      asks: None,
+      audit_seq: 0,
+      audit_hash: None,
+      sent_ms: 0,
+      lease_ms: 0,
+    }
+  }
+}
+
+pub struct FrontendReportBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FrontendReportBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_report_seq(&mut self, report_seq: u64) {
+    self.fbb_.push_slot::<u64>(FrontendReport::VT_REPORT_SEQ, report_seq, 0);
+  }
+  #[inline]
+  pub fn add_usage(&mut self, usage: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<UsageDelta<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FrontendReport::VT_USAGE, usage);
+  }
+  #[inline]
+  pub fn add_asks(&mut self, asks: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<BudgetAsk<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FrontendReport::VT_ASKS, asks);
+  }
+  #[inline]
+  pub fn add_audit_seq(&mut self, audit_seq: u64) {
+    self.fbb_.push_slot::<u64>(FrontendReport::VT_AUDIT_SEQ, audit_seq, 0);
+  }
+  #[inline]
+  pub fn add_audit_hash(&mut self, audit_hash: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FrontendReport::VT_AUDIT_HASH, audit_hash);
+  }
+  #[inline]
+  pub fn add_sent_ms(&mut self, sent_ms: u64) {
+    self.fbb_.push_slot::<u64>(FrontendReport::VT_SENT_MS, sent_ms, 0);
+  }
+  #[inline]
+  pub fn add_lease_ms(&mut self, lease_ms: u64) {
+    self.fbb_.push_slot::<u64>(FrontendReport::VT_LEASE_MS, lease_ms, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FrontendReportBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    FrontendReportBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<FrontendReport<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for FrontendReport<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("FrontendReport");
+      ds.field("report_seq", &self.report_seq());
+      ds.field("usage", &self.usage());
+      ds.field("asks", &self.asks());
+      ds.field("audit_seq", &self.audit_seq());
+      ds.field("audit_hash", &self.audit_hash());
+      ds.field("sent_ms", &self.sent_ms());
+      ds.field("lease_ms", &self.lease_ms());
+      ds.finish()
+  }
+}
+pub enum BudgetGrantOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A project's budget as one frontend holds it.
+pub struct BudgetGrant<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for BudgetGrant<'a> {
+  type Inner = BudgetGrant<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> BudgetGrant<'a> {
+  pub const VT_PROJECT: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PERIOD_START: ::flatbuffers::VOffsetT = 6;
+  pub const VT_RESETS_AT: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LIMIT: ::flatbuffers::VOffsetT = 10;
+  pub const VT_SPENT: ::flatbuffers::VOffsetT = 12;
+  pub const VT_ALLOTMENT: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    BudgetGrant { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args BudgetGrantArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<BudgetGrant<'bldr>> {
+    let mut builder = BudgetGrantBuilder::new(_fbb);
+    builder.add_allotment(args.allotment);
+    builder.add_spent(args.spent);
+    builder.add_limit(args.limit);
+    builder.add_resets_at(args.resets_at);
+    builder.add_period_start(args.period_start);
+    if let Some(x) = args.project { builder.add_project(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn project(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(BudgetGrant::VT_PROJECT, None).unwrap()}
+  }
+  #[inline]
+  pub fn period_start(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BudgetGrant::VT_PERIOD_START, Some(0)).unwrap()}
+  }
+  /// Unix time (seconds) when the period ends and the budget resets.
+  #[inline]
+  pub fn resets_at(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BudgetGrant::VT_RESETS_AT, Some(0)).unwrap()}
+  }
+  /// The budget and how much of it all frontends have used or hold.
+  #[inline]
+  pub fn limit(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BudgetGrant::VT_LIMIT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn spent(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BudgetGrant::VT_SPENT, Some(0)).unwrap()}
+  }
+  /// This frontend's allotment this period (cumulative, includes what it has used).
+  #[inline]
+  pub fn allotment(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(BudgetGrant::VT_ALLOTMENT, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for BudgetGrant<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, true)?
+     .visit_field::<u64>("period_start", Self::VT_PERIOD_START, false)?
+     .visit_field::<u64>("resets_at", Self::VT_RESETS_AT, false)?
+     .visit_field::<u64>("limit", Self::VT_LIMIT, false)?
+     .visit_field::<u64>("spent", Self::VT_SPENT, false)?
+     .visit_field::<u64>("allotment", Self::VT_ALLOTMENT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BudgetGrantArgs<'a> {
+    pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub period_start: u64,
+    pub resets_at: u64,
+    pub limit: u64,
+    pub spent: u64,
+    pub allotment: u64,
+}
+impl<'a> Default for BudgetGrantArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    BudgetGrantArgs {
+      project: None, // required field
+      period_start: 0,
+      resets_at: 0,
+      limit: 0,
+      spent: 0,
+      allotment: 0,
+    }
+  }
+}
+
+pub struct BudgetGrantBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> BudgetGrantBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_project(&mut self, project: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(BudgetGrant::VT_PROJECT, project);
+  }
+  #[inline]
+  pub fn add_period_start(&mut self, period_start: u64) {
+    self.fbb_.push_slot::<u64>(BudgetGrant::VT_PERIOD_START, period_start, 0);
+  }
+  #[inline]
+  pub fn add_resets_at(&mut self, resets_at: u64) {
+    self.fbb_.push_slot::<u64>(BudgetGrant::VT_RESETS_AT, resets_at, 0);
+  }
+  #[inline]
+  pub fn add_limit(&mut self, limit: u64) {
+    self.fbb_.push_slot::<u64>(BudgetGrant::VT_LIMIT, limit, 0);
+  }
+  #[inline]
+  pub fn add_spent(&mut self, spent: u64) {
+    self.fbb_.push_slot::<u64>(BudgetGrant::VT_SPENT, spent, 0);
+  }
+  #[inline]
+  pub fn add_allotment(&mut self, allotment: u64) {
+    self.fbb_.push_slot::<u64>(BudgetGrant::VT_ALLOTMENT, allotment, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> BudgetGrantBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BudgetGrantBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<BudgetGrant<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, BudgetGrant::VT_PROJECT,"project");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for BudgetGrant<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("BudgetGrant");
+      ds.field("project", &self.project());
+      ds.field("period_start", &self.period_start());
+      ds.field("resets_at", &self.resets_at());
+      ds.field("limit", &self.limit());
+      ds.field("spent", &self.spent());
+      ds.field("allotment", &self.allotment());
+      ds.finish()
+  }
+}
+pub enum FrontendGrantOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The answer to a `FrontendReport` (orchestrator -> frontend): the frontend's budget allotments and the
+/// cluster's health signals.
+pub struct FrontendGrant<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for FrontendGrant<'a> {
+  type Inner = FrontendGrant<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> FrontendGrant<'a> {
+  pub const VT_APPLIED_INDEX: ::flatbuffers::VOffsetT = 4;
+  pub const VT_GRANTS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_CAPACITY: ::flatbuffers::VOffsetT = 8;
+  pub const VT_RUNNING: ::flatbuffers::VOffsetT = 10;
+  pub const VT_WAITING: ::flatbuffers::VOffsetT = 12;
+  pub const VT_LEADER: ::flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    FrontendGrant { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args FrontendGrantArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<FrontendGrant<'bldr>> {
+    let mut builder = FrontendGrantBuilder::new(_fbb);
+    builder.add_applied_index(args.applied_index);
+    builder.add_waiting(args.waiting);
+    builder.add_running(args.running);
+    builder.add_capacity(args.capacity);
+    if let Some(x) = args.grants { builder.add_grants(x); }
+    builder.add_leader(args.leader);
+    builder.finish()
+  }
+
+
+  /// Raft applied index of the committed report.
+  #[inline]
+  pub fn applied_index(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(FrontendGrant::VT_APPLIED_INDEX, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn grants(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BudgetGrant<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BudgetGrant>>>>(FrontendGrant::VT_GRANTS, None)}
+  }
+  /// Healthy, non-draining workers' sequence slots (capacity), sequences running and waiting, over all models.
+  #[inline]
+  pub fn capacity(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(FrontendGrant::VT_CAPACITY, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn running(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(FrontendGrant::VT_RUNNING, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn waiting(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(FrontendGrant::VT_WAITING, Some(0)).unwrap()}
+  }
+  /// Whether the Raft group has a leader.
+  #[inline]
+  pub fn leader(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(FrontendGrant::VT_LEADER, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for FrontendGrant<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("applied_index", Self::VT_APPLIED_INDEX, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<BudgetGrant>>>>("grants", Self::VT_GRANTS, false)?
+     .visit_field::<u32>("capacity", Self::VT_CAPACITY, false)?
+     .visit_field::<u32>("running", Self::VT_RUNNING, false)?
+     .visit_field::<u32>("waiting", Self::VT_WAITING, false)?
+     .visit_field::<bool>("leader", Self::VT_LEADER, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct FrontendGrantArgs<'a> {
+    pub applied_index: u64,
+    pub grants: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<BudgetGrant<'a>>>>>,
+    pub capacity: u32,
+    pub running: u32,
+    pub waiting: u32,
+    pub leader: bool,
+}
+impl<'a> Default for FrontendGrantArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    FrontendGrantArgs {
+      applied_index: 0,
+      grants: None,
+      capacity: 0,
+      running: 0,
+      waiting: 0,
+      leader: false,
+    }
+  }
+}
+
+pub struct FrontendGrantBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FrontendGrantBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_applied_index(&mut self, applied_index: u64) {
+    self.fbb_.push_slot::<u64>(FrontendGrant::VT_APPLIED_INDEX, applied_index, 0);
+  }
+  #[inline]
+  pub fn add_grants(&mut self, grants: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<BudgetGrant<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FrontendGrant::VT_GRANTS, grants);
+  }
+  #[inline]
+  pub fn add_capacity(&mut self, capacity: u32) {
+    self.fbb_.push_slot::<u32>(FrontendGrant::VT_CAPACITY, capacity, 0);
+  }
+  #[inline]
+  pub fn add_running(&mut self, running: u32) {
+    self.fbb_.push_slot::<u32>(FrontendGrant::VT_RUNNING, running, 0);
+  }
+  #[inline]
+  pub fn add_waiting(&mut self, waiting: u32) {
+    self.fbb_.push_slot::<u32>(FrontendGrant::VT_WAITING, waiting, 0);
+  }
+  #[inline]
+  pub fn add_leader(&mut self, leader: bool) {
+    self.fbb_.push_slot::<bool>(FrontendGrant::VT_LEADER, leader, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FrontendGrantBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    FrontendGrantBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<FrontendGrant<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for FrontendGrant<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("FrontendGrant");
+      ds.field("applied_index", &self.applied_index());
+      ds.field("grants", &self.grants());
+      ds.field("capacity", &self.capacity());
+      ds.field("running", &self.running());
+      ds.field("waiting", &self.waiting());
+      ds.field("leader", &self.leader());
       ds.finish()
   }
 }

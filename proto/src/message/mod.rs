@@ -8,6 +8,7 @@ pub(crate) mod check;
 mod control;
 mod error;
 mod generate;
+mod ledger;
 mod route;
 mod sync;
 
@@ -26,10 +27,11 @@ pub use control::{
 };
 pub use error::{Cancel, ErrorCode, WireError};
 pub use generate::{Finish, GenerateRequest, Prompt, SamplingParams, StopReason, TokenChunk, Usage};
+pub use ledger::{BudgetAsk, BudgetGrant, FrontendGrant, FrontendReport, MAX_REPORT_ITEMS, UsageDelta};
 pub use route::{RouteDecision, RouteHint, RouteRequest};
 pub use sync::{
-    ApiKeyEntry, MAX_STOP_TOKEN_IDS, MAX_SYNC_ITEMS, ModelCard, ModelCardRequest, ProjectQuota, StateSync,
-    StateSyncRequest,
+    ApiKeyEntry, Budget, BudgetMetric, BudgetPeriod, MAX_STOP_TOKEN_IDS, MAX_SYNC_ITEMS, ModelCard, ModelCardRequest,
+    ProjectQuota, StateSync, StateSyncRequest,
 };
 
 /// A payload that is not a valid message.
@@ -69,6 +71,8 @@ pub enum Message {
     ModelCard(ModelCard),
     StateSyncRequest(StateSyncRequest),
     StateSync(StateSync),
+    FrontendReport(FrontendReport),
+    FrontendGrant(FrontendGrant),
 }
 
 impl Message {
@@ -92,6 +96,8 @@ impl Message {
             Message::ModelCard(_) => FrameKind::ModelCard,
             Message::StateSyncRequest(_) => FrameKind::StateSyncRequest,
             Message::StateSync(_) => FrameKind::StateSync,
+            Message::FrontendReport(_) => FrameKind::FrontendReport,
+            Message::FrontendGrant(_) => FrameKind::FrontendGrant,
         }
     }
 
@@ -115,6 +121,8 @@ impl Message {
             Message::ModelCard(m) => m.check(),
             Message::StateSyncRequest(_) => Ok(()),
             Message::StateSync(m) => m.check(),
+            Message::FrontendReport(m) => m.check(),
+            Message::FrontendGrant(m) => m.check(),
         }
     }
 
@@ -156,6 +164,12 @@ impl Message {
                 Message::StateSyncRequest(StateSyncRequest::read(root::<fb::StateSyncRequest<'_>>(&opts, buf)?)?)
             }
             FrameKind::StateSync => Message::StateSync(StateSync::read(root::<fb::StateSync<'_>>(&opts, buf)?)?),
+            FrameKind::FrontendReport => {
+                Message::FrontendReport(FrontendReport::read(root::<fb::FrontendReport<'_>>(&opts, buf)?)?)
+            }
+            FrameKind::FrontendGrant => {
+                Message::FrontendGrant(FrontendGrant::read(root::<fb::FrontendGrant<'_>>(&opts, buf)?)?)
+            }
         })
     }
 
@@ -178,6 +192,8 @@ impl Message {
             Message::ModelCard(m) => m.write(fbb).as_union_value(),
             Message::StateSyncRequest(m) => m.write(fbb).as_union_value(),
             Message::StateSync(m) => m.write(fbb).as_union_value(),
+            Message::FrontendReport(m) => m.write(fbb).as_union_value(),
+            Message::FrontendGrant(m) => m.write(fbb).as_union_value(),
         };
         fbb.finish_minimal(root);
     }

@@ -145,6 +145,8 @@ pub struct RouteDecision {
     pub reason: String,
     /// Time spent deciding, in nanoseconds.
     pub decision_nanos: u64,
+    /// Node id of the orchestrator that decided; empty when unknown.
+    pub orchestrator_id: String,
 }
 
 impl RouteDecision {
@@ -153,7 +155,8 @@ impl RouteDecision {
         check::endpoint("RouteDecision.endpoint", &self.endpoint)?;
         check::id("RouteDecision.model", &self.model)?;
         check::range("RouteDecision.predicted_billing_unit", self.predicted_billing_unit, 0.0, 1.0)?;
-        check::text("RouteDecision.reason", &self.reason, 0, check::MAX_REASON_LEN)
+        check::text("RouteDecision.reason", &self.reason, 0, check::MAX_REASON_LEN)?;
+        check::text("RouteDecision.orchestrator_id", &self.orchestrator_id, 0, check::MAX_NODE_ID_LEN)
     }
 
     pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::RouteDecision<'b>> {
@@ -163,6 +166,7 @@ impl RouteDecision {
         let model = fbb.create_string(&self.model);
         let sha = fbb.create_vector(&self.weights_sha256);
         let reason = fbb.create_string(&self.reason);
+        let orchestrator_id = (!self.orchestrator_id.is_empty()).then(|| fbb.create_string(&self.orchestrator_id));
         fb::RouteDecision::create(
             fbb,
             &fb::RouteDecisionArgs {
@@ -175,6 +179,7 @@ impl RouteDecision {
                 predicted_billing_unit: self.predicted_billing_unit,
                 reason: Some(reason),
                 decision_nanos: self.decision_nanos,
+                orchestrator_id,
             },
         )
     }
@@ -190,6 +195,7 @@ impl RouteDecision {
             predicted_billing_unit: t.predicted_billing_unit(),
             reason: t.reason().unwrap_or_default().to_owned(),
             decision_nanos: t.decision_nanos(),
+            orchestrator_id: t.orchestrator_id().unwrap_or_default().to_owned(),
         };
         msg.check()?;
         Ok(msg)

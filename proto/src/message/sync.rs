@@ -168,7 +168,7 @@ impl ApiKeyEntry {
 }
 
 /// A project's limits; 0 means unlimited.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProjectQuota {
     /// Project name.
     pub project: String,
@@ -182,6 +182,57 @@ pub struct ProjectQuota {
     pub input_tokens_per_minute: u32,
     /// Output tokens per minute.
     pub output_tokens_per_minute: u32,
+    /// Priority class under degradation: 0 high, 1 normal, 2 low.
+    pub priority: u8,
+    /// The project's budget, if any.
+    pub budget: Option<Budget>,
+    /// Content logging's data key (id, 32 bytes), when on.
+    pub content_key: Option<(String, Vec<u8>)>,
+}
+
+impl Default for ProjectQuota {
+    fn default() -> Self {
+        ProjectQuota {
+            project: String::new(),
+            requests_per_minute: 0,
+            tokens_per_minute: 0,
+            max_concurrent: 0,
+            input_tokens_per_minute: 0,
+            output_tokens_per_minute: 0,
+            priority: 1,
+            budget: None,
+            content_key: None,
+        }
+    }
+}
+
+/// What a budget counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetMetric {
+    /// Billing units times 1000.
+    MilliUnits,
+    /// Input plus output tokens.
+    Tokens,
+}
+
+/// The period a budget resets after (UTC calendar).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetPeriod {
+    /// A day.
+    Day,
+    /// A month.
+    Month,
+}
+
+/// A project's budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// What it counts.
+    pub metric: BudgetMetric,
+    /// When it resets.
+    pub period: BudgetPeriod,
+    /// How much per period.
+    pub limit: u64,
 }
 
 /// The part of the routing state frontends cache.
@@ -218,6 +269,15 @@ impl StateSync {
         }
         for p in &self.projects {
             check::id("ProjectQuota.project", &p.project)?;
+            if p.priority > 2 {
+                return Err(invalid("ProjectQuota.priority", "0, 1 or 2"));
+            }
+            if let Some((id, k)) = &p.content_key {
+                check::id("ProjectQuota.content_key_id", id)?;
+                if k.len() != 32 {
+                    return Err(invalid("ProjectQuota.content_key", "must be 32 bytes"));
+                }
+            }
         }
         self.models.iter().try_for_each(ModelInfo::check)
     }
@@ -251,6 +311,13 @@ impl StateSync {
             .iter()
             .map(|p| {
                 let project = fbb.create_string(&p.project);
+                let content_key_id = p.content_key.as_ref().map(|(id, _)| fbb.create_string(id));
+                let content_key = p.content_key.as_ref().map(|(_, k)| fbb.create_vector(k));
+                let budget = p.budget.unwrap_or(Budget {
+                    metric: BudgetMetric::MilliUnits,
+                    period: BudgetPeriod::Day,
+                    limit: 0,
+                });
                 fb::ProjectQuota::create(
                     fbb,
                     &fb::ProjectQuotaArgs {
@@ -260,6 +327,18 @@ impl StateSync {
                         max_concurrent: p.max_concurrent,
                         input_tokens_per_minute: p.input_tokens_per_minute,
                         output_tokens_per_minute: p.output_tokens_per_minute,
+                        priority: p.priority,
+                        budget_metric: match budget.metric {
+                            BudgetMetric::MilliUnits => 0,
+                            BudgetMetric::Tokens => 1,
+                        },
+                        budget_period: match budget.period {
+                            BudgetPeriod::Day => 0,
+                            BudgetPeriod::Month => 1,
+                        },
+                        budget_limit: budget.limit,
+                        content_key_id,
+                        content_key,
                     },
                 )
             })
@@ -307,15 +386,37 @@ impl StateSync {
                 .collect::<Result<_, MessageError>>()?,
             projects: projects
                 .iter()
-                .map(|p| ProjectQuota {
-                    project: p.project().to_owned(),
-                    requests_per_minute: p.requests_per_minute(),
-                    tokens_per_minute: p.tokens_per_minute(),
-                    max_concurrent: p.max_concurrent(),
-                    input_tokens_per_minute: p.input_tokens_per_minute(),
-                    output_tokens_per_minute: p.output_tokens_per_minute(),
+                .map(|p| {
+                    let budget = match (p.budget_limit(), p.budget_metric(), p.budget_period()) {
+                        (0, _, _) => None,
+                        (limit, m @ 0..=1, d @ 0..=1) => Some(Budget {
+                            metric: if m == 0 { BudgetMetric::MilliUnits } else { BudgetMetric::Tokens },
+                            period: if d == 0 { BudgetPeriod::Day } else { BudgetPeriod::Month },
+                            limit,
+                        }),
+                        _ => return Err(invalid("ProjectQuota.budget_metric", "unknown metric or period")),
+                    };
+                    let content_key = match (p.content_key_id(), p.content_key()) {
+                        (Some(id), Some(k)) if k.len() == 32 => Some((id.to_owned(), k.bytes().to_vec())),
+                        (None, None) => None,
+                        _ => return Err(invalid("ProjectQuota.content_key", "needs an id and 32 bytes")),
+                    };
+                    if p.priority() > 2 {
+                        return Err(invalid("ProjectQuota.priority", "0, 1 or 2"));
+                    }
+                    Ok(ProjectQuota {
+                        project: p.project().to_owned(),
+                        requests_per_minute: p.requests_per_minute(),
+                        tokens_per_minute: p.tokens_per_minute(),
+                        max_concurrent: p.max_concurrent(),
+                        input_tokens_per_minute: p.input_tokens_per_minute(),
+                        output_tokens_per_minute: p.output_tokens_per_minute(),
+                        priority: p.priority(),
+                        budget,
+                        content_key,
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, MessageError>>()?,
             models: models.iter().map(ModelInfo::read).collect::<Result<_, _>>()?,
             serving_workers: t.serving_workers(),
             billing_weights: match t.billing_weights() {

@@ -72,6 +72,7 @@ pub(crate) fn samples() -> Vec<Message> {
             predicted_billing_unit: 0.42,
             reason: "least-loaded: queue 0".into(),
             decision_nanos: 1800,
+            orchestrator_id: String::new(),
         }),
         Message::GenerateRequest(GenerateRequest {
             request_id: "req_01".into(),
@@ -154,6 +155,9 @@ pub(crate) fn samples() -> Vec<Message> {
                 max_concurrent: 4,
                 input_tokens_per_minute: 10_000,
                 output_tokens_per_minute: 2_000,
+                priority: 2,
+                budget: Some(Budget { metric: BudgetMetric::Tokens, period: BudgetPeriod::Month, limit: 1_000_000 }),
+                content_key: Some(("dk_1".into(), vec![9; 32])),
             }],
             models: vec![ModelInfo {
                 id: "smollm2-135m-instruct".into(),
@@ -163,6 +167,38 @@ pub(crate) fn samples() -> Vec<Message> {
             }],
             serving_workers: 1,
             billing_weights: Some([0.3, 0.5, 0.2]),
+        }),
+        Message::FrontendReport(FrontendReport {
+            report_seq: 7,
+            usage: vec![UsageDelta {
+                hour: 3600 * 500_000,
+                key_id: "key-1".into(),
+                project: "default".into(),
+                requests: 3,
+                input_tokens: 40,
+                output_tokens: 12,
+                milli_units: 450,
+            }],
+            asks: vec![BudgetAsk { project: "default".into(), period_start: 86_400, used: 10, target: 1010 }],
+            audit_seq: 9,
+            audit_hash: Some([4; 32]),
+            sent_ms: 1_700_000_000_000,
+            lease_ms: 15_000,
+        }),
+        Message::FrontendGrant(FrontendGrant {
+            applied_index: 43,
+            grants: vec![BudgetGrant {
+                project: "default".into(),
+                period_start: 86_400,
+                resets_at: 172_800,
+                limit: 5000,
+                spent: 700,
+                allotment: 1010,
+            }],
+            capacity: 8,
+            running: 6,
+            waiting: 2,
+            leader: true,
         }),
     ]
 }
@@ -202,6 +238,8 @@ fn payload_under_another_kinds_header_is_refused() {
                 | FrameKind::TokenChunk
                 | FrameKind::StateSyncRequest
                 | FrameKind::StateSync
+                | FrameKind::FrontendReport
+                | FrameKind::FrontendGrant
         ) {
             continue; // Tables without required fields can legitimately read an Ack's bytes as empty.
         }

@@ -1,0 +1,159 @@
+//! The audit log on a real cluster (`zl up`): one hash-chained record per request, the chain head committed to
+//! the orchestrators; `zl audit verify` passes after traffic and names the record when one byte is changed, a
+//! record is removed or the newest records are cut off; content logging seals prompts and answers under the
+//! project's data key, and shredding the key leaves the chain valid and the content unreadable.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use zl_e2e::{request, zl, zl_up};
+
+const KEY: &str = "sk-zl-audit-test-key-0123456789abcd";
+const SECRET_KEY: &str = "sk-zl-audit-secret-project-key-0123";
+const PROMPT: &str = "The launch code is tangerine-47. Repeat it.";
+
+fn ask(http: std::net::SocketAddr, key: &str, model: &str, content: &str) -> zl_e2e::HttpResponse {
+    let body = serde_json::json!({"model": model, "max_tokens": 6, "temperature": 0,
+        "messages": [{"role": "user", "content": content}]})
+    .to_string();
+    request(http, "POST", "/v1/messages", &[("x-api-key", key)], &body).expect("the frontend answers")
+}
+
+/// `zl audit ARGS` against the cluster in `data`.
+fn audit(data: &Path, args: &[&str]) -> (bool, String) {
+    let mut all = vec!["audit", "--data-dir", data.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let out = zl(&all);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+fn admin(data: &Path, args: &[&str]) {
+    let mut all = vec!["admin", "--data-dir", data.to_str().unwrap()];
+    all.extend_from_slice(args);
+    let out = zl(&all);
+    assert!(out.status.success(), "zl admin {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+}
+
+fn segment(dir: &Path) -> PathBuf {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    files.pop().unwrap()
+}
+
+/// Rewrite the lines of the (only) segment in a copy of `chain` and verify the copy.
+fn tampered(chain: &Path, scratch: &Path, name: &str, edit: impl Fn(&mut Vec<String>)) -> (bool, String) {
+    let copy = scratch.join(name).join("frontend-0");
+    copy_dir(chain, &copy);
+    let seg = segment(&copy);
+    let mut lines: Vec<String> = std::fs::read_to_string(&seg).unwrap().lines().map(str::to_owned).collect();
+    edit(&mut lines);
+    std::fs::write(&seg, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let data = scratch.join("data");
+    audit(&data, &["verify", copy.to_str().unwrap()])
+}
+
+#[test]
+fn the_chain_verifies_after_traffic_and_catches_every_tampering() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut up, http, state) = zl_up(dir.path(), "data", KEY, &[], &[]);
+    let data = dir.path().join("data");
+    let chain = Path::new(state["audit_dir"].as_str().unwrap()).join("frontend-0");
+    let model = state["model"].as_str().unwrap();
+
+    // Traffic: answers, a refusal after authentication (unknown model), and an unauthenticated call (no record).
+    let mut rids = Vec::new();
+    for i in 0..5 {
+        let r = ask(http, KEY, model, &format!("Count to {i}."));
+        assert_eq!(r.status, 200, "{}", r.body);
+        rids.push(r.header("request-id").unwrap().to_owned());
+    }
+    assert_eq!(ask(http, KEY, "no-such-model", "hi").status, 404);
+    assert_eq!(ask(http, "wrong-key-wrong-key-wrong", model, "hi").status, 401);
+
+    // Wait until the frontend has committed its head (record 6) to the orchestrators.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, text) = audit(&data, &["verify", chain.to_str().unwrap()]);
+        if ok && text.contains("reaches the committed head, record 6") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the head was never committed: {text}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (_, export) = audit(&data, &["export", chain.to_str().unwrap()]);
+    let records: Vec<serde_json::Value> = export.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(records.len(), 6);
+    assert_eq!(records[0]["request_id"], rids[0].as_str());
+    assert_eq!(records[0]["key_id"], "local");
+    assert_eq!(records[0]["worker"], "worker-0");
+    assert_eq!(records[0]["orchestrator"], "orchestrator-0");
+    assert_eq!(records[0]["stop_reason"], "max_tokens");
+    assert_eq!(records[0]["input_sha256"].as_str().unwrap().len(), 64);
+    assert!(records[0]["output_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(records[5]["status"], 404);
+    assert_eq!(records[5]["error_type"], "not_found_error");
+    assert!(!export.contains("Count to"), "no plaintext by default");
+
+    let scratch = tempfile::tempdir().unwrap();
+    // The scratch copies are checked against the live cluster's heads.
+    std::os::unix::fs::symlink(&data, scratch.path().join("data")).unwrap();
+    let (ok, text) =
+        tampered(&chain, scratch.path(), "byte", |l| l[2] = l[2].replacen("\"status\":200", "\"status\":201", 1));
+    assert!(!ok && text.contains("line 3 (record 3)") && text.contains("hash mismatch"), "{text}");
+    let (ok, text) = tampered(&chain, scratch.path(), "removed", |l| {
+        l.remove(3);
+    });
+    assert!(!ok && text.contains("record 4") && text.contains("missing"), "{text}");
+    let (ok, text) = tampered(&chain, scratch.path(), "truncated", |l| l.truncate(4));
+    assert!(!ok && text.contains("truncated") && text.contains("record 6"), "{text}");
+    let (ok, text) = tampered(&chain, scratch.path(), "untouched", |_| {});
+    assert!(ok, "{text}");
+
+    // Content logging: sealed under the project's key, readable with it, unreadable once it is shredded.
+    admin(&data, &["project", "secret"]);
+    admin(&data, &["keys", "create", "ks", "--project", "secret", "--secret", SECRET_KEY]);
+    admin(&data, &["content-logging", "secret", "on"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let sealed_rid = loop {
+        let r = ask(http, SECRET_KEY, model, PROMPT);
+        assert!(r.status == 200 || r.status == 401, "{}", r.body);
+        let rid = r.header("request-id").unwrap_or_default().to_owned();
+        let (_, export) = audit(&data, &["export", chain.to_str().unwrap(), "--project", "secret"]);
+        if r.status == 200 && export.lines().any(|l| l.contains(&rid) && l.contains("\"payload\"")) {
+            break rid;
+        }
+        assert!(Instant::now() < deadline, "no sealed record appeared: {export}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let raw: String =
+        std::fs::read_dir(&chain).unwrap().map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap()).collect();
+    assert!(!raw.contains("tangerine"), "the prompt is not stored in the clear");
+    let line = |text: &str| -> serde_json::Value {
+        serde_json::from_str(text.lines().find(|l| l.contains(&sealed_rid)).unwrap()).unwrap()
+    };
+    let (ok, text) = audit(&data, &["export", chain.to_str().unwrap(), "--project", "secret", "--decrypt"]);
+    assert!(ok, "{text}");
+    let open = line(&text);
+    assert!(open["content"]["input"].as_str().unwrap().contains("tangerine-47"), "{open}");
+    assert!(!open["content"]["output"].as_str().unwrap().is_empty());
+
+    admin(&data, &["content-logging", "secret", "shred"]);
+    let (ok, text) = audit(&data, &["export", chain.to_str().unwrap(), "--project", "secret", "--decrypt"]);
+    assert!(ok, "{text}");
+    let shredded = line(&text);
+    assert!(shredded["content"]["error"].as_str().unwrap().contains("shredded"), "{shredded}");
+    assert!(!text.contains("tangerine"));
+    let (ok, text) = audit(&data, &["verify", chain.to_str().unwrap()]);
+    assert!(ok && text.contains("ok:"), "shredding leaves the chain valid: {text}");
+    assert!(up.terminate(Duration::from_secs(30)));
+}

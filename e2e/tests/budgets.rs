@@ -1,0 +1,162 @@
+//! A project budget held across three frontends: under concurrent load through all of them the project's usage
+//! never passes the budget (each frontend admits only within the allotment it leased from the orchestrators), a
+//! request past it gets a 429 naming the budget and its reset, the usage ledger counts every token, and a
+//! frontend killed while holding a lease loses at most that lease.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use zl_e2e::{admin, certs_more, http, request, small_cluster, start_frontend_args};
+
+const KEY: &str = "sk-zl-budget-test-key-p-0123456789";
+const KEY_B: &str = "sk-zl-budget-test-key-b-0123456789";
+const KEY_C: &str = "sk-zl-budget-test-key-c-0123456789";
+/// Reports every 200 ms; a lease is a tenth of a budget and is charged 3 s after its frontend's last report.
+const FE: &[&str] = &["--report-interval-ms", "200", "--budget-lease-fraction", "0.1", "--budget-lease-s", "3"];
+
+/// One request; `Some(tokens used)` when answered, `None` when refused for the budget.
+fn ask(http: SocketAddr, key: &str, n: u64) -> Option<u64> {
+    let body = serde_json::json!({"model": "smollm2-135m-instruct", "max_tokens": 8, "temperature": 0,
+        "messages": [{"role": "user", "content": format!("Say something about the number {n}.")}]})
+    .to_string();
+    let r = request(http, "POST", "/v1/messages", &[("x-api-key", key), ("x-zl-cache", "bypass")], &body).unwrap();
+    match r.status {
+        200 => {
+            let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+            Some(v["usage"]["input_tokens"].as_u64().unwrap() + v["usage"]["output_tokens"].as_u64().unwrap())
+        }
+        429 => {
+            assert!(r.body.contains("budget of") && r.body.contains("resets at"), "{}", r.body);
+            assert!(r.header("retry-after").is_some_and(|s| s.parse::<u64>().unwrap() > 0));
+            None
+        }
+        other => panic!("unexpected {other}: {}", r.body),
+    }
+}
+
+/// Load through `frontends` (two clients each) until every client has been refused three times in a row; the
+/// tokens the answers used.
+fn exhaust(frontends: &[SocketAddr], key: &'static str) -> u64 {
+    let used = Arc::new(AtomicU64::new(0));
+    let counter = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = (0..frontends.len() * 2)
+        .map(|t| {
+            let (used, counter, fe) = (used.clone(), counter.clone(), frontends[t % frontends.len()]);
+            std::thread::spawn(move || {
+                let deadline = Instant::now() + Duration::from_secs(300);
+                let mut refused = 0;
+                while refused < 3 {
+                    assert!(Instant::now() < deadline, "the budget was never exhausted");
+                    match ask(fe, key, counter.fetch_add(1, Ordering::Relaxed)) {
+                        Some(t) => {
+                            used.fetch_add(t, Ordering::Relaxed);
+                            refused = 0;
+                        }
+                        None => refused += 1,
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    used.load(Ordering::Relaxed)
+}
+
+/// `zl admin usage --json` for a project: (tokens in its usage rows, the budget's spent and committed figures).
+fn usage(tls: &std::path::Path, orch: SocketAddr, project: &str) -> (u64, f64, f64) {
+    let out = admin(tls, orch, &["usage", "--project", project, "--json"]);
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let tokens = v["usage"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["input_tokens"].as_u64().unwrap() + r["output_tokens"].as_u64().unwrap())
+        .sum();
+    let b = &v["budgets"][0];
+    (tokens, b["spent"].as_f64().unwrap(), b["committed"].as_f64().unwrap())
+}
+
+fn wait_for_key(frontends: &[SocketAddr], key: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    for fe in frontends {
+        while http(*fe, "GET", "/v1/models", &[("x-api-key", key)], "").map(|r| r.0) != Some(200) {
+            assert!(Instant::now() < deadline, "{fe} never accepted the key");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+#[test]
+fn three_frontends_hold_one_budget_and_a_dead_one_loses_at_most_its_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path();
+    let cluster = small_cluster(tls, &["w1"], &[], FE, KEY);
+    certs_more(tls, &[("frontend", "fe-1"), ("frontend", "fe-2")]);
+    let (_fe1, http1) = start_frontend_args(tls, "fe-1", &[cluster.orch.quic], FE);
+    let (mut fe2, http2) = start_frontend_args(tls, "fe-2", &[cluster.orch.quic], FE);
+    let frontends = [cluster.http, http1, http2];
+    let orch = cluster.orch.admin;
+
+    // Project b: 1500 tokens a month, spent through all three frontends at once.
+    admin(tls, orch, &["project", "b"]);
+    admin(tls, orch, &["keys", "create", "kb", "--project", "b", "--secret", KEY_B]);
+    admin(tls, orch, &["budget", "b", "--metric", "tokens", "--period", "month", "--limit", "1500"]);
+    wait_for_key(&frontends, KEY_B);
+    let used = exhaust(&frontends, KEY_B);
+    eprintln!("project b: {used} tokens used of 1500");
+    assert!(used <= 1500, "the three frontends together used {used} tokens of a 1500-token budget");
+    assert!(used >= 1500 - 3 * 150 - 200, "most of the budget was usable: {used}");
+    // Every answered token is in the ledger, and the ledger's spend is within the budget.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (tokens, spent, _) = usage(tls, orch, "b");
+        if tokens == used {
+            assert!(spent <= 1500.0, "spent {spent}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the ledger counts {tokens} tokens, the answers {used}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Project c: 2000 tokens; the third frontend takes a lease (200 tokens), serves a little, and is killed.
+    admin(tls, orch, &["project", "c"]);
+    admin(tls, orch, &["keys", "create", "kc", "--project", "c", "--secret", KEY_C]);
+    admin(tls, orch, &["budget", "c", "--metric", "tokens", "--period", "month", "--limit", "2000"]);
+    wait_for_key(&frontends, KEY_C);
+    let mut before = 0;
+    for n in 0..2 {
+        before += ask(http2, KEY_C, n).expect("within the budget");
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while usage(tls, orch, "c").0 < before {
+        assert!(Instant::now() < deadline, "fe-2's usage was never reported");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let held = usage(tls, orch, "c");
+    assert!(held.2 > held.1, "fe-2 holds an unused lease: {held:?}");
+    fe2.0.kill().unwrap();
+    fe2.0.wait().unwrap();
+    // After the lease time the orchestrators charge the dead frontend's lease; nothing stays outstanding.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (tokens, spent) = loop {
+        let (tokens, spent, committed) = usage(tls, orch, "c");
+        if (committed - spent).abs() < 0.5 {
+            break (tokens, spent);
+        }
+        assert!(Instant::now() < deadline, "the dead frontend's lease never expired");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(tokens, before);
+    let lost = spent - before as f64;
+    eprintln!("project c: fe-2 used {before}, lost {lost} with its lease");
+    assert!(lost > 0.0 && lost <= 200.0, "a dead frontend loses at most its lease (200): lost {lost}");
+    // The two survivors can spend what is left, and no more.
+    let more = exhaust(&frontends[..2], KEY_C);
+    eprintln!("project c: the survivors used {more} more");
+    assert!(before + more <= 2000 - lost as u64, "used {before} + {more} with {lost} lost of 2000");
+}

@@ -1,0 +1,264 @@
+//! This frontend's side of the replicated ledger: usage counted since the last report, and budget allotments
+//! leased from the orchestrators. Sans-IO: the report loop (`report.rs`) takes [`Ledger::report`] to the
+//! orchestrators and brings back [`Ledger::granted`]; the request path reserves a request's worst-case cost with
+//! [`Ledger::reserve`] and settles the real cost with [`Ledger::settle`].
+//!
+//! A request is admitted only while this frontend's used and reserved cost stays within its allotment, and the
+//! orchestrators never allot more than a budget holds, so the cluster's usage cannot pass a budget however many
+//! frontends share it (docs/audit.md, "Budgets").
+
+use std::collections::{BTreeMap, HashMap};
+
+use zl_proto::message::{Budget, BudgetAsk, BudgetMetric, BudgetPeriod, FrontendGrant, FrontendReport, UsageDelta};
+
+/// A project's budget as this frontend holds it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Start of the period (unix s); 0 before the first grant.
+    pub period_start: u64,
+    /// When it resets (unix s).
+    pub resets_at: u64,
+    /// The budget.
+    pub limit: u64,
+    /// This frontend's cumulative allotment.
+    pub allotment: u64,
+    /// Used this period.
+    pub used: u64,
+    /// Reserved by requests in flight (their worst case).
+    pub reserved: u64,
+    /// Worst case of a request refused for want of allotment: asked for with the next report.
+    pub wanted: u64,
+    /// A fresh grant did not make room: refuse at once until a grant brings more.
+    pub exhausted: bool,
+}
+
+/// A request's hold on a budget, settled when it ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hold {
+    /// Project.
+    pub project: String,
+    /// The budget's metric.
+    pub metric: BudgetMetric,
+    /// Reserved (worst case).
+    pub reserved: u64,
+    /// The period it was reserved in.
+    pub period_start: u64,
+}
+
+/// Why a request does not fit a budget.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Short {
+    /// This frontend's allotment is short: ask the orchestrators (a report) and try once more.
+    Allotment,
+    /// The budget is spent: refuse, naming it and when it resets.
+    Spent {
+        /// Human-readable.
+        message: String,
+        /// Seconds until it resets.
+        retry_after: u64,
+    },
+}
+
+/// A finished request's figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Spent {
+    /// Key id.
+    pub key_id: String,
+    /// Project.
+    pub project: String,
+    /// Input tokens.
+    pub input_tokens: u64,
+    /// Output tokens.
+    pub output_tokens: u64,
+    /// Billing units times 1000.
+    pub milli_units: u64,
+}
+
+/// Usage and budgets of this frontend.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// (hour, key, project) -> usage not yet reported.
+    pending: BTreeMap<(u64, String, String), UsageDelta>,
+    /// The report being sent (resent unchanged until it is acknowledged).
+    sending: Option<FrontendReport>,
+    last_seq: u64,
+    held: HashMap<String, Held>,
+    /// Lease size as a fraction of a budget.
+    lease_fraction: f64,
+    /// Signals from the last grant.
+    pub signals: Option<FrontendGrant>,
+}
+
+fn cost(metric: BudgetMetric, input: u64, output: u64, milli_units: u64) -> u64 {
+    match metric {
+        BudgetMetric::Tokens => input + output,
+        BudgetMetric::MilliUnits => milli_units,
+    }
+}
+
+impl Ledger {
+    /// A ledger leasing `lease_fraction` of a budget at a time.
+    pub fn new(lease_fraction: f64) -> Self {
+        Ledger { lease_fraction: lease_fraction.clamp(0.0, 1.0), ..Ledger::default() }
+    }
+
+    /// Reserve a request's worst case (`input_tokens` and `max_tokens`; a billing unit is at most 1) against
+    /// `project`'s budget at unix second `now`.
+    pub fn reserve(
+        &mut self,
+        project: &str,
+        budget: Budget,
+        input_tokens: u64,
+        max_tokens: u64,
+        now: u64,
+    ) -> Result<Hold, Short> {
+        let worst = cost(budget.metric, input_tokens, max_tokens, 1000);
+        let h = self.held.entry(project.to_owned()).or_default();
+        h.limit = budget.limit;
+        let current = h.resets_at == 0 || now < h.resets_at;
+        if current && h.used + h.reserved + worst <= h.allotment {
+            h.reserved += worst;
+            return Ok(Hold {
+                project: project.to_owned(),
+                metric: budget.metric,
+                reserved: worst,
+                period_start: h.period_start,
+            });
+        }
+        if !h.exhausted && worst <= budget.limit {
+            h.wanted = h.wanted.max(worst);
+            return Err(Short::Allotment);
+        }
+        let period = match budget.period {
+            BudgetPeriod::Day => "daily",
+            BudgetPeriod::Month => "monthly",
+        };
+        let what = match budget.metric {
+            BudgetMetric::Tokens => format!("{} tokens", budget.limit),
+            BudgetMetric::MilliUnits => format!("{} billing units", budget.limit as f64 / 1000.0),
+        };
+        let message = if worst > budget.limit {
+            format!("this request may cost more than project {project:?}'s whole {period} budget of {what}")
+        } else {
+            format!(
+                "project {project:?} has used its {period} budget of {what}; it resets at {} (unix time)",
+                h.resets_at
+            )
+        };
+        Err(Short::Spent { message, retry_after: h.resets_at.saturating_sub(now).max(1) })
+    }
+
+    /// The orchestrators were asked (after [`Short::Allotment`]) and the request still does not fit: refuse
+    /// without asking again until a grant brings more.
+    pub fn exhausted(&mut self, project: &str) {
+        if let Some(h) = self.held.get_mut(project) {
+            h.exhausted = true;
+        }
+    }
+
+    /// A request ended: count its usage and settle its hold.
+    pub fn settle(&mut self, spent: &Spent, hold: Option<&Hold>, now: u64) {
+        let hour = now - now % 3600;
+        let u = self.pending.entry((hour, spent.key_id.clone(), spent.project.clone())).or_insert_with(|| UsageDelta {
+            hour,
+            key_id: spent.key_id.clone(),
+            project: spent.project.clone(),
+            ..UsageDelta::default()
+        });
+        u.requests += 1;
+        u.input_tokens += spent.input_tokens;
+        u.output_tokens += spent.output_tokens;
+        u.milli_units += spent.milli_units;
+        if let Some(hold) = hold
+            && let Some(h) = self.held.get_mut(&hold.project)
+        {
+            h.reserved = h.reserved.saturating_sub(hold.reserved);
+            // Never count more than was reserved: the reservation is the bound the allotment was checked against.
+            let c = cost(hold.metric, spent.input_tokens, spent.output_tokens, spent.milli_units).min(hold.reserved);
+            if hold.period_start == h.period_start {
+                h.used += c;
+            }
+        }
+    }
+
+    /// A request ended before anything ran: give its hold back, count nothing.
+    pub fn release(&mut self, hold: Option<&Hold>) {
+        if let Some(hold) = hold
+            && let Some(h) = self.held.get_mut(&hold.project)
+        {
+            h.reserved = h.reserved.saturating_sub(hold.reserved);
+        }
+    }
+
+    /// The report to send now (the unacknowledged one again, if the last send failed).
+    pub fn report(&mut self, audit: Option<(u64, [u8; 32])>, now_ms: u64, lease_ms: u64) -> FrontendReport {
+        if let Some(r) = &self.sending {
+            let mut r = r.clone();
+            // Leases and the head are idempotent figures: bring them up to date.
+            r.asks = self.asks();
+            (r.audit_seq, r.audit_hash) = audit.map_or((0, None), |(s, h)| (s, Some(h)));
+            r.sent_ms = now_ms;
+            self.sending = Some(r.clone());
+            return r;
+        }
+        self.last_seq += 1;
+        let r = FrontendReport {
+            report_seq: self.last_seq,
+            usage: std::mem::take(&mut self.pending).into_values().collect(),
+            asks: self.asks(),
+            audit_seq: audit.map_or(0, |(s, _)| s),
+            audit_hash: audit.map(|(_, h)| h),
+            sent_ms: now_ms,
+            lease_ms,
+        };
+        self.sending = Some(r.clone());
+        r
+    }
+
+    fn asks(&self) -> Vec<BudgetAsk> {
+        self.held
+            .iter()
+            .map(|(project, h)| {
+                let lease = ((h.limit as f64 * self.lease_fraction) as u64).max(1);
+                let wanted = h.wanted;
+                BudgetAsk {
+                    project: project.clone(),
+                    period_start: h.period_start,
+                    used: h.used,
+                    target: h.used + h.reserved + lease.max(wanted),
+                }
+            })
+            .collect()
+    }
+
+    /// The orchestrators answered the last report.
+    pub fn granted(&mut self, grant: FrontendGrant) {
+        self.sending = None;
+        for g in &grant.grants {
+            let Some(h) = self.held.get_mut(&g.project) else { continue };
+            if g.period_start != h.period_start {
+                h.used = 0;
+                h.exhausted = false;
+                h.period_start = g.period_start;
+            }
+            h.resets_at = g.resets_at;
+            h.limit = g.limit;
+            if g.allotment > h.allotment || g.period_start != h.period_start {
+                h.exhausted = false;
+            }
+            h.allotment = g.allotment;
+            h.wanted = 0;
+        }
+        // Projects whose budget was cleared are no longer held.
+        self.held.retain(|p, _| grant.grants.iter().any(|g| &g.project == p));
+        self.signals = Some(grant);
+    }
+
+    /// What this frontend holds of a project's budget.
+    pub fn held(&self, project: &str) -> Option<&Held> {
+        self.held.get(project)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,79 @@
+use zl_proto::message::BudgetGrant;
+
+use super::*;
+
+const NOW: u64 = 1_767_225_600;
+
+fn budget(limit: u64) -> Budget {
+    Budget { metric: BudgetMetric::Tokens, period: BudgetPeriod::Month, limit }
+}
+
+fn grant(allotment: u64, spent: u64) -> FrontendGrant {
+    FrontendGrant {
+        grants: vec![BudgetGrant {
+            project: "acme".into(),
+            period_start: NOW,
+            resets_at: NOW + 31 * 86_400,
+            limit: 1000,
+            spent,
+            allotment,
+        }],
+        ..FrontendGrant::default()
+    }
+}
+
+fn spent(input: u64, output: u64) -> Spent {
+    Spent { key_id: "k".into(), project: "acme".into(), input_tokens: input, output_tokens: output, milli_units: 0 }
+}
+
+#[test]
+fn a_request_waits_for_an_allotment_then_fits_and_settles_its_real_cost() {
+    let mut l = Ledger::new(0.1);
+    assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
+    let r = l.report(None, NOW * 1000, 5000);
+    assert_eq!(r.asks[0].target, 100, "the lease (10%) covers the worst case (100)");
+    l.granted(grant(100, 0));
+    let hold = l.reserve("acme", budget(1000), 20, 80, NOW).unwrap();
+    assert_eq!(l.reserve("acme", budget(1000), 1, 1, NOW), Err(Short::Allotment), "all reserved");
+    l.settle(&spent(20, 30), Some(&hold), NOW);
+    let h = l.held("acme").unwrap();
+    assert_eq!((h.used, h.reserved), (50, 0));
+    let r = l.report(None, NOW * 1000, 5000);
+    assert_eq!(r.usage.len(), 1);
+    assert_eq!((r.usage[0].requests, r.usage[0].input_tokens, r.usage[0].output_tokens), (1, 20, 30));
+    assert_eq!(
+        (r.asks[0].used, r.asks[0].target),
+        (50, 150),
+        "used, plus the lease (which covers the refused worst case)"
+    );
+}
+
+#[test]
+fn a_spent_budget_is_refused_with_its_reset_and_an_unacknowledged_report_is_resent() {
+    let mut l = Ledger::new(0.1);
+    assert_eq!(l.reserve("acme", budget(1000), 10, 10, NOW), Err(Short::Allotment));
+    let first = l.report(Some((3, [7; 32])), NOW * 1000, 5000);
+    l.granted(grant(0, 1000));
+    assert_eq!(l.reserve("acme", budget(1000), 10, 10, NOW), Err(Short::Allotment));
+    l.exhausted("acme");
+    match l.reserve("acme", budget(1000), 10, 10, NOW) {
+        Err(Short::Spent { message, retry_after }) => {
+            assert!(message.contains("monthly budget of 1000 tokens"), "{message}");
+            assert_eq!(retry_after, 31 * 86_400);
+        }
+        other => panic!("{other:?}"),
+    }
+    // More allotment (another frontend returned some) lifts the refusal.
+    l.granted(grant(40, 960));
+    assert!(l.reserve("acme", budget(1000), 10, 10, NOW).is_ok());
+    // A report that got no answer goes again with the same number and usage.
+    l.settle(&spent(1, 1), None, NOW);
+    let a = l.report(None, NOW * 1000, 5000);
+    let b = l.report(None, NOW * 1000 + 1, 5000);
+    assert_eq!(a.report_seq, first.report_seq + 1);
+    assert_eq!((a.report_seq, &a.usage), (b.report_seq, &b.usage));
+    assert!(
+        l.reserve("acme", budget(1000), 0, 5000, NOW).is_err_and(|e| matches!(e, Short::Spent { .. })),
+        "more than the whole budget"
+    );
+}

@@ -1,0 +1,94 @@
+//! The report loop: about once a second (and at once when a request needs more budget), send the orchestrators
+//! this frontend's usage, budget positions and audit chain head, and take back its allotments and the cluster's
+//! health signals; log and count every change of degradation level.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use zl_common::sync::lock;
+
+use crate::audit::AuditLog;
+use crate::cluster::Cluster;
+use crate::health::Level;
+use crate::ledger::Ledger;
+use crate::upstream::Upstream;
+
+/// The ledger and the means to ask for a report now.
+#[derive(Debug)]
+pub struct Reporter {
+    /// Usage and budgets.
+    pub ledger: Mutex<Ledger>,
+    wake: tokio::sync::Notify,
+    granted: tokio::sync::watch::Sender<u64>,
+    /// How long leases hold without another report.
+    pub lease: Duration,
+}
+
+impl Reporter {
+    /// A reporter leasing `lease_fraction` of a budget at a time, for `lease`.
+    pub fn new(lease_fraction: f64, lease: Duration) -> Self {
+        Reporter {
+            ledger: Mutex::new(Ledger::new(lease_fraction)),
+            wake: tokio::sync::Notify::new(),
+            granted: tokio::sync::watch::Sender::new(0),
+            lease,
+        }
+    }
+
+    /// Report now and wait (up to `within`) for the answer; false if none came.
+    pub async fn ask_now(&self, within: Duration) -> bool {
+        let mut rx = self.granted.subscribe();
+        rx.borrow_and_update();
+        self.wake.notify_one();
+        matches!(tokio::time::timeout(within, rx.changed()).await, Ok(Ok(())))
+    }
+}
+
+/// Unix time in milliseconds.
+pub fn unix_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Report every `interval` (or when asked) until the task is dropped.
+pub async fn report_loop(
+    reporter: Arc<Reporter>,
+    upstream: Arc<dyn Upstream>,
+    cluster: Arc<Cluster>,
+    audit: Option<Arc<AuditLog>>,
+    interval: Duration,
+) {
+    let mut level = Level::Healthy;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = reporter.wake.notified() => {}
+        }
+        let head = audit.as_ref().map(|a| a.head()).filter(|h| h.seq > 0);
+        let head = head.and_then(|h| Some((h.seq, zl_common::keys::parse_hex32(&h.hash)?)));
+        let report = lock(&reporter.ledger).report(head, unix_ms(), reporter.lease.as_millis() as u64);
+        let sent = Instant::now();
+        match upstream.report(report).await {
+            Ok(grant) => {
+                metrics::histogram!("zl_frontend_report_seconds").record(sent.elapsed().as_secs_f64());
+                cluster.set_signals(grant.clone(), Instant::now());
+                lock(&reporter.ledger).granted(grant);
+                reporter.granted.send_modify(|n| *n += 1);
+            }
+            Err(e) => {
+                metrics::counter!("zl_frontend_report_failures_total").increment(1);
+                tracing::warn!(error = %e, "report to the orchestrators failed; it is sent again");
+            }
+        }
+        let (now, why) = cluster.level(Instant::now());
+        if now != level {
+            tracing::warn!(from = level.as_str(), to = now.as_str(), reason = %why, "health level changed");
+            metrics::counter!("zl_frontend_health_changes_total", "to" => now.as_str()).increment(1);
+            level = now;
+        }
+        metrics::gauge!("zl_frontend_health_level").set(match level {
+            Level::Healthy => 0.0,
+            Level::Degraded => 1.0,
+            Level::Unavailable => 2.0,
+        });
+    }
+}

@@ -1,0 +1,132 @@
+use super::*;
+
+pub(crate) fn sha(n: u8) -> String {
+    hex(&[n; 32])
+}
+
+pub(crate) fn spec(id: &str, model: &str, version: u8) -> WorkerSpec {
+    WorkerSpec {
+        id: NodeId::new(id).unwrap(),
+        endpoint: format!("{id}:7100"),
+        device_class: ComputePool::Cpu,
+        models: vec![ModelVersion {
+            id: model.into(),
+            weights_sha256: sha(version),
+            context_length: 8192,
+            family: "llama".into(),
+        }],
+        kv_block_size: 16,
+        kv_blocks_total: 1000,
+        max_running_sequences: 32,
+    }
+}
+
+fn id(s: &str) -> NodeId {
+    NodeId::new(s).unwrap()
+}
+
+#[test]
+fn same_commands_same_state_and_rejections_change_nothing() {
+    let cmds = vec![
+        Command::RegisterWorker(spec("w1", "llama", 1)),
+        Command::RegisterWorker(spec("w2", "llama", 2)),
+        Command::SetDrain { id: id("w3"), draining: true },
+        Command::SetDrain { id: id("w1"), draining: true },
+        Command::SetAlias { alias: "default".into(), target: Some("llama".into()) },
+        Command::SetCanary { model: "llama".into(), weights: [(sha(1), 90), (sha(2), 10)].into() },
+        Command::SetProject { name: "acme".into(), quota: Quota { requests_per_minute: 60, ..Quota::default() } },
+        Command::CreateKey(ApiKey {
+            key_id: "k1".into(),
+            secret_sha256: secret_sha256("s3cret"),
+            project: "acme".into(),
+            regions: vec![],
+        }),
+        Command::CreateKey(ApiKey {
+            key_id: "k2".into(),
+            secret_sha256: sha(9),
+            project: "acme".into(),
+            regions: vec!["eu".into(), "eu".into()],
+        }),
+        Command::SetBillingWeights(BillingWeights { input: 0.2, output: 0.6, context: 0.2 }),
+        Command::SetPoolThresholds(PoolThresholds { gpu: 0.2, hybrid: 0.5 }),
+        Command::DeregisterWorker { id: id("w2") },
+    ];
+    let run = || {
+        let mut s = RoutingState::default();
+        let outcomes: Vec<bool> = cmds.iter().enumerate().map(|(i, c)| s.apply(i as u64 + 1, c).is_ok()).collect();
+        (s, outcomes)
+    };
+    let (a, oa) = run();
+    let (b, ob) = run();
+    assert_eq!(a.snapshot(), b.snapshot());
+    assert_eq!(oa, ob);
+    assert_eq!(oa, vec![true, true, false, true, true, true, true, true, false, true, false, true]);
+    assert_eq!(a.applied_index(), 12);
+    assert!(a.workers()[&id("w1")].draining);
+    assert_eq!(a.workers().len(), 1);
+    assert_eq!(a.pool_thresholds(), &PoolThresholds::default(), "the rejected thresholds left no trace");
+    assert_eq!(a.verify_key("s3cret").map(|k| k.key_id.as_str()), Some("k1"));
+    assert!(a.verify_key("wrong").is_none());
+    let mut restored = RoutingState::restore(&a.snapshot()).unwrap();
+    assert_eq!(restored, a);
+    assert_eq!(restored.index().by_model["llama"].len(), 1);
+    assert_eq!(restored.verify_key("s3cret").map(|k| k.key_id.as_str()), Some("k1"));
+    // Data residency: a key is bound to regions (checked names, no repeats) and unbound.
+    let bind = |regions: &[&str]| Command::SetKeyRegions {
+        key_id: "k1".into(),
+        regions: regions.iter().map(|r| (*r).to_owned()).collect(),
+    };
+    restored.apply(13, &bind(&["eu-west", "eu-central"])).unwrap();
+    assert_eq!(restored.keys()["k1"].regions, ["eu-west", "eu-central"]);
+    assert!(restored.apply(14, &bind(&["EU"])).is_err());
+    assert!(restored.apply(15, &Command::SetKeyRegions { key_id: "nope".into(), regions: vec![] }).is_err());
+    let again = RoutingState::restore(&restored.snapshot()).unwrap();
+    assert_eq!(again.keys()["k1"].regions, ["eu-west", "eu-central"], "bindings survive a snapshot");
+    restored.apply(16, &bind(&[])).unwrap();
+    assert!(restored.keys()["k1"].regions.is_empty());
+    restored.apply(17, &Command::RevokeKey { key_id: "k1".into() }).unwrap();
+    assert!(restored.verify_key("s3cret").is_none(), "a revoked key no longer verifies");
+}
+
+#[test]
+fn aliases_resolve_and_refuse_cycles() {
+    let mut s = RoutingState::default();
+    s.apply(1, &Command::RegisterWorker(spec("w1", "smol", 1))).unwrap();
+    let alias = |a: &str, t: &str| Command::SetAlias { alias: a.into(), target: Some(t.into()) };
+    s.apply(2, &alias("a", "b")).unwrap();
+    s.apply(3, &alias("b", "smol")).unwrap();
+    assert_eq!(s.resolve_alias("a"), "smol");
+    assert_eq!(s.resolve_alias("unknown"), "unknown");
+    assert!(matches!(s.apply(4, &alias("smol", "a")), Err(CommandError::Invalid { .. })));
+    assert!(s.apply(5, &alias("b", "a")).is_err());
+    // A served model id wins over an alias of the same name.
+    s.apply(6, &alias("c", "d")).unwrap();
+    assert_eq!(s.resolve_alias("smol"), "smol");
+}
+
+#[test]
+fn bad_input_is_rejected_with_the_field_named() {
+    let mut s = RoutingState::default();
+    let mut bad = spec("w1", "m", 1);
+    bad.models[0].weights_sha256 = "xyz".into();
+    let err = s.apply(1, &Command::RegisterWorker(bad)).unwrap_err();
+    assert!(err.to_string().contains("weights_sha256"), "{err}");
+    let err = s.apply(2, &Command::SetCanary { model: "m".into(), weights: [(sha(1), 0)].into() }).unwrap_err();
+    assert!(err.to_string().contains("positive"));
+    let err = s.apply(3, &Command::SetFallback { model: "m".into(), chain: vec!["m".into()] }).unwrap_err();
+    assert!(err.to_string().contains("itself"));
+    assert!(s.apply(4, &Command::SetAlias { alias: "has space".into(), target: Some("m".into()) }).is_err());
+    let nan = BillingWeights { input: f32::NAN, output: 0.5, context: 0.2 };
+    assert!(s.apply(5, &Command::SetBillingWeights(nan)).is_err());
+    assert!(s.workers().is_empty());
+}
+
+#[test]
+fn reregistration_keeps_the_drain_flag() {
+    let mut s = RoutingState::default();
+    s.apply(1, &Command::RegisterWorker(spec("w1", "m", 1))).unwrap();
+    s.apply(2, &Command::SetDrain { id: id("w1"), draining: true }).unwrap();
+    s.apply(3, &Command::RegisterWorker(spec("w1", "m", 2))).unwrap();
+    assert!(s.workers()[&id("w1")].draining);
+    assert_eq!(s.workers()[&id("w1")].spec.models[0].weights_sha256, sha(2));
+}

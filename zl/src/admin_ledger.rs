@@ -1,0 +1,104 @@
+//! `zl admin usage`, `budget`, `priority` and `content-logging`: the ledger part of the admin API.
+
+use anyhow::{Result, bail};
+use zl_admin::pb;
+use zl_admin::pb::admin_client::AdminClient;
+
+use crate::admin::{AdminCommand, call, written};
+
+type Client = AdminClient<tonic::transport::Channel>;
+
+/// Run `command` if it is a ledger command (`Some`), else leave it (`None`).
+pub(crate) async fn run(c: &mut Client, command: &AdminCommand) -> Result<Option<()>> {
+    match command {
+        AdminCommand::Usage { hours, project, json } => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs();
+            let since = now.saturating_sub(hours * 3600);
+            let r = c
+                .get_usage(pb::GetUsageRequest { since, project: project.clone().unwrap_or_default() })
+                .await
+                .map_err(call)?
+                .into_inner();
+            if *json {
+                let rows: Vec<_> = r
+                    .rows
+                    .iter()
+                    .map(|u| {
+                        serde_json::json!({"hour": u.hour, "project": u.project, "key_id": u.key_id,
+                            "requests": u.requests, "input_tokens": u.input_tokens,
+                            "output_tokens": u.output_tokens, "units": u.units})
+                    })
+                    .collect();
+                let budgets: Vec<_> = r
+                    .budgets
+                    .iter()
+                    .map(|b| {
+                        serde_json::json!({"project": b.project, "metric": b.metric, "period": b.period,
+                            "limit": b.limit, "spent": b.spent, "committed": b.committed,
+                            "period_start": b.period_start, "resets_at": b.resets_at})
+                    })
+                    .collect();
+                println!("{}", serde_json::json!({"usage": rows, "budgets": budgets}));
+                return Ok(Some(()));
+            }
+            println!(
+                "{:<12} {:<16} {:<16} {:>9} {:>12} {:>12} {:>10}",
+                "HOUR", "PROJECT", "KEY", "REQUESTS", "INPUT TOK", "OUTPUT TOK", "UNITS"
+            );
+            for u in &r.rows {
+                println!(
+                    "{:<12} {:<16} {:<16} {:>9} {:>12} {:>12} {:>10.3}",
+                    u.hour, u.project, u.key_id, u.requests, u.input_tokens, u.output_tokens, u.units
+                );
+            }
+            for b in &r.budgets {
+                println!(
+                    "budget {}: {} {} per {}; spent {}, leased {} (resets at {})",
+                    b.project,
+                    b.limit,
+                    b.metric,
+                    b.period,
+                    b.spent,
+                    b.committed - b.spent,
+                    b.resets_at
+                );
+            }
+        }
+        AdminCommand::Budget { project, metric, period, limit } => written(
+            &format!("budget of {project} set"),
+            c.set_budget(pb::SetBudgetRequest {
+                project: project.clone(),
+                metric: metric.clone(),
+                period: period.clone(),
+                limit: *limit,
+            })
+            .await
+            .map_err(call)?
+            .into_inner(),
+        ),
+        AdminCommand::Priority { project, class } => written(
+            &format!("{project} is priority class {class}"),
+            c.set_priority(pb::SetPriorityRequest { project: project.clone(), class: class.clone() })
+                .await
+                .map_err(call)?
+                .into_inner(),
+        ),
+        AdminCommand::ContentLogging { project, action } => {
+            let enabled = match action.as_str() {
+                "on" => true,
+                "shred" => false,
+                other => bail!("{other:?}: use on or shred"),
+            };
+            let what = if enabled { "content logging on" } else { "content key shredded; content logging off" };
+            written(
+                &format!("{project}: {what}"),
+                c.set_content_logging(pb::SetContentLoggingRequest { project: project.clone(), enabled })
+                    .await
+                    .map_err(call)?
+                    .into_inner(),
+            );
+        }
+        _ => return Ok(None),
+    }
+    Ok(Some(()))
+}
