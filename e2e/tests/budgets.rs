@@ -15,7 +15,7 @@ const KEY: &str = "sk-zl-budget-test-key-p-0123456789";
 const KEY_B: &str = "sk-zl-budget-test-key-b-0123456789";
 const KEY_C: &str = "sk-zl-budget-test-key-c-0123456789";
 /// Reports every 200 ms; a lease is a tenth of a budget and is charged 3 s after its frontend's last report.
-const FE: &[&str] = &["--report-interval-ms", "200", "--budget-lease-fraction", "0.1", "--budget-lease-s", "3"];
+const FE: &[&str] = &["--report-interval-ms", "200", "--lease-fraction", "0.1", "--lease-s", "3"];
 
 /// One request; `Some(tokens used)` when answered, `None` when refused for the budget.
 fn ask(http: SocketAddr, key: &str, n: u64) -> Option<u64> {
@@ -159,4 +159,42 @@ fn three_frontends_hold_one_budget_and_a_dead_one_loses_at_most_its_lease() {
     let more = exhaust(&frontends[..2], KEY_C);
     eprintln!("project c: the survivors used {more} more");
     assert!(before + more <= 2000 - lost as u64, "used {before} + {more} with {lost} lost of 2000");
+}
+
+#[test]
+fn a_keys_rate_limit_is_shared_by_three_frontends() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path();
+    let cluster = small_cluster(tls, &["w1"], &[], FE, KEY);
+    certs_more(tls, &[("frontend", "fe-1"), ("frontend", "fe-2")]);
+    let (_fe1, http1) = start_frontend_args(tls, "fe-1", &[cluster.orch.quic], FE);
+    let (_fe2, http2) = start_frontend_args(tls, "fe-2", &[cluster.orch.quic], FE);
+    let frontends = [cluster.http, http1, http2];
+    // 12 requests a minute for the key, however many frontends serve it (each would allow 12 on its own).
+    admin(tls, cluster.orch.admin, &["project", "r", "--rpm", "12"]);
+    admin(tls, cluster.orch.admin, &["keys", "create", "kr", "--project", "r", "--secret", KEY_B]);
+    wait_for_key(&frontends, KEY_B);
+    let started = Instant::now();
+    let (mut served, mut limited) = (0u64, 0u64);
+    for n in 0..36 {
+        let body = serde_json::json!({"model": "smollm2-135m-instruct", "max_tokens": 1, "temperature": 0,
+            "messages": [{"role": "user", "content": format!("Hi {n}")}]})
+        .to_string();
+        let r = request(frontends[n % 3], "POST", "/v1/messages", &[("x-api-key", KEY_B)], &body).unwrap();
+        match r.status {
+            200 => served += 1,
+            429 => {
+                assert!(r.body.contains("shared by every frontend"), "{}", r.body);
+                assert!(r.header("retry-after").is_some());
+                limited += 1;
+            }
+            other => panic!("unexpected {other}: {}", r.body),
+        }
+    }
+    // A token bucket of 12 a minute allows 12 at once plus what refills while the requests run.
+    let refill = (12.0 * started.elapsed().as_secs_f64() / 60.0).ceil() as u64;
+    eprintln!("rate limit: {served} served, {limited} refused, refill allowance {refill}");
+    assert!(served <= 12 + refill, "{served} served of a 12-per-minute limit across three frontends");
+    assert!(served >= 12, "the limit itself was usable: {served}");
+    assert_eq!(served + limited, 36);
 }

@@ -172,6 +172,13 @@ impl Cluster {
         *write(&self.signals) = Some((grant, now));
     }
 
+    /// Whether the orchestrators answered a report recently (within the stale bound): the shared per-minute
+    /// limits and budgets are then leased from them.
+    pub fn signals_fresh(&self, now: Instant) -> bool {
+        let stale = read(&self.thresholds).signals_stale;
+        read(&self.signals).as_ref().is_some_and(|(_, at)| now.saturating_duration_since(*at) <= stale)
+    }
+
     /// The degradation level now, and why (docs/operations.md, "Degradation levels").
     pub fn level(&self, now: Instant) -> (Level, String) {
         let state = self.ready(now).err();

@@ -165,6 +165,14 @@ impl RateLimiter {
         RateLimiter { share, keys: HashMap::new(), projects: HashMap::new() }
     }
 
+    /// Enforce `share` of each limit from now on: 1 while the orchestrators share the limits between frontends,
+    /// 1 / the number of replicas while they cannot.
+    pub fn set_share(&mut self, share: f64) {
+        if share.is_finite() && share > 0.0 {
+            self.share = share.min(1.0);
+        }
+    }
+
     /// Admit one request of `input_tokens` that may produce up to `max_output` tokens, or refuse it with the
     /// time to wait. Nothing is taken on refusal.
     #[allow(clippy::too_many_arguments)]

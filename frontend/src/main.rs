@@ -126,15 +126,15 @@ struct ServeArgs {
     /// (serve on; counted and logged as errors).
     #[arg(long, env = "ZL_AUDIT_ON_FAILURE", default_value = "fail-closed")]
     audit_on_failure: String,
-    /// How often usage, budget leases and the audit head are reported to the orchestrators.
+    /// How often usage, leases (budgets, shared rate limits) and the audit head are reported to the orchestrators.
     #[arg(long, env = "ZL_REPORT_INTERVAL_MS", default_value_t = 1000)]
     report_interval_ms: u64,
-    /// Share of a project's budget this frontend leases at a time (the most one frontend can hold unused).
-    #[arg(long, env = "ZL_BUDGET_LEASE_FRACTION", default_value_t = 0.05)]
-    budget_lease_fraction: f64,
-    /// How long this frontend's budget leases hold without a report; after that the orchestrators charge them.
-    #[arg(long, env = "ZL_BUDGET_LEASE_S", default_value_t = 15)]
-    budget_lease_s: u64,
+    /// Share of a budget or of a per-minute limit this frontend leases at a time (the most it holds unused).
+    #[arg(long, env = "ZL_LEASE_FRACTION", default_value_t = 0.05)]
+    lease_fraction: f64,
+    /// How long this frontend's leases hold without a report; after that the orchestrators charge them.
+    #[arg(long, env = "ZL_LEASE_S", default_value_t = 15)]
+    lease_s: u64,
     /// Degraded when the workers' load reaches this: sequences running and waiting per sequence slot (0 to 2;
     /// a worker queues at most as many as it runs).
     #[arg(long, env = "ZL_DEGRADED_LOAD", default_value_t = 1.5)]
@@ -192,8 +192,8 @@ fn degrade(args: &ServeArgs) -> Result<(DegradeConfig, Thresholds)> {
     if !(d.is_finite() && u.is_finite() && 0.0 < d && d <= u) {
         bail!("need 0 < --degraded-load <= --unavailable-load");
     }
-    if !(0.0..=1.0).contains(&args.budget_lease_fraction) || args.budget_lease_s == 0 || args.report_interval_ms == 0 {
-        bail!("--budget-lease-fraction must be in [0, 1]; --budget-lease-s and --report-interval-ms at least 1");
+    if !(0.0..=1.0).contains(&args.lease_fraction) || args.lease_s == 0 || args.report_interval_ms == 0 {
+        bail!("--lease-fraction must be in [0, 1]; --lease-s and --report-interval-ms at least 1");
     }
     let config = DegradeConfig { shed_from_class, cap_max_tokens: args.degraded_max_tokens, retry_after: 5 };
     let thresholds = Thresholds { degraded_load: d, unavailable_load: u, ..Thresholds::default() };
@@ -301,8 +301,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         cache_bytes: args.cache_mb * 1024 * 1024,
         max_prompt_bytes: args.max_prompt_bytes,
         sanitize: args.sanitize,
-        lease_fraction: args.budget_lease_fraction,
-        lease: Duration::from_secs(args.budget_lease_s),
+        lease_fraction: args.lease_fraction,
+        lease: Duration::from_secs(args.lease_s),
         degrade: degrade(&args)?.0,
     };
     cluster.set_thresholds(degrade(&args)?.1);

@@ -302,6 +302,7 @@ impl Orchestrator {
         let now_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let projects: Vec<String> = report.asks.iter().map(|a| a.project.clone()).collect();
+        let rate_asks = report.rate_asks.clone();
         let cmd = Command::FrontendReport { frontend: frontend.to_string(), now_ms, report };
         let applied_index = self.commit(&cmd).await?;
         let state = read(&self.state.0);
@@ -310,6 +311,7 @@ impl Orchestrator {
             applied_index,
             grants: state.ledger().grants(frontend.as_str(), now_ms, projects.iter().map(String::as_str)),
             leader: self.group.status().leader.is_some(),
+            rate_grants: state.ledger().rate_grants(frontend.as_str(), &rate_asks),
             ..FrontendGrant::default()
         };
         for (id, w) in state.workers().iter().filter(|(_, w)| !w.draining) {

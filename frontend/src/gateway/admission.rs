@@ -9,7 +9,7 @@ use super::{Gateway, Prepared};
 use crate::cluster::KeyInfo;
 use crate::error::{ApiError, ErrorKind};
 use crate::health::Level;
-use crate::ledger::{Hold, Short};
+use crate::ledger::{Dim, Hold, Need, RateHold, RateShort, Short};
 
 /// What `degraded` does, per priority class (0 high, 1 normal, 2 low).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,43 +57,117 @@ impl Gateway {
         }
     }
 
-    /// Reserve the request's worst-case cost against its project's budget, if it has one.
-    pub(super) async fn reserve_budget(&self, key: &KeyInfo, p: &Prepared) -> Result<Option<Hold>, ApiError> {
-        let Some(budget) = self.cluster.project(&key.project).budget else { return Ok(None) };
+    /// The shared per-minute limits a request of `key` needs, with its worst case in each.
+    fn rate_needs(&self, key: &KeyInfo, p: &Prepared) -> Vec<Need> {
+        let (limits, quota) = self.limits_for(key);
+        let (input, max) = (p.tokens.len() as u64, u64::from(p.max_tokens));
+        let k = &key.key_id;
+        [
+            (format!("key/{k}/requests"), Dim::Requests, limits.requests, 1),
+            (format!("key/{k}/input_tokens"), Dim::InputTokens, limits.input_tokens, input),
+            (format!("key/{k}/output_tokens"), Dim::OutputTokens, limits.output_tokens, max),
+            (format!("project/{}/tokens", key.project), Dim::Tokens, quota.tokens, input + max),
+        ]
+        .into_iter()
+        .filter(|(_, _, limit, _)| *limit > 0)
+        .map(|(bucket, dim, limit, worst)| Need { bucket, dim, per_minute: u64::from(limit), worst })
+        .collect()
+    }
+
+    /// Whether the per-minute limits are shared through the orchestrators now: their last answer to a report is
+    /// fresh. Otherwise each frontend enforces its `1/--replicas` share alone.
+    pub(super) fn limits_shared(&self) -> bool {
+        self.cluster.signals_fresh(Instant::now())
+    }
+
+    /// Reserve the request's worst case in the shared per-minute limits (while they are shared) and against its
+    /// project's budget (if it has one), asking the orchestrators for more once if this frontend's leases are short.
+    pub(super) async fn reserve_leases(&self, key: &KeyInfo, p: &Prepared) -> Result<Holds, ApiError> {
+        let needs = if self.limits_shared() { self.rate_needs(key, p) } else { Vec::new() };
+        let budget = self.cluster.project(&key.project).budget;
         let input = p.tokens.len() as u64;
         let max = u64::from(p.max_tokens);
         let now = crate::report::unix_ms() / 1000;
-        let attempt = || lock(&self.reporter.ledger).reserve(&key.project, budget, input, max, now);
-        let result = match attempt() {
-            Err(Short::Allotment) => {
-                // This frontend's lease is short: ask for more, once.
+        // Both kinds are asked for together, so one report brings every lease the request lacks.
+        let attempt = |last: bool| -> Result<Holds, Short2> {
+            let mut ledger = lock(&self.reporter.ledger);
+            if last {
+                ledger.rates_exhausted(&needs);
+            }
+            let rates = ledger.reserve_rates(&needs);
+            let reserve = |l: &mut crate::ledger::Ledger, b| l.reserve(&key.project, b, input, max, now);
+            let held = budget.map(|b| match reserve(&mut ledger, b) {
+                Err(Short::Allotment) if last => {
+                    ledger.exhausted(&key.project);
+                    reserve(&mut ledger, b)
+                }
+                other => other,
+            });
+            match (rates, held) {
+                (Ok(rates), None) => Ok(Holds { budget: None, rates }),
+                (Ok(rates), Some(Ok(hold))) => Ok(Holds { budget: Some(hold), rates }),
+                (rates, held) => {
+                    // Give back what did fit; a refusal outranks a short lease.
+                    if let Ok(r) = &rates {
+                        ledger.settle_rates(r, None);
+                    }
+                    if let Some(Ok(h)) = &held {
+                        ledger.release(Some(h));
+                    }
+                    Err(match (rates, held) {
+                        (_, Some(Err(spent @ Short::Spent { .. }))) => Short2::Budget(spent),
+                        (Err(limited @ RateShort::Limited { .. }), _) => Short2::Rate(limited),
+                        (Err(short), _) => Short2::Rate(short),
+                        (_, Some(Err(short))) => Short2::Budget(short),
+                        _ => Short2::Rate(RateShort::Allotment),
+                    })
+                }
+            }
+        };
+        let result = match attempt(false) {
+            Err(Short2::Rate(RateShort::Allotment) | Short2::Budget(Short::Allotment)) => {
+                // This frontend's leases are short: ask for more, once.
                 if !self.reporter.ask_now(BUDGET_WAIT).await {
                     return Err(ApiError::new(
                         ErrorKind::Overloaded,
-                        "the orchestrators did not answer for this project's budget in time",
+                        "the orchestrators did not answer for this request's shared limits in time",
                     )
                     .retry_after(1));
                 }
-                match attempt() {
-                    Err(Short::Allotment) => {
-                        lock(&self.reporter.ledger).exhausted(&key.project);
-                        attempt()
-                    }
-                    other => other,
-                }
+                attempt(true)
             }
             other => other,
         };
         match result {
-            Ok(hold) => Ok(Some(hold)),
-            Err(Short::Spent { message, retry_after }) => {
+            Ok(holds) => Ok(holds),
+            Err(Short2::Budget(Short::Spent { message, retry_after })) => {
                 metrics::counter!("zl_frontend_budget_refusals_total").increment(1);
                 Err(ApiError::new(ErrorKind::RateLimit, message).retry_after(retry_after))
             }
-            Err(Short::Allotment) => {
-                Err(ApiError::new(ErrorKind::RateLimit, "the project's budget is held by other frontends")
-                    .retry_after(1))
+            Err(Short2::Rate(RateShort::Limited { bucket, retry_after })) => {
+                let dimension = bucket.rsplit('/').next().unwrap_or("requests").to_owned();
+                metrics::counter!("zl_frontend_rate_limited_total", "dimension" => "shared").increment(1);
+                let message = format!(
+                    "rate limit exceeded: {} per minute (shared by every frontend: {bucket})",
+                    dimension.replace('_', " ")
+                );
+                Err(ApiError::new(ErrorKind::RateLimit, message).retry_after(retry_after))
+            }
+            Err(_) => {
+                Err(ApiError::new(ErrorKind::RateLimit, "the shared limits are held by other frontends").retry_after(1))
             }
         }
     }
+}
+
+/// What a request holds in the shared ledgers, settled when it ends.
+#[derive(Debug, Default)]
+pub(super) struct Holds {
+    pub(super) budget: Option<Hold>,
+    pub(super) rates: Vec<RateHold>,
+}
+
+enum Short2 {
+    Rate(RateShort),
+    Budget(Short),
 }

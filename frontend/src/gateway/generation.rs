@@ -10,10 +10,11 @@ use zl_common::billing::{self, Signals};
 use zl_common::sync::lock;
 use zl_proto::message::{Message, NodeId};
 
+use super::admission::Holds;
 use super::{Gateway, GenEvent};
 use crate::cache::FinishInfo;
 use crate::error::ApiError;
-use crate::ledger::{Hold, Spent};
+use crate::ledger::Spent;
 use crate::limits::Reservation;
 use crate::upstream::TokenSource;
 
@@ -23,7 +24,7 @@ pub(super) struct Settle {
     pub(super) gateway: Arc<Gateway>,
     pub(super) reservation: Option<Reservation>,
     pub(super) output_tokens: u32,
-    pub(super) hold: Option<Hold>,
+    pub(super) holds: Holds,
     /// The usage to count (output tokens and units filled in as they come).
     pub(super) spent: Spent,
     /// A worker (or the cache) took the request: its usage counts. Before that only holds are given back.
@@ -39,9 +40,10 @@ impl Drop for Settle {
         let now = crate::report::unix_ms() / 1000;
         let mut ledger = lock(&self.gateway.reporter.ledger);
         match self.started {
-            true => ledger.settle(&self.spent, self.hold.as_ref(), now),
-            false => ledger.release(self.hold.as_ref()),
+            true => ledger.settle(&self.spent, self.holds.budget.as_ref(), now),
+            false => ledger.release(self.holds.budget.as_ref()),
         }
+        ledger.settle_rates(&self.holds.rates, self.started.then_some(&self.spent));
     }
 }
 

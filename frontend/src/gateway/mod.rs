@@ -30,6 +30,7 @@ use crate::suspects::Suspects;
 use crate::upstream::{TokenSource, Upstream};
 
 pub use admission::DegradeConfig;
+use admission::Holds;
 pub use generation::Generation;
 use generation::{Live, Settle, Source};
 
@@ -451,15 +452,12 @@ impl Gateway {
         let cache_key = (cacheable && !opts.bypass_cache).then_some(input_sha256);
         let (limits, quota) = self.limits_for(key);
         let input_tokens = p.tokens.len() as u32;
-        let admitted = lock(&self.limiter).admit(
-            &key.key_id,
-            &key.project,
-            limits,
-            quota,
-            input_tokens,
-            p.max_tokens,
-            Instant::now(),
-        );
+        let share = if self.limits_shared() { 1.0 } else { self.config.limit_share };
+        let admitted = {
+            let mut limiter = lock(&self.limiter);
+            limiter.set_share(share);
+            limiter.admit(&key.key_id, &key.project, limits, quota, input_tokens, p.max_tokens, Instant::now())
+        };
         let (reservation, rate) = match admitted {
             Ok(ok) => ok,
             Err(refusal) => {
@@ -473,7 +471,7 @@ impl Gateway {
             gateway: self.clone(),
             reservation: Some(reservation),
             output_tokens: 0,
-            hold: None,
+            holds: Holds::default(),
             spent: Spent {
                 key_id: key.key_id.clone(),
                 project: key.project.clone(),
@@ -483,7 +481,7 @@ impl Gateway {
             started: false,
         };
         // After the rate limits, so a request they refuse holds no budget; dropping `settle` gives both back.
-        settle.hold = self.reserve_budget(key, &p).await.map_err(|e| Failure::known(e, rate))?;
+        settle.holds = self.reserve_leases(key, &p).await.map_err(|e| Failure::known(e, rate))?;
         if let Some(k) = &cache_key
             && let Some(hit) = lock(&self.cache).get(k)
         {

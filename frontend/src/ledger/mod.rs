@@ -7,6 +7,8 @@
 //! orchestrators never allot more than a budget holds, so the cluster's usage cannot pass a budget however many
 //! frontends share it (docs/audit.md, "Budgets").
 
+mod rate;
+
 use std::collections::{BTreeMap, HashMap};
 
 use zl_proto::message::{Budget, BudgetAsk, BudgetMetric, BudgetPeriod, FrontendGrant, FrontendReport, UsageDelta};
@@ -83,6 +85,8 @@ pub struct Ledger {
     sending: Option<FrontendReport>,
     last_seq: u64,
     held: HashMap<String, Held>,
+    /// Shared per-minute rate limits, by bucket.
+    rates: HashMap<String, Held>,
     /// Lease size as a fraction of a budget.
     lease_fraction: f64,
     /// Signals from the last grant.
@@ -196,6 +200,7 @@ impl Ledger {
             let mut r = r.clone();
             // Leases and the head are idempotent figures: bring them up to date.
             r.asks = self.asks();
+            r.rate_asks = self.rate_asks();
             (r.audit_seq, r.audit_hash) = audit.map_or((0, None), |(s, h)| (s, Some(h)));
             r.sent_ms = now_ms;
             self.sending = Some(r.clone());
@@ -210,6 +215,7 @@ impl Ledger {
             audit_hash: audit.map(|(_, h)| h),
             sent_ms: now_ms,
             lease_ms,
+            rate_asks: self.rate_asks(),
         };
         self.sending = Some(r.clone());
         r
@@ -251,6 +257,7 @@ impl Ledger {
         }
         // Projects whose budget was cleared are no longer held.
         self.held.retain(|p, _| grant.grants.iter().any(|g| &g.project == p));
+        self.rates_granted(&grant.rate_grants);
         self.signals = Some(grant);
     }
 
@@ -259,6 +266,8 @@ impl Ledger {
         self.held.get(project)
     }
 }
+
+pub use rate::{Dim, Need, RateHold, RateShort};
 
 #[cfg(test)]
 mod tests;

@@ -77,3 +77,46 @@ fn a_spent_budget_is_refused_with_its_reset_and_an_unacknowledged_report_is_rese
         "more than the whole budget"
     );
 }
+
+fn need(bucket: &str, dim: Dim, per_minute: u64, worst: u64) -> Need {
+    Need { bucket: bucket.into(), dim, per_minute, worst }
+}
+
+#[test]
+fn shared_rate_limits_reserve_all_or_nothing_and_settle_real_costs() {
+    let mut l = Ledger::new(0.1);
+    let needs = [need("key/k/requests", Dim::Requests, 60, 1), need("key/k/output_tokens", Dim::OutputTokens, 600, 80)];
+    assert_eq!(l.reserve_rates(&needs), Err(RateShort::Allotment));
+    let r = l.report(None, NOW * 1000, 5000);
+    let targets: Vec<(String, u64)> = r.rate_asks.iter().map(|a| (a.bucket.clone(), a.target)).collect();
+    assert!(targets.contains(&("key/k/requests".into(), 6)) && targets.contains(&("key/k/output_tokens".into(), 80)));
+    // Only the requests bucket is granted: nothing is taken from it either.
+    let grant = |req: u64, out: u64| FrontendGrant {
+        rate_grants: vec![
+            zl_proto::message::RateGrant { bucket: "key/k/requests".into(), allotment: req, available: 0 },
+            zl_proto::message::RateGrant { bucket: "key/k/output_tokens".into(), allotment: out, available: 0 },
+        ],
+        ..FrontendGrant::default()
+    };
+    l.granted(grant(6, 0));
+    assert_eq!(l.reserve_rates(&needs), Err(RateShort::Allotment));
+    assert_eq!(l.rate_held("key/k/requests").unwrap().reserved, 0);
+    l.rates_exhausted(&needs);
+    match l.reserve_rates(&needs) {
+        Err(RateShort::Limited { bucket, retry_after }) => {
+            assert_eq!(bucket, "key/k/output_tokens");
+            assert_eq!(retry_after, 8, "80 tokens of a 600-per-minute limit come back in 8 s");
+        }
+        other => panic!("{other:?}"),
+    }
+    l.granted(grant(6, 100));
+    let holds = l.reserve_rates(&needs).unwrap();
+    l.settle_rates(&holds, Some(&spent(20, 5)));
+    let out = l.rate_held("key/k/output_tokens").unwrap();
+    assert_eq!((out.used, out.reserved), (5, 0), "the real output, not the worst case");
+    assert_eq!(l.rate_held("key/k/requests").unwrap().used, 1);
+    // A request that never ran counts nothing.
+    let holds = l.reserve_rates(&needs).unwrap();
+    l.settle_rates(&holds, None);
+    assert_eq!(l.rate_held("key/k/requests").unwrap().used, 1);
+}

@@ -9,11 +9,15 @@
 //! the number of frontends. A frontend that stops reporting for [`LEASE_TTL_MS`] is presumed dead: its whole
 //! allotment is charged (it may have used it), so it loses at most the unused part of its lease.
 
+mod rate;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use zl_common::audit::ChainHead;
 use zl_proto::message::{BudgetGrant, BudgetMetric, BudgetPeriod, FrontendReport};
+
+pub use rate::RateBucket;
 
 /// A frontend silent this long (unless its reports name another time) has its allotments charged and dropped.
 pub const LEASE_TTL_MS: u64 = 30_000;
@@ -144,6 +148,9 @@ pub struct Ledger {
     pub shredded: BTreeMap<String, Vec<String>>,
     /// Priority class by project (absent: 1, normal).
     pub priority: BTreeMap<String, u8>,
+    /// Per-minute rate limits shared by the frontends, by bucket.
+    #[serde(default)]
+    pub rates: BTreeMap<String, RateBucket>,
 }
 
 impl Ledger {
@@ -177,6 +184,8 @@ impl Ledger {
             }
         }
         let now_s = now_ms / 1000;
+        let ttl = if r.lease_ms == 0 { LEASE_TTL_MS } else { r.lease_ms.clamp(LEASE_MS_RANGE.0, LEASE_MS_RANGE.1) };
+        rate::ask(&mut self.rates, frontend, &r.rate_asks, now_ms, now_ms + ttl);
         for ask in &r.asks {
             let Some(spec) = self.budgets.get(&ask.project).copied() else { continue };
             let (start, _) = spec.period(now_s);
@@ -197,7 +206,6 @@ impl Ledger {
             } else {
                 a.allotment += (want - a.allotment).min(free);
             }
-            let ttl = if r.lease_ms == 0 { LEASE_TTL_MS } else { r.lease_ms.clamp(LEASE_MS_RANGE.0, LEASE_MS_RANGE.1) };
             a.expires_ms = now_ms + ttl;
         }
         self.expire(now_ms);
@@ -206,6 +214,7 @@ impl Ledger {
 
     /// Charge and drop the leases of frontends that stopped reporting.
     fn expire(&mut self, now_ms: u64) {
+        rate::expire(&mut self.rates, now_ms);
         for (project, period) in &mut self.periods {
             let dead: Vec<String> =
                 period.frontends.iter().filter(|(_, a)| a.expires_ms < now_ms).map(|(f, _)| f.clone()).collect();
@@ -252,6 +261,15 @@ impl Ledger {
                 }
             })
             .collect()
+    }
+
+    /// A frontend's grants for the rate-limit buckets it asked about.
+    pub fn rate_grants(
+        &self,
+        frontend: &str,
+        asked: &[zl_proto::message::RateAsk],
+    ) -> Vec<zl_proto::message::RateGrant> {
+        rate::grants(&self.rates, frontend, asked)
     }
 
     /// Set or clear a project's budget. A changed budget keeps the period's figures.

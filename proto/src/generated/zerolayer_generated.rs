@@ -4788,6 +4788,7 @@ impl<'a> FrontendReport<'a> {
   pub const VT_AUDIT_HASH: ::flatbuffers::VOffsetT = 12;
   pub const VT_SENT_MS: ::flatbuffers::VOffsetT = 14;
   pub const VT_LEASE_MS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_RATE_ASKS: ::flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -4803,6 +4804,7 @@ impl<'a> FrontendReport<'a> {
     builder.add_sent_ms(args.sent_ms);
     builder.add_audit_seq(args.audit_seq);
     builder.add_report_seq(args.report_seq);
+    if let Some(x) = args.rate_asks { builder.add_rate_asks(x); }
     if let Some(x) = args.audit_hash { builder.add_audit_hash(x); }
     if let Some(x) = args.asks { builder.add_asks(x); }
     if let Some(x) = args.usage { builder.add_usage(x); }
@@ -4864,6 +4866,14 @@ impl<'a> FrontendReport<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(FrontendReport::VT_LEASE_MS, Some(0)).unwrap()}
   }
+  /// Positions in per-minute rate limits shared by every frontend.
+  #[inline]
+  pub fn rate_asks(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<RateAsk<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<RateAsk>>>>(FrontendReport::VT_RATE_ASKS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for FrontendReport<'_> {
@@ -4879,6 +4889,7 @@ impl ::flatbuffers::Verifiable for FrontendReport<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("audit_hash", Self::VT_AUDIT_HASH, false)?
      .visit_field::<u64>("sent_ms", Self::VT_SENT_MS, false)?
      .visit_field::<u64>("lease_ms", Self::VT_LEASE_MS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<RateAsk>>>>("rate_asks", Self::VT_RATE_ASKS, false)?
      .finish();
     Ok(())
   }
@@ -4891,6 +4902,7 @@ pub struct FrontendReportArgs<'a> {
     pub audit_hash: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
     pub sent_ms: u64,
     pub lease_ms: u64,
+    pub rate_asks: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<RateAsk<'a>>>>>,
 }
 impl<'a> Default for FrontendReportArgs<'a> {
   #[inline]
@@ -4903,6 +4915,7 @@ impl<'a> Default for FrontendReportArgs<'a> {
       audit_hash: None,
       sent_ms: 0,
       lease_ms: 0,
+      rate_asks: None,
     }
   }
 }
@@ -4941,6 +4954,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FrontendReportBuilder<'a, 'b,
     self.fbb_.push_slot::<u64>(FrontendReport::VT_LEASE_MS, lease_ms, 0);
   }
   #[inline]
+  pub fn add_rate_asks(&mut self, rate_asks: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<RateAsk<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FrontendReport::VT_RATE_ASKS, rate_asks);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FrontendReportBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     FrontendReportBuilder {
@@ -4965,6 +4982,161 @@ impl ::core::fmt::Debug for FrontendReport<'_> {
       ds.field("audit_hash", &self.audit_hash());
       ds.field("sent_ms", &self.sent_ms());
       ds.field("lease_ms", &self.lease_ms());
+      ds.field("rate_asks", &self.rate_asks());
+      ds.finish()
+  }
+}
+pub enum RateAskOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A frontend's position in one per-minute rate limit that every frontend shares (a key's or a project's): a
+/// token bucket held by the orchestrators, from which frontends lease. Cumulative figures, as in `BudgetAsk`.
+pub struct RateAsk<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for RateAsk<'a> {
+  type Inner = RateAsk<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> RateAsk<'a> {
+  pub const VT_BUCKET: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PER_MINUTE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_USED: ::flatbuffers::VOffsetT = 8;
+  pub const VT_TARGET: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    RateAsk { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args RateAskArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<RateAsk<'bldr>> {
+    let mut builder = RateAskBuilder::new(_fbb);
+    builder.add_target(args.target);
+    builder.add_used(args.used);
+    builder.add_per_minute(args.per_minute);
+    if let Some(x) = args.bucket { builder.add_bucket(x); }
+    builder.finish()
+  }
+
+
+  /// What is limited, e.g. `key/acme-prod/requests`, `key/acme-prod/input_tokens`, `project/acme/tokens`.
+  #[inline]
+  pub fn bucket(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(RateAsk::VT_BUCKET, None).unwrap()}
+  }
+  /// The limit per minute (the bucket's size and refill per minute).
+  #[inline]
+  pub fn per_minute(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(RateAsk::VT_PER_MINUTE, Some(0)).unwrap()}
+  }
+  /// Used by this frontend since it started using the bucket.
+  #[inline]
+  pub fn used(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(RateAsk::VT_USED, Some(0)).unwrap()}
+  }
+  /// The allotment it wants to hold (at least `used`).
+  #[inline]
+  pub fn target(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(RateAsk::VT_TARGET, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for RateAsk<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("bucket", Self::VT_BUCKET, true)?
+     .visit_field::<u64>("per_minute", Self::VT_PER_MINUTE, false)?
+     .visit_field::<u64>("used", Self::VT_USED, false)?
+     .visit_field::<u64>("target", Self::VT_TARGET, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct RateAskArgs<'a> {
+    pub bucket: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub per_minute: u64,
+    pub used: u64,
+    pub target: u64,
+}
+impl<'a> Default for RateAskArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    RateAskArgs {
+      bucket: None, // required field
+      per_minute: 0,
+      used: 0,
+      target: 0,
+    }
+  }
+}
+
+pub struct RateAskBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> RateAskBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_bucket(&mut self, bucket: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(RateAsk::VT_BUCKET, bucket);
+  }
+  #[inline]
+  pub fn add_per_minute(&mut self, per_minute: u64) {
+    self.fbb_.push_slot::<u64>(RateAsk::VT_PER_MINUTE, per_minute, 0);
+  }
+  #[inline]
+  pub fn add_used(&mut self, used: u64) {
+    self.fbb_.push_slot::<u64>(RateAsk::VT_USED, used, 0);
+  }
+  #[inline]
+  pub fn add_target(&mut self, target: u64) {
+    self.fbb_.push_slot::<u64>(RateAsk::VT_TARGET, target, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> RateAskBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    RateAskBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<RateAsk<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, RateAsk::VT_BUCKET,"bucket");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for RateAsk<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("RateAsk");
+      ds.field("bucket", &self.bucket());
+      ds.field("per_minute", &self.per_minute());
+      ds.field("used", &self.used());
+      ds.field("target", &self.target());
       ds.finish()
   }
 }
@@ -5178,6 +5350,7 @@ impl<'a> FrontendGrant<'a> {
   pub const VT_RUNNING: ::flatbuffers::VOffsetT = 10;
   pub const VT_WAITING: ::flatbuffers::VOffsetT = 12;
   pub const VT_LEADER: ::flatbuffers::VOffsetT = 14;
+  pub const VT_RATE_GRANTS: ::flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -5190,6 +5363,7 @@ impl<'a> FrontendGrant<'a> {
   ) -> ::flatbuffers::WIPOffset<FrontendGrant<'bldr>> {
     let mut builder = FrontendGrantBuilder::new(_fbb);
     builder.add_applied_index(args.applied_index);
+    if let Some(x) = args.rate_grants { builder.add_rate_grants(x); }
     builder.add_waiting(args.waiting);
     builder.add_running(args.running);
     builder.add_capacity(args.capacity);
@@ -5244,6 +5418,14 @@ impl<'a> FrontendGrant<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(FrontendGrant::VT_LEADER, Some(false)).unwrap()}
   }
+  /// This frontend's allotments in the rate-limit buckets it asked about.
+  #[inline]
+  pub fn rate_grants(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<RateGrant<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<RateGrant>>>>(FrontendGrant::VT_RATE_GRANTS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for FrontendGrant<'_> {
@@ -5258,6 +5440,7 @@ impl ::flatbuffers::Verifiable for FrontendGrant<'_> {
      .visit_field::<u32>("running", Self::VT_RUNNING, false)?
      .visit_field::<u32>("waiting", Self::VT_WAITING, false)?
      .visit_field::<bool>("leader", Self::VT_LEADER, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<RateGrant>>>>("rate_grants", Self::VT_RATE_GRANTS, false)?
      .finish();
     Ok(())
   }
@@ -5269,6 +5452,7 @@ pub struct FrontendGrantArgs<'a> {
     pub running: u32,
     pub waiting: u32,
     pub leader: bool,
+    pub rate_grants: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<RateGrant<'a>>>>>,
 }
 impl<'a> Default for FrontendGrantArgs<'a> {
   #[inline]
@@ -5280,6 +5464,7 @@ impl<'a> Default for FrontendGrantArgs<'a> {
       running: 0,
       waiting: 0,
       leader: false,
+      rate_grants: None,
     }
   }
 }
@@ -5314,6 +5499,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FrontendGrantBuilder<'a, 'b, 
     self.fbb_.push_slot::<bool>(FrontendGrant::VT_LEADER, leader, false);
   }
   #[inline]
+  pub fn add_rate_grants(&mut self, rate_grants: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<RateGrant<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FrontendGrant::VT_RATE_GRANTS, rate_grants);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FrontendGrantBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     FrontendGrantBuilder {
@@ -5337,6 +5526,140 @@ impl ::core::fmt::Debug for FrontendGrant<'_> {
       ds.field("running", &self.running());
       ds.field("waiting", &self.waiting());
       ds.field("leader", &self.leader());
+      ds.field("rate_grants", &self.rate_grants());
+      ds.finish()
+  }
+}
+pub enum RateGrantOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A frontend's allotment in one rate-limit bucket (cumulative, includes what it has used).
+pub struct RateGrant<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for RateGrant<'a> {
+  type Inner = RateGrant<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> RateGrant<'a> {
+  pub const VT_BUCKET: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ALLOTMENT: ::flatbuffers::VOffsetT = 6;
+  pub const VT_AVAILABLE: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    RateGrant { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args RateGrantArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<RateGrant<'bldr>> {
+    let mut builder = RateGrantBuilder::new(_fbb);
+    builder.add_available(args.available);
+    builder.add_allotment(args.allotment);
+    if let Some(x) = args.bucket { builder.add_bucket(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn bucket(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(RateGrant::VT_BUCKET, None).unwrap()}
+  }
+  #[inline]
+  pub fn allotment(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(RateGrant::VT_ALLOTMENT, Some(0)).unwrap()}
+  }
+  /// What the bucket holds for anyone now, after this grant.
+  #[inline]
+  pub fn available(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(RateGrant::VT_AVAILABLE, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for RateGrant<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("bucket", Self::VT_BUCKET, true)?
+     .visit_field::<u64>("allotment", Self::VT_ALLOTMENT, false)?
+     .visit_field::<u64>("available", Self::VT_AVAILABLE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct RateGrantArgs<'a> {
+    pub bucket: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub allotment: u64,
+    pub available: u64,
+}
+impl<'a> Default for RateGrantArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    RateGrantArgs {
+      bucket: None, // required field
+      allotment: 0,
+      available: 0,
+    }
+  }
+}
+
+pub struct RateGrantBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> RateGrantBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_bucket(&mut self, bucket: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(RateGrant::VT_BUCKET, bucket);
+  }
+  #[inline]
+  pub fn add_allotment(&mut self, allotment: u64) {
+    self.fbb_.push_slot::<u64>(RateGrant::VT_ALLOTMENT, allotment, 0);
+  }
+  #[inline]
+  pub fn add_available(&mut self, available: u64) {
+    self.fbb_.push_slot::<u64>(RateGrant::VT_AVAILABLE, available, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> RateGrantBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    RateGrantBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<RateGrant<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, RateGrant::VT_BUCKET,"bucket");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for RateGrant<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("RateGrant");
+      ds.field("bucket", &self.bucket());
+      ds.field("allotment", &self.allotment());
+      ds.field("available", &self.available());
       ds.finish()
   }
 }

@@ -41,6 +41,30 @@ pub struct BudgetAsk {
     pub target: u64,
 }
 
+/// A frontend's cumulative position in one shared per-minute rate limit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RateAsk {
+    /// What is limited (`key/<id>/requests`, ...).
+    pub bucket: String,
+    /// The limit per minute.
+    pub per_minute: u64,
+    /// Used by this frontend since it started using the bucket.
+    pub used: u64,
+    /// Allotment wanted (at least `used`).
+    pub target: u64,
+}
+
+/// A frontend's allotment in one rate-limit bucket.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RateGrant {
+    /// The bucket.
+    pub bucket: String,
+    /// Cumulative allotment.
+    pub allotment: u64,
+    /// What the bucket holds for anyone now.
+    pub available: u64,
+}
+
 /// A frontend's report.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FrontendReport {
@@ -58,6 +82,9 @@ pub struct FrontendReport {
     pub sent_ms: u64,
     /// How long its leases hold without another report (ms); 0 for the default.
     pub lease_ms: u64,
+    /// Rate-limit positions.
+    #[serde(default)]
+    pub rate_asks: Vec<RateAsk>,
 }
 
 /// A project's budget as one frontend holds it.
@@ -92,6 +119,8 @@ pub struct FrontendGrant {
     pub waiting: u32,
     /// The Raft group has a leader.
     pub leader: bool,
+    /// Rate-limit allotments.
+    pub rate_grants: Vec<RateGrant>,
 }
 
 impl FrontendReport {
@@ -112,6 +141,13 @@ impl FrontendReport {
             check::id("BudgetAsk.project", &a.project)?;
             if a.target < a.used {
                 return Err(invalid("BudgetAsk.target", "below what was used"));
+            }
+        }
+        check::count("FrontendReport.rate_asks", self.rate_asks.len(), MAX_REPORT_ITEMS)?;
+        for a in &self.rate_asks {
+            check::id("RateAsk.bucket", &a.bucket)?;
+            if a.target < a.used {
+                return Err(invalid("RateAsk.target", "below what was used"));
             }
         }
         if (self.audit_seq > 0) != self.audit_hash.is_some() {
@@ -160,6 +196,18 @@ impl FrontendReport {
             .collect();
         let asks = fbb.create_vector(&asks);
         let audit_hash = self.audit_hash.map(|h| fbb.create_vector(&h));
+        let rate_asks: Vec<_> = self
+            .rate_asks
+            .iter()
+            .map(|a| {
+                let bucket = fbb.create_string(&a.bucket);
+                fb::RateAsk::create(
+                    fbb,
+                    &fb::RateAskArgs { bucket: Some(bucket), per_minute: a.per_minute, used: a.used, target: a.target },
+                )
+            })
+            .collect();
+        let rate_asks = fbb.create_vector(&rate_asks);
         fb::FrontendReport::create(
             fbb,
             &fb::FrontendReportArgs {
@@ -170,6 +218,7 @@ impl FrontendReport {
                 audit_hash,
                 sent_ms: self.sent_ms,
                 lease_ms: self.lease_ms,
+                rate_asks: Some(rate_asks),
             },
         )
     }
@@ -177,8 +226,10 @@ impl FrontendReport {
     pub(crate) fn read(t: fb::FrontendReport<'_>) -> Result<Self, MessageError> {
         let usage = t.usage().unwrap_or_default();
         let asks = t.asks().unwrap_or_default();
+        let rate_asks = t.rate_asks().unwrap_or_default();
         check::count("FrontendReport.usage", usage.len(), MAX_REPORT_ITEMS)?;
         check::count("FrontendReport.asks", asks.len(), MAX_REPORT_ITEMS)?;
+        check::count("FrontendReport.rate_asks", rate_asks.len(), MAX_REPORT_ITEMS)?;
         let msg = FrontendReport {
             report_seq: t.report_seq(),
             usage: usage
@@ -209,6 +260,15 @@ impl FrontendReport {
             },
             sent_ms: t.sent_ms(),
             lease_ms: t.lease_ms(),
+            rate_asks: rate_asks
+                .iter()
+                .map(|a| RateAsk {
+                    bucket: a.bucket().to_owned(),
+                    per_minute: a.per_minute(),
+                    used: a.used(),
+                    target: a.target(),
+                })
+                .collect(),
         };
         msg.check()?;
         Ok(msg)
@@ -218,6 +278,8 @@ impl FrontendReport {
 impl FrontendGrant {
     pub(crate) fn check(&self) -> Result<(), MessageError> {
         check::count("FrontendGrant.grants", self.grants.len(), MAX_REPORT_ITEMS)?;
+        check::count("FrontendGrant.rate_grants", self.rate_grants.len(), MAX_REPORT_ITEMS)?;
+        self.rate_grants.iter().try_for_each(|g| check::id("RateGrant.bucket", &g.bucket))?;
         self.grants.iter().try_for_each(|g| check::id("BudgetGrant.project", &g.project))
     }
 
@@ -241,6 +303,18 @@ impl FrontendGrant {
             })
             .collect();
         let grants = fbb.create_vector(&grants);
+        let rate_grants: Vec<_> = self
+            .rate_grants
+            .iter()
+            .map(|g| {
+                let bucket = fbb.create_string(&g.bucket);
+                fb::RateGrant::create(
+                    fbb,
+                    &fb::RateGrantArgs { bucket: Some(bucket), allotment: g.allotment, available: g.available },
+                )
+            })
+            .collect();
+        let rate_grants = fbb.create_vector(&rate_grants);
         fb::FrontendGrant::create(
             fbb,
             &fb::FrontendGrantArgs {
@@ -250,13 +324,16 @@ impl FrontendGrant {
                 running: self.running,
                 waiting: self.waiting,
                 leader: self.leader,
+                rate_grants: Some(rate_grants),
             },
         )
     }
 
     pub(crate) fn read(t: fb::FrontendGrant<'_>) -> Result<Self, MessageError> {
         let grants = t.grants().unwrap_or_default();
+        let rate_grants = t.rate_grants().unwrap_or_default();
         check::count("FrontendGrant.grants", grants.len(), MAX_REPORT_ITEMS)?;
+        check::count("FrontendGrant.rate_grants", rate_grants.len(), MAX_REPORT_ITEMS)?;
         let msg = FrontendGrant {
             applied_index: t.applied_index(),
             grants: grants
@@ -274,6 +351,14 @@ impl FrontendGrant {
             running: t.running(),
             waiting: t.waiting(),
             leader: t.leader(),
+            rate_grants: rate_grants
+                .iter()
+                .map(|g| RateGrant {
+                    bucket: g.bucket().to_owned(),
+                    allotment: g.allotment(),
+                    available: g.available(),
+                })
+                .collect(),
         };
         msg.check()?;
         Ok(msg)

@@ -27,7 +27,9 @@ pub use control::{
 };
 pub use error::{Cancel, ErrorCode, WireError};
 pub use generate::{Finish, GenerateRequest, Prompt, SamplingParams, StopReason, TokenChunk, Usage};
-pub use ledger::{BudgetAsk, BudgetGrant, FrontendGrant, FrontendReport, MAX_REPORT_ITEMS, UsageDelta};
+pub use ledger::{
+    BudgetAsk, BudgetGrant, FrontendGrant, FrontendReport, MAX_REPORT_ITEMS, RateAsk, RateGrant, UsageDelta,
+};
 pub use route::{RouteDecision, RouteHint, RouteRequest};
 pub use sync::{
     ApiKeyEntry, Budget, BudgetMetric, BudgetPeriod, MAX_STOP_TOKEN_IDS, MAX_SYNC_ITEMS, ModelCard, ModelCardRequest,

@@ -184,6 +184,7 @@ pub(crate) fn samples() -> Vec<Message> {
             audit_hash: Some([4; 32]),
             sent_ms: 1_700_000_000_000,
             lease_ms: 15_000,
+            rate_asks: vec![RateAsk { bucket: "key/key-1/requests".into(), per_minute: 60, used: 4, target: 7 }],
         }),
         Message::FrontendGrant(FrontendGrant {
             applied_index: 43,
@@ -199,6 +200,7 @@ pub(crate) fn samples() -> Vec<Message> {
             running: 6,
             waiting: 2,
             leader: true,
+            rate_grants: vec![RateGrant { bucket: "key/key-1/requests".into(), allotment: 7, available: 50 }],
         }),
     ]
 }

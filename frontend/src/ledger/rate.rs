@@ -1,0 +1,161 @@
+//! Per-minute rate limits shared by every frontend: this frontend's leases in the orchestrators' token buckets
+//! (`orchestrator/src/ledger/rate.rs`). A request reserves its worst case in every bucket that limits it, all or
+//! none, and settles its real cost when it ends.
+
+use zl_proto::message::{RateAsk, RateGrant};
+
+use super::{Held, Ledger, Spent};
+
+/// What a bucket counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dim {
+    /// Requests.
+    Requests,
+    /// Input tokens.
+    InputTokens,
+    /// Output tokens.
+    OutputTokens,
+    /// Input plus output tokens.
+    Tokens,
+}
+
+impl Dim {
+    /// A finished request's cost in this dimension.
+    pub fn cost(self, s: &Spent) -> u64 {
+        match self {
+            Dim::Requests => 1,
+            Dim::InputTokens => s.input_tokens,
+            Dim::OutputTokens => s.output_tokens,
+            Dim::Tokens => s.input_tokens + s.output_tokens,
+        }
+    }
+}
+
+/// One bucket a request needs: its name, the limit per minute, the request's worst case in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Need {
+    /// `key/<id>/requests`, `key/<id>/input_tokens`, `key/<id>/output_tokens` or `project/<name>/tokens`.
+    pub bucket: String,
+    /// What it counts.
+    pub dim: Dim,
+    /// The limit per minute.
+    pub per_minute: u64,
+    /// The request's worst case.
+    pub worst: u64,
+}
+
+/// A request's hold on one bucket.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RateHold {
+    /// The bucket.
+    pub bucket: String,
+    /// What it counts.
+    pub dim: Dim,
+    /// Reserved.
+    pub reserved: u64,
+}
+
+/// Why a request does not fit the shared limits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RateShort {
+    /// This frontend's allotment is short: ask the orchestrators and try once more.
+    Allotment,
+    /// The cluster-wide limit has no room: refuse with this message and wait.
+    Limited {
+        /// The bucket that refused.
+        bucket: String,
+        /// Seconds until the request's worst case has come back into the bucket.
+        retry_after: u64,
+    },
+}
+
+impl Ledger {
+    /// Reserve a request's worst case in every bucket it needs, or in none.
+    pub fn reserve_rates(&mut self, needs: &[Need]) -> Result<Vec<RateHold>, RateShort> {
+        let (mut allotment, mut limited) = (false, None);
+        for n in needs {
+            let h = self.rates.entry(n.bucket.clone()).or_default();
+            h.limit = n.per_minute;
+            if h.used + h.reserved + n.worst <= h.allotment {
+                continue;
+            }
+            h.wanted = h.wanted.max(n.worst);
+            if h.exhausted || n.worst > n.per_minute {
+                let refill = (n.worst as f64 * 60.0 / n.per_minute.max(1) as f64).ceil() as u64;
+                limited
+                    .get_or_insert(RateShort::Limited { bucket: n.bucket.clone(), retry_after: refill.clamp(1, 60) });
+            } else {
+                allotment = true;
+            }
+        }
+        if let Some(l) = limited {
+            return Err(l);
+        }
+        if allotment {
+            return Err(RateShort::Allotment);
+        }
+        Ok(needs
+            .iter()
+            .map(|n| {
+                let h = self.rates.get_mut(&n.bucket).expect("entered above");
+                h.reserved += n.worst;
+                RateHold { bucket: n.bucket.clone(), dim: n.dim, reserved: n.worst }
+            })
+            .collect())
+    }
+
+    /// A fresh grant did not make room in these buckets: refuse at once until a grant brings more.
+    pub fn rates_exhausted(&mut self, needs: &[Need]) {
+        for n in needs {
+            if let Some(h) = self.rates.get_mut(&n.bucket)
+                && h.used + h.reserved + n.worst > h.allotment
+            {
+                h.exhausted = true;
+            }
+        }
+    }
+
+    /// A request ended: settle each hold with the real cost (at most what it reserved); `spent` is none when
+    /// nothing ran (nothing counts then).
+    pub fn settle_rates(&mut self, holds: &[RateHold], spent: Option<&Spent>) {
+        for hold in holds {
+            if let Some(h) = self.rates.get_mut(&hold.bucket) {
+                h.reserved = h.reserved.saturating_sub(hold.reserved);
+                if let Some(s) = spent {
+                    h.used += hold.dim.cost(s).min(hold.reserved);
+                }
+            }
+        }
+    }
+
+    pub(super) fn rate_asks(&self) -> Vec<RateAsk> {
+        self.rates
+            .iter()
+            .map(|(bucket, h)| {
+                let lease = ((h.limit as f64 * self.lease_fraction) as u64).max(1);
+                RateAsk {
+                    bucket: bucket.clone(),
+                    per_minute: h.limit,
+                    used: h.used,
+                    target: h.used + h.reserved + lease.max(h.wanted),
+                }
+            })
+            .collect()
+    }
+
+    pub(super) fn rates_granted(&mut self, grants: &[RateGrant]) {
+        for g in grants {
+            let Some(h) = self.rates.get_mut(&g.bucket) else { continue };
+            if g.allotment > h.allotment {
+                h.exhausted = false;
+            }
+            h.allotment = g.allotment;
+            h.wanted = 0;
+        }
+    }
+
+    /// What this frontend holds of a bucket.
+    pub fn rate_held(&self, bucket: &str) -> Option<&Held> {
+        self.rates.get(bucket)
+    }
+}
