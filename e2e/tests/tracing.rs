@@ -64,3 +64,97 @@ fn a_traceparent_is_followed_through_every_tier() {
     assert_eq!(record["trace_id"], TRACE);
     assert!(up.terminate(Duration::from_secs(30)));
 }
+
+/// A stand-in OpenTelemetry collector: accepts OTLP/HTTP posts on 127.0.0.1 and keeps their bodies.
+fn collector() -> (std::net::SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = bodies.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let kept = kept.clone();
+            std::thread::spawn(move || {
+                let mut writer = conn.try_clone().unwrap();
+                let mut reader = BufReader::new(conn);
+                // One request after another on the connection, until the exporter closes it.
+                loop {
+                    let mut length = 0usize;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line.trim().is_empty() {
+                            break;
+                        }
+                        if let Some((k, v)) = line.split_once(':')
+                            && k.eq_ignore_ascii_case("content-length")
+                        {
+                            length = v.trim().parse().unwrap_or(0);
+                        }
+                    }
+                    let mut body = vec![0u8; length.min(64 << 20)];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    kept.lock().unwrap().push(String::from_utf8_lossy(&body).into_owned());
+                    let ok = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}";
+                    if writer.write_all(ok.as_bytes()).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, bodies)
+}
+
+#[test]
+fn spans_go_to_an_otlp_collector_under_the_requests_trace() {
+    let (addr, bodies) = collector();
+    let dir = tempfile::tempdir().unwrap();
+    let endpoint = format!("http://{addr}");
+    let (mut up, http, _) = zl_up(dir.path(), "data", KEY, &[], &[("ZL_OTLP_ENDPOINT", &endpoint)]);
+    const OTEL_TRACE: &str = "0af7651916cd43dd8448eb211c80319c";
+    let r = ask(http, &[("traceparent", &format!("00-{OTEL_TRACE}-b7ad6b7169203331-01"))]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    // Every tier exports its span of the request under the client's trace id (batches leave every 5 s).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for service in ["zl-frontend", "zl-orchestrator", "zl-worker"] {
+        loop {
+            let found = bodies.lock().unwrap().iter().any(|b| b.contains(service) && b.contains(OTEL_TRACE));
+            if found {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{service} exported no span of trace {OTEL_TRACE}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    // The orchestrator's and the worker's spans are children of the frontend's: their parent is its span id.
+    let spans: Vec<serde_json::Value> = bodies
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|b| serde_json::from_str::<serde_json::Value>(b).ok())
+        .flat_map(|v| {
+            let mut out = Vec::new();
+            for rs in v["resourceSpans"].as_array().cloned().unwrap_or_default() {
+                for ss in rs["scopeSpans"].as_array().cloned().unwrap_or_default() {
+                    out.extend(ss["spans"].as_array().cloned().unwrap_or_default());
+                }
+            }
+            out
+        })
+        .filter(|s| s["traceId"] == OTEL_TRACE)
+        .collect();
+    let span =
+        |name: &str| spans.iter().find(|s| s["name"] == name).unwrap_or_else(|| panic!("no {name} span: {spans:?}"));
+    let request = span("request");
+    assert_eq!(request["parentSpanId"], "b7ad6b7169203331", "the client's span is the frontend's parent");
+    assert_eq!(span("route")["parentSpanId"], request["spanId"]);
+    assert_eq!(span("generate")["parentSpanId"], request["spanId"]);
+    assert!(up.terminate(Duration::from_secs(30)));
+}

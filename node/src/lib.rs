@@ -9,6 +9,7 @@ pub mod consul;
 pub mod discovery;
 pub mod http_client;
 pub mod memory;
+pub mod otlp;
 pub mod pem;
 pub mod region;
 pub mod resolve;
@@ -26,14 +27,24 @@ use zl_proto::tls::{NodeFiles, TlsIdentity};
 pub fn start<C: clap::Parser>() -> Result<C> {
     zl_proto::tls::install_default_provider();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG")).with_ansi(ansi).init();
+    {
+        use tracing_subscriber::layer::SubscriberExt;
+        use tracing_subscriber::util::SubscriberInitExt;
+        use tracing_subscriber::{Layer, fmt};
+        // Spans go to an OpenTelemetry collector too when ZL_OTLP_ENDPOINT is set.
+        let otel = otlp::layer_from_env();
+        let logs = fmt::layer().with_ansi(ansi).with_filter(tracing_subscriber::EnvFilter::from_env("ZL_LOG"));
+        tracing_subscriber::registry().with(otel.with_filter(otlp::targets())).with(logs).init();
+    }
     let argv = config::expand(&C::command(), "serve", std::env::args_os().collect())?;
     Ok(C::parse_from(argv))
 }
 
-/// Run a tier's async main on a multi-threaded runtime.
+/// Run a tier's async main on a multi-threaded runtime; then send the spans still buffered for OTLP export.
 pub fn block_on<T>(main: impl std::future::Future<Output = Result<T>>) -> Result<T> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(main)
+    let result = tokio::runtime::Builder::new_multi_thread().enable_all().build()?.block_on(main);
+    otlp::shutdown();
+    result
 }
 
 /// Load `{dir}/ca.pem` and the node's `{dir}/{role}-{id}.pem` / `.key`, as `zl certs issue` names them; without

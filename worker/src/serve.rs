@@ -252,6 +252,7 @@ impl Handler for WorkerService {
                     trace_id = %zl_common::trace::trace_id_of(&g.trace_id),
                     model = %g.model,
                 );
+                zl_node::otlp::adopt(&span, &g.trace_id);
                 tracing::Instrument::instrument(self.generate(g, out), span).await
             }
             Message::ModelCardRequest(r) => {

@@ -81,14 +81,19 @@ async fn with_request_id(State(app): State<App>, mut req: Request, next: axum::m
     // The client's trace (W3C traceparent), or a new one; this frontend's span becomes the parent of the calls to the
     // orchestrator and the worker (the handlers read the rewritten header).
     let caller = req.headers().get("traceparent").and_then(|v| v.to_str().ok()).and_then(TraceContext::parse);
-    let trace = match caller {
+    let mut trace = match &caller {
         Some(t) => t.child(random_hex(16)),
         None => TraceContext { trace_id: random_hex(32), span_id: random_hex(16), flags: 1 },
     };
+    let span = tracing::info_span!("request", request_id = %id, trace_id = %trace.trace_id, method = %req.method(), path = %req.uri().path());
+    // Exported over OTLP, this span is the request's: its id is the parent the next tiers are given.
+    let parent = caller.as_ref().map_or_else(|| trace.header(), TraceContext::header);
+    if let Some(own) = zl_node::otlp::adopt(&span, &parent) {
+        trace = own;
+    }
     if let Ok(v) = HeaderValue::from_str(&trace.header()) {
         req.headers_mut().insert("traceparent", v);
     }
-    let span = tracing::info_span!("request", request_id = %id, trace_id = %trace.trace_id, method = %req.method(), path = %req.uri().path());
     let mut resp = tracing::Instrument::instrument(next.run(req), span).await;
     if let Ok(v) = HeaderValue::from_str(&id) {
         resp.headers_mut().insert("request-id", v);

@@ -97,6 +97,10 @@ capabilities:
   value: /etc/zerolayer/config/config.toml
 - name: ZL_REGION
   value: {{ .Values.region | quote }}
+{{- with .Values.otlp.endpoint }}
+- name: ZL_OTLP_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
 {{- if eq .Values.discovery.backend "consul" }}
 {{- if .Values.discovery.consul.useHostIP }}
 - name: HOST_IP

@@ -71,6 +71,7 @@ impl Handler for Orchestrator {
                     request_id = %r.request_id,
                     trace_id = %zl_common::trace::trace_id_of(&r.trace_id),
                 );
+                zl_node::otlp::adopt(&span, &r.trace_id);
                 let _entered = span.enter();
                 let decision = self.route(&r).map_err(|e| {
                     tracing::debug!(error = %e, "no route");

@@ -73,8 +73,12 @@ impl Client {
         // `failed` (anything else).
         let fail = |label: &'static str, reason: String| (label, CallError::Connect { peer, reason });
         let attempt = async {
-            let connecting =
-                self.endpoint.connect(peer, &role_name(role)).map_err(|e| fail("failed", e.to_string()))?;
+            // The connection outlives the call that opened it, and quinn's driver task takes the current span: it
+            // is opened outside every span, so no request's span is held open (and exported late) by it.
+            let connecting = tracing::subscriber::with_default(tracing::subscriber::NoSubscriber::default(), || {
+                self.endpoint.connect(peer, &role_name(role))
+            })
+            .map_err(|e| fail("failed", e.to_string()))?;
             let conn = connecting.await.map_err(|e| {
                 let label = match &e {
                     quinn::ConnectionError::TimedOut | quinn::ConnectionError::Reset => "unreachable",
