@@ -28,6 +28,7 @@ fn route_request(model: &str) -> Message {
         input_semantic_weight: 0.4,
         excluded_workers: vec![],
         trace_id: String::new(),
+        prefer_fallback: false,
     })
 }
 

@@ -156,5 +156,8 @@ fn spans_go_to_an_otlp_collector_under_the_requests_trace() {
     assert_eq!(request["parentSpanId"], "b7ad6b7169203331", "the client's span is the frontend's parent");
     assert_eq!(span("route")["parentSpanId"], request["spanId"]);
     assert_eq!(span("generate")["parentSpanId"], request["spanId"]);
+    // The worker's time splits into the prompt (with any wait in the batch) and the answer.
+    assert_eq!(span("prefill")["parentSpanId"], span("generate")["spanId"]);
+    assert_eq!(span("decode")["parentSpanId"], span("generate")["spanId"]);
     assert!(up.terminate(Duration::from_secs(30)));
 }

@@ -236,6 +236,7 @@ impl Cluster {
             input_semantic_weight: 0.0,
             excluded_workers: vec![],
             trace_id: String::new(),
+            prefer_fallback: false,
         };
         let decision = upstream.route(probe).await.map_err(|e| {
             let err = ApiError::from_call(&e, "routing");

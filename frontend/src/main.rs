@@ -148,6 +148,9 @@ struct ServeArgs {
     /// While degraded, cap max_tokens of normal and low priority requests to this (0: no cap).
     #[arg(long, env = "ZL_DEGRADED_MAX_TOKENS", default_value_t = 0)]
     degraded_max_tokens: u32,
+    /// While degraded, route normal and low priority requests to their model's fallback chain first.
+    #[arg(long, env = "ZL_DEGRADED_PREFER_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
+    degraded_prefer_fallback: bool,
     /// TOML file whose keys are these flags' long names.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
@@ -195,7 +198,12 @@ fn degrade(args: &ServeArgs) -> Result<(DegradeConfig, Thresholds)> {
     if !(0.0..=1.0).contains(&args.lease_fraction) || args.lease_s == 0 || args.report_interval_ms == 0 {
         bail!("--lease-fraction must be in [0, 1]; --lease-s and --report-interval-ms at least 1");
     }
-    let config = DegradeConfig { shed_from_class, cap_max_tokens: args.degraded_max_tokens, retry_after: 5 };
+    let config = DegradeConfig {
+        shed_from_class,
+        cap_max_tokens: args.degraded_max_tokens,
+        prefer_fallback: args.degraded_prefer_fallback,
+        retry_after: 5,
+    };
     let thresholds = Thresholds { degraded_load: d, unavailable_load: u, ..Thresholds::default() };
     Ok((config, thresholds))
 }

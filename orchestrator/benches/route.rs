@@ -87,6 +87,7 @@ fn main() {
                     input_semantic_weight: 0.5,
                     excluded_workers: vec![],
                     trace_id: String::new(),
+                    prefer_fallback: false,
                 };
                 let t = Instant::now();
                 let decision = decide(&state, &load, &request, policy.as_ref(), now, &mut scratch);

@@ -112,6 +112,7 @@ async fn quic(calls: usize, frames: u32) {
             input_semantic_weight: 0.5,
             excluded_workers: vec![],
             trace_id: String::new(),
+            prefer_fallback: false,
         })
     };
     for i in 0..100 {

@@ -137,6 +137,7 @@ fn route(request_id: &str) -> Message {
         input_semantic_weight: 0.5,
         excluded_workers: vec![],
         trace_id: String::new(),
+        prefer_fallback: false,
     })
 }
 

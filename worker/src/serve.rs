@@ -189,7 +189,14 @@ impl WorkerService {
             out.send(Message::TokenChunk(TokenChunk::admission())).await.map_err(send_err)?;
         }
         let mut pending = TokenChunk { logprobs: g.logprobs.then(Vec::new), ..Default::default() };
+        // Child spans of `generate` (exported over OTLP): waiting in the batch and computing the prompt, then
+        // producing the answer. Each lasts from its creation to its drop.
+        let mut prefill = Some(tracing::debug_span!("prefill"));
+        let mut decode = None;
         while let Some(ev) = generation.next().await {
+            if prefill.take().is_some() {
+                decode = Some(tracing::debug_span!("decode"));
+            }
             match ev {
                 Event::Token { token, logprob, text, .. } => {
                     pending.token_ids.push(token);
@@ -231,6 +238,7 @@ impl WorkerService {
                             accepted_draft_tokens,
                         },
                     };
+                    drop(decode.take());
                     out.send(Message::Finish(finish)).await.map_err(send_err)?;
                     tracing::debug!(input_tokens, output_tokens, cached_input_tokens, reason = ?reason, "finished");
                     return Ok(());

@@ -18,13 +18,15 @@ pub struct DegradeConfig {
     pub shed_from_class: u8,
     /// While degraded, `max_tokens` of normal and low requests is capped to this (0: no cap).
     pub cap_max_tokens: u32,
+    /// While degraded, route normal and low requests to their model's fallback chain first.
+    pub prefer_fallback: bool,
     /// `retry-after` of refusals, seconds.
     pub retry_after: u64,
 }
 
 impl Default for DegradeConfig {
     fn default() -> Self {
-        DegradeConfig { shed_from_class: 2, cap_max_tokens: 0, retry_after: 5 }
+        DegradeConfig { shed_from_class: 2, cap_max_tokens: 0, prefer_fallback: true, retry_after: 5 }
     }
 }
 
@@ -52,6 +54,7 @@ impl Gateway {
                     metrics::counter!("zl_frontend_degraded_capped_total").increment(1);
                     p.max_tokens = d.cap_max_tokens;
                 }
+                p.prefer_fallback = d.prefer_fallback && class >= 1;
                 Ok(())
             }
         }

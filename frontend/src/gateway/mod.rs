@@ -247,6 +247,8 @@ pub struct Prepared {
     pub tokens: Vec<u32>,
     /// The output limit after defaults.
     pub max_tokens: u32,
+    /// Ask the orchestrators for the model's fallback chain first (degraded).
+    pub prefer_fallback: bool,
 }
 
 impl Gateway {
@@ -402,7 +404,7 @@ impl Gateway {
                 ),
             ));
         }
-        Ok(Prepared { req, card, prompt, tokens, max_tokens })
+        Ok(Prepared { req, card, prompt, tokens, max_tokens, prefer_fallback: false })
     }
 
     /// Count a request's prompt tokens with the model's own tokenizer and template.
@@ -577,6 +579,7 @@ impl Gateway {
                 input_semantic_weight,
                 excluded_workers: excluded.clone(),
                 trace_id: opts.traceparent.clone(),
+                prefer_fallback: p.prefer_fallback,
             };
             let t0 = Instant::now();
             let decision = self.upstream.route(route).await.map_err(|e| {

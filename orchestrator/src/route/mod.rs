@@ -212,6 +212,10 @@ pub fn decide(
     let resolved = state.resolve_alias(&request.model).to_owned();
     let mut chain = vec![resolved.clone()];
     chain.extend(state.fallback(&resolved).iter().map(|m| state.resolve_alias(m).to_owned()));
+    if request.prefer_fallback && chain.len() > 1 {
+        // Degraded: the fallbacks first, the model itself last.
+        chain.rotate_left(1);
+    }
     let weights = state.billing_weights();
     let unit = predicted_billing_unit(weights, request.input_semantic_weight.clamp(0.0, 1.0));
     let cost = predicted_cost(request, unit);
@@ -219,7 +223,7 @@ pub fn decide(
     let index = state.index();
     let mut known = false;
     let mut saturated = false;
-    for (hop, model) in chain.iter().enumerate() {
+    for model in &chain {
         let Some(servers) = index.by_model.get(model) else { continue };
         known = true;
         load.prefix_overlap(model, &request.block_hashes, &mut scratch.overlap);
@@ -258,8 +262,9 @@ pub fn decide(
                 let pick = policy.pick(request, &in_pool);
                 let chosen = in_pool[pick.index];
                 let mut reason = format!("{}: {}; pool {} (cost {cost:.2})", policy.name(), pick.reason, pool.name());
-                if hop > 0 {
-                    reason.push_str(&format!("; fallback from {}", chain[0]));
+                if *model != resolved {
+                    let why = if request.prefer_fallback { " (preferred: the frontend is degraded)" } else { "" };
+                    reason.push_str(&format!("; fallback from {resolved}{why}"));
                 }
                 return Ok(RouteDecision {
                     request_id: request.request_id.clone(),

@@ -96,6 +96,7 @@ fn req(model: &str) -> RouteRequest {
         input_semantic_weight: 0.5,
         excluded_workers: vec![],
         trace_id: String::new(),
+        prefer_fallback: false,
     }
 }
 
@@ -137,6 +138,14 @@ fn aliases_fallbacks_and_the_decision_fields() {
     let d = w.route(&r, &LeastLoaded).unwrap();
     assert_eq!(d.model, "small");
     assert!(d.reason.contains("fallback from big"), "{}", d.reason);
+    // A degraded frontend asks for the fallback first; the model itself still serves when the fallback cannot.
+    let mut r = req("default");
+    r.prefer_fallback = true;
+    let d = w.route(&r, &LeastLoaded).unwrap();
+    assert_eq!(d.model, "small");
+    assert!(d.reason.contains("preferred"), "{}", d.reason);
+    r.excluded_workers = vec![id("w2")];
+    assert_eq!(w.route(&r, &LeastLoaded).unwrap().model, "big");
 }
 
 #[test]

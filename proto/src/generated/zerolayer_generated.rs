@@ -1718,6 +1718,7 @@ impl<'a> RouteRequest<'a> {
   pub const VT_INPUT_SEMANTIC_WEIGHT: ::flatbuffers::VOffsetT = 18;
   pub const VT_EXCLUDED_WORKERS: ::flatbuffers::VOffsetT = 20;
   pub const VT_TRACE_ID: ::flatbuffers::VOffsetT = 22;
+  pub const VT_PREFER_FALLBACK: ::flatbuffers::VOffsetT = 24;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1738,6 +1739,7 @@ impl<'a> RouteRequest<'a> {
     builder.add_prompt_tokens(args.prompt_tokens);
     if let Some(x) = args.model { builder.add_model(x); }
     if let Some(x) = args.request_id { builder.add_request_id(x); }
+    builder.add_prefer_fallback(args.prefer_fallback);
     builder.add_hint(args.hint);
     builder.finish()
   }
@@ -1823,6 +1825,14 @@ impl<'a> RouteRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(RouteRequest::VT_TRACE_ID, None)}
   }
+  /// Try the model's fallback chain before the model itself (a degraded frontend asks this; docs/operations.md).
+  #[inline]
+  pub fn prefer_fallback(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(RouteRequest::VT_PREFER_FALLBACK, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for RouteRequest<'_> {
@@ -1841,6 +1851,7 @@ impl ::flatbuffers::Verifiable for RouteRequest<'_> {
      .visit_field::<f32>("input_semantic_weight", Self::VT_INPUT_SEMANTIC_WEIGHT, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("excluded_workers", Self::VT_EXCLUDED_WORKERS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("trace_id", Self::VT_TRACE_ID, false)?
+     .visit_field::<bool>("prefer_fallback", Self::VT_PREFER_FALLBACK, false)?
      .finish();
     Ok(())
   }
@@ -1856,6 +1867,7 @@ pub struct RouteRequestArgs<'a> {
     pub input_semantic_weight: f32,
     pub excluded_workers: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
     pub trace_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub prefer_fallback: bool,
 }
 impl<'a> Default for RouteRequestArgs<'a> {
   #[inline]
@@ -1871,6 +1883,7 @@ impl<'a> Default for RouteRequestArgs<'a> {
       input_semantic_weight: 0.0,
       excluded_workers: None,
       trace_id: None,
+      prefer_fallback: false,
     }
   }
 }
@@ -1921,6 +1934,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> RouteRequestBuilder<'a, 'b, A
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(RouteRequest::VT_TRACE_ID, trace_id);
   }
   #[inline]
+  pub fn add_prefer_fallback(&mut self, prefer_fallback: bool) {
+    self.fbb_.push_slot::<bool>(RouteRequest::VT_PREFER_FALLBACK, prefer_fallback, false);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> RouteRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     RouteRequestBuilder {
@@ -1950,6 +1967,7 @@ impl ::core::fmt::Debug for RouteRequest<'_> {
       ds.field("input_semantic_weight", &self.input_semantic_weight());
       ds.field("excluded_workers", &self.excluded_workers());
       ds.field("trace_id", &self.trace_id());
+      ds.field("prefer_fallback", &self.prefer_fallback());
       ds.finish()
   }
 }

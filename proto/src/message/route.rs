@@ -62,6 +62,8 @@ pub struct RouteRequest {
     pub excluded_workers: Vec<NodeId>,
     /// W3C traceparent of the caller's span; empty for none.
     pub trace_id: String,
+    /// Try the model's fallback chain before the model itself (the frontend asks this while degraded).
+    pub prefer_fallback: bool,
 }
 
 impl RouteRequest {
@@ -97,6 +99,7 @@ impl RouteRequest {
                 input_semantic_weight: self.input_semantic_weight,
                 excluded_workers: Some(excluded),
                 trace_id,
+                prefer_fallback: self.prefer_fallback,
             },
         )
     }
@@ -118,6 +121,7 @@ impl RouteRequest {
                 .map(|w| NodeId::read("RouteRequest.excluded_workers", w))
                 .collect::<Result<_, _>>()?,
             trace_id: t.trace_id().unwrap_or_default().to_owned(),
+            prefer_fallback: t.prefer_fallback(),
         };
         msg.check()?;
         Ok(msg)

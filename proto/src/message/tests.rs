@@ -61,6 +61,7 @@ pub(crate) fn samples() -> Vec<Message> {
             input_semantic_weight: 0.6,
             excluded_workers: vec![node("worker-3")],
             trace_id: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+            prefer_fallback: false,
         }),
         Message::RouteDecision(RouteDecision {
             request_id: "req_01".into(),
