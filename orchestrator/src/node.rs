@@ -307,6 +307,11 @@ impl Orchestrator {
         let applied_index = self.commit(&cmd).await?;
         let state = read(&self.state.0);
         let load = read(&self.load);
+        let ledger = state.ledger();
+        metrics::counter!("zl_ledger_reports_total").increment(1);
+        metrics::gauge!("zl_ledger_usage_hours").set(ledger.usage.len() as f64);
+        metrics::gauge!("zl_ledger_rate_buckets").set(ledger.rates.len() as f64);
+        metrics::gauge!("zl_ledger_audit_heads").set(ledger.heads.len() as f64);
         let mut grant = FrontendGrant {
             applied_index,
             grants: state.ledger().grants(frontend.as_str(), now_ms, projects.iter().map(String::as_str)),

@@ -196,6 +196,13 @@ impl Ledger {
             // Figures for an older period count as a fresh start in this one.
             let (used, target) =
                 if ask.period_start == start { (ask.used, ask.target) } else { (0, ask.target - ask.used) };
+            if let Some(a) = period.frontends.get(frontend)
+                && used < a.used
+            {
+                // The frontend counts afresh (it restarted): what it held is charged, as for a dead one.
+                period.charged += a.allotment;
+                period.frontends.remove(frontend);
+            }
             let free = spec.limit.saturating_sub(period.committed());
             let a = period.frontends.entry(frontend.to_owned()).or_default();
             a.used = a.used.max(used);

@@ -66,9 +66,14 @@ fn a_silent_frontend_is_charged_its_whole_lease() {
     assert!(!p.frontends.contains_key("fe-a"));
     assert_eq!(p.charged, 300, "fe-a's lease is lost, not refunded: 200 unused");
     assert_eq!(p.spent(), 350);
+    // fe-b restarts and counts from 0: its lease so far is charged, and it starts a new one.
+    l.report("fe-b", T0 + LEASE_TTL_MS + 6000, &report(1, vec![ask("acme", start, 0, 300)]));
+    let p = &l.periods["acme"];
+    assert_eq!(p.charged, 600, "fe-a's 300 and fe-b's old 300");
+    assert_eq!(p.frontends["fe-b"].allotment, 300);
     // A new month starts afresh.
     let next = T0 + 31 * 86_400_000;
-    l.report("fe-b", next, &report(3, vec![ask("acme", start, 50, 300)]));
+    l.report("fe-b", next, &report(2, vec![ask("acme", start, 50, 300)]));
     let g = &l.grants("fe-b", next, ["acme"])[0];
     assert_eq!((g.spent, g.allotment), (0, 250), "old-period figures count as a fresh start");
 }
