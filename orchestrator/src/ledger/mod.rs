@@ -50,6 +50,10 @@ impl Usage {
     }
 }
 
+fn rows(hour: &BTreeMap<String, BTreeMap<String, Usage>>) -> usize {
+    hour.values().map(BTreeMap::len).sum()
+}
+
 /// A project's budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BudgetSpec {
@@ -134,6 +138,9 @@ pub struct HeadEntry {
 pub struct Ledger {
     /// hour (unix s) -> project -> key -> usage.
     pub usage: BTreeMap<u64, BTreeMap<String, BTreeMap<String, Usage>>>,
+    /// Rows in `usage` (kept as rows come and go; recounted on restore).
+    #[serde(default)]
+    pub row_count: usize,
     /// Budgets by project.
     pub budgets: BTreeMap<String, BudgetSpec>,
     /// Current period by project.
@@ -165,14 +172,11 @@ impl Ledger {
                     output_tokens: u.output_tokens,
                     milli_units: u.milli_units,
                 };
-                self.usage
-                    .entry(u.hour)
-                    .or_default()
-                    .entry(u.project.clone())
-                    .or_default()
-                    .entry(u.key_id.clone())
-                    .or_default()
-                    .add(&add);
+                let keys = self.usage.entry(u.hour).or_default().entry(u.project.clone()).or_default();
+                if !keys.contains_key(&u.key_id) {
+                    self.row_count += 1;
+                }
+                keys.entry(u.key_id.clone()).or_default().add(&add);
             }
             self.report_seqs.insert(frontend.to_owned(), r.report_seq);
         }
@@ -234,15 +238,22 @@ impl Ledger {
         }
     }
 
+    /// Drop hours older than [`USAGE_HOURS`], then the oldest hours while there are more than [`MAX_USAGE_ROWS`]
+    /// rows (the row count is kept as rows come and go, so a report costs no scan of the ledger).
     fn prune(&mut self, now_s: u64) {
         let oldest = (now_s / 3600).saturating_sub(USAGE_HOURS) * 3600;
-        self.usage = self.usage.split_off(&oldest);
-        let rows = |u: &BTreeMap<u64, BTreeMap<String, BTreeMap<String, Usage>>>| {
-            u.values().flat_map(|p| p.values()).map(BTreeMap::len).sum::<usize>()
-        };
-        while self.usage.len() > 1 && rows(&self.usage) > MAX_USAGE_ROWS {
-            self.usage.pop_first();
+        while let Some((&hour, _)) = self.usage.first_key_value()
+            && (hour < oldest || (self.row_count > MAX_USAGE_ROWS && self.usage.len() > 1))
+        {
+            if let Some(gone) = self.usage.remove(&hour) {
+                self.row_count -= rows(&gone);
+            }
         }
+    }
+
+    /// Count the usage rows afresh (after a restore).
+    pub fn recount(&mut self) {
+        self.row_count = self.usage.values().map(rows).sum();
     }
 
     /// A frontend's grants for the budgets of `projects` (those it asked about).

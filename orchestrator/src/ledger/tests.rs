@@ -104,6 +104,11 @@ fn usage_is_summed_once_per_report_and_heads_only_advance() {
     l.report("fe", T0, &r);
     assert_eq!(l.heads["fe"].head.seq, 5, "a head never moves back");
     assert_eq!(l.usage_rows(0, Some("other")).len(), 0);
+    // Rows are counted as they come and go; old hours leave.
+    assert_eq!(l.row_count, 1);
+    let later = T0 + (USAGE_HOURS + 2) * 3_600_000;
+    l.report("fe", later, &FrontendReport { report_seq: 3, ..FrontendReport::default() });
+    assert_eq!((l.usage.len(), l.row_count), (0, 0));
     assert_eq!(l.shred("p"), None);
     l.set_data_key("p", DataKey { key_id: "dk_1".into(), key: "00".repeat(32) });
     assert_eq!(l.shred("p").as_deref(), Some("dk_1"));

@@ -614,6 +614,7 @@ impl RoutingState {
     /// Rebuild a state from [`RoutingState::snapshot`] bytes.
     pub fn restore(bytes: &[u8]) -> Result<RoutingState, serde_json::Error> {
         let mut state: RoutingState = serde_json::from_slice(bytes)?;
+        state.ledger.recount();
         state.rebuild_index();
         state.rebuild_key_index();
         Ok(state)
