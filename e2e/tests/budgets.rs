@@ -37,8 +37,8 @@ fn ask(http: SocketAddr, key: &str, n: u64) -> Option<u64> {
     }
 }
 
-/// Load through `frontends` (two clients each) until every client has been refused three times in a row; the
-/// tokens the answers used.
+/// Load through `frontends` (two clients each) until every client has been refused for a second on end (five
+/// report intervals: leases other frontends return have come back by then); the tokens the answers used.
 fn exhaust(frontends: &[SocketAddr], key: &'static str) -> u64 {
     let used = Arc::new(AtomicU64::new(0));
     let counter = Arc::new(AtomicU64::new(0));
@@ -47,15 +47,18 @@ fn exhaust(frontends: &[SocketAddr], key: &'static str) -> u64 {
             let (used, counter, fe) = (used.clone(), counter.clone(), frontends[t % frontends.len()]);
             std::thread::spawn(move || {
                 let deadline = Instant::now() + Duration::from_secs(300);
-                let mut refused = 0;
-                while refused < 3 {
+                let mut refused_since: Option<Instant> = None;
+                while refused_since.is_none_or(|t| t.elapsed() < Duration::from_secs(1)) {
                     assert!(Instant::now() < deadline, "the budget was never exhausted");
                     match ask(fe, key, counter.fetch_add(1, Ordering::Relaxed)) {
                         Some(t) => {
                             used.fetch_add(t, Ordering::Relaxed);
-                            refused = 0;
+                            refused_since = None;
                         }
-                        None => refused += 1,
+                        None => {
+                            refused_since.get_or_insert_with(Instant::now);
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
                     }
                 }
             })
@@ -110,7 +113,8 @@ fn three_frontends_hold_one_budget_and_a_dead_one_loses_at_most_its_lease() {
     let used = exhaust(&frontends, KEY_B);
     eprintln!("project b: {used} tokens used of 1500");
     assert!(used <= 1500, "the three frontends together used {used} tokens of a 1500-token budget");
-    assert!(used >= 1500 - 3 * 150 - 200, "most of the budget was usable: {used}");
+    // What is left is less than one request's worst case (under 60 tokens here) per frontend: nothing stranded.
+    assert!(used >= 1500 - 3 * 60, "the budget was usable to its end: {used}");
     // Every answered token is in the ledger, and the ledger's spend is within the budget.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -159,6 +163,7 @@ fn three_frontends_hold_one_budget_and_a_dead_one_loses_at_most_its_lease() {
     let more = exhaust(&frontends[..2], KEY_C);
     eprintln!("project c: the survivors used {more} more");
     assert!(before + more <= 2000 - lost as u64, "used {before} + {more} with {lost} lost of 2000");
+    assert!(before + more + lost as u64 >= 2000 - 2 * 60, "the rest was usable: {before} + {more} + {lost} lost");
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! this frontend's usage, budget positions and audit chain head, and take back its allotments and the cluster's
 //! health signals; log and count every change of degradation level.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +20,8 @@ pub struct Reporter {
     /// Usage and budgets.
     pub ledger: Mutex<Ledger>,
     wake: tokio::sync::Notify,
+    /// Reports built so far (each report's number), and the number of the last one answered.
+    started: AtomicU64,
     granted: tokio::sync::watch::Sender<u64>,
     /// How long leases hold without another report.
     pub lease: Duration,
@@ -30,17 +33,19 @@ impl Reporter {
         Reporter {
             ledger: Mutex::new(Ledger::new(lease_fraction)),
             wake: tokio::sync::Notify::new(),
+            started: AtomicU64::new(0),
             granted: tokio::sync::watch::Sender::new(0),
             lease,
         }
     }
 
-    /// Report now and wait (up to `within`) for the answer; false if none came.
+    /// Report now and wait (up to `within`) for the answer to a report built after this call (one already on
+    /// its way does not carry what the caller just asked for); false if none came.
     pub async fn ask_now(&self, within: Duration) -> bool {
         let mut rx = self.granted.subscribe();
-        rx.borrow_and_update();
+        let needed = self.started.load(Ordering::SeqCst) + 1;
         self.wake.notify_one();
-        matches!(tokio::time::timeout(within, rx.changed()).await, Ok(Ok(())))
+        matches!(tokio::time::timeout(within, rx.wait_for(|answered| *answered >= needed)).await, Ok(Ok(_)))
     }
 }
 
@@ -65,6 +70,7 @@ pub async fn report_loop(
         }
         let head = audit.as_ref().map(|a| a.head()).filter(|h| h.seq > 0);
         let head = head.and_then(|h| Some((h.seq, zl_common::keys::parse_hex32(&h.hash)?)));
+        let number = reporter.started.fetch_add(1, Ordering::SeqCst) + 1;
         let report = lock(&reporter.ledger).report(head, unix_ms(), reporter.lease.as_millis() as u64);
         let sent = Instant::now();
         match upstream.report(report).await {
@@ -72,7 +78,7 @@ pub async fn report_loop(
                 metrics::histogram!("zl_frontend_report_seconds").record(sent.elapsed().as_secs_f64());
                 cluster.set_signals(grant.clone(), Instant::now());
                 lock(&reporter.ledger).granted(grant);
-                reporter.granted.send_modify(|n| *n += 1);
+                reporter.granted.send_replace(number);
             }
             Err(e) => {
                 metrics::counter!("zl_frontend_report_failures_total").increment(1);

@@ -97,7 +97,7 @@ impl Gateway {
             if last {
                 ledger.rates_exhausted(&needs);
             }
-            let rates = ledger.reserve_rates(&needs);
+            let rates = ledger.reserve_rates(&needs, now);
             let reserve = |l: &mut crate::ledger::Ledger, b| l.reserve(&key.project, b, input, max, now);
             let held = budget.map(|b| match reserve(&mut ledger, b) {
                 Err(Short::Allotment) if last => {

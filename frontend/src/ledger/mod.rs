@@ -32,6 +32,28 @@ pub struct Held {
     pub wanted: u64,
     /// A fresh grant did not make room: refuse at once until a grant brings more.
     pub exhausted: bool,
+    /// When a request last asked for it (unix s): a lease is held only while requests come.
+    pub active_at: u64,
+}
+
+/// A lease is kept this long after the last request that needed it, then returned (an idle frontend strands
+/// none of a budget or limit that busy ones could use).
+pub const LEASE_IDLE_S: u64 = 10;
+/// What a frontend holds of a budget or limit nobody asked for this long is forgotten (it then stops reporting it).
+pub const FORGET_IDLE_S: u64 = 600;
+
+impl Held {
+    /// The allotment to ask for at unix second `now`: what is used and reserved, plus the lease while requests
+    /// come (at least the worst case of one refused for want of it).
+    fn target(&self, lease_fraction: f64, now: u64) -> u64 {
+        let lease = ((self.limit as f64 * lease_fraction) as u64).max(1).max(self.wanted);
+        let active = now.saturating_sub(self.active_at) <= LEASE_IDLE_S;
+        self.used + self.reserved + if active { lease } else { 0 }
+    }
+
+    fn forgettable(&self, now: u64) -> bool {
+        self.reserved == 0 && now.saturating_sub(self.active_at) > FORGET_IDLE_S
+    }
 }
 
 /// A request's hold on a budget, settled when it ends.
@@ -122,6 +144,7 @@ impl Ledger {
         let worst = cost(budget.metric, input_tokens, max_tokens, 1000);
         let h = self.held.entry(project.to_owned()).or_default();
         h.limit = budget.limit;
+        h.active_at = now;
         let current = h.resets_at == 0 || now < h.resets_at;
         if current && h.used + h.reserved + worst <= h.allotment {
             h.reserved += worst;
@@ -202,8 +225,8 @@ impl Ledger {
         if let Some(r) = &self.sending {
             let mut r = r.clone();
             // Leases and the head are idempotent figures: bring them up to date.
-            r.asks = self.asks();
-            r.rate_asks = self.rate_asks();
+            r.asks = self.asks(now_ms / 1000);
+            r.rate_asks = self.rate_asks(now_ms / 1000);
             (r.audit_seq, r.audit_hash) = audit.map_or((0, None), |(s, h)| (s, Some(h)));
             r.sent_ms = now_ms;
             self.sending = Some(r.clone());
@@ -213,29 +236,26 @@ impl Ledger {
         let r = FrontendReport {
             report_seq: self.last_seq,
             usage: std::mem::take(&mut self.pending).into_values().collect(),
-            asks: self.asks(),
+            asks: self.asks(now_ms / 1000),
             audit_seq: audit.map_or(0, |(s, _)| s),
             audit_hash: audit.map(|(_, h)| h),
             sent_ms: now_ms,
             lease_ms,
-            rate_asks: self.rate_asks(),
+            rate_asks: self.rate_asks(now_ms / 1000),
         };
         self.sending = Some(r.clone());
         r
     }
 
-    fn asks(&self) -> Vec<BudgetAsk> {
+    fn asks(&mut self, now: u64) -> Vec<BudgetAsk> {
+        self.held.retain(|_, h| !h.forgettable(now));
         self.held
             .iter()
-            .map(|(project, h)| {
-                let lease = ((h.limit as f64 * self.lease_fraction) as u64).max(1);
-                let wanted = h.wanted;
-                BudgetAsk {
-                    project: project.clone(),
-                    period_start: h.period_start,
-                    used: h.used,
-                    target: h.used + h.reserved + lease.max(wanted),
-                }
+            .map(|(project, h)| BudgetAsk {
+                project: project.clone(),
+                period_start: h.period_start,
+                used: h.used,
+                target: h.target(self.lease_fraction, now),
             })
             .collect()
     }

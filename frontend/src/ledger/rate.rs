@@ -70,12 +70,13 @@ pub enum RateShort {
 }
 
 impl Ledger {
-    /// Reserve a request's worst case in every bucket it needs, or in none.
-    pub fn reserve_rates(&mut self, needs: &[Need]) -> Result<Vec<RateHold>, RateShort> {
+    /// Reserve a request's worst case in every bucket it needs, or in none, at unix second `now`.
+    pub fn reserve_rates(&mut self, needs: &[Need], now: u64) -> Result<Vec<RateHold>, RateShort> {
         let (mut allotment, mut limited) = (false, None);
         for n in needs {
             let h = self.rates.entry(n.bucket.clone()).or_default();
             h.limit = n.per_minute;
+            h.active_at = now;
             if h.used + h.reserved + n.worst <= h.allotment {
                 continue;
             }
@@ -128,17 +129,15 @@ impl Ledger {
         }
     }
 
-    pub(super) fn rate_asks(&self) -> Vec<RateAsk> {
+    pub(super) fn rate_asks(&mut self, now: u64) -> Vec<RateAsk> {
+        self.rates.retain(|_, h| !h.forgettable(now));
         self.rates
             .iter()
-            .map(|(bucket, h)| {
-                let lease = ((h.limit as f64 * self.lease_fraction) as u64).max(1);
-                RateAsk {
-                    bucket: bucket.clone(),
-                    per_minute: h.limit,
-                    used: h.used,
-                    target: h.used + h.reserved + lease.max(h.wanted),
-                }
+            .map(|(bucket, h)| RateAsk {
+                bucket: bucket.clone(),
+                per_minute: h.limit,
+                used: h.used,
+                target: h.target(self.lease_fraction, now),
             })
             .collect()
     }

@@ -86,7 +86,7 @@ fn need(bucket: &str, dim: Dim, per_minute: u64, worst: u64) -> Need {
 fn shared_rate_limits_reserve_all_or_nothing_and_settle_real_costs() {
     let mut l = Ledger::new(0.1);
     let needs = [need("key/k/requests", Dim::Requests, 60, 1), need("key/k/output_tokens", Dim::OutputTokens, 600, 80)];
-    assert_eq!(l.reserve_rates(&needs), Err(RateShort::Allotment));
+    assert_eq!(l.reserve_rates(&needs, NOW), Err(RateShort::Allotment));
     let r = l.report(None, NOW * 1000, 5000);
     let targets: Vec<(String, u64)> = r.rate_asks.iter().map(|a| (a.bucket.clone(), a.target)).collect();
     assert!(targets.contains(&("key/k/requests".into(), 6)) && targets.contains(&("key/k/output_tokens".into(), 80)));
@@ -99,10 +99,10 @@ fn shared_rate_limits_reserve_all_or_nothing_and_settle_real_costs() {
         ..FrontendGrant::default()
     };
     l.granted(grant(6, 0));
-    assert_eq!(l.reserve_rates(&needs), Err(RateShort::Allotment));
+    assert_eq!(l.reserve_rates(&needs, NOW), Err(RateShort::Allotment));
     assert_eq!(l.rate_held("key/k/requests").unwrap().reserved, 0);
     l.rates_exhausted(&needs);
-    match l.reserve_rates(&needs) {
+    match l.reserve_rates(&needs, NOW) {
         Err(RateShort::Limited { bucket, retry_after }) => {
             assert_eq!(bucket, "key/k/output_tokens");
             assert_eq!(retry_after, 8, "80 tokens of a 600-per-minute limit come back in 8 s");
@@ -110,13 +110,31 @@ fn shared_rate_limits_reserve_all_or_nothing_and_settle_real_costs() {
         other => panic!("{other:?}"),
     }
     l.granted(grant(6, 100));
-    let holds = l.reserve_rates(&needs).unwrap();
+    let holds = l.reserve_rates(&needs, NOW).unwrap();
     l.settle_rates(&holds, Some(&spent(20, 5)));
     let out = l.rate_held("key/k/output_tokens").unwrap();
     assert_eq!((out.used, out.reserved), (5, 0), "the real output, not the worst case");
     assert_eq!(l.rate_held("key/k/requests").unwrap().used, 1);
     // A request that never ran counts nothing.
-    let holds = l.reserve_rates(&needs).unwrap();
+    let holds = l.reserve_rates(&needs, NOW).unwrap();
     l.settle_rates(&holds, None);
     assert_eq!(l.rate_held("key/k/requests").unwrap().used, 1);
+}
+
+#[test]
+fn an_idle_frontend_returns_its_lease_and_forgets_the_project() {
+    let mut l = Ledger::new(0.1);
+    assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
+    l.report(None, NOW * 1000, 5000);
+    l.granted(grant(100, 0));
+    let hold = l.reserve("acme", budget(1000), 20, 80, NOW).unwrap();
+    l.settle(&spent(20, 30), Some(&hold), NOW);
+    // Requests keep coming: the lease is kept.
+    assert_eq!(l.report(None, (NOW + 5) * 1000, 5000).asks[0].target, 150);
+    // None for longer than the idle time: only what was used is held.
+    let r = l.report(None, (NOW + LEASE_IDLE_S + 1) * 1000, 5000);
+    assert_eq!((r.asks[0].used, r.asks[0].target), (50, 50));
+    // Long idle: no longer reported at all.
+    l.granted(grant(50, 50));
+    assert!(l.report(None, (NOW + FORGET_IDLE_S + 1) * 1000, 5000).asks.is_empty());
 }
