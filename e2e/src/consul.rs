@@ -81,7 +81,24 @@ impl ConsulAgent {
         let proc = spawn(dir.path());
         let mut agent = ConsulAgent { proc, http, https, wan, dir };
         agent.wait_for_leader();
+        if extra_hcl.contains("acl") {
+            agent.wait_for_acls();
+        }
         agent
+    }
+
+    /// A freshly elected server answers ACL writes with "the ACL system is currently in legacy mode" for a moment
+    /// after it elects itself: wait (bounded) until it has left that mode.
+    fn wait_for_acls(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            self.proc.assert_running("consul agent");
+            if self.get("/v1/acl/policies").is_some_and(|r| !r.body.contains("legacy mode")) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "consul's ACL system never left legacy mode: {}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     fn wait_for_leader(&mut self) {

@@ -90,15 +90,7 @@ impl Setup {
         }
         for service in [WORKER_SERVICE, ORCHESTRATOR_SERVICE, FRONTEND_SERVICE] {
             let policy = serde_json::json!({"Name": service, "Rules": documented_policy(service)}).to_string();
-            // A freshly elected Consul server leaves the legacy ACL mode a moment after it answers: wait for that.
-            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-            let r = loop {
-                let r = self.agent.put_as(ROOT, "/v1/acl/policy", policy.as_bytes()).unwrap();
-                if !r.body.contains("legacy mode") || std::time::Instant::now() >= deadline {
-                    break r;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(200));
-            };
+            let r = self.agent.put_as(ROOT, "/v1/acl/policy", policy.as_bytes()).unwrap();
             assert_eq!(r.status, 200, "{}", r.body);
             let (accessor, secret) = token_ids(service);
             let token =
