@@ -180,14 +180,18 @@ fn a_keys_rate_limit_is_shared_by_three_frontends() {
     admin(tls, cluster.orch.admin, &["keys", "create", "kr", "--project", "r", "--secret", KEY_B]);
     wait_for_key(&frontends, KEY_B);
     let started = Instant::now();
-    let (mut served, mut limited) = (0u64, 0u64);
+    let (mut served, mut limited, mut least_remaining) = (0u64, 0u64, u64::MAX);
     for n in 0..36 {
         let body = serde_json::json!({"model": "smollm2-135m-instruct", "max_tokens": 1, "temperature": 0,
             "messages": [{"role": "user", "content": format!("Hi {n}")}]})
         .to_string();
         let r = request(frontends[n % 3], "POST", "/v1/messages", &[("x-api-key", KEY_B)], &body).unwrap();
         match r.status {
-            200 => served += 1,
+            200 => {
+                served += 1;
+                let remaining = r.header("anthropic-ratelimit-requests-remaining").unwrap().parse::<u64>().unwrap();
+                least_remaining = least_remaining.min(remaining);
+            }
             429 => {
                 assert!(r.body.contains("shared by every frontend"), "{}", r.body);
                 assert!(r.header("retry-after").is_some());
@@ -202,4 +206,7 @@ fn a_keys_rate_limit_is_shared_by_three_frontends() {
     assert!(served <= 12 + refill, "{served} served of a 12-per-minute limit across three frontends");
     assert!(served >= 12, "the limit itself was usable: {served}");
     assert_eq!(served + limited, 36);
+    // The rate-limit headers speak for the cluster: after a dozen requests through three frontends, what is left
+    // is near zero (one frontend's own bucket would still show 8 of 12).
+    assert!(least_remaining <= 3, "anthropic-ratelimit-requests-remaining fell only to {least_remaining}");
 }

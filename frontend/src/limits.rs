@@ -109,7 +109,7 @@ pub struct Refusal {
 }
 
 /// The `tokens-*` figures: whichever of input and output has less left.
-fn tighter(input: Option<Figures>, output: Option<Figures>) -> Option<Figures> {
+pub(crate) fn tighter(input: Option<Figures>, output: Option<Figures>) -> Option<Figures> {
     match (input, output) {
         (Some(i), Some(o)) => Some(if i.remaining <= o.remaining { i } else { o }),
         (i, o) => i.or(o),

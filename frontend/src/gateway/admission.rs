@@ -10,6 +10,7 @@ use crate::cluster::KeyInfo;
 use crate::error::{ApiError, ErrorKind};
 use crate::health::Level;
 use crate::ledger::{Dim, Hold, Need, RateHold, RateShort, Short};
+use crate::limits::{Figures, RateFigures, tighter};
 
 /// What `degraded` does, per priority class (0 high, 1 normal, 2 low).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +76,28 @@ impl Gateway {
         .filter(|(_, _, limit, _)| *limit > 0)
         .map(|(bucket, dim, limit, worst)| Need { bucket, dim, per_minute: u64::from(limit), worst })
         .collect()
+    }
+
+    /// `figures` with the shared limits' cluster-wide figures in place of this frontend's own buckets, while the
+    /// limits are shared (the `anthropic-ratelimit-*` headers then speak for the cluster).
+    pub(super) fn shared_figures(&self, key: &KeyInfo, mut figures: RateFigures) -> RateFigures {
+        if !self.limits_shared() {
+            return figures;
+        }
+        let ledger = lock(&self.reporter.ledger);
+        let shared = |dim: &str, local: Option<Figures>| {
+            let Some((limit, remaining)) = ledger.shared_figures(&format!("key/{}/{dim}", key.key_id)) else {
+                return local;
+            };
+            let missing = limit.saturating_sub(remaining) as f64;
+            let reset_in = Duration::from_secs_f64(missing * 60.0 / limit.max(1) as f64);
+            Some(Figures { limit, remaining, reset_in })
+        };
+        figures.requests = shared("requests", figures.requests);
+        figures.input_tokens = shared("input_tokens", figures.input_tokens);
+        figures.output_tokens = shared("output_tokens", figures.output_tokens);
+        figures.tokens = tighter(figures.input_tokens, figures.output_tokens);
+        figures
     }
 
     /// Whether the per-minute limits are shared through the orchestrators now: their last answer to a report is

@@ -340,7 +340,8 @@ impl Gateway {
     /// The caller's current rate-limit figures (for responses that admit nothing: errors, listings, counts).
     pub fn rate_figures(&self, key: &KeyInfo) -> RateFigures {
         let (limits, _) = self.limits_for(key);
-        lock(&self.limiter).figures_or_full(&key.key_id, limits)
+        let local = lock(&self.limiter).figures_or_full(&key.key_id, limits);
+        self.shared_figures(key, local)
     }
 
     /// Render, tokenise and check a request.
@@ -484,6 +485,7 @@ impl Gateway {
         };
         // After the rate limits, so a request they refuse holds no budget; dropping `settle` gives both back.
         settle.holds = self.reserve_leases(key, &p).await.map_err(|e| Failure::known(e, rate))?;
+        let rate = self.shared_figures(key, rate);
         if let Some(k) = &cache_key
             && let Some(hit) = lock(&self.cache).get(k)
         {

@@ -34,6 +34,8 @@ pub struct Held {
     pub exhausted: bool,
     /// When a request last asked for it (unix s): a lease is held only while requests come.
     pub active_at: u64,
+    /// What the shared bucket held for anyone at the last grant (rate limits only).
+    pub available: u64,
 }
 
 /// A lease is kept this long after the last request that needed it, then returned (an idle frontend strands

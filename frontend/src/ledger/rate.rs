@@ -149,8 +149,17 @@ impl Ledger {
                 h.exhausted = false;
             }
             h.allotment = g.allotment;
+            h.available = g.available;
             h.wanted = 0;
         }
+    }
+
+    /// A shared limit as the cluster stands, as far as this frontend knows: (limit per minute, what is left for
+    /// requests here and anywhere else).
+    pub fn shared_figures(&self, bucket: &str) -> Option<(u64, u64)> {
+        let h = self.rates.get(bucket)?;
+        let own = h.allotment.saturating_sub(h.used + h.reserved);
+        Some((h.limit, (own + h.available).min(h.limit)))
     }
 
     /// What this frontend holds of a bucket.
