@@ -9,6 +9,7 @@
 //! the number of frontends. A frontend that stops reporting for [`LEASE_TTL_MS`] is presumed dead: its whole
 //! allotment is charged (it may have used it), so it loses at most the unused part of its lease.
 
+mod lease;
 mod rate;
 
 use std::collections::BTreeMap;
@@ -18,6 +19,8 @@ use zl_common::audit::ChainHead;
 use zl_proto::message::{BudgetGrant, BudgetMetric, BudgetPeriod, FrontendReport};
 
 pub use rate::RateBucket;
+
+use lease::Leases;
 
 /// A frontend silent this long (unless its reports name another time) has its allotments charged and dropped.
 pub const LEASE_TTL_MS: u64 = 30_000;
@@ -200,24 +203,13 @@ impl Ledger {
             // Figures for an older period count as a fresh start in this one.
             let (used, target) =
                 if ask.period_start == start { (ask.used, ask.target) } else { (0, ask.target - ask.used) };
-            if let Some(a) = period.frontends.get(frontend)
-                && used < a.used
-            {
-                // The frontend counts afresh (it restarted): what it held is charged, as for a dead one.
-                period.charged += a.allotment;
-                period.frontends.remove(frontend);
-            }
-            let free = spec.limit.saturating_sub(period.committed());
-            let a = period.frontends.entry(frontend.to_owned()).or_default();
-            a.used = a.used.max(used);
-            a.allotment = a.allotment.max(a.used);
-            let want = target.max(a.used);
-            if want <= a.allotment {
-                a.allotment = want;
-            } else {
-                a.allotment += (want - a.allotment).min(free);
-            }
-            a.expires_ms = now_ms + ttl;
+            Leases { frontends: &mut period.frontends, charged: &mut period.charged }.ask(
+                frontend,
+                used,
+                target,
+                spec.limit,
+                now_ms + ttl,
+            );
         }
         self.expire(now_ms);
         self.prune(now_s);
@@ -227,13 +219,9 @@ impl Ledger {
     fn expire(&mut self, now_ms: u64) {
         rate::expire(&mut self.rates, now_ms);
         for (project, period) in &mut self.periods {
-            let dead: Vec<String> =
-                period.frontends.iter().filter(|(_, a)| a.expires_ms < now_ms).map(|(f, _)| f.clone()).collect();
-            for f in dead {
-                if let Some(a) = period.frontends.remove(&f) {
-                    tracing::info!(%project, frontend = %f, charged = a.allotment, unused = a.allotment - a.used, "budget lease expired");
-                    period.charged += a.allotment;
-                }
+            let mut leases = Leases { frontends: &mut period.frontends, charged: &mut period.charged };
+            for (f, a) in leases.expire(now_ms) {
+                tracing::info!(%project, frontend = %f, charged = a.allotment, unused = a.allotment - a.used, "budget lease expired");
             }
         }
     }

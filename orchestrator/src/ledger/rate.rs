@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use zl_proto::message::{RateAsk, RateGrant};
 
 use super::Allotment;
+use super::lease::Leases;
 
 /// One shared bucket.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -69,22 +70,9 @@ pub(super) fn ask(
         });
         b.per_minute = ask.per_minute;
         b.refill(now_ms);
-        let free = b.available();
-        let a = b.frontends.entry(frontend.to_owned()).or_default();
-        if ask.used < a.used {
-            // The frontend counts afresh (it restarted): what it held is charged, as for a dead one.
-            b.charged += a.allotment;
-            *a = Allotment::default();
-        }
-        a.used = a.used.max(ask.used);
-        a.allotment = a.allotment.max(a.used);
-        let want = ask.target.max(a.used);
-        if want <= a.allotment {
-            a.allotment = want;
-        } else {
-            a.allotment += (want - a.allotment).min(free);
-        }
-        a.expires_ms = expires_ms;
+        let capacity = b.total.floor() as u64;
+        Leases { frontends: &mut b.frontends, charged: &mut b.charged }
+            .ask(frontend, ask.used, ask.target, capacity, expires_ms);
         b.cap();
     }
 }
@@ -93,13 +81,7 @@ pub(super) fn ask(
 /// starts full, as an idle one would be).
 pub(super) fn expire(buckets: &mut BTreeMap<String, RateBucket>, now_ms: u64) {
     for b in buckets.values_mut() {
-        let dead: Vec<String> =
-            b.frontends.iter().filter(|(_, a)| a.expires_ms < now_ms).map(|(f, _)| f.clone()).collect();
-        for f in dead {
-            if let Some(a) = b.frontends.remove(&f) {
-                b.charged += a.allotment;
-            }
-        }
+        Leases { frontends: &mut b.frontends, charged: &mut b.charged }.expire(now_ms);
     }
     buckets.retain(|_, b| {
         b.refill(now_ms);
