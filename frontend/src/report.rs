@@ -4,13 +4,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use zl_common::sync::lock;
 
 use crate::audit::AuditLog;
 use crate::cluster::Cluster;
 use crate::health::Level;
+use crate::ids::unix_ms;
 use crate::ledger::Ledger;
 use crate::upstream::Upstream;
 
@@ -31,7 +32,8 @@ impl Reporter {
     /// A reporter leasing `lease_fraction` of a budget at a time, for `lease`.
     pub fn new(lease_fraction: f64, lease: Duration) -> Self {
         Reporter {
-            ledger: Mutex::new(Ledger::new(lease_fraction)),
+            // Reports are numbered from the start time, so a restarted frontend's are never taken for repeats.
+            ledger: Mutex::new(Ledger::new(lease_fraction, unix_ms())),
             wake: tokio::sync::Notify::new(),
             started: AtomicU64::new(0),
             granted: tokio::sync::watch::Sender::new(0),
@@ -47,11 +49,6 @@ impl Reporter {
         self.wake.notify_one();
         matches!(tokio::time::timeout(within, rx.wait_for(|answered| *answered >= needed)).await, Ok(Ok(_)))
     }
-}
-
-/// Unix time in milliseconds.
-pub fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Report every `interval` (or when asked) until the task is dropped.

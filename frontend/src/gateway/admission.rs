@@ -113,7 +113,7 @@ impl Gateway {
         let budget = self.cluster.project(&key.project).budget;
         let input = p.tokens.len() as u64;
         let max = u64::from(p.max_tokens);
-        let now = crate::report::unix_ms() / 1000;
+        let now = crate::ids::unix_now();
         // Both kinds are asked for together, so one report brings every lease the request lacks.
         let attempt = |last: bool| -> Result<Holds, Short2> {
             let mut ledger = lock(&self.reporter.ledger);

@@ -37,7 +37,7 @@ impl Drop for Settle {
             lock(&self.gateway.limiter).settle(&r, self.output_tokens, Instant::now());
         }
         self.spent.output_tokens = u64::from(self.output_tokens);
-        let now = crate::report::unix_ms() / 1000;
+        let now = crate::ids::unix_now();
         let mut ledger = lock(&self.gateway.reporter.ledger);
         match self.started {
             true => ledger.settle(&self.spent, self.holds.budget.as_ref(), now),

@@ -125,12 +125,11 @@ fn cost(metric: BudgetMetric, input: u64, output: u64, milli_units: u64) -> u64 
 }
 
 impl Ledger {
-    /// A ledger leasing `lease_fraction` of a budget at a time.
-    pub fn new(lease_fraction: f64) -> Self {
-        // Reports are numbered from the clock at start (in ms, more than one report's worth apart), so a restarted
-        // frontend's first report is numbered above every one it sent before and is not taken for a repeat.
-        let epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
-        Ledger { lease_fraction: lease_fraction.clamp(0.0, 1.0), last_seq: epoch as u64, ..Ledger::default() }
+    /// A ledger leasing `lease_fraction` of a budget at a time, numbering its reports after `first_seq` (the
+    /// start time in ms: more than one report's worth above any number a previous run of this frontend used, so
+    /// a restarted frontend's first report is not taken for a repeat).
+    pub fn new(lease_fraction: f64, first_seq: u64) -> Self {
+        Ledger { lease_fraction: lease_fraction.clamp(0.0, 1.0), last_seq: first_seq, ..Ledger::default() }
     }
 
     /// Reserve a request's worst case (`input_tokens` and `max_tokens`; a billing unit is at most 1) against

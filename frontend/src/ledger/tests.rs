@@ -28,7 +28,7 @@ fn spent(input: u64, output: u64) -> Spent {
 
 #[test]
 fn a_request_waits_for_an_allotment_then_fits_and_settles_its_real_cost() {
-    let mut l = Ledger::new(0.1);
+    let mut l = Ledger::new(0.1, 0);
     assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
     let r = l.report(None, NOW * 1000, 5000);
     assert_eq!(r.asks[0].target, 100, "the lease (10%) covers the worst case (100)");
@@ -50,7 +50,7 @@ fn a_request_waits_for_an_allotment_then_fits_and_settles_its_real_cost() {
 
 #[test]
 fn a_spent_budget_is_refused_with_its_reset_and_an_unacknowledged_report_is_resent() {
-    let mut l = Ledger::new(0.1);
+    let mut l = Ledger::new(0.1, 0);
     assert_eq!(l.reserve("acme", budget(1000), 10, 10, NOW), Err(Short::Allotment));
     let first = l.report(Some((3, [7; 32])), NOW * 1000, 5000);
     l.granted(grant(0, 1000));
@@ -84,7 +84,7 @@ fn need(bucket: &str, dim: Dim, per_minute: u64, worst: u64) -> Need {
 
 #[test]
 fn shared_rate_limits_reserve_all_or_nothing_and_settle_real_costs() {
-    let mut l = Ledger::new(0.1);
+    let mut l = Ledger::new(0.1, 0);
     let needs = [need("key/k/requests", Dim::Requests, 60, 1), need("key/k/output_tokens", Dim::OutputTokens, 600, 80)];
     assert_eq!(l.reserve_rates(&needs, NOW), Err(RateShort::Allotment));
     let r = l.report(None, NOW * 1000, 5000);
@@ -123,7 +123,7 @@ fn shared_rate_limits_reserve_all_or_nothing_and_settle_real_costs() {
 
 #[test]
 fn an_idle_frontend_returns_its_lease_and_forgets_the_project() {
-    let mut l = Ledger::new(0.1);
+    let mut l = Ledger::new(0.1, 0);
     assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
     l.report(None, NOW * 1000, 5000);
     l.granted(grant(100, 0));
