@@ -71,6 +71,8 @@ impl DirectWorker {
             seed: None,
             stream: true,
             user: None,
+            tools: Default::default(),
+            grammar: None,
         };
         let prepared = tokenize(&self.card, &req);
         let start = due.unwrap_or_else(|| t0.elapsed().as_secs_f64());
@@ -92,6 +94,7 @@ impl DirectWorker {
                     stream: true,
                     logprobs: false,
                     streaming_predicted: None,
+                    grammar: String::new(),
                 };
                 rec.request_id = Some(request.request_id.clone());
                 rec.worker = Some(self.endpoint.clone());

@@ -127,6 +127,7 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
         stream: false,
         logprobs: false,
         streaming_predicted: None,
+        grammar: String::new(),
     });
     let endpoint: SocketAddr = decision.endpoint.parse().unwrap();
     let mut stream = fe.stream(endpoint, Role::Worker, generate).await.unwrap();

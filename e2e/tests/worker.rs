@@ -31,6 +31,7 @@ fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
         stream: true,
         logprobs: false,
         streaming_predicted: None,
+        grammar: String::new(),
     })
 }
 

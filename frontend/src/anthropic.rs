@@ -12,6 +12,9 @@ use crate::error::{ApiError, ErrorFormat};
 use crate::gateway::{GenEvent, GenRequest, Meta};
 use crate::ids::random_id;
 use crate::request::{Fields, PartProblem, round4, text_parts};
+use crate::tools::CallParse;
+use crate::tools::anthropic::BlockStream;
+use crate::tools::calls::{Splitter, blocks};
 
 /// Text of a `content` field: a string, or an array of text blocks (anything else is refused by name).
 fn content_text(value: &Value, field: &str) -> Result<String, ApiError> {
@@ -19,10 +22,7 @@ fn content_text(value: &Value, field: &str) -> Result<String, ApiError> {
         ApiError::invalid(match problem {
             PartProblem::NoText(i) => format!("{field}.{i}.text: Field required"),
             PartProblem::NoType(i) | PartProblem::Type(i, "") => format!("{field}.{i}.type: Field required"),
-            PartProblem::Type(
-                i,
-                ty @ ("image" | "document" | "tool_use" | "tool_result" | "thinking" | "redacted_thinking"),
-            ) => {
+            PartProblem::Type(i, ty @ ("image" | "document" | "thinking" | "redacted_thinking")) => {
                 format!("{field}.{i}: content blocks of type \"{ty}\" are not supported by this server yet; send text")
             }
             PartProblem::Type(i, other) => format!("{field}.{i}.type: unknown content block type {other:?}"),
@@ -40,14 +40,15 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
     if model.is_empty() {
         return Err(ApiError::invalid_param("model", "model: String should have at least 1 character"));
     }
-    for unsupported in ["tools", "tool_choice", "mcp_servers", "container"] {
+    for unsupported in ["mcp_servers", "container"] {
         if f.get(unsupported).is_some_and(|v| !v.as_array().is_some_and(Vec::is_empty)) {
             return Err(ApiError::invalid_param(
                 unsupported,
-                format!("{unsupported}: tool use is not supported by this server yet"),
+                format!("{unsupported}: MCP servers and containers are not supported by this server"),
             ));
         }
     }
+    let tools = crate::tools::anthropic::parse(&f)?;
     if let Some(thinking) = f.get("thinking")
         && thinking.get("type").and_then(Value::as_str) != Some("disabled")
     {
@@ -62,6 +63,8 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         return Err(ApiError::invalid_param("messages", "messages: at least one message is required"));
     }
     let mut chat = Vec::with_capacity(messages.len());
+    // The previous assistant turn's tool calls, which the next user turn's results answer.
+    let mut called: Vec<String> = Vec::new();
     for (i, m) in messages.iter().enumerate() {
         let role = match m.get("role") {
             Some(Value::String(r)) if r == "user" || r == "assistant" => r.clone(),
@@ -74,16 +77,11 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         };
         let content =
             m.get("content").ok_or_else(|| ApiError::invalid(format!("messages.{i}.content: Field required")))?;
-        let text = content_text(content, &format!("messages.{i}.content"))?;
         // As the hosted API: empty turns are refused, but a final assistant turn may be empty (a prefill of
         // nothing); an empty text block is refused anywhere.
-        if let Some(j) = content.as_array().and_then(|blocks| {
-            blocks.iter().position(|b| b.get("text").and_then(Value::as_str).is_some_and(str::is_empty))
-        }) {
-            return Err(ApiError::invalid(format!(
-                "messages.{i}.content.{j}.text: text content blocks must be non-empty"
-            )));
-        }
+        let (text, calls) =
+            crate::tools::anthropic::flatten(content, &format!("messages.{i}.content"), &role, &called)?;
+        called = calls;
         if text.is_empty() && !(role == "assistant" && i + 1 == messages.len()) {
             return Err(ApiError::invalid(format!(
                 "messages.{i}: all messages must have non-empty content except for the optional final assistant message"
@@ -153,12 +151,15 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         seed,
         stream,
         user,
+        grammar: tools.grammar("tools")?,
+        tools,
     })
 }
 
-/// Anthropic's `stop_reason`.
-pub fn stop_reason(r: StopReason) -> &'static str {
+/// Anthropic's `stop_reason`; an answer that ended on its own after calling tools stopped for `tool_use`.
+pub fn stop_reason(r: StopReason, called: bool) -> &'static str {
     match r {
+        StopReason::EndTurn if called => "tool_use",
         StopReason::EndTurn => "end_turn",
         StopReason::MaxTokens => "max_tokens",
         StopReason::StopSequence => "stop_sequence",
@@ -178,14 +179,14 @@ fn usage(f: &FinishInfo) -> Value {
 }
 
 /// The non-streaming `message` object.
-pub fn message(id: &str, model: &str, text: &str, f: &FinishInfo) -> Value {
+pub fn message(id: &str, model: &str, content: Vec<Value>, called: bool, f: &FinishInfo) -> Value {
     json!({
         "id": id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
-        "stop_reason": stop_reason(f.stop_reason),
+        "content": content,
+        "stop_reason": stop_reason(f.stop_reason, called),
         "stop_sequence": f.stop_sequence,
         "usage": usage(f),
     })
@@ -196,8 +197,9 @@ pub fn event(name: &str, data: &Value) -> String {
     format!("event: {name}\ndata: {data}\n\n")
 }
 
-/// The events before the first text: `message_start`, `content_block_start`, `ping`.
-pub fn stream_start(id: &str, model: &str, input_tokens: u32) -> String {
+/// The events before the first text: `message_start`, `content_block_start` (unless blocks open as they come:
+/// answers with tools), `ping`.
+pub fn stream_start(id: &str, model: &str, input_tokens: u32, text_block: bool) -> String {
     let start = json!({
         "type": "message_start",
         "message": {
@@ -207,10 +209,12 @@ pub fn stream_start(id: &str, model: &str, input_tokens: u32) -> String {
         },
     });
     let mut out = event("message_start", &start);
-    out += &event(
-        "content_block_start",
-        &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-    );
+    if text_block {
+        out += &event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+        );
+    }
     out += &event("ping", &json!({"type": "ping"}));
     out
 }
@@ -225,12 +229,16 @@ pub fn stream_delta(text: &str) -> String {
 
 /// The closing events: `content_block_stop`, `message_delta` (stop reason, cumulative usage), `message_stop`.
 pub fn stream_end(f: &FinishInfo) -> String {
-    let mut out = event("content_block_stop", &json!({"type": "content_block_stop", "index": 0}));
-    out += &event(
+    event("content_block_stop", &json!({"type": "content_block_stop", "index": 0})) + &stream_close(f, false)
+}
+
+/// `message_delta` and `message_stop`.
+fn stream_close(f: &FinishInfo, called: bool) -> String {
+    let mut out = event(
         "message_delta",
         &json!({
             "type": "message_delta",
-            "delta": {"stop_reason": stop_reason(f.stop_reason), "stop_sequence": f.stop_sequence},
+            "delta": {"stop_reason": stop_reason(f.stop_reason, called), "stop_sequence": f.stop_sequence},
             "usage": usage(f),
         }),
     );
@@ -244,11 +252,32 @@ pub fn stream_error(e: &ApiError) -> String {
 }
 
 /// `POST /v1/messages` as a [`Dialect`]: one `message` object, or the event sequence.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Messages {
     id: String,
     model: String,
     input_tokens: u32,
+    /// The answer split into text and tool calls (when tools are offered).
+    splitter: Splitter,
+    blocks: BlockStream,
+}
+
+impl Messages {
+    fn new(req: &GenRequest) -> Messages {
+        let names = req.tools.tools.iter().map(|t| t.name.clone()).collect();
+        Messages {
+            id: String::new(),
+            model: String::new(),
+            input_tokens: 0,
+            splitter: Splitter::new(req.tools.call_parse(), names),
+            blocks: BlockStream::default(),
+        }
+    }
+
+    /// Whether the answer is plain text (its one text block opens with the stream).
+    fn plain(&self) -> bool {
+        self.splitter.parse() == CallParse::Off
+    }
 }
 
 impl Dialect for Messages {
@@ -256,7 +285,9 @@ impl Dialect for Messages {
     const ERRORS: ErrorFormat = ErrorFormat::Anthropic;
 
     fn parse(body: &Value) -> Result<(GenRequest, Self), ApiError> {
-        Ok((parse(body, false)?, Messages::default()))
+        let req = parse(body, false)?;
+        let writer = Messages::new(&req);
+        Ok((req, writer))
     }
 
     fn routed(&mut self, meta: &Meta) {
@@ -266,13 +297,23 @@ impl Dialect for Messages {
     }
 
     fn stream_head(&self) -> String {
-        stream_start(&self.id, &self.model, self.input_tokens)
+        stream_start(&self.id, &self.model, self.input_tokens, self.plain())
     }
 
-    fn render_event(&self, event: &GenEvent) -> String {
-        match event {
-            GenEvent::Delta(d) => stream_delta(d),
-            GenEvent::Finish(f) => stream_end(f),
+    fn render_event(&mut self, ev: &GenEvent) -> String {
+        match ev {
+            GenEvent::Delta(d) if self.plain() => stream_delta(d),
+            GenEvent::Finish(f) if self.plain() => stream_end(f),
+            GenEvent::Delta(d) => {
+                let pieces = self.splitter.push(d);
+                self.blocks.events(pieces, &event)
+            }
+            GenEvent::Finish(f) => {
+                let pieces = self.splitter.finish();
+                let mut out = self.blocks.events(pieces, &event);
+                out += &self.blocks.end(&event);
+                out + &stream_close(f, self.splitter.calls > 0)
+            }
         }
     }
 
@@ -280,8 +321,14 @@ impl Dialect for Messages {
         stream_error(error)
     }
 
-    fn final_body(&self, text: &str, finish: &FinishInfo) -> Value {
-        message(&self.id, &self.model, text, finish)
+    fn final_body(&mut self, text: &str, finish: &FinishInfo) -> Value {
+        if self.plain() {
+            return message(&self.id, &self.model, vec![json!({"type": "text", "text": text})], false, finish);
+        }
+        let mut pieces = self.splitter.push(text);
+        pieces.extend(self.splitter.finish());
+        let content = crate::tools::anthropic::content(&blocks(pieces));
+        message(&self.id, &self.model, content, self.splitter.calls > 0, finish)
     }
 }
 
@@ -382,7 +429,7 @@ mod tests {
         assert_eq!(m(json!({"max_tokens": -3})), "max_tokens: Input should be greater than or equal to 1, got -3");
         assert_eq!(m(json!({"top_p": 2})), "top_p: Input should be between 0 and 1, got 2");
         assert_eq!(m(json!({"messages": []})), "messages: at least one message is required");
-        assert!(m(json!({"tools": [{"name": "x"}]})).contains("tool use is not supported"));
+        assert_eq!(m(json!({"tools": [{"name": "x"}]})), "tools.0.input_schema: Field required");
         assert!(
             m(json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}))
                 .contains("\"image\" are not supported")
@@ -415,19 +462,19 @@ mod tests {
             billing_unit: 0.25,
         };
         assert_eq!(
-            stream_start("msg_1", "m", 7),
-            "event: message_start\ndata: {\"message\":{\"content\":[],\"id\":\"msg_1\",\"model\":\"m\",\"role\":\"assistant\",\"stop_reason\":null,\"stop_sequence\":null,\"type\":\"message\",\"usage\":{\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"input_tokens\":7,\"output_tokens\":0}},\"type\":\"message_start\"}\n\n\
-             event: content_block_start\ndata: {\"content_block\":{\"text\":\"\",\"type\":\"text\"},\"index\":0,\"type\":\"content_block_start\"}\n\n\
+            stream_start("msg_1", "m", 7, true),
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{\"input_tokens\":7,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"output_tokens\":0}}}\n\n\
+             event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
              event: ping\ndata: {\"type\":\"ping\"}\n\n"
         );
         assert_eq!(
             stream_delta("Hi"),
-            "event: content_block_delta\ndata: {\"delta\":{\"text\":\"Hi\",\"type\":\"text_delta\"},\"index\":0,\"type\":\"content_block_delta\"}\n\n"
+            "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n"
         );
         assert_eq!(
             stream_end(&f),
-            "event: content_block_stop\ndata: {\"index\":0,\"type\":\"content_block_stop\"}\n\n\
-             event: message_delta\ndata: {\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"type\":\"message_delta\",\"usage\":{\"billing_unit\":0.25,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"input_tokens\":7,\"output_tokens\":2,\"predicted_accepted_tokens\":0,\"predicted_draft_tokens\":0}}\n\n\
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+             event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\",\"stop_sequence\":null},\"usage\":{\"input_tokens\":7,\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"output_tokens\":2,\"billing_unit\":0.25,\"predicted_draft_tokens\":0,\"predicted_accepted_tokens\":0}}\n\n\
              event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
         );
     }

@@ -69,6 +69,8 @@ pub struct CacheKeyParts<'a> {
     pub seed: Option<u64>,
     /// Stop sequences, in order.
     pub stop: &'a [String],
+    /// The grammar the answer matches (tools and schemas), empty for none.
+    pub grammar: &'a str,
 }
 
 impl CacheKeyParts<'_> {
@@ -215,6 +217,7 @@ mod tests {
             top_k: 0,
             seed: None,
             stop: &stop,
+            grammar: "",
         };
         let k = base.key();
         assert_eq!(k, CacheKeyParts { ..base }.key());
@@ -223,5 +226,6 @@ mod tests {
         assert_ne!(k, CacheKeyParts { max_tokens: 11, ..base }.key());
         assert_ne!(k, CacheKeyParts { stop: &[], ..base }.key());
         assert_ne!(k, CacheKeyParts { prompt: "q", ..base }.key());
+        assert_ne!(k, CacheKeyParts { grammar: "start: %json {}", ..base }.key());
     }
 }

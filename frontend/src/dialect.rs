@@ -29,11 +29,11 @@ pub trait Dialect: Sized + Send + 'static {
     fn stream_head(&self) -> String;
 
     /// One event of a stream as server-sent events.
-    fn render_event(&self, event: &GenEvent) -> String;
+    fn render_event(&mut self, event: &GenEvent) -> String;
 
     /// An error after a stream began, as this API sends it then.
     fn render_error(error: &ApiError) -> String;
 
     /// The whole answer of a request that did not stream.
-    fn final_body(&self, text: &str, finish: &FinishInfo) -> Value;
+    fn final_body(&mut self, text: &str, finish: &FinishInfo) -> Value;
 }

@@ -205,11 +205,11 @@ mod tests {
         let e = ApiError::invalid_param("max_tokens", "max_tokens: must be at least 1");
         assert_eq!(
             e.body(ErrorFormat::Anthropic, "req_1").to_string(),
-            r#"{"error":{"message":"max_tokens: must be at least 1","type":"invalid_request_error"},"request_id":"req_1","type":"error"}"#
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: must be at least 1"},"request_id":"req_1"}"#
         );
         assert_eq!(
             e.body(ErrorFormat::OpenAi, "req_1").to_string(),
-            r#"{"error":{"code":null,"message":"max_tokens: must be at least 1","param":"max_tokens","type":"invalid_request_error"}}"#
+            r#"{"error":{"message":"max_tokens: must be at least 1","type":"invalid_request_error","param":"max_tokens","code":null}}"#
         );
         assert_eq!(ErrorKind::Overloaded.status().as_u16(), 529);
     }

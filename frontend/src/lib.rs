@@ -26,6 +26,7 @@ pub mod report;
 pub mod request;
 pub mod sanitize;
 pub mod suspects;
+pub mod tools;
 pub mod upstream;
 
 use zl_proto::message::Role;

@@ -11,6 +11,8 @@ use crate::error::{ApiError, ErrorFormat};
 use crate::gateway::{GenEvent, GenRequest, Meta, Prepared};
 use crate::ids::{random_id, unix_now};
 use crate::request::{Fields, PartProblem, round4, text_parts};
+use crate::tools::calls::{Splitter, blocks};
+use crate::tools::openai::CallDeltas;
 
 /// A parsed request and the OpenAI-only options.
 #[derive(Clone, Debug, PartialEq)]
@@ -42,9 +44,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     if model.is_empty() {
         return Err(ApiError::invalid_param("model", "model: must not be empty"));
     }
-    if f.get("tools").is_some_and(|t| !t.as_array().is_some_and(Vec::is_empty)) || f.get("functions").is_some() {
-        return Err(ApiError::invalid_param("tools", "tools: tool calls are not supported by this server yet"));
-    }
+    let tools = crate::tools::openai::parse(&f)?;
     if let Some(n) = f.integer("n", 1, 128)?
         && n != 1
     {
@@ -71,8 +71,19 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
                 format!("{field}.role: required, one of system, developer, user, assistant"),
             )
         })?;
+        let calls = match m.get("tool_calls").filter(|c| !c.is_null()) {
+            Some(calls) if role == "assistant" => Some(crate::tools::openai::assistant_calls(calls, &field)?),
+            Some(_) => {
+                return Err(ApiError::invalid_param(
+                    "messages",
+                    format!("{field}.tool_calls: only assistant messages carry tool calls"),
+                ));
+            }
+            None => None,
+        };
         let content = match m.get("content") {
-            // Only an assistant turn with tool calls may omit its content, and this server takes no tool calls.
+            // Only an assistant turn with tool calls may omit its content.
+            None | Some(Value::Null) if calls.is_some() => String::new(),
             None | Some(Value::Null) => {
                 return Err(ApiError::invalid_param(
                     "messages",
@@ -80,6 +91,24 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
                 ));
             }
             Some(c) => text_of(c, &format!("{field}.content"))?,
+        };
+        let content = match calls {
+            Some(calls) if content.is_empty() => calls,
+            Some(calls) => format!("{content}\n{calls}"),
+            None => content,
+        };
+        // A tool's result is read in a user turn.
+        let (role, content) = match role {
+            "tool" => {
+                if m.get("tool_call_id").and_then(Value::as_str).is_none() {
+                    return Err(ApiError::invalid_param(
+                        "messages",
+                        format!("{field}.tool_call_id: required for tool messages"),
+                    ));
+                }
+                ("user", crate::tools::result_text(&content, false))
+            }
+            other => (other, content),
         };
         match role {
             "system" | "developer" => match &mut system {
@@ -97,10 +126,10 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
                 }
                 _ => chat.push(ChatMessage { role: role.to_owned(), content }),
             },
-            "tool" | "function" => {
+            "function" => {
                 return Err(ApiError::invalid_param(
                     "messages",
-                    format!("{field}.role: {role:?} messages are not supported yet"),
+                    format!("{field}.role: \"function\" messages are deprecated; use \"tool\" messages"),
                 ));
             }
             other => {
@@ -161,14 +190,17 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
             seed,
             stream,
             user,
+            grammar: tools.grammar(if tools.active() { "tools" } else { "response_format" })?,
+            tools,
         },
         include_usage,
     })
 }
 
-/// OpenAI's `finish_reason`.
-pub fn finish_reason(r: StopReason) -> &'static str {
+/// OpenAI's `finish_reason`; an answer that ended on its own after calling tools finished for `tool_calls`.
+pub fn finish_reason(r: StopReason, called: bool) -> &'static str {
     match r {
+        StopReason::EndTurn if called => "tool_calls",
         StopReason::EndTurn | StopReason::StopSequence => "stop",
         StopReason::MaxTokens => "length",
     }
@@ -191,7 +223,7 @@ fn usage(f: &FinishInfo) -> Value {
 }
 
 /// The non-streaming `chat.completion`.
-pub fn completion(id: &str, created: u64, model: &str, fingerprint: &str, text: &str, f: &FinishInfo) -> Value {
+pub fn completion(id: &str, created: u64, model: &str, fingerprint: &str, message: Value, called: bool, f: &FinishInfo) -> Value {
     json!({
         "id": id,
         "object": "chat.completion",
@@ -200,9 +232,9 @@ pub fn completion(id: &str, created: u64, model: &str, fingerprint: &str, text: 
         "system_fingerprint": fingerprint,
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": text, "refusal": null},
+            "message": message,
             "logprobs": null,
-            "finish_reason": finish_reason(f.stop_reason),
+            "finish_reason": finish_reason(f.stop_reason, called),
         }],
         "usage": usage(f),
     })
@@ -215,7 +247,7 @@ pub fn chunk(
     model: &str,
     fingerprint: &str,
     delta: Value,
-    finish: Option<StopReason>,
+    finish: Option<&'static str>,
 ) -> String {
     let data = json!({
         "id": id,
@@ -223,7 +255,7 @@ pub fn chunk(
         "created": created,
         "model": model,
         "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish.map(finish_reason)}],
+        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
     });
     format!("data: {data}\n\n")
 }
@@ -246,17 +278,20 @@ pub fn stream_error(e: &ApiError) -> String {
 }
 
 /// `POST /v1/chat/completions` as a [`Dialect`]: one `chat.completion`, or its chunks ending with `[DONE]`.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ChatCompletions {
     include_usage: bool,
     fingerprint: String,
     id: String,
     created: u64,
     model: String,
+    /// The answer split into text and tool calls (when tools are offered).
+    splitter: Splitter,
+    deltas: CallDeltas,
 }
 
 impl ChatCompletions {
-    fn chunk(&self, delta: Value, finish: Option<StopReason>) -> String {
+    fn chunk(&self, delta: Value, finish: Option<&'static str>) -> String {
         chunk(&self.id, self.created, &self.model, &self.fingerprint, delta, finish)
     }
 }
@@ -267,7 +302,17 @@ impl Dialect for ChatCompletions {
 
     fn parse(body: &Value) -> Result<(GenRequest, Self), ApiError> {
         let ChatRequest { req, include_usage } = parse(body)?;
-        Ok((req, ChatCompletions { include_usage, ..ChatCompletions::default() }))
+        let names = req.tools.tools.iter().map(|t| t.name.clone()).collect();
+        let writer = ChatCompletions {
+            include_usage,
+            fingerprint: String::new(),
+            id: String::new(),
+            created: 0,
+            model: String::new(),
+            splitter: Splitter::new(req.tools.call_parse(), names),
+            deltas: CallDeltas::default(),
+        };
+        Ok((req, writer))
     }
 
     fn prepared(&mut self, prepared: &Prepared) {
@@ -286,11 +331,17 @@ impl Dialect for ChatCompletions {
         self.chunk(json!({"role": "assistant", "content": ""}), None)
     }
 
-    fn render_event(&self, event: &GenEvent) -> String {
+    fn render_event(&mut self, event: &GenEvent) -> String {
         match event {
-            GenEvent::Delta(d) => self.chunk(json!({"content": d}), None),
+            GenEvent::Delta(d) => {
+                let pieces = self.splitter.push(d);
+                self.deltas.deltas(pieces).into_iter().map(|delta| self.chunk(delta, None)).collect()
+            }
             GenEvent::Finish(f) => {
-                let mut out = self.chunk(json!({}), Some(f.stop_reason));
+                let pieces = self.splitter.finish();
+                let mut out: String =
+                    self.deltas.deltas(pieces).into_iter().map(|delta| self.chunk(delta, None)).collect();
+                out += &self.chunk(json!({}), Some(finish_reason(f.stop_reason, self.splitter.calls > 0)));
                 if self.include_usage {
                     out += &usage_chunk(&self.id, self.created, &self.model, &self.fingerprint, f);
                 }
@@ -303,8 +354,12 @@ impl Dialect for ChatCompletions {
         stream_error(error)
     }
 
-    fn final_body(&self, text: &str, finish: &FinishInfo) -> Value {
-        completion(&self.id, self.created, &self.model, &self.fingerprint, text, finish)
+    fn final_body(&mut self, text: &str, finish: &FinishInfo) -> Value {
+        let mut pieces = self.splitter.push(text);
+        pieces.extend(self.splitter.finish());
+        let message = crate::tools::openai::message(&blocks(pieces));
+        let called = self.splitter.calls > 0;
+        completion(&self.id, self.created, &self.model, &self.fingerprint, message, called, finish)
     }
 }
 
@@ -374,7 +429,7 @@ mod tests {
     fn chunks_are_byte_exact() {
         assert_eq!(
             chunk("c1", 5, "m", "fp", json!({"content": "Hi"}), None),
-            "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"},\"finish_reason\":null,\"index\":0,\"logprobs\":null}],\"created\":5,\"id\":\"c1\",\"model\":\"m\",\"object\":\"chat.completion.chunk\",\"system_fingerprint\":\"fp\"}\n\n"
+            "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":5,\"model\":\"m\",\"system_fingerprint\":\"fp\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
         );
     }
 }

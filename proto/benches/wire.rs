@@ -139,6 +139,7 @@ async fn quic(calls: usize, frames: u32) {
         stream: true,
         logprobs: false,
         streaming_predicted: None,
+        grammar: String::new(),
     });
     let started = Instant::now();
     let mut stream = client.stream(addr, Role::Worker, generate).await.unwrap();

@@ -153,6 +153,7 @@ fn generate(request_id: &str, max_tokens: u32, prompt: Vec<u32>) -> Message {
         stream: true,
         logprobs: false,
         streaming_predicted: None,
+        grammar: String::new(),
     })
 }
 

@@ -13,6 +13,9 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::{AddedToken, Tokenizer};
 
+mod bytes;
+pub use bytes::SPECIAL_MARKER;
+
 /// ChatML, used when a model ships no template.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + \
      message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -267,10 +270,25 @@ impl TextTokenizer {
 
     /// Render `messages` with the model's chat template, ending with the assistant's turn opener.
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, TokenizerError> {
+        self.render_chat_with_tools(messages, None)
+    }
+
+    /// Whether the chat template reads a `tools` variable (it writes offered tools its own way).
+    pub fn knows_tools(&self) -> bool {
+        self.template.contains("tools")
+    }
+
+    /// [`TextTokenizer::render_chat`], giving the template `tools` (OpenAI's function format) when there are any.
+    pub fn render_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<String, TokenizerError> {
         let env = self.compiled.as_ref().as_ref().map_err(|e| TokenizerError::Template(e.clone()))?;
         let tmpl = env.get_template("chat").map_err(|e| TokenizerError::Template(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => messages,
+            tools => tools,
             add_generation_prompt => true,
             bos_token => self.bos,
             eos_token => self.eos,
@@ -314,21 +332,7 @@ impl Detokenizer {
 /// a real tokenizer but not a real model.
 pub mod testing {
     use super::GgufVocab;
-
-    /// The GPT-2 byte-to-unicode mapping's printable form of byte `b`.
-    fn byte_char(b: u8) -> char {
-        match b {
-            b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff => char::from(b),
-            _ => {
-                // Unprintable bytes map past U+0100 in order, as GPT-2's bytes_to_unicode does.
-                let skipped = (0u16..=255)
-                    .filter(|&c| !matches!(c as u8, b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff))
-                    .position(|c| c == u16::from(b))
-                    .unwrap_or(0);
-                char::from_u32(256 + skipped as u32).unwrap_or('?')
-            }
-        }
-    }
+    use crate::bytes::byte_char;
 
     /// Byte tokens 0..256, merges for "he", "ll", "hell", "hello", then `<|endoftext|>` (260),
     /// `<|im_start|>` (261) and `<|im_end|>` (262, the end of sequence).
@@ -372,6 +376,22 @@ mod tests {
         assert!(ids.contains(&259), "hello merges into one token: {ids:?}");
         assert_eq!(tok.decode(&ids).unwrap(), again.decode(&ids).unwrap());
         assert_eq!(again.stop_ids, tok.stop_ids);
+    }
+
+    #[test]
+    fn templates_that_know_tools_are_given_them() {
+        let mut vocab = testing::tiny_vocab();
+        assert!(!TextTokenizer::from_gguf(&vocab).unwrap().knows_tools());
+        vocab.chat_template = Some(
+            "{% if tools %}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}"
+                .into(),
+        );
+        let tok = TextTokenizer::from_gguf(&vocab).unwrap();
+        assert!(tok.knows_tools());
+        let chat = [ChatMessage { role: "user".into(), content: "hi".into() }];
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "now"}})];
+        assert_eq!(tok.render_chat_with_tools(&chat, Some(&tools)).unwrap(), "[now]hi");
+        assert_eq!(tok.render_chat(&chat).unwrap(), "hi");
     }
 
     #[test]

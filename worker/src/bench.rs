@@ -124,6 +124,7 @@ fn prefill(core: &mut zl_worker::engine::EngineCore, lengths: &[usize]) -> Resul
             stop_sequences: vec![],
             logprobs: false,
             speculate: 0,
+            constraint: None,
         };
         core.add(1_000_000 + i as u64, req)?;
         let started = Instant::now();
@@ -174,6 +175,7 @@ fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut
             stop_sequences: vec![],
             logprobs: false,
             speculate: level.speculate,
+            constraint: None,
         };
         core.add((level.no * 10_000 + i) as u64, req)?;
     }

@@ -240,6 +240,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         let cfg = loaded.core.model().llama.config().clone();
         let tokenizer = Arc::new(loaded.core.model().tokenizer.clone());
         let family = loaded.core.model().family.clone();
+        let grammar = zl_grammar::Engine::new(&tokenizer)
+            .map_err(|e| anyhow::anyhow!("{}: cannot index the vocabulary for constrained decoding: {e}", loaded.id))?;
         let engine = EngineHandle::spawn(loaded.core, &loaded.id)?;
         served.push(ServedModel {
             id: loaded.id,
@@ -247,6 +249,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             context_length: cfg.context_length as u32,
             family,
             tokenizer,
+            grammar,
             engine,
             kv_block_size: args.model.kv_block_size as u32,
             speculation: args.model.speculation(),

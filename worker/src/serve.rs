@@ -29,6 +29,8 @@ pub struct ServedModel {
     pub family: String,
     /// Tokenizer, for text prompts.
     pub tokenizer: Arc<TextTokenizer>,
+    /// Its vocabulary as the grammar engine sees it, for constrained requests.
+    pub grammar: zl_grammar::Engine,
     /// The engine running it.
     pub engine: EngineHandle,
     /// Tokens per KV block.
@@ -158,6 +160,18 @@ impl WorkerService {
                 tokens
             }
         };
+        // A grammar that does not compile is refused before any token is spent. Constrained requests do not
+        // speculate: every draft would need its own mask.
+        let constraint = match g.grammar.as_str() {
+            "" => None,
+            grammar => Some(
+                model
+                    .grammar
+                    .start(grammar)
+                    .map_err(|e| WireError::new(ErrorCode::InvalidRequest, format!("grammar: {e}")))?,
+            ),
+        };
+        let speculate = if constraint.is_some() { 0 } else { model.speculation.drafts_for(g.streaming_predicted) };
         let seed = g.sampling.seed.unwrap_or_else(|| self.seeds.fetch_add(0x9e37_79b9, Ordering::Relaxed));
         let req = Request {
             prompt,
@@ -170,7 +184,8 @@ impl WorkerService {
             max_tokens: g.max_tokens,
             stop_sequences: g.stop_sequences,
             logprobs: g.logprobs,
-            speculate: model.speculation.drafts_for(g.streaming_predicted),
+            speculate,
+            constraint,
         };
         let mut generation = model
             .engine

@@ -72,6 +72,7 @@ fn greedy_answer_names_paris() {
             stop_sequences: vec![],
             logprobs: false,
             speculate: 0,
+            constraint: None,
         },
     )
     .unwrap();
@@ -90,6 +91,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
         // Logprobs too: bit-identical logits give bit-identical log-probabilities.
         logprobs: true,
         speculate: 0,
+        constraint: None,
     };
     let mut alone = engine();
     let req = target(&alone);
@@ -110,6 +112,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
                 stop_sequences: vec![],
                 logprobs: false,
                 speculate: 0,
+                constraint: None,
             },
         )
         .unwrap();
@@ -133,6 +136,7 @@ fn cancelling_returns_every_block_to_the_pool() {
             stop_sequences: vec![],
             logprobs: false,
             speculate: 0,
+            constraint: None,
         },
     )
     .unwrap();
@@ -207,6 +211,7 @@ fn copy_request(engine: &EngineCore, sampling: Sampling, max_tokens: u32, specul
         stop_sequences: vec!["all day long.\n\n\n".into()],
         logprobs: true,
         speculate,
+        constraint: None,
     }
 }
 

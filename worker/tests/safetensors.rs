@@ -207,6 +207,7 @@ fn the_small_model_is_batch_invariant_through_the_engine() {
                         stop_sequences: vec![],
                         logprobs: false,
                         speculate: 0,
+                        constraint: None,
                     },
                 )
                 .unwrap();
@@ -221,6 +222,7 @@ fn the_small_model_is_batch_invariant_through_the_engine() {
                     stop_sequences: vec![],
                     logprobs: false,
                     speculate: 0,
+                    constraint: None,
                 },
             )
             .unwrap();

@@ -8,7 +8,6 @@ use zl_common::billing::BillingWeights;
 use zl_common::keys::hex;
 
 use super::AuditLog;
-use crate::anthropic::stop_reason;
 use crate::cluster::KeyInfo;
 use crate::error::ApiError;
 use crate::gateway::{CacheStatus, GenEvent, Meta};
@@ -104,7 +103,7 @@ impl Draft {
                 r.input_tokens = f.input_tokens;
                 r.output_tokens = f.output_tokens;
                 r.billing_unit = f.billing_unit;
-                r.stop_reason = stop_reason(f.stop_reason).to_owned();
+                r.stop_reason = f.stop_reason.name().to_owned();
             }
         }
     }

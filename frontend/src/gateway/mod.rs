@@ -98,6 +98,10 @@ pub struct GenRequest {
     pub stream: bool,
     /// End-user id, for session affinity.
     pub user: Option<String>,
+    /// Offered tools, the tool choice and the output format.
+    pub tools: crate::tools::ToolUse,
+    /// The grammar the answer must match (built and checked from `tools` when the request was parsed).
+    pub grammar: Option<String>,
 }
 
 /// Whether the answer came from the response cache.
@@ -449,6 +453,7 @@ impl Gateway {
             top_k: p.req.top_k,
             seed: p.req.seed,
             stop: &p.req.stop,
+            grammar: p.req.grammar.as_deref().unwrap_or_default(),
         }
         .key();
         let cacheable = (p.req.temperature == 0.0 || p.req.seed.is_some()) && lock(&self.cache).enabled();
@@ -607,6 +612,7 @@ impl Gateway {
                 stream: true,
                 logprobs: false,
                 streaming_predicted: opts.streaming_predicted,
+                grammar: p.req.grammar.clone().unwrap_or_default(),
             };
             let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
                 Ok(mut source) => loop {
@@ -697,15 +703,25 @@ pub fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), Api
     Ok((prompt, tokens))
 }
 
-/// The chat template applied to the system prompt and messages.
+/// The chat template applied to the system prompt and messages, and to the offered tools: given to a template that
+/// knows tools, or described by the default tool prompt after the system prompt.
 fn render(card: &Card, req: &GenRequest) -> Result<String, ApiError> {
     let mut messages = Vec::with_capacity(req.messages.len() + 1);
-    if let Some(system) = &req.system {
-        messages.push(ChatMessage { role: "system".into(), content: system.clone() });
+    let tools = req.tools.active().then(|| req.tools.template_tools());
+    let native = tools.is_some() && card.tokenizer.knows_tools();
+    let system = match (&req.system, tools.is_some() && !native) {
+        (system, true) => Some(match system {
+            Some(s) if !s.is_empty() => format!("{s}\n\n{}", req.tools.default_prompt()),
+            _ => req.tools.default_prompt(),
+        }),
+        (system, false) => system.clone(),
+    };
+    if let Some(system) = system {
+        messages.push(ChatMessage { role: "system".into(), content: system });
     }
     messages.extend(req.messages.iter().cloned());
     card.tokenizer
-        .render_chat(&messages)
+        .render_chat_with_tools(&messages, tools.as_deref().filter(|_| native))
         .map_err(|e| ApiError::invalid(format!("the model's chat template refused the messages: {e}")))
 }
 

@@ -2413,6 +2413,7 @@ impl<'a> GenerateRequest<'a> {
   pub const VT_STREAM: ::flatbuffers::VOffsetT = 20;
   pub const VT_LOGPROBS: ::flatbuffers::VOffsetT = 22;
   pub const VT_STREAMING_PREDICTED: ::flatbuffers::VOffsetT = 24;
+  pub const VT_GRAMMAR: ::flatbuffers::VOffsetT = 26;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2424,6 +2425,7 @@ impl<'a> GenerateRequest<'a> {
     args: &'args GenerateRequestArgs<'args>
   ) -> ::flatbuffers::WIPOffset<GenerateRequest<'bldr>> {
     let mut builder = GenerateRequestBuilder::new(_fbb);
+    if let Some(x) = args.grammar { builder.add_grammar(x); }
     if let Some(x) = args.stop_sequences { builder.add_stop_sequences(x); }
     builder.add_max_tokens(args.max_tokens);
     if let Some(x) = args.sampling { builder.add_sampling(x); }
@@ -2527,6 +2529,16 @@ impl<'a> GenerateRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(GenerateRequest::VT_STREAMING_PREDICTED, None)}
   }
+  /// Constrained decoding (protocol 1.3): a grammar in llguidance's Lark dialect, possibly embedding JSON Schemas
+  /// (`%json { ... }`), that the output must match; empty for none. At most 256 KiB; a worker that cannot compile it
+  /// answers INVALID_REQUEST before generating anything.
+  #[inline]
+  pub fn grammar(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GenerateRequest::VT_GRAMMAR, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
@@ -2546,6 +2558,7 @@ impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
      .visit_field::<bool>("stream", Self::VT_STREAM, false)?
      .visit_field::<bool>("logprobs", Self::VT_LOGPROBS, false)?
      .visit_field::<bool>("streaming_predicted", Self::VT_STREAMING_PREDICTED, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("grammar", Self::VT_GRAMMAR, false)?
      .finish();
     Ok(())
   }
@@ -2562,6 +2575,7 @@ pub struct GenerateRequestArgs<'a> {
     pub stream: bool,
     pub logprobs: bool,
     pub streaming_predicted: Option<bool>,
+    pub grammar: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for GenerateRequestArgs<'a> {
   #[inline]
@@ -2578,6 +2592,7 @@ impl<'a> Default for GenerateRequestArgs<'a> {
       stream: true,
       logprobs: false,
       streaming_predicted: None,
+      grammar: None,
     }
   }
 }
@@ -2632,6 +2647,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GenerateRequestBuilder<'a, 'b
     self.fbb_.push_slot_always::<bool>(GenerateRequest::VT_STREAMING_PREDICTED, streaming_predicted);
   }
   #[inline]
+  pub fn add_grammar(&mut self, grammar: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GenerateRequest::VT_GRAMMAR, grammar);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GenerateRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GenerateRequestBuilder {
@@ -2662,6 +2681,7 @@ impl ::core::fmt::Debug for GenerateRequest<'_> {
       ds.field("stream", &self.stream());
       ds.field("logprobs", &self.logprobs());
       ds.field("streaming_predicted", &self.streaming_predicted());
+      ds.field("grammar", &self.grammar());
       ds.finish()
   }
 }

@@ -17,6 +17,8 @@ pub const MAX_MODELS: usize = 256;
 pub const MAX_STOP_SEQUENCES: usize = 64;
 /// Longest stop sequence, in bytes.
 pub const MAX_STOP_SEQUENCE_LEN: usize = 1024;
+/// Longest constrained-decoding grammar, in bytes.
+pub const MAX_GRAMMAR_LEN: usize = 256 * 1024;
 /// Most workers a route request may exclude.
 pub const MAX_EXCLUDED_WORKERS: usize = 1024;
 /// Highest sampling temperature accepted on the wire (OpenAI's range; Anthropic's is narrower and checked at the

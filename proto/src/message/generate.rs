@@ -85,6 +85,8 @@ pub struct GenerateRequest {
     pub logprobs: bool,
     /// Predictive streaming asked for (`Some(true)`), refused (`Some(false)`) or left to the worker's default.
     pub streaming_predicted: Option<bool>,
+    /// A grammar the output must match (llguidance Lark); empty for none.
+    pub grammar: String,
 }
 
 impl GenerateRequest {
@@ -112,6 +114,12 @@ impl GenerateRequest {
                 ));
             }
         }
+        if self.grammar.len() > check::MAX_GRAMMAR_LEN {
+            return Err(invalid(
+                "GenerateRequest.grammar",
+                format!("{} bytes; at most {} are allowed", self.grammar.len(), check::MAX_GRAMMAR_LEN),
+            ));
+        }
         Ok(())
     }
 
@@ -126,6 +134,7 @@ impl GenerateRequest {
         let sampling = self.sampling.write(fbb);
         let stops: Vec<_> = self.stop_sequences.iter().map(|s| fbb.create_string(s)).collect();
         let stops = fbb.create_vector(&stops);
+        let grammar = (!self.grammar.is_empty()).then(|| fbb.create_string(&self.grammar));
         fb::GenerateRequest::create(
             fbb,
             &fb::GenerateRequestArgs {
@@ -140,6 +149,7 @@ impl GenerateRequest {
                 stream: self.stream,
                 logprobs: self.logprobs,
                 streaming_predicted: self.streaming_predicted,
+                grammar,
             },
         )
     }
@@ -168,6 +178,7 @@ impl GenerateRequest {
             stream: t.stream(),
             logprobs: t.logprobs(),
             streaming_predicted: t.streaming_predicted(),
+            grammar: t.grammar().unwrap_or_default().to_owned(),
         };
         msg.check()?;
         Ok(msg)

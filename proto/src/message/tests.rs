@@ -86,6 +86,7 @@ pub(crate) fn samples() -> Vec<Message> {
             stream: true,
             logprobs: true,
             streaming_predicted: Some(false),
+            grammar: "start: \"a\"".into(),
         }),
         Message::GenerateRequest(GenerateRequest {
             request_id: "req_02".into(),
@@ -98,6 +99,7 @@ pub(crate) fn samples() -> Vec<Message> {
             stream: false,
             logprobs: false,
             streaming_predicted: None,
+            grammar: String::new(),
         }),
         Message::TokenChunk(TokenChunk {
             token_ids: vec![504, 3],

@@ -31,6 +31,8 @@ pub struct Request {
     /// Draft tokens per step at most for predictive streaming (prompt-lookup speculation); 0 turns it off. The
     /// output is the same either way, byte for byte: only how many steps it takes changes.
     pub speculate: usize,
+    /// The grammar the output must match, compiled; `None` for free output.
+    pub constraint: Option<zl_grammar::Constraint>,
 }
 
 /// Something that happened to a sequence during a step.
@@ -101,6 +103,7 @@ struct SeqState {
     stop: StopMatcher,
     drafted: u32,
     accepted: u32,
+    constraint: Option<zl_grammar::Constraint>,
 }
 
 /// Engine figures.
@@ -160,7 +163,7 @@ impl EngineCore {
         }
         let prompt_len = req.prompt.len() as u32;
         self.sched.add(seq, req.prompt, req.max_tokens as usize)?;
-        self.sched.speculate(seq, req.speculate);
+        self.sched.speculate(seq, if req.constraint.is_some() { 0 } else { req.speculate });
         self.seqs.insert(
             seq,
             SeqState {
@@ -173,6 +176,7 @@ impl EngineCore {
                 stop: StopMatcher::new(&req.stop_sequences),
                 drafted: 0,
                 accepted: 0,
+                constraint: req.constraint,
             },
         );
         Ok(())
@@ -223,7 +227,20 @@ impl EngineCore {
             .iter()
             .map(|it| BatchItem { tokens: &it.tokens, start: it.start, blocks: &it.blocks, logits: rows_of(it) })
             .collect();
-        let logits = self.model.llama.forward(&items, &mut self.kv);
+        // Grammar masks depend only on each sequence's own output so far: they are computed while the model runs
+        // (on another thread of the pool), and a constrained request samples alike alone and in any batch.
+        let constrained: Vec<SeqId> = plan
+            .items
+            .iter()
+            .filter(|it| it.sample && self.seqs.get(&it.seq).is_some_and(|st| st.constraint.is_some()))
+            .map(|it| it.seq)
+            .collect();
+        let (model, kv, seqs) = (&self.model, &mut self.kv, &mut self.seqs);
+        let (mut logits, masks) = if constrained.is_empty() {
+            (model.llama.forward(&items, kv), HashMap::new())
+        } else {
+            rayon::join(|| model.llama.forward(&items, kv), || masks(seqs, &constrained))
+        };
         self.prefill_tokens += plan.prefill_tokens as u64;
         let vocab = self.model.llama.config().vocab;
         // Every logits row with its item and its offset in the item's rows. A token depends only on its own row,
@@ -232,6 +249,20 @@ impl EngineCore {
         // position if the drafts before it are accepted, and only then is it used.
         let rows: Vec<(&StepItem, usize)> =
             plan.items.iter().flat_map(|it| (0..rows_of(it)).map(move |j| (it, j))).collect();
+        if !masks.is_empty() {
+            let stop_ids = &self.model.tokenizer.stop_ids;
+            for (row, (item, _)) in logits.chunks_exact_mut(vocab).zip(&rows) {
+                match masks.get(&item.seq) {
+                    Some(Ok(mask)) => mask.apply(row),
+                    // The grammar has no way on (it never should): the sequence ends here.
+                    Some(Err(e)) => {
+                        tracing::warn!(seq = item.seq, error = %e, "constrained decoding stopped");
+                        only_stops(row, stop_ids);
+                    }
+                    None => {}
+                }
+            }
+        }
         let seqs = &self.seqs;
         let pick = |(row, (item, j)): (&[f32], &(&StepItem, usize))| {
             let st = seqs.get(&item.seq)?;
@@ -282,6 +313,10 @@ impl EngineCore {
             let (s, logprob) = (*picked)?;
             st.generated += 1;
             let mut end = None;
+            let off_grammar = st.constraint.as_mut().map(|c| c.advance(s)).and_then(Result::err);
+            if let Some(e) = &off_grammar {
+                tracing::warn!(seq = item.seq, error = %e, "constrained decoding stopped");
+            }
             if self.model.tokenizer.stop_ids.contains(&s) {
                 end = Some((StopReason::EndTurn, None));
             } else {
@@ -292,6 +327,8 @@ impl EngineCore {
                     end = Some((StopReason::StopSequence, Some(matched)));
                 } else if st.generated >= st.max_tokens {
                     end = Some((StopReason::MaxTokens, None));
+                } else if off_grammar.is_some() {
+                    end = Some((StopReason::EndTurn, None));
                 }
             }
             if let Some((reason, stop_sequence)) = end {
@@ -317,5 +354,30 @@ impl EngineCore {
             st.accepted += 1;
         }
         Some(emitted)
+    }
+}
+
+/// Each constrained sequence's mask for this step.
+fn masks(
+    seqs: &mut HashMap<SeqId, SeqState>,
+    constrained: &[SeqId],
+) -> HashMap<SeqId, Result<zl_grammar::Mask, zl_grammar::GrammarError>> {
+    let mut out = HashMap::with_capacity(constrained.len());
+    for &seq in constrained {
+        if let Some(c) = seqs.get_mut(&seq).and_then(|st| st.constraint.as_mut()) {
+            let started = std::time::Instant::now();
+            out.insert(seq, c.mask());
+            metrics::histogram!("zl_worker_grammar_mask_seconds").record(started.elapsed().as_secs_f64());
+        }
+    }
+    out
+}
+
+/// Leave only the stop tokens possible.
+fn only_stops(row: &mut [f32], stop_ids: &[u32]) {
+    for (id, logit) in row.iter_mut().enumerate() {
+        if !stop_ids.contains(&(id as u32)) {
+            *logit = f32::NEG_INFINITY;
+        }
     }
 }

@@ -1,0 +1,75 @@
+#![allow(clippy::unwrap_used)]
+
+use super::*;
+
+/// Whether the byte engine accepts `text` whole under `grammar`.
+fn accepts(grammar: &str, text: &str) -> bool {
+    let mut c = Engine::bytes_only().unwrap().start(grammar).unwrap();
+    for b in text.bytes() {
+        let mask = c.mask().unwrap();
+        if !mask.allows(u32::from(b)) {
+            return false;
+        }
+        c.advance(u32::from(b)).unwrap();
+    }
+    c.is_complete()
+}
+
+#[test]
+fn schemas_compile_and_bad_ones_are_named() {
+    let g = json_schema(&json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
+        .unwrap();
+    check(&g).unwrap();
+    assert!(accepts(&g, r#"{"a": 5}"#));
+    assert!(!accepts(&g, r#"{"a": "x"}"#));
+    assert!(!accepts(&g, r#"{"a":5}"#), "the layout is fixed");
+    let bad = json_schema(&json!({"type": "wizard"})).unwrap();
+    let e = check(&bad).unwrap_err().to_string();
+    assert!(e.contains("wizard"), "{e}");
+    assert!(json_schema(&json!(3)).is_err());
+}
+
+#[test]
+fn json_object_takes_any_object() {
+    let g = json_object();
+    check(&g).unwrap();
+    assert!(accepts(&g, r#"{"x": [1, 2], "y": {"z": null}}"#));
+    assert!(!accepts(&g, "[1]"));
+}
+
+#[test]
+fn tool_calls_fix_the_envelope_and_check_the_arguments() {
+    let tools = [
+        ToolSpec {
+            name: "get_weather".into(),
+            schema: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        },
+        ToolSpec { name: "now".into(), schema: json!({"type": "object", "properties": {}}) },
+    ];
+    let one = tool_calls(&tools, false, false).unwrap();
+    check(&one).unwrap();
+    let call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    assert!(accepts(&one, call));
+    assert!(accepts(&one, "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>"));
+    assert!(!accepts(&one, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>"));
+    assert!(!accepts(&one, "<tool_call>\n{\"name\": \"other\", \"arguments\": {}}\n</tool_call>"));
+    assert!(!accepts(&one, &format!("{call}\n{call}")), "one call without parallel use");
+    let many = tool_calls(&tools, true, false).unwrap();
+    assert!(accepts(&many, &format!("{call}\n{call}")));
+    assert!(tool_calls(&[ToolSpec { name: "a b".into(), schema: json!({}) }], false, false).is_err());
+    assert!(tool_calls(&[], false, false).is_err());
+}
+
+#[test]
+fn optional_calls_leave_text_free_but_calls_valid() {
+    let call = "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+    let tools = [ToolSpec { name: "now".into(), schema: json!({"type": "object", "properties": {}}) }];
+    let g = tool_calls(&tools, true, true).unwrap();
+    check(&g).unwrap();
+    assert!(accepts(&g, "hello there"));
+    assert!(accepts(&g, "<b>bold</b>, and <tool"));
+    assert!(accepts(&g, call));
+    assert!(accepts(&g, &format!("{call}\n{call}")));
+    assert!(!accepts(&g, "<tool_call>\n{\"name\": \"now\", \"arguments\": 5}\n</tool_call>"));
+    assert!(!accepts(&g, "<tool_call>\n{\"name\": \"x\"}\n</tool_call>"));
+}
