@@ -312,6 +312,7 @@ impl Dialect for Messages {
                 let pieces = self.splitter.finish();
                 let mut out = self.blocks.events(pieces, &event);
                 out += &self.blocks.end(&event);
+                crate::tools::count_calls(Self::API, self.splitter.calls);
                 out + &stream_close(f, self.splitter.calls > 0)
             }
         }
@@ -328,6 +329,7 @@ impl Dialect for Messages {
         let mut pieces = self.splitter.push(text);
         pieces.extend(self.splitter.finish());
         let content = crate::tools::anthropic::content(&blocks(pieces));
+        crate::tools::count_calls(Self::API, self.splitter.calls);
         message(&self.id, &self.model, content, self.splitter.calls > 0, finish)
     }
 }

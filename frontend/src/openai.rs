@@ -223,7 +223,15 @@ fn usage(f: &FinishInfo) -> Value {
 }
 
 /// The non-streaming `chat.completion`.
-pub fn completion(id: &str, created: u64, model: &str, fingerprint: &str, message: Value, called: bool, f: &FinishInfo) -> Value {
+pub fn completion(
+    id: &str,
+    created: u64,
+    model: &str,
+    fingerprint: &str,
+    message: Value,
+    called: bool,
+    f: &FinishInfo,
+) -> Value {
     json!({
         "id": id,
         "object": "chat.completion",
@@ -342,6 +350,7 @@ impl Dialect for ChatCompletions {
                 let mut out: String =
                     self.deltas.deltas(pieces).into_iter().map(|delta| self.chunk(delta, None)).collect();
                 out += &self.chunk(json!({}), Some(finish_reason(f.stop_reason, self.splitter.calls > 0)));
+                crate::tools::count_calls(Self::API, self.splitter.calls);
                 if self.include_usage {
                     out += &usage_chunk(&self.id, self.created, &self.model, &self.fingerprint, f);
                 }
@@ -359,6 +368,7 @@ impl Dialect for ChatCompletions {
         pieces.extend(self.splitter.finish());
         let message = crate::tools::openai::message(&blocks(pieces));
         let called = self.splitter.calls > 0;
+        crate::tools::count_calls(Self::API, self.splitter.calls);
         completion(&self.id, self.created, &self.model, &self.fingerprint, message, called, finish)
     }
 }

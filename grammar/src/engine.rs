@@ -36,16 +36,25 @@ fn limits() -> ParserLimits {
     ParserLimits { max_grammar_size: 200_000, max_lexer_states: 50_000, ..ParserLimits::default() }
 }
 
+/// What every sequence of one vocabulary shares.
+struct Shared {
+    stop_ids: Vec<u32>,
+    /// The token of each single byte, where the vocabulary has one.
+    byte_tokens: [Option<u32>; 256],
+    /// For turning a closing text into few tokens.
+    tokenizer: Option<TextTokenizer>,
+}
+
 /// Grammars compiled against one model's vocabulary.
 #[derive(Clone)]
 pub struct Engine {
     factory: Arc<ParserFactory>,
-    stop_ids: Arc<[u32]>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("stop_ids", &self.stop_ids).finish_non_exhaustive()
+        f.debug_struct("Engine").field("stop_ids", &self.shared.stop_ids).finish_non_exhaustive()
     }
 }
 
@@ -57,20 +66,28 @@ impl Engine {
         let eos = tokenizer.stop_ids.first().copied().unwrap_or(0);
         let info = TokRxInfo::new(words.len() as u32, eos);
         let trie = TokTrie::from(&info, &words);
+        let mut byte_tokens = [None; 256];
+        for (id, w) in words.iter().enumerate() {
+            if let [b] = w.as_slice() {
+                byte_tokens[usize::from(*b)].get_or_insert(id as u32);
+            }
+        }
         let env: TokEnv = Arc::new(Vocab { trie, tokenizer: tokenizer.clone() });
-        Engine::from_env(env, tokenizer.stop_ids.clone())
+        let shared = Shared { stop_ids: tokenizer.stop_ids.clone(), byte_tokens, tokenizer: Some(tokenizer.clone()) };
+        Engine::from_env(env, shared)
     }
 
     /// An engine over single bytes: enough to tell whether a grammar compiles, with no model at hand.
     pub fn bytes_only() -> Result<Engine, GrammarError> {
-        Engine::from_env(llguidance::toktrie::ApproximateTokEnv::single_byte_env(), vec![])
+        let shared = Shared { stop_ids: vec![], byte_tokens: std::array::from_fn(|b| Some(b as u32)), tokenizer: None };
+        Engine::from_env(llguidance::toktrie::ApproximateTokEnv::single_byte_env(), shared)
     }
 
-    fn from_env(env: TokEnv, stop_ids: Vec<u32>) -> Result<Engine, GrammarError> {
+    fn from_env(env: TokEnv, shared: Shared) -> Result<Engine, GrammarError> {
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| GrammarError::Compile(first_line(&e)))?;
         factory.quiet();
         *factory.limits_mut() = limits();
-        Ok(Engine { factory: Arc::new(factory), stop_ids: stop_ids.into() })
+        Ok(Engine { factory: Arc::new(factory), shared: Arc::new(shared) })
     }
 
     /// Compile `grammar` (llguidance Lark, possibly embedding JSON Schemas) into a fresh sequence state.
@@ -83,7 +100,7 @@ impl Engine {
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Compile(first_line(&e)));
         }
-        Ok(Constraint { matcher, stop_ids: self.stop_ids.clone() })
+        Ok(Constraint { matcher, shared: self.shared.clone() })
     }
 }
 
@@ -91,7 +108,7 @@ impl Engine {
 #[derive(Clone)]
 pub struct Constraint {
     matcher: Matcher,
-    stop_ids: Arc<[u32]>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -104,9 +121,10 @@ impl Constraint {
     /// The tokens allowed next. When the grammar is complete only the stop tokens are.
     pub fn mask(&mut self) -> Result<Mask, GrammarError> {
         let mut allowed = self.matcher.compute_mask_or_eos().map_err(|e| GrammarError::Step(first_line(&e)))?;
-        let eos = self.stop_ids.first().is_some_and(|&id| (id as usize) < allowed.len() && allowed.is_allowed(id));
+        let stop_ids = &self.shared.stop_ids;
+        let eos = stop_ids.first().is_some_and(|&id| (id as usize) < allowed.len() && allowed.is_allowed(id));
         if eos {
-            for &id in self.stop_ids.iter() {
+            for &id in stop_ids {
                 if (id as usize) < allowed.len() {
                     allowed.allow_token(id);
                 }
@@ -120,7 +138,7 @@ impl Constraint {
 
     /// Record the token sampled under the last mask. A stop token ends the sequence and needs no record.
     pub fn advance(&mut self, token: u32) -> Result<(), GrammarError> {
-        if self.stop_ids.contains(&token) {
+        if self.shared.stop_ids.contains(&token) {
             return Ok(());
         }
         self.matcher.consume_token(token).map_err(|e| GrammarError::Step(first_line(&e)))
@@ -129,6 +147,43 @@ impl Constraint {
     /// Whether the text so far is a complete sentence of the grammar.
     pub fn is_complete(&mut self) -> bool {
         self.matcher.is_stopped() || self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// A short way to finish: tokens that take the output from here to a complete sentence of the grammar (at
+    /// most `limit` bytes of text), or `None` when none is found. What a sequence about to run out of tokens is
+    /// made to write, so that constrained output is complete (a string cut short, an array ended) rather than
+    /// cut off. Found greedily, byte by byte, preferring what closes (quotes, brackets, separators) over what
+    /// opens, then turned into few tokens where the tokenizer's split is accepted too.
+    pub fn closing(&self, limit: usize) -> Option<Vec<u32>> {
+        let bytes = self.closing_bytes(limit)?;
+        let by_byte = || bytes.iter().map(|&b| self.shared.byte_tokens[usize::from(b)]).collect::<Option<Vec<u32>>>();
+        let Some(tokenizer) = &self.shared.tokenizer else { return by_byte() };
+        let Ok(text) = std::str::from_utf8(&bytes) else { return by_byte() };
+        let tokens = tokenizer.encode(text).ok()?;
+        let mut check = self.matcher.clone();
+        if !tokens.is_empty() && check.consume_tokens(&tokens).is_ok() && check.is_accepting().unwrap_or(false) {
+            return Some(tokens);
+        }
+        by_byte()
+    }
+
+    fn closing_bytes(&self, limit: usize) -> Option<Vec<u8>> {
+        const PREFERRED: &[u8] = b"\"}],01abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ23456789 :-.[{";
+        let mut m = self.matcher.clone();
+        let mut out = Vec::new();
+        for _ in 0..limit {
+            if m.is_accepting().ok()? {
+                return Some(out);
+            }
+            let mask = m.compute_mask().ok()?;
+            let allowed = |b: u8| {
+                self.shared.byte_tokens[usize::from(b)].filter(|&t| (t as usize) < mask.len() && mask.is_allowed(t))
+            };
+            let (b, token) = PREFERRED.iter().copied().chain(0..=255).find_map(|b| allowed(b).map(|t| (b, t)))?;
+            m.consume_token(token).ok()?;
+            out.push(b);
+        }
+        None
     }
 }
 
@@ -150,6 +205,13 @@ impl Mask {
         for logit in &mut logits[known..] {
             *logit = f32::NEG_INFINITY;
         }
+    }
+
+    /// A mask that allows `token` alone, of a vocabulary of `vocab` tokens.
+    pub fn only(token: u32, vocab: usize) -> Mask {
+        let mut allowed = SimpleVob::alloc(vocab.max(token as usize + 1));
+        allowed.allow_token(token);
+        Mask { allowed }
     }
 
     /// Whether `token` is allowed.

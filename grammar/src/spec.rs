@@ -12,8 +12,8 @@ use std::sync::OnceLock;
 
 use serde_json::{Value, json};
 
-use crate::engine::Engine;
 use crate::GrammarError;
+use crate::engine::Engine;
 
 /// The tag that opens a tool call in the output.
 pub const CALL_OPEN: &str = "<tool_call>";
@@ -58,7 +58,8 @@ pub fn json_object() -> String {
     format!("start: %json {}\n", json!({"type": "object", "x-guidance": layout()}))
 }
 
-/// Output that is one tool call (or, with `parallel`, one or more, a newline apart) of one of `tools`; with
+/// Output that is one tool call (or, with `parallel`, up to one per tool, a newline apart: a small model left an
+/// open-ended list repeats its call until the token limit) of one of `tools`; with
 /// `optional`, the output may instead be text that does not begin with [`CALL_OPEN`] (a model free to answer or to
 /// call, whose calls must still be valid).
 pub fn tool_calls(tools: &[ToolSpec], parallel: bool, optional: bool) -> Result<String, GrammarError> {
@@ -67,7 +68,11 @@ pub fn tool_calls(tools: &[ToolSpec], parallel: bool, optional: bool) -> Result<
     }
     let mut out = String::new();
     out.push_str(if optional { "start: TEXT | calls\n" } else { "start: calls\n" });
-    out.push_str(if parallel { "calls: call (\"\\n\" call)*\n" } else { "calls: call\n" });
+    let most = if parallel { tools.len() } else { 1 };
+    out.push_str("calls: call");
+    out.push_str(&"(\"\\n\" call".repeat(most - 1));
+    out.push_str(&")?".repeat(most - 1));
+    out.push('\n');
     if optional {
         // Text, as long as it does not open a call (derivre's intersection and complement).
         out.push_str(&format!("TEXT: /(?s:.+)/ & ~/(?s:{}.*)/\n", CALL_OPEN));

@@ -27,7 +27,11 @@ fn request(engine: &EngineCore, grammars: &zl_grammar::Engine, user: &str, gramm
     ];
     Request {
         prompt: tok.encode(&tok.render_chat(&messages).unwrap()).unwrap(),
-        sampling: if seed == 0 { Sampling::greedy() } else { Sampling { temperature: 1.0, top_p: 1.0, top_k: 0, seed } },
+        sampling: if seed == 0 {
+            Sampling::greedy()
+        } else {
+            Sampling { temperature: 1.0, top_p: 1.0, top_k: 0, seed }
+        },
         max_tokens: 256,
         stop_sequences: vec![],
         logprobs: false,
@@ -85,7 +89,9 @@ fn json_schema_output_parses_and_matches_across_seeds() {
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|err| panic!("seed {seed}: {err}: {text}"));
         eprintln!("seed {seed}: {text}");
         assert!(v["city"].is_string() && v["population"].is_u64() && v["capital"].is_boolean(), "{text}");
-        assert!(v.as_object().unwrap().keys().all(|k| ["city", "population", "landmarks", "capital"].contains(&k.as_str())));
+        assert!(
+            v.as_object().unwrap().keys().all(|k| ["city", "population", "landmarks", "capital"].contains(&k.as_str()))
+        );
     }
 }
 
@@ -118,7 +124,11 @@ fn constrained_tokens_are_the_same_alone_and_in_a_batch_of_sixteen() {
         // Others differ in prompt, seed and grammar; sequence 5 is the one run alone.
         let (user, seed) = if seq == 5 { ("What is the capital of France?", 7) } else { ("Name a colour.", seq + 100) };
         let grammar = if seq % 2 == 0 { zl_grammar::json_object() } else { grammar.clone() };
-        let grammar = if seq == 5 { zl_grammar::json_schema(&json!({"type": "object", "properties": {"answer": {"type": "string", "maxLength": 60}}, "required": ["answer"]})).unwrap() } else { grammar };
+        let grammar = if seq == 5 {
+            zl_grammar::json_schema(&json!({"type": "object", "properties": {"answer": {"type": "string", "maxLength": 60}}, "required": ["answer"]})).unwrap()
+        } else {
+            grammar
+        };
         e.add(seq, request(&e, &g, user, &grammar, seed)).unwrap();
     }
     let batch = run_all(&mut e);

@@ -60,7 +60,10 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<ToolUse, ApiError> {
                 return Err(ApiError::invalid_param("output_format", "output_format.schema: Field required"));
             }
             _ => {
-                return Err(ApiError::invalid_param("output_format", "output_format.type: Input should be 'json_schema'"));
+                return Err(ApiError::invalid_param(
+                    "output_format",
+                    "output_format.type: Input should be 'json_schema'",
+                ));
             }
         };
     }
@@ -76,7 +79,9 @@ fn tool(t: &Value, field: &str) -> Result<Tool, ApiError> {
         Some(other) => {
             return Err(ApiError::invalid_param(
                 "tools",
-                format!("{field}.type: server tools ({other:?}) are not supported by this server; define a custom tool"),
+                format!(
+                    "{field}.type: server tools ({other:?}) are not supported by this server; define a custom tool"
+                ),
             ));
         }
     }
@@ -88,7 +93,10 @@ fn tool(t: &Value, field: &str) -> Result<Tool, ApiError> {
     let schema = match obj.get("input_schema") {
         Some(s @ Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("object") => s.clone(),
         Some(Value::Object(_)) => {
-            return Err(ApiError::invalid_param("tools", format!("{field}.input_schema.type: Input should be 'object'")));
+            return Err(ApiError::invalid_param(
+                "tools",
+                format!("{field}.input_schema.type: Input should be 'object'"),
+            ));
         }
         _ => return Err(ApiError::invalid_param("tools", format!("{field}.input_schema: Field required"))),
     };
@@ -96,7 +104,10 @@ fn tool(t: &Value, field: &str) -> Result<Tool, ApiError> {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(d)) => d.clone(),
         Some(_) => {
-            return Err(ApiError::invalid_param("tools", format!("{field}.description: Input should be a valid string")));
+            return Err(ApiError::invalid_param(
+                "tools",
+                format!("{field}.description: Input should be a valid string"),
+            ));
         }
     };
     let strict = obj.get("strict").and_then(Value::as_bool).unwrap_or(false);
@@ -110,7 +121,9 @@ pub fn flatten(content: &Value, field: &str, role: &str, called: &[String]) -> R
     let blocks = match content {
         Value::String(s) => return Ok((s.clone(), Vec::new())),
         Value::Array(blocks) => blocks,
-        _ => return Err(ApiError::invalid(format!("{field}: Input should be a valid string or list of content blocks"))),
+        _ => {
+            return Err(ApiError::invalid(format!("{field}: Input should be a valid string or list of content blocks")));
+        }
     };
     let mut text = String::new();
     let mut ids = Vec::new();
@@ -134,9 +147,10 @@ pub fn flatten(content: &Value, field: &str, role: &str, called: &[String]) -> R
                 let (Some(id), Some(name)) = (id, name) else {
                     return Err(ApiError::invalid(format!("{at}: tool_use blocks need an id and a name")));
                 };
-                let input = block.get("input").filter(|i| i.is_object()).ok_or_else(|| {
-                    ApiError::invalid(format!("{at}.input: Input should be a valid dictionary"))
-                })?;
+                let input = block
+                    .get("input")
+                    .filter(|i| i.is_object())
+                    .ok_or_else(|| ApiError::invalid(format!("{at}.input: Input should be a valid dictionary")))?;
                 ids.push(id.to_owned());
                 push(&call_text(name, input));
             }
@@ -161,7 +175,9 @@ pub fn flatten(content: &Value, field: &str, role: &str, called: &[String]) -> R
                                             "{at}.content.{k}: content of type {other:?} in tool results is not supported by this server yet; send text"
                                         )));
                                     }
-                                    _ => return Err(ApiError::invalid(format!("{at}.content.{k}.text: Field required"))),
+                                    _ => {
+                                        return Err(ApiError::invalid(format!("{at}.content.{k}.text: Field required")));
+                                    }
                                 }
                             }
                             s
@@ -180,7 +196,9 @@ pub fn flatten(content: &Value, field: &str, role: &str, called: &[String]) -> R
                 let turn = if ty == "tool_use" { "assistant" } else { "user" };
                 return Err(ApiError::invalid(format!("{at}: {ty} blocks may only appear in {turn} messages")));
             }
-            Some(ty @ ("image" | "document" | "thinking" | "redacted_thinking" | "server_tool_use" | "search_result")) => {
+            Some(
+                ty @ ("image" | "document" | "thinking" | "redacted_thinking" | "server_tool_use" | "search_result"),
+            ) => {
                 return Err(ApiError::invalid(format!(
                     "{at}: content blocks of type \"{ty}\" are not supported by this server yet; send text"
                 )));
@@ -204,7 +222,9 @@ pub fn content(blocks: &[Block]) -> Vec<Value> {
                 "name": name,
                 "input": serde_json::from_str::<Value>(args).unwrap_or_else(|_| json!({})),
             }),
-            Block::Call { name, args, valid: false } => json!({"type": "text", "text": super::calls::unfinished_call(name, args)}),
+            Block::Call { name, args, valid: false } => {
+                json!({"type": "text", "text": super::calls::unfinished_call(name, args)})
+            }
         })
         .collect();
     if out.is_empty() {

@@ -289,7 +289,10 @@ pub fn unfinished_call(name: &str, args: &str) -> String {
 
 /// How much of the end of `text` could be the start of `tag`.
 fn partial_suffix(text: &str, tag: &str) -> usize {
-    (1..tag.len().min(text.len() + 1)).rev().find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..])).unwrap_or(0)
+    (1..tag.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))
+        .unwrap_or(0)
 }
 
 /// How far arguments may be sent: all but a tail that may be the wrapper's closing brace with whitespace and the

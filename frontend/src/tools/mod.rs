@@ -130,9 +130,9 @@ impl ToolUse {
                 Format::JsonSchema(schema) => zl_grammar::json_schema(schema),
             }
         };
-        let grammar = grammar.and_then(|g| zl_grammar::check(&g).map(|()| g)).map_err(|e| {
-            ApiError::invalid_param(param, format!("{param}: the schema cannot be enforced: {e}"))
-        })?;
+        let grammar = grammar
+            .and_then(|g| zl_grammar::check(&g).map(|()| g))
+            .map_err(|e| ApiError::invalid_param(param, format!("{param}: the schema cannot be enforced: {e}")))?;
         if grammar.len() > zl_proto::message::MAX_GRAMMAR_LEN {
             return Err(ApiError::invalid_param(
                 param,
@@ -175,6 +175,13 @@ impl ToolUse {
             out.push_str("\nCall one of the functions now.");
         }
         out
+    }
+}
+
+/// Count an answer's tool calls (`zl_frontend_tool_calls_total{api}`).
+pub fn count_calls(api: &'static str, calls: usize) {
+    if calls > 0 {
+        metrics::counter!("zl_frontend_tool_calls_total", "api" => api).increment(calls as u64);
     }
 }
 
@@ -221,10 +228,9 @@ pub fn check_choice(use_: &ToolUse, field: &str) -> Result<(), ApiError> {
         Choice::Named(name) if !use_.tools.iter().any(|t| &t.name == name) => {
             Err(ApiError::invalid_param(field, format!("{field}: tool {name:?} is not among the offered tools")))
         }
-        Choice::Any | Choice::Named(_) if use_.tools.is_empty() => Err(ApiError::invalid_param(
-            field,
-            format!("{field}: a tool must be called, but no tools were offered"),
-        )),
+        Choice::Any | Choice::Named(_) if use_.tools.is_empty() => {
+            Err(ApiError::invalid_param(field, format!("{field}: a tool must be called, but no tools were offered")))
+        }
         _ => Ok(()),
     }
 }

@@ -98,7 +98,10 @@ fn tool(t: &Value, field: &str) -> Result<Tool, ApiError> {
         None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
         Some(p @ Value::Object(_)) => p.clone(),
         Some(_) => {
-            return Err(ApiError::invalid_param("tools", format!("{field}.function.parameters: an object is required")));
+            return Err(ApiError::invalid_param(
+                "tools",
+                format!("{field}.function.parameters: an object is required"),
+            ));
         }
     };
     Ok(Tool {
@@ -179,7 +182,9 @@ impl CallDeltas {
                     self.calls += 1;
                 }
                 Piece::CallArgs(a) => {
-                    out.push(json!({"tool_calls": [{"index": self.calls.saturating_sub(1), "function": {"arguments": a}}]}));
+                    out.push(
+                        json!({"tool_calls": [{"index": self.calls.saturating_sub(1), "function": {"arguments": a}}]}),
+                    );
                 }
                 Piece::CallEnd { .. } => {}
             }

@@ -17,8 +17,8 @@ fn accepts(grammar: &str, text: &str) -> bool {
 
 #[test]
 fn schemas_compile_and_bad_ones_are_named() {
-    let g = json_schema(&json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}))
-        .unwrap();
+    let g =
+        json_schema(&json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})).unwrap();
     check(&g).unwrap();
     assert!(accepts(&g, r#"{"a": 5}"#));
     assert!(!accepts(&g, r#"{"a": "x"}"#));
@@ -56,6 +56,7 @@ fn tool_calls_fix_the_envelope_and_check_the_arguments() {
     assert!(!accepts(&one, &format!("{call}\n{call}")), "one call without parallel use");
     let many = tool_calls(&tools, true, false).unwrap();
     assert!(accepts(&many, &format!("{call}\n{call}")));
+    assert!(!accepts(&many, &format!("{call}\n{call}\n{call}")), "at most one call per tool");
     assert!(tool_calls(&[ToolSpec { name: "a b".into(), schema: json!({}) }], false, false).is_err());
     assert!(tool_calls(&[], false, false).is_err());
 }
@@ -69,7 +70,36 @@ fn optional_calls_leave_text_free_but_calls_valid() {
     assert!(accepts(&g, "hello there"));
     assert!(accepts(&g, "<b>bold</b>, and <tool"));
     assert!(accepts(&g, call));
-    assert!(accepts(&g, &format!("{call}\n{call}")));
+    assert!(!accepts(&g, &format!("{call}\n{call}")), "one tool, one call");
     assert!(!accepts(&g, "<tool_call>\n{\"name\": \"now\", \"arguments\": 5}\n</tool_call>"));
     assert!(!accepts(&g, "<tool_call>\n{\"name\": \"x\"}\n</tool_call>"));
+}
+
+#[test]
+fn a_cut_short_answer_can_always_be_closed() {
+    let g = json_schema(&json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 2},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+            "kind": {"enum": ["alpha", "beta"]},
+            "n": {"type": "integer", "minimum": 10}
+        },
+        "required": ["name", "tags", "kind", "n"]
+    }))
+    .unwrap();
+    let mut c = Engine::bytes_only().unwrap().start(&g).unwrap();
+    for b in br#"{"name": "Par"#.iter() {
+        c.advance(u32::from(*b)).unwrap();
+    }
+    let close = c.closing(256).unwrap();
+    let text: Vec<u8> = close.iter().map(|&t| t as u8).collect();
+    let whole = format!("{{\"name\": \"Par{}", String::from_utf8(text).unwrap());
+    let v: serde_json::Value = serde_json::from_str(&whole).unwrap();
+    assert!(v["tags"].as_array().unwrap().len() >= 2 && v["n"].as_i64().unwrap() >= 10, "{whole}");
+    assert!(["alpha", "beta"].contains(&v["kind"].as_str().unwrap()), "{whole}");
+    for t in close {
+        c.advance(t).unwrap();
+    }
+    assert!(c.is_complete());
 }

@@ -19,8 +19,8 @@ use crate::frame::{self, FrameError, FrameKind, RawFrame};
 use crate::generated::zl::wire as fb;
 
 pub use check::{
-    MAX_ERROR_MESSAGE_LEN, MAX_EXCLUDED_WORKERS, MAX_GRAMMAR_LEN, MAX_ID_LEN, MAX_MODELS, MAX_NODE_ID_LEN, MAX_REASON_LEN,
-    MAX_STOP_SEQUENCE_LEN, MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
+    MAX_ERROR_MESSAGE_LEN, MAX_EXCLUDED_WORKERS, MAX_GRAMMAR_LEN, MAX_ID_LEN, MAX_MODELS, MAX_NODE_ID_LEN,
+    MAX_REASON_LEN, MAX_STOP_SEQUENCE_LEN, MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
 };
 pub use control::{
     Ack, ComputePool, DeregisterWorker, Handshake, KvCacheEvents, LoadReport, ModelInfo, NodeId, RegisterWorker, Role,

@@ -104,6 +104,8 @@ struct SeqState {
     drafted: u32,
     accepted: u32,
     constraint: Option<zl_grammar::Constraint>,
+    /// Tokens a constrained sequence about to run out must write to end complete.
+    closing: std::collections::VecDeque<u32>,
 }
 
 /// Engine figures.
@@ -177,6 +179,7 @@ impl EngineCore {
                 drafted: 0,
                 accepted: 0,
                 constraint: req.constraint,
+                closing: Default::default(),
             },
         );
         Ok(())
@@ -239,7 +242,8 @@ impl EngineCore {
         let (mut logits, masks) = if constrained.is_empty() {
             (model.llama.forward(&items, kv), HashMap::new())
         } else {
-            rayon::join(|| model.llama.forward(&items, kv), || masks(seqs, &constrained))
+            let vocab = model.llama.config().vocab;
+            rayon::join(|| model.llama.forward(&items, kv), || masks(seqs, &constrained, vocab))
         };
         self.prefill_tokens += plan.prefill_tokens as u64;
         let vocab = self.model.llama.config().vocab;
@@ -314,6 +318,9 @@ impl EngineCore {
             st.generated += 1;
             let mut end = None;
             let off_grammar = st.constraint.as_mut().map(|c| c.advance(s)).and_then(Result::err);
+            if st.closing.front() == Some(&s) {
+                st.closing.pop_front();
+            }
             if let Some(e) = &off_grammar {
                 tracing::warn!(seq = item.seq, error = %e, "constrained decoding stopped");
             }
@@ -357,18 +364,40 @@ impl EngineCore {
     }
 }
 
-/// Each constrained sequence's mask for this step.
+/// How close to its token limit a constrained sequence starts checking how it would end.
+const CLOSING_WINDOW: u32 = 64;
+/// The most bytes of closing text looked for.
+const CLOSING_BYTES: usize = 512;
+
+/// Each constrained sequence's mask for this step. A sequence that would otherwise run out of tokens inside its
+/// grammar (a string, an object with fields still required) is given the shortest closing found while it still
+/// has the tokens for it, and writes it; its answer is then complete and valid, if cut short.
 fn masks(
     seqs: &mut HashMap<SeqId, SeqState>,
     constrained: &[SeqId],
+    vocab: usize,
 ) -> HashMap<SeqId, Result<zl_grammar::Mask, zl_grammar::GrammarError>> {
     let mut out = HashMap::with_capacity(constrained.len());
     for &seq in constrained {
-        if let Some(c) = seqs.get_mut(&seq).and_then(|st| st.constraint.as_mut()) {
-            let started = std::time::Instant::now();
-            out.insert(seq, c.mask());
-            metrics::histogram!("zl_worker_grammar_mask_seconds").record(started.elapsed().as_secs_f64());
+        let Some(st) = seqs.get_mut(&seq) else { continue };
+        let left = st.max_tokens.saturating_sub(st.generated);
+        let Some(c) = st.constraint.as_mut() else { continue };
+        let started = std::time::Instant::now();
+        if st.closing.is_empty() && left <= CLOSING_WINDOW && !c.is_complete() {
+            // The closing, then a stop token, must fit what is left (one step to spare).
+            if let Some(tokens) = c.closing(CLOSING_BYTES)
+                && tokens.len() as u32 + 2 >= left
+            {
+                metrics::counter!("zl_worker_grammar_closings_total").increment(1);
+                st.closing = tokens.into();
+            }
         }
+        let mask = match st.closing.front() {
+            Some(&token) => Ok(zl_grammar::Mask::only(token, vocab)),
+            None => c.mask(),
+        };
+        out.insert(seq, mask);
+        metrics::histogram!("zl_worker_grammar_mask_seconds").record(started.elapsed().as_secs_f64());
     }
     out
 }
