@@ -198,7 +198,10 @@ fn structure(text: &str) -> f32 {
     if text.trim().is_empty() {
         return 0.0;
     }
-    if is_json_document(text) || text.contains("\"tool_use\"") {
+    // A tool call as models write it (`<tool_call>{...}</tool_call>`, the frontend's tool format) or as the API
+    // returns it (a `tool_use` block).
+    let tool_call = text.contains("<tool_call>") && text.contains("</tool_call>");
+    if is_json_document(text) || tool_call || text.contains("\"tool_use\"") {
         return 1.0;
     }
     let lines: Vec<&str> = text.lines().collect();
@@ -284,6 +287,11 @@ mod tests {
             ("json", r#"{"city": "Paris", "country": "France", "population": 2102650}"#, 1.0),
             ("fenced json", "```json\n{\"ok\": true, \"items\": [1, 2, 3]}\n```", 1.0),
             ("tool call", r#"[{"type": "tool_use", "name": "get_weather", "input": {"city": "Paris"}}]"#, 1.0),
+            (
+                "generated tool call",
+                "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+                1.0,
+            ),
             ("table", "| name | size |\n|---|---|\n| alpha | 3 |\n| beta | 4 |", 0.8),
             ("code", "Here is the fix:\n```rust\nfn main() { println!(\"hi\"); }\n```", 0.7),
             ("steps", "1. Install the chart.\n2. Set the values file.\n3. Run helm upgrade.", 0.6),

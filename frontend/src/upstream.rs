@@ -57,6 +57,9 @@ impl TokenSource for ResponseStream {
     }
 }
 
+/// The protocol minor version from which workers apply `GenerateRequest.grammar`.
+const GRAMMAR_MINOR: u16 = 3;
+
 /// Per-call deadline for control calls to workers (model cards): a worker loading another model may take a few
 /// seconds to answer, and a card is fetched once per model and cached.
 const CONTROL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -203,7 +206,20 @@ impl Upstream for QuicUpstream {
     ) -> BoxFuture<'_, Result<Box<dyn TokenSource>, CallError>> {
         Box::pin(async move {
             let to = endpoint_addr(&endpoint).await?;
+            let constrained = !request.grammar.is_empty();
             let stream = self.client.stream(to, Role::Worker, Message::GenerateRequest(request)).await?;
+            // A worker older than protocol 1.3 ignores the grammar and would answer unconstrained: the call is
+            // dropped (which cancels it) and the request goes to another worker (during a rolling upgrade).
+            if constrained && stream.peer().protocol_minor < GRAMMAR_MINOR {
+                return Err(CallError::Remote(WireError::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "worker {} speaks protocol 1.{} and cannot constrain decoding (1.{GRAMMAR_MINOR} can)",
+                        stream.peer().node_id,
+                        stream.peer().protocol_minor
+                    ),
+                )));
+            }
             Ok(Box::new(stream) as Box<dyn TokenSource>)
         })
     }

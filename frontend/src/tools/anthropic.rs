@@ -122,7 +122,9 @@ pub fn flatten(content: &Value, field: &str, role: &str, called: &[String]) -> R
         Value::String(s) => return Ok((s.clone(), Vec::new())),
         Value::Array(blocks) => blocks,
         _ => {
-            return Err(ApiError::invalid(format!("{field}: Input should be a valid string or list of content blocks")));
+            return Err(ApiError::invalid(format!(
+                "{field}: Input should be a valid string or list of content blocks"
+            )));
         }
     };
     let mut text = String::new();
@@ -176,7 +178,9 @@ pub fn flatten(content: &Value, field: &str, role: &str, called: &[String]) -> R
                                         )));
                                     }
                                     _ => {
-                                        return Err(ApiError::invalid(format!("{at}.content.{k}.text: Field required")));
+                                        return Err(ApiError::invalid(format!(
+                                            "{at}.content.{k}.text: Field required"
+                                        )));
                                     }
                                 }
                             }

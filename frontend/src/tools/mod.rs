@@ -185,9 +185,22 @@ pub fn count_calls(api: &'static str, calls: usize) {
     }
 }
 
-/// A call in the conversation as the model writes it.
+/// A call in the conversation as the model writes it (the layout its grammar gives: `", "` and `": "`).
 pub fn call_text(name: &str, arguments: &Value) -> String {
-    format!("{CALL_OPEN}\n{}\n{CALL_CLOSE}", json!({"name": name, "arguments": arguments}))
+    format!("{CALL_OPEN}\n{}\n{CALL_CLOSE}", spaced(&json!({"name": name, "arguments": arguments})))
+}
+
+/// JSON with one space after each `:` and `,`, and none elsewhere.
+fn spaced(v: &Value) -> String {
+    match v {
+        Value::Object(map) => {
+            let items: Vec<String> =
+                map.iter().map(|(k, v)| format!("{}: {}", Value::String(k.clone()), spaced(v))).collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        Value::Array(items) => format!("[{}]", items.iter().map(spaced).collect::<Vec<_>>().join(", ")),
+        scalar => scalar.to_string(),
+    }
 }
 
 /// A tool's result in the conversation as the model reads it.
@@ -234,3 +247,6 @@ pub fn check_choice(use_: &ToolUse, field: &str) -> Result<(), ApiError> {
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests;
