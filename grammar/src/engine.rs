@@ -96,7 +96,7 @@ impl Engine {
             .factory
             .create_parser(TopLevelGrammar::from_lark(grammar.to_owned()))
             .map_err(|e| GrammarError::Compile(first_line(&e)))?;
-        let matcher = Matcher::new(Ok(parser));
+        let matcher = Box::new(Matcher::new(Ok(parser)));
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Compile(first_line(&e)));
         }
@@ -107,7 +107,8 @@ impl Engine {
 /// One sequence's position in its grammar.
 #[derive(Clone)]
 pub struct Constraint {
-    matcher: Matcher,
+    /// Boxed: a matcher is over a kilobyte, and requests move through channels.
+    matcher: Box<Matcher>,
     shared: Arc<Shared>,
 }
 

@@ -23,8 +23,14 @@ pub enum GrammarError {
     Step(String),
 }
 
-/// The first line of an llguidance error, without the parser state it may append.
+/// The first line of an llguidance error, without the parser state it may append or the grammar position it
+/// starts with (`at 1(8): `: a place in the grammar the client never wrote).
 fn first_line(e: &impl std::fmt::Display) -> String {
     let text = e.to_string();
-    text.lines().next().unwrap_or_default().trim().to_owned()
+    let line = text.lines().next().unwrap_or_default().trim();
+    let line = match line.strip_prefix("at ").and_then(|rest| rest.split_once("): ")) {
+        Some((pos, rest)) if pos.chars().all(|c| c.is_ascii_digit() || c == '(') => rest,
+        _ => line,
+    };
+    line.to_owned()
 }

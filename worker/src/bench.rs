@@ -1,7 +1,9 @@
 //! `zl-worker bench`: prefill and decode throughput of the engine at several concurrency levels, measured side by
 //! side in one process, with the ratio of each level's decode rate to the single-sequence rate. `--workload
 //! overlap` asks for text that repeats the prompt (an edit of a given text) and runs every level without and with
-//! predictive streaming, printing the speed-up and the draft acceptance rate.
+//! predictive streaming, printing the speed-up and the draft acceptance rate. `--workload json` asks for JSON and runs
+//! every level free and then constrained by a JSON Schema, printing the constrained rate against the free one and
+//! the grammar engine's time per token mask (p50, p99).
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -28,9 +30,10 @@ pub(crate) struct BenchArgs {
     /// the ratio of the medians (a noisy machine moves single runs by ±15%).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
-    /// What the requests ask: `stories` (free text, no speculation) or `overlap` (edit a given text: the output
-    /// repeats the input; each level runs without and with predictive streaming).
-    #[arg(long, default_value = "stories", value_parser = ["stories", "overlap"])]
+    /// What the requests ask: `stories` (free text, no speculation), `overlap` (edit a given text: the output
+    /// repeats the input; each level runs without and with predictive streaming) or `json` (describe a city as
+    /// JSON; each level runs free and then constrained by a JSON Schema).
+    #[arg(long, default_value = "stories", value_parser = ["stories", "overlap", "json"])]
     workload: String,
     /// Instead: time the prefill of one prompt of each of these lengths in tokens, alone (e.g. 1024,4096,8192;
     /// capped one below the context window), as the time to its first token.
@@ -68,16 +71,36 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         "{:>11} {:>15} {:>15} {:>9} {:>12} {:>12} {:>11}",
         "concurrency", "prefill tok/s", "decode tok/s", "vs c=1", "TPOT p50 ms", "TPOT p99 ms", "e2e tok/s"
     );
-    // Speculation settings each level runs with: plain decoding only, or without and then with drafts.
-    let modes = if args.workload == "overlap" { vec![0, args.model.speculation().max_draft.max(1)] } else { vec![0] };
+    // What each level runs: plain decoding only; without and then with drafts; free and then constrained.
+    let json = args.workload == "json";
+    let grammars = if json { Some(zl_grammar::Engine::new(&core.model().tokenizer)?) } else { None };
+    let modes: Vec<Mode> = match args.workload.as_str() {
+        "overlap" => vec![Mode::Plain, Mode::Predicted(args.model.speculation().max_draft.max(1))],
+        "json" => vec![Mode::Plain, Mode::Constrained],
+        _ => vec![Mode::Plain],
+    };
+    let mut outputs = Vec::new();
     let mut rates: Vec<Vec<f64>> = vec![Vec::new(); args.concurrency.len() * modes.len()];
     let mut level_no = 0;
     for _ in 0..args.rounds {
         let mut base = None;
         for (slot, &c) in args.concurrency.iter().enumerate() {
-            for (m, &speculate) in modes.iter().enumerate() {
-                let level = Level { no: level_no, c, max_tokens: args.max_tokens, speculate, edit: modes.len() > 1 };
-                rates[slot * modes.len() + m].push(run_level(core, &level, &mut base)?);
+            for (m, &mode) in modes.iter().enumerate() {
+                let prompts = match args.workload.as_str() {
+                    "overlap" => Prompts::Edit,
+                    "json" => Prompts::Json,
+                    _ => Prompts::Stories,
+                };
+                let grammar = match (mode, &grammars) {
+                    (Mode::Constrained, Some(g)) => Some((g, crate::bench_json::schema_grammar()?)),
+                    _ => None,
+                };
+                let level = Level { no: level_no, c, max_tokens: args.max_tokens, mode, prompts, grammar };
+                let (rate, out) = run_level(core, &level, &mut base)?;
+                rates[slot * modes.len() + m].push(rate);
+                if mode == Mode::Constrained {
+                    outputs.extend(out);
+                }
                 level_no += 1;
             }
         }
@@ -92,18 +115,31 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
             })
             .collect();
         for (slot, &c) in args.concurrency.iter().enumerate() {
-            for (m, &speculate) in modes.iter().enumerate() {
+            for (m, &mode) in modes.iter().enumerate() {
                 let rate = medians[slot * modes.len() + m];
                 let vs_plain = rate / medians[slot * modes.len()];
-                let tag = if speculate > 0 { format!("  predicted: {vs_plain:.2}x plain") } else { String::new() };
+                let tag = match mode {
+                    Mode::Predicted(_) => format!("  predicted: {vs_plain:.2}x plain"),
+                    Mode::Constrained => format!("  constrained: {vs_plain:.2}x free"),
+                    Mode::Plain => String::new(),
+                };
                 println!("{c:>11} {:>15} {rate:>15.1} {:>8.2}x{tag}", "", rate / medians[0]);
             }
         }
+    }
+    if let Some(g) = &grammars {
+        crate::bench_json::mask_times(g, &outputs)?;
     }
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS: {rss:.0} MiB");
     }
     Ok(())
+}
+
+/// The median step time at the full batch, as a tag.
+fn full_batch(steps: &mut [Duration]) -> String {
+    steps.sort();
+    format!(" (full-batch step p50 {:.2} ms over {} steps)", percentile(steps, 0.5).as_secs_f64() * 1e3, steps.len())
 }
 
 /// Time the prefill of one prompt of each length, alone: the time to its first token.
@@ -140,30 +176,60 @@ fn prefill(core: &mut zl_worker::engine::EngineCore, lengths: &[usize]) -> Resul
     Ok(())
 }
 
+/// How a level decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Plain decoding.
+    Plain,
+    /// With this many draft tokens per step.
+    Predicted(usize),
+    /// Constrained by the JSON workload's schema.
+    Constrained,
+}
+
+/// What a level's requests ask.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Prompts {
+    Stories,
+    /// The overlap workload's edit request.
+    Edit,
+    /// A city described as JSON.
+    Json,
+}
+
 /// One run of a concurrency level.
-struct Level {
+struct Level<'a> {
     /// Its number in the whole bench (keeps prompts unique, so the prefix cache never serves one).
     no: usize,
     /// Sequences at once.
     c: usize,
     max_tokens: u32,
-    /// Draft tokens per step (0: plain decoding).
-    speculate: usize,
-    /// The overlap workload's edit request instead of a story.
-    edit: bool,
+    mode: Mode,
+    prompts: Prompts,
+    /// The grammar engine and the grammar constrained requests use.
+    grammar: Option<(&'a zl_grammar::Engine, String)>,
 }
 
 /// One concurrency level: `c` greedy requests of `max_tokens` each, run to completion; prints the level's line
-/// (the ratio against `base`, the round's first level) and returns its decode rate.
-fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut Option<f64>) -> Result<f64> {
+/// (the ratio against `base`, the round's first level) and returns its decode rate and each request's tokens.
+fn run_level(
+    core: &mut zl_worker::engine::EngineCore,
+    level: &Level<'_>,
+    base: &mut Option<f64>,
+) -> Result<(f64, Vec<Vec<u32>>)> {
     let topics = ["the sea", "a robot", "autumn", "a city at night", "a lost key", "mountains", "a library", "rain"];
     let mut prompt_tokens = 0usize;
     for i in 0..level.c {
         let tok = &core.model().tokenizer;
-        let content = if level.edit {
-            format!("Note {}-{i}. Correct the spelling in this text and return all of it:\n\n{EDIT_TEXT}", level.no)
-        } else {
-            format!("Story {}-{i}: write a long story about {}.", level.no, topics[i % topics.len()])
+        let content = match level.prompts {
+            Prompts::Edit => format!(
+                "Note {}-{i}. Correct the spelling in this text and return all of it:\n\n{EDIT_TEXT}",
+                level.no
+            ),
+            Prompts::Json => crate::bench_json::prompt(level.no, i),
+            Prompts::Stories => {
+                format!("Story {}-{i}: write a long story about {}.", level.no, topics[i % topics.len()])
+            }
         };
         let text = tok.render_chat(&[ChatMessage { role: "user".into(), content }])?;
         let prompt = tok.encode(&text)?;
@@ -174,8 +240,11 @@ fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut
             max_tokens: level.max_tokens,
             stop_sequences: vec![],
             logprobs: false,
-            speculate: level.speculate,
-            constraint: None,
+            speculate: if let Mode::Predicted(drafts) = level.mode { drafts } else { 0 },
+            constraint: match &level.grammar {
+                Some((engine, grammar)) => Some(engine.start(grammar)?),
+                None => None,
+            },
         };
         core.add((level.no * 10_000 + i) as u64, req)?;
     }
@@ -187,7 +256,11 @@ fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut
     let mut decode_tokens = 0u64;
     let mut all_tokens = 0u64;
     let mut decode_steps = Vec::new();
+    let mut outputs: std::collections::HashMap<u64, Vec<u32>> = Default::default();
+    // Decode steps with every sequence still running: the per-step cost at the full batch, whatever the lengths.
+    let mut full_steps = Vec::new();
     while core.has_work() {
+        let full = core.stats().running == c;
         let step_start = Instant::now();
         let events = core.step();
         let step_time = step_start.elapsed();
@@ -198,8 +271,9 @@ fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut
                 drafted += u64::from(*draft_tokens);
                 accepted += u64::from(*accepted_draft_tokens);
             }
-            if matches!(ev, Event::Token { .. }) {
+            if let Event::Token { token, .. } = ev {
                 tokens += 1;
+                outputs.entry(*seq).or_default().push(*token);
             }
             first_token.insert(*seq);
         }
@@ -210,6 +284,9 @@ fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut
             Some(_) => {
                 decode_tokens += tokens;
                 decode_steps.push(step_time);
+                if full {
+                    full_steps.push(step_time);
+                }
             }
         }
     }
@@ -223,18 +300,20 @@ fn run_level(core: &mut zl_worker::engine::EngineCore, level: &Level, base: &mut
     // sequence's first one, and speculation moves some tokens before that point.
     let e2e_rate = all_tokens as f64 / total.as_secs_f64();
     decode_steps.sort();
-    let predicted = if level.speculate > 0 {
-        let rate = if drafted > 0 { accepted as f64 / drafted as f64 * 100.0 } else { 0.0 };
-        format!("  predicted: {accepted} of {drafted} drafts accepted ({rate:.0}%)")
-    } else if level.edit {
-        "  plain".to_owned()
-    } else {
-        String::new()
+    let predicted = match (level.mode, level.prompts) {
+        (Mode::Predicted(_), _) => {
+            let rate = if drafted > 0 { accepted as f64 / drafted as f64 * 100.0 } else { 0.0 };
+            format!("  predicted: {accepted} of {drafted} drafts accepted ({rate:.0}%)")
+        }
+        (Mode::Constrained, _) => format!("  constrained{}", full_batch(&mut full_steps)),
+        (Mode::Plain, Prompts::Stories) => String::new(),
+        (Mode::Plain, Prompts::Edit) => "  plain".to_owned(),
+        (Mode::Plain, Prompts::Json) => format!("  free{}", full_batch(&mut full_steps)),
     };
     println!(
         "{c:>11} {prefill_rate:>15.1} {decode_rate:>15.1} {ratio:>8.2}x {:>12.2} {:>12.2} {e2e_rate:>11.1}{predicted}",
         percentile(&decode_steps, 0.5).as_secs_f64() * 1e3,
         percentile(&decode_steps, 0.99).as_secs_f64() * 1e3,
     );
-    Ok(decode_rate)
+    Ok((decode_rate, outputs.into_values().collect()))
 }

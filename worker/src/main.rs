@@ -1,6 +1,7 @@
 //! `zl-worker`: serves models over zerolayer's RPC, fetches the default model, and benchmarks the engine.
 
 mod bench;
+mod bench_json;
 mod eval_cmd;
 
 use std::net::SocketAddr;

@@ -103,3 +103,35 @@ fn a_cut_short_answer_can_always_be_closed() {
     }
     assert!(c.is_complete());
 }
+
+/// What docs/api.md lists as unsupported is refused, by name; the rest compiles.
+#[test]
+fn unsupported_schema_keywords_are_named() {
+    let refused = [
+        ("not", json!({"type": "object", "properties": {"a": {"not": {"type": "string"}}}})),
+        ("if", json!({"type": "object", "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}})),
+        ("dependentRequired", json!({"type": "object", "dependentRequired": {"a": ["b"]}})),
+        ("uniqueItems", json!({"type": "array", "uniqueItems": true})),
+        ("propertyNames", json!({"type": "object", "propertyNames": {"maxLength": 3}})),
+        ("contains", json!({"type": "array", "contains": {"type": "integer"}})),
+        ("https://example.com/x.json", json!({"$ref": "https://example.com/x.json"})),
+    ];
+    for (name, schema) in refused {
+        let e = json_schema(&schema).and_then(|g| check(&g)).unwrap_err().to_string();
+        assert!(e.contains(name) && !e.starts_with("at "), "{name}: {e}");
+    }
+    let accepted = [
+        json!({"type": "object", "patternProperties": {"^x": {"type": "integer"}}}),
+        json!({"type": "integer", "multipleOf": 5}),
+        json!({"type": "string", "format": "date-time"}),
+        json!({"type": "object", "minProperties": 1}),
+        json!({"oneOf": [{"type": "integer"}, {"type": "string"}]}),
+        json!({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}}, {"required": ["a"]}]}),
+        json!({"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}),
+        json!({"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}]}),
+        json!({"type": "string", "x-unknown": 1}),
+    ];
+    for schema in accepted {
+        json_schema(&schema).and_then(|g| check(&g)).unwrap_or_else(|e| panic!("{schema}: {e}"));
+    }
+}
