@@ -381,7 +381,7 @@ fn a_worker_killed_mid_stream_fails_cleanly_and_the_cluster_recovers_when_it_ret
     let _ = killed.proc.0.wait();
     drop(killed);
     let rest = stream.rest();
-    assert!(rest.contains("event: error\ndata: {\"error\":{\"message\":"), "{rest}");
+    assert!(rest.contains("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":"), "{rest}");
     assert!(!rest.contains("message_stop"), "{rest}");
 
     // The next request is answered by the survivor (retried before its first token if routed to the dead one), or

@@ -133,7 +133,7 @@ fn a_worker_killed_under_load_costs_its_requests_seconds_and_new_requests_nothin
         let took = end.ended.duration_since(killed_at);
         eprintln!("a stream on the dead worker ended {took:?} after the kill");
         assert!(took <= Duration::from_secs(3), "a stream on the dead worker ended {took:?} after the kill");
-        assert!(end.rest.contains("event: error\ndata: {\"error\":{\"message\":"), "{}", end.rest);
+        assert!(end.rest.contains("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":"), "{}", end.rest);
         assert!(!end.rest.contains("message_stop"), "{}", end.rest);
     }
 

@@ -66,14 +66,14 @@ async fn the_stream_is_anthropics_event_sequence_byte_for_byte() {
     let input = body.split("\"input_tokens\":").nth(1).unwrap().split(',').next().unwrap().to_owned();
     let unit = body.split("\"billing_unit\":").nth(1).unwrap().split(',').next().unwrap().to_owned();
     let expected = format!(
-        "event: message_start\ndata: {{\"message\":{{\"content\":[],\"id\":\"{id}\",\"model\":\"tiny\",\"role\":\"assistant\",\"stop_reason\":null,\"stop_sequence\":null,\"type\":\"message\",\"usage\":{{\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"input_tokens\":{input},\"output_tokens\":0}}}},\"type\":\"message_start\"}}\n\n\
-         event: content_block_start\ndata: {{\"content_block\":{{\"text\":\"\",\"type\":\"text\"}},\"index\":0,\"type\":\"content_block_start\"}}\n\n\
+        "event: message_start\ndata: {{\"type\":\"message_start\",\"message\":{{\"id\":\"{id}\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"tiny\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,\"usage\":{{\"input_tokens\":{input},\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":0,\"output_tokens\":0}}}}}}\n\n\
+         event: content_block_start\ndata: {{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{{\"type\":\"text\",\"text\":\"\"}}}}\n\n\
          event: ping\ndata: {{\"type\":\"ping\"}}\n\n\
-         event: content_block_delta\ndata: {{\"delta\":{{\"text\":\"Hello\",\"type\":\"text_delta\"}},\"index\":0,\"type\":\"content_block_delta\"}}\n\n\
-         event: content_block_delta\ndata: {{\"delta\":{{\"text\":\" wor\",\"type\":\"text_delta\"}},\"index\":0,\"type\":\"content_block_delta\"}}\n\n\
-         event: content_block_delta\ndata: {{\"delta\":{{\"text\":\"ld\",\"type\":\"text_delta\"}},\"index\":0,\"type\":\"content_block_delta\"}}\n\n\
-         event: content_block_stop\ndata: {{\"index\":0,\"type\":\"content_block_stop\"}}\n\n\
-         event: message_delta\ndata: {{\"delta\":{{\"stop_reason\":\"end_turn\",\"stop_sequence\":null}},\"type\":\"message_delta\",\"usage\":{{\"billing_unit\":{unit},\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":{zero},\"input_tokens\":{input},\"output_tokens\":3,\"predicted_accepted_tokens\":0,\"predicted_draft_tokens\":0}}}}\n\n\
+         event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"Hello\"}}}}\n\n\
+         event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\" wor\"}}}}\n\n\
+         event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"ld\"}}}}\n\n\
+         event: content_block_stop\ndata: {{\"type\":\"content_block_stop\",\"index\":0}}\n\n\
+         event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\",\"stop_sequence\":null}},\"usage\":{{\"input_tokens\":{input},\"cache_creation_input_tokens\":0,\"cache_read_input_tokens\":{zero},\"output_tokens\":3,\"billing_unit\":{unit},\"predicted_draft_tokens\":0,\"predicted_accepted_tokens\":0}}}}\n\n\
          event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n",
         zero = 0
     );
@@ -89,7 +89,7 @@ async fn a_stream_that_fails_after_the_200_ends_with_an_error_event() {
     let body = text(resp).await;
     assert!(body.contains("event: content_block_delta"));
     assert!(
-        body.ends_with("event: error\ndata: {\"error\":{\"message\":\"the worker failed during the generation: connection lost: worker killed\",\"type\":\"overloaded_error\"},\"type\":\"error\"}\n\n"),
+        body.ends_with("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"the worker failed during the generation: connection lost: worker killed\"}}\n\n"),
         "{body}"
     );
     assert!(!body.contains("message_stop"));
@@ -308,7 +308,7 @@ async fn openai_completions_streams_and_errors() {
     let body = text(resp).await;
     let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
     assert_eq!(events.len(), 7, "{body}");
-    assert!(events[0].contains("\"delta\":{\"content\":\"\",\"role\":\"assistant\"}"));
+    assert!(events[0].contains("\"delta\":{\"role\":\"assistant\",\"content\":\"\"}"));
     assert!(events[1].contains("\"delta\":{\"content\":\"Hello\"}"));
     assert!(events[4].contains("\"finish_reason\":\"stop\""));
     assert!(events[5].contains("\"choices\":[]") && events[5].contains("\"total_tokens\""));

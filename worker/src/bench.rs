@@ -222,10 +222,9 @@ fn run_level(
     for i in 0..level.c {
         let tok = &core.model().tokenizer;
         let content = match level.prompts {
-            Prompts::Edit => format!(
-                "Note {}-{i}. Correct the spelling in this text and return all of it:\n\n{EDIT_TEXT}",
-                level.no
-            ),
+            Prompts::Edit => {
+                format!("Note {}-{i}. Correct the spelling in this text and return all of it:\n\n{EDIT_TEXT}", level.no)
+            }
             Prompts::Json => crate::bench_json::prompt(level.no, i),
             Prompts::Stories => {
                 format!("Story {}-{i}: write a long story about {}.", level.no, topics[i % topics.len()])

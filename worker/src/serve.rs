@@ -164,12 +164,14 @@ impl WorkerService {
         // speculate: every draft would need its own mask.
         let constraint = match g.grammar.as_str() {
             "" => None,
-            grammar => Some(
-                model
-                    .grammar
-                    .start(grammar)
-                    .map_err(|e| WireError::new(ErrorCode::InvalidRequest, format!("grammar: {e}")))?,
-            ),
+            grammar => {
+                // Compiling a large schema takes milliseconds of CPU: off the async threads.
+                let (engine, grammar) = (model.grammar.clone(), grammar.to_owned());
+                let compiled = tokio::task::spawn_blocking(move || engine.start(&grammar))
+                    .await
+                    .map_err(|e| WireError::new(ErrorCode::Internal, format!("grammar compilation failed: {e}")))?;
+                Some(compiled.map_err(|e| WireError::new(ErrorCode::InvalidRequest, format!("grammar: {e}")))?)
+            }
         };
         let speculate = if constraint.is_some() { 0 } else { model.speculation.drafts_for(g.streaming_predicted) };
         let seed = g.sampling.seed.unwrap_or_else(|| self.seeds.fetch_add(0x9e37_79b9, Ordering::Relaxed));

@@ -412,3 +412,31 @@ fn encoder_refuses_invalid_and_oversized_messages() {
     // The encoder is still usable afterwards.
     assert!(enc.encode(&Message::Ack(Ack::default())).is_ok());
 }
+
+#[test]
+fn a_grammar_over_its_limit_is_refused_both_ways() {
+    let mut req = samples()
+        .into_iter()
+        .find_map(|m| match m {
+            Message::GenerateRequest(r) => Some(r),
+            _ => None,
+        })
+        .unwrap();
+    req.grammar = "a".repeat(MAX_GRAMMAR_LEN + 1);
+    let mut enc = Encoder::new(HARD_MAX_PAYLOAD);
+    assert!(matches!(enc.encode(&Message::GenerateRequest(req.clone())), Err(EncodeError::Message(_))));
+    // A peer that sends one anyway is refused on decode, the field named.
+    let frame = raw(FrameKind::GenerateRequest, |fbb| {
+        let args = fb::GenerateRequestArgs {
+            request_id: Some(fbb.create_string("r1")),
+            model: Some(fbb.create_string("m")),
+            prompt_tokens: Some(fbb.create_vector(&[1u32])),
+            max_tokens: 1,
+            grammar: Some(fbb.create_string(&req.grammar)),
+            ..Default::default()
+        };
+        let t = fb::GenerateRequest::create(fbb, &args);
+        fbb.finish(t, None);
+    });
+    assert_eq!(invalid_field(&frame), "GenerateRequest.grammar");
+}
