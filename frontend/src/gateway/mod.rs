@@ -367,8 +367,7 @@ impl Gateway {
                 metrics::counter!("zl_frontend_sanitized_chars_total").increment(removed as u64);
             }
         }
-        let bytes =
-            req.system.as_ref().map_or(0, String::len) + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
+        let bytes = prompt_bytes(&req);
         if self.config.max_prompt_bytes > 0 && bytes > self.config.max_prompt_bytes {
             return Err(ApiError::invalid(format!(
                 "prompt is too long: {bytes} bytes of text > {} byte limit",
@@ -414,8 +413,7 @@ impl Gateway {
 
     /// Count a request's prompt tokens with the model's own tokenizer and template.
     pub async fn count_tokens(&self, req: GenRequest, request_id: &str) -> Result<usize, ApiError> {
-        let bytes =
-            req.system.as_ref().map_or(0, String::len) + req.messages.iter().map(|m| m.content.len()).sum::<usize>();
+        let bytes = prompt_bytes(&req);
         let card = self.cluster.card(self.upstream.as_ref(), &req.model, request_id).await?;
         fits_in_bytes(&card, bytes)?;
         self.off_thread(move || tokenize(&card, &req).map(|(_, tokens)| tokens.len())).await
@@ -723,6 +721,13 @@ fn render(card: &Card, req: &GenRequest) -> Result<String, ApiError> {
     card.tokenizer
         .render_chat_with_tools(&messages, tools.as_deref().filter(|_| native))
         .map_err(|e| ApiError::invalid(format!("the model's chat template refused the messages: {e}")))
+}
+
+/// Bytes of text the prompt is made of: system prompt, messages and offered tools.
+fn prompt_bytes(req: &GenRequest) -> usize {
+    req.system.as_ref().map_or(0, String::len)
+        + req.messages.iter().map(|m| m.content.len()).sum::<usize>()
+        + req.tools.prompt_bytes()
 }
 
 /// The text the billing signals read: the system prompt and every message, in order.

@@ -130,9 +130,11 @@ impl ToolUse {
                 Format::JsonSchema(schema) => zl_grammar::json_schema(schema),
             }
         };
-        let grammar = grammar
-            .and_then(|g| zl_grammar::check(&g).map(|()| g))
-            .map_err(|e| ApiError::invalid_param(param, format!("{param}: the schema cannot be enforced: {e}")))?;
+        let enforce = |e: zl_grammar::GrammarError| {
+            ApiError::invalid_param(param, format!("{param}: the schema cannot be enforced: {e}"))
+        };
+        let grammar = grammar.map_err(enforce)?;
+        // The size first: a grammar too large for the wire is refused before anything compiles it.
         if grammar.len() > zl_proto::message::MAX_GRAMMAR_LEN {
             return Err(ApiError::invalid_param(
                 param,
@@ -143,7 +145,16 @@ impl ToolUse {
                 ),
             ));
         }
+        zl_grammar::check(&grammar).map_err(enforce)?;
         Ok(Some(grammar))
+    }
+
+    /// Bytes of text the tools add to the prompt (their descriptions and schemas), for the prompt-size checks.
+    pub fn prompt_bytes(&self) -> usize {
+        if !self.active() {
+            return 0;
+        }
+        self.tools.iter().map(|t| t.name.len() + t.description.len() + t.schema.to_string().len()).sum()
     }
 
     /// The tools in OpenAI's function format: what chat templates that know tools are given as `tools`.

@@ -199,3 +199,12 @@ fn openai_answers_carry_tool_calls_whole_and_streamed() {
     assert_eq!(args, "{\"city\": \"Paris\"}");
     assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
 }
+
+#[test]
+fn a_grammar_too_large_for_the_wire_is_refused_before_it_compiles() {
+    let props: serde_json::Map<String, Value> =
+        (0..12_000).map(|i| (format!("field_{i:05}"), json!({"type": "integer"}))).collect();
+    let big = json!({"name": "big", "input_schema": {"type": "object", "properties": props}});
+    let e = messages(json!({"tools": [big], "tool_choice": {"type": "any"}})).unwrap_err();
+    assert!(e.message.contains("too large to enforce"), "{}", e.message);
+}
