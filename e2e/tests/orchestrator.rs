@@ -107,6 +107,8 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
         kv_blocks_free: 1,
         fragmentation_ratio: 0.0,
         tokens_per_second: 0.0,
+        vram_total_bytes: 0,
+        vram_free_bytes: 0,
     });
     match as_worker.call(orch_addr, Role::Orchestrator, forged).await {
         Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::PermissionDenied),

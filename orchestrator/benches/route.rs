@@ -42,6 +42,8 @@ fn world(workers: usize, now: Instant) -> (RoutingState, LoadView) {
             kv_blocks_free: 1000,
             fragmentation_ratio: 0.1,
             tokens_per_second: 100.0,
+            vram_total_bytes: 0,
+            vram_free_bytes: 0,
         };
         load.report(report, now);
         // Each worker caches a chain of blocks; chains share their first blocks with neighbours.

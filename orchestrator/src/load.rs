@@ -342,6 +342,8 @@ mod tests {
             kv_blocks_free: 90,
             fragmentation_ratio: 0.1,
             tokens_per_second: 50.0,
+            vram_total_bytes: 0,
+            vram_free_bytes: 0,
         }
     }
 

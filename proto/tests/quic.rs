@@ -209,6 +209,8 @@ async fn remote_errors_and_missing_replies_are_typed() {
         kv_blocks_free: 0,
         fragmentation_ratio: 0.0,
         tokens_per_second: 0.0,
+        vram_total_bytes: 0,
+        vram_free_bytes: 0,
     });
     match client.call(addr, Role::Worker, report).await {
         Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::Internal),

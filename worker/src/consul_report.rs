@@ -46,6 +46,8 @@ struct Totals {
     cached: u64,
     fragmentation: f32,
     memory_free: u64,
+    /// Device memory in all, on a GPU (the KV budget stands for it on a CPU).
+    memory_total: Option<u64>,
 }
 
 fn totals(stats: &[EngineStats], budget: u64) -> Totals {
@@ -68,6 +70,11 @@ fn totals(stats: &[EngineStats], budget: u64) -> Totals {
     if used > 0.0 {
         t.fragmentation = (weighted / used).clamp(0.0, 1.0) as f32;
     }
+    // On a GPU the Meta carries the device's memory (VRAM), as docs/discovery.md says.
+    if let Some((free, total)) = stats.iter().find_map(|s| s.device_memory) {
+        t.memory_free = free;
+        t.memory_total = Some(total);
+    }
     t
 }
 
@@ -86,7 +93,7 @@ impl WorkerReport {
             kv_blocks_free: t.free,
             kv_blocks_cached: t.cached,
             kv_fragmentation: t.fragmentation,
-            memory_total_bytes: self.kv_budget_bytes,
+            memory_total_bytes: t.memory_total.unwrap_or(self.kv_budget_bytes),
             memory_free_bytes: t.memory_free,
             max_running: self.max_running,
             models: self.models.iter().map(|m| ModelEntry { id: m.id.clone(), sha256: m.sha256.clone() }).collect(),
@@ -149,6 +156,7 @@ mod tests {
                 fragmentation,
             }),
             prefill_tokens: 0,
+            device_memory: None,
         }
     }
 
@@ -161,5 +169,9 @@ mod tests {
         assert_eq!(t.memory_free, 70 + 90);
         assert_eq!(note_of(t), "3 running, 2 waiting; KV blocks 150 free, 10 cached of 200; fragmentation 0.40");
         assert_eq!(totals(&[], 100), Totals::default());
+        // On a GPU the device's memory is reported instead of the KV budget.
+        let gpu = EngineStats { device_memory: Some((30 << 30, 80 << 30)), ..stats(1, 10, 0, 90, 0.1) };
+        let t = totals(&[gpu], 200);
+        assert_eq!((t.memory_free, t.memory_total), (30 << 30, Some(80 << 30)));
     }
 }

@@ -235,7 +235,13 @@ pub fn load_report(worker: &NodeId, sequence: u64, published: &[Published]) -> L
         kv_blocks_free: 0,
         fragmentation_ratio: 0.0,
         tokens_per_second: 0.0,
+        vram_total_bytes: 0,
+        vram_free_bytes: 0,
     };
+    // Models on one GPU see the same device memory: the first one's figures speak for the worker.
+    if let Some((free, total)) = published.iter().find_map(|p| p.stats.device_memory) {
+        (report.vram_free_bytes, report.vram_total_bytes) = (free, total.max(free));
+    }
     let mut weighted = 0f64;
     for p in published {
         report.queue_depth += p.stats.waiting as u32;
@@ -342,6 +348,7 @@ mod tests {
                     fragmentation: frag,
                 }),
                 prefill_tokens: 0,
+                device_memory: None,
             },
             tokens_per_second: 10.0,
             kv_events: vec![],
@@ -357,6 +364,11 @@ mod tests {
         assert!((r.fragmentation_ratio - 0.4).abs() < 1e-6);
         assert_eq!(r.sequence, 7);
         assert_eq!(r.tokens_per_second, 20.0);
+        assert_eq!((r.vram_total_bytes, r.vram_free_bytes), (0, 0));
+        let mut gpu = published(0, 1, 10, 90, 0.1);
+        gpu.stats.device_memory = Some((30, 80));
+        let r = load_report(&id, 8, &[gpu]);
+        assert_eq!((r.vram_total_bytes, r.vram_free_bytes), (80, 30));
     }
 
     #[test]

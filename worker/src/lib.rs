@@ -9,10 +9,13 @@
 //! tokens for predictive streaming; [`eval`] measures quality (perplexity, the question set against the float path).
 
 pub mod consul_report;
+pub mod device;
 pub mod discovery;
 pub mod engine;
 pub mod eval;
 pub mod fetch;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod kv;
 pub mod model;
 pub mod sampling;

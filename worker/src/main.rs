@@ -74,6 +74,10 @@ pub(crate) struct ModelArgs {
     /// decode without drafts.
     #[arg(long, env = "ZL_SPECULATIVE_ROWS", default_value_t = 16)]
     speculative_rows: usize,
+    /// Where the models run: cpu, or cuda:N (an NVIDIA GPU; needs a build with `--features cuda`). The KV budget
+    /// (`--kv-memory-mb`) is then device memory.
+    #[arg(long, env = "ZL_DEVICE", default_value = "cpu")]
+    device: zl_worker::device::Device,
 }
 
 impl ModelArgs {
@@ -109,9 +113,9 @@ struct ServeArgs {
     /// host:port the orchestrators hand to frontends (default: the listen address).
     #[arg(long, env = "ZL_ADVERTISE")]
     advertise: Option<String>,
-    /// The pool this worker serves: cpu, hybrid or gpu.
-    #[arg(long, env = "ZL_DEVICE_CLASS", default_value = "cpu", value_parser = ["cpu", "hybrid", "gpu"])]
-    device_class: String,
+    /// The pool this worker serves: cpu, hybrid or gpu (default: gpu with `--device cuda:N`, else cpu).
+    #[arg(long, env = "ZL_DEVICE_CLASS", value_parser = ["cpu", "hybrid", "gpu"])]
+    device_class: Option<String>,
     #[command(flatten)]
     region: zl_node::region::RegionArgs,
     /// How often load and KV events go to the orchestrators.
@@ -190,7 +194,15 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
             speculative_rows: args.speculative_rows,
             ..SchedulerConfig::default()
         };
-        let core = EngineCore::new(model, blocks, args.kv_block_size, config)?;
+        let core = EngineCore::on_device(model, args.device, blocks, args.kv_block_size, config)?;
+        if let Some((free, total)) = core.device_memory() {
+            eprintln!(
+                "zl-worker: {id} on {}: {:.1} of {:.1} GiB of device memory free",
+                args.device,
+                free as f64 / (1u64 << 30) as f64,
+                total as f64 / (1u64 << 30) as f64
+            );
+        }
         loaded.push(Loaded { id, core, sha256: digest, path });
     }
     Ok(loaded)
@@ -257,10 +269,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
         });
     }
     let ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
+    let device_class = args.device_class.clone().unwrap_or_else(|| args.model.device.pool().to_owned());
     let registration = RegisterWorker {
         worker_id: node_id.clone(),
         endpoint: advertise.clone(),
-        device_class: match args.device_class.as_str() {
+        device_class: match device_class.as_str() {
             "gpu" => ComputePool::Gpu,
             "hybrid" => ComputePool::Hybrid,
             _ => ComputePool::Cpu,
@@ -292,7 +305,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 engine: m.engine.clone(),
             })
             .collect(),
-        device: args.device_class.clone(),
+        device: device_class.clone(),
         region: args.region.region.clone(),
         max_running: args.model.max_running as u32,
         kv_budget_bytes: (args.model.kv_memory_mb as u64) << 20,

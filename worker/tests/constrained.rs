@@ -16,7 +16,9 @@ fn engine() -> (EngineCore, zl_grammar::Engine) {
     let path = fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("{m}")).unwrap();
     let model = gguf::load(&path).unwrap();
     let grammar = zl_grammar::Engine::new(&model.tokenizer).unwrap();
-    (EngineCore::new(model, 2048, 16, SchedulerConfig::default()).unwrap(), grammar)
+    // On the CPU, or on the device `ZL_TEST_DEVICE` names (scripts/gpu-check).
+    let device = zl_worker::device::Device::from_env("ZL_TEST_DEVICE").unwrap();
+    (EngineCore::on_device(model, device, 2048, 16, SchedulerConfig::default()).unwrap(), grammar)
 }
 
 fn request(engine: &EngineCore, grammars: &zl_grammar::Engine, user: &str, grammar: &str, seed: u64) -> Request {

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+use zl_worker::device::Device;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::fetch;
 use zl_worker::model::tokenizer::ChatMessage;
@@ -21,8 +22,10 @@ fn load() -> LoadedModel {
     gguf::load(&model_path()).unwrap()
 }
 
+/// On the CPU, or on the device `ZL_TEST_DEVICE` names (scripts/gpu-check runs these tests on a GPU).
 fn engine() -> EngineCore {
-    EngineCore::new(load(), 512, 16, SchedulerConfig::default()).unwrap()
+    let device = Device::from_env("ZL_TEST_DEVICE").unwrap();
+    EngineCore::on_device(load(), device, 512, 16, SchedulerConfig::default()).unwrap()
 }
 
 fn chat(engine: &EngineCore, user: &str) -> Vec<u32> {

@@ -290,8 +290,8 @@ async fn run_async(args: AdminArgs) -> Result<()> {
         AdminCommand::Workers => {
             let workers = c.list_workers(pb::ListWorkersRequest {}).await.map_err(call)?.into_inner().workers;
             println!(
-                "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>11} {:>8}  models",
-                "WORKER", "ENDPOINT", "POOL", "STATE", "QUEUE", "RUNNING", "KV USED", "TOK/S"
+                "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>11} {:>8} {:>13}  models",
+                "WORKER", "ENDPOINT", "POOL", "STATE", "QUEUE", "RUNNING", "KV USED", "TOK/S", "VRAM FREE GB"
             );
             for w in workers {
                 let state = if w.draining {
@@ -301,13 +301,19 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                 } else {
                     "silent"
                 };
-                let (queue, running, kv, tps) =
-                    w.load.as_ref().map_or(("-".into(), "-".into(), "-".into(), "-".into()), |l| {
+                let (queue, running, kv, tps, vram) =
+                    w.load.as_ref().map_or(("-".into(), "-".into(), "-".into(), "-".into(), "-".into()), |l| {
+                        let gb = |b: u64| b as f64 / 1e9;
                         (
                             l.queue_depth.to_string(),
                             format!("{}/{}", l.running_sequences, w.max_running_sequences),
                             format!("{}/{}", l.kv_blocks_used, l.kv_blocks_used + l.kv_blocks_free),
                             format!("{:.1}", l.tokens_per_second),
+                            if l.vram_total_bytes > 0 {
+                                format!("{:.1}/{:.1}", gb(l.vram_free_bytes), gb(l.vram_total_bytes))
+                            } else {
+                                "-".into()
+                            },
                         )
                     });
                 let models: Vec<String> = w
@@ -316,7 +322,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                     .map(|m| format!("{}@{}", m.id, &m.weights_sha256[..12.min(m.weights_sha256.len())]))
                     .collect();
                 println!(
-                    "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>11} {:>8}  {}",
+                    "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>11} {:>8} {:>13}  {}",
                     w.id,
                     w.endpoint,
                     w.device_class,
@@ -325,6 +331,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                     running,
                     kv,
                     tps,
+                    vram,
                     models.join(", ")
                 );
             }

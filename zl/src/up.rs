@@ -53,6 +53,10 @@ pub(crate) struct UpArgs {
     /// KV-cache memory per worker, in MiB.
     #[arg(long, default_value_t = 512)]
     kv_memory_mb: usize,
+    /// Where the workers run their models: cpu, or cuda (worker N on GPU N) or cuda:N (every worker on GPU N);
+    /// a GPU needs zl-worker built with `--features cuda`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// Where the cluster's certificates, logs and `cluster.json` go (default: the user's data dir).
     #[arg(long, env = "ZL_DATA_DIR")]
     data_dir: Option<PathBuf>,
@@ -307,6 +311,8 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         if let Some(model) = &args.model {
             argv.extend(["--model".to_owned(), model.clone()]);
         }
+        let device = if args.device == "cuda" { format!("cuda:{i}") } else { args.device.clone() };
+        argv.extend(["--device".to_owned(), device]);
         cluster.spawn(&name, &worker_bin, &argv, &logs)?;
         workers.push((name, quic, metrics));
     }

@@ -115,6 +115,8 @@ impl pb::admin_server::Admin for AdminService {
                     fragmentation_ratio: l.fragmentation_ratio,
                     tokens_per_second: l.tokens_per_second,
                     report_age_ms: age.as_millis() as u64,
+                    vram_total_bytes: l.vram_total_bytes,
+                    vram_free_bytes: l.vram_free_bytes,
                 }),
                 max_running_sequences: v.entry.spec.max_running_sequences,
                 kv_blocks_total: v.entry.spec.kv_blocks_total,

@@ -61,6 +61,8 @@ impl World {
                 kv_blocks_free: 1000,
                 fragmentation_ratio: 0.0,
                 tokens_per_second: 0.0,
+                vram_total_bytes: 0,
+                vram_free_bytes: 0,
             },
             self.now,
         );

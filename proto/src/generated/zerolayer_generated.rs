@@ -1303,6 +1303,8 @@ impl<'a> LoadReport<'a> {
   pub const VT_KV_BLOCKS_FREE: ::flatbuffers::VOffsetT = 14;
   pub const VT_FRAGMENTATION_RATIO: ::flatbuffers::VOffsetT = 16;
   pub const VT_TOKENS_PER_SECOND: ::flatbuffers::VOffsetT = 18;
+  pub const VT_VRAM_TOTAL_BYTES: ::flatbuffers::VOffsetT = 20;
+  pub const VT_VRAM_FREE_BYTES: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1314,6 +1316,8 @@ impl<'a> LoadReport<'a> {
     args: &'args LoadReportArgs<'args>
   ) -> ::flatbuffers::WIPOffset<LoadReport<'bldr>> {
     let mut builder = LoadReportBuilder::new(_fbb);
+    builder.add_vram_free_bytes(args.vram_free_bytes);
+    builder.add_vram_total_bytes(args.vram_total_bytes);
     builder.add_sequence(args.sequence);
     builder.add_tokens_per_second(args.tokens_per_second);
     builder.add_fragmentation_ratio(args.fragmentation_ratio);
@@ -1389,6 +1393,21 @@ impl<'a> LoadReport<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<f32>(LoadReport::VT_TOKENS_PER_SECOND, Some(0.0)).unwrap()}
   }
+  /// Device memory of a worker on a GPU, in bytes (protocol 1.3; both 0 on a CPU).
+  #[inline]
+  pub fn vram_total_bytes(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(LoadReport::VT_VRAM_TOTAL_BYTES, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn vram_free_bytes(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(LoadReport::VT_VRAM_FREE_BYTES, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for LoadReport<'_> {
@@ -1405,6 +1424,8 @@ impl ::flatbuffers::Verifiable for LoadReport<'_> {
      .visit_field::<u32>("kv_blocks_free", Self::VT_KV_BLOCKS_FREE, false)?
      .visit_field::<f32>("fragmentation_ratio", Self::VT_FRAGMENTATION_RATIO, false)?
      .visit_field::<f32>("tokens_per_second", Self::VT_TOKENS_PER_SECOND, false)?
+     .visit_field::<u64>("vram_total_bytes", Self::VT_VRAM_TOTAL_BYTES, false)?
+     .visit_field::<u64>("vram_free_bytes", Self::VT_VRAM_FREE_BYTES, false)?
      .finish();
     Ok(())
   }
@@ -1418,6 +1439,8 @@ pub struct LoadReportArgs<'a> {
     pub kv_blocks_free: u32,
     pub fragmentation_ratio: f32,
     pub tokens_per_second: f32,
+    pub vram_total_bytes: u64,
+    pub vram_free_bytes: u64,
 }
 impl<'a> Default for LoadReportArgs<'a> {
   #[inline]
@@ -1431,6 +1454,8 @@ impl<'a> Default for LoadReportArgs<'a> {
       kv_blocks_free: 0,
       fragmentation_ratio: 0.0,
       tokens_per_second: 0.0,
+      vram_total_bytes: 0,
+      vram_free_bytes: 0,
     }
   }
 }
@@ -1473,6 +1498,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LoadReportBuilder<'a, 'b, A> 
     self.fbb_.push_slot::<f32>(LoadReport::VT_TOKENS_PER_SECOND, tokens_per_second, 0.0);
   }
   #[inline]
+  pub fn add_vram_total_bytes(&mut self, vram_total_bytes: u64) {
+    self.fbb_.push_slot::<u64>(LoadReport::VT_VRAM_TOTAL_BYTES, vram_total_bytes, 0);
+  }
+  #[inline]
+  pub fn add_vram_free_bytes(&mut self, vram_free_bytes: u64) {
+    self.fbb_.push_slot::<u64>(LoadReport::VT_VRAM_FREE_BYTES, vram_free_bytes, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LoadReportBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     LoadReportBuilder {
@@ -1499,6 +1532,8 @@ impl ::core::fmt::Debug for LoadReport<'_> {
       ds.field("kv_blocks_free", &self.kv_blocks_free());
       ds.field("fragmentation_ratio", &self.fragmentation_ratio());
       ds.field("tokens_per_second", &self.tokens_per_second());
+      ds.field("vram_total_bytes", &self.vram_total_bytes());
+      ds.field("vram_free_bytes", &self.vram_free_bytes());
       ds.finish()
   }
 }

@@ -402,12 +402,20 @@ pub struct LoadReport {
     pub fragmentation_ratio: f32,
     /// Output tokens per second.
     pub tokens_per_second: f32,
+    /// GPU memory in bytes (0 on a CPU).
+    pub vram_total_bytes: u64,
+    /// GPU memory free in bytes (0 on a CPU).
+    pub vram_free_bytes: u64,
 }
 
 impl LoadReport {
     pub(crate) fn check(&self) -> Result<(), MessageError> {
         check::range("LoadReport.fragmentation_ratio", self.fragmentation_ratio, 0.0, 1.0)?;
-        check::range("LoadReport.tokens_per_second", self.tokens_per_second, 0.0, f32::MAX)
+        check::range("LoadReport.tokens_per_second", self.tokens_per_second, 0.0, f32::MAX)?;
+        if self.vram_free_bytes > self.vram_total_bytes {
+            return Err(invalid("LoadReport.vram_free_bytes", "more free than in all"));
+        }
+        Ok(())
     }
 
     pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::LoadReport<'b>> {
@@ -423,6 +431,8 @@ impl LoadReport {
                 kv_blocks_free: self.kv_blocks_free,
                 fragmentation_ratio: self.fragmentation_ratio,
                 tokens_per_second: self.tokens_per_second,
+                vram_total_bytes: self.vram_total_bytes,
+                vram_free_bytes: self.vram_free_bytes,
             },
         )
     }
@@ -437,6 +447,8 @@ impl LoadReport {
             kv_blocks_free: t.kv_blocks_free(),
             fragmentation_ratio: t.fragmentation_ratio(),
             tokens_per_second: t.tokens_per_second(),
+            vram_total_bytes: t.vram_total_bytes(),
+            vram_free_bytes: t.vram_free_bytes(),
         };
         msg.check()?;
         Ok(msg)

@@ -41,6 +41,8 @@ pub(crate) fn samples() -> Vec<Message> {
             kv_blocks_free: 3996,
             fragmentation_ratio: 0.125,
             tokens_per_second: 431.5,
+            vram_total_bytes: 150_754_820_096,
+            vram_free_bytes: 98_000_000_000,
         }),
         Message::KvCacheEvents(KvCacheEvents {
             worker_id: node("worker-0"),

@@ -1,6 +1,7 @@
 //! The inference engine: a synchronous core (`state`) that advances every sequence one step at a time.
 
 pub mod actor;
+pub mod backend;
 pub mod state;
 
 pub use actor::{EngineGone, EngineHandle, Generation, Published};

@@ -7,6 +7,8 @@ use rayon::prelude::*;
 
 use zl_proto::message::StopReason;
 
+use crate::device::Device;
+use crate::engine::backend::{Backend, DeviceError};
 use crate::kv::pool::BlockPool;
 use crate::model::LoadedModel;
 use crate::model::llama::{BatchItem, KvStore, PARALLEL_ROWS};
@@ -108,6 +110,17 @@ struct SeqState {
     closing: std::collections::VecDeque<u32>,
 }
 
+/// Why an engine could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineInitError {
+    /// The scheduler settings are inconsistent.
+    #[error(transparent)]
+    Config(#[from] crate::scheduler::ConfigError),
+    /// The device cannot run the model.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+}
+
 /// Engine figures.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EngineStats {
@@ -119,12 +132,14 @@ pub struct EngineStats {
     pub kv: Option<crate::kv::pool::KvStats>,
     /// Prompt tokens prefilled since the engine started (recomputation after preemption included).
     pub prefill_tokens: u64,
+    /// GPU memory (free, total bytes), when the engine runs on a GPU.
+    pub device_memory: Option<(u64, u64)>,
 }
 
 /// The synchronous engine.
 pub struct EngineCore {
     model: LoadedModel,
-    kv: KvStore,
+    backend: Backend,
     sched: Scheduler,
     seqs: HashMap<SeqId, SeqState>,
     prefill_tokens: u64,
@@ -144,9 +159,27 @@ impl EngineCore {
         block_size: usize,
         config: SchedulerConfig,
     ) -> Result<EngineCore, crate::scheduler::ConfigError> {
-        let kv = KvStore::new(model.llama.config(), blocks, block_size);
+        let backend = Backend::Cpu(KvStore::new(model.llama.config(), blocks, block_size));
         let sched = Scheduler::new(config, BlockPool::new(blocks, block_size))?;
-        Ok(EngineCore { model, kv, sched, seqs: HashMap::new(), prefill_tokens: 0 })
+        Ok(EngineCore { model, backend, sched, seqs: HashMap::new(), prefill_tokens: 0 })
+    }
+
+    /// [`EngineCore::new`] with the model and its KV cache on `device`.
+    pub fn on_device(
+        model: LoadedModel,
+        device: Device,
+        blocks: usize,
+        block_size: usize,
+        config: SchedulerConfig,
+    ) -> Result<EngineCore, EngineInitError> {
+        let backend = Backend::new(&model, device, blocks, block_size)?;
+        let sched = Scheduler::new(config, BlockPool::new(blocks, block_size))?;
+        Ok(EngineCore { model, backend, sched, seqs: HashMap::new(), prefill_tokens: 0 })
+    }
+
+    /// GPU memory (free, total bytes), when the engine runs on a GPU.
+    pub fn device_memory(&self) -> Option<(u64, u64)> {
+        self.backend.device_memory()
     }
 
     /// The model.
@@ -203,6 +236,7 @@ impl EngineCore {
             running: self.sched.running(),
             kv: Some(self.sched.pool().stats()),
             prefill_tokens: self.prefill_tokens,
+            device_memory: self.backend.device_memory(),
         }
     }
 
@@ -238,12 +272,12 @@ impl EngineCore {
             .filter(|it| it.sample && self.seqs.get(&it.seq).is_some_and(|st| st.constraint.is_some()))
             .map(|it| it.seq)
             .collect();
-        let (model, kv, seqs) = (&self.model, &mut self.kv, &mut self.seqs);
+        let (model, backend, seqs) = (&self.model, &mut self.backend, &mut self.seqs);
         let (mut logits, masks) = if constrained.is_empty() {
-            (model.llama.forward(&items, kv), HashMap::new())
+            (backend.forward(model, &items), HashMap::new())
         } else {
             let vocab = model.llama.config().vocab;
-            rayon::join(|| model.llama.forward(&items, kv), || masks(seqs, &constrained, vocab))
+            rayon::join(|| backend.forward(model, &items), || masks(seqs, &constrained, vocab))
         };
         self.prefill_tokens += plan.prefill_tokens as u64;
         let vocab = self.model.llama.config().vocab;

@@ -89,13 +89,14 @@ pub struct Layer {
 #[derive(Debug)]
 pub struct Llama {
     cfg: LlamaConfig,
-    embed: Weight,
-    layers: Vec<Layer>,
-    norm: Vec<f32>,
+    pub(crate) embed: Weight,
+    pub(crate) layers: Vec<Layer>,
+    pub(crate) norm: Vec<f32>,
     /// The LM head; `None` when tied to the embeddings.
-    output: Option<Weight>,
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    pub(crate) output: Option<Weight>,
+    /// RoPE tables: `cos[pos * head_dim / 2 + i]`.
+    pub(crate) cos: Vec<f32>,
+    pub(crate) sin: Vec<f32>,
 }
 
 /// Keys and values of every layer, in fixed-size blocks addressed by `BlockId`, stored as IEEE half precision

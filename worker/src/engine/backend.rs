@@ -1,0 +1,70 @@
+//! Where a step's forward pass runs: the CPU kernels over a host KV store, or (the `cuda` feature) a GPU holding
+//! the weights and the KV cache. The scheduler, block pool, sampling and grammar masks are the same either way.
+
+use crate::device::Device;
+use crate::model::LoadedModel;
+use crate::model::llama::{BatchItem, KvStore};
+
+/// A device that cannot run the model.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// A CUDA device in a build without the `cuda` feature.
+    #[error("{0} needs a zl-worker built with CUDA support (cargo build --release -p zl-worker --features cuda)")]
+    NotBuilt(Device),
+    /// The GPU could not take the model.
+    #[cfg(feature = "cuda")]
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::GpuError),
+}
+
+/// The forward pass's device and KV storage.
+#[derive(Debug)]
+pub enum Backend {
+    /// CPU kernels; keys and values in host memory.
+    Cpu(KvStore),
+    /// A GPU.
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::gpu::GpuModel>),
+}
+
+impl Backend {
+    /// Storage for `blocks` blocks of `block_size` tokens on `device` (the model's weights go there too).
+    pub fn new(model: &LoadedModel, device: Device, blocks: usize, block_size: usize) -> Result<Backend, DeviceError> {
+        match device {
+            Device::Cpu => Ok(Backend::Cpu(KvStore::new(model.llama.config(), blocks, block_size))),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(n) => {
+                Ok(Backend::Cuda(Box::new(crate::gpu::GpuModel::new(&model.llama, n, blocks, block_size)?)))
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Cuda(_) => Err(DeviceError::NotBuilt(device)),
+        }
+    }
+
+    /// One step's logits (see [`crate::model::llama::Llama::forward`]).
+    pub fn forward(&mut self, model: &LoadedModel, items: &[BatchItem<'_>]) -> Vec<f32> {
+        match self {
+            Backend::Cpu(kv) => model.llama.forward(items, kv),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(gpu) => match gpu.forward(&model.llama, items) {
+                Ok(logits) => logits,
+                // A device that fails mid-step (lost, out of memory) leaves the batch's KV state unknown: the
+                // worker exits so that its supervisor restarts it, and frontends retry its requests elsewhere.
+                Err(e) => {
+                    tracing::error!(error = %e, device = gpu.name(), "the GPU failed; exiting");
+                    eprintln!("zl-worker: the GPU failed: {e}");
+                    std::process::exit(70);
+                }
+            },
+        }
+    }
+
+    /// GPU memory, when on a GPU: (free, total) bytes.
+    pub fn device_memory(&self) -> Option<(u64, u64)> {
+        match self {
+            Backend::Cpu(_) => None,
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(gpu) => gpu.memory().ok().map(|m| (m.free, m.total)),
+        }
+    }
+}
