@@ -37,4 +37,17 @@ fn main() {
             )
         });
     assert!(status.success(), "nvcc failed to compile src/gpu/kernels.cu ({status})");
+    // Assemble the PTX for the target too, when ptxas is beside nvcc: errors the driver's JIT would hit at run time
+    // (registers, unsupported instructions) fail the build instead. The cubin is not kept.
+    if let Some(ptxas) = nvcc.parent().map(|d| d.join("ptxas")).filter(|p| p.is_file()) {
+        let cubin = out.with_extension("cubin");
+        let status = Command::new(&ptxas)
+            .arg(format!("-arch=sm_{cap}"))
+            .arg(&out)
+            .arg("-o")
+            .arg(&cubin)
+            .status()
+            .unwrap_or_else(|e| panic!("{}: {e}", ptxas.display()));
+        assert!(status.success(), "ptxas refused the kernels' PTX for sm_{cap} ({status})");
+    }
 }

@@ -18,6 +18,7 @@ pub mod fetch;
 pub mod gpu;
 pub mod kv;
 pub mod model;
+pub mod ptx;
 pub mod sampling;
 pub mod scheduler;
 pub mod serve;

@@ -128,11 +128,19 @@ impl GpuModel {
         let ctx = CudaContext::new(ordinal).map_err(|e| GpuError(format!("device {ordinal}: {e}")))?;
         let name = ctx.name().unwrap_or_else(|_| format!("cuda:{ordinal}"));
         let stream = ctx.default_stream();
-        let module = ctx.load_module(Ptx::from_src(PTX)).map_err(|e| {
-            GpuError(format!(
-                "loading the kernels (PTX for the build's CUDA_COMPUTE_CAP; the driver must be CUDA 13 or later): {e}"
-            ))
-        })?;
+        // A driver older than the nvcc that wrote the PTX refuses its ISA version: retry with the oldest version the
+        // target allows (crate::ptx).
+        let module = match ctx.load_module(Ptx::from_src(PTX)) {
+            Ok(m) => m,
+            Err(first) => match crate::ptx::for_older_driver(PTX) {
+                Some(older) => ctx.load_module(Ptx::from_src(older)).map_err(|e| {
+                    GpuError(format!(
+                        "loading the kernels: {first}; with the PTX version lowered for an older driver: {e}"
+                    ))
+                })?,
+                None => return Err(GpuError(format!("loading the kernels: {first}"))),
+            },
+        };
         let k = Kernels::load(&module)?;
         let floats = |v: &[f32]| stream.clone_htod(v).map_err(err);
         let matrix = |w: &Weight| -> Result<Matrix, GpuError> {
