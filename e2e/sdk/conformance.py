@@ -10,6 +10,8 @@ import sys
 import anthropic
 import openai
 
+from common import expect
+
 BASE = os.environ["ZL_BASE_URL"]
 KEY = os.environ["ZL_API_KEY"]
 LIMITED = os.environ["ZL_LIMITED_KEY"]
@@ -18,14 +20,6 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 # Without a system prompt the GGUF's template injects SmolLM's own, after which this 135M model talks about French
 # landmarks instead (candle's reference implementation does the same).
 SYSTEM = "You are a helpful assistant."
-
-
-def expect(exc_type, fn):
-    try:
-        fn()
-    except exc_type as e:
-        return e
-    raise AssertionError(f"expected {exc_type.__name__}")
 
 
 def check_anthropic():

@@ -16,6 +16,8 @@ import jsonschema
 import openai
 import pydantic
 
+from common import expect
+
 BASE = os.environ["ZL_BASE_URL"]
 KEY = os.environ["ZL_API_KEY"]
 MODEL = os.environ["ZL_MODEL"]
@@ -39,14 +41,6 @@ TIME = {
     "input_schema": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]},
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-def expect(exc_type, fn):
-    try:
-        fn()
-    except exc_type as e:
-        return e
-    raise AssertionError(f"expected {exc_type.__name__}")
 
 
 def check_anthropic():

@@ -522,6 +522,50 @@ pub fn start_frontend(
     start_frontend_with(tls, id, &[orchestrator])
 }
 
+/// One of each tier as a process on 127.0.0.1: an orchestrator, a worker with the default model and a frontend.
+pub struct Tiers {
+    /// The orchestrator.
+    pub orch: OrchestratorProc,
+    /// The worker.
+    pub worker: WorkerProc,
+    /// The frontend.
+    pub frontend: Proc,
+    /// The frontend's HTTP address.
+    pub http: std::net::SocketAddr,
+}
+
+/// Certificates in `dir` (orchestrator orch-0, worker worker-0, frontend fe-0, admin ops), the three tiers started,
+/// and a bounded wait until the frontend is ready (the worker has loaded the model and registered).
+pub fn start_tiers(dir: &std::path::Path) -> Tiers {
+    certs(dir, &[("orchestrator", "orch-0"), ("worker", "worker-0"), ("frontend", "fe-0"), ("admin", "ops")]);
+    let mut orch = start_orchestrator(dir, "orch-0", &[]);
+    let mut worker = start_worker(dir, "worker-0", orch.quic);
+    let (mut frontend, http_addr) = start_frontend(dir, "fe-0", orch.quic);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+    loop {
+        orch.proc.assert_running("zl-orchestrator");
+        worker.proc.assert_running("zl-worker");
+        frontend.assert_running("zl-frontend");
+        if let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the frontend never became ready");
+        std::thread::sleep(std::time::Duration::from_millis(300));
+    }
+    Tiers { orch, worker, frontend, http: http_addr }
+}
+
+/// Wait (bounded) until the frontend at `http_addr` accepts API key `key` (it learns new keys within its sync
+/// interval).
+pub fn wait_for_key(http_addr: std::net::SocketAddr, key: &str) {
+    let auth = format!("Bearer {key}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while http(http_addr, "GET", "/v1/models", &[("authorization", &auth)], "").map(|r| r.0) != Some(200) {
+        assert!(std::time::Instant::now() < deadline, "the frontend never accepted the new key");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 /// [`start_frontend`] asking every orchestrator in `orchestrators` (the next when one does not answer).
 pub fn start_frontend_with(
     tls: &std::path::Path,

@@ -4,9 +4,9 @@
 //! two dozen varied JSON Schemas, across seeds, validates).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use zl_e2e::{admin, certs, http, python, start_frontend, start_orchestrator, start_worker};
+use zl_e2e::{Tiers, admin, http, python, start_tiers, wait_for_key};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const KEY: &str = "sk-zl-e2e-tools-key-0123456789";
@@ -14,29 +14,10 @@ const KEY: &str = "sk-zl-e2e-tools-key-0123456789";
 #[test]
 fn the_sdks_call_tools_and_get_schema_valid_json() {
     let dir = tempfile::tempdir().unwrap();
-    certs(dir.path(), &[("orchestrator", "orch-0"), ("worker", "worker-0"), ("frontend", "fe-0"), ("admin", "ops")]);
-    let mut orch = start_orchestrator(dir.path(), "orch-0", &[]);
-    let mut worker = start_worker(dir.path(), "worker-0", orch.quic);
-    let (mut frontend, http_addr) = start_frontend(dir.path(), "fe-0", orch.quic);
-    let deadline = Instant::now() + Duration::from_secs(240);
-    loop {
-        orch.proc.assert_running("zl-orchestrator");
-        worker.proc.assert_running("zl-worker");
-        frontend.assert_running("zl-frontend");
-        if let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the frontend never became ready");
-        std::thread::sleep(Duration::from_millis(300));
-    }
+    let Tiers { mut orch, mut worker, mut frontend, http: http_addr } = start_tiers(dir.path());
     admin(dir.path(), orch.admin, &["project", "acme"]);
     admin(dir.path(), orch.admin, &["keys", "create", "main", "--project", "acme", "--secret", KEY]);
-    let auth = format!("Bearer {KEY}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while http(http_addr, "GET", "/v1/models", &[("authorization", &auth)], "").map(|r| r.0) != Some(200) {
-        assert!(Instant::now() < deadline, "the frontend never accepted the new key");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for_key(http_addr, KEY);
 
     let out = std::process::Command::new(python())
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/tools.py"))

@@ -160,8 +160,7 @@ impl WorkerService {
                 tokens
             }
         };
-        // A grammar that does not compile is refused before any token is spent. Constrained requests do not
-        // speculate: every draft would need its own mask.
+        // A grammar that does not compile is refused before any token is spent.
         let constraint = match g.grammar.as_str() {
             "" => None,
             grammar => {
@@ -173,7 +172,6 @@ impl WorkerService {
                 Some(compiled.map_err(|e| WireError::new(ErrorCode::InvalidRequest, format!("grammar: {e}")))?)
             }
         };
-        let speculate = if constraint.is_some() { 0 } else { model.speculation.drafts_for(g.streaming_predicted) };
         let seed = g.sampling.seed.unwrap_or_else(|| self.seeds.fetch_add(0x9e37_79b9, Ordering::Relaxed));
         let req = Request {
             prompt,
@@ -186,7 +184,7 @@ impl WorkerService {
             max_tokens: g.max_tokens,
             stop_sequences: g.stop_sequences,
             logprobs: g.logprobs,
-            speculate,
+            speculate: model.speculation.drafts_for(g.streaming_predicted),
             constraint,
         };
         let mut generation = model

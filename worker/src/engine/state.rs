@@ -160,8 +160,7 @@ impl EngineCore {
         config: SchedulerConfig,
     ) -> Result<EngineCore, crate::scheduler::ConfigError> {
         let backend = Backend::Cpu(KvStore::new(model.llama.config(), blocks, block_size));
-        let sched = Scheduler::new(config, BlockPool::new(blocks, block_size))?;
-        Ok(EngineCore { model, backend, sched, seqs: HashMap::new(), prefill_tokens: 0 })
+        EngineCore::with_backend(model, backend, blocks, block_size, config)
     }
 
     /// [`EngineCore::new`] with the model and its KV cache on `device`.
@@ -173,6 +172,16 @@ impl EngineCore {
         config: SchedulerConfig,
     ) -> Result<EngineCore, EngineInitError> {
         let backend = Backend::new(&model, device, blocks, block_size)?;
+        Ok(EngineCore::with_backend(model, backend, blocks, block_size, config)?)
+    }
+
+    fn with_backend(
+        model: LoadedModel,
+        backend: Backend,
+        blocks: usize,
+        block_size: usize,
+        config: SchedulerConfig,
+    ) -> Result<EngineCore, crate::scheduler::ConfigError> {
         let sched = Scheduler::new(config, BlockPool::new(blocks, block_size))?;
         Ok(EngineCore { model, backend, sched, seqs: HashMap::new(), prefill_tokens: 0 })
     }
@@ -198,6 +207,7 @@ impl EngineCore {
         }
         let prompt_len = req.prompt.len() as u32;
         self.sched.add(seq, req.prompt, req.max_tokens as usize)?;
+        // Constrained requests do not speculate: every draft would need its own mask.
         self.sched.speculate(seq, if req.constraint.is_some() { 0 } else { req.speculate });
         self.seqs.insert(
             seq,

@@ -14,7 +14,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 use cudarc::nvrtc::Ptx;
 
 use crate::model::kernels::Weight;
-use crate::model::llama::{BatchItem, Llama};
+use crate::model::llama::{BatchItem, Llama, logit_rows, step_rows};
 
 /// The kernels, compiled for `$CUDA_COMPUTE_CAP` by build.rs.
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
@@ -95,6 +95,9 @@ pub struct GpuModel {
     k_cache: Vec<CudaSlice<u16>>,
     v_cache: Vec<CudaSlice<u16>>,
     block_size: usize,
+    /// The last memory figures and when they were read: the engine publishes its stats every step, and the
+    /// figures only need the report interval's freshness.
+    memory: std::cell::Cell<Option<(std::time::Instant, Memory)>>,
     hidden: usize,
     eps: f32,
     name: String,
@@ -190,6 +193,7 @@ impl GpuModel {
             stream,
             ctx,
             block_size,
+            memory: std::cell::Cell::new(None),
             hidden: cfg.hidden,
             eps: cfg.rms_eps,
             name,
@@ -201,10 +205,17 @@ impl GpuModel {
         &self.name
     }
 
-    /// The device's memory now.
+    /// The device's memory, read again at most every 200 ms.
     pub fn memory(&self) -> Result<Memory, GpuError> {
+        if let Some((at, m)) = self.memory.get()
+            && at.elapsed() < std::time::Duration::from_millis(200)
+        {
+            return Ok(m);
+        }
         let (free, total) = self.ctx.mem_get_info().map_err(err)?;
-        Ok(Memory { free: free as u64, total: total as u64 })
+        let m = Memory { free: free as u64, total: total as u64 };
+        self.memory.set(Some((std::time::Instant::now(), m)));
+        Ok(m)
     }
 
     fn matmul(
@@ -267,14 +278,7 @@ impl GpuModel {
         let cfg = llama.config();
         let (h, hd, kvd) = (cfg.hidden, cfg.head_dim, cfg.kv_dim());
         let qd = cfg.heads * hd;
-        let mut row_item = Vec::new();
-        let mut row_pos = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            for t in 0..item.tokens.len() {
-                row_item.push(i);
-                row_pos.push(item.start + t);
-            }
-        }
+        let (row_item, row_pos) = step_rows(items);
         let n = row_item.len();
         if n == 0 {
             return Ok(Vec::new());
@@ -345,12 +349,7 @@ impl GpuModel {
             self.matmul(&gate, &layer.w_down, None, n, &mut proj)?;
             self.elementwise(&self.k.add, &mut x, &proj, n * h)?;
         }
-        let mut last_rows: Vec<i32> = Vec::new();
-        let mut end = 0;
-        for item in items {
-            end += item.tokens.len();
-            last_rows.extend((end - item.logits.min(item.tokens.len())..end).map(|r| r as i32));
-        }
+        let last_rows: Vec<i32> = logit_rows(items).into_iter().map(|r| r as i32).collect();
         if last_rows.is_empty() {
             s.synchronize().map_err(err)?;
             return Ok(Vec::new());

@@ -148,6 +148,30 @@ pub struct BatchItem<'a> {
     pub logits: usize,
 }
 
+/// The rows of a step: row r belongs to item `.0[r]`, at position `.1[r]` (the items' tokens one after another).
+pub(crate) fn step_rows(items: &[BatchItem<'_>]) -> (Vec<usize>, Vec<usize>) {
+    let mut row_item = Vec::new();
+    let mut row_pos = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        for t in 0..item.tokens.len() {
+            row_item.push(i);
+            row_pos.push(item.start + t);
+        }
+    }
+    (row_item, row_pos)
+}
+
+/// The rows whose logits the items asked for (each item's last `logits` rows), in order.
+pub(crate) fn logit_rows(items: &[BatchItem<'_>]) -> Vec<usize> {
+    let mut rows = Vec::new();
+    let mut end = 0;
+    for item in items {
+        end += item.tokens.len();
+        rows.extend(end - item.logits.min(item.tokens.len())..end);
+    }
+    rows
+}
+
 /// Batch rows from which the per-row work (norms, RoPE and the new keys' and values' conversion, the gated
 /// activation, the engine's sampling) is spread over the pool; below it a dispatch costs more than it saves.
 pub(crate) const PARALLEL_ROWS: usize = 4;
@@ -271,15 +295,7 @@ impl Llama {
         let cfg = &self.cfg;
         let (h, hd, kvd) = (cfg.hidden, cfg.head_dim, cfg.kv_dim());
         let qd = cfg.heads * hd;
-        // Row r of the step belongs to item row_item[r], at position row_pos[r].
-        let mut row_item = Vec::new();
-        let mut row_pos = Vec::new();
-        for (i, item) in items.iter().enumerate() {
-            for t in 0..item.tokens.len() {
-                row_item.push(i);
-                row_pos.push(item.start + t);
-            }
-        }
+        let (row_item, row_pos) = step_rows(items);
         let n = row_item.len();
         if n == 0 {
             return Vec::new();
@@ -355,12 +371,7 @@ impl Llama {
             x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
         }
         // Logits only for the rows each item asked for (its last ones).
-        let mut last_rows = Vec::new();
-        let mut end = 0;
-        for item in items {
-            end += item.tokens.len();
-            last_rows.extend(end - item.logits.min(item.tokens.len())..end);
-        }
+        let last_rows = logit_rows(items);
         if last_rows.is_empty() {
             return Vec::new();
         }
