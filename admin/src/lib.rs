@@ -6,8 +6,8 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
-use zl_proto::message::Role;
 use zl_proto::tls::NodeFiles;
+use zl_wire::message::Role;
 
 /// Generated messages, client and server.
 #[allow(missing_docs, unreachable_pub, clippy::all, clippy::pedantic)]

@@ -13,8 +13,8 @@ use anyhow::{Context, Result};
 use zl_frontend::cluster::{Card, fetch_card};
 use zl_frontend::gateway::{GenRequest, tokenize};
 use zl_frontend::upstream::{QuicUpstream, Upstream};
-use zl_proto::message::{GenerateRequest, Message, Prompt, Role, SamplingParams};
 use zl_text::ChatMessage;
+use zl_wire::message::{GenerateRequest, Message, Prompt, Role, SamplingParams};
 
 use crate::client::Ask;
 use crate::record::Record;

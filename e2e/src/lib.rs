@@ -229,7 +229,7 @@ pub fn certs_more(dir: &std::path::Path, nodes: &[(&str, &str)]) {
 }
 
 /// A QUIC client with the identity `zl certs issue` wrote to `dir` for `role` and node `id`.
-pub fn client(dir: &std::path::Path, role: zl_proto::message::Role, id: &str) -> zl_proto::quic::Client {
+pub fn client(dir: &std::path::Path, role: zl_wire::message::Role, id: &str) -> zl_proto::quic::Client {
     let identity = zl_node::load_identity(dir, role, id).expect("the test certificates load");
     zl_proto::quic::Client::new(&identity, zl_proto::quic::RpcSettings::default()).expect("a QUIC client")
 }

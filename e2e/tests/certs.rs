@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use zl_e2e::zl;
-use zl_proto::message::{ErrorCode, Message, NodeId, Role, RouteHint, RouteRequest, WireError};
 use zl_proto::quic::{CallContext, CallError, Client, Handler, Responder, RpcSettings, Server};
 use zl_proto::{ClusterCa, TlsIdentity};
+use zl_wire::message::{ErrorCode, Message, NodeId, Role, RouteHint, RouteRequest, WireError};
 
 struct Echo;
 
@@ -114,7 +114,7 @@ async fn replica_certificates_let_randomly_named_pods_call_each_other() {
     let server =
         Server::spawn("127.0.0.1:0".parse().unwrap(), &worker, RpcSettings::default(), Arc::new(Echo)).unwrap();
     let client = Client::new(&frontend, RpcSettings::default()).unwrap();
-    let request = Message::ModelCardRequest(zl_proto::message::ModelCardRequest { model: "m".into() });
+    let request = Message::ModelCardRequest(zl_wire::message::ModelCardRequest { model: "m".into() });
     match client.call(server.local_addr(), Role::Worker, request).await {
         Err(CallError::Remote(e)) => assert_eq!(e.message, "hello zl-frontend-5c7d-8kq2p"),
         other => panic!("{other:?}"),

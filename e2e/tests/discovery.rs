@@ -21,8 +21,8 @@ use zl_e2e::{
 };
 use zl_node::consul::WorkerMeta;
 use zl_node::consul::catalog::{FRONTEND_SERVICE, Instance, ORCHESTRATOR_SERVICE, WORKER_SERVICE, parse_health};
-use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::ClusterCa;
+use zl_wire::message::{NodeId, Role};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const KEY: &str = "sk-zl-e2e-consul-0123456789";

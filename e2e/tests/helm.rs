@@ -74,11 +74,11 @@ fn zl_certs_kube_writes_the_secrets_the_charts_pods_read() {
     for (secret, role, pods) in [
         (
             &secrets[0],
-            zl_proto::message::Role::Orchestrator,
+            zl_wire::message::Role::Orchestrator,
             vec!["zl-zerolayer-orchestrator-0", "zl-zerolayer-orchestrator-2"],
         ),
-        (&secrets[1], zl_proto::message::Role::Worker, vec!["zl-zerolayer-worker-cpu-7d9f8c6b5-x2x9z"]),
-        (&secrets[2], zl_proto::message::Role::Frontend, vec!["zl-zerolayer-frontend-5c7d9-8kq2p"]),
+        (&secrets[1], zl_wire::message::Role::Worker, vec!["zl-zerolayer-worker-cpu-7d9f8c6b5-x2x9z"]),
+        (&secrets[2], zl_wire::message::Role::Frontend, vec!["zl-zerolayer-frontend-5c7d9-8kq2p"]),
     ] {
         assert_eq!(secret["metadata"]["namespace"], "inference");
         let mounted = dir.path().join(secret["metadata"]["name"].as_str().unwrap());

@@ -8,11 +8,11 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use zl_e2e::{certs, client, gauge, metrics, start_orchestrator, start_worker, zl};
-use zl_proto::message::{
+use zl_proto::quic::{CallError, Client};
+use zl_wire::message::{
     ComputePool, ErrorCode, GenerateRequest, LoadReport, Message, NodeId, Prompt, Role, RouteDecision, RouteHint,
     RouteRequest, SamplingParams,
 };
-use zl_proto::quic::{CallError, Client};
 
 const MODEL: &str = "smollm2-135m-instruct";
 

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use zl_e2e::{Proc, certs, free_tcp, free_udp, gauge, metric_sum, metrics};
-use zl_proto::message::{ErrorCode, GenerateRequest, Message, Prompt, Role, SamplingParams, StopReason};
 use zl_proto::quic::{CallError, Client};
+use zl_wire::message::{ErrorCode, GenerateRequest, Message, Prompt, Role, SamplingParams, StopReason};
 
 struct Worker {
     child: Proc,

@@ -3,8 +3,8 @@
 //! `content_block_stop`, `message_delta`, `message_stop`; `error` if the stream fails after the 200).
 
 use serde_json::{Value, json};
-use zl_proto::message::StopReason;
 use zl_text::ChatMessage;
+use zl_wire::message::StopReason;
 
 use crate::cache::FinishInfo;
 use crate::dialect::Dialect;

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde::Serialize;
-use zl_proto::message::StopReason;
+use zl_wire::message::StopReason;
 
 /// A finished generation's ending.
 #[derive(Clone, Debug, PartialEq)]

@@ -11,8 +11,8 @@ use zl_common::keys::hex;
 use zl_common::sync::{lock, read, write};
 use zl_node::consul::DiscoveryStatus;
 use zl_node::consul::status::StatusView;
-use zl_proto::message::{FrontendGrant, ModelInfo, ProjectQuota, RouteRequest, StateSync};
 use zl_text::{TextTokenizer, TokenizerParts};
+use zl_wire::message::{FrontendGrant, ModelInfo, ProjectQuota, RouteRequest, StateSync};
 
 use crate::error::{ApiError, ErrorKind};
 use crate::health::{Inputs, Level, Thresholds, assess};

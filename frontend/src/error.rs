@@ -5,7 +5,7 @@
 use axum::http::StatusCode;
 use serde_json::json;
 use zl_proto::CallError;
-use zl_proto::message::ErrorCode;
+use zl_wire::message::ErrorCode;
 
 use crate::limits::RateFigures;
 

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use zl_proto::message::FrontendGrant;
+use zl_wire::message::FrontendGrant;
 
 /// The levels, best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

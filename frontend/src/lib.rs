@@ -29,8 +29,8 @@ pub mod suspects;
 pub mod tools;
 pub mod upstream;
 
-use zl_proto::message::Role;
 use zl_proto::quic::RpcSettings;
+use zl_wire::message::Role;
 
 /// The role frontends present in their certificates and handshakes.
 pub const ROLE: Role = Role::Frontend;

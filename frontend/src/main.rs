@@ -20,8 +20,8 @@ use zl_frontend::upstream::{QuicUpstream, Upstream};
 use zl_node::consul::catalog::{FRONTEND_SERVICE, ORCHESTRATOR_SERVICE};
 use zl_node::consul::{Registrar, Report, watch};
 use zl_node::discovery::OrchestratorArgs;
-use zl_proto::message::Role;
 use zl_proto::quic::Client;
+use zl_wire::message::Role;
 
 /// zerolayer's frontend: the Anthropic and OpenAI APIs in front of the cluster.
 #[derive(Parser, Debug)]
@@ -218,7 +218,7 @@ fn check(args: &ServeArgs) -> Result<()> {
     if let Some(a) = &args.advertise {
         zl_node::resolve::parse_address(a).map_err(|e| anyhow::anyhow!("--advertise: {e}"))?;
     }
-    zl_proto::message::NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
+    zl_wire::message::NodeId::new(args.node_id.clone()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
     args.region.check()?;
     regions(args)?;
     if args.peer_regions_from_consul {

@@ -2,8 +2,8 @@
 //! `chat.completion.chunk`s ending with `data: [DONE]`, and `stream_options.include_usage`.
 
 use serde_json::{Value, json};
-use zl_proto::message::StopReason;
 use zl_text::ChatMessage;
+use zl_wire::message::StopReason;
 
 use crate::cache::FinishInfo;
 use crate::dialect::Dialect;

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 use crate::error::ApiError;
 
 /// Most stop sequences and their longest length (the wire's limits).
-const MAX_STOP: usize = zl_proto::message::MAX_STOP_SEQUENCES;
+const MAX_STOP: usize = zl_wire::message::MAX_STOP_SEQUENCES;
 
 /// Field access with Anthropic-style messages (`field: problem`).
 pub(crate) struct Fields<'a> {
@@ -113,12 +113,12 @@ impl<'a> Fields<'a> {
             return Err(ApiError::invalid_param(name, format!("{name}: at most {MAX_STOP} stop sequences")));
         }
         for s in &list {
-            if s.is_empty() || s.len() > zl_proto::message::MAX_STOP_SEQUENCE_LEN {
+            if s.is_empty() || s.len() > zl_wire::message::MAX_STOP_SEQUENCE_LEN {
                 return Err(ApiError::invalid_param(
                     name,
                     format!(
                         "{name}: each stop sequence must be 1 to {} bytes",
-                        zl_proto::message::MAX_STOP_SEQUENCE_LEN
+                        zl_wire::message::MAX_STOP_SEQUENCE_LEN
                     ),
                 ));
             }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use zl_proto::message::NodeId;
+use zl_wire::message::NodeId;
 
 /// How long a failed worker stays excluded: longer than the orchestrators' default heartbeat timeout (1 s) plus
 /// a state sync, short enough that a restarted worker is back in the routes at once after.

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use zl_common::sync::{read, write};
 use zl_proto::CallError;
-use zl_proto::message::{
+use zl_proto::quic::{Client, ResponseStream};
+use zl_wire::message::{
     ErrorCode, FrontendGrant, FrontendReport, GenerateRequest, Message, ModelCard, ModelCardRequest, Role,
     RouteDecision, RouteRequest, StateSync, StateSyncRequest, WireError,
 };
-use zl_proto::quic::{Client, ResponseStream};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -18,7 +18,7 @@ use zl_frontend::cluster::Cluster;
 use zl_frontend::gateway::{Gateway, GatewayConfig};
 use zl_frontend::http::{App, router};
 use zl_frontend::limits::KeyLimits;
-use zl_proto::message::{NodeId, Prompt};
+use zl_wire::message::{NodeId, Prompt};
 
 #[tokio::test]
 async fn a_message_comes_back_with_every_header() {

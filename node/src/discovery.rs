@@ -10,6 +10,7 @@ use anyhow::{Context, Result, bail};
 
 use crate::consul::status::DiscoveryStatus;
 use crate::consul::{ConsulClient, ConsulSettings, Registration};
+use crate::resolve::split_host_port;
 
 /// How a node finds the others.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -123,17 +124,6 @@ impl ConsulDiscovery {
             deregister_after: self.deregister_after,
         })
     }
-}
-
-/// `host:port` or `[v6]:port` into the host (brackets removed) and the port.
-pub fn split_host_port(s: &str) -> Result<(String, u16)> {
-    let (host, port) = s.rsplit_once(':').with_context(|| format!("{s:?} is not host:port"))?;
-    let port: u16 = port.parse().with_context(|| format!("{s:?}: bad port"))?;
-    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
-    if host.is_empty() {
-        bail!("{s:?} has no host");
-    }
-    Ok((host.to_owned(), port))
 }
 
 impl DiscoveryArgs {

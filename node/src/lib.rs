@@ -18,8 +18,8 @@ pub mod status;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::{NodeFiles, TlsIdentity};
+use zl_wire::message::{NodeId, Role};
 
 /// Start a tier binary: install the one TLS crypto provider, log to stderr (filter: `ZL_LOG`; colours only on a
 /// terminal, so log files and collectors get plain text), and parse the command line with the config file of

@@ -5,13 +5,26 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use anyhow::{Context, Result, bail};
+
 /// How often a static list with DNS names is resolved again.
 pub const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 
+/// `host:port` or `[v6]:port` into the host (brackets removed) and the port.
+pub fn split_host_port(s: &str) -> Result<(String, u16)> {
+    let (host, port) = s.rsplit_once(':').with_context(|| format!("{s:?} is not host:port"))?;
+    let port: u16 = port.parse().with_context(|| format!("{s:?}: bad port"))?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    if host.is_empty() {
+        bail!("{s:?} has no host");
+    }
+    Ok((host.to_owned(), port))
+}
+
 /// A `host:port` peer address as given on a command line (clap's value parser): an IP address, a bracketed IPv6
 /// address or a DNS name, with a port.
-pub fn parse_address(s: &str) -> Result<String, String> {
-    crate::discovery::split_host_port(s).map_err(|e| format!("{e:#}"))?;
+pub fn parse_address(s: &str) -> std::result::Result<String, String> {
+    split_host_port(s).map_err(|e| format!("{e:#}"))?;
     if s.chars().any(|c| c.is_whitespace() || c == '/' || c == '@') {
         return Err(format!("{s:?} is not host:port"));
     }

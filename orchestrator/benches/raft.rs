@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use zl_orchestrator::raft::{Group, GroupConfig, ReplicaConfig, SharedState, raft_dir};
 use zl_orchestrator::state::{Command, Quota};
-use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::ClusterCa;
+use zl_wire::message::{NodeId, Role};
 
 fn command(i: u64) -> Command {
     Command::SetProject {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use zl_orchestrator::load::{LoadSettings, LoadView};
 use zl_orchestrator::route::{POLICY_NAMES, Scratch, decide, policy_by_name};
 use zl_orchestrator::state::{Command, ModelVersion, RoutingState, WorkerSpec, hex};
-use zl_proto::message::{ComputePool, KvCacheEvents, LoadReport, NodeId, RouteHint, RouteRequest};
+use zl_wire::message::{ComputePool, KvCacheEvents, LoadReport, NodeId, RouteHint, RouteRequest};
 
 const CACHED_BLOCKS: usize = 100_000;
 const DECISIONS: usize = 20_000;

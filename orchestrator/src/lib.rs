@@ -20,8 +20,8 @@ pub mod raft;
 pub mod route;
 pub mod state;
 
-use zl_proto::message::Role;
 use zl_proto::quic::RpcSettings;
+use zl_wire::message::Role;
 
 /// The role orchestrators present in their certificates and handshakes.
 pub const ROLE: Role = Role::Orchestrator;

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use zl_proto::message::{KvCacheEvents, LoadReport, NodeId};
+use zl_wire::message::{KvCacheEvents, LoadReport, NodeId};
 
 use crate::hash::{FxHashMap, FxHashSet, model_tag};
 

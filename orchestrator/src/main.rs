@@ -17,8 +17,8 @@ use zl_orchestrator::load::LoadSettings;
 use zl_orchestrator::node::Orchestrator;
 use zl_orchestrator::raft::{GroupConfig, ReplicaConfig, parse_peers, raft_dir};
 use zl_orchestrator::route::{POLICY_NAMES, policy_by_name};
-use zl_proto::message::{NodeId, Role};
 use zl_proto::quic::Server;
+use zl_wire::message::{NodeId, Role};
 
 /// zerolayer's orchestrator: routing state and route decisions.
 #[derive(Parser, Debug)]

@@ -10,7 +10,7 @@ use std::sync::RwLock;
 use std::time::Instant;
 
 use zl_common::sync::{read, write};
-use zl_proto::message::{
+use zl_wire::message::{
     ApiKeyEntry, ErrorCode, FrontendGrant, FrontendReport, KvCacheEvents, LoadReport, ModelInfo, NodeId, ProjectQuota,
     RegisterWorker, RouteRequest, StateSync, WireError,
 };
@@ -124,7 +124,7 @@ impl Orchestrator {
     }
 
     /// Decide a route now.
-    pub fn route(&self, request: &RouteRequest) -> Result<zl_proto::message::RouteDecision, RouteError> {
+    pub fn route(&self, request: &RouteRequest) -> Result<zl_wire::message::RouteDecision, RouteError> {
         let started = Instant::now();
         let result = {
             let state = read(&self.state.0);

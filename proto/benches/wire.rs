@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use zl_proto::message::{
+use zl_proto::quic::{CallContext, Client, Handler, Responder, RpcSettings, Server};
+use zl_proto::{ClusterCa, TlsIdentity};
+use zl_wire::message::{
     ComputePool, ErrorCode, Finish, GenerateRequest, NodeId, Prompt, Role, RouteDecision, RouteRequest, SamplingParams,
     StopReason, TokenChunk, Usage, WireError,
 };
-use zl_proto::quic::{CallContext, Client, Handler, Responder, RpcSettings, Server};
-use zl_proto::{ClusterCa, Encoder, FrameDecoder, HARD_MAX_PAYLOAD, Message, TlsIdentity};
+use zl_wire::{Encoder, FrameDecoder, HARD_MAX_PAYLOAD, Message};
 
 struct BenchHandler;
 

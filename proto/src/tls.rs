@@ -18,7 +18,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use crate::message::{NodeId, Role};
+use zl_wire::message::{NodeId, Role};
 
 /// DNS suffix of every name in node certificates.
 pub const CLUSTER_DOMAIN: &str = "zl.internal";

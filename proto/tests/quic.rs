@@ -8,13 +8,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
-use zl_proto::message::{
+use zl_proto::quic::{CallContext, CallError, Client, Handler, Responder, RpcSettings, Server};
+use zl_proto::{ClusterCa, TlsIdentity};
+use zl_wire::Message;
+use zl_wire::message::{
     Ack, ErrorCode, Finish, GenerateRequest, LoadReport, NodeId, Prompt, RouteDecision, RouteRequest, SamplingParams,
     StopReason, TokenChunk, Usage, WireError,
 };
-use zl_proto::message::{ComputePool, Role};
-use zl_proto::quic::{CallContext, CallError, Client, Handler, Responder, RpcSettings, Server};
-use zl_proto::{ClusterCa, Message, TlsIdentity};
+use zl_wire::message::{ComputePool, Role};
 
 const LOOPBACK: &str = "127.0.0.1:0";
 
@@ -182,11 +183,11 @@ async fn remote_errors_and_missing_replies_are_typed() {
     let c = start(RpcSettings::default());
     let client = client(&c.ca, Role::Frontend, "f0", RpcSettings::default());
     let addr = c.server.local_addr();
-    let register = Message::RegisterWorker(zl_proto::message::RegisterWorker {
+    let register = Message::RegisterWorker(zl_wire::message::RegisterWorker {
         worker_id: id("w1"),
         endpoint: "127.0.0.1:1".into(),
         device_class: ComputePool::Cpu,
-        models: vec![zl_proto::message::ModelInfo {
+        models: vec![zl_wire::message::ModelInfo {
             id: "m".into(),
             weights_sha256: [0; 32],
             context_length: 10,
@@ -469,7 +470,7 @@ async fn a_response_over_the_clients_limit_fails_the_call() {
     let c = start(RpcSettings::default());
     let request = route("r");
     // The client accepts frames exactly as large as its request; the decision (with a 32-byte digest) is larger.
-    let limit = zl_proto::Encoder::new(zl_proto::HARD_MAX_PAYLOAD).encode(&request).unwrap().len() - 8;
+    let limit = zl_wire::Encoder::new(zl_wire::HARD_MAX_PAYLOAD).encode(&request).unwrap().len() - 8;
     let small = client(&c.ca, Role::Frontend, "f0", RpcSettings { max_payload: limit as u32, ..Default::default() });
     let mut stream = small.stream(c.server.local_addr(), Role::Worker, request).await.unwrap();
     match stream.next().await {

@@ -17,10 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use zl_common::sync::lock;
-use zl_proto::message::{
-    DeregisterWorker, ErrorCode, KvCacheEvents, LoadReport, Message, NodeId, RegisterWorker, Role,
-};
 use zl_proto::quic::{CallError, Client};
+use zl_wire::message::{DeregisterWorker, ErrorCode, KvCacheEvents, LoadReport, Message, NodeId, RegisterWorker, Role};
 
 use crate::engine::{EngineHandle, Published};
 use crate::kv::pool::KvEvent;

@@ -25,8 +25,8 @@ pub mod serve;
 pub mod speculate;
 pub mod stop;
 
-use zl_proto::message::Role;
 use zl_proto::quic::RpcSettings;
+use zl_wire::message::Role;
 
 /// The role workers present in their certificates and handshakes.
 pub const ROLE: Role = Role::Worker;

@@ -1,8 +1,6 @@
 //! `zl-worker`: serves models over zerolayer's RPC, fetches the default model, and benchmarks the engine.
 
-mod bench;
-mod bench_json;
-mod eval_cmd;
+mod commands;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,8 +13,8 @@ use zl_node::consul::catalog::{ORCHESTRATOR_SERVICE, WORKER_SERVICE};
 use zl_node::consul::{Registrar, watch};
 use zl_node::discovery::{Backend, OrchestratorArgs};
 use zl_node::status::Readiness;
-use zl_proto::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
 use zl_proto::quic::{Client, Server};
+use zl_wire::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
 use zl_worker::consul_report::{ReportedEngine, WorkerReport};
 use zl_worker::discovery::{DirectDiscovery, Discovery, ReportedModel, run_reporter};
 use zl_worker::engine::{EngineCore, EngineHandle};
@@ -41,9 +39,9 @@ enum Command {
     /// Download the bundled default model into the cache (once) and print its path.
     FetchDefaultModel,
     /// Measure prefill and decode throughput at several concurrency levels.
-    Bench(bench::BenchArgs),
+    Bench(commands::bench::BenchArgs),
     /// Measure quality: `--perplexity FILE` scores a text (`--float` adds the float reference path).
-    Eval(eval_cmd::EvalArgs),
+    Eval(commands::eval::EvalArgs),
 }
 
 /// Model and engine settings shared by `serve` and `bench`.
@@ -405,8 +403,8 @@ fn main() -> Result<()> {
             println!("{}", path.display());
             Ok(())
         }
-        Command::Bench(args) => bench::run(&args),
-        Command::Eval(args) => eval_cmd::run(&args),
+        Command::Bench(args) => commands::bench::run(&args),
+        Command::Eval(args) => commands::eval::run(&args),
         Command::Serve(args) if args.check_config => {
             check(&args)?;
             println!("zl-worker: the configuration is valid");

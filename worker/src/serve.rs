@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use zl_common::sync::lock;
-use zl_proto::message::{
+use zl_proto::quic::{CallContext, Handler, Responder};
+use zl_wire::message::{
     ErrorCode, Finish, GenerateRequest, Message, ModelCard, Prompt, StopReason, TokenChunk, Usage, WireError,
 };
-use zl_proto::quic::{CallContext, Handler, Responder};
 
 use crate::engine::{EngineHandle, Event, Request, RequestError};
 use crate::model::tokenizer::TextTokenizer;

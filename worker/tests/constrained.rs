@@ -59,7 +59,7 @@ fn run_all(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String, bool)> {
                 Event::Finished { seq, text, reason, .. } => {
                     let e = out.entry(seq).or_default();
                     e.1.push_str(&text);
-                    e.2 = reason == zl_proto::message::StopReason::EndTurn;
+                    e.2 = reason == zl_wire::message::StopReason::EndTurn;
                 }
             }
         }

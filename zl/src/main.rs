@@ -5,11 +5,9 @@
 //! `zl_proto::tls`, the admin API in `zl_admin`; this crate owns argument parsing, processes and output.
 
 mod admin;
-mod admin_ledger;
 mod audit;
 mod bench;
 mod certs;
-mod certs_kube;
 mod chat;
 mod local;
 mod supervise;

@@ -16,8 +16,8 @@ use clap::Args;
 use zl_admin::pb;
 use zl_admin::pb::admin_client::AdminClient;
 use zl_node::discovery::DiscoveryArgs;
-use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::ClusterCa;
+use zl_wire::message::{NodeId, Role};
 
 use crate::supervise::Children;
 

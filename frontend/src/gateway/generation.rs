@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use zl_common::billing::{self, Signals};
 use zl_common::sync::lock;
-use zl_proto::message::{Message, NodeId};
+use zl_wire::message::{Message, NodeId};
 
 use super::admission::Holds;
 use super::{Gateway, GenEvent};

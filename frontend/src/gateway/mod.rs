@@ -4,6 +4,7 @@
 //! before its first token), and settle limits, cache and metrics when the generation ends (`generation.rs`).
 
 mod admission;
+pub mod events;
 mod generation;
 
 use std::collections::VecDeque;
@@ -15,10 +16,10 @@ use zl_common::billing;
 use zl_common::keys::hex;
 use zl_common::sync::lock;
 use zl_proto::CallError;
-use zl_proto::message::{
+use zl_text::ChatMessage;
+use zl_wire::message::{
     ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteHint, RouteRequest, SamplingParams,
 };
-use zl_text::ChatMessage;
 
 use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
 use crate::cluster::{Card, Cluster, KeyInfo};
@@ -31,6 +32,7 @@ use crate::upstream::{TokenSource, Upstream};
 
 pub use admission::DegradeConfig;
 use admission::Holds;
+pub use events::{CacheStatus, GenEvent, Meta};
 pub use generation::Generation;
 use generation::{Live, Settle, Source};
 
@@ -102,64 +104,6 @@ pub struct GenRequest {
     pub tools: crate::tools::ToolUse,
     /// The grammar the answer must match (built and checked from `tools` when the request was parsed).
     pub grammar: Option<String>,
-}
-
-/// Whether the answer came from the response cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CacheStatus {
-    /// Answered from the cache.
-    Hit,
-    /// Cacheable, not cached yet.
-    Miss,
-    /// Not cacheable (sampled without a seed), or the client asked to bypass it.
-    Bypass,
-}
-
-impl CacheStatus {
-    /// Header value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CacheStatus::Hit => "hit",
-            CacheStatus::Miss => "miss",
-            CacheStatus::Bypass => "bypass",
-        }
-    }
-}
-
-/// What is known about a request before its first token: the response headers' content.
-#[derive(Clone, Debug)]
-pub struct Meta {
-    /// Concrete model id.
-    pub model: String,
-    /// Prompt tokens.
-    pub input_tokens: u32,
-    /// The worker streaming the answer ("cache" for hits).
-    pub worker: String,
-    /// Compute pool.
-    pub pool: &'static str,
-    /// Predicted billing unit (the final one arrives with the finish).
-    pub predicted_billing_unit: f32,
-    /// Time spent getting route decisions (both of them when the first worker failed), in milliseconds.
-    pub route_ms: f64,
-    /// Cache status.
-    pub cache: CacheStatus,
-    /// Rate-limit figures after admission.
-    pub rate: RateFigures,
-    /// SHA-256 of the model's weights (hex).
-    pub weights_sha256: String,
-    /// SHA-256 of the canonical input: the rendered prompt and every parameter that decides the output.
-    pub input_sha256: [u8; 32],
-    /// The orchestrator that routed it (empty for a cache hit).
-    pub orchestrator: String,
-}
-
-/// One event of a generation.
-#[derive(Clone, Debug, PartialEq)]
-pub enum GenEvent {
-    /// More text.
-    Delta(String),
-    /// The end.
-    Finish(FinishInfo),
 }
 
 /// Options that come from request headers rather than the body.

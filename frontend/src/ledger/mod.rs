@@ -11,7 +11,7 @@ mod rate;
 
 use std::collections::{BTreeMap, HashMap};
 
-use zl_proto::message::{Budget, BudgetAsk, BudgetMetric, BudgetPeriod, FrontendGrant, FrontendReport, UsageDelta};
+use zl_wire::message::{Budget, BudgetAsk, BudgetMetric, BudgetPeriod, FrontendGrant, FrontendReport, UsageDelta};
 
 /// A project's budget as this frontend holds it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //! (`orchestrator/src/ledger/rate.rs`). A request reserves its worst case in every bucket that limits it, all or
 //! none, and settles its real cost when it ends.
 
-use zl_proto::message::{RateAsk, RateGrant};
+use zl_wire::message::{RateAsk, RateGrant};
 
 use super::{Held, Ledger, Spent};
 

@@ -1,4 +1,4 @@
-use zl_proto::message::BudgetGrant;
+use zl_wire::message::BudgetGrant;
 
 use super::*;
 
@@ -93,8 +93,8 @@ fn shared_rate_limits_reserve_all_or_nothing_and_settle_real_costs() {
     // Only the requests bucket is granted: nothing is taken from it either.
     let grant = |req: u64, out: u64| FrontendGrant {
         rate_grants: vec![
-            zl_proto::message::RateGrant { bucket: "key/k/requests".into(), allotment: req, available: 0 },
-            zl_proto::message::RateGrant { bucket: "key/k/output_tokens".into(), allotment: out, available: 0 },
+            zl_wire::message::RateGrant { bucket: "key/k/requests".into(), allotment: req, available: 0 },
+            zl_wire::message::RateGrant { bucket: "key/k/output_tokens".into(), allotment: out, available: 0 },
         ],
         ..FrontendGrant::default()
     };

@@ -135,13 +135,13 @@ impl ToolUse {
         };
         let grammar = grammar.map_err(enforce)?;
         // The size first: a grammar too large for the wire is refused before anything compiles it.
-        if grammar.len() > zl_proto::message::MAX_GRAMMAR_LEN {
+        if grammar.len() > zl_wire::message::MAX_GRAMMAR_LEN {
             return Err(ApiError::invalid_param(
                 param,
                 format!(
                     "{param}: the tools and schemas are too large to enforce ({} bytes; at most {})",
                     grammar.len(),
-                    zl_proto::message::MAX_GRAMMAR_LEN
+                    zl_wire::message::MAX_GRAMMAR_LEN
                 ),
             ));
         }

@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used)]
 
 use serde_json::{Value, json};
-use zl_proto::message::StopReason;
+use zl_wire::message::StopReason;
 
 use super::*;
 use crate::cache::FinishInfo;

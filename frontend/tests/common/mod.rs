@@ -18,11 +18,11 @@ use zl_frontend::gateway::{Gateway, GatewayConfig};
 use zl_frontend::http::{App, router};
 use zl_frontend::upstream::{BoxFuture, TokenSource, Upstream};
 use zl_proto::CallError;
-use zl_proto::message::{
+use zl_text::TextTokenizer;
+use zl_wire::message::{
     ApiKeyEntry, ComputePool, ErrorCode, Finish, GenerateRequest, Message, ModelCard, ModelInfo, NodeId, ProjectQuota,
     Prompt, RouteDecision, RouteRequest, StateSync, StopReason, TokenChunk, Usage, WireError,
 };
-use zl_text::TextTokenizer;
 
 pub const KEY: &str = "sk-zl-test-key";
 pub const MODEL: &str = "tiny";

@@ -10,7 +10,7 @@ use tonic::{Request, Response, Status};
 use zl_admin::pb;
 use zl_admin::require_admin;
 use zl_common::billing::BillingWeights;
-use zl_proto::message::{ComputePool, NodeId};
+use zl_wire::message::{ComputePool, NodeId};
 
 use super::ledger;
 use crate::node::Orchestrator;
@@ -284,7 +284,7 @@ impl pb::admin_server::Admin for AdminService {
             None
         } else {
             Some(
-                crate::raft::driver::peer_address(&r.address)
+                crate::raft::peers::peer_address(&r.address)
                     .map_err(|e| Status::invalid_argument(format!("address {:?}: {e}", r.address)))?,
             )
         };

@@ -7,8 +7,8 @@
 
 use std::time::Instant;
 
-use zl_proto::message::{Ack, DeregisterWorker, ErrorCode, Message, NodeId, Role, WireError};
 use zl_proto::quic::{CallContext, Handler, Responder};
+use zl_wire::message::{Ack, DeregisterWorker, ErrorCode, Message, NodeId, Role, WireError};
 
 use crate::node::Orchestrator;
 use crate::raft::CommitError;

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use zl_common::audit::ChainHead;
-use zl_proto::message::{BudgetGrant, BudgetMetric, BudgetPeriod, FrontendReport};
+use zl_wire::message::{BudgetGrant, BudgetMetric, BudgetPeriod, FrontendReport};
 
 pub use rate::RateBucket;
 
@@ -70,8 +70,8 @@ pub struct BudgetSpec {
 
 impl BudgetSpec {
     /// As the wire carries it.
-    pub fn wire(&self) -> zl_proto::message::Budget {
-        zl_proto::message::Budget {
+    pub fn wire(&self) -> zl_wire::message::Budget {
+        zl_wire::message::Budget {
             metric: if self.tokens { BudgetMetric::Tokens } else { BudgetMetric::MilliUnits },
             period: if self.monthly { BudgetPeriod::Month } else { BudgetPeriod::Day },
             limit: self.limit,
@@ -270,11 +270,7 @@ impl Ledger {
     }
 
     /// A frontend's grants for the rate-limit buckets it asked about.
-    pub fn rate_grants(
-        &self,
-        frontend: &str,
-        asked: &[zl_proto::message::RateAsk],
-    ) -> Vec<zl_proto::message::RateGrant> {
+    pub fn rate_grants(&self, frontend: &str, asked: &[zl_wire::message::RateAsk]) -> Vec<zl_wire::message::RateGrant> {
         rate::grants(&self.rates, frontend, asked)
     }
 

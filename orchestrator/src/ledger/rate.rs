@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use zl_proto::message::{RateAsk, RateGrant};
+use zl_wire::message::{RateAsk, RateGrant};
 
 use super::Allotment;
 use super::lease::Leases;

@@ -1,4 +1,4 @@
-use zl_proto::message::{BudgetAsk, FrontendReport, UsageDelta};
+use zl_wire::message::{BudgetAsk, FrontendReport, UsageDelta};
 
 use super::*;
 

@@ -1,9 +1,10 @@
 //! The async driver of the Raft group: one task owns this orchestrator's [`Replica`] (ticks, steps, proposals,
-//! ready) and pumps it; its peers' messages travel through `transport.rs`; [`Group::commit`] proposes a command here or forwards it to the leader, then waits until this node has
-//! applied it (a writer reads its own write on the node it asked).
+//! ready) and pumps it; its peers' messages go out through `transport.rs` and come in through `service.rs`, both
+//! by way of the task's inbox (`inbox.rs`). [`Group::commit`] proposes a command here or forwards it to the
+//! leader, then waits until this node has applied it (a writer reads its own write on the node it asked).
 //!
 //! Route decisions read the local replicated state ([`SharedState`]) without asking the leader: a follower is
-//! behind the leader by at most the time a heartbeat takes to arrive (one tick, 100 ms by default), and a node cut
+//! behind the leader by at most the time a heartbeat takes to arrive (one tick, 50 ms by default), and a node cut
 //! off from the leader serves its last state until it rejoins. Writes need a majority: with one of three
 //! orchestrators left they fail with [`CommitError::Unavailable`] after the commit timeout.
 
@@ -12,21 +13,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use raft::eraftpb::{Message, MessageType};
+use raft::eraftpb::MessageType;
 use tokio::sync::{mpsc, oneshot, watch};
 use zl_common::sync::read;
-use zl_proto::message::Role;
+use zl_wire::message::Role;
 
+use super::inbox::{COMMIT_TIMEOUT, CommitError, Input, PEER_QUEUE};
 use super::pb::ProposeRequest;
 use super::pb::raft_peer_client::RaftPeerClient;
 use super::replica::{ConsensusError, ProposeError, Replica, ReplicaConfig, SharedState};
 use super::transport::{Dialer, Transport, spawn_peer};
-use crate::state::{Command, CommandError};
-
-/// How long a write waits for a majority before it fails.
-pub const COMMIT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Messages queued per peer before new ones are dropped (Raft resends what matters).
-pub(super) const PEER_QUEUE: usize = 4096;
+use crate::state::Command;
 
 /// Where this node and its peers are.
 #[derive(Clone, Debug)]
@@ -52,33 +49,6 @@ pub struct GroupConfig {
     pub replica: ReplicaConfig,
 }
 
-/// Why a write did not happen.
-#[derive(Debug, thiserror::Error)]
-pub enum CommitError {
-    /// The state machine rejected the command (on this node, or on the leader it was forwarded to).
-    #[error(transparent)]
-    Command(#[from] CommandError),
-    /// The leader rejected it with this status (forwarded writes).
-    #[error("{}", .0.message())]
-    Remote(tonic::Status),
-    /// No leader or no majority answered in time; the command may still commit later.
-    #[error("the orchestrator group cannot commit now: {0}")]
-    Unavailable(String),
-    /// The command was certainly not appended (no leader, or the node asked was not it): safe to send again.
-    #[error("the orchestrator group cannot commit now: {0}")]
-    NotAccepted(String),
-}
-
-/// The gRPC status a rejected command gets: on the admin API, and when a follower forwarded it to the leader.
-pub fn command_status(e: &CommandError) -> tonic::Status {
-    match e {
-        CommandError::NotFound(_) => tonic::Status::not_found(e.to_string()),
-        CommandError::Exists(_) => tonic::Status::already_exists(e.to_string()),
-        CommandError::Invalid { .. } => tonic::Status::invalid_argument(e.to_string()),
-        CommandError::Limit(_) => tonic::Status::resource_exhausted(e.to_string()),
-    }
-}
-
 /// The group as this node sees it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GroupStatus {
@@ -98,14 +68,6 @@ pub struct GroupStatus {
     pub log_bytes: u64,
     /// Newest snapshot's index.
     pub snapshot_index: u64,
-}
-
-pub(super) enum Input {
-    Propose { cmd: Command, reply: oneshot::Sender<Result<u64, CommitError>> },
-    ReadIndex { reply: oneshot::Sender<u64> },
-    Membership { node: u64, add: bool, address: Vec<u8>, reply: oneshot::Sender<Result<u64, CommitError>> },
-    Messages(Vec<Message>),
-    Sent { to: u64, snapshot: Option<bool>, unreachable: bool },
 }
 
 /// A handle on the running group; cheap to clone.
@@ -474,30 +436,6 @@ fn handle(replica: &mut Replica<SharedState>, input: Input, waiting: &mut Waitin
     }
 }
 
-/// Parse `--raft-peers`: `id@host:port` (the peer's admin address: an IP address, or a DNS name resolved on each
-/// connection, such as a StatefulSet pod's stable name), comma-separated.
-pub fn parse_peers(spec: &str) -> Result<BTreeMap<u64, String>, String> {
-    let mut peers = BTreeMap::new();
-    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (id, addr) = part.split_once('@').ok_or_else(|| format!("{part}: expected id@host:port"))?;
-        let id: u64 = id.parse().map_err(|_| format!("{part}: the id must be a positive integer"))?;
-        if id == 0 {
-            return Err(format!("{part}: the id must be a positive integer"));
-        }
-        let addr = peer_address(addr).map_err(|e| format!("{part}: {e}"))?;
-        if peers.insert(id, addr).is_some() {
-            return Err(format!("id {id} is listed twice"));
-        }
-    }
-    Ok(peers)
-}
-
-/// A peer's admin address as given: `host:port` with a valid port and a non-empty host (an IP address, a
-/// bracketed IPv6 address, or a DNS name).
-pub fn peer_address(addr: &str) -> Result<String, String> {
-    zl_node::resolve::parse_address(addr)
-}
-
 /// The storage directory's default location under `data_dir`.
 pub fn raft_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("raft")
@@ -508,24 +446,6 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
-
-    #[test]
-    fn peer_lists_parse_and_bad_ones_are_refused() {
-        let p = parse_peers("1@127.0.0.1:7001, 2@127.0.0.1:7011,3@[::1]:7021").unwrap();
-        assert_eq!(p.len(), 3);
-        assert_eq!(p[&3], "[::1]:7021");
-        assert!(parse_peers("127.0.0.1:7001").is_err());
-        assert!(parse_peers("0@127.0.0.1:7001").is_err());
-        assert!(parse_peers("1@127.0.0.1:7001,1@127.0.0.1:7002").is_err());
-        assert!(parse_peers("x@127.0.0.1:7001").is_err());
-        assert!(parse_peers("").unwrap().is_empty());
-        // DNS names (a StatefulSet's pods behind a headless Service) are kept as given, resolved on connection.
-        let p = parse_peers("1@orch-0.orch.zl.svc:7001,2@orch-1.orch.zl.svc:7001").unwrap();
-        assert_eq!(p[&2], "orch-1.orch.zl.svc:7001");
-        assert!(parse_peers("1@orch-0:port").is_err());
-        assert!(parse_peers("1@:7001").is_err());
-        assert!(parse_peers("1@http://x:7001").is_err());
-    }
 
     #[test]
     fn only_this_nodes_contexts_name_a_waiting_caller() {

@@ -2,11 +2,16 @@
 //! - [`storage`]: the persistent log, hard state and snapshots on disk (segment files, fsync on every ready);
 //! - [`replica`]: the pure replica: raft-rs's `RawNode` over that storage and the routing state machine, driven by
 //!   `tick`/`step`/`propose` and drained by `ready`, with no sockets, threads or clocks (tests drive it directly);
-//! - [`driver`]: the async shell that pumps one replica (ticks, proposals, forwarding to the leader, reads) and
-//!   [`transport`], the gRPC peer links that carry its messages.
+//! - [`driver`]: the async shell that pumps one replica (ticks, proposals, forwarding to the leader, reads), fed
+//!   through its [`inbox`]; [`transport`], the gRPC links that carry its messages out to peers, and [`service`],
+//!   the gRPC service that takes peers' messages in, stand outside it and speak only the inbox;
+//! - [`peers`]: `--raft-peers` and members' addresses.
 
 pub mod driver;
+pub mod inbox;
+pub mod peers;
 pub mod replica;
+pub mod service;
 pub mod storage;
 pub mod transport;
 
@@ -16,5 +21,7 @@ pub mod pb {
     tonic::include_proto!("zerolayer.raft.v1");
 }
 
-pub use driver::{COMMIT_TIMEOUT, CommitError, Group, GroupConfig, GroupStatus, command_status, parse_peers, raft_dir};
+pub use driver::{Group, GroupConfig, GroupStatus, raft_dir};
+pub use inbox::{COMMIT_TIMEOUT, CommitError, command_status};
+pub use peers::parse_peers;
 pub use replica::{ReplicaConfig, SharedState};

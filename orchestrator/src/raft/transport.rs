@@ -1,33 +1,25 @@
-//! The Raft group's transport: one task per peer sends its messages over gRPC (`schemas/raft.proto`, mutual TLS,
-//! orchestrator certificates only), and [`PeerService`] takes peers' messages and forwarded proposals in. Every
-//! message from a peer is size-limited and decoded by [`decode_message`] before the replica sees it.
+//! The Raft group's outgoing transport: one task per peer sends its messages over gRPC (`schemas/raft.proto`,
+//! mutual TLS, orchestrator certificates only) and reports each send back to the Raft task. It stands outside the
+//! Raft loop, as raft-rs's `five_mem_node` example keeps its mailboxes: it knows the task's [`Input`] and nothing
+//! of the driver. Messages coming in are the peer service's (`service.rs`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use raft::eraftpb::{Message, MessageType};
 use tokio::sync::mpsc;
 use zl_common::sync::write;
-use zl_proto::message::Role;
+use zl_wire::message::Role;
 
-use super::driver::{COMMIT_TIMEOUT, CommitError, Group, Input, PEER_QUEUE, command_status};
+use super::inbox::{Input, PEER_QUEUE};
+use super::pb::RaftBatch;
 use super::pb::raft_peer_client::RaftPeerClient;
-use super::pb::raft_peer_server::{RaftPeer, RaftPeerServer};
-use super::pb::{ProposeReply, ProposeRequest, RaftAck, RaftBatch};
-use super::replica::{MAX_MESSAGE_BYTES, decode_message};
-use crate::state::Command;
+use super::peers::peer_address;
 
 /// Messages sent to a peer in one call, at most.
 const PEER_BATCH: usize = 256;
-
-impl Group {
-    /// The gRPC service peers call.
-    pub fn service(&self) -> RaftPeerServer<PeerService> {
-        RaftPeerServer::new(PeerService { group: self.clone() }).max_decoding_message_size(MAX_MESSAGE_BYTES + 1024)
-    }
-}
 
 /// What a peer connection needs.
 #[derive(Clone, Debug)]
@@ -36,50 +28,6 @@ pub(super) struct Dialer {
     pub(super) tls_dir: PathBuf,
     pub(super) node_id: String,
     pub(super) report: mpsc::Sender<Input>,
-}
-
-/// `schemas/raft.proto`'s service.
-#[derive(Debug)]
-pub struct PeerService {
-    group: Group,
-}
-
-#[tonic::async_trait]
-impl RaftPeer for PeerService {
-    async fn send(&self, request: tonic::Request<RaftBatch>) -> Result<tonic::Response<RaftAck>, tonic::Status> {
-        zl_admin::require_role(&request, Role::Orchestrator)?;
-        let batch = request.into_inner();
-        let mut messages = Vec::with_capacity(batch.messages.len());
-        for bytes in &batch.messages {
-            let m = decode_message(bytes).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
-            if m.from != batch.from {
-                return Err(tonic::Status::invalid_argument("a batch carries another node's messages"));
-            }
-            messages.push(m);
-        }
-        self.group
-            .tx
-            .send(Input::Messages(messages))
-            .await
-            .map_err(|_| tonic::Status::unavailable("the Raft task stopped"))?;
-        Ok(tonic::Response::new(RaftAck {}))
-    }
-
-    async fn propose(
-        &self,
-        request: tonic::Request<ProposeRequest>,
-    ) -> Result<tonic::Response<ProposeReply>, tonic::Status> {
-        zl_admin::require_role(&request, Role::Orchestrator)?;
-        let cmd: Command = serde_json::from_slice(&request.into_inner().command)
-            .map_err(|e| tonic::Status::invalid_argument(format!("undecodable command: {e}")))?;
-        match self.group.propose_here(&cmd, Instant::now() + COMMIT_TIMEOUT).await {
-            Ok(index) => Ok(tonic::Response::new(ProposeReply { index })),
-            Err(CommitError::Command(e)) => Err(command_status(&e)),
-            Err(CommitError::Remote(s)) => Err(s),
-            Err(CommitError::NotAccepted(why)) => Err(tonic::Status::failed_precondition(why)),
-            Err(CommitError::Unavailable(why)) => Err(tonic::Status::unavailable(why)),
-        }
-    }
 }
 
 /// The peers' connections, changed when membership changes are applied.
@@ -91,7 +39,7 @@ pub(super) struct Transport {
 
 impl Transport {
     pub(super) fn member_added(&mut self, node: u64, address: &[u8]) {
-        let parsed = std::str::from_utf8(address).ok().and_then(|a| super::driver::peer_address(a).ok());
+        let parsed = std::str::from_utf8(address).ok().and_then(|a| peer_address(a).ok());
         let mut peers = write(&self.peers);
         if let Some(addr) = parsed {
             peers.insert(node, addr);

@@ -2,7 +2,7 @@
 //! `queue_depth + running_sequences / max_running_sequences + kv_used / (kv_used + kv_free)`: a queued request
 //! outweighs a full batch, which outweighs a full KV cache. Ties go to the lower worker id.
 
-use zl_proto::message::RouteRequest;
+use zl_wire::message::RouteRequest;
 
 use super::{Candidate, Pick, Policy, lowest};
 

@@ -21,7 +21,7 @@ mod session_affinity;
 use std::time::Instant;
 
 use zl_common::billing::predicted_billing_unit;
-use zl_proto::message::{ComputePool, LoadReport, RouteDecision, RouteHint, RouteRequest};
+use zl_wire::message::{ComputePool, LoadReport, RouteDecision, RouteHint, RouteRequest};
 
 use crate::hash::{FxHashMap, stable_hash};
 use crate::load::LoadView;

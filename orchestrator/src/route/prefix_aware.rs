@@ -17,7 +17,7 @@
 //! one went. (Breaking ties by worker id piled every new prefix onto the first worker: measured with `zl bench`,
 //! docs/benchmarks.md.) A prompt shorter than a block has no prefix to keep together: its request id decides.
 
-use zl_proto::message::RouteRequest;
+use zl_wire::message::RouteRequest;
 
 use super::{Candidate, Pick, Policy};
 use crate::hash::{mix, stable_hash};

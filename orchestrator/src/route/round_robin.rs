@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use zl_proto::message::RouteRequest;
+use zl_wire::message::RouteRequest;
 
 use super::{Candidate, Pick, Policy};
 

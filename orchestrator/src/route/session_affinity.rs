@@ -3,7 +3,7 @@
 //! candidates: when a worker leaves, only its sessions move, each to its own next choice. Without a session id,
 //! least-loaded decides.
 
-use zl_proto::message::RouteRequest;
+use zl_wire::message::RouteRequest;
 
 use super::{Candidate, LeastLoaded, Pick, Policy};
 use crate::hash::{mix, stable_hash};

@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use zl_proto::message::{ComputePool, KvCacheEvents, LoadReport, NodeId, RouteHint, RouteRequest};
+use zl_wire::message::{ComputePool, KvCacheEvents, LoadReport, NodeId, RouteHint, RouteRequest};
 
 use super::*;
 use crate::load::{LoadSettings, LoadView};

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 use zl_common::billing::BillingWeights;
-use zl_proto::message::{ComputePool, FrontendReport, NodeId};
+use zl_wire::message::{ComputePool, FrontendReport, NodeId};
 
 use crate::ledger::{BudgetSpec, DataKey, Ledger};
 

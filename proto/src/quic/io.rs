@@ -4,8 +4,8 @@
 use bytes::{Buf, Bytes, BytesMut};
 use quinn::{ReadError, RecvStream, SendStream, VarInt};
 
-use crate::frame::{FrameDecoder, FrameError, RawFrame};
-use crate::message::{EncodeError, Encoder, Message, MessageError};
+use zl_wire::frame::{FrameDecoder, FrameError, RawFrame};
+use zl_wire::message::{EncodeError, Encoder, Message, MessageError};
 
 /// Largest chunk taken from quinn at once; bounds what sits in memory beyond the current frame.
 const READ_CHUNK: usize = 64 * 1024;
@@ -29,7 +29,7 @@ pub(crate) enum ReadFailure {
     #[error("bad frame: {0}")]
     Frame(#[from] FrameError),
     #[error("bad {kind} message: {err}")]
-    Message { kind: crate::frame::FrameKind, err: MessageError },
+    Message { kind: zl_wire::frame::FrameKind, err: MessageError },
     #[error("stream reset by peer (code {0})")]
     Reset(VarInt),
     #[error("connection lost: {0}")]

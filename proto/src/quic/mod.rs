@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::frame::HARD_MAX_PAYLOAD;
-use crate::message::{ErrorCode, NodeId, Role, WireError};
 use crate::tls::TlsError;
+use zl_wire::frame::HARD_MAX_PAYLOAD;
+use zl_wire::message::{ErrorCode, NodeId, Role, WireError};
 
 pub use client::{Client, ResponseStream};
 pub use server::{CallContext, Handler, Responder, Server};

@@ -11,9 +11,9 @@ use tracing::Instrument;
 
 use super::io::{FrameReader, FrameWriter, ReadFailure, WriteFailure, codes};
 use super::{CallError, Cancellation, PeerInfo, RpcError, RpcSettings, endpoint_config, handshake, quinn_runtime};
-use crate::call::{CallPhase, CallState};
-use crate::message::{ErrorCode, Message, WireError};
 use crate::tls::TlsIdentity;
+use zl_wire::call::{CallPhase, CallState};
+use zl_wire::message::{ErrorCode, Message, WireError};
 
 /// Serves calls. One `call` runs per incoming stream; it must send the call's responses through `responder` and
 /// return. Returning `Err` sends that error as the call's terminal frame. When the caller cancels, the `call`
@@ -228,7 +228,7 @@ async fn serve_call<H: Handler>(
     };
     let kind = request.kind();
     let state = match CallState::open(kind) {
-        Ok(state) if kind != crate::frame::FrameKind::Handshake => state,
+        Ok(state) if kind != zl_wire::frame::FrameKind::Handshake => state,
         _ => {
             let msg = format!("a {kind} frame cannot open a call");
             return refuse(&mut writer, &mut reader, ErrorCode::ProtocolViolation, msg).await;

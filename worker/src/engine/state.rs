@@ -5,7 +5,7 @@ use std::collections::HashMap;
 
 use rayon::prelude::*;
 
-use zl_proto::message::StopReason;
+use zl_wire::message::StopReason;
 
 use crate::device::Device;
 use crate::engine::backend::{Backend, DeviceError};

@@ -1,9 +1,9 @@
-//! Attention of one query row over the paged f16 KV cache: the reference arithmetic, and the dispatch to the
-//! SIMD code (the same bits) where the CPU has it.
+//! Attention of one query row over the paged f16 KV cache: the reference arithmetic (which the SIMD levels
+//! reproduce bit for bit; `mod.rs` chooses among them) and the pieces every level shares.
 
 use half::f16;
 
-use super::portable::{exp_f32, hsum, sum_f32};
+use super::math::{exp_f32, hsum, sum_f32};
 
 /// A half-precision value (its bits) as f32 (exact).
 #[inline(always)]
@@ -29,18 +29,6 @@ pub struct AttentionShape {
     pub kv_heads: usize,
     /// Values per head.
     pub head_dim: usize,
-}
-
-/// Attention of one query row (all heads, `q` is `heads * head_dim`) over the positions whose keys and values
-/// start at `slots` in one layer's KV storage (f16 bits; each slot holds `kv_heads * head_dim` values; grouped-query
-/// heads share theirs). The arithmetic is [`attention_portable`]'s, in fixed orders that depend only on this row,
-/// never on the batch; the SIMD code computes the same bits.
-pub fn attention(q: &[f32], slots: &[usize], keys: &[u16], values: &[u16], shape: AttentionShape, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if super::x86::available() && shape.head_dim.is_multiple_of(8) {
-        return super::x86::attention(q, slots, keys, values, shape, out);
-    }
-    attention_portable(q, slots, keys, values, shape, out);
 }
 
 /// The reference attention arithmetic. Per head: each score is the query-key dot product in eight lanes (element

@@ -14,15 +14,20 @@
 //! otherwise, the same bits at every level). Other formats are dequantized to f32 at load and use the f32 kernel.
 //! Attention over the f16 KV cache and the `exp` the model needs live here too, under the same rules.
 //!
-//! This file holds the instruction-set choice ([`Isa`]) and the dispatch of a matmul into parallel column tasks;
-//! one file per concern beside it, the way candle's `quantized/` keeps one file per instruction set:
+//! This file holds every instruction-set dispatch (matmul columns, activation quantization, attention, and
+//! [`with_simd`]) and the split of a matmul into parallel column tasks; one file per concern beside it, the way
+//! candle's `cpu/` keeps one interface that each instruction set implements. None of them imports another level:
+//! - `isa.rs`: the level in use ([`Isa`]);
+//! - `math.rs`: the fixed-order sums, dot products and `exp` everything shares;
 //! - `weight.rs`: the tiled weight formats and their parsing from GGUF blocks;
 //! - `quant.rs`: activations quantized to 16-bit blocks, laid out for the kernels;
-//! - `portable.rs`: the reference kernels and reductions every SIMD level must match bit for bit;
-//! - `attention.rs`: attention over the f16 KV cache (reference arithmetic and dispatch);
+//! - `portable.rs`: the reference matmul kernels every SIMD level must match bit for bit;
+//! - `attention.rs`: the reference attention over the f16 KV cache and the pieces every level shares;
 //! - `x86/`: the AVX2 code, the only place in the worker allowed `unsafe`.
 
 mod attention;
+mod isa;
+mod math;
 mod portable;
 mod quant;
 #[cfg(test)]
@@ -34,12 +39,14 @@ mod x86;
 
 use rayon::prelude::*;
 
-pub use attention::{AttentionShape, attention};
-pub use portable::{dot_f32, exp_f32, sum_f32};
+pub use attention::AttentionShape;
+pub use isa::Isa;
+pub use math::{dot_f32, exp_f32, sum_f32};
 pub use weight::{Weight, WeightError};
 
+use attention::attention_portable;
 use portable::{columns_f32, columns_int};
-use quant::QuantizedRows;
+use quant::{QuantizeGroup, QuantizedRows, quantize_group};
 use weight::TILE;
 
 /// Elements per quantization block.
@@ -51,65 +58,6 @@ const TASKS_PER_THREAD: usize = 4;
 
 /// Output columns of one task never exceed this (keeps a task's weights within L2).
 const MAX_COLS_PER_TASK: usize = 256;
-
-/// The instruction set the kernels run on: the best this CPU has, or a lower one named by the environment variable
-/// `ZL_KERNEL_ISA` (`portable` or `avx2`; for comparisons and tests). Every level computes the same bits: only
-/// the speed changes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Isa {
-    /// Plain Rust, any CPU.
-    Portable,
-    /// AVX2, FMA and F16C (x86-64 since 2013-2015; AVX-512 CPUs run this level too).
-    Avx2,
-}
-
-impl Isa {
-    const ALL: [Isa; 2] = [Isa::Portable, Isa::Avx2];
-
-    /// The name `ZL_KERNEL_ISA` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Portable => "portable",
-            Isa::Avx2 => "avx2",
-        }
-    }
-
-    /// The best level this CPU runs (detected once per process).
-    pub fn detected() -> Isa {
-        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *DETECTED.get_or_init(|| {
-            #[cfg(target_arch = "x86_64")]
-            {
-                use std::arch::is_x86_feature_detected as has;
-                if has!("avx2") && has!("fma") && has!("f16c") {
-                    return Isa::Avx2;
-                }
-            }
-            Isa::Portable
-        })
-    }
-
-    /// The level in use: [`Isa::detected`], lowered by `ZL_KERNEL_ISA` (a level above the CPU's, or an unknown
-    /// name, is ignored with a warning). Read once per process.
-    pub fn current() -> Isa {
-        static CURRENT: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
-        *CURRENT.get_or_init(|| {
-            let detected = Isa::detected();
-            let Ok(asked) = std::env::var("ZL_KERNEL_ISA") else { return detected };
-            match Isa::ALL.into_iter().find(|isa| isa.name() == asked) {
-                Some(isa) if isa <= detected => isa,
-                _ => {
-                    tracing::warn!(
-                        asked,
-                        detected = detected.name(),
-                        "ZL_KERNEL_ISA is unknown or above this CPU's level; ignored"
-                    );
-                    detected
-                }
-            }
-        })
-    }
-}
 
 /// Activations for one or more matmuls: `n` rows of f32, quantized for the integer kernels on first use.
 #[derive(Debug)]
@@ -140,7 +88,7 @@ impl<'a> Input<'a> {
             let xq = match weight {
                 Weight::F32 { .. } => None,
                 Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => {
-                    Some(self.quantized.get_or_init(|| QuantizedRows::quantize(x, cols)))
+                    Some(self.quantized.get_or_init(|| QuantizedRows::quantize(x, cols, group_quantizer())))
                 }
             };
             // Each task fills a range of output columns for every batch row, written in place: its part of each
@@ -197,6 +145,27 @@ fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, c0: usize, ou
             columns_int(weight, xq, c0, out)
         }
     }
+}
+
+/// Attention of one query row (all heads, `q` is `heads * head_dim`) over the positions whose keys and values
+/// start at `slots` in one layer's KV storage (f16 bits; each slot holds `kv_heads * head_dim` values; grouped-query
+/// heads share theirs). The arithmetic is [`attention_portable`]'s, in fixed orders that depend only on this row,
+/// never on the batch; the SIMD code computes the same bits.
+pub fn attention(q: &[f32], slots: &[usize], keys: &[u16], values: &[u16], shape: AttentionShape, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if x86::available() && shape.head_dim.is_multiple_of(8) {
+        return x86::attention(q, slots, keys, values, shape, out);
+    }
+    attention_portable(q, slots, keys, values, shape, out);
+}
+
+/// The row group quantizer of the level in use.
+fn group_quantizer() -> QuantizeGroup {
+    #[cfg(target_arch = "x86_64")]
+    if x86::available() {
+        return x86::quantize_group;
+    }
+    quantize_group
 }
 
 /// Run `f` compiled for AVX2 where the CPU has it (the same IEEE operations either way, as Rust never fuses a

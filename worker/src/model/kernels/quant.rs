@@ -8,7 +8,7 @@
 use rayon::prelude::*;
 
 use super::QK;
-use super::portable::sum_f32;
+use super::math::sum_f32;
 
 /// Quantize one row group (up to [`ROW_GROUP`] rows of `x`) into its interleaved blocks and its rows' block sums.
 #[inline(always)]
@@ -39,6 +39,9 @@ pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums
         }
     }
 }
+
+/// A row group quantizer: [`quantize_group`]'s signature, which every SIMD level's copy shares.
+pub(super) type QuantizeGroup = fn(&[f32], usize, &mut [XBlock], &mut [f32]);
 
 /// The largest quant magnitude: a block's largest value maps to it.
 pub(super) const QMAX: f32 = 32767.0;
@@ -79,9 +82,9 @@ pub(super) struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    /// Quantize `x` (rows of `cols` values), one row group per parallel task, with AVX2 code where the CPU has
-    /// it (the same arithmetic either way).
-    pub(super) fn quantize(x: &[f32], cols: usize) -> QuantizedRows {
+    /// Quantize `x` (rows of `cols` values), one row group per parallel task, each by `group` ([`quantize_group`]
+    /// or a SIMD level's copy of it: the same arithmetic either way; `mod.rs` chooses).
+    pub(super) fn quantize(x: &[f32], cols: usize, group: QuantizeGroup) -> QuantizedRows {
         debug_assert_eq!(cols % QK, 0);
         let (rows, bpr) = (x.len() / cols, cols / QK);
         let mut out = QuantizedRows {
@@ -94,13 +97,7 @@ impl QuantizedRows {
             .par_chunks_mut(ROW_GROUP * bpr)
             .zip(out.sums.par_chunks_mut(ROW_GROUP * bpr))
             .zip(x.par_chunks(ROW_GROUP * cols))
-            .for_each(|((blocks, sums), x)| {
-                #[cfg(target_arch = "x86_64")]
-                if super::x86::available() {
-                    return super::x86::quantize_group(x, cols, blocks, sums);
-                }
-                quantize_group(x, cols, blocks, sums);
-            });
+            .for_each(|((blocks, sums), x)| group(x, cols, blocks, sums));
         out
     }
 

@@ -1,7 +1,7 @@
 use half::f16;
 
 use super::attention::{attention_portable, widen};
-use super::quant::{QuantizedRows, ROW_GROUP, XBlock, quantize_group};
+use super::quant::{ROW_GROUP, XBlock};
 use super::*;
 
 fn lcg(seed: &mut u64) -> f32 {
@@ -100,7 +100,7 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
             for (i, v) in x[2 * QK..3 * QK].iter_mut().enumerate() {
                 *v = if i == 0 { -32767.0 } else { i as f32 - 16.5 };
             }
-            let xq = QuantizedRows::quantize(&x, cols);
+            let xq = QuantizedRows::quantize(&x, cols, group_quantizer());
             let run = |kernel: &dyn Fn(&mut [&mut [f32]])| {
                 let mut vals = vec![0f32; n * rows];
                 kernel(&mut vals.chunks_mut(rows).collect::<Vec<_>>());

@@ -3,8 +3,8 @@
 use std::arch::x86_64::*;
 
 use super::super::attention::{AttentionShape, softmax_weights};
-use super::super::portable::hsum;
-use super::{load8f, store8f};
+use super::super::math::hsum;
+use super::simd::{load8f, store8f};
 
 /// [`super::super::attention`]'s arithmetic (`head_dim` a multiple of 8) with the f16 cache widened by F16C.
 /// Scores: each key chunk is widened once for up to four heads of its group, each head's eight lanes are kept,

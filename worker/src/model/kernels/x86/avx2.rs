@@ -3,11 +3,12 @@
 
 use std::arch::x86_64::*;
 
-use super::super::portable::finish_sum;
+use super::super::QK;
+use super::super::math::finish_sum;
 use super::super::quant::{QMAX, QuantizedRows, XBlock};
 use super::super::weight::TILE;
-use super::super::{QK, Weight};
-use super::{TILE_ROWS, broadcast2, load8f, load32, load32u, row_blocks, store_features, store8f, tile};
+use super::super::weight::Weight;
+use super::simd::{TILE_ROWS, broadcast2, load8f, load32, load32u, row_blocks, store_features, store8f, tile};
 
 /// [`super::super::quant::quantize_group`] in AVX2, block by block: the same maximum, the same scale, the same roundings
 /// and the block sum in `sum_f32`'s order, so the same quants (for finite activations).

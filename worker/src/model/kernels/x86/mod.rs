@@ -1,14 +1,19 @@
 //! The x86-64 SIMD kernels: AVX2 (integer matmul, activation quantization, attention over the f16 KV cache).
-//! Nothing else in the worker needs `unsafe`: only the unaligned loads
-//! and stores here, and entering `#[target_feature]` functions once [`available`] (or an assertion on the level)
-//! has checked the CPU, do. This file is the safe boundary and the helpers every level shares; each level's
-//! kernels live in a file of their own.
+//! Nothing else in the worker needs `unsafe`: only the unaligned loads and stores here, and entering
+//! `#[target_feature]` functions once [`available`] (or an assertion on the level) has checked the CPU, do. This
+//! file is the safe boundary; `simd.rs` holds the helpers every level shares, and each level's kernels live in a
+//! file of their own.
 
-use std::arch::x86_64::*;
+// `simd` first: its `by_rows!` must be in textual scope for the levels' files.
+#[macro_use]
+mod simd;
+mod attention;
+mod avx2;
 
 use super::attention::AttentionShape;
+use super::isa::Isa;
 use super::quant::{QuantizedRows, XBlock};
-use super::{Isa, Weight};
+use super::weight::Weight;
 
 /// Whether the SIMD kernels run (the CPU has AVX2, FMA, and F16C for the f16 KV cache, and `ZL_KERNEL_ISA`
 /// does not ask for the portable code).
@@ -40,14 +45,6 @@ pub(super) fn attention(
     unsafe { attention::attention_avx2(q, slots, keys, values, shape, out) }
 }
 
-/// Eight f32s stored. The slice index bounds-checks the write.
-#[inline(always)]
-fn store8f(out: &mut [f32], v: __m256) {
-    let out = &mut out[..8];
-    // SAFETY: `out` holds 8 writable f32s and the store is unaligned.
-    unsafe { _mm256_storeu_ps(out.as_mut_ptr(), v) }
-}
-
 /// [`super::quant::quantize_group`] in AVX2.
 pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
     // SAFETY: the caller checked `available()`, so the CPU has AVX2, FMA and F16C.
@@ -59,92 +56,4 @@ pub(super) fn columns_int(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usi
     assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
     // SAFETY: the assertion checked that the CPU has the level's features.
     unsafe { avx2::tiled_columns(weight, xq, c0, out) }
-}
-
-/// 32 bytes as a vector. The slice index bounds-checks the read.
-#[inline(always)]
-fn load32(bytes: &[i8]) -> __m256i {
-    let bytes = &bytes[..32];
-    // SAFETY: `bytes` holds 32 readable bytes and the load is unaligned.
-    unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
-}
-
-/// Eight f32s as a vector. The slice index bounds-checks the read.
-#[inline(always)]
-fn load8f(values: &[f32]) -> __m256 {
-    let values = &values[..8];
-    // SAFETY: `values` holds 8 readable f32s and the load is unaligned.
-    unsafe { _mm256_loadu_ps(values.as_ptr()) }
-}
-
-/// 32 bytes as a vector. The slice index bounds-checks the read.
-#[inline(always)]
-fn load32u(bytes: &[u8]) -> __m256i {
-    let bytes = &bytes[..32];
-    // SAFETY: `bytes` holds 32 readable bytes and the load is unaligned.
-    unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
-}
-
-/// Batch rows a tile kernel runs together (one row group): their per-block integer sums, one chunk of
-/// unpacked weights and a broadcast activation take twelve of the sixteen vector registers, the f32
-/// accumulators stay in L1. Eight rows per pass unpack each weight chunk once for all of them; four were
-/// about 15% slower at 16 rows.
-const TILE_ROWS: usize = 8;
-const _: () = assert!(super::quant::ROW_GROUP.is_multiple_of(TILE_ROWS), "a pass's rows share a row group");
-
-/// `$f::<R>(args)` for a row count known at run time (1 to [`TILE_ROWS`]): the kernels take it as a constant,
-/// so their per-row registers are fixed arrays.
-macro_rules! by_rows {
-    ($rows:expr, $f:ident($($arg:expr),*)) => {
-        match $rows {
-            8 => $f::<8>($($arg),*),
-            7 => $f::<7>($($arg),*),
-            6 => $f::<6>($($arg),*),
-            5 => $f::<5>($($arg),*),
-            4 => $f::<4>($($arg),*),
-            3 => $f::<3>($($arg),*),
-            2 => $f::<2>($($arg),*),
-            _ => $f::<1>($($arg),*),
-        }
-    };
-}
-const _: () = assert!(TILE_ROWS == 8, "by_rows! covers 1 to TILE_ROWS");
-
-// After `by_rows!`, whose textual scope they need.
-mod attention;
-mod avx2;
-
-/// Features `f0..f0 + vals.len()` of one output row whose slice `row` holds features `c0..`: the ones that
-/// fall in the slice (a task's range, or the matrix's end before a tile's padding features).
-#[inline(always)]
-fn store_features(row: &mut [f32], c0: usize, f0: usize, vals: &[f32]) {
-    let (lo, hi) = (f0.max(c0), (f0 + vals.len()).min(c0 + row.len()));
-    row[lo - c0..hi - c0].copy_from_slice(&vals[lo - f0..hi - f0]);
-}
-
-/// The activation blocks of batch rows `r..r + R`, block after block: block `b` of row `r + i` is at
-/// `blocks[b * stride + i]`. The rows must share a row group.
-#[inline(always)]
-fn row_blocks<const R: usize>(xq: &QuantizedRows, r: usize) -> (&[XBlock], usize) {
-    let first = xq.index(r, 0);
-    let stride = if xq.blocks_per_row > 1 { xq.index(r, 1) - first } else { 1 };
-    assert_eq!(xq.index(r + R - 1, 0), first + R - 1, "the rows share a row group");
-    let last = first + (xq.blocks_per_row - 1) * stride + R;
-    (&xq.blocks[first..last], stride)
-}
-
-/// Activation quants `2p` and `2p + 1` of a block, in every 32-bit lane.
-#[inline(always)]
-fn broadcast2(x: &XBlock, p: usize) -> __m256i {
-    let pair = &x.q[2 * p..2 * p + 2];
-    // SAFETY: `pair` is two readable i16s (4 bytes) and the read is unaligned; only called from the AVX2 kernels,
-    // which run where `available()` said the CPU has it. One broadcast load, where assembling the word from two
-    // 16-bit loads costs the kernel's inner loop three more instructions per pair.
-    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(pair.as_ptr().cast::<i32>())) }
-}
-
-/// Tile `t`'s part of a tiled array holding `len` entries per tile.
-#[inline(always)]
-fn tile<T>(v: &[T], t: usize, len: usize) -> &[T] {
-    &v[t * len..(t + 1) * len]
 }

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::json;
-use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::{ClusterCa, NodeFiles, PemPair};
+use zl_wire::message::{NodeId, Role};
 
 #[derive(Args, Debug)]
 pub(crate) struct KubeArgs {
@@ -84,7 +84,7 @@ pub(crate) fn run(args: &KubeArgs) -> Result<()> {
         Some(ca) => ca?,
         None => {
             let ca = ClusterCa::generate(&format!("{full} cluster CA"), 3650).context("generating the CA")?;
-            crate::certs::write_pair(&args.ca_dir, "ca", ca.pem(), false)?;
+            super::write_pair(&args.ca_dir, "ca", ca.pem(), false)?;
             eprintln!("zl certs kube: a new cluster CA in {}", args.ca_dir.display());
             ca
         }
@@ -116,12 +116,12 @@ pub(crate) fn run(args: &KubeArgs) -> Result<()> {
         let files = vec![ca_pem.clone(), ("ca.key".to_owned(), ca.pem().key_pem.clone())];
         items.push(secret(format!("{full}-ca"), &args.namespace, files));
     }
-    crate::certs::write_pair(&args.ca_dir, &admin_stem, &pair, true)?;
+    super::write_pair(&args.ca_dir, &admin_stem, &pair, true)?;
     let list = serde_json::to_string_pretty(&json!({"apiVersion": "v1", "kind": "List", "items": items}))?;
     if args.out == "-" {
         println!("{list}");
     } else {
-        crate::certs::write_file(std::path::Path::new(&args.out), list.as_bytes(), 0o600)?;
+        super::write_file(std::path::Path::new(&args.out), list.as_bytes(), 0o600)?;
         eprintln!("zl certs kube: wrote {} (apply with `kubectl apply -f {}`)", args.out, args.out);
     }
     Ok(())

@@ -5,6 +5,8 @@
 //! every level free and then constrained by a JSON Schema, printing the constrained rate against the free one and
 //! the grammar engine's time per token mask (p50, p99).
 
+mod json;
+
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -92,7 +94,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                     _ => Prompts::Stories,
                 };
                 let grammar = match (mode, &grammars) {
-                    (Mode::Constrained, Some(g)) => Some((g, crate::bench_json::schema_grammar()?)),
+                    (Mode::Constrained, Some(g)) => Some((g, json::schema_grammar()?)),
                     _ => None,
                 };
                 let level = Level { no: level_no, c, max_tokens: args.max_tokens, mode, prompts, grammar };
@@ -128,7 +130,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
         }
     }
     if let Some(g) = &grammars {
-        crate::bench_json::mask_times(g, &outputs)?;
+        json::mask_times(g, &outputs)?;
     }
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS: {rss:.0} MiB");
@@ -225,7 +227,7 @@ fn run_level(
             Prompts::Edit => {
                 format!("Note {}-{i}. Correct the spelling in this text and return all of it:\n\n{EDIT_TEXT}", level.no)
             }
-            Prompts::Json => crate::bench_json::prompt(level.no, i),
+            Prompts::Json => json::prompt(level.no, i),
             Prompts::Stories => {
                 format!("Story {}-{i}: write a long story about {}.", level.no, topics[i % topics.len()])
             }

@@ -44,9 +44,9 @@ fn generated_bindings_match_the_schema() {
         .expect("flatc runs");
     assert!(status.success());
     let fresh = std::fs::read_to_string(out.path().join("zerolayer_generated.rs")).unwrap();
-    let checked_in = std::fs::read_to_string(root().join("proto/src/generated/zerolayer_generated.rs")).unwrap();
+    let checked_in = std::fs::read_to_string(root().join("wire/src/generated/zerolayer_generated.rs")).unwrap();
     assert!(
         fresh == checked_in,
-        "proto/src/generated/ is stale: run `.venv/bin/flatc --rust -o proto/src/generated schemas/zerolayer.fbs`"
+        "wire/src/generated/ is stale: run `.venv/bin/flatc --rust -o wire/src/generated schemas/zerolayer.fbs`"
     );
 }

@@ -2,14 +2,16 @@
 //!
 //! Private keys are written with mode 0600 and never overwritten unless `--force` is given.
 
+mod kube;
+
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use zl_proto::message::{NodeId, Role};
 use zl_proto::tls::{ClusterCa, NodeFiles, PemPair};
+use zl_wire::message::{NodeId, Role};
 
 /// Certificate commands.
 #[derive(Subcommand, Debug)]
@@ -20,7 +22,7 @@ pub(crate) enum CertsCommand {
     /// certificate, `{role}.pem` and `.key`, with --replicas).
     Issue(IssueArgs),
     /// The Kubernetes Secrets the Helm chart's pods read their certificates from (without cert-manager).
-    Kube(crate::certs_kube::KubeArgs),
+    Kube(kube::KubeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -72,7 +74,7 @@ pub(crate) fn run(cmd: CertsCommand) -> Result<()> {
     match cmd {
         CertsCommand::Init(args) => init(&args),
         CertsCommand::Issue(args) => issue(&args),
-        CertsCommand::Kube(args) => crate::certs_kube::run(&args),
+        CertsCommand::Kube(args) => kube::run(&args),
     }
 }
 

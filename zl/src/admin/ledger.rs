@@ -4,7 +4,7 @@ use anyhow::{Result, bail};
 use zl_admin::pb;
 use zl_admin::pb::admin_client::AdminClient;
 
-use crate::admin::{AdminCommand, call, written};
+use super::{AdminCommand, call, written};
 
 type Client = AdminClient<tonic::transport::Channel>;
 

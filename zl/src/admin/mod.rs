@@ -1,6 +1,8 @@
 //! `zl admin`: the operator admin API of an orchestrator (`schemas/admin.proto`), over gRPC with the admin's
 //! certificate from the cluster CA.
 
+mod ledger;
+
 use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail};
@@ -283,7 +285,7 @@ pub(crate) fn call(e: tonic::Status) -> anyhow::Error {
 
 async fn run_async(args: AdminArgs) -> Result<()> {
     let (mut c, dir, node_id) = connect(&args.conn).await?;
-    if let Some(done) = crate::admin_ledger::run(&mut c, &args.command).await? {
+    if let Some(done) = ledger::run(&mut c, &args.command).await? {
         return Ok(done);
     }
     match args.command {
@@ -499,7 +501,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
         AdminCommand::Usage { .. }
         | AdminCommand::Budget { .. }
         | AdminCommand::Priority { .. }
-        | AdminCommand::ContentLogging { .. } => unreachable!("run by admin_ledger"),
+        | AdminCommand::ContentLogging { .. } => unreachable!("run by admin::ledger"),
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use zl_proto::{Encoder, FrameDecoder, HARD_MAX_PAYLOAD, Message};
+use zl_wire::{Encoder, FrameDecoder, HARD_MAX_PAYLOAD, Message};
 
 fuzz_target!(|data: &[u8]| {
     // The first byte picks a chunk size, so splits across frame boundaries are explored too.

@@ -1,0 +1,64 @@
+//! What a generation tells its caller, whichever API asked: what is known before the first token ([`Meta`], the
+//! response headers' content), then its [`GenEvent`]s. Plain values: the HTTP layer, the dialects and the audit
+//! draft read them without reaching into the gateway.
+
+use crate::cache::FinishInfo;
+use crate::limits::RateFigures;
+
+/// Whether the answer came from the response cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheStatus {
+    /// Answered from the cache.
+    Hit,
+    /// Cacheable, not cached yet.
+    Miss,
+    /// Not cacheable (sampled without a seed), or the client asked to bypass it.
+    Bypass,
+}
+
+impl CacheStatus {
+    /// Header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheStatus::Hit => "hit",
+            CacheStatus::Miss => "miss",
+            CacheStatus::Bypass => "bypass",
+        }
+    }
+}
+
+/// What is known about a request before its first token: the response headers' content.
+#[derive(Clone, Debug)]
+pub struct Meta {
+    /// Concrete model id.
+    pub model: String,
+    /// Prompt tokens.
+    pub input_tokens: u32,
+    /// The worker streaming the answer ("cache" for hits).
+    pub worker: String,
+    /// Compute pool.
+    pub pool: &'static str,
+    /// Predicted billing unit (the final one arrives with the finish).
+    pub predicted_billing_unit: f32,
+    /// Time spent getting route decisions (both of them when the first worker failed), in milliseconds.
+    pub route_ms: f64,
+    /// Cache status.
+    pub cache: CacheStatus,
+    /// Rate-limit figures after admission.
+    pub rate: RateFigures,
+    /// SHA-256 of the model's weights (hex).
+    pub weights_sha256: String,
+    /// SHA-256 of the canonical input: the rendered prompt and every parameter that decides the output.
+    pub input_sha256: [u8; 32],
+    /// The orchestrator that routed it (empty for a cache hit).
+    pub orchestrator: String,
+}
+
+/// One event of a generation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenEvent {
+    /// More text.
+    Delta(String),
+    /// The end.
+    Finish(FinishInfo),
+}

@@ -1,0 +1,65 @@
+//! The Raft peer service (`schemas/raft.proto`): takes peers' messages and forwarded proposals in, from
+//! orchestrator certificates only. Every message from a peer is size-limited and decoded by [`decode_message`]
+//! before the replica sees it.
+
+use std::time::Instant;
+
+use zl_wire::message::Role;
+
+use super::driver::Group;
+use super::inbox::{COMMIT_TIMEOUT, CommitError, Input, command_status};
+use super::pb::raft_peer_server::{RaftPeer, RaftPeerServer};
+use super::pb::{ProposeReply, ProposeRequest, RaftAck, RaftBatch};
+use super::replica::{MAX_MESSAGE_BYTES, decode_message};
+use crate::state::Command;
+
+impl Group {
+    /// The gRPC service peers call.
+    pub fn service(&self) -> RaftPeerServer<PeerService> {
+        RaftPeerServer::new(PeerService { group: self.clone() }).max_decoding_message_size(MAX_MESSAGE_BYTES + 1024)
+    }
+}
+
+/// `schemas/raft.proto`'s service.
+#[derive(Debug)]
+pub struct PeerService {
+    group: Group,
+}
+
+#[tonic::async_trait]
+impl RaftPeer for PeerService {
+    async fn send(&self, request: tonic::Request<RaftBatch>) -> Result<tonic::Response<RaftAck>, tonic::Status> {
+        zl_admin::require_role(&request, Role::Orchestrator)?;
+        let batch = request.into_inner();
+        let mut messages = Vec::with_capacity(batch.messages.len());
+        for bytes in &batch.messages {
+            let m = decode_message(bytes).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
+            if m.from != batch.from {
+                return Err(tonic::Status::invalid_argument("a batch carries another node's messages"));
+            }
+            messages.push(m);
+        }
+        self.group
+            .tx
+            .send(Input::Messages(messages))
+            .await
+            .map_err(|_| tonic::Status::unavailable("the Raft task stopped"))?;
+        Ok(tonic::Response::new(RaftAck {}))
+    }
+
+    async fn propose(
+        &self,
+        request: tonic::Request<ProposeRequest>,
+    ) -> Result<tonic::Response<ProposeReply>, tonic::Status> {
+        zl_admin::require_role(&request, Role::Orchestrator)?;
+        let cmd: Command = serde_json::from_slice(&request.into_inner().command)
+            .map_err(|e| tonic::Status::invalid_argument(format!("undecodable command: {e}")))?;
+        match self.group.propose_here(&cmd, Instant::now() + COMMIT_TIMEOUT).await {
+            Ok(index) => Ok(tonic::Response::new(ProposeReply { index })),
+            Err(CommitError::Command(e)) => Err(command_status(&e)),
+            Err(CommitError::Remote(s)) => Err(s),
+            Err(CommitError::NotAccepted(why)) => Err(tonic::Status::failed_precondition(why)),
+            Err(CommitError::Unavailable(why)) => Err(tonic::Status::unavailable(why)),
+        }
+    }
+}

@@ -1,0 +1,61 @@
+//! The instruction-set level the kernels run on: detected once per process, lowered by `ZL_KERNEL_ISA`. A leaf:
+//! `mod.rs` dispatches on it, the SIMD code asserts it.
+
+/// The instruction set the kernels run on: the best this CPU has, or a lower one named by the environment variable
+/// `ZL_KERNEL_ISA` (`portable` or `avx2`; for comparisons and tests). Every level computes the same bits: only
+/// the speed changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Plain Rust, any CPU.
+    Portable,
+    /// AVX2, FMA and F16C (x86-64 since 2013-2015; AVX-512 CPUs run this level too).
+    Avx2,
+}
+
+impl Isa {
+    pub(super) const ALL: [Isa; 2] = [Isa::Portable, Isa::Avx2];
+
+    /// The name `ZL_KERNEL_ISA` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Portable => "portable",
+            Isa::Avx2 => "avx2",
+        }
+    }
+
+    /// The best level this CPU runs (detected once per process).
+    pub fn detected() -> Isa {
+        static DETECTED: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                use std::arch::is_x86_feature_detected as has;
+                if has!("avx2") && has!("fma") && has!("f16c") {
+                    return Isa::Avx2;
+                }
+            }
+            Isa::Portable
+        })
+    }
+
+    /// The level in use: [`Isa::detected`], lowered by `ZL_KERNEL_ISA` (a level above the CPU's, or an unknown
+    /// name, is ignored with a warning). Read once per process.
+    pub fn current() -> Isa {
+        static CURRENT: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+        *CURRENT.get_or_init(|| {
+            let detected = Isa::detected();
+            let Ok(asked) = std::env::var("ZL_KERNEL_ISA") else { return detected };
+            match Isa::ALL.into_iter().find(|isa| isa.name() == asked) {
+                Some(isa) if isa <= detected => isa,
+                _ => {
+                    tracing::warn!(
+                        asked,
+                        detected = detected.name(),
+                        "ZL_KERNEL_ISA is unknown or above this CPU's level; ignored"
+                    );
+                    detected
+                }
+            }
+        })
+    }
+}
