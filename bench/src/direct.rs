@@ -1,7 +1,7 @@
 //! Straight to a worker, past the frontend: the other half of the gateway-overhead benchmark. Requests go over the
 //! cluster's own RPC (QUIC with mutual TLS, a frontend's certificate) to one worker, carrying the very tokens the
 //! frontend would send: the prompt is rendered with the model's chat template and tokenised by the frontend's own
-//! code ([`zl_frontend::gateway::tokenize`]) before the request's clock starts, because a client that talks to
+//! code ([`zl_client::prompt::tokenize`]) before the request's clock starts, because a client that talks to
 //! workers directly has its tokens ready. The difference between the two paths is then what the gateway adds:
 //! HTTP, authentication, rate limits, rendering and tokenising, the route decision and the relay.
 
@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use zl_frontend::cluster::{Card, fetch_card};
-use zl_frontend::gateway::{GenRequest, tokenize};
-use zl_frontend::upstream::{QuicUpstream, Upstream};
+use zl_client::card::{Card, fetch_card};
+use zl_client::prompt::tokenize;
+use zl_client::upstream::{QuicUpstream, Upstream};
 use zl_text::ChatMessage;
 use zl_wire::message::{GenerateRequest, Message, Prompt, Role, SamplingParams};
 
@@ -38,11 +38,11 @@ impl DirectWorker {
     /// fetch `model`'s card.
     pub async fn connect(endpoint: &str, tls_dir: &std::path::Path, node_id: &str, model: &str) -> Result<Arc<Self>> {
         let identity = zl_node::load_identity(tls_dir, Role::Frontend, node_id)?;
-        let client = zl_proto::quic::Client::new(&identity, zl_frontend::rpc_settings())?;
+        let client = zl_proto::quic::Client::new(&identity, zl_client::rpc_settings())?;
         let upstream = QuicUpstream::new(client, vec![]);
         let card = fetch_card(&upstream, endpoint.to_owned(), model.to_owned())
             .await
-            .map_err(|e| anyhow::anyhow!("{}", e.message))
+            .map_err(|e| anyhow::anyhow!("{e}"))
             .with_context(|| format!("asking the worker at {endpoint} for {model}'s card"))?;
         Ok(Arc::new(DirectWorker { upstream, endpoint: endpoint.to_owned(), card, counter: AtomicU64::new(0) }))
     }
@@ -55,31 +55,14 @@ impl DirectWorker {
         due: Option<f64>,
         timeout: std::time::Duration,
     ) -> (Record, String) {
-        let req = GenRequest {
-            model: ask.model.to_owned(),
-            system: ask.system.map(str::to_owned),
-            messages: ask
-                .messages
-                .iter()
-                .map(|t| ChatMessage { role: t.role.clone(), content: t.content.clone() })
-                .collect(),
-            max_tokens: Some(ask.max_tokens),
-            temperature: ask.temperature,
-            top_p: 1.0,
-            top_k: 0,
-            stop: vec![],
-            seed: None,
-            stream: true,
-            user: None,
-            tools: Default::default(),
-            grammar: None,
-        };
-        let prepared = tokenize(&self.card, &req);
+        let messages: Vec<ChatMessage> =
+            ask.messages.iter().map(|t| ChatMessage { role: t.role.clone(), content: t.content.clone() }).collect();
+        let prepared = tokenize(&self.card.tokenizer, ask.system, &messages, None);
         let start = due.unwrap_or_else(|| t0.elapsed().as_secs_f64());
         let mut rec = Record { start_s: start, ..Record::default() };
         let mut answer = String::new();
         let outcome = match prepared {
-            Err(e) => Err(("request".to_owned(), e.message)),
+            Err(e) => Err(("request".to_owned(), e.to_string())),
             Ok((_, tokens)) => {
                 rec.input_tokens = Some(tokens.len() as u32);
                 let n = self.counter.fetch_add(1, Ordering::Relaxed);

@@ -11,12 +11,12 @@ use zl_common::keys::hex;
 use zl_common::sync::{lock, read, write};
 use zl_node::consul::DiscoveryStatus;
 use zl_node::consul::status::StatusView;
-use zl_text::{TextTokenizer, TokenizerParts};
 use zl_wire::message::{FrontendGrant, ModelInfo, ProjectQuota, RouteRequest, StateSync};
 
 use crate::error::{ApiError, ErrorKind};
 use crate::health::{Inputs, Level, Thresholds, assess};
 use crate::upstream::Upstream;
+use zl_client::card::CardError;
 
 /// An authenticated caller.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,20 +29,16 @@ pub struct KeyInfo {
     pub regions: Vec<String>,
 }
 
-/// Everything a frontend needs to tokenise and check a model's prompts.
-#[derive(Debug)]
-pub struct Card {
-    /// Concrete model id.
-    pub model: String,
-    /// Weights SHA-256, hex.
-    pub weights: String,
-    /// Context window in tokens.
-    pub context_length: u32,
-    /// Tokens per KV block on the workers.
-    pub kv_block_size: u32,
-    /// The model's tokenizer and chat template.
-    pub tokenizer: TextTokenizer,
+impl KeyInfo {
+    /// The caller of a cluster that does not require API keys (`--require-auth false`): billed to the `default`
+    /// project.
+    pub fn anonymous() -> Self {
+        KeyInfo { key_id: "anonymous".into(), project: "default".into(), regions: vec![] }
+    }
 }
+
+/// Everything a frontend needs to tokenise and check a model's prompts (zl-client's, shared with `zl bench`).
+pub use zl_client::card::Card;
 
 #[derive(Debug, Default)]
 struct Synced {
@@ -252,27 +248,9 @@ impl Cluster {
 /// The card of `model` from the worker at `endpoint`, with its tokenizer built (off the async threads: parsing a
 /// tokenizer is a second of CPU, and they must keep serving other requests and keeping connections alive).
 pub async fn fetch_card(upstream: &dyn Upstream, endpoint: String, model: String) -> Result<Card, ApiError> {
-    let card = upstream
-        .model_card(endpoint, model.clone())
-        .await
-        .map_err(|e| ApiError::from_call(&e, "fetching the model card"))?;
-    let parts = TokenizerParts {
-        tokenizer_json: card.tokenizer_json,
-        chat_template: card.chat_template,
-        bos: card.bos_token,
-        eos: card.eos_token,
-        stop_ids: card.stop_token_ids,
-    };
-    let tokenizer = tokio::task::spawn_blocking(move || TextTokenizer::from_parts(&parts))
-        .await
-        .map_err(|e| ApiError::internal(format!("building the tokenizer failed: {e}")))?
-        .map_err(|e| ApiError::internal(format!("the worker's model card for {model} is unusable: {e}")))?;
-    Ok(Card {
-        model: card.model,
-        weights: hex(&card.weights_sha256),
-        context_length: card.context_length,
-        kv_block_size: card.kv_block_size,
-        tokenizer,
+    zl_client::card::fetch_card(upstream, endpoint, model).await.map_err(|e| match e {
+        CardError::Call(e) => ApiError::from_call(&e, "fetching the model card"),
+        CardError::Unusable(why) => ApiError::internal(why),
     })
 }
 

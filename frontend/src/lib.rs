@@ -27,24 +27,14 @@ pub mod request;
 pub mod sanitize;
 pub mod suspects;
 pub mod tools;
-pub mod upstream;
 
-use zl_proto::quic::RpcSettings;
+/// The tiers behind the frontend (zl-client's, shared with `zl bench`).
+pub use zl_client::upstream;
+
 use zl_wire::message::Role;
 
 /// The role frontends present in their certificates and handshakes.
 pub const ROLE: Role = Role::Frontend;
 
-/// RPC settings of a frontend's client (nothing calls a frontend over QUIC). Its connections to workers and
-/// orchestrators ping every 400 ms and are declared dead after 1.5 s without a packet (QUIC takes the smaller of
-/// the two ends' idle timeouts), so a killed or frozen worker costs its streams 1.5 s, not 15; connecting gives up
-/// after 1 s (peers are in the same region; a handshake takes milliseconds). See docs/operations.md, "Fault
-/// detection".
-pub fn rpc_settings() -> RpcSettings {
-    RpcSettings {
-        keep_alive: std::time::Duration::from_millis(400),
-        idle_timeout: std::time::Duration::from_millis(1500),
-        connect_timeout: std::time::Duration::from_secs(1),
-        ..RpcSettings::default()
-    }
-}
+/// RPC settings of a frontend's client (nothing calls a frontend over QUIC): zl-client's, which say why.
+pub use zl_client::rpc_settings;

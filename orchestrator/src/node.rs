@@ -15,6 +15,7 @@ use zl_wire::message::{
     RegisterWorker, RouteRequest, StateSync, WireError,
 };
 
+use crate::ledger::ReportEntry;
 use crate::load::{Accepted, LoadSettings, LoadView};
 use crate::raft::replica::ConsensusError;
 use crate::raft::{CommitError, Group, GroupConfig, SharedState};
@@ -302,6 +303,7 @@ impl Orchestrator {
         let now_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let projects: Vec<String> = report.asks.iter().map(|a| a.project.clone()).collect();
+        let report = ReportEntry::from(report);
         let rate_asks = report.rate_asks.clone();
         let cmd = Command::FrontendReport { frontend: frontend.to_string(), now_ms, report };
         let applied_index = self.commit(&cmd).await?;

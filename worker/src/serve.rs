@@ -13,8 +13,8 @@ use zl_wire::message::{
 };
 
 use crate::engine::{EngineHandle, Event, Request, RequestError};
-use crate::model::tokenizer::TextTokenizer;
 use crate::sampling::Sampling;
+use zl_text::TextTokenizer;
 
 /// One model this worker serves.
 #[derive(Clone, Debug)]

@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 
 use serde_json::{Value, json};
+use zl_text::ChatMessage;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::fetch;
 use zl_worker::model::gguf;
-use zl_worker::model::tokenizer::ChatMessage;
 use zl_worker::sampling::Sampling;
 use zl_worker::scheduler::SchedulerConfig;
 

@@ -5,10 +5,10 @@
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+use zl_text::ChatMessage;
 use zl_worker::device::Device;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::fetch;
-use zl_worker::model::tokenizer::ChatMessage;
 use zl_worker::model::{LoadedModel, gguf};
 use zl_worker::sampling::Sampling;
 use zl_worker::scheduler::SchedulerConfig;

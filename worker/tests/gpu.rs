@@ -5,11 +5,11 @@
 #![cfg(feature = "cuda")]
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use zl_text::ChatMessage;
 use zl_worker::device::Device;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::fetch;
 use zl_worker::model::gguf;
-use zl_worker::model::tokenizer::ChatMessage;
 use zl_worker::sampling::Sampling;
 use zl_worker::scheduler::SchedulerConfig;
 

@@ -10,12 +10,12 @@ use candle_core::{DType, Device, Tensor};
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
+use zl_text::ChatMessage;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::kv::pool::BlockPool;
 use zl_worker::model::hf;
 use zl_worker::model::kernels::Weight;
 use zl_worker::model::llama::{BatchItem, KvStore, Layer, Llama, LlamaConfig};
-use zl_worker::model::tokenizer::ChatMessage;
 use zl_worker::sampling::Sampling;
 
 const HIDDEN: usize = 64;

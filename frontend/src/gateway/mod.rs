@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
+use zl_client::prompt::OfferedTools;
 use zl_common::billing;
 use zl_common::keys::hex;
 use zl_common::sync::lock;
@@ -182,19 +183,33 @@ impl std::fmt::Debug for Gateway {
     }
 }
 
-/// A prepared request: rendered, tokenised, checked.
+/// A prepared request: rendered, tokenised, checked. Only resolved values travel on from here (the raw
+/// [`GenRequest`] is consumed by [`Gateway::prepare`]), each under the name the wire gives it, so `max_tokens`
+/// means the same number from here to the worker's scheduler.
 #[derive(Debug)]
 pub struct Prepared {
-    /// The request.
-    pub req: GenRequest,
+    /// The model as the client named it (an id or an alias; the route resolves it).
+    pub model: String,
     /// The model's card.
     pub card: Arc<Card>,
     /// The prompt as the model sees it.
     pub prompt: String,
     /// Its tokens.
     pub tokens: Vec<u32>,
-    /// The output limit after defaults.
+    /// The output limit: the client's, or what the context leaves when it gave none.
     pub max_tokens: u32,
+    /// Temperature, top_p, top_k and seed, as the worker receives them.
+    pub sampling: SamplingParams,
+    /// Stop sequences.
+    pub stop_sequences: Vec<String>,
+    /// The grammar the answer must match (empty for none).
+    pub grammar: String,
+    /// The client streams the answer.
+    pub stream: bool,
+    /// End-user id, for session affinity.
+    pub session_id: Option<String>,
+    /// The text the billing signals read: the system prompt and every message, in order.
+    pub billing_text: String,
     /// Ask the orchestrators for the model's fallback chain first (degraded).
     pub prefer_fallback: bool,
 }
@@ -269,7 +284,7 @@ impl Gateway {
         };
         let Some(secret) = secret else {
             if !self.config.require_auth {
-                return Ok(KeyInfo { key_id: "anonymous".into(), project: "default".into(), regions: vec![] });
+                return Ok(KeyInfo::anonymous());
             }
             return Err(ApiError::new(
                 ErrorKind::Authentication,
@@ -278,9 +293,7 @@ impl Gateway {
         };
         match self.cluster.verify(&secret) {
             Some(key) => Ok(key),
-            None if !self.config.require_auth => {
-                Ok(KeyInfo { key_id: "anonymous".into(), project: "default".into(), regions: vec![] })
-            }
+            None if !self.config.require_auth => Ok(KeyInfo::anonymous()),
             None => Err(ApiError::new(ErrorKind::Authentication, format!("invalid {used}: no such API key"))),
         }
     }
@@ -352,7 +365,23 @@ impl Gateway {
                 ),
             ));
         }
-        Ok(Prepared { req, card, prompt, tokens, max_tokens, prefer_fallback: false })
+        let GenRequest {
+            model, system, messages, temperature, top_p, top_k, seed, stop, grammar, stream, user, ..
+        } = req;
+        Ok(Prepared {
+            billing_text: billing_text(system.as_deref(), &messages),
+            model,
+            card,
+            prompt,
+            tokens,
+            max_tokens,
+            sampling: SamplingParams { temperature, top_p, top_k, seed },
+            stop_sequences: stop,
+            grammar: grammar.unwrap_or_default(),
+            stream,
+            session_id: user,
+            prefer_fallback: false,
+        })
     }
 
     /// Count a request's prompt tokens with the model's own tokenizer and template.
@@ -390,15 +419,15 @@ impl Gateway {
             weights: &p.card.weights,
             prompt: &p.prompt,
             max_tokens: p.max_tokens,
-            temperature: p.req.temperature,
-            top_p: p.req.top_p,
-            top_k: p.req.top_k,
-            seed: p.req.seed,
-            stop: &p.req.stop,
-            grammar: p.req.grammar.as_deref().unwrap_or_default(),
+            temperature: p.sampling.temperature,
+            top_p: p.sampling.top_p,
+            top_k: p.sampling.top_k,
+            seed: p.sampling.seed,
+            stop: &p.stop_sequences,
+            grammar: &p.grammar,
         }
         .key();
-        let cacheable = (p.req.temperature == 0.0 || p.req.seed.is_some()) && lock(&self.cache).enabled();
+        let cacheable = (p.sampling.temperature == 0.0 || p.sampling.seed.is_some()) && lock(&self.cache).enabled();
         let cache_key = (cacheable && !opts.bypass_cache).then_some(input_sha256);
         let (limits, quota) = self.limits_for(key);
         let input_tokens = p.tokens.len() as u32;
@@ -460,8 +489,8 @@ impl Gateway {
             None => CacheStatus::Bypass,
         };
         metrics::counter!("zl_frontend_cache_total", "result" => cache_status.as_str()).increment(1);
-        // The text the billing signals read, once: its weight goes into the route, and the final unit reads it too.
-        let billing_input = billing_text(&p.req);
+        // The text the billing signals read: its weight goes into the route, and the final unit reads it too.
+        let billing_input = std::mem::take(&mut p.billing_text);
         let routed = Instant::now();
         let (decision, source, first, route_time) =
             match self.route_and_open(&p, &billing_input, opts, request_id).await {
@@ -519,11 +548,11 @@ impl Gateway {
             attempt += 1;
             let route = RouteRequest {
                 request_id: request_id.to_owned(),
-                model: p.req.model.clone(),
+                model: p.model.clone(),
                 prompt_tokens: p.tokens.len() as u32,
                 max_tokens: p.max_tokens,
                 block_hashes: block_hashes.clone(),
-                session_id: p.req.user.clone(),
+                session_id: p.session_id.clone(),
                 hint: opts.hint,
                 input_semantic_weight,
                 excluded_workers: excluded.clone(),
@@ -533,7 +562,7 @@ impl Gateway {
             let t0 = Instant::now();
             let decision = self.upstream.route(route).await.map_err(|e| {
                 let err = ApiError::from_call(&e, "routing");
-                if err.kind == ErrorKind::NotFound { self.cluster.not_found(&p.req.model) } else { err }
+                if err.kind == ErrorKind::NotFound { self.cluster.not_found(&p.model) } else { err }
             })?;
             route_time += t0.elapsed();
             metrics::histogram!("zl_frontend_route_seconds").record(t0.elapsed().as_secs_f64());
@@ -543,23 +572,18 @@ impl Gateway {
                 trace_id: opts.traceparent.clone(),
                 model: decision.model.clone(),
                 prompt: Prompt::Tokens(p.tokens.clone()),
-                sampling: SamplingParams {
-                    temperature: p.req.temperature,
-                    top_p: p.req.top_p,
-                    top_k: p.req.top_k,
-                    seed: p.req.seed,
-                },
+                sampling: p.sampling.clone(),
                 max_tokens: p.max_tokens,
-                stop_sequences: p.req.stop.clone(),
+                stop_sequences: p.stop_sequences.clone(),
                 stream: true,
                 logprobs: false,
                 streaming_predicted: opts.streaming_predicted,
-                grammar: p.req.grammar.clone().unwrap_or_default(),
+                grammar: p.grammar.clone(),
             };
             let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
                 Ok(mut source) => loop {
                     match source.next().await {
-                        Some(Ok(Message::TokenChunk(c))) if !p.req.stream && c.is_admission() => {}
+                        Some(Ok(Message::TokenChunk(c))) if !p.stream && c.is_admission() => {}
                         Some(Ok(first)) => break Ok((source, first)),
                         Some(Err(e)) => break Err(e),
                         None => break Err(CallError::Protocol("the worker ended the call without an answer".into())),
@@ -634,37 +658,15 @@ fn fits_in_bytes(card: &Card, text_bytes: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The rendered prompt and its tokens (CPU-heavy: run it off the async threads).
+/// The rendered prompt and its tokens (CPU-heavy: run it off the async threads), by zl-client's prompt code.
 /// A request's prompt as the model sees it (the chat template applied) and its tokens: what a worker is sent.
 pub fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), ApiError> {
-    let prompt = render(card, req)?;
-    let tokens = card
-        .tokenizer
-        .encode(&prompt)
-        .map_err(|e| ApiError::invalid(format!("the prompt cannot be tokenised: {e}")))?;
-    Ok((prompt, tokens))
-}
-
-/// The chat template applied to the system prompt and messages, and to the offered tools: given to a template that
-/// knows tools, or described by the default tool prompt after the system prompt.
-fn render(card: &Card, req: &GenRequest) -> Result<String, ApiError> {
-    let mut messages = Vec::with_capacity(req.messages.len() + 1);
-    let tools = req.tools.active().then(|| req.tools.template_tools());
-    let native = tools.is_some() && card.tokenizer.knows_tools();
-    let system = match (&req.system, tools.is_some() && !native) {
-        (system, true) => Some(match system {
-            Some(s) if !s.is_empty() => format!("{s}\n\n{}", req.tools.default_prompt()),
-            _ => req.tools.default_prompt(),
-        }),
-        (system, false) => system.clone(),
-    };
-    if let Some(system) = system {
-        messages.push(ChatMessage { role: "system".into(), content: system });
-    }
-    messages.extend(req.messages.iter().cloned());
-    card.tokenizer
-        .render_chat_with_tools(&messages, tools.as_deref().filter(|_| native))
-        .map_err(|e| ApiError::invalid(format!("the model's chat template refused the messages: {e}")))
+    let tools = req
+        .tools
+        .active()
+        .then(|| OfferedTools { template: req.tools.template_tools(), default_prompt: req.tools.default_prompt() });
+    zl_client::prompt::tokenize(&card.tokenizer, req.system.as_deref(), &req.messages, tools)
+        .map_err(|e| ApiError::invalid(e.to_string()))
 }
 
 /// Bytes of text the prompt is made of: system prompt, messages and offered tools.
@@ -675,9 +677,9 @@ fn prompt_bytes(req: &GenRequest) -> usize {
 }
 
 /// The text the billing signals read: the system prompt and every message, in order.
-fn billing_text(req: &GenRequest) -> String {
-    let mut text = req.system.clone().unwrap_or_default();
-    for m in &req.messages {
+fn billing_text(system: Option<&str>, messages: &[ChatMessage]) -> String {
+    let mut text = system.unwrap_or_default().to_owned();
+    for m in messages {
         if !text.is_empty() {
             text.push('\n');
         }

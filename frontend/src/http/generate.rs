@@ -174,8 +174,8 @@ async fn receive(app: &App, key: KeyInfo, req: Request) -> Result<Received, Fail
     Ok(Received { key, opts, body })
 }
 
-/// Parse a received body as `D` and prepare the request.
-async fn admitted<D: Dialect>(app: &App, r: &Received, rid: &str) -> Result<(Prepared, D), Failure> {
+/// Parse a received body as `D` and prepare the request (admission, with its limits, comes later in the gateway).
+async fn parsed_and_prepared<D: Dialect>(app: &App, r: &Received, rid: &str) -> Result<(Prepared, D), Failure> {
     let known = |e: ApiError| Failure::known(e, app.gateway.rate_figures(&r.key));
     let body = parse_json(app, r.body.clone()).await.map_err(known)?;
     let (gen_req, mut dialect) = D::parse(&body).map_err(known)?;
@@ -311,12 +311,12 @@ async fn serve<D: Dialect>(
     rid: &str,
     slot: &mut Option<Recorder>,
 ) -> Result<Response, Failure> {
-    let (prepared, mut dialect) = admitted::<D>(app, r, rid).await?;
+    let (prepared, mut dialect) = parsed_and_prepared::<D>(app, r, rid).await?;
     let Some(recorder) = slot.as_mut() else { return Err(ApiError::internal("request recorded twice").into()) };
-    let stream = prepared.req.stream;
-    recorder.model = prepared.req.model.clone();
+    let stream = prepared.stream;
+    recorder.model = prepared.model.clone();
     if let Some(a) = recorder.audit.as_mut() {
-        a.draft.requested(&prepared.req.model);
+        a.draft.requested(&prepared.model);
     }
     let prompt = recorder.audit.as_ref().is_some_and(|a| a.draft.wants_content()).then(|| prepared.prompt.clone());
     let (meta, generation) = app.gateway.start(&r.key, prepared, &r.opts, rid).await?;

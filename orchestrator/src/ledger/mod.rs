@@ -11,14 +11,16 @@
 
 mod lease;
 mod rate;
+mod report;
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use zl_common::audit::ChainHead;
-use zl_wire::message::{BudgetGrant, BudgetMetric, BudgetPeriod, FrontendReport};
+use zl_wire::message::{BudgetGrant, BudgetMetric, BudgetPeriod};
 
 pub use rate::RateBucket;
+pub use report::{BudgetPosition, RatePosition, ReportEntry, UsageEntry};
 
 use lease::Leases;
 
@@ -165,7 +167,7 @@ pub struct Ledger {
 
 impl Ledger {
     /// Apply a frontend's report received at `now_ms` (the proposer's clock).
-    pub fn report(&mut self, frontend: &str, now_ms: u64, r: &FrontendReport) {
+    pub fn report(&mut self, frontend: &str, now_ms: u64, r: &ReportEntry) {
         let last = self.report_seqs.get(frontend).copied().unwrap_or(0);
         if r.report_seq > last {
             for u in &r.usage {
@@ -270,7 +272,7 @@ impl Ledger {
     }
 
     /// A frontend's grants for the rate-limit buckets it asked about.
-    pub fn rate_grants(&self, frontend: &str, asked: &[zl_wire::message::RateAsk]) -> Vec<zl_wire::message::RateGrant> {
+    pub fn rate_grants(&self, frontend: &str, asked: &[RatePosition]) -> Vec<zl_wire::message::RateGrant> {
         rate::grants(&self.rates, frontend, asked)
     }
 

@@ -8,7 +8,9 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use zl_wire::message::{RateAsk, RateGrant};
+use zl_wire::message::RateGrant;
+
+use super::report::RatePosition;
 
 use super::Allotment;
 use super::lease::Leases;
@@ -56,7 +58,7 @@ impl RateBucket {
 pub(super) fn ask(
     buckets: &mut BTreeMap<String, RateBucket>,
     frontend: &str,
-    asks: &[RateAsk],
+    asks: &[RatePosition],
     now_ms: u64,
     expires_ms: u64,
 ) {
@@ -90,7 +92,7 @@ pub(super) fn expire(buckets: &mut BTreeMap<String, RateBucket>, now_ms: u64) {
 }
 
 /// A frontend's grants for the buckets it asked about.
-pub(super) fn grants(buckets: &BTreeMap<String, RateBucket>, frontend: &str, asked: &[RateAsk]) -> Vec<RateGrant> {
+pub(super) fn grants(buckets: &BTreeMap<String, RateBucket>, frontend: &str, asked: &[RatePosition]) -> Vec<RateGrant> {
     asked
         .iter()
         .filter_map(|a| {
@@ -108,8 +110,8 @@ pub(super) fn grants(buckets: &BTreeMap<String, RateBucket>, frontend: &str, ask
 mod tests {
     use super::*;
 
-    fn ask_for(bucket: &str, used: u64, target: u64) -> RateAsk {
-        RateAsk { bucket: bucket.into(), per_minute: 60, used, target }
+    fn ask_for(bucket: &str, used: u64, target: u64) -> RatePosition {
+        RatePosition { bucket: bucket.into(), per_minute: 60, used, target }
     }
 
     #[test]

@@ -1,15 +1,15 @@
-use zl_wire::message::{BudgetAsk, FrontendReport, UsageDelta};
+use super::{BudgetPosition, ReportEntry, UsageEntry};
 
 use super::*;
 
 const T0: u64 = 1_767_225_600_000; // 2026-01-01T00:00:00Z in ms
 
-fn ask(project: &str, period_start: u64, used: u64, target: u64) -> BudgetAsk {
-    BudgetAsk { project: project.into(), period_start, used, target }
+fn ask(project: &str, period_start: u64, used: u64, target: u64) -> BudgetPosition {
+    BudgetPosition { project: project.into(), period_start, used, target }
 }
 
-fn report(seq: u64, asks: Vec<BudgetAsk>) -> FrontendReport {
-    FrontendReport { report_seq: seq, asks, ..FrontendReport::default() }
+fn report(seq: u64, asks: Vec<BudgetPosition>) -> ReportEntry {
+    ReportEntry { report_seq: seq, asks, ..ReportEntry::default() }
 }
 
 fn budget(limit: u64) -> Ledger {
@@ -81,7 +81,7 @@ fn a_silent_frontend_is_charged_its_whole_lease() {
 #[test]
 fn usage_is_summed_once_per_report_and_heads_only_advance() {
     let mut l = Ledger::default();
-    let u = UsageDelta {
+    let u = UsageEntry {
         hour: 1_767_225_600,
         key_id: "k".into(),
         project: "p".into(),
@@ -90,7 +90,7 @@ fn usage_is_summed_once_per_report_and_heads_only_advance() {
         output_tokens: 5,
         milli_units: 300,
     };
-    let mut r = FrontendReport { report_seq: 1, usage: vec![u], ..FrontendReport::default() };
+    let mut r = ReportEntry { report_seq: 1, usage: vec![u], ..ReportEntry::default() };
     r.audit_seq = 5;
     r.audit_hash = Some([1; 32]);
     l.report("fe", T0, &r);
@@ -107,7 +107,7 @@ fn usage_is_summed_once_per_report_and_heads_only_advance() {
     // Rows are counted as they come and go; old hours leave.
     assert_eq!(l.row_count, 1);
     let later = T0 + (USAGE_HOURS + 2) * 3_600_000;
-    l.report("fe", later, &FrontendReport { report_seq: 3, ..FrontendReport::default() });
+    l.report("fe", later, &ReportEntry { report_seq: 3, ..ReportEntry::default() });
     assert_eq!((l.usage.len(), l.row_count), (0, 0));
     assert_eq!(l.shred("p"), None);
     l.set_data_key("p", DataKey { key_id: "dk_1".into(), key: "00".repeat(32) });

@@ -13,9 +13,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 use zl_common::billing::BillingWeights;
-use zl_wire::message::{ComputePool, FrontendReport, NodeId};
+use zl_wire::message::{ComputePool, NodeId};
 
-use crate::ledger::{BudgetSpec, DataKey, Ledger};
+use crate::ledger::{BudgetSpec, DataKey, Ledger, ReportEntry};
 
 /// Upper bounds that keep the state, and every snapshot, finite whatever clients send.
 pub mod limits {
@@ -232,8 +232,8 @@ pub enum Command {
         frontend: String,
         /// Unix ms at the proposer.
         now_ms: u64,
-        /// The report.
-        report: FrontendReport,
+        /// The report, in the ledger's own persisted form (`ledger/report.rs`).
+        report: ReportEntry,
     },
 }
 

@@ -10,7 +10,7 @@ use super::{MessageError, fb};
 pub const MAX_REPORT_ITEMS: usize = 10_000;
 
 /// Usage of one key in one hour since the last report.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UsageDelta {
     /// Unix time of the hour's start, in seconds (a multiple of 3600).
     pub hour: u64,
@@ -29,7 +29,7 @@ pub struct UsageDelta {
 }
 
 /// A frontend's cumulative position in one project's budget period.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BudgetAsk {
     /// Project.
     pub project: String,
@@ -42,7 +42,7 @@ pub struct BudgetAsk {
 }
 
 /// A frontend's cumulative position in one shared per-minute rate limit.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RateAsk {
     /// What is limited (`key/<id>/requests`, ...).
     pub bucket: String,
@@ -66,7 +66,7 @@ pub struct RateGrant {
 }
 
 /// A frontend's report.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FrontendReport {
     /// From 1; a repeated number is applied once.
     pub report_seq: u64,
@@ -83,7 +83,6 @@ pub struct FrontendReport {
     /// How long its leases hold without another report (ms); 0 for the default.
     pub lease_ms: u64,
     /// Rate-limit positions.
-    #[serde(default)]
     pub rate_asks: Vec<RateAsk>,
 }
 

@@ -12,10 +12,10 @@ use crate::engine::backend::{Backend, DeviceError};
 use crate::kv::pool::BlockPool;
 use crate::model::LoadedModel;
 use crate::model::llama::{BatchItem, KvStore, PARALLEL_ROWS};
-use crate::model::tokenizer::Detokenizer;
 use crate::sampling::{Sampling, log_softmax_at, sample};
 use crate::scheduler::{AdmitError, Scheduler, SchedulerConfig, SeqId, StepItem};
 use crate::stop::StopMatcher;
+use zl_text::Detokenizer;
 
 /// A request as the engine runs it.
 #[derive(Clone, Debug)]

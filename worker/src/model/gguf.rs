@@ -11,8 +11,8 @@ use candle_core::quantized::{GgmlDType, QTensor};
 
 use super::kernels::Weight;
 use super::llama::{Llama, LlamaConfig};
-use super::tokenizer::{GgufVocab, TextTokenizer};
 use super::{LayerNames, LoadError, LoadedModel, Precision, TensorSource, load_layers};
+use zl_text::{GgufVocab, TextTokenizer};
 
 fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value, LoadError> {
     content.metadata.get(key).ok_or_else(|| LoadError::Format(format!("GGUF metadata {key} is missing")))

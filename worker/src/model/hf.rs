@@ -9,8 +9,8 @@ use candle_core::{DType, Device, Tensor};
 
 use super::kernels::Weight;
 use super::llama::{Llama, LlamaConfig};
-use super::tokenizer::TextTokenizer;
 use super::{LayerNames, LoadError, LoadedModel, TensorSource, load_layers};
+use zl_text::TextTokenizer;
 
 /// The fields of `config.json` this loader reads.
 #[derive(Debug, serde::Deserialize)]

@@ -1,14 +1,14 @@
-//! Models: loading (GGUF, Hugging Face safetensors), the Llama-family forward pass, kernels and tokenizers.
+//! Models: loading (GGUF, Hugging Face safetensors), the Llama-family forward pass and its kernels. Tokenizers and
+//! chat templates are the `zl-text` crate's, shared with the frontend.
 
 pub mod gguf;
 pub mod hf;
 pub mod kernels;
 pub mod llama;
-pub mod tokenizer;
 
 use kernels::Weight;
 use llama::{Layer, Llama};
-use tokenizer::TextTokenizer;
+use zl_text::TextTokenizer;
 
 /// A model could not be loaded.
 #[derive(Debug, thiserror::Error)]

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Args;
+use zl_text::ChatMessage;
 use zl_worker::engine::{Event, Request};
-use zl_worker::model::tokenizer::ChatMessage;
 use zl_worker::sampling::Sampling;
 
 use crate::ModelArgs;

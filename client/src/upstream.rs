@@ -1,5 +1,5 @@
-//! The frontend's view of the cluster behind it: ask an orchestrator for a route or for the state frontends cache,
-//! ask a worker for a model card or a generation. [`QuicUpstream`] speaks the `proto` RPC to the real tiers; tests
+//! The tiers behind a client of the cluster: ask an orchestrator for a route or for the state frontends cache,
+//! ask a worker for a model card or a generation. [`QuicUpstream`] speaks the RPC (zl-proto) to the real tiers; tests
 //! put a fake behind the same trait to run the HTTP router without sockets.
 
 use std::future::Future;
