@@ -1,6 +1,6 @@
 //! `zl bench` against a real `zl up` cluster: every load shape, workload and API flavour runs and writes its
 //! results and plots, the direct worker path runs, `zl bench compare` prints ratios, and a wrong key is a clear
-//! error. The figures themselves are checked on known timings in the zl-bench unit tests; nothing here is timed.
+//! error. The figures themselves are checked on known timings in the zl-loadgen unit tests; nothing here is timed.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::Path;

@@ -14,6 +14,7 @@ pub mod cache;
 pub mod cluster;
 pub mod dialect;
 pub mod error;
+pub mod events;
 pub mod gateway;
 pub mod health;
 pub mod http;

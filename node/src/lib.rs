@@ -3,7 +3,7 @@
 //! written by `zl certs`, the Prometheus endpoint, and the allocator setting that returns large buffers
 //! ([`memory`]).
 
-pub mod audit_files;
+pub mod audit;
 pub mod config;
 pub mod consul;
 pub mod discovery;

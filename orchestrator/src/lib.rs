@@ -15,7 +15,7 @@ pub mod api;
 pub mod hash;
 pub mod ledger;
 pub mod load;
-pub mod node;
+pub mod orchestrator;
 pub mod raft;
 pub mod route;
 pub mod state;

@@ -14,7 +14,7 @@ use zl_node::consul::{Registrar, watch};
 use zl_node::discovery::DiscoveryArgs;
 use zl_orchestrator::api::admin::AdminService;
 use zl_orchestrator::load::LoadSettings;
-use zl_orchestrator::node::Orchestrator;
+use zl_orchestrator::orchestrator::Orchestrator;
 use zl_orchestrator::raft::{GroupConfig, ReplicaConfig, parse_peers, raft_dir};
 use zl_orchestrator::route::{POLICY_NAMES, policy_by_name};
 use zl_proto::quic::Server;

@@ -5,12 +5,11 @@
 //! [`sampling`] (seeded, batch-invariant token choice) and [`stop`] (stop sequences across token boundaries).
 //! [`model`] loads weights (GGUF, safetensors) and runs the forward pass on the CPU kernels; [`engine`] is the
 //! actor that owns a model, its KV cache and the scheduler and steps them; [`serve`] is the QUIC face;
-//! [`discovery`] registers with the orchestrators; [`fetch`] brings the bundled default model; [`speculate`] drafts
+//! [`registration`] registers with the orchestrators; [`fetch`] brings the bundled default model; [`speculate`] drafts
 //! tokens for predictive streaming; [`eval`] measures quality (perplexity, the question set against the float path).
 
 pub mod consul_report;
 pub mod device;
-pub mod discovery;
 pub mod engine;
 pub mod eval;
 pub mod fetch;
@@ -19,6 +18,7 @@ pub mod gpu;
 pub mod kv;
 pub mod model;
 pub mod ptx;
+pub mod registration;
 pub mod sampling;
 pub mod scheduler;
 pub mod serve;

@@ -16,10 +16,10 @@ use zl_node::status::Readiness;
 use zl_proto::quic::{Client, Server};
 use zl_wire::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
 use zl_worker::consul_report::{ReportedEngine, WorkerReport};
-use zl_worker::discovery::{DirectDiscovery, Discovery, ReportedModel, run_reporter};
 use zl_worker::engine::{EngineCore, EngineHandle};
 use zl_worker::fetch;
 use zl_worker::model::llama::KvStore;
+use zl_worker::registration::{DirectDiscovery, Discovery, ReportedModel, run_reporter};
 use zl_worker::scheduler::SchedulerConfig;
 use zl_worker::serve::{ServedModel, Speculation, WorkerService};
 

@@ -54,7 +54,7 @@ pub(crate) enum AuditCommand {
 fn chains(dirs: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut found = Vec::new();
     for dir in dirs {
-        let holds = |d: &Path| zl_node::audit_files::segments(d).is_ok_and(|s| !s.is_empty());
+        let holds = |d: &Path| zl_node::audit::segments(d).is_ok_and(|s| !s.is_empty());
         if holds(dir) {
             found.push(dir.clone());
             continue;
@@ -75,7 +75,7 @@ fn chains(dirs: &[PathBuf]) -> Result<Vec<PathBuf>> {
 
 /// The frontend a chain belongs to (from its first record).
 fn frontend_of(dir: &Path) -> Option<String> {
-    let (_, first) = zl_node::audit_files::segments(dir).ok()?.into_iter().next()?;
+    let (_, first) = zl_node::audit::segments(dir).ok()?.into_iter().next()?;
     let text = std::fs::read(first).ok()?;
     let line = text.split(|&b| b == b'\n').next()?;
     zl_common::audit::decode_line(line).ok().map(|(_, r)| r.frontend)
@@ -97,7 +97,7 @@ async fn run_async(args: AuditArgs) -> Result<()> {
                 let frontend = frontend_of(&dir).unwrap_or_default();
                 let head = heads.get(&frontend).cloned();
                 seen.push(frontend.clone());
-                match zl_node::audit_files::verify_dir(&dir, head.clone(), allow_pruned, |_| {}) {
+                match zl_node::audit::verify_dir(&dir, head.clone(), allow_pruned, |_| {}) {
                     Ok(s) => {
                         let against = match (&head, offline) {
                             (_, true) => "not checked against a committed head (--offline)".to_owned(),
@@ -138,7 +138,7 @@ async fn run_async(args: AuditArgs) -> Result<()> {
             let mut client = if decrypt { Some(connect(&args.conn).await?.0) } else { None };
             for dir in chains(&dirs)? {
                 let mut records: Vec<AuditRecord> = Vec::new();
-                zl_node::audit_files::verify_dir(&dir, None, true, |r| {
+                zl_node::audit::verify_dir(&dir, None, true, |r| {
                     if r.time_ms >= since_ms && project.as_ref().is_none_or(|p| *p == r.project) {
                         records.push(r.clone());
                     }

@@ -1,8 +1,8 @@
-//! `zl bench`: the load generator of `zl_bench`, with the running `zl up`'s URL, key, model, certificates and
+//! `zl bench`: the load generator of `zl_loadgen`, with the running `zl up`'s URL, key, model, certificates and
 //! first worker as defaults (see docs/benchmarks.md).
 
 use anyhow::Result;
-use zl_bench::cli::{BenchArgs, Defaults};
+use zl_loadgen::cli::{BenchArgs, Defaults};
 
 use crate::local::LocalCluster;
 
@@ -16,5 +16,5 @@ pub(crate) fn run(args: BenchArgs, data_dir: Option<&std::path::Path>) -> Result
         worker: local.first_worker(),
         missing: local.missing("it"),
     };
-    zl_bench::cli::main(args, defaults)
+    zl_loadgen::cli::main(args, defaults)
 }

@@ -43,7 +43,7 @@ enum Command {
     /// directly; `zl bench compare A.json B.json` puts two runs side by side.
     Bench {
         #[command(flatten)]
-        args: zl_bench::cli::BenchArgs,
+        args: zl_loadgen::cli::BenchArgs,
         /// `zl up`'s data dir, to find its cluster.json.
         #[arg(long, env = "ZL_DATA_DIR", global = true)]
         data_dir: Option<std::path::PathBuf>,

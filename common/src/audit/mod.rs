@@ -7,6 +7,7 @@
 //! [`verify`] checks a chain against such a head (docs/audit.md).
 //!
 //! Pure: the writer (frontend) and the checker (`zl audit verify`) share this code; neither IO nor clocks here.
+//! The files these lines live in (segments: naming, rotation, reading, resuming) are `zl_node::audit`'s.
 
 mod seal;
 mod verify;
@@ -115,16 +116,6 @@ pub fn decode_line(line: &[u8]) -> Result<(String, AuditRecord), String> {
     }
     let record: AuditRecord = serde_json::from_slice(json).map_err(|e| format!("not a record: {e}"))?;
     Ok((actual, record))
-}
-
-/// Name of the segment file whose first record is `first_seq`: sorting names sorts segments.
-pub fn segment_name(first_seq: u64) -> String {
-    format!("audit-{first_seq:020}.log")
-}
-
-/// The first sequence number of a segment file name, if it is one.
-pub fn segment_first_seq(name: &str) -> Option<u64> {
-    name.strip_prefix("audit-")?.strip_suffix(".log")?.parse().ok()
 }
 
 #[cfg(test)]

@@ -101,10 +101,3 @@ fn payloads_open_only_with_their_key_and_request() {
 fn hex_of(s: &str) -> String {
     crate::keys::hex(s.as_bytes())
 }
-
-#[test]
-fn segment_names_sort_and_parse() {
-    assert_eq!(segment_first_seq(&segment_name(42)), Some(42));
-    assert!(segment_name(9) < segment_name(10));
-    assert_eq!(segment_first_seq("notes.txt"), None);
-}

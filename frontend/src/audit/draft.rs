@@ -10,7 +10,7 @@ use zl_common::keys::hex;
 use super::AuditLog;
 use crate::cluster::KeyInfo;
 use crate::error::ApiError;
-use crate::gateway::events::{CacheStatus, GenEvent, Meta};
+use crate::events::{CacheStatus, GenEvent, Meta};
 
 /// A project's data key for content logging.
 #[derive(Clone, Debug, PartialEq, Eq)]

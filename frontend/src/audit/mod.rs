@@ -1,32 +1,24 @@
 //! The frontend's audit log: one hash-chained record per request (also for refusals after authentication),
 //! appended to size-rotated segment files in `--audit-dir`. The record format and the chain are
-//! `zl_common::audit`'s; what goes into a record is gathered by a [`Draft`]; the chain head is committed to the
-//! orchestrators by the report loop (`crate::report`). docs/audit.md has the operator's view.
+//! `zl_common::audit`'s, the segment files `zl_node::audit`'s (the one home of the format on disk, which
+//! `zl audit verify` reads); what goes into a record is gathered by a [`Draft`]; the chain head is committed to the
+//! orchestrators by the report loop (`crate::report`). This file adds the service's side: fail-closed admission,
+//! metrics, and the frontend's id and region in every record. docs/audit.md has the operator's view.
 
 mod draft;
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Mutex;
 
-use zl_common::audit::{AuditRecord, ChainHead, GENESIS, encode_line, segment_name};
+use zl_common::audit::{AuditRecord, ChainHead, GENESIS, encode_line};
 use zl_common::sync::lock;
+use zl_node::audit::{SegmentConfig, SegmentWriter};
 
 pub use draft::{ContentKey, Draft};
+/// When records reach the disk (the segment writer's policy).
+pub use zl_node::audit::Fsync;
 
 use crate::error::{ApiError, ErrorKind};
-
-/// When records reach the disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fsync {
-    /// After every record (no record acknowledged to the client is lost in a power cut; slowest).
-    Always,
-    /// Once a second from a background task (a crash of the machine loses at most the last second).
-    Interval,
-    /// Left to the kernel.
-    Never,
-}
 
 /// What a failed audit write does to the service.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,10 +45,8 @@ pub struct AuditConfig {
 }
 
 struct Writer {
-    file: Option<File>,
-    size: u64,
+    segments: SegmentWriter,
     head: ChainHead,
-    unsynced: bool,
     failure: Option<String>,
 }
 
@@ -77,18 +67,18 @@ impl std::fmt::Debug for AuditLog {
 impl AuditLog {
     /// Open (or create) the chain in `config.dir`, continuing from its newest whole record.
     pub fn open(config: AuditConfig, frontend: &str, region: &str) -> std::io::Result<Self> {
-        std::fs::create_dir_all(&config.dir)?;
-        let zl_node::audit_files::Resume { newest, head, torn } = zl_node::audit_files::resume(&config.dir)?;
-        if let Some(torn) = torn {
+        let (segments, resumed) = SegmentWriter::open(SegmentConfig {
+            dir: config.dir.clone(),
+            segment_bytes: config.segment_bytes,
+            keep_segments: config.keep_segments,
+            fsync: config.fsync,
+        })?;
+        if let Some(torn) = resumed.torn {
             tracing::warn!("audit log: {torn}");
         }
-        let (file, size) = match newest {
-            Some((path, size)) => (Some(OpenOptions::new().append(true).open(path)?), size),
-            None => (None, 0),
-        };
-        let head = head.unwrap_or(ChainHead { seq: 0, hash: GENESIS.to_owned() });
+        let head = resumed.head.unwrap_or(ChainHead { seq: 0, hash: GENESIS.to_owned() });
         tracing::info!(dir = %config.dir.display(), seq = head.seq, "audit log open");
-        let writer = Writer { file, size, head, unsynced: false, failure: None };
+        let writer = Writer { segments, head, failure: None };
         Ok(AuditLog { config, frontend: frontend.to_owned(), region: region.to_owned(), writer: Mutex::new(writer) })
     }
 
@@ -117,7 +107,7 @@ impl AuditLog {
         record.frontend = self.frontend.clone();
         record.region = self.region.clone();
         let (line, hash) = encode_line(&record);
-        match self.write(&mut w, record.seq, line.as_bytes()) {
+        match w.segments.append(record.seq, line.as_bytes()) {
             Ok(()) => {
                 w.head = ChainHead { seq: record.seq, hash };
                 if w.failure.take().is_some() {
@@ -133,59 +123,13 @@ impl AuditLog {
         }
     }
 
-    fn write(&self, w: &mut Writer, seq: u64, line: &[u8]) -> std::io::Result<()> {
-        if w.file.is_none() || (w.size > 0 && w.size + line.len() as u64 > self.config.segment_bytes) {
-            if let Some(old) = w.file.take() {
-                old.sync_all()?;
-            }
-            let path = self.config.dir.join(segment_name(seq));
-            w.file = Some(OpenOptions::new().create(true).append(true).open(path)?);
-            w.size = 0;
-            self.prune();
-        }
-        let file = w.file.as_mut().expect("opened above");
-        if let Err(e) = file.write_all(line) {
-            // Leave no torn record behind: cut back to the last whole one.
-            let _ = file.set_len(w.size);
-            return Err(e);
-        }
-        w.size += line.len() as u64;
-        match self.config.fsync {
-            Fsync::Always => file.sync_data()?,
-            Fsync::Interval => w.unsynced = true,
-            Fsync::Never => {}
-        }
-        Ok(())
-    }
-
-    /// Remove the oldest segments beyond `keep_segments`.
-    fn prune(&self) {
-        if self.config.keep_segments == 0 {
-            return;
-        }
-        let Ok(mut segments) = zl_node::audit_files::segments(&self.config.dir) else { return };
-        // The segment about to be written is not listed yet if it is new: keep room for it.
-        while segments.len() >= self.config.keep_segments {
-            let (_, path) = segments.remove(0);
-            match std::fs::remove_file(&path) {
-                Ok(()) => tracing::info!(segment = %path.display(), "audit segment removed (retention)"),
-                Err(e) => tracing::warn!(segment = %path.display(), error = %e, "audit segment not removed"),
-            }
-        }
-    }
-
     /// Flush written records to the disk (the `Interval` policy's tick).
     pub fn sync(&self) {
         let mut w = lock(&self.writer);
-        if w.unsynced
-            && let Some(f) = &w.file
-        {
-            if let Err(e) = f.sync_data() {
-                tracing::error!(error = %e, "audit log fsync failed");
-                metrics::counter!("zl_frontend_audit_write_failures_total").increment(1);
-                w.failure = Some(e.to_string());
-            }
-            w.unsynced = false;
+        if let Err(e) = w.segments.sync() {
+            tracing::error!(error = %e, "audit log fsync failed");
+            metrics::counter!("zl_frontend_audit_write_failures_total").increment(1);
+            w.failure = Some(e.to_string());
         }
     }
 }

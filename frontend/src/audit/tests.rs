@@ -11,7 +11,7 @@ fn record(n: u32) -> AuditRecord {
 }
 
 fn verify(dir: &std::path::Path, head: Option<ChainHead>) -> Result<zl_common::audit::Summary, String> {
-    zl_node::audit_files::verify_dir(dir, head, false, |_| {}).map_err(|e| e.to_string())
+    zl_node::audit::verify_dir(dir, head, false, |_| {}).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -24,7 +24,7 @@ fn records_chain_across_segments_and_restarts() {
     let head = log.head();
     assert_eq!(head.seq, 6);
     drop(log);
-    let segments = zl_node::audit_files::segments(dir.path()).unwrap();
+    let segments = zl_node::audit::segments(dir.path()).unwrap();
     assert!(segments.len() >= 3, "small segments rotate: {segments:?}");
     // A restarted frontend continues the same chain.
     let log = AuditLog::open(config(dir.path(), 600, OnFailure::Continue), "fe-1", "eu").unwrap();
@@ -33,7 +33,7 @@ fn records_chain_across_segments_and_restarts() {
     let s = verify(dir.path(), Some(head)).unwrap();
     assert_eq!((s.records, s.head.seq, s.frontend.as_str()), (7, 7, "fe-1"));
     let mut regions = Vec::new();
-    zl_node::audit_files::verify_dir(dir.path(), None, false, |r| regions.push(r.region.clone())).unwrap();
+    zl_node::audit::verify_dir(dir.path(), None, false, |r| regions.push(r.region.clone())).unwrap();
     assert!(regions.iter().all(|r| r == "eu"));
 }
 
@@ -44,7 +44,7 @@ fn a_torn_last_record_is_cut_off_on_restart() {
     log.append(record(1));
     log.append(record(2));
     drop(log);
-    let (_, path) = zl_node::audit_files::segments(dir.path()).unwrap().pop().unwrap();
+    let (_, path) = zl_node::audit::segments(dir.path()).unwrap().pop().unwrap();
     let mut bytes = std::fs::read(&path).unwrap();
     bytes.extend_from_slice(b"abc123 {\"seq\":3");
     std::fs::write(&path, bytes).unwrap();

@@ -4,7 +4,6 @@
 //! before its first token), and settle limits, cache and metrics when the generation ends (`generation.rs`).
 
 mod admission;
-pub mod events;
 mod generation;
 
 use std::collections::VecDeque;
@@ -31,9 +30,9 @@ use crate::report::Reporter;
 use crate::suspects::Suspects;
 use crate::upstream::{TokenSource, Upstream};
 
+pub use crate::events::{CacheStatus, GenEvent, Meta};
 pub use admission::DegradeConfig;
 use admission::Holds;
-pub use events::{CacheStatus, GenEvent, Meta};
 pub use generation::Generation;
 use generation::{Live, Settle, Source};
 

@@ -13,7 +13,7 @@ use zl_common::billing::BillingWeights;
 use zl_wire::message::{ComputePool, NodeId};
 
 use super::ledger;
-use crate::node::Orchestrator;
+use crate::orchestrator::Orchestrator;
 use crate::raft::{CommitError, command_status};
 use crate::state::{ApiKey, Command, PoolThresholds, Quota, secret_sha256};
 

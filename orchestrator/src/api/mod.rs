@@ -1,4 +1,4 @@
-//! The orchestrator's two faces, thin shells over [`crate::node::Orchestrator`]: [`quic`] for frontends and
+//! The orchestrator's two faces, thin shells over [`crate::orchestrator::Orchestrator`]: [`quic`] for frontends and
 //! workers (FlatBuffers over QUIC), [`admin`] for operators (gRPC).
 
 pub mod admin;

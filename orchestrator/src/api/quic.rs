@@ -10,7 +10,7 @@ use std::time::Instant;
 use zl_proto::quic::{CallContext, Handler, Responder};
 use zl_wire::message::{Ack, DeregisterWorker, ErrorCode, Message, NodeId, Role, WireError};
 
-use crate::node::Orchestrator;
+use crate::orchestrator::Orchestrator;
 use crate::raft::CommitError;
 use crate::route::{RETRY_AFTER_MS, RouteError};
 use crate::state::CommandError;

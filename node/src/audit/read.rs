@@ -1,25 +1,13 @@
-//! The audit log on disk: a directory of size-rotated segment files (`audit-<first seq>.log`), read in order.
-//! The frontend's writer resumes its chain from here after a restart; `zl audit verify` and `zl audit export` read
-//! it. The record format and the chain checks are `zl_common::audit`'s.
+//! Reading a chain directory: verifying it segment by segment (`zl audit verify`, `zl audit export`), and where
+//! a writer resumes after a restart (a torn last record cut off).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use zl_common::audit::{AuditRecord, Broken, ChainHead, MAX_LINE, Summary, Verifier, segment_first_seq};
+use zl_common::audit::{AuditRecord, Broken, ChainHead, MAX_LINE, Summary, Verifier};
 
-/// The segment files of a chain directory, oldest first.
-pub fn segments(dir: &Path) -> std::io::Result<Vec<(u64, PathBuf)>> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let entry = entry?;
-        if let Some(first) = entry.file_name().to_str().and_then(segment_first_seq) {
-            found.push((first, entry.path()));
-        }
-    }
-    found.sort();
-    Ok(found)
-}
+use super::segments;
 
 /// Why a directory does not verify.
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,6 @@
 //! What a generation tells its caller, whichever API asked: what is known before the first token ([`Meta`], the
-//! response headers' content), then its [`GenEvent`]s. Plain values: the HTTP layer, the dialects and the audit
-//! draft read them without reaching into the gateway.
+//! response headers' content), then its [`GenEvent`]s. Plain values below the gateway: the gateway makes them, the
+//! HTTP layer, the dialects and the audit draft read them without reaching into it.
 
 use crate::cache::FinishInfo;
 use crate::limits::RateFigures;
