@@ -20,6 +20,6 @@ pub use ports::{free_tcp, free_tcp_udp, free_udp};
 pub use process::{Proc, alive, bin, python, signal, zl};
 pub use tiers::{
     OrchestratorProc, SmallCluster, Tiers, WorkerProc, admin, admin_as, certs, certs_more, client, small_cluster,
-    start_frontend, start_frontend_args, start_frontend_with, start_orchestrator, start_orchestrator_at, start_tiers,
-    start_worker, start_worker_args, start_worker_at, start_worker_with, wait_for_key, wait_up, zl_up,
+    start_frontend, start_frontend_args, start_orchestrator, start_orchestrator_at, start_tiers, start_worker,
+    start_worker_args, wait_for_key, wait_up, zl_up,
 };

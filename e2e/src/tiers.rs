@@ -82,30 +82,9 @@ pub struct WorkerProc {
     pub metrics: std::net::SocketAddr,
 }
 
-/// Start `zl-worker serve` (default model, 64 MiB of KV cache, reports every 200 ms) as node `id`, registering with
-/// `orchestrator`, on the given addresses (free ones for a new worker, the old ones to restart it).
-pub fn start_worker_at(
-    tls: &std::path::Path,
-    id: &str,
-    orchestrator: std::net::SocketAddr,
-    quic: std::net::SocketAddr,
-    metrics: std::net::SocketAddr,
-) -> WorkerProc {
-    start_worker_with(tls, id, &[orchestrator], quic, metrics)
-}
-
-/// [`start_worker_at`] registering and reporting with every orchestrator in `orchestrators`.
-pub fn start_worker_with(
-    tls: &std::path::Path,
-    id: &str,
-    orchestrators: &[std::net::SocketAddr],
-    quic: std::net::SocketAddr,
-    metrics: std::net::SocketAddr,
-) -> WorkerProc {
-    start_worker_args(tls, id, orchestrators, (quic, metrics), &[])
-}
-
-/// [`start_worker_with`] with more `serve` flags (no `--orchestrator` when `orchestrators` is empty).
+/// Start `zl-worker serve` (default model, 64 MiB of KV cache, reports every 200 ms) as node `id`, registering and
+/// reporting with every orchestrator in `orchestrators` (no `--orchestrator` when it is empty), on the given QUIC
+/// and metrics addresses (free ones for a new worker, the old ones to restart it), plus `extra` flags.
 pub fn start_worker_args(
     tls: &std::path::Path,
     id: &str,
@@ -137,9 +116,9 @@ pub fn start_worker_args(
     WorkerProc { proc: Proc::spawn("zl-worker", &args), quic, metrics }
 }
 
-/// [`start_worker_at`] on free ports.
+/// [`start_worker_args`] with one orchestrator, on free ports.
 pub fn start_worker(tls: &std::path::Path, id: &str, orchestrator: std::net::SocketAddr) -> WorkerProc {
-    start_worker_at(tls, id, orchestrator, free_udp(), free_tcp())
+    start_worker_args(tls, id, &[orchestrator], (free_udp(), free_tcp()), &[])
 }
 
 /// Start `zl-frontend serve` as node `id` on a free HTTP port, syncing from `orchestrator` every 200 ms.
@@ -148,7 +127,7 @@ pub fn start_frontend(
     id: &str,
     orchestrator: std::net::SocketAddr,
 ) -> (Proc, std::net::SocketAddr) {
-    start_frontend_with(tls, id, &[orchestrator])
+    start_frontend_args(tls, id, &[orchestrator], &[])
 }
 
 /// One of each tier as a process on 127.0.0.1: an orchestrator, a worker with the default model and a frontend.
@@ -195,16 +174,8 @@ pub fn wait_for_key(http_addr: std::net::SocketAddr, key: &str) {
     }
 }
 
-/// [`start_frontend`] asking every orchestrator in `orchestrators` (the next when one does not answer).
-pub fn start_frontend_with(
-    tls: &std::path::Path,
-    id: &str,
-    orchestrators: &[std::net::SocketAddr],
-) -> (Proc, std::net::SocketAddr) {
-    start_frontend_args(tls, id, orchestrators, &[])
-}
-
-/// [`start_frontend_with`] with more `serve` flags (no `--orchestrator` when `orchestrators` is empty).
+/// [`start_frontend`] asking every orchestrator in `orchestrators` (the next when one does not answer; no
+/// `--orchestrator` when it is empty), plus `extra` flags.
 pub fn start_frontend_args(
     tls: &std::path::Path,
     id: &str,

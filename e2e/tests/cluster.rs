@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use zl_e2e::{
     SmallCluster, alive, bin, free_tcp, http, http_stream, metric_sum, metrics, request, signal, small_cluster,
-    start_worker_at, wait_up,
+    start_worker_args, wait_up,
 };
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -395,7 +395,7 @@ fn a_worker_killed_mid_stream_fails_cleanly_and_the_cluster_recovers_when_it_ret
 
     // Restart the killed worker: it registers again and the cluster is whole, nothing else restarted.
     let (quic, metrics) = addrs[victim];
-    workers[victim] = Some(start_worker_at(dir.path(), ids[victim], orch.quic, quic, metrics));
+    workers[victim] = Some(start_worker_args(dir.path(), ids[victim], &[orch.quic], (quic, metrics), &[]));
     let deadline = Instant::now() + Duration::from_secs(120);
     while healthy() < 2.0 {
         assert!(Instant::now() < deadline, "the restarted worker never became healthy again");

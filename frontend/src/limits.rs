@@ -173,7 +173,7 @@ impl RateLimiter {
         }
     }
 
-    /// Admit one request of `input_tokens` that may produce up to `max_output` tokens, or refuse it with the
+    /// Admit one request of `input_tokens` that may produce up to `max_tokens` tokens, or refuse it with the
     /// time to wait. Nothing is taken on refusal.
     #[allow(clippy::too_many_arguments)]
     pub fn admit(
@@ -183,7 +183,7 @@ impl RateLimiter {
         limits: KeyLimits,
         quota: ProjectLimits,
         input_tokens: u32,
-        max_output: u32,
+        max_tokens: u32,
         now: Instant,
     ) -> Result<(Reservation, RateFigures), Box<Refusal>> {
         let share = self.share;
@@ -197,11 +197,11 @@ impl RateLimiter {
             checks.push(("input_tokens", b, f64::from(input_tokens)));
         }
         if let Some(b) = sync_bucket(&mut state.output, limits.output_tokens, share, now) {
-            checks.push(("output_tokens", b, f64::from(max_output)));
+            checks.push(("output_tokens", b, f64::from(max_tokens)));
         }
         let project_state = self.projects.entry(project.to_owned()).or_default();
         if let Some(b) = sync_bucket(&mut project_state.tokens, quota.tokens, share, now) {
-            checks.push(("project_tokens", b, f64::from(input_tokens) + f64::from(max_output)));
+            checks.push(("project_tokens", b, f64::from(input_tokens) + f64::from(max_tokens)));
         }
         let mut refusal: Option<(&'static str, Option<Duration>)> = None;
         for (dimension, bucket, amount) in &checks {
@@ -248,7 +248,7 @@ impl RateLimiter {
         let reservation = Reservation {
             key: key.to_owned(),
             project: project.to_owned(),
-            output_tokens: max_output,
+            output_tokens: max_tokens,
             counted_concurrency: counted,
         };
         Ok((reservation, self.figures(key, project)))

@@ -1,5 +1,6 @@
-//! `--region`: the region every tier belongs to (docs/regions.md). One Raft group per region; workers report it to
-//! the orchestrators and in Consul (Meta `region`, tag `region=NAME`); frontends answer with it (`x-zl-region`).
+//! `--region`: the region every tier belongs to (docs/regions.md). One Raft group per region, so a worker's region
+//! is the group it registers with (the QUIC registration carries none); it is published in Consul (Meta `region`,
+//! tag `region=NAME`); frontends answer with it (`x-zl-region`).
 
 use anyhow::{Result, bail};
 use clap::Args;

@@ -1,14 +1,16 @@
 //! The orchestrator tier: routing state and microsecond route decisions (see docs/routing.md). It is never on the
 //! token path: the frontend asks it for a route, then streams from the worker directly.
 //!
-//! From the bottom up (no module depends on one above it):
+//! From the bottom up (no module imports one above it; `scripts/check-house` keeps it so):
 //! - [`hash`]: the stable hashes every node computes alike;
 //! - [`load`]: the soft load view (load reports, KV-cache events), never replicated;
+//! - [`ledger`]: the replicated ledger (usage, budgets and their leases, shared rate-limit buckets, audit heads,
+//!   content data keys, priority classes), part of the state;
 //! - [`state`]: the replicated routing state, a deterministic command-driven state machine;
 //! - [`route`]: route decisions as pure functions over both, with pluggable policies;
-//! - [`raft`]: the Raft group that replicates the state (storage, the pure replica, the async driver and its
-//!   transport);
-//! - [`node`]: one orchestrator: the state with its group, the load view and the policy;
+//! - [`raft`]: the Raft group that replicates the state (storage, the pure replica, the async driver, and its
+//!   transport and peer service outside the loop);
+//! - [`orchestrator`]: one orchestrator: the state with its group, the load view and the policy;
 //! - [`api`]: its QUIC face (frontends, workers) and its gRPC admin face (operators).
 
 pub mod api;

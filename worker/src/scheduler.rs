@@ -186,19 +186,19 @@ impl Scheduler {
         self.seqs.get(&seq).map_or(0, |s| s.cached_prompt_tokens)
     }
 
-    /// Queue a new sequence. `max_new_tokens` bounds its growth, so one that could never fit is refused now.
-    pub fn add(&mut self, id: SeqId, prompt: Vec<u32>, max_new_tokens: usize) -> Result<(), AdmitError> {
+    /// Queue a new sequence. `max_tokens` bounds its growth, so one that could never fit is refused now.
+    pub fn add(&mut self, id: SeqId, prompt: Vec<u32>, max_tokens: usize) -> Result<(), AdmitError> {
         if prompt.is_empty() {
             return Err(AdmitError::EmptyPrompt);
         }
         let bs = self.pool.block_size();
-        let needed = (prompt.len() + max_new_tokens).div_ceil(bs);
+        let needed = (prompt.len() + max_tokens).div_ceil(bs);
         let total = self.pool.stats().total;
         if needed > total {
             return Err(AdmitError::TooLong { needed, total });
         }
         let prompt_len = prompt.len();
-        let max_total = prompt_len + max_new_tokens;
+        let max_total = prompt_len + max_tokens;
         let seq = Seq {
             tokens: prompt,
             prompt_len,

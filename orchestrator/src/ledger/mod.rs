@@ -1,6 +1,6 @@
 //! The replicated ledger: usage per key and hour, project budgets enforced across frontends by leased
 //! allotments, the audit chain heads the frontends commit, content-logging data keys, and projects' priority
-//! classes. Part of the routing state (`state.rs` applies its commands); deterministic like the rest: the time a
+//! classes. Part of the routing state (`state/mod.rs` applies its commands); deterministic like the rest: the time a
 //! report is applied at is carried in the command, stamped by the orchestrator that proposed it.
 //!
 //! Budgets: each frontend holds an *allotment* per project and period (cumulative, including what it has used)

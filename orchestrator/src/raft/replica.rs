@@ -50,7 +50,8 @@ pub struct ReplicaConfig {
 
 impl Default for ReplicaConfig {
     fn default() -> Self {
-        // With a 100 ms tick: heartbeats every 100 ms, an election 1-2 s after the leader goes quiet.
+        // With the default 50 ms tick (`--raft-tick-ms`): heartbeats every 50 ms, an election 0.5-1 s after the leader
+        // goes quiet.
         ReplicaConfig {
             election_ticks: 10,
             heartbeat_ticks: 1,
