@@ -6,7 +6,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
-use zl_proto::tls::NodeFiles;
+use zl_tls::NodeFiles;
 use zl_wire::message::Role;
 
 /// Generated messages, client and server.
@@ -47,7 +47,7 @@ pub fn endpoint(addr: &str, dir: &Path, role: Role, id: &str) -> Result<Endpoint
     let tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(ca))
         .identity(Identity::from_pem(cert, key))
-        .domain_name(zl_proto::tls::role_name(Role::Orchestrator));
+        .domain_name(zl_tls::role_name(Role::Orchestrator));
     Ok(Endpoint::from_shared(format!("https://{addr}"))?
         .tls_config(tls)?
         .connect_timeout(std::time::Duration::from_secs(5))
@@ -67,6 +67,6 @@ pub fn require_role<T>(request: &tonic::Request<T>, role: Role) -> Result<(), to
     let certs =
         request.peer_certs().ok_or_else(|| tonic::Status::unauthenticated("a client certificate is required"))?;
     let cert = certs.first().ok_or_else(|| tonic::Status::unauthenticated("a client certificate is required"))?;
-    zl_proto::tls::check_role(cert, role)
+    zl_tls::check_role(cert, role)
         .map_err(|e| tonic::Status::permission_denied(format!("only {} certificates may call this: {e}", role.name())))
 }

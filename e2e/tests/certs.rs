@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use zl_e2e::zl;
 use zl_proto::quic::{CallContext, CallError, Client, Handler, Responder, RpcSettings, Server};
-use zl_proto::{ClusterCa, TlsIdentity};
+use zl_tls::{ClusterCa, TlsIdentity};
 use zl_wire::message::{ErrorCode, Message, NodeId, Role, RouteHint, RouteRequest, WireError};
 
 struct Echo;

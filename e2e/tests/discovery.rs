@@ -21,7 +21,7 @@ use zl_e2e::{
 };
 use zl_node::consul::WorkerMeta;
 use zl_node::consul::catalog::{FRONTEND_SERVICE, Instance, ORCHESTRATOR_SERVICE, WORKER_SERVICE, parse_health};
-use zl_proto::tls::ClusterCa;
+use zl_tls::ClusterCa;
 use zl_wire::message::{NodeId, Role};
 
 const MODEL: &str = "smollm2-135m-instruct";

@@ -41,7 +41,7 @@ async fn route(c: &Client, orch: SocketAddr, model: &str) -> Result<RouteDecisio
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_register_heartbeat_get_routed_to_and_deregister() {
-    zl_proto::tls::install_default_provider();
+    zl_tls::install_default_provider();
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     certs(

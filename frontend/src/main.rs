@@ -247,7 +247,7 @@ fn spill(args: &ServeArgs) -> Result<Spill> {
     let tls = match &args.peer_ca_file {
         None => None,
         Some(ca) => {
-            let config = rustls::ClientConfig::builder_with_provider(zl_proto::tls::provider())
+            let config = rustls::ClientConfig::builder_with_provider(zl_tls::provider())
                 .with_safe_default_protocol_versions()?
                 .with_root_certificates(zl_node::pem::roots(ca)?)
                 .with_no_client_auth();

@@ -61,7 +61,7 @@ async fn http1_and_h2c_on_one_port() {
 
 #[tokio::test]
 async fn https_negotiates_http2_by_alpn() {
-    zl_proto::tls::install_default_provider();
+    zl_tls::install_default_provider();
     let dir = tempfile::tempdir().unwrap();
     let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
     let (cert_path, key_path) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));

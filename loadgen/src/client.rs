@@ -77,7 +77,7 @@ pub fn tls_config(ca_file: Option<&std::path::Path>) -> Result<Arc<rustls::Clien
             bail!("{}: no certificate in it", path.display());
         }
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(zl_proto::tls::provider())
+    let mut config = rustls::ClientConfig::builder_with_provider(zl_tls::provider())
         .with_safe_default_protocol_versions()?
         .with_root_certificates(roots)
         .with_no_client_auth();

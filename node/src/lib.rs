@@ -18,14 +18,14 @@ pub mod status;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use zl_proto::tls::{NodeFiles, TlsIdentity};
+use zl_tls::{NodeFiles, TlsIdentity};
 use zl_wire::message::{NodeId, Role};
 
 /// Start a tier binary: install the one TLS crypto provider, log to stderr (filter: `ZL_LOG`; colours only on a
 /// terminal, so log files and collectors get plain text), and parse the command line with the config file of
 /// `serve` (if any) layered under flags and `ZL_*` variables.
 pub fn start<C: clap::Parser>() -> Result<C> {
-    zl_proto::tls::install_default_provider();
+    zl_tls::install_default_provider();
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     {
         use tracing_subscriber::layer::SubscriberExt;

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use zl_orchestrator::raft::{Group, GroupConfig, ReplicaConfig, SharedState, raft_dir};
 use zl_orchestrator::state::{Command, Quota};
-use zl_proto::tls::ClusterCa;
+use zl_tls::ClusterCa;
 use zl_wire::message::{NodeId, Role};
 
 fn command(i: u64) -> Command {
@@ -57,7 +57,7 @@ async fn throughput(group: &Group, writers: u64, each: u64) {
 }
 
 fn main() {
-    zl_proto::tls::install_default_provider();
+    zl_tls::install_default_provider();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let tls = tempfile::tempdir().expect("tls dir");
     let data = tempfile::tempdir_in(std::env::current_dir().expect("cwd")).expect("data dir");

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use zl_proto::quic::{CallContext, Client, Handler, Responder, RpcSettings, Server};
-use zl_proto::{ClusterCa, TlsIdentity};
+use zl_tls::{ClusterCa, TlsIdentity};
 use zl_wire::message::{
     ComputePool, ErrorCode, Finish, GenerateRequest, NodeId, Prompt, Role, RouteDecision, RouteRequest, SamplingParams,
     StopReason, TokenChunk, Usage, WireError,
@@ -164,7 +164,7 @@ fn micros(d: Duration) -> f64 {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let (iterations, calls, frames) = if quick { (20_000, 500, 20_000) } else { (500_000, 5_000, 200_000) };
-    zl_proto::tls::install_default_provider();
+    zl_tls::install_default_provider();
     codec(iterations);
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     rt.block_on(quic(calls, frames));

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use zl_proto::quic::{CallContext, CallError, Client, Handler, Responder, RpcSettings, Server};
-use zl_proto::{ClusterCa, TlsIdentity};
+use zl_tls::{ClusterCa, TlsIdentity};
 use zl_wire::Message;
 use zl_wire::message::{
     Ack, ErrorCode, Finish, GenerateRequest, LoadReport, NodeId, Prompt, RouteDecision, RouteRequest, SamplingParams,
@@ -337,7 +337,7 @@ const CHILD_ENV: [&str; 4] = ["ZL_QUIC_CHILD_ADDR", "ZL_QUIC_CHILD_CA", "ZL_QUIC
 fn peer_process() {
     let Ok(addr) = std::env::var(CHILD_ENV[0]) else { return };
     let var = |i: usize| std::env::var(CHILD_ENV[i]).unwrap();
-    let pair = zl_proto::tls::PemPair { cert_pem: var(2), key_pem: var(3) };
+    let pair = zl_tls::PemPair { cert_pem: var(2), key_pem: var(3) };
     let identity = TlsIdentity::from_pem(&var(1), &pair, Role::Worker, id("w0")).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let _guard = rt.enter();
@@ -361,7 +361,7 @@ impl Drop for Killed {
 }
 
 /// Start [`peer_process`] on `addr`; returns the child and the address it serves on.
-fn spawn_peer_process(addr: SocketAddr, ca: &ClusterCa, pair: &zl_proto::tls::PemPair) -> (Killed, SocketAddr) {
+fn spawn_peer_process(addr: SocketAddr, ca: &ClusterCa, pair: &zl_tls::PemPair) -> (Killed, SocketAddr) {
     use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "peer_process", "--ignored", "--nocapture", "--test-threads", "1"])

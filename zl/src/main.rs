@@ -2,7 +2,7 @@
 //!
 //! `zl up` runs a whole cluster on this machine, `zl chat` talks to one, `zl certs` makes the cluster CA and node
 //! certificates, `zl admin` administers orchestrators, `zl audit` checks and exports audit logs, `zl bench` measures an endpoint, `zl version` prints the build. Certificate logic lives in
-//! `zl_proto::tls`, the admin API in `zl_admin`; this crate owns argument parsing, processes and output.
+//! `zl_tls`, the admin API in `zl_admin`; this crate owns argument parsing, processes and output.
 
 mod admin;
 mod audit;
@@ -53,7 +53,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    zl_proto::tls::install_default_provider();
+    zl_tls::install_default_provider();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Up(args) => up::run(args),

@@ -16,7 +16,7 @@ use clap::Args;
 use zl_admin::pb;
 use zl_admin::pb::admin_client::AdminClient;
 use zl_node::discovery::DiscoveryArgs;
-use zl_proto::tls::ClusterCa;
+use zl_tls::ClusterCa;
 use zl_wire::message::{NodeId, Role};
 
 use crate::supervise::Children;

@@ -9,7 +9,7 @@ use zl_common::sync::lock;
 
 use super::io::{FrameReader, FrameWriter, ReadFailure, WriteFailure, codes};
 use super::{CallError, PeerInfo, RpcError, RpcSettings, client_socket, endpoint_config, handshake, quinn_runtime};
-use crate::tls::{TlsIdentity, role_name};
+use zl_tls::{TlsIdentity, role_name};
 use zl_wire::call::{CallState, Delivery};
 use zl_wire::message::{Cancel, Message, Role};
 

@@ -6,7 +6,7 @@ use rustls_pki_types::CertificateDer;
 
 use super::io::{FrameReader, FrameWriter, ReadFailure};
 use super::{PROTOCOL_MAJOR, PROTOCOL_MINOR, PeerInfo, RpcSettings};
-use crate::tls::{TlsIdentity, check_identity};
+use zl_tls::{TlsIdentity, check_identity};
 use zl_wire::message::{ErrorCode, Handshake, Message, Role, WireError};
 
 fn ours(identity: &TlsIdentity) -> Handshake {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::tls::TlsError;
+use zl_tls::TlsError;
 use zl_wire::frame::HARD_MAX_PAYLOAD;
 use zl_wire::message::{ErrorCode, NodeId, Role, WireError};
 
@@ -215,7 +215,7 @@ fn client_socket() -> std::io::Result<std::net::UdpSocket> {
 /// Endpoint settings whose secrets survive a restart: a restarted node recognises the connection ids its previous
 /// process issued (same id key) and answers packets on those dead connections with a valid stateless reset (same
 /// reset key), so peers drop them at once instead of waiting out the idle timeout.
-fn endpoint_config(identity: &crate::tls::TlsIdentity) -> quinn::EndpointConfig {
+fn endpoint_config(identity: &zl_tls::TlsIdentity) -> quinn::EndpointConfig {
     let reset_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &identity.derived_secret(b"stateless reset"));
     let cid_secret = identity.derived_secret(b"connection id");
     let mut cid_key = [0u8; 8];

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use super::io::{FrameReader, FrameWriter, ReadFailure, WriteFailure, codes};
 use super::{CallError, Cancellation, PeerInfo, RpcError, RpcSettings, endpoint_config, handshake, quinn_runtime};
-use crate::tls::TlsIdentity;
+use zl_tls::TlsIdentity;
 use zl_wire::call::{CallPhase, CallState};
 use zl_wire::message::{ErrorCode, Message, WireError};
 

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use serde_json::json;
-use zl_proto::tls::{ClusterCa, NodeFiles, PemPair};
+use zl_tls::{ClusterCa, NodeFiles, PemPair};
 use zl_wire::message::{NodeId, Role};
 
 #[derive(Args, Debug)]

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand};
-use zl_proto::tls::{ClusterCa, NodeFiles, PemPair};
+use zl_tls::{ClusterCa, NodeFiles, PemPair};
 use zl_wire::message::{NodeId, Role};
 
 /// Certificate commands.

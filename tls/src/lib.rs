@@ -3,7 +3,7 @@
 //! Every node certificate names its role and node id as DNS SANs (`{role}.zl.internal` and
 //! `{node_id}.{role}.zl.internal`). A client verifies a server against the role it expects; a server checks that
 //! the role and node id a client claims in its handshake are the ones its certificate was issued for. Only ring is
-//! used as the crypto provider. This module never opens sockets.
+//! used as the crypto provider. This crate never opens sockets.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -344,8 +344,8 @@ impl TlsIdentity {
     }
 
     /// A 32-byte secret derived from the node's private key and `label`, stable across restarts of a node that
-    /// keeps its certificate. Used for QUIC's stateless-reset key and connection-id key (see `quic`).
-    pub(crate) fn derived_secret(&self, label: &[u8]) -> [u8; 32] {
+    /// keeps its certificate. Used for QUIC's stateless-reset key and connection-id key (zl-proto's `quic`).
+    pub fn derived_secret(&self, label: &[u8]) -> [u8; 32] {
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
         ctx.update(b"zerolayer derived secret v1\0");
         ctx.update(label);
