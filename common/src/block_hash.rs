@@ -39,8 +39,22 @@ pub fn chain_hash(parent: Option<BlockHash>, tokens: &[u32]) -> BlockHash {
 
 /// Chained hashes of every full block of `tokens` (a trailing partial block has none: it cannot be shared yet).
 pub fn block_hashes(tokens: &[u32], block_size: usize) -> Vec<BlockHash> {
+    salted_block_hashes(tokens, block_size, None)
+}
+
+/// The salt of a cache scope (`project:NAME`, or `group:NAME` for projects an admin put in one cache group): the
+/// first block of a salted chain takes it as its parent, so two scopes never share a block hash, and a worker's
+/// prefix cache never serves one scope's blocks to another (docs/api.md, "Isolation"). Never 0, which the wire
+/// uses for "unsalted".
+pub fn cache_salt(scope: &str) -> BlockHash {
+    let fnv = scope.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    mix(SEED ^ mix(fnv ^ 0x7363_6f70_6500_0001)).max(1) // "scope" v1
+}
+
+/// [`block_hashes`] of a chain that starts from `salt` (`None`: the unsalted chain every scope shares).
+pub fn salted_block_hashes(tokens: &[u32], block_size: usize, salt: Option<BlockHash>) -> Vec<BlockHash> {
     assert!(block_size > 0, "block size must be positive");
-    let mut parent = None;
+    let mut parent = salt;
     tokens
         .chunks_exact(block_size)
         .map(|block| {
@@ -56,12 +70,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn salted_chains_share_nothing_across_scopes() {
+        let tokens: Vec<u32> = (0..64).collect();
+        let (a, b) = (cache_salt("project:a"), cache_salt("project:b"));
+        assert_ne!(a, b);
+        assert_eq!(cache_salt("group:g"), cache_salt("group:g"));
+        let (ha, hb) = (salted_block_hashes(&tokens, 16, Some(a)), salted_block_hashes(&tokens, 16, Some(b)));
+        let plain = block_hashes(&tokens, 16);
+        assert_eq!(ha.len(), 4);
+        for h in &ha {
+            assert!(!hb.contains(h) && !plain.contains(h), "a salted block hash is its scope's alone");
+        }
+        // The same scope computes the same chain on every tier: a frontend's route hashes match a worker's blocks.
+        assert_eq!(ha, salted_block_hashes(&tokens, 16, Some(cache_salt("project:a"))));
+        assert_eq!(salted_block_hashes(&tokens, 16, None), plain);
+    }
+
+    #[test]
     fn golden_values_never_change() {
         // These values are part of the protocol between tiers: if this test fails, the function changed, and every
         // deployed frontend, orchestrator and worker would disagree. Bump SEED and update deliberately instead.
         let tokens: Vec<u32> = (0..40).collect();
         assert_eq!(block_hashes(&tokens, 16), vec![GOLDEN[0], GOLDEN[1]]);
         assert_eq!(chain_hash(None, &[]), GOLDEN[2]);
+        // Frontends salt the chains they route with, and send the salt to workers: every frontend computes it alike.
+        assert_eq!(cache_salt("project:default"), 0x2f80_4f1c_9f3f_ee44);
     }
 
     const GOLDEN: [u64; 3] = [0x7cb0_6e6b_d1f3_6bc2, 0x5540_bc76_b1ee_6010, 0x2317_ef48_80b8_3615];

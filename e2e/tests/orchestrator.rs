@@ -130,6 +130,7 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
         logprobs: false,
         streaming_predicted: None,
         grammar: String::new(),
+        cache_salt: 0,
     });
     let endpoint: SocketAddr = decision.endpoint.parse().unwrap();
     let mut stream = fe.stream(endpoint, Role::Worker, generate).await.unwrap();

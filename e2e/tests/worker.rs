@@ -32,6 +32,7 @@ fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
         logprobs: false,
         streaming_predicted: None,
         grammar: String::new(),
+        cache_salt: 0,
     })
 }
 

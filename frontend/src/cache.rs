@@ -48,9 +48,12 @@ impl CachedAnswer {
     }
 }
 
-/// The canonical form of a request for the cache key: everything that decides the output, nothing else.
+/// The canonical form of a request for the cache key: everything that decides the output, and the cache scope it
+/// may be shared in (a project, or an admin's cache group: one tenant's answers are never another's hits).
 #[derive(Serialize)]
 pub struct CacheKeyParts<'a> {
+    /// `project:NAME` or `group:NAME` (`Cluster::cache_scope`).
+    pub scope: &'a str,
     /// Concrete model id.
     pub model: &'a str,
     /// Weights SHA-256 (hex).
@@ -208,6 +211,7 @@ mod tests {
     fn keys_cover_everything_that_decides_the_output() {
         let stop = vec!["\n\n".to_owned()];
         let base = CacheKeyParts {
+            scope: "project:a",
             model: "m",
             weights: "ab",
             prompt: "p",
@@ -222,6 +226,8 @@ mod tests {
         let k = base.key();
         assert_eq!(k, CacheKeyParts { ..base }.key());
         assert_ne!(k, CacheKeyParts { weights: "cd", ..base }.key());
+        assert_ne!(k, CacheKeyParts { scope: "project:b", ..base }.key());
+        assert_ne!(k, CacheKeyParts { scope: "group:a", ..base }.key());
         assert_ne!(k, CacheKeyParts { seed: Some(1), ..base }.key());
         assert_ne!(k, CacheKeyParts { max_tokens: 11, ..base }.key());
         assert_ne!(k, CacheKeyParts { stop: &[], ..base }.key());

@@ -124,6 +124,17 @@ impl Cluster {
         read(&self.synced).projects.get(name).cloned().unwrap_or_default()
     }
 
+    /// The cache scope of a project's requests (docs/api.md, "Isolation"): `group:NAME` when an admin put the
+    /// project in a cache group, else `project:NAME`. The response cache keys on it and the KV prefix chain is
+    /// salted with it, so nothing cached for one scope is ever a hit for another.
+    pub fn cache_scope(&self, project: &str) -> String {
+        let synced = read(&self.synced);
+        match synced.projects.get(project).map(|p| p.cache_group.as_str()).filter(|g| !g.is_empty()) {
+            Some(group) => format!("group:{group}"),
+            None => format!("project:{project}"),
+        }
+    }
+
     /// Whether the project exists in the routing state.
     pub fn project_known(&self, name: &str) -> bool {
         read(&self.synced).projects.contains_key(name)

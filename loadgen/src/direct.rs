@@ -78,6 +78,7 @@ impl DirectWorker {
                     logprobs: false,
                     streaming_predicted: None,
                     grammar: String::new(),
+                    cache_salt: 0,
                 };
                 rec.request_id = Some(request.request_id.clone());
                 rec.worker = Some(self.endpoint.clone());

@@ -379,6 +379,7 @@ impl Orchestrator {
                         .data_keys
                         .get(name)
                         .and_then(|k| Some((k.key_id.clone(), zl_common::keys::unhex(&k.key)?))),
+                    cache_group: state.cache_group(name).unwrap_or_default().to_owned(),
                 }
             })
             .collect();

@@ -141,6 +141,7 @@ async fn quic(calls: usize, frames: u32) {
         logprobs: false,
         streaming_predicted: None,
         grammar: String::new(),
+        cache_salt: 0,
     });
     let started = Instant::now();
     let mut stream = client.stream(addr, Role::Worker, generate).await.unwrap();

@@ -155,6 +155,7 @@ fn generate(request_id: &str, max_tokens: u32, prompt: Vec<u32>) -> Message {
         logprobs: false,
         streaming_predicted: None,
         grammar: String::new(),
+        cache_salt: 0,
     })
 }
 

@@ -108,6 +108,8 @@ struct Seq {
     max_total: usize,
     /// Draft tokens per step at most (0: no speculation).
     max_draft: usize,
+    /// The cache scope's salt: its prefix blocks are shared only with sequences of the same salt.
+    salt: Option<u64>,
 }
 
 /// Why a sequence cannot be admitted at all.
@@ -207,6 +209,7 @@ impl Scheduler {
             cached_prompt_tokens: 0,
             max_total,
             max_draft: 0,
+            salt: None,
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
@@ -217,6 +220,14 @@ impl Scheduler {
     pub fn speculate(&mut self, id: SeqId, max_draft: usize) {
         if let Some(seq) = self.seqs.get_mut(&id) {
             seq.max_draft = max_draft;
+        }
+    }
+
+    /// Put a queued sequence in a cache scope (`salt`, from `zl_common::block_hash::cache_salt`): it reuses and
+    /// offers prefix blocks only within that scope. Before it is admitted; without a call it is unsalted.
+    pub fn salt(&mut self, id: SeqId, salt: Option<u64>) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.salt = salt;
         }
     }
 
@@ -295,7 +306,7 @@ impl Scheduler {
         while plan.preempted.is_empty() && self.running.len() < self.config.max_running {
             let Some(&id) = self.waiting.front() else { break };
             let seq = self.seqs.get_mut(&id).expect("waiting sequences exist");
-            let mut blocks = self.pool.start(&seq.tokens);
+            let mut blocks = self.pool.start_salted(&seq.tokens, seq.salt);
             let rest = seq.tokens.len() - blocks.len();
             if self.pool.reserve(&mut blocks, rest).is_err() {
                 self.pool.release(blocks);

@@ -186,6 +186,7 @@ impl WorkerService {
             logprobs: g.logprobs,
             speculate: model.speculation.drafts_for(g.streaming_predicted),
             constraint,
+            cache_salt: (g.cache_salt != 0).then_some(g.cache_salt),
         };
         let mut generation = model
             .engine

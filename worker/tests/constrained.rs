@@ -39,6 +39,7 @@ fn request(engine: &EngineCore, grammars: &zl_grammar::Engine, user: &str, gramm
         logprobs: false,
         speculate: 4,
         constraint: Some(grammars.start(grammar).unwrap()),
+        cache_salt: None,
     }
 }
 

@@ -76,6 +76,7 @@ fn greedy_answer_names_paris() {
             logprobs: false,
             speculate: 0,
             constraint: None,
+            cache_salt: None,
         },
     )
     .unwrap();
@@ -95,6 +96,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
         logprobs: true,
         speculate: 0,
         constraint: None,
+        cache_salt: None,
     };
     let mut alone = engine();
     let req = target(&alone);
@@ -116,6 +118,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
                 logprobs: false,
                 speculate: 0,
                 constraint: None,
+                cache_salt: None,
             },
         )
         .unwrap();
@@ -140,6 +143,7 @@ fn cancelling_returns_every_block_to_the_pool() {
             logprobs: false,
             speculate: 0,
             constraint: None,
+            cache_salt: None,
         },
     )
     .unwrap();
@@ -215,6 +219,7 @@ fn copy_request(engine: &EngineCore, sampling: Sampling, max_tokens: u32, specul
         logprobs: true,
         speculate,
         constraint: None,
+        cache_salt: None,
     }
 }
 

@@ -30,6 +30,7 @@ fn greedy(device: Device, question: &str) -> (Vec<u32>, String) {
         logprobs: false,
         speculate: 0,
         constraint: None,
+        cache_salt: None,
     };
     e.add(1, req).unwrap();
     let (mut tokens, mut text) = (Vec::new(), String::new());

@@ -208,6 +208,7 @@ fn the_small_model_is_batch_invariant_through_the_engine() {
                         logprobs: false,
                         speculate: 0,
                         constraint: None,
+                        cache_salt: None,
                     },
                 )
                 .unwrap();
@@ -223,6 +224,7 @@ fn the_small_model_is_batch_invariant_through_the_engine() {
                     logprobs: false,
                     speculate: 0,
                     constraint: None,
+                    cache_salt: None,
                 },
             )
             .unwrap();

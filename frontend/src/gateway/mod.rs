@@ -413,19 +413,28 @@ impl Gateway {
         request_id: &str,
     ) -> Result<(Meta, Generation), Failure> {
         self.degrade(key, &mut p).map_err(|e| Failure::known(e, self.rate_figures(key)))?;
-        let input_sha256 = CacheKeyParts {
-            model: &p.card.model,
-            weights: &p.card.weights,
-            prompt: &p.prompt,
-            max_tokens: p.max_tokens,
-            temperature: p.sampling.temperature,
-            top_p: p.sampling.top_p,
-            top_k: p.sampling.top_k,
-            seed: p.sampling.seed,
-            stop: &p.stop_sequences,
-            grammar: &p.grammar,
-        }
-        .key();
+        // The text the billing signals read: its weight goes into the route, and the final unit reads it too.
+        let billing_input = std::mem::take(&mut p.billing_text);
+        let scope = self.cluster.cache_scope(&key.project);
+        // The key of what this request would be answered with: by the version the card names (a hit was stored by
+        // it), and, once routed, by the version the route actually serves (what a miss is stored under).
+        let key_for = |model: &str, weights: &str| {
+            CacheKeyParts {
+                scope: &scope,
+                model,
+                weights,
+                prompt: &p.prompt,
+                max_tokens: p.max_tokens,
+                temperature: p.sampling.temperature,
+                top_p: p.sampling.top_p,
+                top_k: p.sampling.top_k,
+                seed: p.sampling.seed,
+                stop: &p.stop_sequences,
+                grammar: &p.grammar,
+            }
+            .key()
+        };
+        let input_sha256 = key_for(&p.card.model, &p.card.weights);
         let cacheable = (p.sampling.temperature == 0.0 || p.sampling.seed.is_some()) && lock(&self.cache).enabled();
         let cache_key = (cacheable && !opts.bypass_cache).then_some(input_sha256);
         let (limits, quota) = self.limits_for(key);
@@ -488,15 +497,23 @@ impl Gateway {
             None => CacheStatus::Bypass,
         };
         metrics::counter!("zl_frontend_cache_total", "result" => cache_status.as_str()).increment(1);
-        // The text the billing signals read: its weight goes into the route, and the final unit reads it too.
-        let billing_input = std::mem::take(&mut p.billing_text);
+        let salt = zl_common::block_hash::cache_salt(&scope);
         let routed = Instant::now();
         let (decision, source, first, route_time) =
-            match self.route_and_open(&p, &billing_input, opts, request_id).await {
+            match self.route_and_open(&p, &billing_input, salt, opts, request_id).await {
                 Ok(ok) => ok,
                 Err(e) => return Err(Failure::known(e, rate)),
             };
         settle.started = true;
+        // A canary or a pin change may serve another version than the card's: its answer is stored, and audited,
+        // as that version's.
+        let served_weights = hex(&decision.weights_sha256);
+        let input_sha256 = if decision.model == p.card.model && served_weights == p.card.weights {
+            input_sha256
+        } else {
+            key_for(&decision.model, &served_weights)
+        };
+        let cache_key = cache_key.map(|_| input_sha256);
         let route_ms = route_time.as_secs_f64() * 1e3;
         let meta = Meta {
             model: decision.model.clone(),
@@ -507,7 +524,7 @@ impl Gateway {
             route_ms,
             cache: cache_status,
             rate,
-            weights_sha256: hex(&decision.weights_sha256),
+            weights_sha256: served_weights,
             input_sha256,
             orchestrator: decision.orchestrator_id.clone(),
         };
@@ -534,11 +551,15 @@ impl Gateway {
         &self,
         p: &Prepared,
         billing_input: &str,
+        salt: zl_common::block_hash::BlockHash,
         opts: &RequestOptions,
         request_id: &str,
     ) -> Result<(RouteDecision, Box<dyn TokenSource>, Message, Duration), ApiError> {
         let input_semantic_weight = billing::input_semantic_weight(billing_input);
-        let block_hashes = zl_common::block_hash::block_hashes(&p.tokens, p.card.kv_block_size.max(1) as usize);
+        // Salted with the request's cache scope, as the worker salts its prefix blocks: prefix-aware routing finds
+        // this scope's cached prefixes, and no other scope's.
+        let block_hashes =
+            zl_common::block_hash::salted_block_hashes(&p.tokens, p.card.kv_block_size.max(1) as usize, Some(salt));
         // Workers this frontend just saw die stay out of its routes until the orchestrators notice too.
         let mut excluded: Vec<NodeId> = lock(&self.suspects).excluded(Instant::now());
         let mut attempt = 0;
@@ -578,6 +599,7 @@ impl Gateway {
                 logprobs: false,
                 streaming_predicted: opts.streaming_predicted,
                 grammar: p.grammar.clone(),
+                cache_salt: salt,
             };
             let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
                 Ok(mut source) => loop {

@@ -55,6 +55,8 @@ pub struct Recorded {
 
 pub struct Fake {
     pub mode: Mutex<WorkerMode>,
+    /// The weights version routes serve ([0xab; 32], the card's, unless a test plays a canary).
+    pub served_weights: Mutex<[u8; 32]>,
     pub overloaded: Mutex<bool>,
     pub recorded: Mutex<Recorded>,
     pub dropped_streams: Arc<AtomicUsize>,
@@ -132,7 +134,7 @@ impl Upstream for Fake {
                 worker_id: NodeId::new(worker).unwrap(),
                 endpoint: format!("{worker}.local:7100"),
                 model: MODEL.into(),
-                weights_sha256: [0xab; 32],
+                weights_sha256: *self.served_weights.lock().unwrap(),
                 compute_pool: ComputePool::Cpu,
                 predicted_billing_unit: 0.06,
                 reason: "test".into(),
@@ -232,11 +234,14 @@ pub fn sync_state(index: u64) -> StateSync {
 pub struct Harness {
     pub app: axum::Router,
     pub fake: Arc<Fake>,
+    /// The frontend's cached routing state (tests apply their own syncs).
+    pub cluster: Arc<Cluster>,
 }
 
 pub fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
     let fake = Arc::new(Fake {
         mode: Mutex::new(WorkerMode::Normal),
+        served_weights: Mutex::new([0xab; 32]),
         overloaded: Mutex::new(false),
         recorded: Mutex::default(),
         dropped_streams: Arc::default(),
@@ -244,8 +249,9 @@ pub fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
     });
     let cluster = Arc::new(Cluster::default());
     cluster.apply(sync_state(0), Instant::now());
-    let gateway = Arc::new(Gateway::new(fake.clone(), cluster, config));
-    Harness { app: router(App { gateway, metrics: None, body_limit, spill: Default::default(), audit: None }), fake }
+    let gateway = Arc::new(Gateway::new(fake.clone(), cluster.clone(), config));
+    let app = router(App { gateway, metrics: None, body_limit, spill: Default::default(), audit: None });
+    Harness { app, fake, cluster }
 }
 
 pub fn harness() -> Harness {

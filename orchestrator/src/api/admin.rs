@@ -311,6 +311,15 @@ impl pb::admin_server::Admin for AdminService {
         self.write(ledger::set_priority(req.into_inner())?).await
     }
 
+    async fn set_cache_group(
+        &self,
+        req: Request<pb::SetCacheGroupRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        self.write(Command::SetCacheGroup { project: r.project, group: (!r.group.is_empty()).then_some(r.group) }).await
+    }
+
     async fn set_content_logging(
         &self,
         req: Request<pb::SetContentLoggingRequest>,

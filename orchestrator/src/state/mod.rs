@@ -207,6 +207,14 @@ pub enum Command {
         /// The budget.
         budget: Option<BudgetSpec>,
     },
+    /// Put a project in a cache group (`Some`), whose projects share the response cache and KV prefixes, or keep
+    /// its caches to itself (`None`, the default).
+    SetCacheGroup {
+        /// Project.
+        project: String,
+        /// The group.
+        group: Option<String>,
+    },
     /// Set a project's priority class under degradation: 0 high, 1 normal, 2 low.
     SetPriority {
         /// Project.
@@ -257,6 +265,7 @@ impl Command {
             Command::SetPoolThresholds(_) => "set_pool_thresholds",
             Command::SetBudget { .. } => "set_budget",
             Command::SetPriority { .. } => "set_priority",
+            Command::SetCacheGroup { .. } => "set_cache_group",
             Command::SetDataKey { .. } => "set_data_key",
             Command::ShredDataKey { .. } => "shred_data_key",
             Command::FrontendReport { .. } => "frontend_report",
@@ -336,6 +345,9 @@ pub struct RoutingState {
     pool_pins: BTreeMap<String, ComputePool>,
     keys: BTreeMap<String, ApiKey>,
     projects: BTreeMap<String, Quota>,
+    /// Projects an admin put in a cache group (the others keep their caches to themselves).
+    #[serde(default)]
+    cache_groups: BTreeMap<String, String>,
     billing_weights: BillingWeights,
     pool_thresholds: PoolThresholds,
     #[serde(default)]
@@ -511,6 +523,18 @@ impl RoutingState {
                 }
                 self.ledger.set_budget(project, *budget);
             }
+            Command::SetCacheGroup { project, group } => {
+                self.project_exists(project)?;
+                match group {
+                    Some(g) => {
+                        check_name("cache group", g)?;
+                        self.cache_groups.insert(project.clone(), g.clone());
+                    }
+                    None => {
+                        self.cache_groups.remove(project);
+                    }
+                }
+            }
             Command::SetPriority { project, class } => {
                 self.project_exists(project)?;
                 if *class > 2 {
@@ -681,6 +705,11 @@ impl RoutingState {
     /// Projects and their quotas.
     pub fn projects(&self) -> &BTreeMap<String, Quota> {
         &self.projects
+    }
+
+    /// The cache group a project is in, if an admin put it in one.
+    pub fn cache_group(&self, project: &str) -> Option<&str> {
+        self.cache_groups.get(project).map(String::as_str)
     }
 
     /// The key whose secret this is. The lookup is by the secret's SHA-256, so its timing depends on the hash,

@@ -130,3 +130,29 @@ fn reregistration_keeps_the_drain_flag() {
     assert!(s.workers()[&id("w1")].draining);
     assert_eq!(s.workers()[&id("w1")].spec.models[0].weights_sha256, sha(2));
 }
+
+#[test]
+fn cache_groups_are_per_project_and_survive_a_snapshot() {
+    let mut s = RoutingState::default();
+    let group = |project: &str, group: Option<&str>| Command::SetCacheGroup {
+        project: project.into(),
+        group: group.map(str::to_owned),
+    };
+    let err = s.apply(1, &group("acme", Some("shared"))).unwrap_err();
+    assert!(err.to_string().contains("acme"), "an unknown project is refused: {err}");
+    for (i, p) in ["acme", "beta"].into_iter().enumerate() {
+        s.apply(2 + i as u64, &Command::SetProject { name: p.into(), quota: Quota::default() }).unwrap();
+    }
+    assert_eq!(s.cache_group("acme"), None, "each project's caches are its own by default");
+    assert!(s.apply(4, &group("acme", Some("has space"))).is_err());
+    s.apply(5, &group("acme", Some("shared"))).unwrap();
+    s.apply(6, &group("beta", Some("shared"))).unwrap();
+    let restored = RoutingState::restore(&s.snapshot()).unwrap();
+    assert_eq!((restored.cache_group("acme"), restored.cache_group("beta")), (Some("shared"), Some("shared")));
+    s.apply(7, &group("beta", None)).unwrap();
+    assert_eq!(s.cache_group("beta"), None);
+    // A snapshot written before cache groups existed still restores.
+    let mut old: serde_json::Value = serde_json::from_slice(&RoutingState::default().snapshot()).unwrap();
+    old.as_object_mut().unwrap().remove("cache_groups");
+    assert!(RoutingState::restore(&serde_json::to_vec(&old).unwrap()).is_ok());
+}

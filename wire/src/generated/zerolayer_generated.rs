@@ -2449,6 +2449,7 @@ impl<'a> GenerateRequest<'a> {
   pub const VT_LOGPROBS: ::flatbuffers::VOffsetT = 22;
   pub const VT_STREAMING_PREDICTED: ::flatbuffers::VOffsetT = 24;
   pub const VT_GRAMMAR: ::flatbuffers::VOffsetT = 26;
+  pub const VT_CACHE_SALT: ::flatbuffers::VOffsetT = 28;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2460,6 +2461,7 @@ impl<'a> GenerateRequest<'a> {
     args: &'args GenerateRequestArgs<'args>
   ) -> ::flatbuffers::WIPOffset<GenerateRequest<'bldr>> {
     let mut builder = GenerateRequestBuilder::new(_fbb);
+    builder.add_cache_salt(args.cache_salt);
     if let Some(x) = args.grammar { builder.add_grammar(x); }
     if let Some(x) = args.stop_sequences { builder.add_stop_sequences(x); }
     builder.add_max_tokens(args.max_tokens);
@@ -2574,6 +2576,16 @@ impl<'a> GenerateRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GenerateRequest::VT_GRAMMAR, None)}
   }
+  /// The prompt's cache scope (protocol 1.4): its prefix-cache blocks chain from this salt (`zl_common::block_hash::
+  /// cache_salt` of `project:NAME` or `group:NAME`), so only requests of the same scope share cached prefixes and
+  /// `cached_input_tokens` never counts another scope's. 0: unsalted (what 1.3 frontends send).
+  #[inline]
+  pub fn cache_salt(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(GenerateRequest::VT_CACHE_SALT, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
@@ -2594,6 +2606,7 @@ impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
      .visit_field::<bool>("logprobs", Self::VT_LOGPROBS, false)?
      .visit_field::<bool>("streaming_predicted", Self::VT_STREAMING_PREDICTED, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("grammar", Self::VT_GRAMMAR, false)?
+     .visit_field::<u64>("cache_salt", Self::VT_CACHE_SALT, false)?
      .finish();
     Ok(())
   }
@@ -2611,6 +2624,7 @@ pub struct GenerateRequestArgs<'a> {
     pub logprobs: bool,
     pub streaming_predicted: Option<bool>,
     pub grammar: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub cache_salt: u64,
 }
 impl<'a> Default for GenerateRequestArgs<'a> {
   #[inline]
@@ -2628,6 +2642,7 @@ impl<'a> Default for GenerateRequestArgs<'a> {
       logprobs: false,
       streaming_predicted: None,
       grammar: None,
+      cache_salt: 0,
     }
   }
 }
@@ -2686,6 +2701,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GenerateRequestBuilder<'a, 'b
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GenerateRequest::VT_GRAMMAR, grammar);
   }
   #[inline]
+  pub fn add_cache_salt(&mut self, cache_salt: u64) {
+    self.fbb_.push_slot::<u64>(GenerateRequest::VT_CACHE_SALT, cache_salt, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GenerateRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GenerateRequestBuilder {
@@ -2717,6 +2736,7 @@ impl ::core::fmt::Debug for GenerateRequest<'_> {
       ds.field("logprobs", &self.logprobs());
       ds.field("streaming_predicted", &self.streaming_predicted());
       ds.field("grammar", &self.grammar());
+      ds.field("cache_salt", &self.cache_salt());
       ds.finish()
   }
 }
@@ -4014,6 +4034,7 @@ impl<'a> ProjectQuota<'a> {
   pub const VT_BUDGET_LIMIT: ::flatbuffers::VOffsetT = 22;
   pub const VT_CONTENT_KEY_ID: ::flatbuffers::VOffsetT = 24;
   pub const VT_CONTENT_KEY: ::flatbuffers::VOffsetT = 26;
+  pub const VT_CACHE_GROUP: ::flatbuffers::VOffsetT = 28;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -4026,6 +4047,7 @@ impl<'a> ProjectQuota<'a> {
   ) -> ::flatbuffers::WIPOffset<ProjectQuota<'bldr>> {
     let mut builder = ProjectQuotaBuilder::new(_fbb);
     builder.add_budget_limit(args.budget_limit);
+    if let Some(x) = args.cache_group { builder.add_cache_group(x); }
     if let Some(x) = args.content_key { builder.add_content_key(x); }
     if let Some(x) = args.content_key_id { builder.add_content_key_id(x); }
     builder.add_output_tokens_per_minute(args.output_tokens_per_minute);
@@ -4130,6 +4152,15 @@ impl<'a> ProjectQuota<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(ProjectQuota::VT_CONTENT_KEY, None)}
   }
+  /// The cache group an admin put the project in (protocol 1.4): projects of one group share the response cache
+  /// and KV prefixes; empty (the default) keeps them to the project alone.
+  #[inline]
+  pub fn cache_group(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ProjectQuota::VT_CACHE_GROUP, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ProjectQuota<'_> {
@@ -4150,6 +4181,7 @@ impl ::flatbuffers::Verifiable for ProjectQuota<'_> {
      .visit_field::<u64>("budget_limit", Self::VT_BUDGET_LIMIT, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("content_key_id", Self::VT_CONTENT_KEY_ID, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("content_key", Self::VT_CONTENT_KEY, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("cache_group", Self::VT_CACHE_GROUP, false)?
      .finish();
     Ok(())
   }
@@ -4167,6 +4199,7 @@ pub struct ProjectQuotaArgs<'a> {
     pub budget_limit: u64,
     pub content_key_id: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub content_key: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+    pub cache_group: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for ProjectQuotaArgs<'a> {
   #[inline]
@@ -4184,6 +4217,7 @@ impl<'a> Default for ProjectQuotaArgs<'a> {
       budget_limit: 0,
       content_key_id: None,
       content_key: None,
+      cache_group: None,
     }
   }
 }
@@ -4242,6 +4276,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ProjectQuotaBuilder<'a, 'b, A
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ProjectQuota::VT_CONTENT_KEY, content_key);
   }
   #[inline]
+  pub fn add_cache_group(&mut self, cache_group: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ProjectQuota::VT_CACHE_GROUP, cache_group);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ProjectQuotaBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ProjectQuotaBuilder {
@@ -4272,6 +4310,7 @@ impl ::core::fmt::Debug for ProjectQuota<'_> {
       ds.field("budget_limit", &self.budget_limit());
       ds.field("content_key_id", &self.content_key_id());
       ds.field("content_key", &self.content_key());
+      ds.field("cache_group", &self.cache_group());
       ds.finish()
   }
 }

@@ -87,6 +87,8 @@ pub struct GenerateRequest {
     pub streaming_predicted: Option<bool>,
     /// A grammar the output must match (llguidance Lark); empty for none.
     pub grammar: String,
+    /// The prompt's cache scope salt (`zl_common::block_hash::cache_salt`); 0 for unsalted.
+    pub cache_salt: u64,
 }
 
 impl GenerateRequest {
@@ -150,6 +152,7 @@ impl GenerateRequest {
                 logprobs: self.logprobs,
                 streaming_predicted: self.streaming_predicted,
                 grammar,
+                cache_salt: self.cache_salt,
             },
         )
     }
@@ -179,6 +182,7 @@ impl GenerateRequest {
             logprobs: t.logprobs(),
             streaming_predicted: t.streaming_predicted(),
             grammar: t.grammar().unwrap_or_default().to_owned(),
+            cache_salt: t.cache_salt(),
         };
         msg.check()?;
         Ok(msg)

@@ -188,6 +188,8 @@ pub struct ProjectQuota {
     pub budget: Option<Budget>,
     /// Content logging's data key (id, 32 bytes), when on.
     pub content_key: Option<(String, Vec<u8>)>,
+    /// The cache group an admin put the project in (shared response cache and KV prefixes); empty for none.
+    pub cache_group: String,
 }
 
 impl Default for ProjectQuota {
@@ -202,6 +204,7 @@ impl Default for ProjectQuota {
             priority: 1,
             budget: None,
             content_key: None,
+            cache_group: String::new(),
         }
     }
 }
@@ -272,6 +275,9 @@ impl StateSync {
             if p.priority > 2 {
                 return Err(invalid("ProjectQuota.priority", "0, 1 or 2"));
             }
+            if !p.cache_group.is_empty() {
+                check::id("ProjectQuota.cache_group", &p.cache_group)?;
+            }
             if let Some((id, k)) = &p.content_key {
                 check::id("ProjectQuota.content_key_id", id)?;
                 if k.len() != 32 {
@@ -313,6 +319,7 @@ impl StateSync {
                 let project = fbb.create_string(&p.project);
                 let content_key_id = p.content_key.as_ref().map(|(id, _)| fbb.create_string(id));
                 let content_key = p.content_key.as_ref().map(|(_, k)| fbb.create_vector(k));
+                let cache_group = (!p.cache_group.is_empty()).then(|| fbb.create_string(&p.cache_group));
                 let budget = p.budget.unwrap_or(Budget {
                     metric: BudgetMetric::MilliUnits,
                     period: BudgetPeriod::Day,
@@ -339,6 +346,7 @@ impl StateSync {
                         budget_limit: budget.limit,
                         content_key_id,
                         content_key,
+                        cache_group,
                     },
                 )
             })
@@ -414,6 +422,7 @@ impl StateSync {
                         priority: p.priority(),
                         budget,
                         content_key,
+                        cache_group: p.cache_group().unwrap_or_default().to_owned(),
                     })
                 })
                 .collect::<Result<_, MessageError>>()?,

@@ -89,6 +89,7 @@ pub(crate) fn samples() -> Vec<Message> {
             logprobs: true,
             streaming_predicted: Some(false),
             grammar: "start: \"a\"".into(),
+            cache_salt: 7,
         }),
         Message::GenerateRequest(GenerateRequest {
             request_id: "req_02".into(),
@@ -102,6 +103,7 @@ pub(crate) fn samples() -> Vec<Message> {
             logprobs: false,
             streaming_predicted: None,
             grammar: String::new(),
+            cache_salt: 0,
         }),
         Message::TokenChunk(TokenChunk {
             token_ids: vec![504, 3],
@@ -163,6 +165,7 @@ pub(crate) fn samples() -> Vec<Message> {
                 priority: 2,
                 budget: Some(Budget { metric: BudgetMetric::Tokens, period: BudgetPeriod::Month, limit: 1_000_000 }),
                 content_key: Some(("dk_1".into(), vec![9; 32])),
+                cache_group: "team-a".into(),
             }],
             models: vec![ModelInfo {
                 id: "smollm2-135m-instruct".into(),

@@ -35,6 +35,9 @@ pub struct Request {
     pub speculate: usize,
     /// The grammar the output must match, compiled; `None` for free output.
     pub constraint: Option<zl_grammar::Constraint>,
+    /// The prompt's cache scope salt (`zl_common::block_hash::cache_salt`): prefix blocks are shared only with
+    /// requests of the same scope. `None`: unsalted.
+    pub cache_salt: Option<u64>,
 }
 
 /// Something that happened to a sequence during a step.
@@ -207,6 +210,7 @@ impl EngineCore {
         }
         let prompt_len = req.prompt.len() as u32;
         self.sched.add(seq, req.prompt, req.max_tokens as usize)?;
+        self.sched.salt(seq, req.cache_salt);
         // Constrained requests do not speculate: every draft would need its own mask.
         self.sched.speculate(seq, if req.constraint.is_some() { 0 } else { req.speculate });
         self.seqs.insert(

@@ -180,7 +180,13 @@ impl BlockPool {
     /// Start a sequence for `prompt`: pin the longest run of its leading full blocks that is cached. At least the
     /// last prompt token is always left to compute, since its logits pick the first output token.
     pub fn start(&mut self, prompt: &[u32]) -> SeqBlocks {
-        let mut seq = SeqBlocks::default();
+        self.start_salted(prompt, None)
+    }
+
+    /// [`KvPool::start`] for a prompt of a cache scope: its block chain starts from `salt`
+    /// (`zl_common::block_hash::cache_salt`), so it finds, and later offers, only blocks of the same scope.
+    pub fn start_salted(&mut self, prompt: &[u32], salt: Option<BlockHash>) -> SeqBlocks {
+        let mut seq = SeqBlocks { parent: salt, ..SeqBlocks::default() };
         let shareable = prompt.len().saturating_sub(1) / self.block_size;
         for chunk in prompt.chunks_exact(self.block_size).take(shareable) {
             self.lookups += 1;
@@ -350,6 +356,29 @@ mod tests {
         // The first sequence stopped looking at its first miss; the second found both blocks.
         assert_eq!((s.prefix_lookups, s.prefix_hits), (3, 2));
         assert_eq!(s.used, 3, "shared blocks count once");
+    }
+
+    #[test]
+    fn a_prefix_is_shared_within_its_cache_scope_only() {
+        use zl_common::block_hash::{cache_salt, salted_block_hashes};
+        let mut pool = BlockPool::new(16, 4);
+        let (a, b) = (Some(cache_salt("project:a")), Some(cache_salt("project:b")));
+        let prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+        let mut first = pool.start_salted(&prompt, a);
+        pool.reserve(&mut first, prompt.len()).unwrap();
+        pool.commit(&mut first, &prompt);
+        // Another scope, and the unsalted chain, find nothing of it; the same scope finds both full blocks.
+        assert_eq!(pool.start_salted(&prompt, b).cached_tokens(), 0);
+        assert_eq!(pool.start(&prompt).cached_tokens(), 0);
+        assert_eq!(pool.start_salted(&prompt, a).cached_tokens(), 8);
+        // What the pool reports (and prefix-aware routing matches) is the scope's salted chain, as a frontend
+        // computes it for the route.
+        let stored: Vec<_> = pool
+            .drain_events()
+            .into_iter()
+            .filter_map(|e| if let KvEvent::Stored(h) = e { Some(h) } else { None })
+            .collect();
+        assert_eq!(stored, salted_block_hashes(&prompt, 4, a));
     }
 
     #[test]

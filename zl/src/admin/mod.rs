@@ -162,6 +162,14 @@ pub(crate) enum AdminCommand {
         #[arg(long)]
         limit: f64,
     },
+    /// Put a project in a cache group: projects of one group share the response cache and KV prefixes (each
+    /// project's are its own by default). Without GROUP the project leaves its group.
+    CacheGroup {
+        /// Project.
+        project: String,
+        /// The group.
+        group: Option<String>,
+    },
     /// A project's priority class under degradation: high, normal or low.
     Priority {
         /// Project.
@@ -384,6 +392,16 @@ async fn run_async(args: AdminArgs) -> Result<()> {
         AdminCommand::Fallback { model, chain } => written(
             &format!("fallback chain for {model} set"),
             c.set_fallback(pb::SetFallbackRequest { model, chain }).await.map_err(call)?.into_inner(),
+        ),
+        AdminCommand::CacheGroup { project, group } => written(
+            &match &group {
+                Some(g) => format!("{project} shares its caches with cache group {g}"),
+                None => format!("{project} keeps its caches to itself"),
+            },
+            c.set_cache_group(pb::SetCacheGroupRequest { project, group: group.unwrap_or_default() })
+                .await
+                .map_err(call)?
+                .into_inner(),
         ),
         AdminCommand::PinPool { model, pool } => written(
             &format!("{model} pinned to pool {}", pool.as_deref().unwrap_or("(any)")),

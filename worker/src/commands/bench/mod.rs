@@ -163,6 +163,7 @@ fn prefill(core: &mut zl_worker::engine::EngineCore, lengths: &[usize]) -> Resul
             logprobs: false,
             speculate: 0,
             constraint: None,
+            cache_salt: None,
         };
         core.add(1_000_000 + i as u64, req)?;
         let started = Instant::now();
@@ -246,6 +247,7 @@ fn run_level(
                 Some((engine, grammar)) => Some(engine.start(grammar)?),
                 None => None,
             },
+            cache_salt: None,
         };
         core.add((level.no * 10_000 + i) as u64, req)?;
     }

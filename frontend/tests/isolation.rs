@@ -1,0 +1,101 @@
+//! Tenants do not see each other through shared caches (docs/api.md, "Isolation"): the response cache and the KV
+//! prefix chain are scoped per project unless an admin puts projects in one cache group, and an answer is cached
+//! under the weights version that actually served it.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::time::Instant;
+
+use axum::body::Body;
+use common::{KEY, MODEL, harness, post, sync_state, text};
+use serde_json::{Value, json};
+use zl_common::keys::secret_sha256;
+use zl_wire::message::{ApiKeyEntry, ProjectQuota};
+
+const KEY_B: &str = "sk-zl-test-key-of-beta";
+
+/// Two projects, `acme` (key [`KEY`]) and `beta` (key [`KEY_B`]), each in `groups`' cache group where given.
+fn two_projects(index: u64, groups: [&str; 2]) -> zl_wire::message::StateSync {
+    let mut sync = sync_state(index);
+    sync.keys.push(ApiKeyEntry {
+        key_id: "key-b".into(),
+        secret_sha256: secret_sha256(KEY_B),
+        project: "beta".into(),
+        regions: vec![],
+    });
+    sync.projects = ["acme", "beta"]
+        .into_iter()
+        .zip(groups)
+        .map(|(p, g)| ProjectQuota { project: p.into(), cache_group: g.into(), ..ProjectQuota::default() })
+        .collect();
+    sync
+}
+
+/// A greedy request long enough for several KV blocks (the fake's block size is 4).
+fn greedy() -> Value {
+    json!({"model": MODEL, "max_tokens": 4, "temperature": 0, "system": "secret plans",
+        "messages": [{"role": "user", "content": "hello world"}]})
+}
+
+async fn ask(h: &common::Harness, key: &str) -> String {
+    let req = post("/v1/messages", ()).header("x-api-key", key).body(Body::from(greedy().to_string())).unwrap();
+    let resp = h.send(req).await;
+    let status = resp.status();
+    let cache = resp.headers().get("x-zl-cache").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
+    let body = text(resp).await;
+    assert_eq!(status, 200, "{body}");
+    cache
+}
+
+#[tokio::test]
+async fn one_project_never_hits_another_projects_cache() {
+    let h = harness();
+    h.cluster.apply(two_projects(1, ["", ""]), Instant::now());
+    assert_eq!(ask(&h, KEY).await, "miss");
+    assert_eq!(ask(&h, KEY_B).await, "miss", "beta sent acme's greedy prompt: no hit");
+    assert_eq!(ask(&h, KEY).await, "hit");
+    assert_eq!(ask(&h, KEY_B).await, "hit", "beta's own answer");
+
+    // Each project's prompt went to the worker salted with its own scope, and routed by salted block hashes: no
+    // block hash of one is a block hash of the other, so neither prefix-aware routing nor the worker's prefix cache
+    // (and `cache_read_input_tokens`) can tell one tenant about the other's prompt.
+    let recorded = h.fake.recorded.lock().unwrap();
+    let (a, b) = (&recorded.generates[0].1, &recorded.generates[1].1);
+    assert_eq!(a.prompt, b.prompt);
+    assert_ne!(a.cache_salt, 0);
+    assert_ne!(a.cache_salt, b.cache_salt);
+    assert_eq!(a.cache_salt, zl_common::block_hash::cache_salt("project:acme"));
+    let (ra, rb) = (&recorded.routes[0].block_hashes, &recorded.routes[1].block_hashes);
+    assert!(ra.len() >= 4, "the prompt spans several blocks: {}", ra.len());
+    assert!(ra.iter().all(|h| !rb.contains(h)));
+}
+
+#[tokio::test]
+async fn projects_in_one_cache_group_share() {
+    let h = harness();
+    h.cluster.apply(two_projects(1, ["team", "team"]), Instant::now());
+    assert_eq!(ask(&h, KEY).await, "miss");
+    assert_eq!(ask(&h, KEY_B).await, "hit", "an admin put both projects in cache group `team`");
+    // Taking beta out of the group gives it its own caches again.
+    h.cluster.apply(two_projects(2, ["team", ""]), Instant::now());
+    assert_eq!(ask(&h, KEY_B).await, "miss");
+    let recorded = h.fake.recorded.lock().unwrap();
+    assert_eq!(recorded.generates[0].1.cache_salt, zl_common::block_hash::cache_salt("group:team"));
+    assert_eq!(recorded.generates[1].1.cache_salt, zl_common::block_hash::cache_salt("project:beta"));
+}
+
+#[tokio::test]
+async fn an_answer_is_cached_under_the_version_that_served_it() {
+    let h = harness();
+    h.cluster.apply(two_projects(1, ["", ""]), Instant::now());
+    // A canary: the route serves another version than the model card names. Its answer must not become the
+    // card's version's cached answer.
+    *h.fake.served_weights.lock().unwrap() = [0xcd; 32];
+    assert_eq!(ask(&h, KEY).await, "miss");
+    assert_eq!(ask(&h, KEY).await, "miss", "stored as the canary's answer, not the card's");
+    // Served by the card's version, the answer is cached and found again.
+    *h.fake.served_weights.lock().unwrap() = [0xab; 32];
+    assert_eq!(ask(&h, KEY).await, "miss");
+    assert_eq!(ask(&h, KEY).await, "hit");
+}
