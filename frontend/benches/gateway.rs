@@ -110,7 +110,15 @@ fn main() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = h.app.clone();
-        tokio::spawn(zl_frontend::http::serve(listener, app, None, std::future::pending(), Duration::from_secs(1)));
+        let edge = zl_frontend::http::EdgeLimits::default();
+        tokio::spawn(zl_frontend::http::serve(
+            listener,
+            app,
+            None,
+            std::future::pending(),
+            Duration::from_secs(1),
+            edge,
+        ));
         println!("gateway overhead with a zero-cost upstream, {REQUESTS} requests per line");
         for clients in [1, 8] {
             in_process(&h, clients).await;

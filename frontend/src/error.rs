@@ -29,6 +29,8 @@ pub enum ErrorKind {
     Permission,
     /// 404.
     NotFound,
+    /// 408: the client did not send its request body within the body-read deadline.
+    RequestTimeout,
     /// 413.
     RequestTooLarge,
     /// 429.
@@ -47,6 +49,7 @@ impl ErrorKind {
             ErrorKind::Authentication => StatusCode::UNAUTHORIZED,
             ErrorKind::Permission => StatusCode::FORBIDDEN,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::RateLimit => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Api => StatusCode::INTERNAL_SERVER_ERROR,
@@ -62,6 +65,7 @@ impl ErrorKind {
             ErrorKind::Authentication => "authentication_error",
             ErrorKind::Permission => "permission_error",
             ErrorKind::NotFound => "not_found_error",
+            ErrorKind::RequestTimeout => "invalid_request_error",
             ErrorKind::RequestTooLarge => "request_too_large",
             ErrorKind::RateLimit => "rate_limit_error",
             ErrorKind::Api => "api_error",
@@ -76,6 +80,7 @@ impl ErrorKind {
             ErrorKind::Authentication => ("invalid_request_error", Some("invalid_api_key")),
             ErrorKind::Permission => ("invalid_request_error", Some("permission_denied")),
             ErrorKind::NotFound => ("invalid_request_error", Some("model_not_found")),
+            ErrorKind::RequestTimeout => ("invalid_request_error", Some("request_timeout")),
             ErrorKind::RequestTooLarge => ("invalid_request_error", Some("request_too_large")),
             ErrorKind::RateLimit => ("requests", Some("rate_limit_exceeded")),
             ErrorKind::Api => ("server_error", None),

@@ -96,6 +96,16 @@ struct ServeArgs {
     /// On shutdown, how long open requests and streams may take to finish.
     #[arg(long, env = "ZL_DRAIN_TIMEOUT_S", default_value_t = 30)]
     drain_timeout_s: u64,
+    /// A connection's first bytes, each HTTP/1 request head and an idle keep-alive connection's next request must
+    /// arrive within this; HTTP/2 peers must answer pings within it (slow or silent clients are cut off).
+    #[arg(long, env = "ZL_HEADER_TIMEOUT_S", default_value_t = 10)]
+    header_timeout_s: u64,
+    /// A request body must arrive within this once its head did (408 otherwise).
+    #[arg(long, env = "ZL_BODY_TIMEOUT_S", default_value_t = 60)]
+    body_timeout_s: u64,
+    /// Connections served at once; more wait in the kernel's accept queue until one closes.
+    #[arg(long, env = "ZL_MAX_CONNECTIONS", default_value_t = 4096)]
+    max_connections: usize,
     #[command(flatten)]
     region: zl_node::region::RegionArgs,
     /// Peer regions' frontends, nearest first, as REGION=URL (comma-separated or repeated): where requests this
@@ -212,6 +222,9 @@ fn degrade(args: &ServeArgs) -> Result<(DegradeConfig, Thresholds)> {
 fn check(args: &ServeArgs) -> Result<()> {
     audit_config(args)?;
     degrade(args)?;
+    if args.header_timeout_s == 0 || args.body_timeout_s == 0 || args.max_connections == 0 {
+        bail!("--header-timeout-s, --body-timeout-s and --max-connections must be at least 1");
+    }
     if args.replicas == 0 || args.sync_interval_ms == 0 || args.body_limit_mb == 0 {
         bail!("--replicas, --sync-interval-ms and --body-limit-mb must be at least 1");
     }
@@ -365,10 +378,16 @@ async fn serve(args: ServeArgs) -> Result<()> {
         }
         _ => None,
     };
+    let edge = http::EdgeLimits {
+        header_timeout: Duration::from_secs(args.header_timeout_s),
+        body_timeout: Duration::from_secs(args.body_timeout_s),
+        max_connections: args.max_connections,
+    };
     let app = App {
         gateway,
         metrics: Some(metrics),
         body_limit: args.body_limit_mb * 1024 * 1024,
+        edge,
         spill,
         audit: audit.clone(),
     };
@@ -404,6 +423,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             }
         },
         Duration::from_secs(args.drain_timeout_s),
+        edge,
     )
     .await;
     if let Some((registrar, follow)) = consul {

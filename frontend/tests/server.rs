@@ -14,18 +14,25 @@ use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 use zl_frontend::gateway::GatewayConfig;
-use zl_frontend::http::serve;
+use zl_frontend::http::{EdgeLimits, serve};
 
 async fn start(
     tls: Option<Arc<rustls::ServerConfig>>,
 ) -> (std::net::SocketAddr, Harness, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
-    let h = harness_with(GatewayConfig::default(), 1024 * 1024);
+    start_with(tls, EdgeLimits::default()).await
+}
+
+async fn start_with(
+    tls: Option<Arc<rustls::ServerConfig>>,
+    edge: EdgeLimits,
+) -> (std::net::SocketAddr, Harness, tokio::sync::oneshot::Sender<()>, tokio::task::JoinHandle<()>) {
+    let h = harness_with_edge(GatewayConfig::default(), 1024 * 1024, edge);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let app = h.app.clone();
     let task = tokio::spawn(async move {
-        serve(listener, app, tls, async { drop(stopped.await) }, Duration::from_secs(10)).await;
+        serve(listener, app, tls, async { drop(stopped.await) }, Duration::from_secs(10), edge).await;
     });
     (addr, h, stop, task)
 }
@@ -145,4 +152,108 @@ async fn an_early_401_keeps_the_connection_usable_or_announces_its_close() {
     assert_eq!(resp.headers().get("connection").map(|v| v.to_str().unwrap()), Some("close"));
     body_text(resp).await;
     tokio::time::timeout(Duration::from_secs(5), conn).await.expect("the server closes the connection").ok();
+}
+
+/// Tight edge limits for the slow-client tests.
+fn tight(max_connections: usize) -> EdgeLimits {
+    EdgeLimits { header_timeout: Duration::from_secs(1), body_timeout: Duration::from_secs(1), max_connections }
+}
+
+/// Read until the server closes the connection (or `within` passes); what it sent, and whether it closed.
+async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> (String, bool) {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .is_ok();
+    (String::from_utf8_lossy(&got).into_owned(), closed)
+}
+
+#[tokio::test]
+async fn a_slowloris_is_cut_off_at_the_header_deadline() {
+    use tokio::io::AsyncWriteExt;
+    let (addr, _h, _stop, _task) = start_with(None, tight(64)).await;
+
+    // Headers trickled one line every 300 ms would take 6 s: the connection is closed after about 1 s.
+    let mut slow = TcpStream::connect(addr).await.unwrap();
+    let started = std::time::Instant::now();
+    slow.write_all(b"POST /v1/messages HTTP/1.1\r\nhost: localhost\r\n").await.unwrap();
+    let mut cut_off = false;
+    for i in 0..20 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        if slow.write_all(format!("x-trickle-{i}: {i}\r\n").as_bytes()).await.is_err() {
+            cut_off = true;
+            break;
+        }
+        let mut probe = [0u8; 256];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(1), slow.peek(&mut probe)).await {
+            cut_off = true;
+            break;
+        }
+    }
+    let elapsed = started.elapsed();
+    assert!(cut_off, "the slow connection was still open after {elapsed:?}");
+    assert!(elapsed < Duration::from_secs(4), "cut off only after {elapsed:?}");
+
+    // A connection that sends nothing, and one that sends only the first byte of the h2c preface, are closed too.
+    for first in [&b""[..], &b"P"[..]] {
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        silent.write_all(first).await.unwrap();
+        let (_, closed) = read_until_closed(&mut silent, Duration::from_secs(4)).await;
+        assert!(closed, "a connection that sent {first:?} was not closed");
+    }
+
+    // A head in time but a body trickled past the body deadline gets a 408 in the API's error format.
+    let mut trickle = TcpStream::connect(addr).await.unwrap();
+    trickle
+        .write_all(
+            format!(
+                "POST /v1/messages HTTP/1.1\r\nhost: localhost\r\nx-api-key: {KEY}\r\ncontent-type: application/json\r\n\
+                 content-length: 100\r\n\r\n{{\"model\":"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    let (answer, _) = read_until_closed(&mut trickle, Duration::from_secs(4)).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"type\":\"invalid_request_error\"") && answer.contains("did not arrive"), "{answer}");
+
+    // Prompt clients are unaffected.
+    let io = TokioIo::new(TcpStream::connect(addr).await.unwrap());
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    assert_eq!(h1.send_request(healthz(Version::HTTP_11)).await.unwrap().status().as_u16(), 200);
+}
+
+#[tokio::test]
+async fn connections_past_the_cap_wait_for_a_free_slot() {
+    use tokio::io::AsyncWriteExt;
+    let (addr, _h, _stop, _task) = start_with(None, tight(1)).await;
+    // The one slot is held by a connection sending its request slowly (within the deadlines).
+    let mut holder = TcpStream::connect(addr).await.unwrap();
+    holder.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A second client connects (the kernel queues it) but is not served while the slot is taken.
+    let mut second = TcpStream::connect(addr).await.unwrap();
+    second.write_all(b"GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 64];
+    let early = tokio::time::timeout(Duration::from_millis(300), second.peek(&mut buf)).await;
+    assert!(early.is_err(), "served past the connection cap");
+    // The holder finishes and closes: the waiting connection is served.
+    holder.write_all(b"host: localhost\r\nconnection: close\r\n\r\n").await.unwrap();
+    let (answer, _) = read_until_closed(&mut holder, Duration::from_secs(4)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    drop(holder);
+    let served = tokio::time::timeout(Duration::from_secs(4), second.peek(&mut buf)).await;
+    assert!(matches!(served, Ok(Ok(n)) if n > 0), "the queued connection was never served");
+    assert!(String::from_utf8_lossy(&buf).starts_with("HTTP/1.1 200"));
 }

@@ -101,12 +101,23 @@ async fn read_body(app: &App, req: Request) -> Result<Bytes, ApiError> {
     {
         return Err(too_large());
     }
-    let bytes: Bytes = axum::body::to_bytes(req.into_body(), app.body_limit).await.map_err(|e| {
-        let limit = std::error::Error::source(&e)
-            .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some())
-            || e.to_string().contains("length limit");
-        if limit { too_large() } else { ApiError::invalid(format!("could not read the request body: {e}")) }
-    })?;
+    // A body trickled in slower than the deadline holds a connection and a task: it is cut off with a 408.
+    let read = tokio::time::timeout(app.edge.body_timeout, axum::body::to_bytes(req.into_body(), app.body_limit));
+    let bytes: Bytes = read
+        .await
+        .map_err(|_| {
+            metrics::counter!("zl_frontend_edge_timeouts_total", "phase" => "body").increment(1);
+            ApiError::new(
+                ErrorKind::RequestTimeout,
+                format!("the request body did not arrive within {} s", app.edge.body_timeout.as_secs()),
+            )
+        })?
+        .map_err(|e| {
+            let limit = std::error::Error::source(&e)
+                .is_some_and(|s| s.downcast_ref::<http_body_util::LengthLimitError>().is_some())
+                || e.to_string().contains("length limit");
+            if limit { too_large() } else { ApiError::invalid(format!("could not read the request body: {e}")) }
+        })?;
     if bytes.is_empty() {
         return Err(ApiError::invalid("the request body is empty; send a JSON object"));
     }

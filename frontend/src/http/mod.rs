@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use serde_json::json;
 
 pub use models::{ListParams, page};
-pub use server::{serve, tls_config};
+pub use server::{EdgeLimits, serve, tls_config};
 
 use crate::anthropic::Messages;
 use crate::error::{ApiError, ErrorFormat, ErrorKind, Failure};
@@ -45,6 +45,8 @@ pub struct App {
     pub metrics: Option<MetricsRender>,
     /// Largest accepted request body.
     pub body_limit: usize,
+    /// The edge's deadlines (the body-read one is enforced here; the others by the server loop).
+    pub edge: EdgeLimits,
     /// This frontend's region and its peer regions (spillover and data residency).
     pub spill: Arc<spill::Spill>,
     /// The audit log (none: requests are not audited).

@@ -15,7 +15,7 @@ use tower::ServiceExt;
 use zl_common::keys::secret_sha256;
 use zl_frontend::cluster::Cluster;
 use zl_frontend::gateway::{Gateway, GatewayConfig};
-use zl_frontend::http::{App, router};
+use zl_frontend::http::{App, EdgeLimits, router};
 use zl_frontend::upstream::{BoxFuture, TokenSource, Upstream};
 use zl_proto::CallError;
 use zl_text::TextTokenizer;
@@ -239,6 +239,11 @@ pub struct Harness {
 }
 
 pub fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
+    harness_with_edge(config, body_limit, EdgeLimits::default())
+}
+
+/// [`harness_with`] with the edge's deadlines and cap.
+pub fn harness_with_edge(config: GatewayConfig, body_limit: usize, edge: EdgeLimits) -> Harness {
     let fake = Arc::new(Fake {
         mode: Mutex::new(WorkerMode::Normal),
         served_weights: Mutex::new([0xab; 32]),
@@ -250,7 +255,7 @@ pub fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
     let cluster = Arc::new(Cluster::default());
     cluster.apply(sync_state(0), Instant::now());
     let gateway = Arc::new(Gateway::new(fake.clone(), cluster.clone(), config));
-    let app = router(App { gateway, metrics: None, body_limit, spill: Default::default(), audit: None });
+    let app = router(App { gateway, metrics: None, body_limit, edge, spill: Default::default(), audit: None });
     Harness { app, fake, cluster }
 }
 
