@@ -8,7 +8,7 @@ mod common;
 use std::time::Instant;
 
 use axum::body::Body;
-use common::{KEY, MODEL, harness, post, sync_state, text};
+use common::{KEY, MODEL, harness, json_of, post, sync_state, text};
 use serde_json::{Value, json};
 use zl_common::keys::secret_sha256;
 use zl_wire::message::{ApiKeyEntry, ProjectQuota};
@@ -98,4 +98,40 @@ async fn an_answer_is_cached_under_the_version_that_served_it() {
     *h.fake.served_weights.lock().unwrap() = [0xab; 32];
     assert_eq!(ask(&h, KEY).await, "miss");
     assert_eq!(ask(&h, KEY).await, "hit");
+}
+
+fn count(key: &str) -> axum::http::Request<Body> {
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hello world"}]});
+    post("/v1/messages/count_tokens", ()).header("x-api-key", key).body(Body::from(body.to_string())).unwrap()
+}
+
+#[tokio::test]
+async fn count_tokens_is_admitted_like_a_generation_and_audited() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = common::harness_audited(dir.path());
+    let mut sync = two_projects(1, ["", ""]);
+    // beta's key may only be served in region `elsewhere`; acme may make one request a minute.
+    sync.keys[1].regions = vec!["elsewhere".into()];
+    sync.projects[0].requests_per_minute = 1;
+    h.cluster.apply(sync, Instant::now());
+
+    let bound = h.send(count(KEY_B)).await;
+    assert_eq!(bound.status(), 403, "data residency holds for count_tokens: {}", text(bound).await);
+    let first = h.send(count(KEY)).await;
+    assert_eq!(first.status(), 200);
+    assert!(json_of(first).await["input_tokens"].as_u64().unwrap() > 0);
+    let second = h.send(count(KEY)).await;
+    assert_eq!(second.status(), 429, "the key's request limit counts count_tokens too");
+    assert!(second.headers().contains_key("retry-after"));
+
+    // Each call, refusals included, left an audit record.
+    let mut records = Vec::new();
+    zl_node::audit::verify_dir(dir.path(), None, false, |r| records.push(r.clone())).unwrap();
+    let statuses: Vec<(u16, &str, u32)> =
+        records.iter().map(|r| (r.status, r.key_id.as_str(), r.input_tokens)).collect();
+    assert_eq!(statuses.len(), 3, "{statuses:?}");
+    assert_eq!((statuses[0].0, statuses[0].1), (403, "key-b"));
+    assert_eq!((statuses[1].0, statuses[1].1), (200, "key-1"));
+    assert!(statuses[1].2 > 0, "the counted tokens are recorded");
+    assert_eq!(statuses[2].0, 429);
 }

@@ -64,6 +64,11 @@ impl Draft {
         }
     }
 
+    /// A `count_tokens` call counted `input_tokens` (nothing was routed or generated).
+    pub fn counted(&mut self, input_tokens: u32) {
+        self.record.input_tokens = input_tokens;
+    }
+
     /// Whether the prompt text is wanted (content logging is on).
     pub fn wants_content(&self) -> bool {
         self.content.is_some()

@@ -391,6 +391,27 @@ impl Gateway {
         self.off_thread(move || tokenize(&card, &req).map(|(_, tokens)| tokens.len())).await
     }
 
+    /// Admit a `count_tokens` call against the key's per-minute request limit (it produces no tokens: the token
+    /// limits are not charged, and it holds no concurrency slot once answered).
+    pub fn admit_count(&self, key: &KeyInfo) -> Result<RateFigures, ApiError> {
+        let (limits, quota) = self.limits_for(key);
+        let quota = ProjectLimits { max_concurrent: 0, ..quota };
+        let share = if self.limits_shared() { 1.0 } else { self.config.limit_share };
+        let mut limiter = lock(&self.limiter);
+        limiter.set_share(share);
+        match limiter.admit(&key.key_id, &key.project, limits, quota, 0, 0, Instant::now()) {
+            Ok((reservation, figures)) => {
+                limiter.settle(&reservation, 0, Instant::now());
+                Ok(figures)
+            }
+            Err(refusal) => {
+                metrics::counter!("zl_frontend_rate_limited_total", "dimension" => refusal.dimension).increment(1);
+                Err(ApiError::new(ErrorKind::RateLimit, refusal.message)
+                    .retry_after(refusal.retry_after.as_secs_f64().ceil() as u64))
+            }
+        }
+    }
+
     fn limits_for(&self, key: &KeyInfo) -> (KeyLimits, ProjectLimits) {
         let q = self.cluster.project(&key.project);
         let d = self.config.default_limits;

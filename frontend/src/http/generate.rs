@@ -189,7 +189,7 @@ async fn receive(app: &App, key: KeyInfo, req: Request) -> Result<Received, Fail
 async fn parsed_and_prepared<D: Dialect>(app: &App, r: &Received, rid: &str) -> Result<(Prepared, D), Failure> {
     let known = |e: ApiError| Failure::known(e, app.gateway.rate_figures(&r.key));
     let body = parse_json(app, r.body.clone()).await.map_err(known)?;
-    let (gen_req, mut dialect) = D::parse(&body).map_err(known)?;
+    let (gen_req, mut dialect) = parse_request(app, body, D::parse).await.map_err(known)?;
     let prepared = app.gateway.prepare(gen_req, rid).await.map_err(known)?;
     dialect.prepared(&prepared);
     Ok((prepared, dialect))
@@ -347,26 +347,56 @@ async fn serve<D: Dialect>(
     Ok(json_response(&meta, health, dialect.final_body(&text, &finish), &finish))
 }
 
-/// `POST /v1/messages/count_tokens`.
+/// `POST /v1/messages/count_tokens`: the same admission as a generation (the audit log's state, data residency,
+/// the key's per-minute request limit) and an audit record, then the prompt counted with the model's tokenizer.
 pub(super) async fn count_tokens(State(app): State<App>, req: Request) -> Response {
+    let started = Instant::now();
     let rid = request_id(&req);
     let key = match app.gateway.authenticate(req.headers()) {
         Ok(key) => key,
         Err(e) => return error_response(&app, ErrorFormat::Anthropic, &rid, &e.into()),
     };
-    let rate = app.gateway.rate_figures(&key);
+    let audit = draft(&app, &key, req.headers(), &rid, started);
+    let mut recorder = Recorder::new(&app, "count_tokens", started, audit);
     let result = async {
+        if let Some(log) = &app.audit {
+            log.admit()?;
+        }
+        app.spill.regions.admit(&key.key_id, &key.regions)?;
+        let rate = app.gateway.admit_count(&key)?;
         let body = read_json(&app, req).await?;
-        let gen_req = anthropic::parse(&body, true)?;
-        app.gateway.count_tokens(gen_req, &rid).await
+        let gen_req = parse_request(&app, body, |body| anthropic::parse(body, true)).await?;
+        recorder.model.clone_from(&gen_req.model);
+        if let Some(a) = recorder.audit.as_mut() {
+            a.draft.requested(&gen_req.model);
+        }
+        Ok((app.gateway.count_tokens(gen_req, &rid).await?, rate))
     }
     .await;
     match result {
-        Ok(n) => {
+        Ok((n, rate)) => {
+            if let Some(a) = recorder.audit.as_mut() {
+                a.draft.counted(n.min(u32::MAX as usize) as u32);
+            }
             let mut resp = axum::Json(json!({"input_tokens": n})).into_response();
             zl_headers(resp.headers_mut(), None, Some(&rate), app.gateway.cluster().health(Instant::now()));
             resp
         }
-        Err(e) => error_response(&app, ErrorFormat::Anthropic, &rid, &Failure::known(e, rate)),
+        Err(e) => {
+            recorder.failed(&e);
+            error_response(&app, ErrorFormat::Anthropic, &rid, &Failure::known(e, app.gateway.rate_figures(&key)))
+        }
     }
+}
+
+/// Parse a request body with `parse`: off the async threads when it offers tools or a schema, whose grammar takes
+/// milliseconds to compile and check.
+async fn parse_request<T: Send + 'static>(
+    app: &App,
+    body: Value,
+    parse: impl FnOnce(&Value) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let grammar =
+        ["tools", "output_format", "response_format"].iter().any(|k| body.get(k).is_some_and(|v| !v.is_null()));
+    if grammar { app.gateway.off_thread(move || parse(&body)).await } else { parse(&body) }
 }

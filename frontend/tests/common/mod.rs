@@ -244,6 +244,28 @@ pub fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
 
 /// [`harness_with`] with the edge's deadlines and cap.
 pub fn harness_with_edge(config: GatewayConfig, body_limit: usize, edge: EdgeLimits) -> Harness {
+    harness_full(config, body_limit, edge, None)
+}
+
+/// The default harness writing an audit log into `dir`.
+pub fn harness_audited(dir: &std::path::Path) -> Harness {
+    let config = zl_frontend::audit::AuditConfig {
+        dir: dir.to_owned(),
+        segment_bytes: 1 << 20,
+        keep_segments: 0,
+        fsync: zl_frontend::audit::Fsync::Always,
+        on_failure: zl_frontend::audit::OnFailure::FailClosed,
+    };
+    let log = zl_frontend::audit::AuditLog::open(config, "fe-test", "default").unwrap();
+    harness_full(GatewayConfig::default(), 1024 * 1024, EdgeLimits::default(), Some(Arc::new(log)))
+}
+
+fn harness_full(
+    config: GatewayConfig,
+    body_limit: usize,
+    edge: EdgeLimits,
+    audit: Option<Arc<zl_frontend::audit::AuditLog>>,
+) -> Harness {
     let fake = Arc::new(Fake {
         mode: Mutex::new(WorkerMode::Normal),
         served_weights: Mutex::new([0xab; 32]),
@@ -255,7 +277,7 @@ pub fn harness_with_edge(config: GatewayConfig, body_limit: usize, edge: EdgeLim
     let cluster = Arc::new(Cluster::default());
     cluster.apply(sync_state(0), Instant::now());
     let gateway = Arc::new(Gateway::new(fake.clone(), cluster.clone(), config));
-    let app = router(App { gateway, metrics: None, body_limit, edge, spill: Default::default(), audit: None });
+    let app = router(App { gateway, metrics: None, body_limit, edge, spill: Default::default(), audit });
     Harness { app, fake, cluster }
 }
 
