@@ -24,3 +24,26 @@ pub fn metric_sum(text: &str, name: &str) -> f64 {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
+
+/// Frontends' internal metrics addresses by their API address (their `/metrics` is never on the API port).
+static FRONTENDS: std::sync::Mutex<Vec<(std::net::SocketAddr, std::net::SocketAddr)>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Note that the frontend serving the API on `http` serves its metrics on `metrics`.
+pub fn frontend_at(http: std::net::SocketAddr, metrics: std::net::SocketAddr) {
+    let mut all = FRONTENDS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    all.retain(|(h, _)| *h != http);
+    all.push((http, metrics));
+}
+
+/// The `/metrics` text of the frontend whose API is at `http` (started by this crate's helpers or `zl up`).
+pub fn frontend_metrics(http: std::net::SocketAddr) -> String {
+    let at = FRONTENDS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .find(|(h, _)| *h == http)
+        .map(|p| p.1);
+    let at = at.unwrap_or_else(|| panic!("no metrics address is known for the frontend at {http}"));
+    metrics(at).unwrap_or_else(|| panic!("the frontend's metrics at {at} do not answer"))
+}

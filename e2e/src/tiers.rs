@@ -182,12 +182,16 @@ pub fn start_frontend_args(
     orchestrators: &[std::net::SocketAddr],
     extra: &[&str],
 ) -> (Proc, std::net::SocketAddr) {
-    let http = free_tcp();
-    let (h, o) = (http.to_string(), addr_list(orchestrators));
+    let (http, metrics) = (free_tcp(), free_tcp());
+    let (h, m, o) = (http.to_string(), metrics.to_string(), addr_list(orchestrators));
     let tls = tls.to_str().expect("a UTF-8 path");
     let mut args = vec!["serve", "--http-addr", &h, "--node-id", id, "--tls-dir", tls, "--sync-interval-ms", "200"];
     if !orchestrators.is_empty() {
         args.extend(["--orchestrator", &o]);
+    }
+    if !extra.contains(&"--metrics-addr") {
+        args.extend(["--metrics-addr", &m]);
+        crate::metrics::frontend_at(http, metrics);
     }
     args.extend_from_slice(extra);
     (Proc::spawn("zl-frontend", &args), http)
@@ -291,7 +295,10 @@ pub fn wait_up(
         if let Ok(text) = std::fs::read_to_string(data.join("cluster.json"))
             && let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "")
         {
-            return serde_json::from_str(&text).expect("cluster.json is JSON");
+            let state: serde_json::Value = serde_json::from_str(&text).expect("cluster.json is JSON");
+            let metrics = state["frontends"][0]["metrics"].as_str().and_then(|m| m.parse().ok());
+            crate::metrics::frontend_at(http_addr, metrics.expect("cluster.json names the frontend's metrics address"));
+            return state;
         }
         assert!(std::time::Instant::now() < deadline, "zl up never became ready");
         std::thread::sleep(std::time::Duration::from_millis(250));

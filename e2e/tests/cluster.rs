@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use zl_e2e::{
-    SmallCluster, alive, bin, free_tcp, http, http_stream, metric_sum, metrics, request, signal, small_cluster,
+    SmallCluster, alive, bin, free_tcp, http_stream, metric_sum, metrics, request, signal, small_cluster,
     start_worker_args, wait_up,
 };
 
@@ -101,7 +101,7 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
         .flat_map(|tier| state[tier].as_array().unwrap().clone())
         .map(|n| metrics(n["metrics"].as_str().unwrap().parse().unwrap()).unwrap())
         .collect();
-    scrapes.push(http(http_addr, "GET", "/metrics", &[], "").unwrap().1);
+    scrapes.push(zl_e2e::frontend_metrics(http_addr));
     for text in &scrapes {
         for line in text.lines().filter(|l| !l.starts_with('#') && !l.ends_with(" 0")) {
             let failed = line.split(['{', ' ']).next().is_some_and(|name| name.contains("fail"))

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use zl_e2e::consul::{ConsulAgent, documented_policy};
 use zl_e2e::{
-    HttpResponse, admin, certs, free_tcp, free_udp, gauge, http, http_stream, metric_sum, metrics, request, signal,
+    HttpResponse, admin, certs, free_tcp, free_udp, gauge, http_stream, metric_sum, metrics, request, signal,
     start_frontend_args, start_orchestrator, start_worker_args,
 };
 use zl_node::consul::WorkerMeta;
@@ -352,7 +352,7 @@ fn discovery_through_consul(variant: Variant) {
         let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
         r.status == 200 && v["discovery"]["reachable"] == false && r.header("x-zl-health") == Some("degraded")
     });
-    let text = http(http_addr, "GET", "/metrics", &[], "").unwrap().1;
+    let text = zl_e2e::frontend_metrics(http_addr);
     assert_eq!(gauge(&text, "zl_discovery_up"), Some(0.0), "zl_discovery_up on the frontend");
     std::thread::sleep(Duration::from_secs(10).saturating_sub(down.elapsed()));
     setup.restart_agent();
@@ -376,7 +376,7 @@ fn discovery_through_consul(variant: Variant) {
     eprintln!("{} requests around the outage, {} failed", statuses.len(), failed.len());
     assert!(statuses.len() >= 10, "only {} requests ran during the outage", statuses.len());
     assert!(failed.is_empty(), "{} of {} requests failed around the outage: {failed:?}", failed.len(), statuses.len());
-    let text = http(http_addr, "GET", "/metrics", &[], "").unwrap().1;
+    let text = zl_e2e::frontend_metrics(http_addr);
     assert_eq!(gauge(&text, "zl_discovery_up"), Some(1.0));
     assert!(metric_sum(&text, "zl_discovery_errors_total") > 0.0);
     let orch_text = metrics(orch.metrics).unwrap();

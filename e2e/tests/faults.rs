@@ -31,11 +31,9 @@ fn story(i: u32) -> String {
     .to_string()
 }
 
-/// The frontend's counter `name` (its `/metrics` is on the API port).
+/// The frontend's counter `name` (from its internal metrics address).
 fn frontend_counter(http_addr: SocketAddr, name: &str) -> f64 {
-    let (status, text) = http(http_addr, "GET", "/metrics", &[], "").unwrap();
-    assert_eq!(status, 200);
-    metric_sum(&text, name)
+    metric_sum(&zl_e2e::frontend_metrics(http_addr), name)
 }
 
 /// What a streaming request saw: its worker, the body after its first text, and when the body ended.

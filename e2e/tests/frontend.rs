@@ -38,8 +38,9 @@ fn the_official_sdks_work_against_the_cluster() {
     );
     println!("{stdout}");
 
-    let (status, text) = http(http_addr, "GET", "/metrics", &[], "").unwrap();
-    assert_eq!(status, 200);
+    let text = zl_e2e::frontend_metrics(http_addr);
+    // Never on the public API port.
+    assert_eq!(http(http_addr, "GET", "/metrics", &[], "").unwrap().0, 404);
     assert!(gauge(&text, "zl_frontend_requests_total").is_some(), "{text}");
     assert!(text.contains("zl_frontend_cache_total{result=\"hit\"}"), "{text}");
     assert!(text.contains("zl_frontend_rate_limited_total{dimension=\"requests\"}"), "{text}");

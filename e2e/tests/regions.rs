@@ -162,7 +162,7 @@ fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
         }
     }
     // The hops reused their connections to b (a connection goes back to the pool when its answer has been read).
-    let (_, scrape) = zl_e2e::http(a.http, "GET", "/metrics", &[], "").unwrap();
+    let scrape = zl_e2e::frontend_metrics(a.http);
     let reused: f64 = scrape
         .lines()
         .filter(|l| l.starts_with("zl_frontend_spill_connections_total{") && l.contains("reused=\"true\""))

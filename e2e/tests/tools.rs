@@ -34,8 +34,9 @@ fn the_sdks_call_tools_and_get_schema_valid_json() {
     );
     println!("{stdout}");
 
-    let (status, text) = http(http_addr, "GET", "/metrics", &[], "").unwrap();
-    assert_eq!(status, 200);
+    let text = zl_e2e::frontend_metrics(http_addr);
+    // Never on the public API port.
+    assert_eq!(http(http_addr, "GET", "/metrics", &[], "").unwrap().0, 404);
     assert!(text.contains("zl_frontend_tool_calls_total"), "{text}");
     assert!(frontend.terminate(Duration::from_secs(20)), "zl-frontend did not stop cleanly");
     assert!(worker.proc.terminate(Duration::from_secs(60)), "zl-worker did not stop cleanly");

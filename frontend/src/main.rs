@@ -43,6 +43,10 @@ struct ServeArgs {
     /// HTTP address (HTTP/1.1 and h2c; HTTP/2 over TLS with --tls-cert).
     #[arg(long, env = "ZL_HTTP_ADDR", default_value = "127.0.0.1:8080")]
     http_addr: SocketAddr,
+    /// Internal address of `/metrics` (and `/healthz`, `/readyz`), kept off the public API port: scrapers and
+    /// probes reach it, clients never do.
+    #[arg(long, env = "ZL_METRICS_ADDR", default_value = "127.0.0.1:9300")]
+    metrics_addr: SocketAddr,
     /// The orchestrators (calls are spread over them and fail over).
     #[command(flatten)]
     peers: OrchestratorArgs,
@@ -274,7 +278,17 @@ async fn serve(args: ServeArgs) -> Result<()> {
     check(&args)?;
     let consul = args.peers.consul(true)?;
     let identity = zl_node::load_identity(&args.tls_dir, Role::Frontend, &args.node_id)?;
-    let metrics = zl_node::metrics_renderer()?;
+    // The internal status listener first, so that every metric is recorded from the start; ready once the
+    // cluster view exists and says so.
+    let ready_view: Arc<std::sync::OnceLock<Arc<Cluster>>> = Arc::default();
+    let probe: zl_node::status::Readiness = {
+        let view = ready_view.clone();
+        Arc::new(move || match view.get() {
+            None => Err("starting".to_owned()),
+            Some(cluster) => cluster.ready(std::time::Instant::now()).map(|()| "ready".to_owned()),
+        })
+    };
+    zl_node::status::serve(args.metrics_addr, probe).await?;
     let client = Client::new(&identity, zl_frontend::rpc_settings())?;
     let quic = Arc::new(QuicUpstream::new(client, vec![]));
     let resolver = {
@@ -287,6 +301,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         Some(c) => Cluster::with_discovery(c.status.clone()),
         None => Cluster::default(),
     });
+    let _ = ready_view.set(cluster.clone());
     // With consul: follow the passing orchestrators, and (once listening) register this frontend, for operators
     // and load balancers that read Consul.
     let consul = match consul {
@@ -383,14 +398,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         body_timeout: Duration::from_secs(args.body_timeout_s),
         max_connections: args.max_connections,
     };
-    let app = App {
-        gateway,
-        metrics: Some(metrics),
-        body_limit: args.body_limit_mb * 1024 * 1024,
-        edge,
-        spill,
-        audit: audit.clone(),
-    };
+    let app = App { gateway, body_limit: args.body_limit_mb * 1024 * 1024, edge, spill, audit: audit.clone() };
     let listener = tokio::net::TcpListener::bind(args.http_addr)
         .await
         .with_context(|| format!("binding the HTTP API to {}", args.http_addr))?;
@@ -406,10 +414,12 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     let peers = if peers.is_empty() { "none".to_owned() } else { peers.join(", ") };
     eprintln!(
-        "zl-frontend: {} serving {scheme}://{} in region {} (orchestrators: {orchestrators}; peer regions: {peers})",
+        "zl-frontend: {} serving {scheme}://{} in region {} (orchestrators: {orchestrators}; peer regions: {peers}; \
+         metrics on http://{}/metrics)",
         args.node_id,
         listener.local_addr()?,
-        args.region.region
+        args.region.region,
+        args.metrics_addr
     );
     http::serve(
         listener,

@@ -389,14 +389,8 @@ async fn health_and_readiness() {
     assert_eq!(h.send(Request::get("/readyz").body(Body::empty()).unwrap()).await.status(), 200);
     // A frontend that never synced is not ready.
     let gateway = Arc::new(Gateway::new(h.fake.clone(), Arc::new(Cluster::default()), GatewayConfig::default()));
-    let cold = router(App {
-        gateway,
-        metrics: None,
-        body_limit: 1024,
-        edge: Default::default(),
-        spill: Default::default(),
-        audit: None,
-    });
+    let cold =
+        router(App { gateway, body_limit: 1024, edge: Default::default(), spill: Default::default(), audit: None });
     let resp = cold.oneshot(Request::get("/readyz").body(Body::empty()).unwrap()).await.unwrap();
     assert_eq!(resp.status(), 503);
 }

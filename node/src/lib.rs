@@ -61,8 +61,8 @@ pub fn load_identity(dir: &Path, role: Role, id: &str) -> Result<TlsIdentity> {
         .with_context(|| format!("loading the TLS identity {} from {}", files.stem, dir.display()))
 }
 
-/// Record metrics for a tier that serves `/metrics` itself (the frontend on its HTTP port, the others through
-/// [`status::serve`]): returns the renderer of the Prometheus text. Upkeep (histogram compaction) runs on every render and every 5 s.
+/// Record metrics and return the renderer of the Prometheus text ([`status::serve`] serves it on every tier's
+/// internal metrics address). Upkeep (histogram compaction) runs on every render and every 5 s.
 pub fn metrics_renderer() -> Result<std::sync::Arc<dyn Fn() -> String + Send + Sync>> {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()

@@ -1,5 +1,5 @@
-//! The status endpoint of the worker and orchestrator tiers, on their metrics address (the frontend serves the
-//! same paths on its API port): `/metrics` (Prometheus text), `/healthz` (the process serves: liveness) and
+//! The status endpoint of every tier, on its internal metrics address (the frontend also answers `/healthz` and
+//! `/readyz`, never `/metrics`, on its public API port): `/metrics` (Prometheus text), `/healthz` (the process serves: liveness) and
 //! `/readyz` (200 when the node is ready for its part of the traffic, 503 with the reason otherwise: what load
 //! balancers and Kubernetes readiness probes ask).
 

@@ -316,10 +316,20 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         cluster.spawn(&name, &worker_bin, &argv, &logs)?;
         workers.push((name, quic, metrics));
     }
-    let mut argv: Vec<String> =
-        ["serve", "--http-addr", &args.http_addr.to_string(), "--node-id", "frontend-0", "--tls-dir", &tls_s]
-            .map(str::to_owned)
-            .to_vec();
+    let frontend_metrics = free_tcp(&mut ports)?;
+    let mut argv: Vec<String> = [
+        "serve",
+        "--http-addr",
+        &args.http_addr.to_string(),
+        "--metrics-addr",
+        &frontend_metrics.to_string(),
+        "--node-id",
+        "frontend-0",
+        "--tls-dir",
+        &tls_s,
+    ]
+    .map(str::to_owned)
+    .to_vec();
     argv.extend(["--region".to_owned(), args.region.clone()]);
     // Every request is audited (docs/audit.md); `zl audit verify` finds the chain here.
     let audit = data.join("audit").join("frontend-0");
@@ -411,6 +421,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             "model": model_id,
             "orchestrators": orchestrators.iter().map(|(n, q, a, m)| serde_json::json!({"name": n, "quic": q, "admin": a, "metrics": m})).collect::<Vec<_>>(),
             "workers": workers.iter().map(|(n, q, m)| serde_json::json!({"name": n, "quic": q, "metrics": m})).collect::<Vec<_>>(),
+            "frontends": [{"name": "frontend-0", "http": args.http_addr, "metrics": frontend_metrics}],
             "pids": cluster.pids().iter().map(|(name, pid)| serde_json::json!({"name": name, "pid": pid})).collect::<Vec<_>>(),
             "tls_dir": tls,
             "logs": logs,

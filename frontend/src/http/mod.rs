@@ -14,7 +14,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
@@ -33,16 +33,11 @@ use zl_common::trace::TraceContext;
 /// Anthropic's request size limit.
 pub const DEFAULT_BODY_LIMIT: usize = 32 * 1024 * 1024;
 
-/// Renders the Prometheus text for `/metrics`.
-pub type MetricsRender = Arc<dyn Fn() -> String + Send + Sync>;
-
 /// Shared state of the HTTP handlers.
 #[derive(Clone)]
 pub struct App {
     /// The request path's logic.
     pub gateway: Arc<Gateway>,
-    /// `/metrics` renderer (none: 404).
-    pub metrics: Option<MetricsRender>,
     /// Largest accepted request body.
     pub body_limit: usize,
     /// The edge's deadlines (the body-read one is enforced here; the others by the server loop).
@@ -53,7 +48,8 @@ pub struct App {
     pub audit: Option<Arc<crate::audit::AuditLog>>,
 }
 
-/// The router: every endpoint of both APIs, health, readiness and metrics.
+/// The router: every endpoint of both APIs, health and readiness. `/metrics` is not here: it is served on the
+/// internal `--metrics-addr` listener, never on the public API port.
 pub fn router(app: App) -> Router {
     Router::new()
         .route("/v1/messages", post(generate::generate::<Messages>))
@@ -63,7 +59,6 @@ pub fn router(app: App) -> Router {
         .route("/v1/models/{id}", get(models::get_model))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
         .fallback(fallback)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(keep_alive::keep_alive))
@@ -222,13 +217,6 @@ async fn readyz(State(app): State<App>) -> Response {
     let mut resp = (status, axum::Json(body)).into_response();
     set(resp.headers_mut(), "x-zl-health", level.as_str());
     resp
-}
-
-async fn metrics_text(State(app): State<App>) -> Response {
-    match &app.metrics {
-        Some(render) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], render()).into_response(),
-        None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
-    }
 }
 
 async fn fallback(State(app): State<App>, req: Request) -> Response {

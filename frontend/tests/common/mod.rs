@@ -277,7 +277,7 @@ fn harness_full(
     let cluster = Arc::new(Cluster::default());
     cluster.apply(sync_state(0), Instant::now());
     let gateway = Arc::new(Gateway::new(fake.clone(), cluster.clone(), config));
-    let app = router(App { gateway, metrics: None, body_limit, edge, spill: Default::default(), audit });
+    let app = router(App { gateway, body_limit, edge, spill: Default::default(), audit });
     Harness { app, fake, cluster }
 }
 
