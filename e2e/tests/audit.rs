@@ -157,3 +157,124 @@ fn the_chain_verifies_after_traffic_and_catches_every_tampering() {
     assert!(ok && text.contains("ok:"), "shredding leaves the chain valid: {text}");
     assert!(up.terminate(Duration::from_secs(30)));
 }
+
+/// [`ask`] with the test's key, `None` while nothing listens.
+fn try_ask(http: std::net::SocketAddr, model: &str, content: &str) -> Option<zl_e2e::HttpResponse> {
+    let body = serde_json::json!({"model": model, "max_tokens": 6, "temperature": 0,
+        "messages": [{"role": "user", "content": content}]})
+    .to_string();
+    request(http, "POST", "/v1/messages", &[("x-api-key", KEY)], &body)
+}
+
+/// `frontend-0`'s pid in `zl up`'s `cluster.json` in `data` (it changes when the supervisor restarts it).
+fn frontend_pid(data: &Path) -> u32 {
+    let state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(data.join("cluster.json")).unwrap()).unwrap();
+    let pids = state["pids"].as_array().unwrap();
+    pids.iter().find(|p| p["name"] == "frontend-0").and_then(|p| p["pid"].as_u64()).unwrap() as u32
+}
+
+/// Rewrite every record of `chain` as if `frontend` had written it, re-hashing and re-linking each line: a forged
+/// chain that is internally perfect.
+fn forge(chain: &Path, out: &Path, frontend: &str) {
+    std::fs::create_dir_all(out).unwrap();
+    let mut prev = zl_common::audit::GENESIS.to_owned();
+    for (_, path) in zl_node_segments(chain) {
+        let mut text = String::new();
+        for line in std::fs::read(&path).unwrap().split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let (_, mut record) = zl_common::audit::decode_line(line).unwrap();
+            record.frontend = frontend.to_owned();
+            record.prev = prev;
+            let (line, hash) = zl_common::audit::encode_line(&record);
+            text.push_str(&line);
+            prev = hash;
+        }
+        std::fs::write(out.join(path.file_name().unwrap()), text).unwrap();
+    }
+}
+
+fn zl_node_segments(dir: &Path) -> Vec<(String, PathBuf)> {
+    let mut files: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), p))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn verify_cannot_be_fooled_and_a_lost_chain_is_not_silently_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut up, http, state) = zl_up(dir.path(), "data", KEY, &[], &[]);
+    let data = dir.path().join("data");
+    let chain = Path::new(state["audit_dir"].as_str().unwrap()).join("frontend-0");
+    let model = state["model"].as_str().unwrap().to_owned();
+    for i in 0..3 {
+        assert_eq!(ask(http, KEY, &model, &format!("Count to {i}.")).status, 200);
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !audit(&data, &["verify", chain.to_str().unwrap()]).1.contains("reaches the committed head, record 3") {
+        assert!(Instant::now() < deadline, "the head was never committed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // A perfect chain under a frontend name no orchestrator knows fails, and so does leaving out the chain whose
+    // head is committed; each has its flag for operators who know why.
+    let scratch = tempfile::tempdir().unwrap();
+    let forged = scratch.path().join("frontend-x");
+    forge(&chain, &forged, "frontend-x");
+    let (ok, text) = audit(&data, &["verify", forged.to_str().unwrap()]);
+    assert!(!ok && text.contains("no orchestrator holds a head for this frontend"), "{text}");
+    assert!(text.contains("frontend frontend-0 committed a head, but its chain was not among"), "{text}");
+    let (ok, text) = audit(&data, &["verify", forged.to_str().unwrap(), "--allow-uncommitted", "--allow-missing"]);
+    assert!(ok, "{text}");
+    let (ok, text) = audit(&data, &["export", forged.to_str().unwrap()]);
+    assert!(!ok && text.contains("nothing is exported"), "export checks heads like verify: {text}");
+
+    // The frontend's audit directory is lost (a pod rescheduled onto an empty volume): restarted, it refuses
+    // requests instead of starting a new chain, until an operator resets its head.
+    let old = frontend_pid(&data);
+    std::fs::remove_dir_all(&chain).unwrap();
+    zl_e2e::signal(old, "-KILL");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let refusal = loop {
+        // None while the frontend restarts (its port is closed).
+        let r = try_ask(http, &model, "hello");
+        if let Some(r) = r.as_ref().filter(|r| r.status == 529 && r.body.contains("audit-reset")) {
+            break r.clone();
+        }
+        if Instant::now() > deadline {
+            let log = |name: &str| std::fs::read_to_string(data.join("logs").join(name)).unwrap_or_default();
+            panic!(
+                "the restarted frontend never refused: {r:?}\n{}\n{}",
+                log("frontend-0.log"),
+                log("orchestrator-0.log")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_ne!(frontend_pid(&data), old, "the supervisor restarted the frontend");
+    assert!(refusal.body.contains("record 3"), "{}", refusal.body);
+    let written = zl_node_segments(&chain).iter().map(|(_, p)| std::fs::read(p).unwrap().len()).sum::<usize>();
+    assert_eq!(written, 0, "nothing was written to a new chain meanwhile");
+
+    admin(&data, &["audit-reset", "frontend-0"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while try_ask(http, &model, "hello again").is_none_or(|r| r.status != 200) {
+        assert!(Instant::now() < deadline, "the frontend never served again after the reset");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The new chain verifies against its new committed head.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (ok, text) = audit(&data, &["verify", chain.to_str().unwrap()]);
+        if ok && text.contains("reaches the committed head") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new chain never verified: {text}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(up.terminate(Duration::from_secs(30)));
+}

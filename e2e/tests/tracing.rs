@@ -57,8 +57,18 @@ fn a_traceparent_is_followed_through_every_tier() {
 
     // The request's audit record carries the trace id too.
     let chain = Path::new(state["audit_dir"].as_str().unwrap()).join("frontend-0");
-    let out = zl_e2e::zl(&["audit", "export", chain.to_str().unwrap()]);
-    let export = String::from_utf8_lossy(&out.stdout);
+    let data = dir.path().join("data");
+    // Export checks the chain against the orchestrators' committed head: the frontend commits it within a second.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let export = loop {
+        let out = zl_e2e::zl(&["audit", "export", "--data-dir", data.to_str().unwrap(), chain.to_str().unwrap()]);
+        let export = String::from_utf8_lossy(&out.stdout).into_owned();
+        if out.status.success() && export.contains(rid) {
+            break export;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let record: serde_json::Value =
         serde_json::from_str(export.lines().find(|l| l.contains(rid)).expect("the request's audit record")).unwrap();
     assert_eq!(record["trace_id"], TRACE);

@@ -347,6 +347,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
             let dir = c.dir.clone();
             let log = AuditLog::open(c, &args.node_id, &args.region.region)
                 .with_context(|| format!("opening the audit log in {}", dir.display()))?;
+            // No request before the orchestrators confirm this chain is the one committed for this frontend.
+            log.hold_until_confirmed();
             Some(Arc::new(log))
         }
         None => None,

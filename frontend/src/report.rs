@@ -60,10 +60,14 @@ pub async fn report_loop(
     interval: Duration,
 ) {
     let mut level = Level::Healthy;
+    let mut first = true;
     loop {
-        tokio::select! {
-            () = tokio::time::sleep(interval) => {}
-            () = reporter.wake.notified() => {}
+        // The first report goes at once: it confirms the audit chain before the frontend serves.
+        if !std::mem::take(&mut first) {
+            tokio::select! {
+                () = tokio::time::sleep(interval) => {}
+                () = reporter.wake.notified() => {}
+            }
         }
         let head = audit.as_ref().map(|a| a.head()).filter(|h| h.seq > 0);
         let head = head.and_then(|h| Some((h.seq, zl_common::keys::parse_hex32(&h.hash)?)));
@@ -73,6 +77,9 @@ pub async fn report_loop(
         match upstream.report(report).await {
             Ok(grant) => {
                 metrics::histogram!("zl_frontend_report_seconds").record(sent.elapsed().as_secs_f64());
+                if let Some(log) = &audit {
+                    log.check_committed(grant.audit_head);
+                }
                 cluster.set_signals(grant.clone(), Instant::now());
                 lock(&reporter.ledger).granted(grant);
                 reporter.granted.send_replace(number);

@@ -305,11 +305,27 @@ impl Orchestrator {
         let projects: Vec<String> = report.asks.iter().map(|a| a.project.clone()).collect();
         let report = ReportEntry::from(report);
         let rate_asks = report.rate_asks.clone();
+        let refused = |ledger: &crate::ledger::Ledger| {
+            ledger.head_records.get(frontend.as_str()).and_then(|r| r.refused.as_ref()).map_or(0, |r| r.count)
+        };
+        let refused_before = refused(read(&self.state.0).ledger());
         let cmd = Command::FrontendReport { frontend: frontend.to_string(), now_ms, report };
         let applied_index = self.commit(&cmd).await?;
         let state = read(&self.state.0);
         let load = read(&self.load);
         let ledger = state.ledger();
+        if refused(ledger) > refused_before {
+            // A head that contradicts the committed chain: a rewritten or lost chain, or an impostor.
+            metrics::counter!("zl_ledger_audit_heads_refused_total").increment(1);
+            let last = ledger.head_records.get(frontend.as_str()).and_then(|r| r.refused.clone()).unwrap_or_default();
+            tracing::error!(
+                %frontend,
+                refused_seq = last.last.seq,
+                refused_hash = %last.last.hash,
+                committed_seq = ledger.heads.get(frontend.as_str()).map_or(0, |h| h.head.seq),
+                "audit head refused: it contradicts the chain committed for this frontend"
+            );
+        }
         metrics::counter!("zl_ledger_reports_total").increment(1);
         metrics::gauge!("zl_ledger_usage_hours").set(ledger.usage.len() as f64);
         metrics::gauge!("zl_ledger_rate_buckets").set(ledger.rates.len() as f64);
@@ -319,6 +335,10 @@ impl Orchestrator {
             grants: state.ledger().grants(frontend.as_str(), now_ms, projects.iter().map(String::as_str)),
             leader: self.group.status().leader.is_some(),
             rate_grants: state.ledger().rate_grants(frontend.as_str(), &rate_asks),
+            audit_head: ledger
+                .heads
+                .get(frontend.as_str())
+                .and_then(|h| Some((h.head.seq, zl_common::keys::parse_hex32(&h.head.hash)?))),
             ..FrontendGrant::default()
         };
         for (id, w) in state.workers().iter().filter(|(_, w)| !w.draining) {

@@ -23,21 +23,21 @@ pub(crate) struct AuditArgs {
 #[derive(Subcommand, Debug)]
 pub(crate) enum AuditCommand {
     /// Check chains: every record's hash and link, and (unless --offline) that each chain still reaches the head
-    /// its frontend committed to the orchestrators. Names the first bad record; exits 1 if any chain is bad.
+    /// its frontend committed to the orchestrators, that no orchestrator refused a head contradicting it, that
+    /// the orchestrators know every chain's frontend, and that every committed head's chain was given. Names the
+    /// first bad record; exits 1 if anything is wrong.
     Verify {
         /// Chain directories (a frontend's --audit-dir), or directories holding them.
         dirs: Vec<PathBuf>,
-        /// Do not ask the orchestrators for the committed heads (truncation then goes unnoticed).
-        #[arg(long)]
-        offline: bool,
-        /// Accept chains whose oldest segments retention removed.
-        #[arg(long)]
-        allow_pruned: bool,
+        #[command(flatten)]
+        checks: HeadChecks,
     },
-    /// Write verified records as JSON lines.
+    /// Write verified records as JSON lines, after the same checks as `verify`.
     Export {
         /// Chain directories, or directories holding them.
         dirs: Vec<PathBuf>,
+        #[command(flatten)]
+        checks: HeadChecks,
         /// Only records from this time: unix seconds, YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ.
         #[arg(long)]
         since: Option<String>,
@@ -48,6 +48,136 @@ pub(crate) enum AuditCommand {
         #[arg(long)]
         decrypt: bool,
     },
+}
+
+/// How chains are checked against the heads the orchestrators committed.
+#[derive(Args, Debug, Clone, Copy)]
+pub(crate) struct HeadChecks {
+    /// Do not ask the orchestrators for the committed heads (truncation, rewriting and unknown chains then go
+    /// unnoticed).
+    #[arg(long)]
+    offline: bool,
+    /// Accept chains whose oldest segments retention removed.
+    #[arg(long)]
+    allow_pruned: bool,
+    /// Accept chains of frontends no orchestrator holds a head for (the state was rebuilt; otherwise such a
+    /// chain is a renamed or invented one).
+    #[arg(long)]
+    allow_uncommitted: bool,
+    /// Accept committed heads whose chains were not given (their directories were removed on purpose).
+    #[arg(long)]
+    allow_missing: bool,
+}
+
+/// What the orchestrators hold for one frontend.
+#[derive(Debug, Default)]
+struct Committed {
+    /// The newest head (none right after an operator's reset).
+    head: Option<ChainHead>,
+    /// Heads refused because they contradicted the chain: count, and the last one.
+    refused: Option<(u64, ChainHead)>,
+}
+
+async fn committed_heads(conn: &Conn) -> Result<BTreeMap<String, Committed>> {
+    let (mut c, ..) = connect(conn).await?;
+    let r = c.list_audit_heads(pb::ListAuditHeadsRequest {}).await.map_err(call)?.into_inner();
+    Ok(r.heads
+        .into_iter()
+        .map(|h| {
+            let committed = Committed {
+                head: (h.seq > 0).then_some(ChainHead { seq: h.seq, hash: h.hash }),
+                refused: (h.refused_count > 0)
+                    .then_some((h.refused_count, ChainHead { seq: h.refused_seq, hash: h.refused_hash })),
+            };
+            (h.frontend, committed)
+        })
+        .collect())
+}
+
+/// Check every chain under `dirs` (calling `each` with each record of a good one) and return how many problems
+/// there were. `verbose` (verify) prints a line per chain and per problem on stdout; otherwise (export, whose
+/// stdout is the records) only the problems, on stderr.
+async fn check_chains(
+    conn: &Conn,
+    dirs: &[PathBuf],
+    checks: HeadChecks,
+    verbose: bool,
+    mut each: impl FnMut(&AuditRecord),
+) -> Result<usize> {
+    let say = |line: String| {
+        if verbose {
+            println!("{line}");
+        } else if !line.starts_with("ok:") {
+            eprintln!("{line}");
+        }
+    };
+    let heads = if checks.offline { BTreeMap::new() } else { committed_heads(conn).await? };
+    let mut bad = 0;
+    let mut seen = Vec::new();
+    for dir in chains(dirs)? {
+        let frontend = frontend_of(&dir).unwrap_or_default();
+        seen.push(frontend.clone());
+        let committed = heads.get(&frontend);
+        if let Some((count, last)) = committed.and_then(|c| c.refused.as_ref()) {
+            bad += 1;
+            say(format!(
+                "FAILED: {} (frontend {frontend}): the orchestrators refused {count} head(s) reported for this \
+                 frontend that contradict its committed chain (the last: record {}, hash {:.16}…): the chain was \
+                 rewritten or lost, or another process speaks for this frontend",
+                dir.display(),
+                last.seq,
+                last.hash
+            ));
+            continue;
+        }
+        if !checks.offline && committed.is_none() && !checks.allow_uncommitted {
+            bad += 1;
+            say(format!(
+                "FAILED: {} (frontend {frontend:?}): no orchestrator holds a head for this frontend: a renamed or \
+                 invented chain (pass --allow-uncommitted if the orchestrators' state was rebuilt)",
+                dir.display()
+            ));
+            continue;
+        }
+        let head = committed.and_then(|c| c.head.clone());
+        let mut records = Vec::new();
+        match zl_node::audit::verify_dir(&dir, head.clone(), checks.allow_pruned, |r| records.push(r.clone())) {
+            Ok(s) => {
+                let against = match (committed, &head) {
+                    (_, _) if checks.offline => "not checked against a committed head (--offline)".to_owned(),
+                    (_, Some(h)) => format!("reaches the committed head, record {}", h.seq),
+                    (Some(_), None) => "its head was reset by an operator and not reported since".to_owned(),
+                    (None, None) => "no head committed for it (--allow-uncommitted)".to_owned(),
+                };
+                say(format!(
+                    "ok: {} (frontend {}): records {}..{}, {against}",
+                    dir.display(),
+                    s.frontend,
+                    s.first_seq,
+                    s.head.seq
+                ));
+                records.iter().for_each(&mut each);
+            }
+            Err(e) => {
+                bad += 1;
+                say(format!("FAILED: {} (frontend {frontend}): {e}", dir.display()));
+            }
+        }
+    }
+    for missing in heads.iter().filter(|(f, c)| c.head.is_some() && !seen.contains(f)).map(|(f, _)| f) {
+        if checks.allow_missing {
+            say(format!(
+                "note: frontend {missing} committed a head, but its chain was not among the directories given"
+            ));
+        } else {
+            bad += 1;
+            say(format!(
+                "FAILED: frontend {missing} committed a head, but its chain was not among the directories given: \
+                 a removed chain (pass --allow-missing if it was removed on purpose, or give its directory)"
+            ));
+        }
+    }
+    Ok(bad)
 }
 
 /// The chain directories under `dirs`: each that holds segments, and each child that does.
@@ -83,51 +213,13 @@ fn frontend_of(dir: &Path) -> Option<String> {
 
 async fn run_async(args: AuditArgs) -> Result<()> {
     match args.command {
-        AuditCommand::Verify { dirs, offline, allow_pruned } => {
-            let heads: BTreeMap<String, ChainHead> = if offline {
-                BTreeMap::new()
-            } else {
-                let (mut c, ..) = connect(&args.conn).await?;
-                let r = c.list_audit_heads(pb::ListAuditHeadsRequest {}).await.map_err(call)?.into_inner();
-                r.heads.into_iter().map(|h| (h.frontend, ChainHead { seq: h.seq, hash: h.hash })).collect()
-            };
-            let mut bad = 0;
-            let mut seen = Vec::new();
-            for dir in chains(&dirs)? {
-                let frontend = frontend_of(&dir).unwrap_or_default();
-                let head = heads.get(&frontend).cloned();
-                seen.push(frontend.clone());
-                match zl_node::audit::verify_dir(&dir, head.clone(), allow_pruned, |_| {}) {
-                    Ok(s) => {
-                        let against = match (&head, offline) {
-                            (_, true) => "not checked against a committed head (--offline)".to_owned(),
-                            (Some(h), false) => format!("reaches the committed head, record {}", h.seq),
-                            (None, false) => "no head committed for it".to_owned(),
-                        };
-                        println!(
-                            "ok: {} (frontend {}): records {}..{}, {against}",
-                            dir.display(),
-                            s.frontend,
-                            s.first_seq,
-                            s.head.seq
-                        );
-                    }
-                    Err(e) => {
-                        bad += 1;
-                        println!("FAILED: {} (frontend {frontend}): {e}", dir.display());
-                    }
-                }
-            }
-            for missing in heads.keys().filter(|f| !seen.contains(f)) {
-                eprintln!(
-                    "note: frontend {missing} committed a head, but its chain was not among the directories given"
-                );
-            }
+        AuditCommand::Verify { dirs, checks } => {
+            let bad = check_chains(&args.conn, &dirs, checks, true, |_| {}).await?;
             if bad > 0 {
-                bail!("{bad} audit chain(s) failed verification");
+                bail!("{bad} audit problem(s) found");
             }
         }
-        AuditCommand::Export { dirs, since, project, decrypt } => {
+        AuditCommand::Export { dirs, checks, since, project, decrypt } => {
             let since_ms = match since {
                 None => 0,
                 Some(s) => {
@@ -136,42 +228,43 @@ async fn run_async(args: AuditArgs) -> Result<()> {
             };
             let mut keys: BTreeMap<String, pb::GetDataKeysResponse> = BTreeMap::new();
             let mut client = if decrypt { Some(connect(&args.conn).await?.0) } else { None };
-            for dir in chains(&dirs)? {
-                let mut records: Vec<AuditRecord> = Vec::new();
-                zl_node::audit::verify_dir(&dir, None, true, |r| {
-                    if r.time_ms >= since_ms && project.as_ref().is_none_or(|p| *p == r.project) {
-                        records.push(r.clone());
-                    }
-                })
-                .with_context(|| format!("{} does not verify; run zl audit verify", dir.display()))?;
-                for r in records {
-                    let mut line = serde_json::to_value(&r)?;
-                    if let (Some(c), Some(sealed)) = (client.as_mut(), &r.payload) {
-                        if !keys.contains_key(&r.project) {
-                            let k = c
-                                .get_data_keys(pb::GetDataKeysRequest { project: r.project.clone() })
-                                .await
-                                .map_err(call)?
-                                .into_inner();
-                            keys.insert(r.project.clone(), k);
-                        }
-                        let k = &keys[&r.project];
-                        line["content"] = if k.key_id == sealed.key_id {
-                            let key = zl_common::keys::parse_hex32(&k.key).context("a data key is not 32 hex bytes")?;
-                            match zl_common::audit::open(sealed, &key, &r.request_id) {
-                                Ok(p) => serde_json::to_value(p)?,
-                                Err(SealError::Open | SealError::BadKey) => {
-                                    serde_json::json!({"error": "the payload does not open with the project's key"})
-                                }
-                            }
-                        } else if k.shredded_key_ids.contains(&sealed.key_id) {
-                            serde_json::json!({"error": format!("unreadable: data key {} was shredded", sealed.key_id)})
-                        } else {
-                            serde_json::json!({"error": format!("data key {} is unknown", sealed.key_id)})
-                        };
-                    }
-                    println!("{line}");
+            let mut records: Vec<AuditRecord> = Vec::new();
+            let bad = check_chains(&args.conn, &dirs, checks, false, |r| {
+                if r.time_ms >= since_ms && project.as_ref().is_none_or(|p| *p == r.project) {
+                    records.push(r.clone());
                 }
+            })
+            .await?;
+            if bad > 0 {
+                bail!("{bad} audit problem(s) found: nothing is exported (see zl audit verify)");
+            }
+            for r in records {
+                let mut line = serde_json::to_value(&r)?;
+                if let (Some(c), Some(sealed)) = (client.as_mut(), &r.payload) {
+                    if !keys.contains_key(&r.project) {
+                        let k = c
+                            .get_data_keys(pb::GetDataKeysRequest { project: r.project.clone() })
+                            .await
+                            .map_err(call)?
+                            .into_inner();
+                        keys.insert(r.project.clone(), k);
+                    }
+                    let k = &keys[&r.project];
+                    line["content"] = if k.key_id == sealed.key_id {
+                        let key = zl_common::keys::parse_hex32(&k.key).context("a data key is not 32 hex bytes")?;
+                        match zl_common::audit::open(sealed, &key, &r.request_id) {
+                            Ok(p) => serde_json::to_value(p)?,
+                            Err(SealError::Open | SealError::BadKey) => {
+                                serde_json::json!({"error": "the payload does not open with the project's key"})
+                            }
+                        }
+                    } else if k.shredded_key_ids.contains(&sealed.key_id) {
+                        serde_json::json!({"error": format!("unreadable: data key {} was shredded", sealed.key_id)})
+                    } else {
+                        serde_json::json!({"error": format!("data key {} is unknown", sealed.key_id)})
+                    };
+                }
+                println!("{line}");
             }
         }
     }

@@ -48,6 +48,9 @@ struct Writer {
     segments: SegmentWriter,
     head: ChainHead,
     failure: Option<String>,
+    /// Why this chain is not the one committed for this frontend (its directory was lost or replaced): nothing
+    /// is written or admitted until an operator resets the committed head.
+    diverged: Option<String>,
 }
 
 /// One frontend's audit chain.
@@ -78,7 +81,7 @@ impl AuditLog {
         }
         let head = resumed.head.unwrap_or(ChainHead { seq: 0, hash: GENESIS.to_owned() });
         tracing::info!(dir = %config.dir.display(), seq = head.seq, "audit log open");
-        let writer = Writer { segments, head, failure: None };
+        let writer = Writer { segments, head, failure: None, diverged: None };
         Ok(AuditLog { config, frontend: frontend.to_owned(), region: region.to_owned(), writer: Mutex::new(writer) })
     }
 
@@ -87,9 +90,53 @@ impl AuditLog {
         lock(&self.writer).head.clone()
     }
 
-    /// Whether requests may be admitted: with `FailClosed`, not while the last write failed.
+    /// Refuse requests and write nothing until the first [`AuditLog::check_committed`]: a frontend that starts
+    /// must not begin writing a chain before it knows the orchestrators' head agrees with its directory.
+    pub fn hold_until_confirmed(&self) {
+        lock(&self.writer).diverged =
+            Some("its audit chain is not yet confirmed by the orchestrators (it is starting)".to_owned());
+    }
+
+    /// Compare this chain with the head the orchestrators committed for this frontend (from each report's
+    /// answer; `None`: none is committed). A committed head this chain does not reach, or reaches with another
+    /// hash, means the audit directory was lost or replaced: the frontend then refuses requests and writes nothing,
+    /// whatever `on_failure` says, until the chain is restored or an operator resets the head (`zl admin
+    /// audit-reset`), rather than start a new chain silently.
+    pub fn check_committed(&self, committed: Option<(u64, [u8; 32])>) {
+        let mut w = lock(&self.writer);
+        let diverged = committed.and_then(|(seq, hash)| {
+            let hash = zl_common::keys::hex(&hash);
+            let local = &w.head;
+            (seq > local.seq || (seq == local.seq && hash != local.hash)).then(|| {
+                format!(
+                    "the orchestrators hold record {seq} of this frontend's audit chain, but its audit directory \
+                     ends at record {}: restore the directory, or let a new chain start with `zl admin \
+                     audit-reset {}`",
+                    local.seq, self.frontend
+                )
+            })
+        });
+        match (&w.diverged, &diverged) {
+            (None, Some(why)) => tracing::error!(frontend = %self.frontend, "audit chain diverged: {why}"),
+            (Some(_), None) => {
+                tracing::warn!(frontend = %self.frontend, "audit chain matches the committed head again")
+            }
+            _ => {}
+        }
+        metrics::gauge!("zl_frontend_audit_diverged").set(if diverged.is_some() { 1.0 } else { 0.0 });
+        w.diverged = diverged;
+    }
+
+    /// Whether requests may be admitted: not while the chain diverged from the committed head; with `FailClosed`,
+    /// not while the last write failed.
     pub fn admit(&self) -> Result<(), ApiError> {
-        match (&lock(&self.writer).failure, self.config.on_failure) {
+        let w = lock(&self.writer);
+        if let Some(why) = &w.diverged {
+            return Err(
+                ApiError::new(ErrorKind::Overloaded, format!("this frontend cannot serve: {why}")).retry_after(30)
+            );
+        }
+        match (&w.failure, self.config.on_failure) {
             (Some(e), OnFailure::FailClosed) => Err(ApiError::new(
                 ErrorKind::Overloaded,
                 format!("the audit log cannot be written ({e}); requests are refused until it can"),
@@ -99,9 +146,13 @@ impl AuditLog {
         }
     }
 
-    /// Append a record (its chain fields are set here).
+    /// Append a record (its chain fields are set here); not while the chain diverged from the committed head.
     pub fn append(&self, mut record: AuditRecord) {
         let mut w = lock(&self.writer);
+        if w.diverged.is_some() {
+            metrics::counter!("zl_frontend_audit_records_withheld_total").increment(1);
+            return;
+        }
         record.seq = w.head.seq + 1;
         record.prev = w.head.hash.clone();
         record.frontend = self.frontend.clone();

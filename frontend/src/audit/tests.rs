@@ -80,3 +80,38 @@ fn a_failed_write_closes_admission_until_one_succeeds() {
     other.append(record(3));
     assert!(other.admit().is_ok());
 }
+
+#[test]
+fn a_chain_behind_its_committed_head_refuses_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::open(config(dir.path(), 1 << 20, OnFailure::Continue), "fe-1", "eu").unwrap();
+    // Starting: nothing is admitted until the orchestrators confirm the chain.
+    log.hold_until_confirmed();
+    assert!(log.admit().is_err());
+    log.check_committed(None);
+    assert!(log.admit().is_ok());
+    for n in 1..=3 {
+        log.append(record(n));
+    }
+    let head = log.head();
+    let hash = zl_common::keys::parse_hex32(&head.hash).unwrap();
+    // The orchestrators hold the same head, or an older one of this chain: fine.
+    log.check_committed(Some((3, hash)));
+    assert!(log.admit().is_ok());
+    log.check_committed(Some((2, [0; 32])));
+    assert!(log.admit().is_ok(), "an older committed head is checked by zl audit verify, not here");
+    // They hold a newer record (the directory was lost or rolled back), or this record with another hash.
+    for committed in [(5, hash), (3, [9; 32])] {
+        log.check_committed(Some(committed));
+        let e = log.admit().unwrap_err();
+        assert_eq!(e.kind.status().as_u16(), 529);
+        assert!(e.message.contains("audit-reset fe-1"), "{}", e.message);
+        log.append(record(9));
+        assert_eq!(log.head(), head, "nothing is written while diverged, even with on_failure continue");
+    }
+    // An operator reset (no committed head any more): the chain goes on.
+    log.check_committed(None);
+    assert!(log.admit().is_ok());
+    log.append(record(4));
+    assert_eq!(log.head().seq, 4);
+}

@@ -351,6 +351,18 @@ impl pb::admin_server::Admin for AdminService {
         Ok(Response::new(self.node.with_state(|s| ledger::audit_heads(s.ledger()))))
     }
 
+    async fn reset_audit_head(
+        &self,
+        req: Request<pb::ResetAuditHeadRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        require_admin(&req)?;
+        let frontend = req.into_inner().frontend;
+        let at_ms =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        tracing::warn!(frontend, "audit head reset by an operator: a new chain may start");
+        self.write(Command::ResetAuditHead { frontend, at_ms }).await
+    }
+
     async fn get_data_keys(
         &self,
         req: Request<pb::GetDataKeysRequest>,

@@ -108,14 +108,23 @@ pub fn usage(ledger: &Ledger, r: &pb::GetUsageRequest, now_s: u64) -> pb::GetUsa
 
 /// The `ListAuditHeads` answer.
 pub fn audit_heads(ledger: &Ledger) -> pb::ListAuditHeadsResponse {
-    let heads = ledger
-        .heads
-        .iter()
-        .map(|(f, h)| pb::AuditHead {
-            frontend: f.clone(),
-            seq: h.head.seq,
-            hash: h.head.hash.clone(),
-            committed_at_ms: h.at_ms,
+    let frontends: std::collections::BTreeSet<&String> =
+        ledger.heads.keys().chain(ledger.head_records.keys()).collect();
+    let heads = frontends
+        .into_iter()
+        .map(|f| {
+            let (current, records) = (ledger.heads.get(f), ledger.head_records.get(f));
+            let refused = records.and_then(|r| r.refused.clone()).unwrap_or_default();
+            pb::AuditHead {
+                frontend: f.clone(),
+                seq: current.map_or(0, |h| h.head.seq),
+                hash: current.map(|h| h.head.hash.clone()).unwrap_or_default(),
+                committed_at_ms: current.map_or(0, |h| h.at_ms),
+                refused_count: refused.count,
+                refused_seq: refused.last.seq,
+                refused_hash: refused.last.hash,
+                resets: records.map_or(0, |r| r.resets.len() as u64),
+            }
         })
         .collect();
     pb::ListAuditHeadsResponse { heads }

@@ -9,6 +9,7 @@
 //! the number of frontends. A frontend that stops reporting for [`LEASE_TTL_MS`] is presumed dead: its whole
 //! allotment is charged (it may have used it), so it loses at most the unused part of its lease.
 
+mod heads;
 mod lease;
 mod rate;
 mod report;
@@ -19,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use zl_common::audit::ChainHead;
 use zl_wire::message::{BudgetGrant, BudgetMetric, BudgetPeriod};
 
+pub use heads::{HEAD_HISTORY, HeadEntry, HeadOutcome, HeadRecords, Refused};
 pub use rate::RateBucket;
 pub use report::{BudgetPosition, RatePosition, ReportEntry, UsageEntry};
 
@@ -129,15 +131,6 @@ pub struct DataKey {
     pub key: String,
 }
 
-/// A frontend's committed audit head.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HeadEntry {
-    /// The head.
-    pub head: ChainHead,
-    /// When committed (unix ms).
-    pub at_ms: u64,
-}
-
 /// The ledger.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Ledger {
@@ -150,8 +143,11 @@ pub struct Ledger {
     pub budgets: BTreeMap<String, BudgetSpec>,
     /// Current period by project.
     pub periods: BTreeMap<String, Period>,
-    /// Audit chain heads by frontend.
+    /// Audit chain heads by frontend: the newest committed (`heads.rs` says how a head may move).
     pub heads: BTreeMap<String, HeadEntry>,
+    /// The rest of each frontend's head record: older heads, refused ones, operator resets.
+    #[serde(default)]
+    pub head_records: BTreeMap<String, HeadRecords>,
     /// Last report applied per frontend.
     pub report_seqs: BTreeMap<String, u64>,
     /// Content-logging keys by project.
@@ -186,11 +182,7 @@ impl Ledger {
             self.report_seqs.insert(frontend.to_owned(), r.report_seq);
         }
         if let Some(hash) = r.audit_hash {
-            let newer = self.heads.get(frontend).is_none_or(|h| r.audit_seq >= h.head.seq);
-            if newer {
-                let head = ChainHead { seq: r.audit_seq, hash: zl_common::keys::hex(&hash) };
-                self.heads.insert(frontend.to_owned(), HeadEntry { head, at_ms: now_ms });
-            }
+            self.commit_head(frontend, ChainHead { seq: r.audit_seq, hash: zl_common::keys::hex(&hash) }, now_ms);
         }
         let now_s = now_ms / 1000;
         let ttl = if r.lease_ms == 0 { LEASE_TTL_MS } else { r.lease_ms.clamp(LEASE_MS_RANGE.0, LEASE_MS_RANGE.1) };

@@ -234,6 +234,14 @@ pub enum Command {
         /// Project.
         project: String,
     },
+    /// An operator's reset of a frontend's audit head (its chain was lost and a new one may start); `at_ms` is the
+    /// proposer's clock. The old heads stay in the frontend's history.
+    ResetAuditHead {
+        /// The frontend.
+        frontend: String,
+        /// Unix ms at the proposer.
+        at_ms: u64,
+    },
     /// A frontend's report: usage, budget leases, audit head; `now_ms` is the proposer's clock.
     FrontendReport {
         /// The frontend (from its certificate).
@@ -269,6 +277,7 @@ impl Command {
             Command::SetDataKey { .. } => "set_data_key",
             Command::ShredDataKey { .. } => "shred_data_key",
             Command::FrontendReport { .. } => "frontend_report",
+            Command::ResetAuditHead { .. } => "reset_audit_head",
         }
     }
 }
@@ -552,6 +561,11 @@ impl RoutingState {
                 self.ledger
                     .shred(project)
                     .ok_or_else(|| CommandError::NotFound(format!("data key of project {project}")))?;
+            }
+            Command::ResetAuditHead { frontend, at_ms } => {
+                if !self.ledger.reset_head(frontend, *at_ms) {
+                    return Err(CommandError::NotFound(format!("an audit head of frontend {frontend}")));
+                }
             }
             Command::FrontendReport { frontend, now_ms, report } => {
                 check_name("frontend", frontend)?;

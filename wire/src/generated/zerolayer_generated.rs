@@ -5463,6 +5463,8 @@ impl<'a> FrontendGrant<'a> {
   pub const VT_WAITING: ::flatbuffers::VOffsetT = 12;
   pub const VT_LEADER: ::flatbuffers::VOffsetT = 14;
   pub const VT_RATE_GRANTS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_AUDIT_SEQ: ::flatbuffers::VOffsetT = 18;
+  pub const VT_AUDIT_HASH: ::flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -5474,7 +5476,9 @@ impl<'a> FrontendGrant<'a> {
     args: &'args FrontendGrantArgs<'args>
   ) -> ::flatbuffers::WIPOffset<FrontendGrant<'bldr>> {
     let mut builder = FrontendGrantBuilder::new(_fbb);
+    builder.add_audit_seq(args.audit_seq);
     builder.add_applied_index(args.applied_index);
+    if let Some(x) = args.audit_hash { builder.add_audit_hash(x); }
     if let Some(x) = args.rate_grants { builder.add_rate_grants(x); }
     builder.add_waiting(args.waiting);
     builder.add_running(args.running);
@@ -5538,6 +5542,23 @@ impl<'a> FrontendGrant<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<RateGrant>>>>(FrontendGrant::VT_RATE_GRANTS, None)}
   }
+  /// The audit head committed for this frontend after its report (protocol 1.4): sequence number (0: none, e.g.
+  /// after an operator's reset) and SHA-256. A frontend whose own chain is behind it, or differs at it, lost or
+  /// replaced its chain and refuses requests until the head is reset (docs/audit.md).
+  #[inline]
+  pub fn audit_seq(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(FrontendGrant::VT_AUDIT_SEQ, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn audit_hash(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(FrontendGrant::VT_AUDIT_HASH, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for FrontendGrant<'_> {
@@ -5553,6 +5574,8 @@ impl ::flatbuffers::Verifiable for FrontendGrant<'_> {
      .visit_field::<u32>("waiting", Self::VT_WAITING, false)?
      .visit_field::<bool>("leader", Self::VT_LEADER, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<RateGrant>>>>("rate_grants", Self::VT_RATE_GRANTS, false)?
+     .visit_field::<u64>("audit_seq", Self::VT_AUDIT_SEQ, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("audit_hash", Self::VT_AUDIT_HASH, false)?
      .finish();
     Ok(())
   }
@@ -5565,6 +5588,8 @@ pub struct FrontendGrantArgs<'a> {
     pub waiting: u32,
     pub leader: bool,
     pub rate_grants: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<RateGrant<'a>>>>>,
+    pub audit_seq: u64,
+    pub audit_hash: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
 }
 impl<'a> Default for FrontendGrantArgs<'a> {
   #[inline]
@@ -5577,6 +5602,8 @@ impl<'a> Default for FrontendGrantArgs<'a> {
       waiting: 0,
       leader: false,
       rate_grants: None,
+      audit_seq: 0,
+      audit_hash: None,
     }
   }
 }
@@ -5615,6 +5642,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> FrontendGrantBuilder<'a, 'b, 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FrontendGrant::VT_RATE_GRANTS, rate_grants);
   }
   #[inline]
+  pub fn add_audit_seq(&mut self, audit_seq: u64) {
+    self.fbb_.push_slot::<u64>(FrontendGrant::VT_AUDIT_SEQ, audit_seq, 0);
+  }
+  #[inline]
+  pub fn add_audit_hash(&mut self, audit_hash: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(FrontendGrant::VT_AUDIT_HASH, audit_hash);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> FrontendGrantBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     FrontendGrantBuilder {
@@ -5639,6 +5674,8 @@ impl ::core::fmt::Debug for FrontendGrant<'_> {
       ds.field("waiting", &self.waiting());
       ds.field("leader", &self.leader());
       ds.field("rate_grants", &self.rate_grants());
+      ds.field("audit_seq", &self.audit_seq());
+      ds.field("audit_hash", &self.audit_hash());
       ds.finish()
   }
 }

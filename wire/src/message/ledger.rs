@@ -120,6 +120,8 @@ pub struct FrontendGrant {
     pub leader: bool,
     /// Rate-limit allotments.
     pub rate_grants: Vec<RateGrant>,
+    /// The audit head committed for this frontend (sequence number, SHA-256); `None` when none is.
+    pub audit_head: Option<(u64, [u8; 32])>,
 }
 
 impl FrontendReport {
@@ -314,6 +316,7 @@ impl FrontendGrant {
             })
             .collect();
         let rate_grants = fbb.create_vector(&rate_grants);
+        let audit_hash = self.audit_head.map(|(_, h)| fbb.create_vector(&h));
         fb::FrontendGrant::create(
             fbb,
             &fb::FrontendGrantArgs {
@@ -324,6 +327,8 @@ impl FrontendGrant {
                 waiting: self.waiting,
                 leader: self.leader,
                 rate_grants: Some(rate_grants),
+                audit_seq: self.audit_head.map_or(0, |(seq, _)| seq),
+                audit_hash,
             },
         )
     }
@@ -358,6 +363,11 @@ impl FrontendGrant {
                     available: g.available(),
                 })
                 .collect(),
+            audit_head: match (t.audit_seq(), t.audit_hash()) {
+                (0, None) => None,
+                (seq, Some(h)) if seq > 0 => Some((seq, check::sha256("FrontendGrant.audit_hash", h.bytes())?)),
+                _ => return Err(invalid("FrontendGrant.audit_hash", "given exactly when audit_seq is above 0")),
+            },
         };
         msg.check()?;
         Ok(msg)

@@ -209,6 +209,7 @@ pub(crate) fn samples() -> Vec<Message> {
             waiting: 2,
             leader: true,
             rate_grants: vec![RateGrant { bucket: "key/key-1/requests".into(), allotment: 7, available: 50 }],
+            audit_head: Some((12, [7; 32])),
         }),
     ]
 }

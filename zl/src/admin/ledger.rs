@@ -1,4 +1,4 @@
-//! `zl admin usage`, `budget`, `priority` and `content-logging`: the ledger part of the admin API.
+//! `zl admin usage`, `budget`, `priority`, `content-logging` and `audit-reset`: the ledger part of the admin API.
 
 use anyhow::{Result, bail};
 use zl_admin::pb;
@@ -98,6 +98,13 @@ pub(crate) async fn run(c: &mut Client, command: &AdminCommand) -> Result<Option
                     .into_inner(),
             );
         }
+        AdminCommand::AuditReset { frontend } => written(
+            &format!("the audit head of {frontend} is reset: its next report starts a new chain"),
+            c.reset_audit_head(pb::ResetAuditHeadRequest { frontend: frontend.clone() })
+                .await
+                .map_err(call)?
+                .into_inner(),
+        ),
         _ => return Ok(None),
     }
     Ok(Some(()))

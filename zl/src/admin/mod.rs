@@ -177,6 +177,12 @@ pub(crate) enum AdminCommand {
         /// high, normal or low.
         class: String,
     },
+    /// Let a frontend whose audit directory was lost start a new chain: forget its committed audit head (kept in
+    /// its history). Until then that frontend refuses requests (docs/audit.md).
+    AuditReset {
+        /// The frontend's node id.
+        frontend: String,
+    },
     /// Content logging: `on` stores the project's prompts and answers encrypted in the audit log; `shred` forgets
     /// the data key, so what it sealed can never be read again (docs/audit.md).
     ContentLogging {
@@ -519,6 +525,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
         AdminCommand::Usage { .. }
         | AdminCommand::Budget { .. }
         | AdminCommand::Priority { .. }
+        | AdminCommand::AuditReset { .. }
         | AdminCommand::ContentLogging { .. } => unreachable!("run by admin::ledger"),
     }
     Ok(())
