@@ -276,5 +276,15 @@ fn verify_cannot_be_fooled_and_a_lost_chain_is_not_silently_restarted() {
         assert!(Instant::now() < deadline, "the new chain never verified: {text}");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // Evidence and secrets at rest are the owner's alone: the audit chain and the Raft log and snapshots.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let raft = data.join("orchestrator-0").join("raft");
+    for d in [chain.clone(), raft.clone(), raft.join("log")] {
+        assert_eq!(mode(&d), 0o700, "{}", d.display());
+        for f in std::fs::read_dir(&d).unwrap().map(|e| e.unwrap().path()).filter(|p| p.is_file()) {
+            assert_eq!(mode(&f), 0o600, "{}", f.display());
+        }
+    }
     assert!(up.terminate(Duration::from_secs(30)));
 }

@@ -11,6 +11,7 @@ pub mod http_client;
 pub mod memory;
 pub mod otlp;
 pub mod pem;
+pub mod private;
 pub mod region;
 pub mod resolve;
 pub mod status;

@@ -2,7 +2,7 @@
 //! oldest removed past a count, data synced by policy. A failed write is cut back so no torn record stays behind.
 //! What a line says is the caller's ([`zl_common::audit::encode_line`]); this file knows only lines and files.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
 
@@ -46,10 +46,12 @@ impl SegmentWriter {
     /// Open (or create) the directory, continuing after its newest whole line; returns the writer, the newest
     /// whole line's head (none for an empty chain) and what was cut off a segment whose last write was torn.
     pub fn open(config: SegmentConfig) -> std::io::Result<(Self, super::Resume)> {
-        std::fs::create_dir_all(&config.dir)?;
+        // Evidence: owner-only, like the Raft log (zl_node::private).
+        crate::private::create_dir(&config.dir)?;
+        crate::private::tighten_files(&config.dir)?;
         let at = resume(&config.dir)?;
         let (file, size) = match &at.newest {
-            Some((path, size)) => (Some(OpenOptions::new().append(true).open(path)?), *size),
+            Some((path, size)) => (Some(crate::private::append(path)?), *size),
             None => (None, 0),
         };
         Ok((SegmentWriter { config, file, size, unsynced: false }, at))
@@ -68,7 +70,7 @@ impl SegmentWriter {
                 old.sync_all()?;
             }
             let path = self.config.dir.join(segment_name(seq));
-            self.file = Some(OpenOptions::new().create(true).append(true).open(path)?);
+            self.file = Some(crate::private::append(&path)?);
             self.size = 0;
             self.prune();
         }

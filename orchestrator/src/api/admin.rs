@@ -191,6 +191,31 @@ impl pb::admin_server::Admin for AdminService {
         Ok(Response::new(pb::CreateKeyResponse { applied_index, secret }))
     }
 
+    async fn ensure_key(&self, req: Request<pb::CreateKeyRequest>) -> Result<Response<pb::EnsureKeyResponse>, Status> {
+        require_admin(&req)?;
+        let r = req.into_inner();
+        if r.secret.len() < 16 || r.secret.len() > 256 || r.secret.chars().any(|c| c.is_control() || c.is_whitespace())
+        {
+            return Err(Status::invalid_argument("a key secret must be 16 to 256 printable characters"));
+        }
+        let key = ApiKey {
+            key_id: r.key_id,
+            secret_sha256: secret_sha256(&r.secret),
+            project: r.project,
+            regions: r.regions,
+        };
+        let before = self.node.with_state(|s| s.keys().get(&key.key_id).cloned());
+        let outcome = match &before {
+            None => "created",
+            Some(k) if k.secret_sha256 != key.secret_sha256 => "rotated",
+            Some(k) if k.regions != key.regions => "updated",
+            Some(_) => "unchanged",
+        };
+        tracing::info!(key_id = %key.key_id, project = %key.project, outcome, "admin write: ensure_key");
+        let applied_index = self.node.commit(&Command::EnsureKey(key)).await.map_err(status)?;
+        Ok(Response::new(pb::EnsureKeyResponse { applied_index, outcome: outcome.to_owned() }))
+    }
+
     async fn revoke_key(&self, req: Request<pb::RevokeKeyRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         require_admin(&req)?;
         self.write(Command::RevokeKey { key_id: req.into_inner().key_id }).await

@@ -166,7 +166,7 @@ fn parse_entry(body: &[u8]) -> Result<LogEntry, &'static str> {
 fn replace_file(path: &Path, contents: &[u8]) -> Result<(), StorageError> {
     let tmp = path.with_extension("tmp");
     {
-        let mut f = File::create(&tmp).map_err(io_err(&tmp))?;
+        let mut f = zl_node::private::create(&tmp).map_err(io_err(&tmp))?;
         f.write_all(contents).map_err(io_err(&tmp))?;
         f.sync_all().map_err(io_err(&tmp))?;
     }
@@ -227,7 +227,11 @@ impl DiskStorage {
     /// Open (creating if needed) the storage in `dir`, recovering from a crash at any point.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<DiskStorage, StorageError> {
         let log_dir = dir.join("log");
-        fs::create_dir_all(&log_dir).map_err(io_err(&log_dir))?;
+        // The log and snapshots hold API-key hashes and content data keys: owner-only (zl_node::private).
+        zl_node::private::create_dir(dir).map_err(io_err(dir))?;
+        zl_node::private::create_dir(&log_dir).map_err(io_err(&log_dir))?;
+        zl_node::private::tighten_files(dir).map_err(io_err(dir))?;
+        zl_node::private::tighten_files(&log_dir).map_err(io_err(&log_dir))?;
         for stray in [dir.join("hardstate.tmp"), dir.join("snapshot.tmp"), dir.join("confstate.tmp")] {
             let _ = fs::remove_file(stray);
         }
@@ -484,7 +488,7 @@ impl DiskStorage {
             let roll = self.segments.last().is_none_or(|s| s.len >= self.segment_bytes);
             if roll {
                 let path = self.dir.join("log").join(format!("{next:020}.seg"));
-                File::create(&path).map_err(io_err(&path))?;
+                zl_node::private::create(&path).map_err(io_err(&path))?;
                 sync_dir(&self.dir.join("log"))?;
                 self.segments.push(Segment { first: next, path, len: 0 });
             }

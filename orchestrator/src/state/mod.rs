@@ -177,6 +177,8 @@ pub enum Command {
     },
     /// Add an API key.
     CreateKey(ApiKey),
+    /// Create a key, or bring an existing one of the same project to this secret (rotating it) and these regions.
+    EnsureKey(ApiKey),
     /// Remove an API key.
     RevokeKey {
         /// Its id.
@@ -267,6 +269,7 @@ impl Command {
             Command::PinPool { .. } => "pin_pool",
             Command::CreateKey(_) => "create_key",
             Command::RevokeKey { .. } => "revoke_key",
+            Command::EnsureKey(_) => "ensure_key",
             Command::SetKeyRegions { .. } => "set_key_regions",
             Command::SetProject { .. } => "set_project",
             Command::SetBillingWeights(_) => "set_billing_weights",
@@ -385,7 +388,13 @@ impl RoutingState {
             self.rebuild_index();
         }
         if result.is_ok()
-            && matches!(cmd, Command::CreateKey(_) | Command::RevokeKey { .. } | Command::SetKeyRegions { .. })
+            && matches!(
+                cmd,
+                Command::CreateKey(_)
+                    | Command::EnsureKey(_)
+                    | Command::RevokeKey { .. }
+                    | Command::SetKeyRegions { .. }
+            )
         {
             self.rebuild_key_index();
         }
@@ -495,6 +504,19 @@ impl RoutingState {
                 }
                 check_regions(&key.regions)?;
                 self.keys.insert(key.key_id.clone(), key.clone());
+            }
+            Command::EnsureKey(key) => {
+                let Some(existing) = self.keys.get_mut(&key.key_id) else {
+                    return self.apply_inner(&Command::CreateKey(key.clone()));
+                };
+                check_sha("secret_sha256", &key.secret_sha256)?;
+                check_regions(&key.regions)?;
+                if existing.project != key.project {
+                    let why = format!("key {} bills to project {}; revoke it first", key.key_id, existing.project);
+                    return Err(invalid("project", why));
+                }
+                existing.secret_sha256.clone_from(&key.secret_sha256);
+                existing.regions.clone_from(&key.regions);
             }
             Command::RevokeKey { key_id } => {
                 self.keys.remove(key_id).ok_or_else(|| CommandError::NotFound(format!("key {key_id}")))?;

@@ -156,3 +156,31 @@ fn cache_groups_are_per_project_and_survive_a_snapshot() {
     old.as_object_mut().unwrap().remove("cache_groups");
     assert!(RoutingState::restore(&serde_json::to_vec(&old).unwrap()).is_ok());
 }
+
+#[test]
+fn ensuring_a_key_with_a_new_secret_rotates_it() {
+    let mut s = RoutingState::default();
+    for (i, p) in ["acme", "beta"].into_iter().enumerate() {
+        s.apply(1 + i as u64, &Command::SetProject { name: p.into(), quota: Quota::default() }).unwrap();
+    }
+    let key = |secret: &str, project: &str, regions: &[&str]| {
+        Command::EnsureKey(ApiKey {
+            key_id: "k1".into(),
+            secret_sha256: secret_sha256(secret),
+            project: project.into(),
+            regions: regions.iter().map(|r| (*r).to_owned()).collect(),
+        })
+    };
+    s.apply(3, &key("first-secret-0123456789", "acme", &[])).unwrap();
+    assert_eq!(s.verify_key("first-secret-0123456789").map(|k| k.key_id.as_str()), Some("k1"));
+    s.apply(4, &key("first-secret-0123456789", "acme", &["eu"])).unwrap();
+    assert_eq!(s.keys()["k1"].regions, vec!["eu".to_owned()]);
+    // A changed secret replaces the old one at once: the old secret no longer opens the key.
+    s.apply(5, &key("second-secret-0123456789", "acme", &["eu"])).unwrap();
+    assert!(s.verify_key("first-secret-0123456789").is_none());
+    assert_eq!(s.verify_key("second-secret-0123456789").map(|k| k.key_id.as_str()), Some("k1"));
+    // A key never moves to another project this way.
+    let err = s.apply(6, &key("second-secret-0123456789", "beta", &[])).unwrap_err();
+    assert!(err.to_string().contains("revoke it first"), "{err}");
+    assert_eq!(s.keys()["k1"].project, "acme");
+}

@@ -230,16 +230,17 @@ pub(crate) enum KeysCommand {
         #[arg(long, value_delimiter = ',')]
         regions: Vec<String>,
     },
-    /// Make sure a key exists with this secret's registration and these regions: create it when absent, else set
-    /// its regions (for jobs and automation that run on every deploy: the chart's, Terraform's).
+    /// Make sure a key exists with this secret and these regions: create it when absent, else set its regions and,
+    /// when the secret differs, rotate it to this one (for jobs and automation that run on every deploy: the
+    /// chart's, Terraform's). The secret comes from ZL_NEW_KEY_SECRET so that it never shows in argv.
     Ensure {
         /// Key id (public).
         key_id: String,
         /// Project the key bills to (must exist).
         #[arg(long)]
         project: String,
-        /// The secret to register when the key is created.
-        #[arg(long, env = "ZL_NEW_KEY_SECRET")]
+        /// The key's secret.
+        #[arg(long, env = "ZL_NEW_KEY_SECRET", hide_env_values = true)]
         secret: String,
         /// Data residency: the regions whose frontends may serve the key (none: any region).
         #[arg(long, value_delimiter = ',')]
@@ -453,18 +454,15 @@ async fn run_async(args: AdminArgs) -> Result<()> {
             println!("{}", r.secret);
         }
         AdminCommand::Keys(KeysCommand::Ensure { key_id, project, secret, regions }) => {
-            let create = pb::CreateKeyRequest { key_id: key_id.clone(), project, secret, regions: regions.clone() };
-            match c.create_key(create).await {
-                Ok(r) => println!("key {key_id} created (applied at index {})", r.into_inner().applied_index),
-                Err(e) if e.code() == tonic::Code::AlreadyExists => written(
-                    &format!("key {key_id} exists; regions set"),
-                    c.set_key_regions(pb::SetKeyRegionsRequest { key_id: key_id.clone(), regions })
-                        .await
-                        .map_err(call)?
-                        .into_inner(),
-                ),
-                Err(e) => return Err(call(e)),
-            }
+            let ensure = pb::CreateKeyRequest { key_id: key_id.clone(), project, secret, regions };
+            let r = c.ensure_key(ensure).await.map_err(call)?.into_inner();
+            let what = match r.outcome.as_str() {
+                "rotated" => "exists; its secret was rotated (the old one no longer works)",
+                "updated" => "exists; regions set",
+                "unchanged" => "exists, unchanged",
+                _ => "created",
+            };
+            println!("key {key_id} {what} (applied at index {})", r.applied_index);
         }
         AdminCommand::Keys(KeysCommand::Regions { key_id, regions }) => written(
             &format!(
