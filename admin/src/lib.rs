@@ -61,6 +61,16 @@ pub fn require_admin<T>(request: &tonic::Request<T>) -> Result<(), tonic::Status
         .map_err(|e| tonic::Status::permission_denied(e.message().replace("may call this", "may administer")))
 }
 
+/// The node id of the admin certificate that made `request` (after [`require_admin`]): who did it, for the
+/// routing state's admin log. `unknown` for a certificate that names none (a wildcard).
+pub fn admin_id<T>(request: &tonic::Request<T>) -> String {
+    let ids = request
+        .peer_certs()
+        .and_then(|certs| certs.first().map(|c| zl_tls::node_ids(c, Role::Admin)))
+        .unwrap_or_default();
+    ids.into_iter().next().unwrap_or_else(|| "unknown".to_owned())
+}
+
 /// Refuse a request whose client certificate was not issued for `role`.
 #[allow(clippy::result_large_err)]
 pub fn require_role<T>(request: &tonic::Request<T>, role: Role) -> Result<(), tonic::Status> {

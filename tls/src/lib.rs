@@ -266,6 +266,19 @@ pub fn check_identity(cert: &CertificateDer<'_>, role: Role, node_id: &NodeId) -
     Ok(())
 }
 
+/// The node ids a certificate names for `role` (its `{id}.{role}.zl.internal` names; a replica certificate's
+/// wildcard names none). Only for a certificate already verified against the cluster CA and [`check_role`].
+pub fn node_ids(cert: &CertificateDer<'_>, role: Role) -> Vec<String> {
+    let Ok(parsed) = webpki::EndEntityCert::try_from(cert) else { return Vec::new() };
+    let suffix = format!(".{}", role_name(role));
+    parsed
+        .valid_dns_names()
+        .filter_map(|name| name.strip_suffix(suffix.as_str()))
+        .filter(|id| *id != "*" && !id.is_empty() && !id.contains('.'))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// Check that `cert` (already chain-verified) was issued for some node of `role` (it names `{role}.zl.internal`).
 pub fn check_role(cert: &CertificateDer<'_>, role: Role) -> Result<(), TlsError> {
     let name = role_name(role);
@@ -396,6 +409,13 @@ mod tests {
         check_identity(&chain[0], Role::Worker, &id("w0")).unwrap();
         assert!(check_identity(&chain[0], Role::Orchestrator, &id("w0")).is_err());
         assert!(check_identity(&chain[0], Role::Worker, &id("w1")).is_err());
+        // The node id a certificate names, for the admin log; a replica certificate names none.
+        let admin = ca.issue(Role::Admin, &id("ops-1"), &[], 1).unwrap();
+        let admin = certs_from_pem("c", admin.cert_pem.as_bytes()).unwrap();
+        assert_eq!(node_ids(&admin[0], Role::Admin), vec!["ops-1".to_owned()]);
+        assert!(node_ids(&admin[0], Role::Worker).is_empty());
+        let replicas = ca.issue_replicas(Role::Worker, &[], 1).unwrap();
+        assert!(node_ids(&certs_from_pem("c", replicas.cert_pem.as_bytes()).unwrap()[0], Role::Worker).is_empty());
     }
 
     #[test]

@@ -34,11 +34,36 @@ impl AdminService {
         pb::admin_server::AdminServer::new(self)
     }
 
-    async fn write(&self, cmd: Command) -> Result<Response<pb::WriteResponse>, Status> {
-        tracing::info!(command = cmd.kind(), "admin write");
-        let applied_index = self.node.commit(&cmd).await.map_err(status)?;
+    /// Commit an operator's write, recorded with who made it (the routing state's admin log).
+    async fn write(&self, by: &str, cmd: Command) -> Result<Response<pb::WriteResponse>, Status> {
+        let applied_index = self.node.commit(&as_admin(by, cmd)).await.map_err(status)?;
         Ok(Response::new(pb::WriteResponse { applied_index }))
     }
+
+    /// Record an operator's read of secrets before answering it: refused when it cannot be recorded.
+    async fn record_read(&self, by: &str, what: String) -> Result<(), Status> {
+        tracing::warn!(admin = by, what, "admin read of secrets");
+        let cmd = Command::AdminRead { by: by.to_owned(), at_ms: unix_ms(), what };
+        self.node.commit(&cmd).await.map_err(status)?;
+        Ok(())
+    }
+}
+
+/// The admin certificate's node id, once the caller is checked to be an admin.
+#[allow(clippy::result_large_err)]
+fn admin_id<T>(req: &Request<T>) -> Result<String, Status> {
+    require_admin(req)?;
+    Ok(zl_admin::admin_id(req))
+}
+
+/// `cmd` as the operator `by`'s write, stamped with this orchestrator's clock.
+fn as_admin(by: &str, cmd: Command) -> Command {
+    tracing::info!(admin = by, command = cmd.kind(), subject = %cmd.subject(), "admin write");
+    Command::Admin { by: by.to_owned(), at_ms: unix_ms(), command: Box::new(cmd) }
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 fn status(e: CommitError) -> Status {
@@ -126,45 +151,45 @@ impl pb::admin_server::Admin for AdminService {
     }
 
     async fn set_drain(&self, req: Request<pb::SetDrainRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetDrain { id: node_id(&r.worker_id)?, draining: r.draining }).await
+        self.write(&by, Command::SetDrain { id: node_id(&r.worker_id)?, draining: r.draining }).await
     }
 
     async fn set_alias(&self, req: Request<pb::SetAliasRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetAlias { alias: r.alias, target: optional(r.target) }).await
+        self.write(&by, Command::SetAlias { alias: r.alias, target: optional(r.target) }).await
     }
 
     async fn pin_version(&self, req: Request<pb::PinVersionRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
-        self.write(Command::PinVersion { model: r.model, weights_sha256: optional(r.weights_sha256) }).await
+        self.write(&by, Command::PinVersion { model: r.model, weights_sha256: optional(r.weights_sha256) }).await
     }
 
     async fn set_canary(&self, req: Request<pb::SetCanaryRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
         let weights: BTreeMap<String, u32> = r.weights.into_iter().collect();
-        self.write(Command::SetCanary { model: r.model, weights }).await
+        self.write(&by, Command::SetCanary { model: r.model, weights }).await
     }
 
     async fn set_fallback(&self, req: Request<pb::SetFallbackRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetFallback { model: r.model, chain: r.chain }).await
+        self.write(&by, Command::SetFallback { model: r.model, chain: r.chain }).await
     }
 
     async fn pin_pool(&self, req: Request<pb::PinPoolRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
         let pool = parse_pool(&r.pool).map_err(Status::invalid_argument)?;
-        self.write(Command::PinPool { model: r.model, pool }).await
+        self.write(&by, Command::PinPool { model: r.model, pool }).await
     }
 
     async fn set_project(&self, req: Request<pb::SetProjectRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
         let q = r.quota.unwrap_or_default();
         let quota = Quota {
@@ -174,11 +199,11 @@ impl pb::admin_server::Admin for AdminService {
             input_tokens_per_minute: q.input_tokens_per_minute,
             output_tokens_per_minute: q.output_tokens_per_minute,
         };
-        self.write(Command::SetProject { name: r.name, quota }).await
+        self.write(&by, Command::SetProject { name: r.name, quota }).await
     }
 
     async fn create_key(&self, req: Request<pb::CreateKeyRequest>) -> Result<Response<pb::CreateKeyResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
         let secret = if r.secret.is_empty() { generate_secret()? } else { r.secret };
         if secret.len() < 16 || secret.len() > 256 || secret.chars().any(|c| c.is_control() || c.is_whitespace()) {
@@ -187,12 +212,12 @@ impl pb::admin_server::Admin for AdminService {
         let key =
             ApiKey { key_id: r.key_id, secret_sha256: secret_sha256(&secret), project: r.project, regions: r.regions };
         tracing::info!(key_id = %key.key_id, project = %key.project, "admin write: create_key");
-        let applied_index = self.node.commit(&Command::CreateKey(key)).await.map_err(status)?;
+        let applied_index = self.node.commit(&as_admin(&by, Command::CreateKey(key))).await.map_err(status)?;
         Ok(Response::new(pb::CreateKeyResponse { applied_index, secret }))
     }
 
     async fn ensure_key(&self, req: Request<pb::CreateKeyRequest>) -> Result<Response<pb::EnsureKeyResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
         if r.secret.len() < 16 || r.secret.len() > 256 || r.secret.chars().any(|c| c.is_control() || c.is_whitespace())
         {
@@ -212,13 +237,13 @@ impl pb::admin_server::Admin for AdminService {
             Some(_) => "unchanged",
         };
         tracing::info!(key_id = %key.key_id, project = %key.project, outcome, "admin write: ensure_key");
-        let applied_index = self.node.commit(&Command::EnsureKey(key)).await.map_err(status)?;
+        let applied_index = self.node.commit(&as_admin(&by, Command::EnsureKey(key))).await.map_err(status)?;
         Ok(Response::new(pb::EnsureKeyResponse { applied_index, outcome: outcome.to_owned() }))
     }
 
     async fn revoke_key(&self, req: Request<pb::RevokeKeyRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
-        self.write(Command::RevokeKey { key_id: req.into_inner().key_id }).await
+        let by = admin_id(&req)?;
+        self.write(&by, Command::RevokeKey { key_id: req.into_inner().key_id }).await
     }
 
     async fn list_keys(&self, req: Request<pb::ListKeysRequest>) -> Result<Response<pb::ListKeysResponse>, Status> {
@@ -241,28 +266,31 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::SetKeyRegionsRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetKeyRegions { key_id: r.key_id, regions: r.regions }).await
+        self.write(&by, Command::SetKeyRegions { key_id: r.key_id, regions: r.regions }).await
     }
 
     async fn set_billing_weights(
         &self,
         req: Request<pb::SetBillingWeightsRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetBillingWeights(BillingWeights { input: r.input, output: r.output, context: r.context }))
-            .await
+        self.write(
+            &by,
+            Command::SetBillingWeights(BillingWeights { input: r.input, output: r.output, context: r.context }),
+        )
+        .await
     }
 
     async fn set_pool_thresholds(
         &self,
         req: Request<pb::SetPoolThresholdsRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetPoolThresholds(PoolThresholds { gpu: r.gpu, hybrid: r.hybrid })).await
+        self.write(&by, Command::SetPoolThresholds(PoolThresholds { gpu: r.gpu, hybrid: r.hybrid })).await
     }
 
     async fn list_members(
@@ -319,42 +347,44 @@ impl pb::admin_server::Admin for AdminService {
     }
 
     async fn get_state(&self, req: Request<pb::GetStateRequest>) -> Result<Response<pb::GetStateResponse>, Status> {
-        require_admin(&req)?;
-        self.node.read_barrier().await.map_err(status)?;
+        let by = admin_id(&req)?;
+        // The state holds content-logging data keys: who read it is recorded first.
+        self.record_read(&by, "state".to_owned()).await?;
         let (applied_index, bytes) = self.node.with_state(|s| (s.applied_index(), s.snapshot()));
         let state_json = String::from_utf8(bytes).map_err(|_| Status::internal("state is not UTF-8"))?;
         Ok(Response::new(pb::GetStateResponse { applied_index, state_json }))
     }
 
     async fn set_budget(&self, req: Request<pb::SetBudgetRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
-        self.write(ledger::set_budget(req.into_inner())?).await
+        let by = admin_id(&req)?;
+        self.write(&by, ledger::set_budget(req.into_inner())?).await
     }
 
     async fn set_priority(&self, req: Request<pb::SetPriorityRequest>) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
-        self.write(ledger::set_priority(req.into_inner())?).await
+        let by = admin_id(&req)?;
+        self.write(&by, ledger::set_priority(req.into_inner())?).await
     }
 
     async fn set_cache_group(
         &self,
         req: Request<pb::SetCacheGroupRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
-        self.write(Command::SetCacheGroup { project: r.project, group: (!r.group.is_empty()).then_some(r.group) }).await
+        self.write(&by, Command::SetCacheGroup { project: r.project, group: (!r.group.is_empty()).then_some(r.group) })
+            .await
     }
 
     async fn set_content_logging(
         &self,
         req: Request<pb::SetContentLoggingRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let r = req.into_inner();
         self.node.read_barrier().await.map_err(status)?;
         let existing = self.node.with_state(|s| s.ledger().data_keys.contains_key(&r.project));
         match ledger::set_content_logging(r, existing)? {
-            Some(cmd) => self.write(cmd).await,
+            Some(cmd) => self.write(&by, cmd).await,
             None => Ok(Response::new(pb::WriteResponse { applied_index: self.node.with_state(|s| s.applied_index()) })),
         }
     }
@@ -380,22 +410,21 @@ impl pb::admin_server::Admin for AdminService {
         &self,
         req: Request<pb::ResetAuditHeadRequest>,
     ) -> Result<Response<pb::WriteResponse>, Status> {
-        require_admin(&req)?;
+        let by = admin_id(&req)?;
         let frontend = req.into_inner().frontend;
         let at_ms =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         tracing::warn!(frontend, "audit head reset by an operator: a new chain may start");
-        self.write(Command::ResetAuditHead { frontend, at_ms }).await
+        self.write(&by, Command::ResetAuditHead { frontend, at_ms }).await
     }
 
     async fn get_data_keys(
         &self,
         req: Request<pb::GetDataKeysRequest>,
     ) -> Result<Response<pb::GetDataKeysResponse>, Status> {
-        require_admin(&req)?;
-        self.node.read_barrier().await.map_err(status)?;
+        let by = admin_id(&req)?;
         let project = req.into_inner().project;
-        tracing::info!(%project, "data key read by an operator");
+        self.record_read(&by, format!("data_keys:{project}")).await?;
         Ok(Response::new(self.node.with_state(|s| ledger::data_keys(s.ledger(), &project))))
     }
 }

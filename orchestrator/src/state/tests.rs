@@ -184,3 +184,37 @@ fn ensuring_a_key_with_a_new_secret_rotates_it() {
     assert!(err.to_string().contains("revoke it first"), "{err}");
     assert_eq!(s.keys()["k1"].project, "acme");
 }
+
+#[test]
+fn operators_writes_and_secret_reads_are_recorded_with_who_made_them() {
+    let mut s = RoutingState::default();
+    let admin = |by: &str, at_ms: u64, cmd: Command| Command::Admin { by: by.into(), at_ms, command: Box::new(cmd) };
+    s.apply(1, &admin("alice", 10, Command::SetProject { name: "acme".into(), quota: Quota::default() })).unwrap();
+    let key = ApiKey {
+        key_id: "k1".into(),
+        secret_sha256: secret_sha256("a-secret-of-sixteen"),
+        project: "acme".into(),
+        regions: vec![],
+    };
+    s.apply(2, &admin("bob", 20, Command::CreateKey(key))).unwrap();
+    // An operator's key works at once: the wrapped command rebuilt the key index as a plain one would.
+    assert_eq!(s.verify_key("a-secret-of-sixteen").map(|k| k.key_id.as_str()), Some("k1"));
+    // A refused write changes nothing, the log included; wrapping is one level deep.
+    assert!(s.apply(3, &admin("eve", 30, Command::RevokeKey { key_id: "nope".into() })).is_err());
+    let nested = admin("eve", 31, admin("eve", 31, Command::RevokeKey { key_id: "k1".into() }));
+    assert!(s.apply(4, &nested).is_err());
+    assert!(s.verify_key("a-secret-of-sixteen").is_some());
+    s.apply(5, &Command::AdminRead { by: "carol".into(), at_ms: 40, what: "data_keys:acme".into() }).unwrap();
+    let log: Vec<(u64, &str, &str, &str)> =
+        s.admin_log().entries().map(|e| (e.at_ms, e.by.as_str(), e.action.as_str(), e.subject.as_str())).collect();
+    assert_eq!(
+        log,
+        vec![
+            (10, "alice", "set_project", "acme"),
+            (20, "bob", "create_key", "k1"),
+            (40, "carol", "read:data_keys:acme", ""),
+        ]
+    );
+    // It is part of the replicated state: a snapshot carries it.
+    assert_eq!(RoutingState::restore(&s.snapshot()).unwrap().admin_log(), s.admin_log());
+}
