@@ -135,3 +135,19 @@ async fn count_tokens_is_admitted_like_a_generation_and_audited() {
     assert!(statuses[1].2 > 0, "the counted tokens are recorded");
     assert_eq!(statuses[2].0, 429);
 }
+
+#[tokio::test]
+async fn a_worker_cannot_charge_more_than_the_request_allowed() {
+    let h = harness();
+    h.cluster.apply(two_projects(1, ["", ""]), Instant::now());
+    *h.fake.claimed_usage.lock().unwrap() = Some((1_000_000, 1_000_000));
+    let body = json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]});
+    let req = post("/v1/messages", ()).header("x-api-key", KEY).body(Body::from(body.to_string())).unwrap();
+    let resp = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    let usage = json_of(resp).await["usage"].clone();
+    assert_eq!(usage["output_tokens"], 4, "capped at max_tokens: {usage}");
+    let prompt = h.fake.recorded.lock().unwrap().generates[0].1.prompt.clone();
+    let zl_wire::message::Prompt::Tokens(tokens) = prompt else { panic!("tokens") };
+    assert_eq!(usage["input_tokens"], tokens.len(), "capped at the prompt the frontend sent: {usage}");
+}

@@ -65,6 +65,10 @@ pub(super) struct Live {
     pub(super) started: Instant,
     pub(super) last_token: Option<Instant>,
     pub(super) output_tokens: u32,
+    /// What the request allowed: a worker's usage is never taken above it (a faulty or hostile worker cannot
+    /// charge a key or budget more than the request could cost).
+    pub(super) max_tokens: u32,
+    pub(super) prompt_tokens: u32,
 }
 
 impl Live {
@@ -139,15 +143,27 @@ impl Generation {
                     Some(_) => {}
                 }
                 live.last_token = Some(now);
-                live.output_tokens += n;
-                self.settle.output_tokens = live.output_tokens;
+                live.output_tokens = live.output_tokens.saturating_add(n);
+                self.settle.output_tokens = live.output_tokens.min(live.max_tokens);
                 live.output.push_str(&chunk.text_delta);
                 if let Some(ends) = live.delta_ends.as_mut() {
                     ends.push(live.output.len());
                 }
                 Some(Ok(GenEvent::Delta(chunk.text_delta)))
             }
-            Ok(Message::Finish(f)) => {
+            Ok(Message::Finish(mut f)) => {
+                let (input, output) = (f.usage.input_tokens, f.usage.output_tokens.max(live.output_tokens));
+                if input > live.prompt_tokens || output > live.max_tokens {
+                    metrics::counter!("zl_frontend_usage_capped_total").increment(1);
+                    tracing::warn!(
+                        worker = %live.worker,
+                        input, output, prompt = live.prompt_tokens, max_tokens = live.max_tokens,
+                        "a worker reported more usage than the request allowed; capped"
+                    );
+                }
+                f.usage.input_tokens = input.min(live.prompt_tokens);
+                f.usage.output_tokens = f.usage.output_tokens.min(live.max_tokens);
+                f.usage.cached_input_tokens = f.usage.cached_input_tokens.min(f.usage.input_tokens);
                 let signals = Signals::measure(&live.billing_input, &live.output);
                 let unit = billing::billing_unit(&self.settle.gateway.cluster.billing_weights(), &signals);
                 let finish = FinishInfo {

@@ -560,6 +560,8 @@ impl Gateway {
             started: routed,
             last_token: None,
             output_tokens: 0,
+            max_tokens: p.max_tokens,
+            prompt_tokens: input_tokens,
         };
         Ok((meta, Generation { source: Source::Worker(source), settle, live: Some(live) }))
     }

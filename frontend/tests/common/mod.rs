@@ -57,6 +57,8 @@ pub struct Fake {
     pub mode: Mutex<WorkerMode>,
     /// The weights version routes serve ([0xab; 32], the card's, unless a test plays a canary).
     pub served_weights: Mutex<[u8; 32]>,
+    /// Usage the worker claims in its finish (input, output) instead of the true one: a faulty or hostile worker.
+    pub claimed_usage: Mutex<Option<(u32, u32)>>,
     pub overloaded: Mutex<bool>,
     pub recorded: Mutex<Recorded>,
     pub dropped_streams: Arc<AtomicUsize>,
@@ -175,10 +177,11 @@ impl Upstream for Fake {
             let Prompt::Tokens(prompt) = &request.prompt else { panic!("the frontend sends tokens") };
             let input = prompt.len() as u32;
             self.recorded.lock().unwrap().generates.push((endpoint.clone(), request.clone()));
+            let (input, output) = self.claimed_usage.lock().unwrap().unwrap_or((input, 3));
             let finish = Ok(Message::Finish(Finish {
                 stop_reason: StopReason::EndTurn,
                 stop_sequence: None,
-                usage: Usage { input_tokens: input, output_tokens: 3, ..Usage::default() },
+                usage: Usage { input_tokens: input, output_tokens: output, ..Usage::default() },
             }));
             let frames: VecDeque<_> = match mode {
                 WorkerMode::FirstWorkerDies if endpoint.starts_with("w1") => {
@@ -269,6 +272,7 @@ fn harness_full(
     let fake = Arc::new(Fake {
         mode: Mutex::new(WorkerMode::Normal),
         served_weights: Mutex::new([0xab; 32]),
+        claimed_usage: Mutex::new(None),
         overloaded: Mutex::new(false),
         recorded: Mutex::default(),
         dropped_streams: Arc::default(),
