@@ -214,7 +214,10 @@ fn peer_regions_are_found_in_consuls_other_datacenters() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let (mut up_b, _) = up_in(dir.path(), "b", agent_b.http, &[]);
-    let (mut up_a, http_a) = up_in(dir.path(), "a", agent_a.http, &[("ZL_PEER_REGIONS_FROM_CONSUL", "true")]);
+    // Only the allowed regions are taken, and plain http peers only on an explicit opt-in (this test bed is http).
+    let env =
+        [("ZL_PEER_REGIONS_FROM_CONSUL", "true"), ("ZL_PEER_REGION_ALLOW", "b"), ("ZL_PEER_INSECURE_HTTP", "true")];
+    let (mut up_a, http_a) = up_in(dir.path(), "a", agent_a.http, &env);
     until(
         "a's frontend finds b through consul",
         || ask(http_a, KEY, false, &[("x-zl-region", "b")]),

@@ -120,6 +120,14 @@ struct ServeArgs {
     /// with a passing frontend (the datacenter names the region), read again every 10 s. Replaces --peer-region.
     #[arg(long, env = "ZL_PEER_REGIONS_FROM_CONSUL", default_value_t = false, action = clap::ArgAction::Set)]
     peer_regions_from_consul: bool,
+    /// With --peer-regions-from-consul: the only regions (Consul datacenters) taken as peers, comma-separated.
+    /// Required: a datacenter joined to the WAN is not trusted with this region's clients by being there.
+    #[arg(long, env = "ZL_PEER_REGION_ALLOW", value_delimiter = ',')]
+    peer_region_allow: Vec<String>,
+    /// With --peer-regions-from-consul: also take peers that register plain http (by default only https peers,
+    /// checked against --peer-ca-file, are taken). For a test bed or a private network only.
+    #[arg(long, env = "ZL_PEER_INSECURE_HTTP", default_value_t = false, action = clap::ArgAction::Set)]
+    peer_insecure_http: bool,
     /// CA certificate (PEM) that https peer regions' frontends are checked against.
     #[arg(long, env = "ZL_PEER_CA_FILE")]
     peer_ca_file: Option<PathBuf>,
@@ -244,6 +252,15 @@ fn check(args: &ServeArgs) -> Result<()> {
         }
         if !args.peer_regions.is_empty() {
             bail!("give --peer-region or --peer-regions-from-consul, not both");
+        }
+        if args.peer_region_allow.is_empty() {
+            bail!("--peer-regions-from-consul needs --peer-region-allow: the regions that may be peers");
+        }
+        if let Some(problem) = args.peer_region_allow.iter().find_map(|r| zl_common::region::region_problem(r)) {
+            bail!("--peer-region-allow: {problem}");
+        }
+        if args.peer_ca_file.is_none() && !args.peer_insecure_http {
+            bail!("--peer-regions-from-consul takes https peers only: give --peer-ca-file (or --peer-insecure-http)");
         }
     }
     args.peers.check(true)
@@ -391,7 +408,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let consul_peers = match (&consul, args.peer_regions_from_consul) {
         (Some((c, ..)), true) => {
             peers.push("other consul datacenters".into());
-            Some(tokio::spawn(http::spill::follow_consul_peers(c.client.clone(), spill.clone())))
+            let trust = http::spill::PeerTrust {
+                allow: args.peer_region_allow.clone(),
+                insecure_http: args.peer_insecure_http,
+            };
+            Some(tokio::spawn(http::spill::follow_consul_peers(c.client.clone(), spill.clone(), trust)))
         }
         _ => None,
     };

@@ -73,13 +73,50 @@ impl Default for Spill {
 /// How often the peer regions are read again from Consul.
 pub const CONSUL_PEERS_EVERY: Duration = Duration::from_secs(10);
 
+/// Which peers found in Consul are taken.
+#[derive(Clone, Debug, Default)]
+pub struct PeerTrust {
+    /// The regions (datacenters) that may be peers.
+    pub allow: Vec<String>,
+    /// Take peers that register plain http too.
+    pub insecure_http: bool,
+}
+
+impl PeerTrust {
+    /// Whether `peer` may be one (a refusal is logged once per region and reason by the caller).
+    pub fn admits(&self, peer: &Peer) -> Result<(), &'static str> {
+        if !self.allow.contains(&peer.region) {
+            return Err("its region is not in --peer-region-allow");
+        }
+        if !peer.tls && !self.insecure_http {
+            return Err("it registers plain http (https peers only, unless --peer-insecure-http)");
+        }
+        Ok(())
+    }
+}
+
 /// Follow the peer regions in Consul: every [`CONSUL_PEERS_EVERY`], the agent's other datacenters nearest first,
-/// each with a passing frontend, become the peers. When Consul cannot be read, the last list stays.
-pub async fn follow_consul_peers(client: zl_node::consul::ConsulClient, spill: Arc<Spill>) {
+/// each with a passing frontend, become the peers, those that `trust` admits. When Consul cannot be read, the last
+/// list stays.
+pub async fn follow_consul_peers(client: zl_node::consul::ConsulClient, spill: Arc<Spill>, trust: PeerTrust) {
     let mut failing = false;
+    // Each refused region is logged once per reason, not every 10 s.
+    let mut refused: std::collections::BTreeSet<(String, &'static str)> = std::collections::BTreeSet::new();
     loop {
         match consul_peers(&client).await {
-            Ok(peers) => {
+            Ok(found) => {
+                let mut peers = Vec::with_capacity(found.len());
+                for peer in found {
+                    match trust.admits(&peer) {
+                        Ok(()) => peers.push(peer),
+                        Err(why) => {
+                            if refused.insert((peer.region.clone(), why)) {
+                                tracing::warn!(region = %peer.region, url = %peer.url, "peer region refused: {why}");
+                                metrics::counter!("zl_frontend_peers_refused_total").increment(1);
+                            }
+                        }
+                    }
+                }
                 if failing || peers != *spill.regions.peers() {
                     let names: Vec<&str> = peers.iter().map(|p| p.region.as_str()).collect();
                     tracing::info!(peers = ?names, "peer regions from consul");
@@ -256,6 +293,23 @@ async fn attempt(spill: &Spill, peer: &Peer, path: &str, headers: &HeaderMap, bo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn peer(region: &str, tls: bool) -> Peer {
+        let authority = format!("{region}.example:443");
+        let url = format!("{}://{authority}", if tls { "https" } else { "http" });
+        Peer { region: region.into(), authority, tls, url }
+    }
+
+    #[test]
+    fn consul_peers_must_be_allowed_and_https() {
+        let trust = PeerTrust { allow: vec!["eu".into()], insecure_http: false };
+        assert!(trust.admits(&peer("eu", true)).is_ok());
+        assert!(trust.admits(&peer("us", true)).unwrap_err().contains("--peer-region-allow"));
+        assert!(trust.admits(&peer("eu", false)).unwrap_err().contains("https"));
+        let lax = PeerTrust { insecure_http: true, ..trust };
+        assert!(lax.admits(&peer("eu", false)).is_ok());
+        assert!(lax.admits(&peer("us", false)).is_err(), "the allowlist holds even then");
+    }
 
     #[test]
     fn forwarded_ids_only_on_hops() {
