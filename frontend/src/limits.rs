@@ -254,6 +254,35 @@ impl RateLimiter {
         Ok((reservation, self.figures(key, project)))
     }
 
+    /// Whether a request of `key` could be admitted at all now, taking nothing: a request left in its per-minute
+    /// bucket and a free concurrency slot for `project`. Checked before the body is read, so a key already over
+    /// its limits costs no body read, parse or tokenization; the real admission ([`RateLimiter::admit`]) follows.
+    pub fn precheck(
+        &mut self,
+        key: &str,
+        project: &str,
+        limits: KeyLimits,
+        quota: ProjectLimits,
+        now: Instant,
+    ) -> Result<(), Box<Refusal>> {
+        let share = self.share;
+        let state = self.keys.entry(key.to_owned()).or_default();
+        let wait = sync_bucket(&mut state.requests, limits.requests, share, now).and_then(|b| b.wait_for(1.0));
+        let concurrency_limit = (f64::from(quota.max_concurrent) * share).ceil() as u32;
+        let busy =
+            quota.max_concurrent > 0 && self.projects.get(project).is_some_and(|p| p.in_flight >= concurrency_limit);
+        let (dimension, message, retry_after) = match wait {
+            Some(w) if !w.is_zero() => ("requests", "rate limit exceeded: requests per minute".to_owned(), w),
+            _ if busy => (
+                "project_concurrency",
+                format!("project {project} already has {concurrency_limit} requests in flight, its limit"),
+                Duration::from_secs(1),
+            ),
+            _ => return Ok(()),
+        };
+        Err(Box::new(Refusal { dimension, message, retry_after, figures: self.figures(key, project) }))
+    }
+
     /// The request ended having produced `output_tokens`: give back the unused reservation and its concurrency
     /// slot.
     pub fn settle(&mut self, reservation: &Reservation, output_tokens: u32, now: Instant) {

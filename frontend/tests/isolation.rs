@@ -151,3 +151,22 @@ async fn a_worker_cannot_charge_more_than_the_request_allowed() {
     let zl_wire::message::Prompt::Tokens(tokens) = prompt else { panic!("tokens") };
     assert_eq!(usage["input_tokens"], tokens.len(), "capped at the prompt the frontend sent: {usage}");
 }
+
+#[tokio::test]
+async fn a_key_over_its_limit_is_refused_before_its_body_is_read() {
+    let h = harness();
+    let mut sync = two_projects(1, ["", ""]);
+    sync.projects[0].requests_per_minute = 1;
+    h.cluster.apply(sync, Instant::now());
+    let ok = post("/v1/messages", ()).header("x-api-key", KEY).body(Body::from(greedy().to_string())).unwrap();
+    assert_eq!(h.send(ok).await.status(), 200);
+    // A body that never arrives: were it read before admission, this would hang.
+    let never = futures_util::stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
+    let req = post("/v1/messages", ()).header("x-api-key", KEY).body(Body::from_stream(never)).unwrap();
+    let resp = tokio::time::timeout(std::time::Duration::from_secs(5), h.send(req)).await.expect("answered at once");
+    assert_eq!(resp.status(), 429);
+    assert!(resp.headers().contains_key("retry-after"));
+    // Another key is not affected.
+    let other = post("/v1/messages", ()).header("x-api-key", KEY_B).body(Body::from(greedy().to_string())).unwrap();
+    assert_eq!(h.send(other).await.status(), 200);
+}

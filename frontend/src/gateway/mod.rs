@@ -391,6 +391,22 @@ impl Gateway {
         self.off_thread(move || tokenize(&card, &req).map(|(_, tokens)| tokens.len())).await
     }
 
+    /// Refuse a request before its body is read when its key or project is already over its limits
+    /// ([`RateLimiter::precheck`]); nothing is taken.
+    #[allow(clippy::result_large_err)]
+    pub fn precheck(&self, key: &KeyInfo) -> Result<(), Failure> {
+        let (limits, quota) = self.limits_for(key);
+        let share = if self.limits_shared() { 1.0 } else { self.config.limit_share };
+        let mut limiter = lock(&self.limiter);
+        limiter.set_share(share);
+        limiter.precheck(&key.key_id, &key.project, limits, quota, Instant::now()).map_err(|refusal| {
+            metrics::counter!("zl_frontend_rate_limited_total", "dimension" => refusal.dimension).increment(1);
+            let err = ApiError::new(ErrorKind::RateLimit, refusal.message)
+                .retry_after(refusal.retry_after.as_secs_f64().ceil() as u64);
+            Failure::known(err, refusal.figures)
+        })
+    }
+
     /// Admit a `count_tokens` call against the key's per-minute request limit (it produces no tokens: the token
     /// limits are not charged, and it holds no concurrency slot once answered).
     pub fn admit_count(&self, key: &KeyInfo) -> Result<RateFigures, ApiError> {

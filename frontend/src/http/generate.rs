@@ -181,6 +181,8 @@ async fn receive(app: &App, key: KeyInfo, req: Request) -> Result<Received, Fail
     }
     app.spill.regions.admit(&key.key_id, &key.regions).map_err(known)?;
     let opts = RequestOptions::from_headers(req.headers()).map_err(known)?;
+    // A key already over its limits is refused before its body is read (a large body costs time and memory).
+    app.gateway.precheck(&key)?;
     let body = read_body(app, req).await.map_err(known)?;
     Ok(Received { key, opts, body })
 }
