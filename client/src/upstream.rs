@@ -13,7 +13,7 @@ use zl_common::sync::{read, write};
 use zl_proto::CallError;
 use zl_proto::quic::{Client, ResponseStream};
 use zl_wire::message::{
-    ErrorCode, FrontendGrant, FrontendReport, GenerateRequest, Message, ModelCard, ModelCardRequest, Role,
+    ErrorCode, FrontendGrant, FrontendReport, GenerateRequest, Message, ModelCard, ModelCardRequest, NodeId, Role,
     RouteDecision, RouteRequest, StateSync, StateSyncRequest, WireError,
 };
 
@@ -25,6 +25,11 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub trait TokenSource: Send {
     /// The next frame, `None` after the call ended.
     fn next(&mut self) -> BoxFuture<'_, Option<Result<Message, CallError>>>;
+
+    /// The node id of the worker answering, as its certificate vouches for it (`None` when unknown).
+    fn worker_id(&self) -> Option<NodeId> {
+        None
+    }
 }
 
 /// The tiers behind the frontend.
@@ -54,6 +59,10 @@ pub trait Upstream: Send + Sync + 'static {
 impl TokenSource for ResponseStream {
     fn next(&mut self) -> BoxFuture<'_, Option<Result<Message, CallError>>> {
         Box::pin(ResponseStream::next(self))
+    }
+
+    fn worker_id(&self) -> Option<NodeId> {
+        Some(self.peer().node_id.clone())
     }
 }
 

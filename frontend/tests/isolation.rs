@@ -170,3 +170,20 @@ async fn a_key_over_its_limit_is_refused_before_its_body_is_read() {
     let other = post("/v1/messages", ()).header("x-api-key", KEY_B).body(Body::from(greedy().to_string())).unwrap();
     assert_eq!(h.send(other).await.status(), 200);
 }
+
+#[tokio::test]
+async fn an_answer_comes_only_from_the_worker_the_route_named() {
+    let h = harness();
+    h.cluster.apply(two_projects(1, ["", ""]), Instant::now());
+    // Another worker's process answers at w1's address (a stale address, or a node speaking with its tier's
+    // certificate): its answer is not taken, the request is routed again, to w2.
+    *h.fake.impostor_at_w1.lock().unwrap() = Some("w9".into());
+    let body = json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]});
+    let req = post("/v1/messages", ()).header("x-api-key", KEY).body(Body::from(body.to_string())).unwrap();
+    let resp = h.send(req).await;
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers().get("x-zl-worker").unwrap(), "w2");
+    let recorded = h.fake.recorded.lock().unwrap();
+    assert_eq!(recorded.routes.len(), 2, "routed again without w1");
+    assert_eq!(recorded.routes[1].excluded_workers.iter().map(|w| w.as_str()).collect::<Vec<_>>(), vec!["w1"]);
+}

@@ -19,6 +19,7 @@ use zl_proto::CallError;
 use zl_text::ChatMessage;
 use zl_wire::message::{
     ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteHint, RouteRequest, SamplingParams,
+    WireError,
 };
 
 use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
@@ -641,6 +642,16 @@ impl Gateway {
                 cache_salt: salt,
             };
             let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
+                // The endpoint must be the worker the route named: another node answering there (a stale address,
+                // an impostor with its tier's certificate) gets no prompt's answer trusted; route elsewhere.
+                Ok(source) if source.worker_id().is_some_and(|id| id != decision.worker_id) => {
+                    let found = source.worker_id().map(|id| id.to_string()).unwrap_or_default();
+                    metrics::counter!("zl_frontend_worker_mismatches_total").increment(1);
+                    Err(CallError::Remote(WireError::new(
+                        ErrorCode::Unavailable,
+                        format!("the worker at {} is {found}, not {} as routed", decision.endpoint, decision.worker_id),
+                    )))
+                }
                 Ok(mut source) => loop {
                     match source.next().await {
                         Some(Ok(Message::TokenChunk(c))) if !p.stream && c.is_admission() => {}

@@ -57,6 +57,8 @@ pub struct Fake {
     pub mode: Mutex<WorkerMode>,
     /// The weights version routes serve ([0xab; 32], the card's, unless a test plays a canary).
     pub served_weights: Mutex<[u8; 32]>,
+    /// The node id that answers at `w1`'s endpoint instead of w1 (another node with its tier's certificate).
+    pub impostor_at_w1: Mutex<Option<String>>,
     /// Usage the worker claims in its finish (input, output) instead of the true one: a faulty or hostile worker.
     pub claimed_usage: Mutex<Option<(u32, u32)>>,
     pub overloaded: Mutex<bool>,
@@ -67,6 +69,8 @@ pub struct Fake {
 }
 
 struct Script {
+    /// Who answers (as the certificate says).
+    answering: NodeId,
     frames: VecDeque<Result<Message, CallError>>,
     endless: bool,
     slow: bool,
@@ -83,6 +87,10 @@ impl Drop for Script {
 }
 
 impl TokenSource for Script {
+    fn worker_id(&self) -> Option<NodeId> {
+        Some(self.answering.clone())
+    }
+
     fn next(&mut self) -> BoxFuture<'_, Option<Result<Message, CallError>>> {
         Box::pin(async move {
             if self.slow {
@@ -200,7 +208,12 @@ impl Upstream for Fake {
                 }
                 _ => vec![chunk("Hello"), chunk(" wor"), chunk("ld"), finish].into(),
             };
+            let answering = match (endpoint.starts_with("w1"), self.impostor_at_w1.lock().unwrap().clone()) {
+                (true, Some(impostor)) => impostor,
+                _ => endpoint.split('.').next().unwrap_or_default().to_owned(),
+            };
             Ok(Box::new(Script {
+                answering: NodeId::new(answering).unwrap(),
                 frames,
                 endless: mode == WorkerMode::Endless,
                 slow: mode == WorkerMode::Slow,
@@ -273,6 +286,7 @@ fn harness_full(
         mode: Mutex::new(WorkerMode::Normal),
         served_weights: Mutex::new([0xab; 32]),
         claimed_usage: Mutex::new(None),
+        impostor_at_w1: Mutex::new(None),
         overloaded: Mutex::new(false),
         recorded: Mutex::default(),
         dropped_streams: Arc::default(),
