@@ -32,6 +32,16 @@ fn two_projects(index: u64, groups: [&str; 2]) -> zl_wire::message::StateSync {
     sync
 }
 
+/// `POST /v1/messages` with `key` and `body`.
+fn messages(key: &str, body: impl Into<Body>) -> axum::http::Request<Body> {
+    post("/v1/messages", ()).header("x-api-key", key).body(body.into()).unwrap()
+}
+
+/// A small request, sampled (not cacheable).
+fn hello() -> String {
+    json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]}).to_string()
+}
+
 /// A greedy request long enough for several KV blocks (the fake's block size is 4).
 fn greedy() -> Value {
     json!({"model": MODEL, "max_tokens": 4, "temperature": 0, "system": "secret plans",
@@ -39,7 +49,7 @@ fn greedy() -> Value {
 }
 
 async fn ask(h: &common::Harness, key: &str) -> String {
-    let req = post("/v1/messages", ()).header("x-api-key", key).body(Body::from(greedy().to_string())).unwrap();
+    let req = messages(key, greedy().to_string());
     let resp = h.send(req).await;
     let status = resp.status();
     let cache = resp.headers().get("x-zl-cache").map(|v| v.to_str().unwrap().to_owned()).unwrap_or_default();
@@ -141,9 +151,7 @@ async fn a_worker_cannot_charge_more_than_the_request_allowed() {
     let h = harness();
     h.cluster.apply(two_projects(1, ["", ""]), Instant::now());
     *h.fake.claimed_usage.lock().unwrap() = Some((1_000_000, 1_000_000));
-    let body = json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]});
-    let req = post("/v1/messages", ()).header("x-api-key", KEY).body(Body::from(body.to_string())).unwrap();
-    let resp = h.send(req).await;
+    let resp = h.send(messages(KEY, hello())).await;
     assert_eq!(resp.status(), 200);
     let usage = json_of(resp).await["usage"].clone();
     assert_eq!(usage["output_tokens"], 4, "capped at max_tokens: {usage}");
@@ -158,17 +166,15 @@ async fn a_key_over_its_limit_is_refused_before_its_body_is_read() {
     let mut sync = two_projects(1, ["", ""]);
     sync.projects[0].requests_per_minute = 1;
     h.cluster.apply(sync, Instant::now());
-    let ok = post("/v1/messages", ()).header("x-api-key", KEY).body(Body::from(greedy().to_string())).unwrap();
-    assert_eq!(h.send(ok).await.status(), 200);
+    assert_eq!(h.send(messages(KEY, greedy().to_string())).await.status(), 200);
     // A body that never arrives: were it read before admission, this would hang.
     let never = futures_util::stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
-    let req = post("/v1/messages", ()).header("x-api-key", KEY).body(Body::from_stream(never)).unwrap();
+    let req = messages(KEY, Body::from_stream(never));
     let resp = tokio::time::timeout(std::time::Duration::from_secs(5), h.send(req)).await.expect("answered at once");
     assert_eq!(resp.status(), 429);
     assert!(resp.headers().contains_key("retry-after"));
     // Another key is not affected.
-    let other = post("/v1/messages", ()).header("x-api-key", KEY_B).body(Body::from(greedy().to_string())).unwrap();
-    assert_eq!(h.send(other).await.status(), 200);
+    assert_eq!(h.send(messages(KEY_B, greedy().to_string())).await.status(), 200);
 }
 
 #[tokio::test]
@@ -178,9 +184,7 @@ async fn an_answer_comes_only_from_the_worker_the_route_named() {
     // Another worker's process answers at w1's address (a stale address, or a node speaking with its tier's
     // certificate): its answer is not taken, the request is routed again, to w2.
     *h.fake.impostor_at_w1.lock().unwrap() = Some("w9".into());
-    let body = json!({"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]});
-    let req = post("/v1/messages", ()).header("x-api-key", KEY).body(Body::from(body.to_string())).unwrap();
-    let resp = h.send(req).await;
+    let resp = h.send(messages(KEY, hello())).await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.headers().get("x-zl-worker").unwrap(), "w2");
     let recorded = h.fake.recorded.lock().unwrap();

@@ -300,8 +300,7 @@ impl Orchestrator {
         report: FrontendReport,
         now: Instant,
     ) -> Result<FrontendGrant, CommitError> {
-        let now_ms =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let now_ms = unix_ms();
         let projects: Vec<String> = report.asks.iter().map(|a| a.project.clone()).collect();
         let report = ReportEntry::from(report);
         let rate_asks = report.rate_asks.clone();
@@ -422,4 +421,10 @@ impl Orchestrator {
         sync.models = models.into_values().collect();
         sync
     }
+}
+
+/// This orchestrator's clock in unix milliseconds: what a command it proposes is stamped with (the state machine
+/// never reads a clock; replicas apply the proposer's time).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }

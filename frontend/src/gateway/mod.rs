@@ -26,7 +26,7 @@ use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
 use crate::cluster::{Card, Cluster, KeyInfo};
 use crate::error::{ApiError, ErrorKind, Failure};
 use crate::ledger::Spent;
-use crate::limits::{KeyLimits, ProjectLimits, RateFigures, RateLimiter};
+use crate::limits::{KeyLimits, ProjectLimits, RateFigures, RateLimiter, Refusal};
 use crate::report::Reporter;
 use crate::suspects::Suspects;
 use crate::upstream::{TokenSource, Upstream};
@@ -334,10 +334,11 @@ impl Gateway {
         let card = self.cluster.card(self.upstream.as_ref(), &req.model, request_id).await?;
         fits_in_bytes(&card, bytes)?;
         let card_for_work = card.clone();
-        let (req, prompt, tokens) = self
+        let (req, prompt, tokens, billing_text) = self
             .off_thread(move || {
                 let (prompt, tokens) = tokenize(&card_for_work, &req)?;
-                Ok((req, prompt, tokens))
+                let billing = billing_text(req.system.as_deref(), &req.messages);
+                Ok((req, prompt, tokens, billing))
             })
             .await?;
         let context = card.context_length as usize;
@@ -365,11 +366,9 @@ impl Gateway {
                 ),
             ));
         }
-        let GenRequest {
-            model, system, messages, temperature, top_p, top_k, seed, stop, grammar, stream, user, ..
-        } = req;
+        let GenRequest { model, temperature, top_p, top_k, seed, stop, grammar, stream, user, .. } = req;
         Ok(Prepared {
-            billing_text: billing_text(system.as_deref(), &messages),
+            billing_text,
             model,
             card,
             prompt,
@@ -397,15 +396,7 @@ impl Gateway {
     #[allow(clippy::result_large_err)]
     pub fn precheck(&self, key: &KeyInfo) -> Result<(), Failure> {
         let (limits, quota) = self.limits_for(key);
-        let share = if self.limits_shared() { 1.0 } else { self.config.limit_share };
-        let mut limiter = lock(&self.limiter);
-        limiter.set_share(share);
-        limiter.precheck(&key.key_id, &key.project, limits, quota, Instant::now()).map_err(|refusal| {
-            metrics::counter!("zl_frontend_rate_limited_total", "dimension" => refusal.dimension).increment(1);
-            let err = ApiError::new(ErrorKind::RateLimit, refusal.message)
-                .retry_after(refusal.retry_after.as_secs_f64().ceil() as u64);
-            Failure::known(err, refusal.figures)
-        })
+        self.limiter().precheck(&key.key_id, &key.project, limits, quota, Instant::now()).map_err(refused)
     }
 
     /// Admit a `count_tokens` call against the key's per-minute request limit (it produces no tokens: the token
@@ -413,20 +404,21 @@ impl Gateway {
     pub fn admit_count(&self, key: &KeyInfo) -> Result<RateFigures, ApiError> {
         let (limits, quota) = self.limits_for(key);
         let quota = ProjectLimits { max_concurrent: 0, ..quota };
+        let mut limiter = self.limiter();
+        let (reservation, figures) = limiter
+            .admit(&key.key_id, &key.project, limits, quota, 0, 0, Instant::now())
+            .map_err(|r| refused(r).error)?;
+        limiter.settle(&reservation, 0, Instant::now());
+        Ok(figures)
+    }
+
+    /// The rate limiter, enforcing this frontend's share of each limit (all of it while limits are shared
+    /// through the orchestrators).
+    fn limiter(&self) -> std::sync::MutexGuard<'_, RateLimiter> {
         let share = if self.limits_shared() { 1.0 } else { self.config.limit_share };
         let mut limiter = lock(&self.limiter);
         limiter.set_share(share);
-        match limiter.admit(&key.key_id, &key.project, limits, quota, 0, 0, Instant::now()) {
-            Ok((reservation, figures)) => {
-                limiter.settle(&reservation, 0, Instant::now());
-                Ok(figures)
-            }
-            Err(refusal) => {
-                metrics::counter!("zl_frontend_rate_limited_total", "dimension" => refusal.dimension).increment(1);
-                Err(ApiError::new(ErrorKind::RateLimit, refusal.message)
-                    .retry_after(refusal.retry_after.as_secs_f64().ceil() as u64))
-            }
-        }
+        limiter
     }
 
     fn limits_for(&self, key: &KeyInfo) -> (KeyLimits, ProjectLimits) {
@@ -477,21 +469,9 @@ impl Gateway {
         let cache_key = (cacheable && !opts.bypass_cache).then_some(input_sha256);
         let (limits, quota) = self.limits_for(key);
         let input_tokens = p.tokens.len() as u32;
-        let share = if self.limits_shared() { 1.0 } else { self.config.limit_share };
-        let admitted = {
-            let mut limiter = lock(&self.limiter);
-            limiter.set_share(share);
-            limiter.admit(&key.key_id, &key.project, limits, quota, input_tokens, p.max_tokens, Instant::now())
-        };
-        let (reservation, rate) = match admitted {
-            Ok(ok) => ok,
-            Err(refusal) => {
-                metrics::counter!("zl_frontend_rate_limited_total", "dimension" => refusal.dimension).increment(1);
-                let err = ApiError::new(ErrorKind::RateLimit, refusal.message)
-                    .retry_after(refusal.retry_after.as_secs_f64().ceil() as u64);
-                return Err(Failure::known(err, refusal.figures));
-            }
-        };
+        let admitted =
+            self.limiter().admit(&key.key_id, &key.project, limits, quota, input_tokens, p.max_tokens, Instant::now());
+        let (reservation, rate) = admitted.map_err(refused)?;
         let mut settle = Settle {
             gateway: self.clone(),
             reservation: Some(reservation),
@@ -738,6 +718,15 @@ pub fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), Api
         .then(|| OfferedTools { template: req.tools.template_tools(), default_prompt: req.tools.default_prompt() });
     zl_client::prompt::tokenize(&card.tokenizer, req.system.as_deref(), &req.messages, tools)
         .map_err(|e| ApiError::invalid(e.to_string()))
+}
+
+/// A rate-limit refusal as the 429 the client gets (with its figures), counted.
+#[allow(clippy::boxed_local)] // the limiter returns refusals boxed; taken as they come
+fn refused(refusal: Box<Refusal>) -> Failure {
+    metrics::counter!("zl_frontend_rate_limited_total", "dimension" => refusal.dimension).increment(1);
+    let err = ApiError::new(ErrorKind::RateLimit, refusal.message)
+        .retry_after(refusal.retry_after.as_secs_f64().ceil() as u64);
+    Failure::known(err, refusal.figures)
 }
 
 /// Bytes of text the prompt is made of: system prompt, messages and offered tools.

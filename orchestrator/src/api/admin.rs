@@ -13,7 +13,7 @@ use zl_common::billing::BillingWeights;
 use zl_wire::message::{ComputePool, NodeId};
 
 use super::ledger;
-use crate::orchestrator::Orchestrator;
+use crate::orchestrator::{Orchestrator, unix_ms};
 use crate::raft::{CommitError, command_status};
 use crate::state::{ApiKey, Command, PoolThresholds, Quota, secret_sha256};
 
@@ -62,8 +62,13 @@ fn as_admin(by: &str, cmd: Command) -> Command {
     Command::Admin { by: by.to_owned(), at_ms: unix_ms(), command: Box::new(cmd) }
 }
 
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+/// A key secret an operator chose (or `CreateKey` generated): 16 to 256 printable characters.
+#[allow(clippy::result_large_err)]
+fn check_secret(secret: &str) -> Result<(), Status> {
+    if secret.len() < 16 || secret.len() > 256 || secret.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(Status::invalid_argument("a key secret must be 16 to 256 printable characters"));
+    }
+    Ok(())
 }
 
 fn status(e: CommitError) -> Status {
@@ -206,9 +211,7 @@ impl pb::admin_server::Admin for AdminService {
         let by = admin_id(&req)?;
         let r = req.into_inner();
         let secret = if r.secret.is_empty() { generate_secret()? } else { r.secret };
-        if secret.len() < 16 || secret.len() > 256 || secret.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return Err(Status::invalid_argument("a key secret must be 16 to 256 printable characters"));
-        }
+        check_secret(&secret)?;
         let key =
             ApiKey { key_id: r.key_id, secret_sha256: secret_sha256(&secret), project: r.project, regions: r.regions };
         tracing::info!(key_id = %key.key_id, project = %key.project, "admin write: create_key");
@@ -219,10 +222,7 @@ impl pb::admin_server::Admin for AdminService {
     async fn ensure_key(&self, req: Request<pb::CreateKeyRequest>) -> Result<Response<pb::EnsureKeyResponse>, Status> {
         let by = admin_id(&req)?;
         let r = req.into_inner();
-        if r.secret.len() < 16 || r.secret.len() > 256 || r.secret.chars().any(|c| c.is_control() || c.is_whitespace())
-        {
-            return Err(Status::invalid_argument("a key secret must be 16 to 256 printable characters"));
-        }
+        check_secret(&r.secret)?;
         let key = ApiKey {
             key_id: r.key_id,
             secret_sha256: secret_sha256(&r.secret),
@@ -412,8 +412,7 @@ impl pb::admin_server::Admin for AdminService {
     ) -> Result<Response<pb::WriteResponse>, Status> {
         let by = admin_id(&req)?;
         let frontend = req.into_inner().frontend;
-        let at_ms =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let at_ms = unix_ms();
         tracing::warn!(frontend, "audit head reset by an operator: a new chain may start");
         self.write(&by, Command::ResetAuditHead { frontend, at_ms }).await
     }
