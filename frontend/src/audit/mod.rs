@@ -117,10 +117,10 @@ impl AuditLog {
             })
         });
         match (&w.diverged, &diverged) {
-            (None, Some(why)) => tracing::error!(frontend = %self.frontend, "audit chain diverged: {why}"),
-            (Some(_), None) => {
-                tracing::warn!(frontend = %self.frontend, "audit chain matches the committed head again")
+            (old, Some(why)) if old.as_ref() != Some(why) => {
+                tracing::error!(frontend = %self.frontend, "audit chain diverged: {why}");
             }
+            (Some(_), None) => tracing::info!(frontend = %self.frontend, "audit chain confirmed by the orchestrators"),
             _ => {}
         }
         metrics::gauge!("zl_frontend_audit_diverged").set(if diverged.is_some() { 1.0 } else { 0.0 });
@@ -133,7 +133,7 @@ impl AuditLog {
         let w = lock(&self.writer);
         if let Some(why) = &w.diverged {
             return Err(
-                ApiError::new(ErrorKind::Overloaded, format!("this frontend cannot serve: {why}")).retry_after(30)
+                ApiError::new(ErrorKind::Overloaded, format!("this frontend cannot serve: {why}")).retry_after(2)
             );
         }
         match (&w.failure, self.config.on_failure) {
