@@ -94,31 +94,19 @@ async fn issued_certificates_authenticate_a_real_quic_call() {
     assert!(matches!(stranger.call(server.local_addr(), Role::Worker, request).await, Err(CallError::Connect { .. })));
 }
 
-#[tokio::test]
-async fn replica_certificates_let_randomly_named_pods_call_each_other() {
+#[test]
+fn bootstrap_credentials_are_issued_only_for_the_roles_that_enroll() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_str().unwrap();
     ok(&["certs", "init", "--out", d, "--days", "2"]);
-    // One certificate per Deployment role: `worker.pem`, `frontend.pem`.
-    ok(&["certs", "issue", "--ca-dir", d, "--role", "worker", "--replicas"]);
-    ok(&["certs", "issue", "--ca-dir", d, "--role", "frontend", "--replicas"]);
-    assert!(dir.path().join("worker.pem").is_file() && dir.path().join("frontend.key").is_file());
-    // Raft members and operators each get their own.
-    let out = zl(&["certs", "issue", "--ca-dir", d, "--role", "orchestrator", "--replicas"]);
-    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("certificate each"));
-
-    // Pods named by Kubernetes load the shared certificate under their own node ids and are told apart.
-    let worker = zl_node::load_identity(dir.path(), Role::Worker, "zl-worker-cpu-7d9f8c6b5-x2x9z").unwrap();
-    let frontend = zl_node::load_identity(dir.path(), Role::Frontend, "zl-frontend-5c7d-8kq2p").unwrap();
-    assert!(zl_node::load_identity(dir.path(), Role::Orchestrator, "zl-orchestrator-0").is_err());
-    let server =
-        Server::spawn("127.0.0.1:0".parse().unwrap(), &worker, RpcSettings::default(), Arc::new(Echo)).unwrap();
-    let client = Client::new(&frontend, RpcSettings::default()).unwrap();
-    let request = Message::ModelCardRequest(zl_wire::message::ModelCardRequest { model: "m".into() });
-    match client.call(server.local_addr(), Role::Worker, request).await {
-        Err(CallError::Remote(e)) => assert_eq!(e.message, "hello zl-frontend-5c7d-8kq2p"),
-        other => panic!("{other:?}"),
-    }
+    ok(&["certs", "issue", "--ca-dir", d, "--role", "worker", "--bootstrap"]);
+    ok(&["certs", "issue", "--ca-dir", d, "--role", "frontend", "--bootstrap"]);
+    assert!(dir.path().join("bootstrap-worker.pem").is_file() && dir.path().join("bootstrap-frontend.key").is_file());
+    // Raft members and operators each get a certificate of their own from `zl certs issue`.
+    let out = zl(&["certs", "issue", "--ca-dir", d, "--role", "orchestrator", "--bootstrap"]);
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("not enrollment"));
+    // A bootstrap credential is no node identity of its role.
+    assert!(zl_node::load_identity(dir.path(), Role::Worker, "worker").is_err());
 }
 
 #[test]

@@ -50,6 +50,9 @@ struct ServeArgs {
     /// The orchestrators (calls are spread over them and fail over).
     #[command(flatten)]
     peers: OrchestratorArgs,
+    /// Enrolling for a certificate of its own (when --tls-dir holds a bootstrap credential instead).
+    #[command(flatten)]
+    identity: zl_node::enroll::IdentityArgs,
     /// host:port clients reach this frontend at (registered in consul; default: --http-addr).
     #[arg(long, env = "ZL_ADVERTISE")]
     advertise: Option<String>,
@@ -294,7 +297,7 @@ fn spill(args: &ServeArgs) -> Result<Spill> {
 async fn serve(args: ServeArgs) -> Result<()> {
     check(&args)?;
     let consul = args.peers.consul(true)?;
-    let identity = zl_node::load_identity(&args.tls_dir, Role::Frontend, &args.node_id)?;
+    let identity = args.identity.load(&args.tls_dir, &args.peers.orchestrators, Role::Frontend, &args.node_id).await?;
     // The internal status listener first, so that every metric is recorded from the start; ready once the
     // cluster view exists and says so.
     let ready_view: Arc<std::sync::OnceLock<Arc<Cluster>>> = Arc::default();

@@ -7,6 +7,7 @@ pub mod audit;
 pub mod config;
 pub mod consul;
 pub mod discovery;
+pub mod enroll;
 pub mod http_client;
 pub mod memory;
 pub mod otlp;
@@ -48,16 +49,11 @@ pub fn block_on<T>(main: impl std::future::Future<Output = Result<T>>) -> Result
     result
 }
 
-/// Load `{dir}/ca.pem` and the node's `{dir}/{role}-{id}.pem` / `.key`, as `zl certs issue` names them; without
-/// those, a replica certificate of the role (`{dir}/{role}.pem` / `.key`, `zl certs issue --replicas`: the
-/// replicas of a Deployment share one).
+/// Load `{dir}/ca.pem` and the node's `{dir}/{role}-{id}.pem` / `.key`, as `zl certs issue` names them (nodes
+/// that may enroll use [`enroll::identity`]).
 pub fn load_identity(dir: &Path, role: Role, id: &str) -> Result<TlsIdentity> {
     let node_id = NodeId::new(id.to_owned()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
-    let mut files = NodeFiles::new(dir, role, node_id.as_str());
-    let replicas = NodeFiles::replicas(dir, role);
-    if !files.cert.exists() && replicas.cert.exists() {
-        files = replicas;
-    }
+    let files = NodeFiles::new(dir, role, node_id.as_str());
     TlsIdentity::from_files(&files.ca, &files.cert, &files.key, role, node_id)
         .with_context(|| format!("loading the TLS identity {} from {}", files.stem, dir.display()))
 }

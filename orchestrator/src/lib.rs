@@ -8,12 +8,14 @@
 //!   content data keys, priority classes), part of the state;
 //! - [`state`]: the replicated routing state, a deterministic command-driven state machine;
 //! - [`route`]: route decisions as pure functions over both, with pluggable policies;
+//! - [`enroll`]: who may get a node certificate, and the signing;
 //! - [`raft`]: the Raft group that replicates the state (storage, the pure replica, the async driver, and its
 //!   transport and peer service outside the loop);
 //! - [`orchestrator`]: one orchestrator: the state with its group, the load view and the policy;
 //! - [`api`]: its QUIC face (frontends, workers) and its gRPC admin face (operators).
 
 pub mod api;
+pub mod enroll;
 pub mod hash;
 pub mod ledger;
 pub mod load;
@@ -32,7 +34,8 @@ pub const ROLE: Role = Role::Orchestrator;
 /// operators administer, and peers forward writes.
 pub fn rpc_settings() -> RpcSettings {
     RpcSettings {
-        allowed_roles: vec![Role::Frontend, Role::Worker, Role::Orchestrator, Role::Admin],
+        // Bootstrap credentials only ever get as far as a certificate request (api/quic.rs).
+        allowed_roles: vec![Role::Frontend, Role::Worker, Role::Orchestrator, Role::Admin, Role::Bootstrap],
         ..RpcSettings::default()
     }
 }

@@ -49,6 +49,14 @@ struct ServeArgs {
     /// Directory with `ca.pem` and `orchestrator-{node-id}.pem`/`.key` (`zl certs`).
     #[arg(long, env = "ZL_TLS_DIR")]
     tls_dir: PathBuf,
+    /// The cluster CA's private key (PEM; its certificate is --tls-dir's ca.pem): this orchestrator then signs the
+    /// certificates workers and frontends enroll for with their role's bootstrap credential (docs/operations.md,
+    /// "Node identity"). Without it, nodes need certificates from `zl certs issue`.
+    #[arg(long, env = "ZL_ENROLL_CA_KEY")]
+    enroll_ca_key: Option<PathBuf>,
+    /// Validity of an enrolled certificate in days (nodes renew at start when a third is left).
+    #[arg(long, env = "ZL_ENROLL_DAYS", default_value_t = zl_orchestrator::enroll::DEFAULT_DAYS)]
+    enroll_days: u32,
     /// TCP address of the admin API (gRPC with mutual TLS; admin certificates only).
     #[arg(long, env = "ZL_ADMIN_LISTEN", default_value = "127.0.0.1:7001")]
     admin_listen: SocketAddr,
@@ -191,6 +199,13 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
             .with_context(|| format!("opening the Raft storage in {}", raft_dir(&data_dir).display()))?,
     );
     let _ = group_status.set(node.group().clone());
+    if let Some(key) = &args.enroll_ca_key {
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
+        let ca = zl_tls::ClusterCa::from_pem(&read(&args.tls_dir.join("ca.pem"))?, &read(key)?)
+            .context("--enroll-ca-key: loading the cluster CA")?;
+        node.enable_enrollment(zl_orchestrator::enroll::Enroller::new(ca, args.enroll_days));
+        tracing::info!(days = args.enroll_days, "enrolling workers and frontends");
+    }
     let raft_service = node.group().service();
     let server = Server::spawn(args.listen, &identity, zl_orchestrator::rpc_settings(), node.clone())?;
     let admin = {

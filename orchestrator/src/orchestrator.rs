@@ -15,6 +15,7 @@ use zl_wire::message::{
     RegisterWorker, RouteRequest, StateSync, WireError,
 };
 
+use crate::enroll::Enroller;
 use crate::ledger::ReportEntry;
 use crate::load::{Accepted, LoadSettings, LoadView};
 use crate::raft::replica::ConsensusError;
@@ -59,6 +60,8 @@ pub struct Orchestrator {
     warm_at: Instant,
     /// This node's id (named in route decisions, for the audit record).
     node_id: String,
+    /// The CA it signs enrolled nodes' certificates with, when given one.
+    enroller: std::sync::OnceLock<Enroller>,
 }
 
 impl std::fmt::Debug for Orchestrator {
@@ -88,6 +91,7 @@ impl Orchestrator {
             policy,
             warm_at,
             node_id: node_id.to_owned(),
+            enroller: std::sync::OnceLock::new(),
         })
     }
 
@@ -104,6 +108,39 @@ impl Orchestrator {
     /// Wait until this node has applied every write committed before the call (linearizable admin reads).
     pub async fn read_barrier(&self) -> Result<(), CommitError> {
         self.group.read_barrier().await
+    }
+
+    /// Sign enrolling nodes' certificates with `enroller` from now on (once; later calls are ignored).
+    pub fn enable_enrollment(&self, enroller: Enroller) {
+        let _ = self.enroller.set(enroller);
+    }
+
+    /// A node's certificate request, from `peer` (authenticated): checked, signed, committed, then answered.
+    pub async fn enroll(
+        &self,
+        peer_role: zl_wire::message::Role,
+        peer_id: &str,
+        req: &zl_wire::message::CertificateRequest,
+    ) -> Result<zl_wire::message::CertificateIssued, WireError> {
+        let renewal = Enroller::authorize(peer_role, peer_id, req)?;
+        let enroller = self.enroller.get().ok_or_else(|| {
+            WireError::new(ErrorCode::Unavailable, "this orchestrator does not enroll nodes (no --enroll-ca-key)")
+        })?;
+        let (signed, entry) = enroller.sign(req, renewal, unix_ms())?;
+        let outcome = if renewal { "renewed" } else { "enrolled" };
+        if let Err(e) = self.commit(&Command::Enroll(entry)).await {
+            if let CommitError::Unavailable(_) | CommitError::NotAccepted(_) = e {
+                let mut err = WireError::new(ErrorCode::Overloaded, format!("enrollment not committed: {e}"));
+                err.retry_after_ms = route::RETRY_AFTER_MS;
+                return Err(err);
+            }
+            metrics::counter!("zl_enrollments_total", "outcome" => "refused").increment(1);
+            tracing::warn!(role = %req.role, node = %req.node_id, by = %peer_id, error = %e, "enrollment refused");
+            return Err(WireError::new(ErrorCode::PermissionDenied, format!("enrollment refused: {e}")));
+        }
+        metrics::counter!("zl_enrollments_total", "outcome" => outcome).increment(1);
+        tracing::info!(role = %req.role, node = %req.node_id, by = %peer_id, outcome, "node certificate issued");
+        Ok(zl_wire::message::CertificateIssued { cert_pem: signed.cert_pem, not_after_ms: signed.not_after_ms })
     }
 
     /// Commit a command to the routing state; returns its log index once it is applied on this node.

@@ -2,8 +2,12 @@
 //!
 //! Every node certificate names its role and node id as DNS SANs (`{role}.zl.internal` and
 //! `{node_id}.{role}.zl.internal`). A client verifies a server against the role it expects; a server checks that
-//! the role and node id a client claims in its handshake are the ones its certificate was issued for. Only ring is
-//! used as the crypto provider. This crate never opens sockets.
+//! the role and node id a client claims in its handshake are the ones its certificate was issued for, by name: a
+//! wildcard, which many pods could share, is no identity. Nodes that Kubernetes names at random enroll for a
+//! certificate of their own with a bootstrap credential ([`enroll`]). Only ring is used as the crypto provider.
+//! This crate never opens sockets.
+
+pub mod enroll;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -65,21 +69,9 @@ pub fn node_name(role: Role, node_id: &NodeId) -> String {
     format!("{node_id}.{}.{CLUSTER_DOMAIN}", role.name())
 }
 
-/// The wildcard name a replica certificate carries: valid for every node id of `role` (a node id is one DNS label,
-/// and a wildcard matches exactly one).
-pub fn any_node_name(role: Role) -> String {
-    format!("*.{}.{CLUSTER_DOMAIN}", role.name())
-}
-
-/// The roles whose nodes may share one replica certificate: interchangeable replicas that Kubernetes names at
-/// random (Deployments). Orchestrators (Raft members with stable names) and admins never do.
-pub fn replica_role(role: Role) -> bool {
-    matches!(role, Role::Worker | Role::Frontend)
-}
-
 /// Where a node's PEM files live in a certificate directory, as `zl certs` writes them: the cluster CA's
-/// `ca.pem`, and the node's `{role}-{node id}.pem` and `.key` (or a replica certificate's `{role}.pem` and `.key`,
-/// [`NodeFiles::replicas`]). The one place these names are made.
+/// `ca.pem`, and the node's `{role}-{node id}.pem` and `.key` (a bootstrap credential's are `bootstrap-{role}.pem` and
+/// `.key`: role [`Role::Bootstrap`], node id the role it enrolls). The one place these names are made.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NodeFiles {
     /// `{role}-{node id}`, the file stem.
@@ -96,18 +88,6 @@ impl NodeFiles {
     /// The files of node `id` in role `role` under `dir`.
     pub fn new(dir: &std::path::Path, role: Role, id: &str) -> NodeFiles {
         let stem = format!("{}-{id}", role.name());
-        NodeFiles {
-            ca: dir.join("ca.pem"),
-            cert: dir.join(format!("{stem}.pem")),
-            key: dir.join(format!("{stem}.key")),
-            stem,
-        }
-    }
-
-    /// The files of a replica certificate of `role` under `dir` (`{role}.pem`, `{role}.key`): one certificate
-    /// every replica of a Deployment presents, whatever its node id.
-    pub fn replicas(dir: &std::path::Path, role: Role) -> NodeFiles {
-        let stem = role.name().to_owned();
         NodeFiles {
             ca: dir.join("ca.pem"),
             cert: dir.join(format!("{stem}.pem")),
@@ -201,25 +181,16 @@ impl ClusterCa {
     /// Issue a certificate for one node, valid for `days`, usable as both TLS client and server. `extra_names` are
     /// added as SANs (DNS names, or IP addresses when they parse as one).
     pub fn issue(&self, role: Role, node_id: &NodeId, extra_names: &[String], days: u32) -> Result<PemPair, TlsError> {
-        self.issue_for(role, node_name(role, node_id), extra_names, days)
+        let key = KeyPair::generate()?;
+        let cert = node_params(role, node_id, extra_names, days)?.signed_by(&key, &self.issuer)?;
+        Ok(PemPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
 
-    /// Issue a replica certificate: valid for every node id of `role` ([`any_node_name`]), for the replicas of a
-    /// Deployment, which share it. Only for [`replica_role`]s.
-    pub fn issue_replicas(&self, role: Role, extra_names: &[String], days: u32) -> Result<PemPair, TlsError> {
-        if !replica_role(role) {
-            return Err(TlsError::Identity {
-                expected: any_node_name(role),
-                problem: format!(
-                    "{} nodes need a certificate each (only workers and frontends share one)",
-                    role.name()
-                ),
-            });
-        }
-        self.issue_for(role, any_node_name(role), extra_names, days)
-    }
+}
 
-    fn issue_for(&self, role: Role, node: String, extra_names: &[String], days: u32) -> Result<PemPair, TlsError> {
+/// The parameters of a node certificate: its role's and its own name (plus `extra_names`), server and client use.
+fn node_params(role: Role, node_id: &NodeId, extra_names: &[String], days: u32) -> Result<CertificateParams, TlsError> {
+        let node = node_name(role, node_id);
         let mut names = vec![role_name(role), node.clone()];
         names.extend(extra_names.iter().cloned());
         let mut params = CertificateParams::new(names)?;
@@ -232,10 +203,7 @@ impl ClusterCa {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         params.use_authority_key_identifier_extension = true;
         validity(&mut params, days);
-        let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, &self.issuer)?;
-        Ok(PemPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
-    }
+        Ok(params)
 }
 
 fn pem_err(what: &str, problem: impl std::fmt::Display) -> TlsError {
@@ -250,24 +218,23 @@ fn certs_from_pem(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>
     Ok(certs)
 }
 
-/// Check that `cert` (already chain-verified by rustls) was issued for `role` and `node_id`.
+/// Check that `cert` (already chain-verified by rustls) was issued for `role` and `node_id`: it carries the role's
+/// name and the node's own name, spelled out. A wildcard (`*.worker.zl.internal`, the replica certificates of
+/// earlier releases) matches any node id, so every pod holding it could speak for every other: it is refused.
 pub fn check_identity(cert: &CertificateDer<'_>, role: Role, node_id: &NodeId) -> Result<(), TlsError> {
-    let parsed = webpki::EndEntityCert::try_from(cert).map_err(|e| TlsError::Identity {
-        expected: node_name(role, node_id),
-        problem: format!("unparsable certificate: {e}"),
-    })?;
-    for name in [role_name(role), node_name(role, node_id)] {
-        let server_name = ServerName::try_from(name.as_str())
-            .map_err(|e| TlsError::Identity { expected: name.clone(), problem: e.to_string() })?;
-        parsed
-            .verify_is_valid_for_subject_name(&server_name)
-            .map_err(|e| TlsError::Identity { expected: name.clone(), problem: format!("{e:?}") })?;
+    check_role(cert, role)?;
+    if !node_ids(cert, role).iter().any(|id| id == node_id.as_str()) {
+        return Err(TlsError::Identity {
+            expected: node_name(role, node_id),
+            problem: "the certificate does not name this node (a wildcard or another node's certificate is no \
+                      identity: each node needs a certificate of its own, `zl certs issue` or enrollment)"
+                .into(),
+        });
     }
     Ok(())
 }
 
-/// The node ids a certificate names for `role` (its `{id}.{role}.zl.internal` names; a replica certificate's
-/// wildcard names none). Only for a certificate already verified against the cluster CA and [`check_role`].
+/// The node ids a certificate names for `role` (its `{id}.{role}.zl.internal` names; a wildcard names none). Only for a certificate already verified against the cluster CA and [`check_role`].
 pub fn node_ids(cert: &CertificateDer<'_>, role: Role) -> Vec<String> {
     let Ok(parsed) = webpki::EndEntityCert::try_from(cert) else { return Vec::new() };
     let suffix = format!(".{}", role_name(role));
@@ -362,7 +329,6 @@ impl TlsIdentity {
         let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
         ctx.update(b"zerolayer derived secret v1\0");
         ctx.update(label);
-        // Replicas sharing one certificate still get secrets of their own.
         ctx.update(self.node_id.as_str().as_bytes());
         ctx.update(b"\0");
         ctx.update(self.key.secret_der());
@@ -409,32 +375,30 @@ mod tests {
         check_identity(&chain[0], Role::Worker, &id("w0")).unwrap();
         assert!(check_identity(&chain[0], Role::Orchestrator, &id("w0")).is_err());
         assert!(check_identity(&chain[0], Role::Worker, &id("w1")).is_err());
-        // The node id a certificate names, for the admin log; a replica certificate names none.
+        // The node id a certificate names, for the admin log.
         let admin = ca.issue(Role::Admin, &id("ops-1"), &[], 1).unwrap();
         let admin = certs_from_pem("c", admin.cert_pem.as_bytes()).unwrap();
         assert_eq!(node_ids(&admin[0], Role::Admin), vec!["ops-1".to_owned()]);
         assert!(node_ids(&admin[0], Role::Worker).is_empty());
-        let replicas = ca.issue_replicas(Role::Worker, &[], 1).unwrap();
-        assert!(node_ids(&certs_from_pem("c", replicas.cert_pem.as_bytes()).unwrap()[0], Role::Worker).is_empty());
     }
 
+    /// The replica certificates of earlier releases (`*.worker.zl.internal`, shared by every pod of a
+    /// Deployment) let any pod claim any node id of its tier; they are no identity now.
     #[test]
-    fn replica_certificates_serve_every_node_id_of_their_role_only() {
+    fn a_wildcard_certificate_is_no_node_identity() {
         let ca = ClusterCa::generate("test CA", 1).unwrap();
-        let pair = ca.issue_replicas(Role::Worker, &[], 1).unwrap();
-        let chain = certs_from_pem("c", pair.cert_pem.as_bytes()).unwrap();
-        for node in ["zl-worker-cpu-7d9f8c6b5-x2x9z", "w0", "a"] {
-            check_identity(&chain[0], Role::Worker, &id(node)).unwrap();
-        }
-        assert!(check_identity(&chain[0], Role::Frontend, &id("w0")).is_err(), "another role");
-        assert!(check_identity(&chain[0], Role::Orchestrator, &id("w0")).is_err(), "another role");
-        let a = TlsIdentity::from_pem(ca.cert_pem(), &pair, Role::Worker, id("w-a")).unwrap();
-        let b = TlsIdentity::from_pem(ca.cert_pem(), &pair, Role::Worker, id("w-b")).unwrap();
-        assert_ne!(a.derived_secret(b"reset"), b.derived_secret(b"reset"), "replicas keep secrets of their own");
-        assert_eq!(a.derived_secret(b"reset"), a.derived_secret(b"reset"));
-        // Raft members and operators each need their own.
-        assert!(ca.issue_replicas(Role::Orchestrator, &[], 1).is_err());
-        assert!(ca.issue_replicas(Role::Admin, &[], 1).is_err());
+        let mut params = CertificateParams::new(vec!["worker.zl.internal".into(), "*.worker.zl.internal".into()]).unwrap();
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &ca.issuer).unwrap();
+        let der = cert.der().clone();
+        check_role(&der, Role::Worker).unwrap();
+        assert!(node_ids(&der, Role::Worker).is_empty());
+        let err = check_identity(&der, Role::Worker, &id("w0")).unwrap_err();
+        assert!(err.to_string().contains("does not name this node"), "{err}");
+        let pair = PemPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() };
+        assert!(TlsIdentity::from_pem(ca.cert_pem(), &pair, Role::Worker, id("w0")).is_err());
     }
 
     #[test]

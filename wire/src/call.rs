@@ -46,6 +46,7 @@ impl CallShape {
             K::ModelCardRequest => Some(CallShape::Unary { reply: K::ModelCard }),
             K::StateSyncRequest => Some(CallShape::Unary { reply: K::StateSync }),
             K::FrontendReport => Some(CallShape::Unary { reply: K::FrontendGrant }),
+            K::CertificateRequest => Some(CallShape::Unary { reply: K::CertificateIssued }),
             K::GenerateRequest => Some(CallShape::ServerStreaming { item: K::TokenChunk, terminal: K::Finish }),
             K::Ack
             | K::RouteDecision
@@ -55,7 +56,8 @@ impl CallShape {
             | K::Cancel
             | K::ModelCard
             | K::StateSync
-            | K::FrontendGrant => None,
+            | K::FrontendGrant
+            | K::CertificateIssued => None,
         }
     }
 }
@@ -319,6 +321,7 @@ mod tests {
                     | K::ModelCard
                     | K::StateSync
                     | K::FrontendGrant
+                    | K::CertificateIssued
             );
             assert_eq!(opens, expected, "{kind}");
         }

@@ -56,11 +56,15 @@ pub enum FrameKind {
     FrontendReport = 18,
     /// `FrontendGrant`.
     FrontendGrant = 19,
+    /// `CertificateRequest`.
+    CertificateRequest = 20,
+    /// `CertificateIssued`.
+    CertificateIssued = 21,
 }
 
 impl FrameKind {
     /// Every kind, in wire-value order.
-    pub const ALL: [FrameKind; 19] = [
+    pub const ALL: [FrameKind; 21] = [
         FrameKind::Handshake,
         FrameKind::RegisterWorker,
         FrameKind::DeregisterWorker,
@@ -80,6 +84,8 @@ impl FrameKind {
         FrameKind::StateSync,
         FrameKind::FrontendReport,
         FrameKind::FrontendGrant,
+        FrameKind::CertificateRequest,
+        FrameKind::CertificateIssued,
     ];
 
     /// The kind with this wire value, if any.
@@ -114,6 +120,8 @@ impl FrameKind {
             FrameKind::StateSync => "state_sync",
             FrameKind::FrontendReport => "frontend_report",
             FrameKind::FrontendGrant => "frontend_grant",
+            FrameKind::CertificateRequest => "certificate_request",
+            FrameKind::CertificateIssued => "certificate_issued",
         }
     }
 }

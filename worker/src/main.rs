@@ -105,6 +105,9 @@ struct ServeArgs {
     /// override it.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
+    /// Enrolling for a certificate of its own (when --tls-dir holds a bootstrap credential instead).
+    #[command(flatten)]
+    identity: zl_node::enroll::IdentityArgs,
     /// The orchestrators to register with (none: standalone).
     #[command(flatten)]
     peers: OrchestratorArgs,
@@ -230,7 +233,7 @@ fn check(args: &ServeArgs) -> Result<(NodeId, String)> {
 
 async fn serve(args: ServeArgs) -> Result<()> {
     let (node_id, advertise) = check(&args)?;
-    let identity = zl_node::load_identity(&args.tls_dir, Role::Worker, &args.node_id)?;
+    let identity = args.identity.load(&args.tls_dir, &args.peers.orchestrators, Role::Worker, &args.node_id).await?;
     let consul = args.peers.consul(false)?;
     let announced = consul.is_some() || !args.peers.orchestrators.is_empty();
     // Alive from here on; ready once the models are loaded and (unless standalone) an orchestrator has taken the

@@ -128,14 +128,38 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
 {{- end }}
 {{- end -}}
 
-{{/* Volumes every tier mounts: its TLS files, its config, a writable /tmp; Consul's token when used.
+{{/* Volumes every tier mounts: its TLS files, its config, a writable /tmp; Consul's token when used; a worker's
+     or frontend's identity directory; the CA key an orchestrator signs enrollments with (without cert-manager).
      (dict "root" $ "tier" "worker" "config" "worker-cpu"). The TLS files are laid out as `zl certs` writes them:
-     ca.pem and {role}-{node}.pem/.key (orchestrators) or {role}.pem/.key (replica certificates). */}}
+     ca.pem and {role}-{node}.pem/.key (orchestrators), bootstrap-{role}.pem/.key (workers and frontends, which
+     enroll for a certificate of their own), or, with cert-manager, each worker's and frontend's own certificate
+     from the CSI driver as node.pem/.key (docs/kubernetes.md, "Node identity"). */}}
 {{- define "zl.volumes" -}}
 {{- $root := .root -}}
 {{- $full := include "zl.fullname" .root -}}
 - name: tls
-{{- if .root.Values.tls.certManager.enabled }}
+{{- if and .root.Values.tls.certManager.enabled (ne .tier "orchestrator") }}
+{{- $cm := .root.Values.tls.certManager }}
+{{- $issuer := $cm.issuerRef | default (dict "name" (printf "%s-ca" $full) "kind" "Issuer") }}
+  csi:
+    driver: csi.cert-manager.io
+    readOnly: true
+    volumeAttributes:
+      csi.cert-manager.io/issuer-name: {{ $issuer.name }}
+      csi.cert-manager.io/issuer-kind: {{ $issuer.kind | default "Issuer" }}
+      {{- with $issuer.group }}
+      csi.cert-manager.io/issuer-group: {{ . }}
+      {{- end }}
+      csi.cert-manager.io/common-name: "${POD_NAME}.{{ .tier }}.zl.internal"
+      csi.cert-manager.io/dns-names: "{{ .tier }}.zl.internal,${POD_NAME}.{{ .tier }}.zl.internal"
+      csi.cert-manager.io/key-usages: "digital signature,server auth,client auth"
+      csi.cert-manager.io/key-encoding: PKCS8
+      csi.cert-manager.io/duration: {{ $cm.duration | quote }}
+      csi.cert-manager.io/renew-before: {{ $cm.renewBefore | quote }}
+      csi.cert-manager.io/ca-file: ca.pem
+      csi.cert-manager.io/certificate-file: node.pem
+      csi.cert-manager.io/privatekey-file: node.key
+{{- else if .root.Values.tls.certManager.enabled }}
   projected:
     defaultMode: 0440
     sources:
@@ -150,13 +174,6 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
             - {key: ca.crt, path: ca.pem}
 {{- end }}
 {{- end }}
-{{- else }}
-      - secret:
-          name: {{ $full }}-tls-{{ .tier }}
-          items:
-            - {key: tls.crt, path: {{ .tier }}.pem}
-            - {key: tls.key, path: {{ .tier }}.key}
-            - {key: ca.crt, path: ca.pem}
 {{- end }}
 {{- else }}
   secret:
@@ -168,11 +185,46 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
     name: {{ $full }}-{{ .config }}
 - name: tmp
   emptyDir: {}
+{{- if ne .tier "orchestrator" }}
+# The certificate this pod enrolled for (kept across container restarts; a new pod enrolls anew).
+- name: identity
+  emptyDir: {medium: Memory, sizeLimit: 1Mi}
+{{- else if not .root.Values.tls.certManager.enabled }}
+# The cluster CA's key, to sign the certificates workers and frontends enroll for.
+- name: enroll-ca
+  secret:
+    secretName: {{ $full }}-ca
+    defaultMode: 0400
+    items:
+      - {key: ca.key, path: ca.key}
+{{- end }}
 {{- if and (eq .root.Values.discovery.backend "consul") .root.Values.discovery.consul.tokenSecret }}
 - name: consul-token
   secret:
     secretName: {{ .root.Values.discovery.consul.tokenSecret }}
     defaultMode: 0440
+{{- end }}
+{{- end -}}
+
+{{/* The identity mounts of a tier (dict "root" $ "tier" "worker"), beside zl.mounts. */}}
+{{- define "zl.identityMounts" -}}
+{{- if ne .tier "orchestrator" }}
+- {name: identity, mountPath: /var/lib/zerolayer/identity}
+{{- else if not .root.Values.tls.certManager.enabled }}
+- {name: enroll-ca, mountPath: /etc/zerolayer/enroll, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{/* Identity settings of a config file (TOML): where a worker or frontend keeps its enrolled certificate and whom
+     it enrolls with; the key an orchestrator signs with. */}}
+{{- define "zl.identityConfig" -}}
+{{- if ne .tier "orchestrator" }}
+identity-dir = "/var/lib/zerolayer/identity"
+{{- if eq .root.Values.discovery.backend "consul" }}
+enroll-at = {{ include "zl.orchestratorAddrs" .root }}
+{{- end }}
+{{- else if not .root.Values.tls.certManager.enabled }}
+enroll-ca-key = "/etc/zerolayer/enroll/ca.key"
 {{- end }}
 {{- end -}}
 

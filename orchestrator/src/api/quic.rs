@@ -93,6 +93,13 @@ impl Handler for Orchestrator {
                 let node = ctx.peer.node_id.clone();
                 Message::FrontendGrant(self.frontend_report(&node, r, now).await.map_err(command_error)?)
             }
+            Message::CertificateRequest(r) => {
+                Message::CertificateIssued(self.enroll(ctx.peer.role, ctx.peer.node_id.as_str(), &r).await?)
+            }
+            // A bootstrap credential gets no further than a certificate request.
+            _ if ctx.peer.role == Role::Bootstrap => {
+                return Err(WireError::new(ErrorCode::PermissionDenied, "a bootstrap credential may only enroll"));
+            }
             Message::RegisterWorker(r) => {
                 speaks_for(&ctx, &r.worker_id)?;
                 Message::Ack(Ack { applied_index: self.register(&r).await.map_err(command_error)? })

@@ -9,6 +9,7 @@ use zl_wire::message::{ComputePool, NodeId};
 
 use super::limits;
 use super::{ApiKey, PoolThresholds, Quota, WorkerSpec};
+use super::enrolled::EnrollEntry;
 use crate::ledger::{BudgetSpec, DataKey, ReportEntry};
 
 /// A change to the routing state.
@@ -152,6 +153,8 @@ pub enum Command {
         /// Unix ms at the proposer.
         at_ms: u64,
     },
+    /// A node enrolled for a certificate of its own, or renewed it (`state/enrolled.rs`).
+    Enroll(EnrollEntry),
     /// A frontend's report: usage, budget leases, audit head; `now_ms` is the proposer's clock.
     FrontendReport {
         /// The frontend (from its certificate).
@@ -183,6 +186,7 @@ impl Command {
             | Command::SetDataKey { project, .. }
             | Command::ShredDataKey { project } => project.clone(),
             Command::ResetAuditHead { frontend, .. } | Command::FrontendReport { frontend, .. } => frontend.clone(),
+            Command::Enroll(e) => format!("{}/{}", e.role, e.node_id),
             Command::Admin { command, .. } => command.subject(),
             Command::SetBillingWeights(_) | Command::SetPoolThresholds(_) | Command::AdminRead { .. } => String::new(),
         }
@@ -213,6 +217,7 @@ impl Command {
             Command::ShredDataKey { .. } => "shred_data_key",
             Command::FrontendReport { .. } => "frontend_report",
             Command::ResetAuditHead { .. } => "reset_audit_head",
+            Command::Enroll(_) => "enroll",
             Command::Admin { command, .. } => command.kind(),
             Command::AdminRead { .. } => "admin_read",
         }

@@ -11,6 +11,7 @@
 
 mod admin_log;
 mod command;
+mod enrolled;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -22,6 +23,7 @@ use crate::ledger::Ledger;
 
 pub use admin_log::{ADMIN_LOG_ENTRIES, AdminEntry, AdminLog};
 pub use command::{Command, CommandError};
+pub use enrolled::{EnrollEntry, Enrolled, Enrollment, MAX_ENROLLED};
 
 use command::{check_name, check_regions, check_sha, invalid};
 
@@ -161,6 +163,9 @@ pub struct RoutingState {
     /// Operators' writes and reads of secrets, with who made them.
     #[serde(default)]
     admin_log: AdminLog,
+    /// Nodes that enrolled for a certificate of their own.
+    #[serde(default)]
+    enrolled: Enrolled,
     billing_weights: BillingWeights,
     pool_thresholds: PoolThresholds,
     #[serde(default)]
@@ -419,6 +424,13 @@ impl RoutingState {
                     return Err(CommandError::NotFound(format!("an audit head of frontend {frontend}")));
                 }
             }
+            Command::Enroll(e) => {
+                let taken = match e.role.as_str() {
+                    "worker" => self.workers.keys().any(|w| w.as_str() == e.node_id),
+                    _ => self.ledger.heads.contains_key(&e.node_id),
+                };
+                self.enrolled.apply(e, taken)?;
+            }
             Command::FrontendReport { frontend, now_ms, report } => {
                 check_name("frontend", frontend)?;
                 self.ledger.report(frontend, *now_ms, report);
@@ -602,6 +614,11 @@ impl RoutingState {
     /// Usage, budgets, audit heads, data keys and priority classes.
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
+    }
+
+    /// The nodes that enrolled.
+    pub fn enrolled(&self) -> &Enrolled {
+        &self.enrolled
     }
 }
 

@@ -13,15 +13,16 @@ pub mod wire {
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_ROLE: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_ROLE: u8 = 4;
+pub const ENUM_MAX_ROLE: u8 = 5;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ROLE: [Role; 5] = [
+pub const ENUM_VALUES_ROLE: [Role; 6] = [
   Role::Unspecified,
   Role::Frontend,
   Role::Orchestrator,
   Role::Worker,
   Role::Admin,
+  Role::Bootstrap,
 ];
 
 /// Which tier a peer belongs to. Checked against the peer's certificate during the handshake.
@@ -36,15 +37,19 @@ impl Role {
   pub const Worker: Self = Self(3);
   /// Operator tools (`zl`), which may call any tier's control methods.
   pub const Admin: Self = Self(4);
+  /// A shared bootstrap credential: its node id names the role it may enroll ("worker" or "frontend"), and it may
+  /// only ask an orchestrator for a certificate for a new node id of that role (`CertificateRequest`).
+  pub const Bootstrap: Self = Self(5);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 4;
+  pub const ENUM_MAX: u8 = 5;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Unspecified,
     Self::Frontend,
     Self::Orchestrator,
     Self::Worker,
     Self::Admin,
+    Self::Bootstrap,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -54,6 +59,7 @@ impl Role {
       Self::Orchestrator => Some("Orchestrator"),
       Self::Worker => Some("Worker"),
       Self::Admin => Some("Admin"),
+      Self::Bootstrap => Some("Bootstrap"),
       _ => None,
     }
   }
@@ -5809,6 +5815,262 @@ impl ::core::fmt::Debug for RateGrant<'_> {
       ds.field("bucket", &self.bucket());
       ds.field("allotment", &self.allotment());
       ds.field("available", &self.available());
+      ds.finish()
+  }
+}
+pub enum CertificateRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A node asks an orchestrator for a certificate of its own (node -> orchestrator; answered with
+/// `CertificateIssued`). From a bootstrap credential: only for a node id never enrolled before. From the node's own
+/// certificate: a renewal for the same id.
+pub struct CertificateRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for CertificateRequest<'a> {
+  type Inner = CertificateRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> CertificateRequest<'a> {
+  pub const VT_ROLE: ::flatbuffers::VOffsetT = 4;
+  pub const VT_NODE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_CSR_DER: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    CertificateRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args CertificateRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<CertificateRequest<'bldr>> {
+    let mut builder = CertificateRequestBuilder::new(_fbb);
+    if let Some(x) = args.csr_der { builder.add_csr_der(x); }
+    if let Some(x) = args.node_id { builder.add_node_id(x); }
+    builder.add_role(args.role);
+    builder.finish()
+  }
+
+
+  /// The role the certificate is for: worker or frontend.
+  #[inline]
+  pub fn role(&self) -> Role {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<Role>(CertificateRequest::VT_ROLE, Some(Role::Unspecified)).unwrap()}
+  }
+  /// The node id it is for (lowercase DNS label, 1 to 63 bytes).
+  #[inline]
+  pub fn node_id(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(CertificateRequest::VT_NODE_ID, None).unwrap()}
+  }
+  /// A PKCS#10 certificate signing request, DER (at most 4 KiB): proves the caller holds the private key, which
+  /// never leaves the node. Only its public key is used; the names come from `role` and `node_id`.
+  #[inline]
+  pub fn csr_der(&self) -> ::flatbuffers::Vector<'a, u8> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(CertificateRequest::VT_CSR_DER, None).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for CertificateRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<Role>("role", Self::VT_ROLE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("node_id", Self::VT_NODE_ID, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("csr_der", Self::VT_CSR_DER, true)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct CertificateRequestArgs<'a> {
+    pub role: Role,
+    pub node_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub csr_der: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for CertificateRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    CertificateRequestArgs {
+      role: Role::Unspecified,
+      node_id: None, // required field
+      csr_der: None, // required field
+    }
+  }
+}
+
+pub struct CertificateRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> CertificateRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_role(&mut self, role: Role) {
+    self.fbb_.push_slot::<Role>(CertificateRequest::VT_ROLE, role, Role::Unspecified);
+  }
+  #[inline]
+  pub fn add_node_id(&mut self, node_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CertificateRequest::VT_NODE_ID, node_id);
+  }
+  #[inline]
+  pub fn add_csr_der(&mut self, csr_der: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CertificateRequest::VT_CSR_DER, csr_der);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> CertificateRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    CertificateRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<CertificateRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, CertificateRequest::VT_NODE_ID,"node_id");
+    self.fbb_.required(o, CertificateRequest::VT_CSR_DER,"csr_der");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for CertificateRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("CertificateRequest");
+      ds.field("role", &self.role());
+      ds.field("node_id", &self.node_id());
+      ds.field("csr_der", &self.csr_der());
+      ds.finish()
+  }
+}
+pub enum CertificateIssuedOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The certificate an orchestrator issued for a `CertificateRequest`.
+pub struct CertificateIssued<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for CertificateIssued<'a> {
+  type Inner = CertificateIssued<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> CertificateIssued<'a> {
+  pub const VT_CERT_PEM: ::flatbuffers::VOffsetT = 4;
+  pub const VT_NOT_AFTER_MS: ::flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    CertificateIssued { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args CertificateIssuedArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<CertificateIssued<'bldr>> {
+    let mut builder = CertificateIssuedBuilder::new(_fbb);
+    builder.add_not_after_ms(args.not_after_ms);
+    if let Some(x) = args.cert_pem { builder.add_cert_pem(x); }
+    builder.finish()
+  }
+
+
+  /// The node certificate, PEM (at most 8 KiB).
+  #[inline]
+  pub fn cert_pem(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(CertificateIssued::VT_CERT_PEM, None).unwrap()}
+  }
+  /// Its expiry, milliseconds since the Unix epoch.
+  #[inline]
+  pub fn not_after_ms(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(CertificateIssued::VT_NOT_AFTER_MS, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for CertificateIssued<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("cert_pem", Self::VT_CERT_PEM, true)?
+     .visit_field::<u64>("not_after_ms", Self::VT_NOT_AFTER_MS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct CertificateIssuedArgs<'a> {
+    pub cert_pem: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub not_after_ms: u64,
+}
+impl<'a> Default for CertificateIssuedArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    CertificateIssuedArgs {
+      cert_pem: None, // required field
+      not_after_ms: 0,
+    }
+  }
+}
+
+pub struct CertificateIssuedBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> CertificateIssuedBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_cert_pem(&mut self, cert_pem: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(CertificateIssued::VT_CERT_PEM, cert_pem);
+  }
+  #[inline]
+  pub fn add_not_after_ms(&mut self, not_after_ms: u64) {
+    self.fbb_.push_slot::<u64>(CertificateIssued::VT_NOT_AFTER_MS, not_after_ms, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> CertificateIssuedBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    CertificateIssuedBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<CertificateIssued<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, CertificateIssued::VT_CERT_PEM,"cert_pem");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for CertificateIssued<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("CertificateIssued");
+      ds.field("cert_pem", &self.cert_pem());
+      ds.field("not_after_ms", &self.not_after_ms());
       ds.finish()
   }
 }

@@ -75,6 +75,10 @@ pub enum Role {
     Worker,
     /// Operator tooling.
     Admin,
+    /// A shared bootstrap credential. Its node id names the role it may enroll (`worker` or `frontend`); it may
+    /// only ask an orchestrator for a certificate for a node id never enrolled before, and is never one of
+    /// [`Role::ALL`], so no server admits it unless it lists it.
+    Bootstrap,
 }
 
 impl Role {
@@ -88,12 +92,13 @@ impl Role {
             Role::Orchestrator => "orchestrator",
             Role::Worker => "worker",
             Role::Admin => "admin",
+            Role::Bootstrap => "bootstrap",
         }
     }
 
     /// Parse a lowercase name.
     pub fn from_name(name: &str) -> Option<Role> {
-        Role::ALL.into_iter().find(|r| r.name() == name)
+        Role::ALL.into_iter().chain([Role::Bootstrap]).find(|r| r.name() == name)
     }
 
     pub(crate) fn to_wire(self) -> fb::Role {
@@ -102,6 +107,7 @@ impl Role {
             Role::Orchestrator => fb::Role::Orchestrator,
             Role::Worker => fb::Role::Worker,
             Role::Admin => fb::Role::Admin,
+            Role::Bootstrap => fb::Role::Bootstrap,
         }
     }
 
@@ -111,6 +117,7 @@ impl Role {
             fb::Role::Orchestrator => Ok(Role::Orchestrator),
             fb::Role::Worker => Ok(Role::Worker),
             fb::Role::Admin => Ok(Role::Admin),
+            fb::Role::Bootstrap => Ok(Role::Bootstrap),
             other => Err(invalid(field, format!("unknown role {}", other.0))),
         }
     }

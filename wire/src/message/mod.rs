@@ -6,6 +6,7 @@
 
 pub(crate) mod check;
 mod control;
+mod enroll;
 mod error;
 mod generate;
 mod ledger;
@@ -25,6 +26,7 @@ pub use check::{
 pub use control::{
     Ack, ComputePool, DeregisterWorker, Handshake, KvCacheEvents, LoadReport, ModelInfo, NodeId, RegisterWorker, Role,
 };
+pub use enroll::{CertificateIssued, CertificateRequest, MAX_CERT_PEM_LEN, MAX_CSR_LEN};
 pub use error::{Cancel, ErrorCode, WireError};
 pub use generate::{Finish, GenerateRequest, Prompt, SamplingParams, StopReason, TokenChunk, Usage};
 pub use ledger::{
@@ -75,6 +77,8 @@ pub enum Message {
     StateSync(StateSync),
     FrontendReport(FrontendReport),
     FrontendGrant(FrontendGrant),
+    CertificateRequest(CertificateRequest),
+    CertificateIssued(CertificateIssued),
 }
 
 impl Message {
@@ -100,6 +104,8 @@ impl Message {
             Message::StateSync(_) => FrameKind::StateSync,
             Message::FrontendReport(_) => FrameKind::FrontendReport,
             Message::FrontendGrant(_) => FrameKind::FrontendGrant,
+            Message::CertificateRequest(_) => FrameKind::CertificateRequest,
+            Message::CertificateIssued(_) => FrameKind::CertificateIssued,
         }
     }
 
@@ -125,6 +131,8 @@ impl Message {
             Message::StateSync(m) => m.check(),
             Message::FrontendReport(m) => m.check(),
             Message::FrontendGrant(m) => m.check(),
+            Message::CertificateRequest(m) => m.check(),
+            Message::CertificateIssued(m) => m.check(),
         }
     }
 
@@ -172,6 +180,12 @@ impl Message {
             FrameKind::FrontendGrant => {
                 Message::FrontendGrant(FrontendGrant::read(root::<fb::FrontendGrant<'_>>(&opts, buf)?)?)
             }
+            FrameKind::CertificateRequest => Message::CertificateRequest(CertificateRequest::read(root::<
+                fb::CertificateRequest<'_>,
+            >(&opts, buf)?)?),
+            FrameKind::CertificateIssued => Message::CertificateIssued(CertificateIssued::read(root::<
+                fb::CertificateIssued<'_>,
+            >(&opts, buf)?)?),
         })
     }
 
@@ -196,6 +210,8 @@ impl Message {
             Message::StateSync(m) => m.write(fbb).as_union_value(),
             Message::FrontendReport(m) => m.write(fbb).as_union_value(),
             Message::FrontendGrant(m) => m.write(fbb).as_union_value(),
+            Message::CertificateRequest(m) => m.write(fbb).as_union_value(),
+            Message::CertificateIssued(m) => m.write(fbb).as_union_value(),
         };
         fbb.finish_minimal(root);
     }

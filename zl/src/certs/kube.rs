@@ -1,9 +1,10 @@
 //! `zl certs kube`: the Secrets the Helm chart's pods read their certificates from when cert-manager does not issue
 //! them, from the cluster CA in `--ca-dir` (created there if missing): `FULLNAME-tls-orchestrator` (the CA and a
 //! certificate for each orchestrator pod, `FULLNAME-orchestrator-N`), `FULLNAME-tls-worker` and
-//! `FULLNAME-tls-frontend` (the CA and one replica certificate each). Written as one JSON `List` for `kubectl apply
-//! -f` (PEM in `stringData`). The CA key never leaves `--ca-dir`; an admin certificate for `zl admin` is written
-//! there too.
+//! `FULLNAME-tls-frontend` (the CA and the role's bootstrap credential each: every pod enrolls with an
+//! orchestrator for a certificate of its own, `zl_tls::enroll`). Written as one JSON `List` for `kubectl apply -f`
+//! (PEM in `stringData`). The CA key leaves `--ca-dir` only with --ca-secret (the Secret the orchestrators sign
+//! enrollments with); an admin certificate for `zl admin` is written there too.
 
 use std::fs;
 use std::path::PathBuf;
@@ -101,7 +102,8 @@ pub(crate) fn run(args: &KubeArgs) -> Result<()> {
     let mut items = vec![secret(format!("{full}-tls-orchestrator"), &args.namespace, orchestrator_files)];
     for role in [Role::Worker, Role::Frontend] {
         let mut files = vec![ca_pem.clone()];
-        files.extend(pem(&NodeFiles::replicas(&args.ca_dir, role).stem, ca.issue_replicas(role, &[], args.days)?));
+        let boot = NodeFiles::new(&args.ca_dir, Role::Bootstrap, zl_tls::enroll::bootstrap_id(role).as_str());
+        files.extend(pem(&boot.stem, ca.issue_bootstrap(role, args.days)?));
         items.push(secret(format!("{full}-tls-{}", role.name()), &args.namespace, files));
     }
     let admin = NodeId::new(args.admin_id.clone()).map_err(|e| anyhow::anyhow!("--admin-id: {e}"))?;

@@ -18,8 +18,9 @@ use zl_wire::message::{NodeId, Role};
 pub(crate) enum CertsCommand {
     /// Create a new cluster CA: `ca.pem` (give it to every node) and `ca.key` (keep it offline).
     Init(InitArgs),
-    /// Issue a node certificate signed by the cluster CA: `{role}-{node-id}.pem` and `.key` (or a replica
-    /// certificate, `{role}.pem` and `.key`, with --replicas).
+    /// Issue a node certificate signed by the cluster CA: `{role}-{node-id}.pem` and `.key` (or, with
+    /// --bootstrap, the role's bootstrap credential `bootstrap-{role}.pem` and `.key`, with which workers and
+    /// frontends enroll for certificates of their own).
     Issue(IssueArgs),
     /// The Kubernetes Secrets the Helm chart's pods read their certificates from (without cert-manager).
     Kube(kube::KubeArgs),
@@ -53,12 +54,13 @@ pub(crate) struct IssueArgs {
     #[arg(long)]
     role: String,
     /// The node's id: a lowercase DNS label, e.g. worker-0.
-    #[arg(long, required_unless_present = "replicas", conflicts_with = "replicas")]
+    #[arg(long, required_unless_present = "bootstrap", conflicts_with = "bootstrap")]
     node_id: Option<String>,
-    /// Instead of one node's: a replica certificate (`{role}.pem`) valid for every node id of the role, shared by
-    /// the replicas of a Deployment (workers and frontends only).
+    /// Instead of one node's: the role's bootstrap credential (workers and frontends only). It acts as no node; it
+    /// may only ask an orchestrator started with --enroll-ca-key for a certificate for a node id never enrolled
+    /// before, so pods named at random (a Deployment's) each get their own with no key shared between them.
     #[arg(long)]
-    replicas: bool,
+    bootstrap: bool,
     /// Extra DNS names or IP addresses for the certificate (repeatable), e.g. the pod's service name.
     #[arg(long = "san")]
     sans: Vec<String>,
@@ -107,8 +109,8 @@ fn issue(args: &IssueArgs) -> Result<()> {
             (pair, NodeFiles::new(out, role, node_id.as_str()))
         }
         None => {
-            let pair = ca.issue_replicas(role, &args.sans, args.days).context("issuing the replica certificate")?;
-            (pair, NodeFiles::replicas(out, role))
+            let pair = ca.issue_bootstrap(role, args.days).context("issuing the bootstrap credential")?;
+            (pair, NodeFiles::new(out, Role::Bootstrap, zl_tls::enroll::bootstrap_id(role).as_str()))
         }
     };
     write_pair(out, &files.stem, &pair, args.force)?;
