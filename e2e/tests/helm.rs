@@ -70,7 +70,8 @@ fn zl_certs_kube_writes_the_secrets_the_charts_pods_read() {
     let names: Vec<&str> = secrets.iter().map(|s| s["metadata"]["name"].as_str().unwrap()).collect();
     // The names the chart's pods mount (release `zl`: resources are prefixed `zl-zerolayer`).
     assert_eq!(names, ["zl-zerolayer-tls-orchestrator", "zl-zerolayer-tls-worker", "zl-zerolayer-tls-frontend"]);
-    // Each Secret, mounted as the chart mounts it, gives the pods the chart names their identities.
+    // Each Secret, mounted as the chart mounts it: the orchestrator pods' own identities; for workers and
+    // frontends only the role's bootstrap credential, which is no pod's identity (each pod enrolls for its own).
     for (secret, role, pods) in [
         (
             &secrets[0],
@@ -89,7 +90,14 @@ fn zl_certs_kube_writes_the_secrets_the_charts_pods_read() {
         }
         assert_eq!(std::fs::read_to_string(mounted.join("ca.pem")).unwrap(), ca);
         for pod in pods {
-            zl_node::load_identity(&mounted, role, pod).unwrap_or_else(|e| panic!("{pod}: {e:#}"));
+            if role == zl_wire::message::Role::Orchestrator {
+                zl_node::load_identity(&mounted, role, pod).unwrap_or_else(|e| panic!("{pod}: {e:#}"));
+                continue;
+            }
+            assert!(zl_node::load_identity(&mounted, role, pod).is_err(), "no certificate shared by {role} pods");
+            let boot = zl_tls::enroll::bootstrap_id(role);
+            zl_node::load_identity(&mounted, zl_wire::message::Role::Bootstrap, boot.as_str())
+                .unwrap_or_else(|e| panic!("the {role} bootstrap credential: {e:#}"));
         }
     }
     // Run again (a fourth orchestrator, or renewals): the same CA signs, so running pods keep trusting.
