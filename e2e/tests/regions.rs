@@ -44,10 +44,14 @@ fn until(what: &str, mut attempt: impl FnMut() -> HttpResponse, done: impl Fn(&H
 #[test]
 fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
     let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let b = small_cluster(dir_b.path(), &["wb"], &["--region", "b"], &["--region", "b"], KEY);
+    // The key every region's frontends sign hops with.
+    let hop_key = dir_a.path().join("hop.key");
+    std::fs::write(&hop_key, "a-hop-key-shared-by-every-region-0123456789").unwrap();
+    let hk = hop_key.to_str().unwrap();
+    let b = small_cluster(dir_b.path(), &["wb"], &["--region", "b"], &["--region", "b", "--hop-key-file", hk], KEY);
     let peer = format!("b=http://{}", b.http);
-    let mut a =
-        small_cluster(dir_a.path(), &["wa"], &["--region", "a"], &["--region", "a", "--peer-region", &peer], KEY);
+    let a_flags = ["--region", "a", "--peer-region", &peer, "--hop-key-file", hk];
+    let mut a = small_cluster(dir_a.path(), &["wa"], &["--region", "a"], &a_flags, KEY);
     // The same keys in both regions (an operator's Terraform or `zl admin` does this), two of them bound.
     for (tls, orch) in [(dir_a.path(), a.orch.admin), (dir_b.path(), b.orch.admin)] {
         admin(tls, orch, &["keys", "create", "bound-a", "--project", "p", "--secret", BOUND_A, "--regions", "a"]);
@@ -78,6 +82,16 @@ fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
     // A client's preference for b is honoured while a is healthy.
     let r = ask(a.http, KEY, false, &[("x-zl-region", "b")]);
     assert_eq!((r.status, region(&r)), (200, "b"), "{}", r.body);
+    // The internal hop headers are ignored from a client: no request id of its choosing, no bypass of spillover,
+    // and at b a forged hop is an ordinary request that needs its own API key.
+    let forged = [("x-zl-hop", "1"), ("x-zl-request-id", "req_chosenbytheclient")];
+    let r = ask(a.http, KEY, false, &forged);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_ne!(r.header("request-id"), Some("req_chosenbytheclient"));
+    let anonymous =
+        serde_json::json!({"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]});
+    let r = request(b.http, "POST", "/v1/messages", &forged, &anonymous.to_string()).unwrap();
+    assert_eq!(r.status, 401, "a forged hop without a key: {}", r.body);
 
     // Over HTTPS: b gets a frontend with a public certificate for localhost (from a CA of its own), a gets a
     // frontend whose peer b is that one (https, --peer-ca-file); the hop and `zl bench --ca-file` both verify it.
@@ -103,14 +117,23 @@ fn regions_serve_locally_spill_over_and_keep_bound_keys_home() {
         dir_b.path(),
         "fe-0",
         &[b.orch.quic],
-        &["--region", "b", "--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        &[
+            "--region",
+            "b",
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "--hop-key-file",
+            hk,
+        ],
     );
     let peer_https = format!("b=https://localhost:{}", b_https.port());
     let (_a_https, a_https) = zl_e2e::start_frontend_args(
         dir_a.path(),
         "fe-0",
         &[a.orch.quic],
-        &["--region", "a", "--peer-region", &peer_https, "--peer-ca-file", ca.to_str().unwrap()],
+        &["--region", "a", "--peer-region", &peer_https, "--peer-ca-file", ca.to_str().unwrap(), "--hop-key-file", hk],
     );
     let deadline = Instant::now() + Duration::from_secs(60);
     while zl_e2e::http(a_https, "GET", "/healthz", &[], "").is_none() {
@@ -213,10 +236,17 @@ fn peer_regions_are_found_in_consuls_other_datacenters() {
         assert!(Instant::now() < deadline, "the datacenters never joined: {}", agent_b.log());
         std::thread::sleep(Duration::from_millis(200));
     }
-    let (mut up_b, _) = up_in(dir.path(), "b", agent_b.http, &[]);
+    let hop_key = dir.path().join("hop.key");
+    std::fs::write(&hop_key, "a-hop-key-shared-by-every-region-0123456789").unwrap();
+    let hk = hop_key.to_str().unwrap();
+    let (mut up_b, _) = up_in(dir.path(), "b", agent_b.http, &[("ZL_HOP_KEY_FILE", hk)]);
     // Only the allowed regions are taken, and plain http peers only on an explicit opt-in (this test bed is http).
-    let env =
-        [("ZL_PEER_REGIONS_FROM_CONSUL", "true"), ("ZL_PEER_REGION_ALLOW", "b"), ("ZL_PEER_INSECURE_HTTP", "true")];
+    let env = [
+        ("ZL_PEER_REGIONS_FROM_CONSUL", "true"),
+        ("ZL_PEER_REGION_ALLOW", "b"),
+        ("ZL_PEER_INSECURE_HTTP", "true"),
+        ("ZL_HOP_KEY_FILE", hk),
+    ];
     let (mut up_a, http_a) = up_in(dir.path(), "a", agent_a.http, &env);
     until(
         "a's frontend finds b through consul",

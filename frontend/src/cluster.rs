@@ -119,6 +119,11 @@ impl Cluster {
         zl_common::keys::verify_secret(&read(&self.synced).keys, secret).cloned()
     }
 
+    /// The key with id `key_id` (a hop from a peer region names the key its frontend authenticated).
+    pub fn key_by_id(&self, key_id: &str) -> Option<KeyInfo> {
+        read(&self.synced).keys.values().find(|k| k.key_id == key_id).cloned()
+    }
+
     /// A project's quota (all zero, unlimited, if it has none).
     pub fn project(&self, name: &str) -> ProjectQuota {
         read(&self.synced).projects.get(name).cloned().unwrap_or_default()

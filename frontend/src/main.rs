@@ -123,6 +123,10 @@ struct ServeArgs {
     /// with a passing frontend (the datacenter names the region), read again every 10 s. Replaces --peer-region.
     #[arg(long, env = "ZL_PEER_REGIONS_FROM_CONSUL", default_value_t = false, action = clap::ArgAction::Set)]
     peer_regions_from_consul: bool,
+    /// File holding the key (at least 32 bytes) that signs region hops: the same file on the frontends of every
+    /// region. Needed with peer regions; a hop without a valid signature is an ordinary request (docs/regions.md).
+    #[arg(long, env = "ZL_HOP_KEY_FILE")]
+    hop_key_file: Option<PathBuf>,
     /// With --peer-regions-from-consul: the only regions (Consul datacenters) taken as peers, comma-separated.
     /// Required: a datacenter joined to the WAN is not trusted with this region's clients by being there.
     #[arg(long, env = "ZL_PEER_REGION_ALLOW", value_delimiter = ',')]
@@ -291,7 +295,17 @@ fn spill(args: &ServeArgs) -> Result<Spill> {
             Some(tokio_rustls::TlsConnector::from(Arc::new(config)))
         }
     };
-    Ok(Spill { regions: regions(args)?, tls, pool: Arc::default() })
+    let hop_key = match &args.hop_key_file {
+        Some(path) => {
+            let secret = std::fs::read(path).with_context(|| format!("reading --hop-key-file {}", path.display()))?;
+            Some(http::hop::HopKey::new(&secret).map_err(|e| anyhow::anyhow!("--hop-key-file: {e}"))?)
+        }
+        None if !args.peer_regions.is_empty() || args.peer_regions_from_consul => {
+            bail!("peer regions need --hop-key-file (the key every region's frontends sign hops with)")
+        }
+        None => None,
+    };
+    Ok(Spill { regions: regions(args)?, tls, pool: Arc::default(), hop_key })
 }
 
 async fn serve(args: ServeArgs) -> Result<()> {

@@ -36,7 +36,8 @@ impl IdentityArgs {
     /// This node's identity ([`identity`]); `orchestrators` is the --orchestrator list.
     pub async fn load(&self, tls_dir: &Path, orchestrators: &[String], role: Role, id: &str) -> Result<TlsIdentity> {
         let at = if self.enroll_at.is_empty() { orchestrators } else { &self.enroll_at };
-        identity(&IdentitySource { tls_dir, state_dir: self.identity_dir.as_deref(), orchestrators: at }, role, id).await
+        identity(&IdentitySource { tls_dir, state_dir: self.identity_dir.as_deref(), orchestrators: at }, role, id)
+            .await
     }
 }
 
@@ -128,7 +129,12 @@ fn keep(dir: &Path, files: &NodeFiles, ca: &Path, pair: &PemPair, role: Role, no
 /// Ask the orchestrators, in turn, for a certificate for `node_id`, presenting `as_identity` (a bootstrap
 /// credential, or the node's own certificate to renew it); retried for [`ENROLL_PATIENCE`] while none answers.
 /// A refusal is final.
-pub async fn enroll(as_identity: &TlsIdentity, orchestrators: &[String], role: Role, node_id: &NodeId) -> Result<PemPair> {
+pub async fn enroll(
+    as_identity: &TlsIdentity,
+    orchestrators: &[String],
+    role: Role,
+    node_id: &NodeId,
+) -> Result<PemPair> {
     if orchestrators.is_empty() {
         bail!("enrolling needs the orchestrators' addresses (--orchestrator, or --enroll-at with Consul discovery)");
     }

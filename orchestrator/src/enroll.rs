@@ -53,7 +53,12 @@ impl Enroller {
     }
 
     /// Sign the request; the entry to commit before the certificate is handed out.
-    pub fn sign(&self, req: &CertificateRequest, renewal: bool, at_ms: u64) -> Result<(Signed, EnrollEntry), WireError> {
+    pub fn sign(
+        &self,
+        req: &CertificateRequest,
+        renewal: bool,
+        at_ms: u64,
+    ) -> Result<(Signed, EnrollEntry), WireError> {
         let signed = self
             .ca
             .sign_request(&req.csr_der, req.role, &req.node_id, self.days)

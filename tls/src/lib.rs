@@ -185,25 +185,24 @@ impl ClusterCa {
         let cert = node_params(role, node_id, extra_names, days)?.signed_by(&key, &self.issuer)?;
         Ok(PemPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
     }
-
 }
 
 /// The parameters of a node certificate: its role's and its own name (plus `extra_names`), server and client use.
 fn node_params(role: Role, node_id: &NodeId, extra_names: &[String], days: u32) -> Result<CertificateParams, TlsError> {
-        let node = node_name(role, node_id);
-        let mut names = vec![role_name(role), node.clone()];
-        names.extend(extra_names.iter().cloned());
-        let mut params = CertificateParams::new(names)?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, node);
-        dn.push(DnType::OrganizationName, "zerolayer");
-        params.distinguished_name = dn;
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
-        params.use_authority_key_identifier_extension = true;
-        validity(&mut params, days);
-        Ok(params)
+    let node = node_name(role, node_id);
+    let mut names = vec![role_name(role), node.clone()];
+    names.extend(extra_names.iter().cloned());
+    let mut params = CertificateParams::new(names)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, node);
+    dn.push(DnType::OrganizationName, "zerolayer");
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
+    params.use_authority_key_identifier_extension = true;
+    validity(&mut params, days);
+    Ok(params)
 }
 
 fn pem_err(what: &str, problem: impl std::fmt::Display) -> TlsError {
@@ -387,7 +386,8 @@ mod tests {
     #[test]
     fn a_wildcard_certificate_is_no_node_identity() {
         let ca = ClusterCa::generate("test CA", 1).unwrap();
-        let mut params = CertificateParams::new(vec!["worker.zl.internal".into(), "*.worker.zl.internal".into()]).unwrap();
+        let mut params =
+            CertificateParams::new(vec!["worker.zl.internal".into(), "*.worker.zl.internal".into()]).unwrap();
         params.is_ca = IsCa::ExplicitNoCa;
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
         let key = KeyPair::generate().unwrap();

@@ -259,6 +259,20 @@ impl Gateway {
         lock(&self.limiter).sweep(Instant::now(), Duration::from_secs(600));
     }
 
+    /// The key a peer region's frontend authenticated a hop with (empty: anonymous, where keys are not required),
+    /// looked up in this region's copy of the keys.
+    pub fn key_by_id(&self, key_id: &str) -> Result<KeyInfo, ApiError> {
+        if (key_id.is_empty() || key_id == KeyInfo::anonymous().key_id) && !self.config.require_auth {
+            return Ok(KeyInfo::anonymous());
+        }
+        self.cluster.key_by_id(key_id).ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::Authentication,
+                format!("the forwarding region authenticated key {key_id:?}, which this region does not know"),
+            )
+        })
+    }
+
     /// The caller's key: `x-api-key`, or `Authorization: Bearer` (what the current Anthropic and OpenAI SDKs send).
     pub fn authenticate(&self, headers: &HeaderMap) -> Result<KeyInfo, ApiError> {
         let header = |name: &str| headers.get(name).map(|v| v.to_str().map(str::trim));

@@ -246,11 +246,17 @@ fn event_body<D: Dialect>(generation: Generation, dialect: D, recorder: Recorder
 pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -> Response {
     let rid = request_id(&req);
     let started = Instant::now();
-    let hop = spill::is_hop(req.headers());
     let headers = req.headers().clone();
     let path = req.uri().path().to_owned();
+    // A signed hop from a peer region names the key its frontend authenticated; the client's key never crosses.
+    let from_peer = app.spill.hop(&headers, &path);
+    let hop = from_peer.is_some();
     let preferred = headers.get(spill::REGION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
-    let key = match app.gateway.authenticate(req.headers()) {
+    let authenticated = match &from_peer {
+        Some(h) => app.gateway.key_by_id(&h.key_id),
+        None => app.gateway.authenticate(req.headers()),
+    };
+    let key = match authenticated {
         Ok(key) => key,
         Err(e) => return failed::<D>(&app, &rid, Some(Recorder::new(&app, D::API, started, None)), &e.into()),
     };
@@ -269,7 +275,9 @@ pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -
             .into_iter()
             .filter(|p| p.region == region)
             .collect();
-        if let Some(resp) = spill::forward(&app.spill, &order, &path, &headers, received.body.clone(), &rid).await {
+        if let Some(resp) =
+            spill::forward(&app.spill, &order, &path, &headers, received.body.clone(), &rid, &received.key.key_id).await
+        {
             if let Some(r) = recorder.as_mut() {
                 r.status = resp.status().as_u16();
             }
@@ -286,7 +294,9 @@ pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -
                 .into_iter()
                 .filter(|p| !tried.contains(&p.region))
                 .collect();
-            match spill::forward(&app.spill, &order, &path, &headers, received.body.clone(), &rid).await {
+            match spill::forward(&app.spill, &order, &path, &headers, received.body.clone(), &rid, &received.key.key_id)
+                .await
+            {
                 Some(resp) => {
                     if let Some(r) = recorder.as_mut() {
                         r.status = resp.status().as_u16();

@@ -3,6 +3,7 @@
 //! `generate.rs`, the model listing in `models.rs`, the server loop in `server.rs`.
 
 mod generate;
+pub mod hop;
 mod keep_alive;
 mod models;
 pub mod peer_pool;
@@ -73,7 +74,8 @@ pub struct RequestId(pub String);
 /// Give the request its id (a new one, or the one a peer region's frontend forwarded it with), and answer with it
 /// and with the region that served it.
 async fn with_request_id(State(app): State<App>, mut req: Request, next: axum::middleware::Next) -> Response {
-    let id = spill::forwarded_id(req.headers()).unwrap_or_else(|| random_id("req_", 24));
+    let forwarded = app.spill.hop(req.headers(), req.uri().path()).map(|h| h.request_id);
+    let id = forwarded.unwrap_or_else(|| random_id("req_", 24));
     req.extensions_mut().insert(RequestId(id.clone()));
     // The client's trace (W3C traceparent), or a new one; this frontend's span becomes the parent of the calls to the
     // orchestrator and the worker (the handlers read the rewritten header).

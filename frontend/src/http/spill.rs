@@ -1,8 +1,8 @@
 //! Spillover (docs/regions.md): a request this region cannot serve goes to the nearest healthy peer region's
 //! frontend that will take it, and the peer's answer streams through unchanged (status, headers with its
-//! `x-zl-region`, body). The hop carries the request id and `x-zl-hop: 1`, so the peer serves it itself or fails:
-//! a request crosses at most one region boundary. Which peers, in which order, and their health are
-//! [`crate::regions::Regions`]'s.
+//! `x-zl-region`, body). The hop is signed ([`super::hop`]) and carries the request id and the key id this frontend
+//! authenticated, never the client's API key; the peer serves it itself or fails: a request crosses at most one
+//! region boundary. Which peers, in which order, and their health are [`crate::regions::Regions`]'s.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,10 +14,8 @@ use http_body_util::Full;
 use super::peer_pool::{PeerPool, Returning};
 use crate::regions::{Peer, Regions};
 
-/// The header that marks a forwarded request; its value counts the hops.
-pub const HOP_HEADER: &str = "x-zl-hop";
-/// The forwarded request's id, adopted by the peer.
-pub const FORWARDED_ID_HEADER: &str = "x-zl-request-id";
+use super::hop::{FORWARDED_ID_HEADER, HOP_HEADER, Hop, HopKey};
+
 /// Where the request was served (responses), or where the client would like it served (requests).
 pub const REGION_HEADER: &str = "x-zl-region";
 
@@ -27,10 +25,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// after the whole generation).
 const HEAD_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// The client headers a hop carries; everything else (hop-by-hop headers, our own `x-zl-hop`) is dropped.
+/// The client headers a hop carries; everything else (the client's API key, hop-by-hop headers, internal headers)
+/// is dropped.
 const FORWARDED: &[&str] = &[
-    "authorization",
-    "x-api-key",
     "anthropic-version",
     "anthropic-beta",
     "content-type",
@@ -55,18 +52,25 @@ pub struct Spill {
     pub tls: Option<tokio_rustls::TlsConnector>,
     /// Idle connections to the peers.
     pub pool: Arc<PeerPool>,
+    /// The key that signs and verifies hops (`--hop-key-file`); without it this frontend neither forwards nor
+    /// takes hops.
+    pub hop_key: Option<HopKey>,
 }
 
 impl std::fmt::Debug for Spill {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Spill").field("regions", &self.regions).field("tls", &self.tls.is_some()).finish()
+        f.debug_struct("Spill")
+            .field("regions", &self.regions)
+            .field("tls", &self.tls.is_some())
+            .field("hop_key", &self.hop_key.is_some())
+            .finish()
     }
 }
 
 impl Default for Spill {
     fn default() -> Self {
         let regions = Regions::new(zl_common::region::DEFAULT_REGION.into(), vec![]).unwrap_or_else(|_| unreachable!());
-        Spill { regions, tls: None, pool: Arc::default() }
+        Spill { regions, tls: None, pool: Arc::default(), hop_key: None }
     }
 }
 
@@ -146,19 +150,16 @@ async fn consul_peers(client: &zl_node::consul::ConsulClient) -> anyhow::Result<
     Ok(peers)
 }
 
-/// Whether `headers` mark a request that already crossed a region boundary.
-pub fn is_hop(headers: &HeaderMap) -> bool {
-    headers.contains_key(HOP_HEADER)
-}
-
-/// A forwarded request's id when it is one of ours (`req_` and up to 60 letters and digits).
-pub fn forwarded_id(headers: &HeaderMap) -> Option<String> {
-    if !is_hop(headers) {
-        return None;
+impl Spill {
+    /// The hop `headers` carry for `path`, when a peer region's frontend signed it with our hop key (a client's
+    /// `x-zl-hop` or `x-zl-request-id` is ignored: the request is an ordinary one).
+    pub fn hop(&self, headers: &HeaderMap, path: &str) -> Option<Hop> {
+        let hop = self.hop_key.as_ref()?.verify(headers, path, super::hop::now_ms());
+        if hop.is_none() && headers.contains_key(HOP_HEADER) {
+            metrics::counter!("zl_frontend_hops_refused_total").increment(1);
+        }
+        hop
     }
-    let id = headers.get(FORWARDED_ID_HEADER)?.to_str().ok()?;
-    let rest = id.strip_prefix("req_")?;
-    (!rest.is_empty() && rest.len() <= 60 && rest.bytes().all(|b| b.is_ascii_alphanumeric())).then(|| id.to_owned())
 }
 
 enum Outcome {
@@ -177,10 +178,11 @@ pub async fn forward(
     headers: &HeaderMap,
     body: Bytes,
     rid: &str,
+    key_id: &str,
 ) -> Option<Response<Body>> {
     for peer in order {
         let started = Instant::now();
-        let outcome = attempt(spill, peer, path, headers, body.clone(), rid).await;
+        let outcome = attempt(spill, peer, path, headers, body.clone(), rid, key_id).await;
         let result = match &outcome {
             Outcome::Served(_) => "served",
             Outcome::Declined(_) => "declined",
@@ -208,7 +210,16 @@ pub async fn forward(
     None
 }
 
-async fn attempt(spill: &Spill, peer: &Peer, path: &str, headers: &HeaderMap, body: Bytes, rid: &str) -> Outcome {
+async fn attempt(
+    spill: &Spill,
+    peer: &Peer,
+    path: &str,
+    headers: &HeaderMap,
+    body: Bytes,
+    rid: &str,
+    key_id: &str,
+) -> Outcome {
+    let Some(hop_key) = &spill.hop_key else { return Outcome::Failed("hops need --hop-key-file".into()) };
     let tls = match (peer.tls, &spill.tls) {
         (false, _) => None,
         (true, Some(tls)) => Some(tls),
@@ -221,9 +232,8 @@ async fn attempt(spill: &Spill, peer: &Peer, path: &str, headers: &HeaderMap, bo
                 req = req.header(*name, v);
             }
         }
-        req.header(HOP_HEADER, "1")
+        req.header(HOP_HEADER, hop_key.sign(spill.regions.local(), super::hop::now_ms(), rid, key_id, path))
             .header(FORWARDED_ID_HEADER, rid)
-            .header("x-zl-from-region", spill.regions.local())
             .body(Full::new(body.clone()))
             .map_err(|e| format!("building the request: {e}"))
     };
@@ -312,17 +322,16 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_ids_only_on_hops() {
+    fn only_signed_hops_count() {
+        let mut spill = Spill::default();
+        let signed = HopKey::new(&[1; 32]).unwrap().sign("eu", super::super::hop::now_ms(), "req_abc123", "", "/p");
         let mut h = HeaderMap::new();
         h.insert(FORWARDED_ID_HEADER, HeaderValue::from_static("req_abc123"));
-        assert_eq!(forwarded_id(&h), None, "not a hop");
+        h.insert(HOP_HEADER, HeaderValue::from_str(&signed).unwrap());
+        assert_eq!(spill.hop(&h, "/p"), None, "no hop key: no hops");
+        spill.hop_key = Some(HopKey::new(&[1; 32]).unwrap());
+        assert_eq!(spill.hop(&h, "/p").map(|h| h.request_id).as_deref(), Some("req_abc123"));
         h.insert(HOP_HEADER, HeaderValue::from_static("1"));
-        assert_eq!(forwarded_id(&h).as_deref(), Some("req_abc123"));
-        for bad in ["abc", "req_", "req_a-b", "req_ä"] {
-            if let Ok(v) = HeaderValue::from_str(bad) {
-                h.insert(FORWARDED_ID_HEADER, v);
-                assert_eq!(forwarded_id(&h), None, "{bad}");
-            }
-        }
+        assert_eq!(spill.hop(&h, "/p"), None, "a client's unsigned mark");
     }
 }

@@ -7,9 +7,9 @@ use serde::{Deserialize, Serialize};
 use zl_common::billing::BillingWeights;
 use zl_wire::message::{ComputePool, NodeId};
 
+use super::enrolled::EnrollEntry;
 use super::limits;
 use super::{ApiKey, PoolThresholds, Quota, WorkerSpec};
-use super::enrolled::EnrollEntry;
 use crate::ledger::{BudgetSpec, DataKey, ReportEntry};
 
 /// A change to the routing state.

@@ -180,12 +180,12 @@ impl Message {
             FrameKind::FrontendGrant => {
                 Message::FrontendGrant(FrontendGrant::read(root::<fb::FrontendGrant<'_>>(&opts, buf)?)?)
             }
-            FrameKind::CertificateRequest => Message::CertificateRequest(CertificateRequest::read(root::<
-                fb::CertificateRequest<'_>,
-            >(&opts, buf)?)?),
-            FrameKind::CertificateIssued => Message::CertificateIssued(CertificateIssued::read(root::<
-                fb::CertificateIssued<'_>,
-            >(&opts, buf)?)?),
+            FrameKind::CertificateRequest => {
+                Message::CertificateRequest(CertificateRequest::read(root::<fb::CertificateRequest<'_>>(&opts, buf)?)?)
+            }
+            FrameKind::CertificateIssued => {
+                Message::CertificateIssued(CertificateIssued::read(root::<fb::CertificateIssued<'_>>(&opts, buf)?)?)
+            }
         })
     }
 
