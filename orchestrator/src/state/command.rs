@@ -7,10 +7,26 @@ use serde::{Deserialize, Serialize};
 use zl_common::billing::BillingWeights;
 use zl_wire::message::{ComputePool, NodeId};
 
-use super::enrolled::EnrollEntry;
 use super::limits;
 use super::{ApiKey, PoolThresholds, Quota, WorkerSpec};
 use crate::ledger::{BudgetSpec, DataKey, ReportEntry};
+
+/// An enrollment or renewal, as the Raft log holds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnrollEntry {
+    /// `worker` or `frontend`.
+    pub role: String,
+    /// The node id.
+    pub node_id: String,
+    /// SHA-256 (hex) of the certified public key.
+    pub key_sha256: String,
+    /// The new certificate's expiry (Unix ms).
+    pub not_after_ms: u64,
+    /// Unix ms at the proposer.
+    pub at_ms: u64,
+    /// A renewal by the node's own certificate (else a first enrollment by a bootstrap credential).
+    pub renewal: bool,
+}
 
 /// A change to the routing state.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

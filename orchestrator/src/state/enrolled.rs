@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::command::{CommandError, check_sha};
+use super::command::{CommandError, EnrollEntry, check_sha};
 
 /// Enrollments kept at once (live certificates of nodes that enrolled).
 pub const MAX_ENROLLED: usize = 65_536;
@@ -24,23 +24,6 @@ pub struct Enrollment {
     pub enrolled_ms: u64,
     /// How many times it renewed.
     pub renewals: u32,
-}
-
-/// An enrollment or renewal, as the Raft log holds it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EnrollEntry {
-    /// `worker` or `frontend`.
-    pub role: String,
-    /// The node id.
-    pub node_id: String,
-    /// SHA-256 (hex) of the certified public key.
-    pub key_sha256: String,
-    /// The new certificate's expiry (Unix ms).
-    pub not_after_ms: u64,
-    /// Unix ms at the proposer.
-    pub at_ms: u64,
-    /// A renewal by the node's own certificate (else a first enrollment by a bootstrap credential).
-    pub renewal: bool,
 }
 
 /// The enrolled nodes, by `role/node_id`.

@@ -22,8 +22,8 @@ use zl_wire::message::{ComputePool, NodeId};
 use crate::ledger::Ledger;
 
 pub use admin_log::{ADMIN_LOG_ENTRIES, AdminEntry, AdminLog};
-pub use command::{Command, CommandError};
-pub use enrolled::{EnrollEntry, Enrolled, Enrollment, MAX_ENROLLED};
+pub use command::{Command, CommandError, EnrollEntry};
+pub use enrolled::{Enrolled, Enrollment, MAX_ENROLLED};
 
 use command::{check_name, check_regions, check_sha, invalid};
 
