@@ -53,27 +53,15 @@ impl Enrolled {
             (None, false) if taken => {
                 Err(CommandError::Exists(format!("{k} (a node with this id is in the cluster already)")))
             }
-            (None, false) => {
-                if self.nodes.len() >= MAX_ENROLLED {
-                    return Err(CommandError::Limit("enrolled nodes"));
-                }
-                let n = Enrollment {
-                    key_sha256: e.key_sha256.clone(),
-                    not_after_ms: e.not_after_ms,
-                    enrolled_ms: e.at_ms,
-                    renewals: 0,
-                };
-                self.nodes.insert(k, n);
-                Ok(())
-            }
             (Some(n), true) => {
                 n.key_sha256.clone_from(&e.key_sha256);
                 n.not_after_ms = e.not_after_ms;
                 n.renewals = n.renewals.saturating_add(1);
                 Ok(())
             }
-            // A node with a certificate from `zl certs issue` (never enrolled) renewing through an orchestrator.
-            (None, true) => {
+            // A first enrollment, or a node with a certificate from `zl certs issue` (never enrolled) renewing
+            // through an orchestrator.
+            (None, renewal) => {
                 if self.nodes.len() >= MAX_ENROLLED {
                     return Err(CommandError::Limit("enrolled nodes"));
                 }
@@ -81,7 +69,7 @@ impl Enrolled {
                     key_sha256: e.key_sha256.clone(),
                     not_after_ms: e.not_after_ms,
                     enrolled_ms: e.at_ms,
-                    renewals: 1,
+                    renewals: u32::from(renewal),
                 };
                 self.nodes.insert(k, n);
                 Ok(())
