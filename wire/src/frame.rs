@@ -320,7 +320,7 @@ mod tests {
             assert_eq!(FrameKind::from_wire(kind.to_wire()), Some(kind));
         }
         assert_eq!(FrameKind::from_wire(0), None);
-        assert_eq!(FrameKind::from_wire(20), None);
+        assert_eq!(FrameKind::from_wire(22), None);
         assert_eq!(FrameKind::from_wire(u16::MAX), None);
     }
 

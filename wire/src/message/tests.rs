@@ -211,7 +211,35 @@ pub(crate) fn samples() -> Vec<Message> {
             rate_grants: vec![RateGrant { bucket: "key/key-1/requests".into(), allotment: 7, available: 50 }],
             audit_head: Some((12, [7; 32])),
         }),
+        Message::CertificateRequest(CertificateRequest {
+            role: Role::Frontend,
+            node_id: node("zl-frontend-5c7d-8kq2p"),
+            csr_der: vec![0x30, 0x82, 1, 2, 3],
+        }),
+        Message::CertificateIssued(CertificateIssued {
+            cert_pem: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n".into(),
+            not_after_ms: 1_800_000_000_000,
+        }),
+        Message::Handshake(Handshake {
+            protocol_major: 1,
+            protocol_minor: 5,
+            role: Role::Bootstrap,
+            node_id: node("worker"),
+            software_version: "zerolayer 0.1.0".into(),
+        }),
     ]
+}
+
+#[test]
+fn enrollment_requests_are_bounded_and_only_for_enrolling_roles() {
+    let ok = CertificateRequest { role: Role::Worker, node_id: node("w-1"), csr_der: vec![1; MAX_CSR_LEN] };
+    assert!(Message::CertificateRequest(ok.clone()).check().is_ok());
+    let big = CertificateRequest { csr_der: vec![1; MAX_CSR_LEN + 1], ..ok.clone() };
+    assert!(Message::CertificateRequest(big).check().is_err());
+    let empty = CertificateRequest { csr_der: vec![], ..ok.clone() };
+    assert!(Message::CertificateRequest(empty).check().is_err());
+    let orchestrator = CertificateRequest { role: Role::Orchestrator, ..ok };
+    assert!(Message::CertificateRequest(orchestrator).check().is_err());
 }
 
 fn decode_one(bytes: &[u8]) -> Result<Message, String> {
