@@ -45,6 +45,31 @@ fn a_chart_with_a_broken_reference_fails_the_checks() {
     assert!(stderr.contains("port htp is not a port of"), "{stderr}");
 }
 
+/// The audit chain is on the pod's own claim by default: a chart whose frontends keep it on an emptyDir (which an
+/// eviction takes with the pod) is refused.
+#[test]
+fn a_chart_that_keeps_the_audit_chain_on_an_empty_dir_fails_the_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("zerolayer");
+    let copied = Command::new("cp").arg("-r").arg(root().join("helm/zerolayer")).arg(&chart).status().unwrap();
+    assert!(copied.success());
+    let values = chart.join("values.yaml");
+    let text = std::fs::read_to_string(&values).unwrap();
+    let on = "    persistence:\n      enabled: true";
+    assert!(text.contains(on));
+    std::fs::write(&values, text.replacen(on, "    persistence:\n      enabled: false", 1)).unwrap();
+    let bin_dir = zl_e2e::bin("zl-orchestrator").parent().unwrap().to_owned();
+    let out = Command::new(zl_e2e::python())
+        .arg(root().join("scripts/check-chart"))
+        .arg(&bin_dir)
+        .env("ZL_CHART", &chart)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a chart keeping the audit chain on an emptyDir passed");
+    assert!(stderr.contains("audit-dir /var/lib/zerolayer/audit: on an emptyDir"), "{stderr}");
+}
+
 #[test]
 fn the_charts_app_version_is_the_workspace_version() {
     let chart = std::fs::read_to_string(root().join("helm/zerolayer/Chart.yaml")).unwrap();

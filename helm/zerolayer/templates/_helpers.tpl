@@ -185,7 +185,7 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
     name: {{ $full }}-{{ .config }}
 - name: tmp
   emptyDir: {}
-{{- if ne .tier "orchestrator" }}
+{{- if and (ne .tier "orchestrator") (not (and (eq .tier "frontend") (include "zl.frontendPersistent" .root))) }}
 # The certificate this pod enrolled for (kept across container restarts; a new pod enrolls anew).
 - name: identity
   emptyDir: {medium: Memory, sizeLimit: 1Mi}
@@ -206,9 +206,18 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
 {{- end }}
 {{- end -}}
 
+{{/* "true" when the frontends keep their audit chain (and enrolled certificate) on a claim of their own: they
+     are a StatefulSet then. */}}
+{{- define "zl.frontendPersistent" -}}
+{{- if and .Values.frontend.audit.enabled .Values.frontend.audit.persistence.enabled }}true{{ end }}
+{{- end -}}
+
 {{/* The identity mounts of a tier (dict "root" $ "tier" "worker"), beside zl.mounts. */}}
 {{- define "zl.identityMounts" -}}
-{{- if ne .tier "orchestrator" }}
+{{- if and (eq .tier "frontend") (include "zl.frontendPersistent" .root) }}
+# On the pod's own claim, beside its audit chain: a StatefulSet pod keeps its name, so it keeps its certificate.
+- {name: audit, mountPath: /var/lib/zerolayer/identity, subPath: identity}
+{{- else if ne .tier "orchestrator" }}
 - {name: identity, mountPath: /var/lib/zerolayer/identity}
 {{- else if not .root.Values.tls.certManager.enabled }}
 - {name: enroll-ca, mountPath: /etc/zerolayer/enroll, readOnly: true}
