@@ -96,4 +96,24 @@ fn projects_share_no_cache_unless_an_admin_groups_them() {
     eprintln!("B in the group, a new question: {cached} cached prompt tokens (after {n} rounds)");
     assert_eq!(cache, "miss");
     assert!(cached >= 200, "B reads the group's cached prefix: {cached}");
+
+    // Operator-chosen secrets are stored keyed with the cluster's pepper: the Raft log and snapshots on disk hold
+    // no bare SHA-256 of them (no offline dictionary attack on a copy of the data directory).
+    let (mut keyed, mut bare) = (0, 0);
+    let needles = [KEY_A, KEY_B].map(zl_common::keys::secret_sha256);
+    let mut dirs = vec![data.clone()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if let Ok(bytes) = std::fs::read(&path) {
+                let text = String::from_utf8_lossy(&bytes);
+                keyed += text.matches(zl_common::keys::KEYED_PREFIX).count();
+                bare += needles.iter().filter(|n| text.contains(n.as_str())).count();
+            }
+        }
+    }
+    assert!(keyed > 0, "no keyed secret hash in the data directory");
+    assert_eq!(bare, 0, "a bare SHA-256 of an operator's secret is on disk");
 }

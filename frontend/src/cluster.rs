@@ -66,6 +66,10 @@ pub struct Cluster {
     signals: RwLock<Option<(FrontendGrant, Instant)>>,
     /// Where the degradation levels change.
     thresholds: RwLock<Thresholds>,
+    /// How key secrets are checked (keyed with `--key-pepper-file`'s pepper when given).
+    hasher: zl_common::keys::SecretHasher,
+    /// A synced key hashed with a pepper this frontend lacks was reported (once).
+    pepper_warned: std::sync::atomic::AtomicBool,
 }
 
 /// How stale the synced state may be before `/readyz` and `x-zl-health` say so.
@@ -75,6 +79,11 @@ impl Cluster {
     /// A cluster view that also reports on a discovery backend (`--discovery consul`).
     pub fn with_discovery(status: Arc<DiscoveryStatus>) -> Self {
         Cluster { discovery: Some(status), ..Cluster::default() }
+    }
+
+    /// Check key secrets with `hasher` (the orchestrators' pepper).
+    pub fn with_hasher(self, hasher: zl_common::keys::SecretHasher) -> Self {
+        Cluster { hasher, ..self }
     }
 
     /// The discovery backend's reachability, when there is one.
@@ -92,6 +101,22 @@ impl Cluster {
             return;
         }
         s.index = sync.applied_index;
+        let foreign = sync
+            .keys
+            .iter()
+            .filter_map(|k| zl_common::keys::pepper_of(&k.secret_sha256))
+            .find(|id| Some(*id) != self.hasher.pepper_id());
+        if let Some(id) = foreign {
+            if !self.pepper_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::error!(
+                    pepper = id,
+                    ours = ?self.hasher.pepper_id(),
+                    "keys are stored keyed with a pepper this frontend does not have: they will not verify (give the \
+                     orchestrators' --key-pepper-file)"
+                );
+            }
+            metrics::gauge!("zl_frontend_keys_unverifiable").set(1.0);
+        }
         s.keys = sync
             .keys
             .into_iter()
@@ -116,7 +141,7 @@ impl Cluster {
 
     /// The key with this secret.
     pub fn verify(&self, secret: &str) -> Option<KeyInfo> {
-        zl_common::keys::verify_secret(&read(&self.synced).keys, secret).cloned()
+        self.hasher.verify(&read(&self.synced).keys, secret).cloned()
     }
 
     /// The key with id `key_id` (a hop from a peer region names the key its frontend authenticated).

@@ -123,6 +123,9 @@ struct ServeArgs {
     /// with a passing frontend (the datacenter names the region), read again every 10 s. Replaces --peer-region.
     #[arg(long, env = "ZL_PEER_REGIONS_FROM_CONSUL", default_value_t = false, action = clap::ArgAction::Set)]
     peer_regions_from_consul: bool,
+    /// File holding the key pepper (the orchestrators' --key-pepper-file): key secrets stored keyed with it verify.
+    #[arg(long, env = "ZL_KEY_PEPPER_FILE")]
+    key_pepper_file: Option<PathBuf>,
     /// File holding the key (at least 32 bytes) that signs region hops: the same file on the frontends of every
     /// region. Needed with peer regions; a hop without a valid signature is an ordinary request (docs/regions.md).
     #[arg(long, env = "ZL_HOP_KEY_FILE")]
@@ -331,10 +334,15 @@ async fn serve(args: ServeArgs) -> Result<()> {
         zl_node::resolve::follow_static(args.peers.orchestrators.clone(), zl_node::resolve::RESOLVE_EVERY, apply).await
     };
     let upstream: Arc<dyn Upstream> = quic.clone();
-    let cluster = Arc::new(match &consul {
-        Some(c) => Cluster::with_discovery(c.status.clone()),
-        None => Cluster::default(),
-    });
+    let hasher = zl_common::keys::SecretHasher::from_file(args.key_pepper_file.as_deref())
+        .map_err(|e| anyhow::anyhow!("--key-pepper-file: {e}"))?;
+    let cluster = Arc::new(
+        match &consul {
+            Some(c) => Cluster::with_discovery(c.status.clone()),
+            None => Cluster::default(),
+        }
+        .with_hasher(hasher),
+    );
     let _ = ready_view.set(cluster.clone());
     // With consul: follow the passing orchestrators, and (once listening) register this frontend, for operators
     // and load balancers that read Consul.

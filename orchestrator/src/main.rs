@@ -54,6 +54,11 @@ struct ServeArgs {
     /// "Node identity"). Without it, nodes need certificates from `zl certs issue`.
     #[arg(long, env = "ZL_ENROLL_CA_KEY")]
     enroll_ca_key: Option<PathBuf>,
+    /// File holding the key pepper (at least 32 bytes; the same file on every orchestrator and frontend): API-key
+    /// secrets are then stored as HMAC-SHA256 keyed with it, not bare SHA-256 (docs/operations.md, "Secrets and
+    /// evidence at rest").
+    #[arg(long, env = "ZL_KEY_PEPPER_FILE")]
+    key_pepper_file: Option<PathBuf>,
     /// Validity of an enrolled certificate in days (nodes renew at start when a third is left).
     #[arg(long, env = "ZL_ENROLL_DAYS", default_value_t = zl_orchestrator::enroll::DEFAULT_DAYS)]
     enroll_days: u32,
@@ -210,7 +215,12 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     let server = Server::spawn(args.listen, &identity, zl_orchestrator::rpc_settings(), node.clone())?;
     let admin = {
         let tls = zl_admin::server_tls(&args.tls_dir, &args.node_id)?;
-        let service = AdminService::new(node.clone()).into_server();
+        let hasher = zl_common::keys::SecretHasher::from_file(args.key_pepper_file.as_deref())
+            .map_err(|e| anyhow::anyhow!("--key-pepper-file: {e}"))?;
+        if hasher.pepper_id().is_none() {
+            tracing::warn!("no --key-pepper-file: operator-chosen API-key secrets are stored as bare SHA-256");
+        }
+        let service = AdminService::new(node.clone()).with_hasher(hasher).into_server();
         let listener = tokio::net::TcpListener::bind(args.admin_listen)
             .await
             .with_context(|| format!("binding the admin API to {}", args.admin_listen))?;

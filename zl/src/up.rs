@@ -219,6 +219,10 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         crate::certs::write_pair(&tls, &format!("{}-{id}", role.name()), &pair, true)?;
     }
     let tls_s = tls.to_string_lossy().into_owned();
+    // The pepper key secrets are stored keyed with (orchestrators and the frontend read it), new on every start.
+    let pepper = tls.join("key-pepper");
+    crate::certs::write_file(&pepper, random_secret()?.as_bytes(), 0o600)?;
+    let pepper_s = pepper.to_string_lossy().into_owned();
 
     let mut cluster = Children::default();
     // The API's own port is taken: no child may get it.
@@ -262,6 +266,8 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             &args.policy,
             "--region",
             &args.region,
+            "--key-pepper-file",
+            &pepper_s,
         ]
         .map(str::to_owned)
         .to_vec();
@@ -331,6 +337,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
     .map(str::to_owned)
     .to_vec();
     argv.extend(["--region".to_owned(), args.region.clone()]);
+    argv.extend(["--key-pepper-file".to_owned(), pepper_s.clone()]);
     // Every request is audited (docs/audit.md); `zl audit verify` finds the chain here.
     let audit = data.join("audit").join("frontend-0");
     argv.extend(["--audit-dir".to_owned(), audit.display().to_string()]);

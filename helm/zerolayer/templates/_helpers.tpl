@@ -198,6 +198,13 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
     items:
       - {key: ca.key, path: ca.key}
 {{- end }}
+{{- if ne .tier "worker" }}
+# The pepper key secrets are stored keyed with (orchestrators and frontends only).
+- name: key-pepper
+  secret:
+    secretName: {{ $full }}-key-pepper
+    defaultMode: 0400
+{{- end }}
 {{- if and (eq .root.Values.discovery.backend "consul") .root.Values.discovery.consul.tokenSecret }}
 - name: consul-token
   secret:
@@ -214,6 +221,9 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
 
 {{/* The identity mounts of a tier (dict "root" $ "tier" "worker"), beside zl.mounts. */}}
 {{- define "zl.identityMounts" -}}
+{{- if ne .tier "worker" }}
+- {name: key-pepper, mountPath: /etc/zerolayer/key-pepper, readOnly: true}
+{{- end }}
 {{- if and (eq .tier "frontend") (include "zl.frontendPersistent" .root) }}
 # On the pod's own claim, beside its audit chain: a StatefulSet pod keeps its name, so it keeps its certificate.
 - {name: audit, mountPath: /var/lib/zerolayer/identity, subPath: identity}
@@ -227,6 +237,9 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
 {{/* Identity settings of a config file (TOML): where a worker or frontend keeps its enrolled certificate and whom
      it enrolls with; the key an orchestrator signs with. */}}
 {{- define "zl.identityConfig" -}}
+{{- if ne .tier "worker" }}
+key-pepper-file = "/etc/zerolayer/key-pepper/pepper"
+{{- end }}
 {{- if ne .tier "orchestrator" }}
 identity-dir = "/var/lib/zerolayer/identity"
 {{- if eq .root.Values.discovery.backend "consul" }}

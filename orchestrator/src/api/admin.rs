@@ -10,23 +10,32 @@ use tonic::{Request, Response, Status};
 use zl_admin::pb;
 use zl_admin::require_admin;
 use zl_common::billing::BillingWeights;
+use zl_common::keys::SecretHasher;
 use zl_wire::message::{ComputePool, NodeId};
 
 use super::ledger;
 use crate::orchestrator::{Orchestrator, unix_ms};
 use crate::raft::{CommitError, command_status};
-use crate::state::{ApiKey, Command, PoolThresholds, Quota, secret_sha256};
+use crate::state::{ApiKey, Command, PoolThresholds, Quota};
 
 /// The admin service of one orchestrator.
 #[derive(Debug, Clone)]
 pub struct AdminService {
     node: Arc<Orchestrator>,
+    /// How key secrets are stored (keyed with the pepper when there is one).
+    hasher: SecretHasher,
 }
 
 impl AdminService {
     /// Administer this node.
     pub fn new(node: Arc<Orchestrator>) -> Self {
-        AdminService { node }
+        AdminService { node, hasher: SecretHasher::default() }
+    }
+
+    /// Store key secrets keyed with this hasher's pepper (`--key-pepper-file`).
+    pub fn with_hasher(mut self, hasher: SecretHasher) -> Self {
+        self.hasher = hasher;
+        self
     }
 
     /// The tonic server for this service.
@@ -212,8 +221,12 @@ impl pb::admin_server::Admin for AdminService {
         let r = req.into_inner();
         let secret = if r.secret.is_empty() { generate_secret()? } else { r.secret };
         check_secret(&secret)?;
-        let key =
-            ApiKey { key_id: r.key_id, secret_sha256: secret_sha256(&secret), project: r.project, regions: r.regions };
+        let key = ApiKey {
+            key_id: r.key_id,
+            secret_sha256: self.hasher.hash(&secret),
+            project: r.project,
+            regions: r.regions,
+        };
         tracing::info!(key_id = %key.key_id, project = %key.project, "admin write: create_key");
         let applied_index = self.node.commit(&as_admin(&by, Command::CreateKey(key))).await.map_err(status)?;
         Ok(Response::new(pb::CreateKeyResponse { applied_index, secret }))
@@ -225,14 +238,16 @@ impl pb::admin_server::Admin for AdminService {
         check_secret(&r.secret)?;
         let key = ApiKey {
             key_id: r.key_id,
-            secret_sha256: secret_sha256(&r.secret),
+            secret_sha256: self.hasher.hash(&r.secret),
             project: r.project,
             regions: r.regions,
         };
         let before = self.node.with_state(|s| s.keys().get(&key.key_id).cloned());
         let outcome = match &before {
             None => "created",
-            Some(k) if k.secret_sha256 != key.secret_sha256 => "rotated",
+            Some(k) if !self.hasher.matches(&k.secret_sha256, &r.secret) => "rotated",
+            // The same secret, stored unkeyed before a pepper was given: stored keyed from now on.
+            Some(k) if k.secret_sha256 != key.secret_sha256 => "rehashed",
             Some(k) if k.regions != key.regions => "updated",
             Some(_) => "unchanged",
         };

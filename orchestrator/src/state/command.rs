@@ -280,6 +280,13 @@ pub(super) fn check_regions(regions: &[String]) -> Result<(), CommandError> {
     }
 }
 
+pub(super) fn check_secret_hash(hash: &str) -> Result<(), CommandError> {
+    if !zl_common::keys::is_secret_hash(hash) {
+        return Err(invalid("secret_sha256", "must be 64 lowercase hex digits or hmac-sha256:ID:HEX"));
+    }
+    Ok(())
+}
+
 pub(super) fn check_sha(field: &'static str, sha: &str) -> Result<(), CommandError> {
     if sha.len() != 64 || !sha.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
         return Err(invalid(field, "must be 64 lowercase hex digits"));

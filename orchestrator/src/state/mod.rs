@@ -25,7 +25,7 @@ pub use admin_log::{ADMIN_LOG_ENTRIES, AdminEntry, AdminLog};
 pub use command::{Command, CommandError, EnrollEntry};
 pub use enrolled::{Enrolled, Enrollment, MAX_ENROLLED};
 
-use command::{check_name, check_regions, check_sha, invalid};
+use command::{check_name, check_regions, check_secret_hash, check_sha, invalid};
 
 /// Upper bounds that keep the state, and every snapshot, finite whatever clients send.
 pub mod limits {
@@ -302,7 +302,7 @@ impl RoutingState {
             }
             Command::CreateKey(key) => {
                 check_name("key_id", &key.key_id)?;
-                check_sha("secret_sha256", &key.secret_sha256)?;
+                check_secret_hash(&key.secret_sha256)?;
                 check_name("project", &key.project)?;
                 if self.keys.contains_key(&key.key_id) {
                     return Err(CommandError::Exists(format!("key {}", key.key_id)));
@@ -320,7 +320,7 @@ impl RoutingState {
                 let Some(existing) = self.keys.get_mut(&key.key_id) else {
                     return self.apply_inner(&Command::CreateKey(key.clone()));
                 };
-                check_sha("secret_sha256", &key.secret_sha256)?;
+                check_secret_hash(&key.secret_sha256)?;
                 check_regions(&key.regions)?;
                 if existing.project != key.project {
                     let why = format!("key {} bills to project {}; revoke it first", key.key_id, existing.project);

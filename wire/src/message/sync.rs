@@ -159,9 +159,11 @@ impl ApiKeyEntry {
         if let Some(problem) = zl_common::region::regions_problem(&self.regions) {
             return Err(invalid("ApiKeyEntry.regions", problem));
         }
-        if self.secret_sha256.len() != 64 || !self.secret_sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        {
-            return Err(invalid("ApiKeyEntry.secret_sha256", "must be 64 lowercase hex characters"));
+        if !zl_common::keys::is_secret_hash(&self.secret_sha256) {
+            return Err(invalid(
+                "ApiKeyEntry.secret_sha256",
+                "must be 64 lowercase hex characters, or hmac-sha256:ID:HEX (a peppered hash)",
+            ));
         }
         Ok(())
     }
