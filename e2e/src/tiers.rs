@@ -295,7 +295,8 @@ pub fn wait_up(
         if let Ok(text) = std::fs::read_to_string(data.join("cluster.json"))
             && let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "")
         {
-            let state: serde_json::Value = serde_json::from_str(&text).expect("cluster.json is JSON");
+            let state: serde_json::Value =
+                serde_json::from_str(&text).unwrap_or_else(|e| panic!("cluster.json is not JSON ({e}): {text:?}"));
             let metrics = state["frontends"][0]["metrics"].as_str().and_then(|m| m.parse().ok());
             crate::metrics::frontend_at(http_addr, metrics.expect("cluster.json names the frontend's metrics address"));
             return state;

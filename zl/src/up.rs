@@ -127,8 +127,12 @@ fn random_secret() -> Result<String> {
     Ok(format!("zl-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()))
 }
 
+/// Write `contents` owner-only, whole or not at all: into a temporary file renamed over `path`, so a reader (an
+/// operator's script, `zl admin`, a test) never sees it half written.
 fn write_private(path: &Path, contents: &str) -> Result<()> {
-    crate::certs::write_file(path, contents.as_bytes(), 0o600)
+    let tmp = path.with_extension("tmp");
+    crate::certs::write_file(&tmp, contents.as_bytes(), 0o600)?;
+    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
 }
 
 /// One HTTP/1.1 GET; the status code, if anything answered.
