@@ -71,6 +71,8 @@ impl Gateway {
             (format!("key/{k}/input_tokens"), Dim::InputTokens, limits.input_tokens, input),
             (format!("key/{k}/output_tokens"), Dim::OutputTokens, limits.output_tokens, max),
             (format!("project/{}/tokens", key.project), Dim::Tokens, quota.tokens, input + max),
+            // The project's requests in flight at once, fleet-wide: a slot leased like the rest.
+            (format!("project/{}/concurrent", key.project), Dim::Concurrent, quota.max_concurrent, 1),
         ]
         .into_iter()
         .filter(|(_, _, limit, _)| *limit > 0)
@@ -173,10 +175,18 @@ impl Gateway {
             Err(Short2::Rate(RateShort::Limited { bucket, retry_after })) => {
                 let dimension = bucket.rsplit('/').next().unwrap_or("requests").to_owned();
                 metrics::counter!("zl_frontend_rate_limited_total", "dimension" => "shared").increment(1);
-                let message = format!(
-                    "rate limit exceeded: {} per minute (shared by every frontend: {bucket})",
-                    dimension.replace('_', " ")
-                );
+                let message = if dimension == "concurrent" {
+                    format!(
+                        "project {} already has {} requests in flight, its limit (across every frontend: {bucket})",
+                        key.project,
+                        self.cluster.project(&key.project).max_concurrent
+                    )
+                } else {
+                    format!(
+                        "rate limit exceeded: {} per minute (shared by every frontend: {bucket})",
+                        dimension.replace('_', " ")
+                    )
+                };
                 Err(ApiError::new(ErrorKind::RateLimit, message).retry_after(retry_after))
             }
             Err(_) => {

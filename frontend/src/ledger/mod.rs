@@ -36,6 +36,9 @@ pub struct Held {
     pub active_at: u64,
     /// What the shared bucket held for anyone at the last grant (rate limits only).
     pub available: u64,
+    /// A project's concurrency slots (`project/<name>/concurrent`): the allotment is how many requests may be in
+    /// flight here at once, `reserved` how many are; nothing is ever `used` up.
+    pub concurrent: bool,
 }
 
 /// A lease is kept this long after the last request that needed it, then returned (an idle frontend strands
@@ -48,7 +51,10 @@ impl Held {
     /// The allotment to ask for at unix second `now`: what is used and reserved, plus the lease while requests
     /// come (at least the worst case of one refused for want of it).
     fn target(&self, lease_fraction: f64, now: u64) -> u64 {
-        let lease = ((self.limit as f64 * lease_fraction) as u64).max(1).max(self.wanted);
+        // Concurrency slots are asked for as requests come (a spare one only where the limit is large): a slot held
+        // idle here is one another frontend's request cannot have.
+        let floor = if self.concurrent { 0 } else { 1 };
+        let lease = ((self.limit as f64 * lease_fraction) as u64).max(floor).max(self.wanted);
         let active = now.saturating_sub(self.active_at) <= LEASE_IDLE_S;
         self.used + self.reserved + if active { lease } else { 0 }
     }

@@ -17,6 +17,9 @@ pub enum Dim {
     OutputTokens,
     /// Input plus output tokens.
     Tokens,
+    /// Requests in flight at once (a project's `max_concurrent`): a slot is held while the request runs and
+    /// given back when it ends.
+    Concurrent,
 }
 
 impl Dim {
@@ -27,6 +30,7 @@ impl Dim {
             Dim::InputTokens => s.input_tokens,
             Dim::OutputTokens => s.output_tokens,
             Dim::Tokens => s.input_tokens + s.output_tokens,
+            Dim::Concurrent => 0,
         }
     }
 }
@@ -77,12 +81,17 @@ impl Ledger {
             let h = self.rates.entry(n.bucket.clone()).or_default();
             h.limit = n.per_minute;
             h.active_at = now;
+            h.concurrent = n.dim == Dim::Concurrent;
             if h.used + h.reserved + n.worst <= h.allotment {
                 continue;
             }
             h.wanted = h.wanted.max(n.worst);
             if h.exhausted || n.worst > n.per_minute {
-                let refill = (n.worst as f64 * 60.0 / n.per_minute.max(1) as f64).ceil() as u64;
+                // A slot frees when a request ends; per-minute capacity comes back with the refill.
+                let refill = match n.dim {
+                    Dim::Concurrent => 1,
+                    _ => (n.worst as f64 * 60.0 / n.per_minute.max(1) as f64).ceil() as u64,
+                };
                 limited
                     .get_or_insert(RateShort::Limited { bucket: n.bucket.clone(), retry_after: refill.clamp(1, 60) });
             } else {

@@ -122,6 +122,38 @@ fn shared_rate_limits_reserve_all_or_nothing_and_settle_real_costs() {
 }
 
 #[test]
+fn concurrency_slots_are_held_while_requests_run_and_asked_for_as_they_come() {
+    let mut l = Ledger::new(0.05, 0);
+    let needs = [need("project/p/concurrent", Dim::Concurrent, 2, 1)];
+    assert_eq!(l.reserve_rates(&needs, NOW), Err(RateShort::Allotment));
+    // It asks for the slot the refused request wanted, no idle spare (a limit of 2 is too small to hold one).
+    let ask = |l: &mut Ledger, t: u64| l.report(None, t * 1000, 5000).rate_asks[0].clone();
+    assert_eq!((ask(&mut l, NOW).used, ask(&mut l, NOW).target), (0, 1));
+    let grant = |n: u64| FrontendGrant {
+        rate_grants: vec![zl_wire::message::RateGrant {
+            bucket: "project/p/concurrent".into(),
+            allotment: n,
+            available: 0,
+        }],
+        ..FrontendGrant::default()
+    };
+    l.granted(grant(1));
+    let first = l.reserve_rates(&needs, NOW).unwrap();
+    // The slot is taken while the request runs: a second one waits for a grant, and is refused for a second
+    // when the grant brings none.
+    assert_eq!(l.reserve_rates(&needs, NOW), Err(RateShort::Allotment));
+    l.rates_exhausted(&needs);
+    assert!(matches!(l.reserve_rates(&needs, NOW), Err(RateShort::Limited { retry_after: 1, .. })));
+    // The first ends: its slot is free again here, and nothing is used up.
+    l.settle_rates(&first, Some(&spent(20, 5)));
+    let held = l.rate_held("project/p/concurrent").unwrap();
+    assert_eq!((held.used, held.reserved), (0, 0));
+    assert!(l.reserve_rates(&needs, NOW).is_ok());
+    // Idle, it asks to hold no slot at all.
+    assert_eq!(ask(&mut l, NOW + LEASE_IDLE_S + 1).target, 1, "the one still in flight");
+}
+
+#[test]
 fn an_idle_frontend_returns_its_lease_and_forgets_the_project() {
     let mut l = Ledger::new(0.1, 0);
     assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));

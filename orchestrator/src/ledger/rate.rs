@@ -4,6 +4,11 @@
 //! one minute's worth ahead of what is allotted (a full bucket stops filling), so over any stretch of time the
 //! frontends together are allotted at most one minute's limit plus the refill of that stretch: the token bucket's
 //! own bound, cluster-wide instead of per replica.
+//!
+//! A project's concurrency limit is a bucket too (`project/<name>/concurrent`, its `per_minute` the limit): its
+//! capacity is the limit itself, never refilled; a frontend's allotment is the slots it may fill at once (what it
+//! has in flight plus what it asks for), so the frontends together never hold more slots than the limit. A
+//! silent frontend's slots come back when its lease expires (its requests died with it): nothing is charged.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +33,11 @@ pub struct RateBucket {
     pub charged: u64,
     /// Per frontend (cumulative figures).
     pub frontends: BTreeMap<String, Allotment>,
+}
+
+/// Whether `bucket` counts requests in flight (a project's `max_concurrent`) rather than a per-minute rate.
+pub(super) fn is_concurrency(bucket: &str) -> bool {
+    bucket.ends_with("/concurrent")
 }
 
 impl RateBucket {
@@ -71,6 +81,18 @@ pub(super) fn ask(
             ..RateBucket::default()
         });
         b.per_minute = ask.per_minute;
+        if is_concurrency(&ask.bucket) {
+            b.total = ask.per_minute as f64;
+            b.last_ms = now_ms;
+            Leases { frontends: &mut b.frontends, charged: &mut b.charged }.ask(
+                frontend,
+                0,
+                ask.target,
+                ask.per_minute,
+                expires_ms,
+            );
+            continue;
+        }
         b.refill(now_ms);
         let capacity = b.total.floor() as u64;
         Leases { frontends: &mut b.frontends, charged: &mut b.charged }
@@ -82,10 +104,19 @@ pub(super) fn ask(
 /// Charge the leases of frontends silent past their lease time, and drop buckets nobody holds any more (a new one
 /// starts full, as an idle one would be).
 pub(super) fn expire(buckets: &mut BTreeMap<String, RateBucket>, now_ms: u64) {
-    for b in buckets.values_mut() {
+    for (name, b) in buckets.iter_mut() {
+        if is_concurrency(name) {
+            // The slots of a frontend that went silent come back: its requests went with it.
+            b.frontends.retain(|_, a| a.expires_ms >= now_ms);
+            b.charged = 0;
+            continue;
+        }
         Leases { frontends: &mut b.frontends, charged: &mut b.charged }.expire(now_ms);
     }
-    buckets.retain(|_, b| {
+    buckets.retain(|name, b| {
+        if is_concurrency(name) {
+            return !b.frontends.is_empty();
+        }
         b.refill(now_ms);
         !b.frontends.is_empty() || b.available() < b.per_minute
     });
@@ -136,6 +167,37 @@ mod tests {
         assert_eq!(b["k/requests"].frontends["a"].allotment - 40, 60);
         let g = grants(&b, "a", &[ask_for("k/requests", 0, 0)]);
         assert_eq!((g[0].allotment, g[0].available), (100, 0));
+    }
+
+    #[test]
+    fn a_projects_concurrency_slots_are_shared_and_come_back_from_the_silent() {
+        let mut b = BTreeMap::new();
+        let slots = |in_flight_and_wanted: u64| RatePosition {
+            bucket: "project/p/concurrent".into(),
+            per_minute: 4,
+            used: 0,
+            target: in_flight_and_wanted,
+        };
+        // Three frontends each want 3 slots of a limit of 4 at once: 4 in all, however they ask.
+        for f in ["a", "b", "c"] {
+            ask(&mut b, f, &[slots(3)], 1_000, 10_000);
+        }
+        let held = |b: &BTreeMap<String, RateBucket>, f: &str| {
+            b["project/p/concurrent"].frontends.get(f).map_or(0, |a| a.allotment)
+        };
+        assert_eq!([held(&b, "a"), held(&b, "b"), held(&b, "c")], [3, 1, 0]);
+        // The capacity never refills with time: an hour later c still gets nothing while a and b hold them.
+        ask(&mut b, "c", &[slots(1)], 3_600_000, 3_610_000);
+        assert_eq!(held(&b, "c"), 0);
+        // a's requests end and it asks for none: its slots go back, and c gets one.
+        ask(&mut b, "a", &[slots(0)], 3_600_001, 3_610_000);
+        ask(&mut b, "c", &[slots(1)], 3_600_002, 3_610_000);
+        assert_eq!((held(&b, "a"), held(&b, "c")), (0, 1));
+        // b goes silent: its slot comes back without a charge once its lease expires.
+        expire(&mut b, 3_700_000);
+        assert!(b.is_empty() || b["project/p/concurrent"].charged == 0);
+        ask(&mut b, "a", &[slots(4)], 3_700_001, 3_800_000);
+        assert_eq!(held(&b, "a"), 4);
     }
 
     #[test]
