@@ -243,6 +243,9 @@ fn degrade(args: &ServeArgs) -> Result<(DegradeConfig, Thresholds)> {
 /// The settings' checks that need no file.
 fn check(args: &ServeArgs) -> Result<()> {
     audit_config(args)?;
+    if (!args.peer_regions.is_empty() || args.peer_regions_from_consul) && args.hop_key_file.is_none() {
+        bail!("peer regions need --hop-key-file (the key every region's frontends sign hops with)");
+    }
     degrade(args)?;
     if args.header_timeout_s == 0 || args.body_timeout_s == 0 || args.max_connections == 0 {
         bail!("--header-timeout-s, --body-timeout-s and --max-connections must be at least 1");
@@ -302,9 +305,6 @@ fn spill(args: &ServeArgs) -> Result<Spill> {
         Some(path) => {
             let secret = std::fs::read(path).with_context(|| format!("reading --hop-key-file {}", path.display()))?;
             Some(http::hop::HopKey::new(&secret).map_err(|e| anyhow::anyhow!("--hop-key-file: {e}"))?)
-        }
-        None if !args.peer_regions.is_empty() || args.peer_regions_from_consul => {
-            bail!("peer regions need --hop-key-file (the key every region's frontends sign hops with)")
         }
         None => None,
     };
