@@ -23,16 +23,17 @@ fn the_chart_lints_renders_validates_and_wires_up_in_every_variant() {
 }
 
 /// The checks can fail: a copy of the chart with one broken reference is refused, naming it.
-#[test]
-fn a_chart_with_a_broken_reference_fails_the_checks() {
+/// `scripts/check-chart` over a copy of the chart in which `file` had `from` replaced by `to`: whether it passed,
+/// and what it said on stderr.
+fn check_edited_chart(file: &str, from: &str, to: &str) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let chart = dir.path().join("zerolayer");
     let copied = Command::new("cp").arg("-r").arg(root().join("helm/zerolayer")).arg(&chart).status().unwrap();
     assert!(copied.success());
-    let frontend = chart.join("templates/frontend.yaml");
-    let text = std::fs::read_to_string(&frontend).unwrap();
-    assert!(text.contains("targetPort: http"));
-    std::fs::write(&frontend, text.replace("targetPort: http", "targetPort: htp")).unwrap();
+    let path = chart.join(file);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(text.contains(from), "{file} has no {from:?}");
+    std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
     let bin_dir = zl_e2e::bin("zl-orchestrator").parent().unwrap().to_owned();
     let out = Command::new(zl_e2e::python())
         .arg(root().join("scripts/check-chart"))
@@ -40,8 +41,13 @@ fn a_chart_with_a_broken_reference_fails_the_checks() {
         .env("ZL_CHART", &chart)
         .output()
         .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a broken chart passed");
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn a_chart_with_a_broken_reference_fails_the_checks() {
+    let (passed, stderr) = check_edited_chart("templates/frontend.yaml", "targetPort: http", "targetPort: htp");
+    assert!(!passed, "a broken chart passed");
     assert!(stderr.contains("port htp is not a port of"), "{stderr}");
 }
 
@@ -49,24 +55,9 @@ fn a_chart_with_a_broken_reference_fails_the_checks() {
 /// eviction takes with the pod) is refused.
 #[test]
 fn a_chart_that_keeps_the_audit_chain_on_an_empty_dir_fails_the_checks() {
-    let dir = tempfile::tempdir().unwrap();
-    let chart = dir.path().join("zerolayer");
-    let copied = Command::new("cp").arg("-r").arg(root().join("helm/zerolayer")).arg(&chart).status().unwrap();
-    assert!(copied.success());
-    let values = chart.join("values.yaml");
-    let text = std::fs::read_to_string(&values).unwrap();
     let on = "    persistence:\n      enabled: true";
-    assert!(text.contains(on));
-    std::fs::write(&values, text.replacen(on, "    persistence:\n      enabled: false", 1)).unwrap();
-    let bin_dir = zl_e2e::bin("zl-orchestrator").parent().unwrap().to_owned();
-    let out = Command::new(zl_e2e::python())
-        .arg(root().join("scripts/check-chart"))
-        .arg(&bin_dir)
-        .env("ZL_CHART", &chart)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "a chart keeping the audit chain on an emptyDir passed");
+    let (passed, stderr) = check_edited_chart("values.yaml", on, "    persistence:\n      enabled: false");
+    assert!(!passed, "a chart keeping the audit chain on an emptyDir passed");
     assert!(stderr.contains("audit-dir /var/lib/zerolayer/audit: on an emptyDir"), "{stderr}");
 }
 
