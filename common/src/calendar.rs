@@ -1,6 +1,11 @@
 //! The UTC calendar (Howard Hinnant's algorithms): RFC 3339 times for headers and exports, dates parsed from the
 //! command line, and the day and month periods budgets reset on.
 
+/// Milliseconds since the Unix epoch, now (the one wall clock every tier stamps with).
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// (year, month 1-12, day 1-31) of a day counted from 1970-01-01.
 pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;

@@ -35,8 +35,24 @@ pub fn secret_sha256(secret: &str) -> String {
 
 /// The prefix of a keyed (peppered) hash.
 pub const KEYED_PREFIX: &str = "hmac-sha256:";
-/// The shortest pepper accepted.
-pub const MIN_PEPPER_LEN: usize = 32;
+/// The shortest shared secret key accepted (the key pepper, the region hop key).
+pub const MIN_SHARED_KEY_LEN: usize = 32;
+
+/// An HMAC-SHA256 key from the bytes of a shared secret `what` (surrounding whitespace trimmed, as a file holds it;
+/// at least [`MIN_SHARED_KEY_LEN`] bytes).
+pub fn shared_key(secret: &[u8], what: &str) -> Result<ring::hmac::Key, String> {
+    let secret = secret.trim_ascii();
+    if secret.len() < MIN_SHARED_KEY_LEN {
+        return Err(format!("the {what} must be at least {MIN_SHARED_KEY_LEN} bytes (it is {})", secret.len()));
+    }
+    Ok(ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret))
+}
+
+/// [`shared_key`] read from the file `path`.
+pub fn shared_key_file(path: &std::path::Path, what: &str) -> Result<ring::hmac::Key, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("reading the {what} {}: {e}", path.display()))?;
+    shared_key(&bytes, what).map_err(|e| format!("{}: {e}", path.display()))
+}
 
 /// How this node hashes and verifies key secrets: keyed with its pepper when it has one.
 #[derive(Clone, Default)]
@@ -51,28 +67,24 @@ impl std::fmt::Debug for SecretHasher {
 }
 
 impl SecretHasher {
-    /// Keyed with `pepper` (surrounding whitespace trimmed; at least [`MIN_PEPPER_LEN`] bytes).
+    /// Keyed with `pepper` ([`shared_key`]).
     pub fn with_pepper(pepper: &[u8]) -> Result<SecretHasher, String> {
-        let pepper = pepper.trim_ascii();
-        if pepper.len() < MIN_PEPPER_LEN {
-            return Err(format!("the key pepper must be at least {MIN_PEPPER_LEN} bytes (it is {})", pepper.len()));
-        }
-        let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-        ctx.update(b"zerolayer key pepper id\0");
-        ctx.update(pepper);
-        let id = hex(&ctx.finish().as_ref()[..4]);
-        Ok(SecretHasher { pepper: Some((ring::hmac::Key::new(ring::hmac::HMAC_SHA256, pepper), id)) })
+        Ok(SecretHasher::keyed(shared_key(pepper, "key pepper")?))
     }
 
     /// Read the pepper from `path` (`None`: the legacy, unkeyed hash).
     pub fn from_file(path: Option<&std::path::Path>) -> Result<SecretHasher, String> {
         match path {
             None => Ok(SecretHasher::default()),
-            Some(p) => {
-                let bytes = std::fs::read(p).map_err(|e| format!("reading the key pepper {}: {e}", p.display()))?;
-                SecretHasher::with_pepper(&bytes).map_err(|e| format!("{}: {e}", p.display()))
-            }
+            Some(p) => Ok(SecretHasher::keyed(shared_key_file(p, "key pepper")?)),
         }
+    }
+
+    /// Keyed with `key`; the pepper's id is a MAC of a fixed label (the same on every node given the same pepper,
+    /// and nothing about the pepper itself).
+    fn keyed(key: ring::hmac::Key) -> SecretHasher {
+        let id = hex(&ring::hmac::sign(&key, b"zerolayer key pepper id").as_ref()[..4]);
+        SecretHasher { pepper: Some((key, id)) }
     }
 
     /// The short id of this node's pepper (the same on every node given the same file), if any.
@@ -92,8 +104,9 @@ impl SecretHasher {
     /// depends on hashes, which reveal nothing usable about the secret; the stored hash is then compared in
     /// constant time.
     pub fn verify<'a, V>(&self, by_hash: &'a HashMap<String, V>, secret: &str) -> Option<&'a V> {
+        // The legacy hash only when the keyed one finds nothing: one hash per request in a peppered cluster.
         let keyed = self.pepper.as_ref().map(|_| self.hash(secret));
-        keyed.into_iter().chain([secret_sha256(secret)]).find_map(|hash| {
+        keyed.into_iter().chain(std::iter::once_with(|| secret_sha256(secret))).find_map(|hash| {
             let (stored, value) = by_hash.get_key_value(&hash)?;
             constant_time_eq(stored.as_bytes(), hash.as_bytes()).then_some(value)
         })

@@ -106,17 +106,17 @@ impl Cluster {
             .iter()
             .filter_map(|k| zl_common::keys::pepper_of(&k.secret_sha256))
             .find(|id| Some(*id) != self.hasher.pepper_id());
-        if let Some(id) = foreign {
-            if !self.pepper_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                tracing::error!(
-                    pepper = id,
-                    ours = ?self.hasher.pepper_id(),
-                    "keys are stored keyed with a pepper this frontend does not have: they will not verify (give the \
-                     orchestrators' --key-pepper-file)"
-                );
-            }
-            metrics::gauge!("zl_frontend_keys_unverifiable").set(1.0);
+        if let Some(id) = foreign
+            && !self.pepper_warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::error!(
+                pepper = id,
+                ours = ?self.hasher.pepper_id(),
+                "keys are stored keyed with a pepper this frontend does not have: they will not verify (give the \
+                 orchestrators' --key-pepper-file)"
+            );
         }
+        metrics::gauge!("zl_frontend_keys_unverifiable").set(if foreign.is_some() { 1.0 } else { 0.0 });
         s.keys = sync
             .keys
             .into_iter()

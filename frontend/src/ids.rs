@@ -31,10 +31,7 @@ fn random_from(prefix: &str, len: usize, alphabet: &[u8]) -> String {
     id
 }
 
-/// Milliseconds since the Unix epoch, now.
-pub fn unix_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub use zl_common::calendar::unix_ms;
 
 /// Seconds since the Unix epoch, now.
 pub fn unix_now() -> u64 {

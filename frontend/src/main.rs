@@ -302,10 +302,7 @@ fn spill(args: &ServeArgs) -> Result<Spill> {
         }
     };
     let hop_key = match &args.hop_key_file {
-        Some(path) => {
-            let secret = std::fs::read(path).with_context(|| format!("reading --hop-key-file {}", path.display()))?;
-            Some(http::hop::HopKey::new(&secret).map_err(|e| anyhow::anyhow!("--hop-key-file: {e}"))?)
-        }
+        Some(path) => Some(http::hop::HopKey::from_file(path).map_err(|e| anyhow::anyhow!("--hop-key-file: {e}"))?),
         None => None,
     };
     Ok(Spill { regions: regions(args)?, tls, pool: Arc::default(), hop_key })

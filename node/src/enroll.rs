@@ -52,10 +52,6 @@ pub struct IdentitySource<'a> {
     pub orchestrators: &'a [String],
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 fn load(ca: &Path, files: &NodeFiles, role: Role, node_id: &NodeId) -> Result<(TlsIdentity, String)> {
     let cert = std::fs::read_to_string(&files.cert).with_context(|| format!("reading {}", files.cert.display()))?;
     let identity = TlsIdentity::from_files(ca, &files.cert, &files.key, role, node_id.clone())
@@ -84,7 +80,7 @@ pub async fn identity(src: &IdentitySource<'_>, role: Role, id: &str) -> Result<
     let kept = NodeFiles::new(state_dir, role, node_id.as_str());
     if kept.cert.exists() {
         let (identity, cert) = load(&ca, &kept, role, &node_id)?;
-        if !validity_ms(&cert).is_some_and(|v| due_for_renewal(v, now_ms())) {
+        if !validity_ms(&cert).is_some_and(|v| due_for_renewal(v, zl_common::calendar::unix_ms())) {
             return Ok(identity);
         }
         tracing::info!(node = %node_id, "the enrolled certificate is due for renewal");

@@ -462,6 +462,4 @@ impl Orchestrator {
 
 /// This orchestrator's clock in unix milliseconds: what a command it proposes is stamped with (the state machine
 /// never reads a clock; replicas apply the proposer's time).
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub use zl_common::calendar::unix_ms;

@@ -14,9 +14,6 @@ pub const HOP_HEADER: &str = "x-zl-hop";
 pub const FORWARDED_ID_HEADER: &str = "x-zl-request-id";
 /// How far a hop's clock may be from ours.
 pub const MAX_SKEW_MS: u64 = 60_000;
-/// The shortest hop key accepted.
-pub const MIN_KEY_LEN: usize = 32;
-
 /// The key the frontends of every region share.
 #[derive(Clone)]
 pub struct HopKey(hmac::Key);
@@ -38,9 +35,7 @@ pub struct Hop {
     pub key_id: String,
 }
 
-fn hex_encode(bytes: &[u8]) -> String {
-    zl_common::keys::hex(bytes)
-}
+use zl_common::keys::hex as hex_encode;
 
 fn message(from: &str, ms: u64, request_id: &str, key_id: &str, path: &str) -> String {
     format!("zl-hop v1\n{from}\n{ms}\n{request_id}\n{key_id}\n{path}")
@@ -52,13 +47,14 @@ fn valid_id(id: &str) -> bool {
 }
 
 impl HopKey {
-    /// A key from the bytes of `--hop-key-file` (surrounding whitespace trimmed; at least [`MIN_KEY_LEN`] bytes).
+    /// A key from the bytes of `--hop-key-file` ([`zl_common::keys::shared_key`]).
     pub fn new(secret: &[u8]) -> Result<HopKey, String> {
-        let secret = secret.trim_ascii();
-        if secret.len() < MIN_KEY_LEN {
-            return Err(format!("the hop key must be at least {MIN_KEY_LEN} bytes (it is {})", secret.len()));
-        }
-        Ok(HopKey(hmac::Key::new(hmac::HMAC_SHA256, secret)))
+        zl_common::keys::shared_key(secret, "hop key").map(HopKey)
+    }
+
+    /// The key in the file `path`.
+    pub fn from_file(path: &std::path::Path) -> Result<HopKey, String> {
+        zl_common::keys::shared_key_file(path, "hop key").map(HopKey)
     }
 
     /// The `x-zl-hop` value for forwarding request `request_id` (authenticated as `key_id`) to `path` at `now_ms`.
@@ -91,11 +87,6 @@ impl HopKey {
         hmac::verify(&self.0, message(&from, ms, request_id, &key_id, path).as_bytes(), &tag).ok()?;
         Some(Hop { from, request_id: request_id.to_owned(), key_id })
     }
-}
-
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

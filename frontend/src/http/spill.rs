@@ -154,7 +154,7 @@ impl Spill {
     /// The hop `headers` carry for `path`, when a peer region's frontend signed it with our hop key (a client's
     /// `x-zl-hop` or `x-zl-request-id` is ignored: the request is an ordinary one).
     pub fn hop(&self, headers: &HeaderMap, path: &str) -> Option<Hop> {
-        let hop = self.hop_key.as_ref()?.verify(headers, path, super::hop::now_ms());
+        let hop = self.hop_key.as_ref()?.verify(headers, path, crate::ids::unix_ms());
         if hop.is_none() && headers.contains_key(HOP_HEADER) {
             metrics::counter!("zl_frontend_hops_refused_total").increment(1);
         }
@@ -232,7 +232,7 @@ async fn attempt(
                 req = req.header(*name, v);
             }
         }
-        req.header(HOP_HEADER, hop_key.sign(spill.regions.local(), super::hop::now_ms(), rid, key_id, path))
+        req.header(HOP_HEADER, hop_key.sign(spill.regions.local(), crate::ids::unix_ms(), rid, key_id, path))
             .header(FORWARDED_ID_HEADER, rid)
             .body(Full::new(body.clone()))
             .map_err(|e| format!("building the request: {e}"))
@@ -324,7 +324,7 @@ mod tests {
     #[test]
     fn only_signed_hops_count() {
         let mut spill = Spill::default();
-        let signed = HopKey::new(&[1; 32]).unwrap().sign("eu", super::super::hop::now_ms(), "req_abc123", "", "/p");
+        let signed = HopKey::new(&[1; 32]).unwrap().sign("eu", crate::ids::unix_ms(), "req_abc123", "", "/p");
         let mut h = HeaderMap::new();
         h.insert(FORWARDED_ID_HEADER, HeaderValue::from_static("req_abc123"));
         h.insert(HOP_HEADER, HeaderValue::from_str(&signed).unwrap());
