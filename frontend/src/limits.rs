@@ -158,6 +158,17 @@ fn sync_bucket(slot: &mut Option<Bucket>, limit: u32, share: f64, now: Instant) 
     Some(bucket)
 }
 
+/// This frontend's share of a project's concurrency limit when `in_flight` requests fill it (`None`: room left, or
+/// no limit).
+fn concurrency_full(quota: ProjectLimits, share: f64, in_flight: u32) -> Option<u32> {
+    let limit = (f64::from(quota.max_concurrent) * share).ceil() as u32;
+    (quota.max_concurrent > 0 && in_flight >= limit).then_some(limit)
+}
+
+fn concurrency_message(project: &str, limit: u32) -> String {
+    format!("project {project} already has {limit} requests in flight, its limit")
+}
+
 impl RateLimiter {
     /// A limiter enforcing `share` (in (0, 1]) of each limit: 1 / the number of frontend replicas.
     pub fn new(share: f64) -> Self {
@@ -214,17 +225,15 @@ impl RateLimiter {
                 }
             }
         }
-        let concurrency_limit = (f64::from(quota.max_concurrent) * share).ceil() as u32;
-        if refusal.is_none() && quota.max_concurrent > 0 && project_state.in_flight >= concurrency_limit {
+        let full = concurrency_full(quota, share, project_state.in_flight);
+        if refusal.is_none() && full.is_some() {
             refusal = Some(("project_concurrency", Some(Duration::from_secs(1))));
         }
         if let Some((dimension, wait)) = refusal {
             drop(checks);
             let figures = self.figures(key, project);
             let message = match (dimension, wait) {
-                ("project_concurrency", _) => {
-                    format!("project {project} already has {concurrency_limit} requests in flight, its limit")
-                }
+                ("project_concurrency", _) => concurrency_message(project, full.unwrap_or_default()),
                 (_, None) => format!(
                     "this request needs more {} than the per-minute limit allows at all",
                     dimension.replace('_', " ")
@@ -268,16 +277,10 @@ impl RateLimiter {
         let share = self.share;
         let state = self.keys.entry(key.to_owned()).or_default();
         let wait = sync_bucket(&mut state.requests, limits.requests, share, now).and_then(|b| b.wait_for(1.0));
-        let concurrency_limit = (f64::from(quota.max_concurrent) * share).ceil() as u32;
-        let busy =
-            quota.max_concurrent > 0 && self.projects.get(project).is_some_and(|p| p.in_flight >= concurrency_limit);
-        let (dimension, message, retry_after) = match wait {
-            Some(w) if !w.is_zero() => ("requests", "rate limit exceeded: requests per minute".to_owned(), w),
-            _ if busy => (
-                "project_concurrency",
-                format!("project {project} already has {concurrency_limit} requests in flight, its limit"),
-                Duration::from_secs(1),
-            ),
+        let in_flight = self.projects.get(project).map_or(0, |p| p.in_flight);
+        let (dimension, message, retry_after) = match (wait, concurrency_full(quota, share, in_flight)) {
+            (Some(w), _) if !w.is_zero() => ("requests", "rate limit exceeded: requests per minute".to_owned(), w),
+            (_, Some(limit)) => ("project_concurrency", concurrency_message(project, limit), Duration::from_secs(1)),
             _ => return Ok(()),
         };
         Err(Box::new(Refusal { dimension, message, retry_after, figures: self.figures(key, project) }))

@@ -249,7 +249,7 @@ pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -
     let headers = req.headers().clone();
     let path = req.uri().path().to_owned();
     // A signed hop from a peer region names the key its frontend authenticated; the client's key never crosses.
-    let from_peer = app.spill.hop(&headers, &path);
+    let from_peer = req.extensions().get::<super::hop::Hop>().cloned();
     let hop = from_peer.is_some();
     let preferred = headers.get(spill::REGION_HEADER).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let authenticated = match &from_peer {

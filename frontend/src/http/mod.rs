@@ -74,8 +74,12 @@ pub struct RequestId(pub String);
 /// Give the request its id (a new one, or the one a peer region's frontend forwarded it with), and answer with it
 /// and with the region that served it.
 async fn with_request_id(State(app): State<App>, mut req: Request, next: axum::middleware::Next) -> Response {
-    let forwarded = app.spill.hop(req.headers(), req.uri().path()).map(|h| h.request_id);
-    let id = forwarded.unwrap_or_else(|| random_id("req_", 24));
+    // A signed hop from a peer region is verified once, here; the handlers read it from the request's extensions.
+    let hop = app.spill.hop(req.headers(), req.uri().path());
+    let id = hop.as_ref().map_or_else(|| random_id("req_", 24), |h| h.request_id.clone());
+    if let Some(hop) = hop {
+        req.extensions_mut().insert(hop);
+    }
     req.extensions_mut().insert(RequestId(id.clone()));
     // The client's trace (W3C traceparent), or a new one; this frontend's span becomes the parent of the calls to the
     // orchestrator and the worker (the handlers read the rewritten header).
