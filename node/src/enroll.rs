@@ -151,24 +151,25 @@ pub async fn enroll(
                 Err(e) => last = format!("{target}: {e}"),
             }
         }
-        let mut refused = None;
+        // A certificate, or a refusal: either ends the asking.
+        let mut settled = None;
         for addr in addrs {
             match client.call_within(ATTEMPT_TIMEOUT, addr, Role::Orchestrator, request.clone()).await {
                 Ok(Message::CertificateIssued(issued)) => {
-                    refused = Some(Ok(PemPair { cert_pem: issued.cert_pem, key_pem: csr.key_pem.clone() }));
+                    settled = Some(Ok(PemPair { cert_pem: issued.cert_pem, key_pem: csr.key_pem.clone() }));
                     break;
                 }
                 Ok(other) => last = format!("{addr}: unexpected {} answer", other.kind()),
                 Err(CallError::Remote(e))
                     if matches!(e.code, ErrorCode::PermissionDenied | ErrorCode::InvalidRequest) =>
                 {
-                    refused = Some(Err(anyhow::anyhow!("orchestrator {addr} refused the enrollment: {}", e.message)));
+                    settled = Some(Err(anyhow::anyhow!("orchestrator {addr} refused the enrollment: {}", e.message)));
                     break;
                 }
                 Err(e) => last = format!("{addr}: {e}"),
             }
         }
-        if let Some(result) = refused {
+        if let Some(result) = settled {
             break result;
         }
         if started.elapsed() >= ENROLL_PATIENCE {
