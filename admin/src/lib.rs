@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use zl_tls::NodeFiles;
 use zl_wire::message::Role;
 
@@ -15,6 +15,8 @@ pub mod pb {
     tonic::include_proto!("zerolayer.admin.v1");
 }
 
+pub mod serve;
+
 fn read(path: &Path) -> Result<Vec<u8>> {
     std::fs::read(path).with_context(|| format!("reading {}", path.display()))
 }
@@ -23,12 +25,6 @@ fn read(path: &Path) -> Result<Vec<u8>> {
 fn pems(dir: &Path, role: Role, id: &str) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>)> {
     let files = NodeFiles::new(dir, role, id);
     Ok((read(&files.ca)?, read(&files.cert)?, read(&files.key)?))
-}
-
-/// TLS for an orchestrator's admin endpoint: its own certificate, client certificates from the cluster CA required.
-pub fn server_tls(dir: &Path, node_id: &str) -> Result<ServerTlsConfig> {
-    let (ca, cert, key) = pems(dir, Role::Orchestrator, node_id)?;
-    Ok(ServerTlsConfig::new().identity(Identity::from_pem(cert, key)).client_ca_root(Certificate::from_pem(ca)))
 }
 
 /// A channel to an orchestrator's admin endpoint, presenting the admin certificate `admin-{id}` from `dir`.

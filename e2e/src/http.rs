@@ -137,3 +137,13 @@ pub fn http(
 ) -> Option<(u16, String)> {
     request(addr, method, path, headers, body).map(|r| (r.status, r.body))
 }
+
+/// Whether the frontend at `http_addr` is ready and has a healthy worker to route to (its `/readyz` says both:
+/// readiness alone does not wait for workers).
+pub fn serving(http_addr: std::net::SocketAddr) -> bool {
+    request(http_addr, "GET", "/readyz", &[], "").is_some_and(|r| {
+        r.status == 200
+            && serde_json::from_str::<serde_json::Value>(&r.body)
+                .is_ok_and(|v| v["serving_workers"].as_u64().is_some_and(|n| n > 0))
+    })
+}

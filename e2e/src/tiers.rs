@@ -154,7 +154,7 @@ pub fn start_tiers(dir: &std::path::Path) -> Tiers {
         orch.proc.assert_running("zl-orchestrator");
         worker.proc.assert_running("zl-worker");
         frontend.assert_running("zl-frontend");
-        if let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "") {
+        if crate::http::serving(http_addr) {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "the frontend never became ready");
@@ -293,7 +293,7 @@ pub fn wait_up(
             panic!("zl up exited early: {status}\n{said}");
         }
         if let Ok(text) = std::fs::read_to_string(data.join("cluster.json"))
-            && let Some((200, _)) = http(http_addr, "GET", "/readyz", &[], "")
+            && crate::http::serving(http_addr)
         {
             let state: serde_json::Value =
                 serde_json::from_str(&text).unwrap_or_else(|e| panic!("cluster.json is not JSON ({e}): {text:?}"));

@@ -40,7 +40,7 @@ fn pods_enroll_for_identities_of_their_own_and_cannot_take_over_each_other() {
     let frontend_flags = ["--identity-dir", fdir.to_str().unwrap()];
     let (mut frontend, http_addr) = start_frontend_args(&tls, FRONTEND, &[orch.quic], &frontend_flags);
     let deadline = Instant::now() + Duration::from_secs(240);
-    while http(http_addr, "GET", "/readyz", &[], "").map(|r| r.0) != Some(200) {
+    while !zl_e2e::serving(http_addr) {
         orch.proc.assert_running("zl-orchestrator");
         worker.proc.assert_running("zl-worker");
         frontend.assert_running("zl-frontend");

@@ -51,6 +51,19 @@ fn a_chart_with_a_broken_reference_fails_the_checks() {
     assert!(stderr.contains("port htp is not a port of"), "{stderr}");
 }
 
+/// Day-2 wiring is checked: a chart whose new orchestrator ordinals would not join the group, or whose workers
+/// and frontends would keep an old orchestrator list after a scale, is refused.
+#[test]
+fn a_chart_whose_orchestrators_do_not_follow_the_replica_count_fails_the_checks() {
+    let (passed, stderr) = check_edited_chart("templates/orchestrator.yaml", "raft-auto-join = true", "");
+    assert!(!passed, "a chart without raft-auto-join passed");
+    assert!(stderr.contains("lacks raft-auto-join = true"), "{stderr}");
+    let (passed, stderr) =
+        check_edited_chart("templates/_helpers.tpl", "list $shared .tier $v.orchestrator.replicas", "list $shared .tier");
+    assert!(!passed, "a chart whose pods keep an old orchestrator list passed");
+    assert!(stderr.contains("do not roll when the orchestrator count changes"), "{stderr}");
+}
+
 /// The audit chain is on the pod's own claim by default: a chart whose frontends keep it on an emptyDir (which an
 /// eviction takes with the pod) is refused.
 #[test]

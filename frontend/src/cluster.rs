@@ -97,7 +97,8 @@ impl Cluster {
         s.last_ok = Some(now);
         s.ever_ok = true;
         s.serving_workers = sync.serving_workers;
-        if sync.unchanged {
+        // An orchestrator behind the state this frontend holds (one catching up) never takes keys or models back.
+        if sync.unchanged || sync.applied_index < s.index {
             return;
         }
         s.index = sync.applied_index;
@@ -186,7 +187,9 @@ impl Cluster {
         read(&self.synced).weights
     }
 
-    /// Ready: an orchestrator answered recently and some worker can serve.
+    /// Ready: an orchestrator answered recently. Workers do not count: a frontend whose region has no healthy
+    /// worker stays in its Service and spills to a peer region (or answers 529 with the reason itself); the level
+    /// ([`Cluster::level`], `x-zl-health`) says how well it can serve.
     pub fn ready(&self, now: Instant) -> Result<(), String> {
         let s = read(&self.synced);
         match s.last_ok {
@@ -194,9 +197,13 @@ impl Cluster {
             Some(t) if now.saturating_duration_since(t) > STALE_AFTER => {
                 Err(format!("no orchestrator has answered for {:.0?}", now.saturating_duration_since(t)))
             }
-            Some(_) if s.serving_workers == 0 => Err("no healthy worker is registered".into()),
             Some(_) => Ok(()),
         }
+    }
+
+    /// Healthy, non-draining workers as of the last sync.
+    pub fn serving_workers(&self) -> u32 {
+        read(&self.synced).serving_workers
     }
 
     /// Use these degradation thresholds.

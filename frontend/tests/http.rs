@@ -396,6 +396,25 @@ async fn health_and_readiness() {
 }
 
 #[tokio::test]
+async fn a_frontend_whose_workers_are_all_gone_stays_ready_and_says_so() {
+    // Its region lost every worker: it stays in its Service (to spill to a peer region, or answer 529 with the
+    // reason), and says how well it can serve.
+    let h = harness();
+    let cluster = Arc::new(Cluster::default());
+    let sync = zl_wire::message::StateSync { applied_index: 1, serving_workers: 0, ..Default::default() };
+    cluster.apply(sync, std::time::Instant::now());
+    let gateway = Arc::new(Gateway::new(h.fake.clone(), cluster, GatewayConfig::default()));
+    let app =
+        router(App { gateway, body_limit: 1024, edge: Default::default(), spill: Default::default(), audit: None });
+    let resp = app.oneshot(Request::get("/readyz").body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(header(&resp, "x-zl-health"), "unavailable");
+    let body: Value = serde_json::from_slice(&resp.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(body["serving_workers"], 0, "{body}");
+    assert!(body["health"]["reason"].as_str().unwrap().contains("no healthy worker"), "{body}");
+}
+
+#[tokio::test]
 async fn the_streaming_predicted_header_reaches_the_worker_and_its_figures_come_back() {
     let h = harness();
     let with = |value: Option<&str>| {

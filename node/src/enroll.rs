@@ -56,6 +56,7 @@ fn load(ca: &Path, files: &NodeFiles, role: Role, node_id: &NodeId) -> Result<(T
     let cert = std::fs::read_to_string(&files.cert).with_context(|| format!("reading {}", files.cert.display()))?;
     let identity = TlsIdentity::from_files(ca, &files.cert, &files.key, role, node_id.clone())
         .with_context(|| format!("loading the TLS identity {}", files.stem))?;
+    crate::keep_fresh(&identity);
     Ok((identity, cert))
 }
 
@@ -119,7 +120,10 @@ fn keep(dir: &Path, files: &NodeFiles, ca: &Path, pair: &PemPair, role: Role, no
         f.sync_all()?;
         std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     }
-    TlsIdentity::from_files(ca, &files.cert, &files.key, role, node_id.clone()).context("loading the enrolled identity")
+    let identity = TlsIdentity::from_files(ca, &files.cert, &files.key, role, node_id.clone())
+        .context("loading the enrolled identity")?;
+    crate::keep_fresh(&identity);
+    Ok(identity)
 }
 
 /// Ask the orchestrators, in turn, for a certificate for `node_id`, presenting `as_identity` (a bootstrap

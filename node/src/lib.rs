@@ -54,8 +54,25 @@ pub fn block_on<T>(main: impl std::future::Future<Output = Result<T>>) -> Result
 pub fn load_identity(dir: &Path, role: Role, id: &str) -> Result<TlsIdentity> {
     let node_id = NodeId::new(id.to_owned()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
     let files = NodeFiles::new(dir, role, node_id.as_str());
-    TlsIdentity::from_files(&files.ca, &files.cert, &files.key, role, node_id)
-        .with_context(|| format!("loading the TLS identity {} from {}", files.stem, dir.display()))
+    let identity = TlsIdentity::from_files(&files.ca, &files.cert, &files.key, role, node_id)
+        .with_context(|| format!("loading the TLS identity {} from {}", files.stem, dir.display()))?;
+    keep_fresh(&identity);
+    Ok(identity)
+}
+
+/// Look at `identity`'s certificate files every few seconds (in the background, when a runtime runs): a rotated
+/// certificate is taken, and `zl_tls_certificate_*` show it, even while no new connection is made.
+pub fn keep_fresh(identity: &TlsIdentity) {
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let identity = identity.clone();
+        runtime.spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                identity.refresh();
+            }
+        });
+    }
 }
 
 /// Record metrics and return the renderer of the Prometheus text ([`status::serve`] serves it on every tier's

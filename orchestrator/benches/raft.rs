@@ -78,7 +78,7 @@ fn main() {
             let config = GroupConfig {
                 id,
                 peers: peers.clone(),
-                join: false,
+                start: zl_orchestrator::raft::Start::Peers,
                 data_dir: raft_dir(&data.path().join(id.to_string())),
                 tls_dir: tls.path().to_owned(),
                 node_id: format!("o-{id}"),
@@ -86,15 +86,14 @@ fn main() {
                 replica: ReplicaConfig::default(),
             };
             let group = Group::start(config, SharedState::default()).expect("group");
-            let server_tls = zl_admin::server_tls(tls.path(), &format!("o-{id}")).expect("server TLS");
+            let server_tls = zl_admin::serve::server_config(tls.path(), &format!("o-{id}")).expect("server TLS");
             let service = group.service();
             let listen: std::net::SocketAddr = addr.parse().expect("a socket address");
+            let listener = tokio::net::TcpListener::bind(listen).await.expect("bind");
             tokio::spawn(async move {
                 tonic::transport::Server::builder()
-                    .tls_config(server_tls)
-                    .expect("TLS")
                     .add_service(service)
-                    .serve(listen)
+                    .serve_with_incoming(zl_admin::serve::incoming(listener, server_tls))
                     .await
                     .expect("serve");
             });

@@ -15,7 +15,7 @@ use zl_node::discovery::DiscoveryArgs;
 use zl_orchestrator::api::admin::AdminService;
 use zl_orchestrator::load::LoadSettings;
 use zl_orchestrator::orchestrator::Orchestrator;
-use zl_orchestrator::raft::{GroupConfig, ReplicaConfig, parse_peers, raft_dir};
+use zl_orchestrator::raft::{GroupConfig, ReplicaConfig, Start, parse_peers, raft_dir};
 use zl_orchestrator::route::{POLICY_NAMES, policy_by_name};
 use zl_proto::quic::Server;
 use zl_wire::message::{NodeId, Role};
@@ -94,8 +94,14 @@ struct ServeArgs {
     raft_peers: String,
     /// Join an existing group instead of starting one: start with no members and wait for the leader to add
     /// this node (`zl admin members add ID ADDRESS`). Only for a node whose data directory is empty.
-    #[arg(long, env = "ZL_RAFT_JOIN")]
+    #[arg(long, env = "ZL_RAFT_JOIN", conflicts_with = "raft_auto_join")]
     raft_join: bool,
+    /// Membership follows the deployment (a StatefulSet's ordinals; docs/consensus.md): with empty storage, the
+    /// first listed peer starts the group unless one runs, every other node asks the leader to join it (as a
+    /// learner, then a voter once caught up), and a voter whose storage was lost is replaced. Members leave with
+    /// `zl admin members trim N` (the chart runs it before its StatefulSet shrinks).
+    #[arg(long, env = "ZL_RAFT_AUTO_JOIN")]
+    raft_auto_join: bool,
     /// Raft's logical time step: heartbeats every tick, elections after 10-20 ticks without a leader.
     #[arg(long, env = "ZL_RAFT_TICK_MS", default_value_t = 50)]
     raft_tick_ms: u64,
@@ -166,21 +172,13 @@ fn check(args: &mut ServeArgs) -> Result<(Box<dyn zl_orchestrator::route::Policy
 async fn serve(mut args: ServeArgs) -> Result<()> {
     let (policy, peers) = check(&mut args)?;
     let identity = zl_node::load_identity(&args.tls_dir, Role::Orchestrator, &args.node_id)?;
-    // Alive from here on; ready once this node is a voter of a group with a leader.
-    let group_status: Arc<std::sync::OnceLock<zl_orchestrator::raft::Group>> = Arc::default();
+    // Alive from here on; ready once this node is a voter that has applied what the leader had committed (checked
+    // every second with a read point).
+    let readiness: Arc<std::sync::RwLock<Result<String, String>>> =
+        Arc::new(std::sync::RwLock::new(Err("opening the Raft storage".to_owned())));
     let probe = {
-        let group_status = group_status.clone();
-        Arc::new(move || {
-            let Some(group) = group_status.get() else { return Err("opening the Raft storage".to_owned()) };
-            let status = group.status();
-            match status.leader {
-                _ if !status.voters.contains(&status.id) => {
-                    Err(format!("not a voter of the group (voters {:?}): waiting to be added", status.voters))
-                }
-                None => Err(format!("no leader elected yet (term {})", status.term)),
-                Some(leader) => Ok(format!("raft id {}, leader {leader}, term {}", status.id, status.term)),
-            }
-        })
+        let readiness = readiness.clone();
+        Arc::new(move || zl_common::sync::read(&readiness).clone())
     };
     zl_node::status::serve(args.metrics_addr, probe).await?;
     let settings = LoadSettings {
@@ -189,10 +187,20 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         ..LoadSettings::default()
     };
     let data_dir = args.data_dir.clone().unwrap_or_else(|| default_data_dir(&args.node_id));
+    let empty = !zl_orchestrator::raft::storage::holds_storage(&raft_dir(&data_dir));
+    let start = if args.raft_join {
+        Start::Join
+    } else if args.raft_auto_join && empty {
+        *zl_common::sync::write(&readiness) = Err("looking for a running group to join".to_owned());
+        zl_orchestrator::raft::join::plan(args.raft_id, &peers, &args.tls_dir, &args.node_id).await
+    } else {
+        Start::Peers
+    };
+    let own_address = peers.get(&args.raft_id).cloned().unwrap_or_default();
     let group = GroupConfig {
         id: args.raft_id,
         peers,
-        join: args.raft_join,
+        start,
         data_dir: raft_dir(&data_dir),
         tls_dir: args.tls_dir.clone(),
         node_id: args.node_id.clone(),
@@ -203,7 +211,25 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         Orchestrator::start(&args.node_id, policy, settings, group)
             .with_context(|| format!("opening the Raft storage in {}", raft_dir(&data_dir).display()))?,
     );
-    let _ = group_status.set(node.group().clone());
+    tracing::info!(raft_id = args.raft_id, ?start, empty, "Raft group opened");
+    {
+        let group = node.group().clone();
+        tokio::spawn(async move {
+            loop {
+                let now = group.caught_up().await;
+                *zl_common::sync::write(&readiness) = now;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+    if args.raft_auto_join && !node.group().status().voters.contains(&args.raft_id) {
+        if empty || node.group().status().learners.contains(&args.raft_id) {
+            tokio::spawn(node.group().clone().keep_joining(own_address));
+        } else {
+            // Removed from the group (scaled away) with its storage kept: joining again is the operator's call.
+            tracing::warn!("this node was removed from the group; start it with an empty data directory to join again");
+        }
+    }
     if let Some(key) = &args.enroll_ca_key {
         let read = |p: &std::path::Path| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()));
         let ca = zl_tls::ClusterCa::from_pem(&read(&args.tls_dir.join("ca.pem"))?, &read(key)?)
@@ -214,7 +240,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     let raft_service = node.group().service();
     let server = Server::spawn(args.listen, &identity, zl_orchestrator::rpc_settings(), node.clone())?;
     let admin = {
-        let tls = zl_admin::server_tls(&args.tls_dir, &args.node_id)?;
+        let tls = zl_admin::serve::server_config(&args.tls_dir, &args.node_id)?;
         let hasher = zl_common::keys::SecretHasher::from_file(args.key_pepper_file.as_deref())
             .map_err(|e| anyhow::anyhow!("--key-pepper-file: {e}"))?;
         if hasher.pepper_id().is_none() {
@@ -224,9 +250,8 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(args.admin_listen)
             .await
             .with_context(|| format!("binding the admin API to {}", args.admin_listen))?;
-        let incoming = tonic::transport::server::TcpIncoming::from(listener);
-        let router =
-            tonic::transport::Server::builder().tls_config(tls)?.add_service(service).add_service(raft_service);
+        let incoming = zl_admin::serve::incoming(listener, tls);
+        let router = tonic::transport::Server::builder().add_service(service).add_service(raft_service);
         let (stop_admin, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             if let Err(e) = router

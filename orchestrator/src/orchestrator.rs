@@ -193,6 +193,32 @@ impl Orchestrator {
         })
     }
 
+    /// Whether this node may answer frontends' syncs and reports now: it must vote (a learner still catching up, or
+    /// a member removed from the group, holds an old state), and once past its warm-up it must have heard from the
+    /// workers (before that, a count of zero healthy workers would be its ignorance, not the cluster's). Otherwise
+    /// the frontend asks another orchestrator.
+    pub fn check_serving(&self, now: Instant) -> Result<(), WireError> {
+        let status = self.group.status();
+        if !status.voters.contains(&status.id) {
+            return Err(WireError::new(
+                ErrorCode::Unavailable,
+                "this orchestrator is not a voter of its group (joining, or removed): ask another",
+            ));
+        }
+        let unheard = || {
+            let state = read(&self.state.0);
+            let load = read(&self.load);
+            state.workers().iter().any(|(id, w)| !w.draining && load.healthy(id, now).is_none())
+        };
+        if now < self.warm_at && unheard() {
+            return Err(WireError::new(
+                ErrorCode::Unavailable,
+                "this orchestrator has just started and has not heard from every worker yet: ask another",
+            ));
+        }
+        Ok(())
+    }
+
     /// Whether a registered, non-draining worker serving `model` has not reported to this node (yet).
     fn unheard_of(&self, model: &str, now: Instant) -> bool {
         let state = read(&self.state.0);

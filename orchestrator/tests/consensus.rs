@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use raft::eraftpb::{Message, MessageType};
 use tempfile::TempDir;
+use zl_orchestrator::raft::membership::{Admission, Change};
 use zl_orchestrator::raft::replica::{ProposeError, Replica, ReplicaConfig};
 use zl_orchestrator::state::{Command, Quota};
 
@@ -99,6 +100,28 @@ impl Cluster {
     fn spawn(&mut self, id: u64) {
         self.dirs.insert(id, storage_dir());
         self.start(id);
+    }
+
+    /// Node `id` back with empty storage (a lost volume), started as `--raft-auto-join` starts it: knowing no
+    /// group, waiting to be added.
+    fn start_empty(&mut self, id: u64) {
+        self.dirs.insert(id, storage_dir());
+        let config = ReplicaConfig { election_seed: Some(self.seed), ..self.config };
+        let replica = Replica::open(id, self.dirs[&id].path(), &[], config).unwrap();
+        self.last_applied.insert(id, replica.applied_index());
+        self.nodes.insert(id, Some(replica));
+    }
+
+    /// One round of `id` asking the leader to join (what `raft/join.rs` does over gRPC): the leader's decision,
+    /// proposed when it is a change.
+    fn join_step(&mut self, id: u64) -> Admission {
+        let Some(leader) = self.leader() else { return Admission::Wait("no leader".into()) };
+        let fresh = {
+            let n = self.node(id);
+            n.voters().is_empty() && n.learners().is_empty()
+        };
+        // Dropped while another change is pending: the node asks again.
+        self.node_mut(leader).admit(id, fresh, vec![]).unwrap_or_else(|e| Admission::Wait(e.to_string()))
     }
 
     fn crash(&mut self, id: u64) {
@@ -372,7 +395,7 @@ fn membership_changes_while_a_node_is_down() {
     c.crash(down);
     // Add node 4 while node `down` is away: two of four are needed... of the new three-plus-one, three.
     c.spawn(4);
-    c.node_mut(leader).propose_membership(vec![], 4, true, vec![]).unwrap();
+    c.node_mut(leader).propose_membership(vec![], 4, Change::Voter, vec![]).unwrap();
     c.run(20);
     assert_eq!(c.node(leader).voters(), vec![1, 2, 3, 4]);
     for i in 0..10 {
@@ -380,7 +403,7 @@ fn membership_changes_while_a_node_is_down() {
     }
     // Remove the node that is down; the group is then three live voters.
     let leader = c.leader().unwrap();
-    c.node_mut(leader).propose_membership(vec![], down, false, vec![]).unwrap();
+    c.node_mut(leader).propose_membership(vec![], down, Change::Remove, vec![]).unwrap();
     c.run(20);
     let voters = c.node(c.leader().unwrap()).voters();
     assert!(!voters.contains(&down) && voters.len() == 3, "{voters:?}");
@@ -394,6 +417,110 @@ fn membership_changes_while_a_node_is_down() {
     assert!(c.propose(100));
     c.run(5);
     assert!(c.node(leader).state().projects().contains_key("p20") || c.node(leader).state().projects().len() == 10);
+}
+
+/// Joins until every node in `joining` votes, with a proposal between rounds; returns the steps each took.
+fn join_all(c: &mut Cluster, joining: &[u64], next: &mut u64) -> BTreeMap<u64, Vec<Admission>> {
+    let mut steps: BTreeMap<u64, Vec<Admission>> = BTreeMap::new();
+    for _ in 0..60 {
+        let mut done = true;
+        for &id in joining {
+            let step = c.join_step(id);
+            if step != Admission::Voter {
+                done = false;
+                // A learner is never promoted before it holds everything the leader committed.
+                if step == Admission::Propose(Change::Voter) {
+                    let leader = c.leader().unwrap();
+                    assert!(c.node(id).applied_index() + 5 >= c.node(leader).commit_index());
+                }
+            }
+            steps.entry(id).or_default().push(step);
+        }
+        if done {
+            return steps;
+        }
+        if c.propose(*next) {
+            *next += 1;
+        }
+        c.run(10);
+    }
+    panic!("never joined: {steps:?}");
+}
+
+#[test]
+fn nodes_join_as_learners_and_vote_once_caught_up_then_leave_with_leadership_handed_over() {
+    let mut c = Cluster::new(3, 41, config());
+    c.await_leader(100);
+    let mut next = 0;
+    for _ in 0..30 {
+        assert!(c.propose(next));
+        next += 1;
+    }
+    // 3 -> 5: both new nodes at once, writes flowing.
+    c.spawn(4);
+    c.spawn(5);
+    let steps = join_all(&mut c, &[4, 5], &mut next);
+    for id in [4, 5] {
+        assert!(steps[&id].contains(&Admission::Propose(Change::Learner)), "{steps:?}");
+        assert!(steps[&id].contains(&Admission::Propose(Change::Voter)), "{steps:?}");
+    }
+    let leader = c.leader().unwrap();
+    assert_eq!(c.node(leader).voters(), vec![1, 2, 3, 4, 5]);
+    assert!(c.node(leader).learners().is_empty());
+    c.run(10);
+    c.assert_converged();
+    for id in 1..=5 {
+        assert_eq!(c.node(id).voters(), vec![1, 2, 3, 4, 5], "node {id} knows the membership");
+    }
+
+    // 5 -> 3: the highest ids leave, the leader handing over first when it is one of them.
+    for gone in [5, 4] {
+        let mut leader = c.leader().unwrap();
+        if leader == gone {
+            c.node_mut(leader).transfer_leader(1);
+            c.run(40);
+            leader = c.leader().unwrap();
+            assert_ne!(leader, gone, "leadership moved");
+        }
+        c.node_mut(leader).propose_membership(vec![], gone, Change::Remove, vec![]).unwrap();
+        c.run(10);
+        c.crash(gone);
+        c.nodes.remove(&gone);
+    }
+    let leader = c.leader().unwrap();
+    assert_eq!(c.node(leader).voters(), vec![1, 2, 3]);
+    // Still a group that survives one failure.
+    let other = [1, 2, 3].into_iter().find(|&id| id != leader).unwrap();
+    c.crash(other);
+    assert!(c.propose(next));
+    c.start(other);
+    c.run(20);
+    c.assert_converged();
+}
+
+#[test]
+fn a_voter_that_lost_its_storage_is_removed_and_joins_again_as_a_new_learner() {
+    let mut c = Cluster::new(3, 43, ReplicaConfig { snapshot_every: 10, ..config() });
+    let (leader, _) = c.await_leader(100);
+    let mut next = 0;
+    for _ in 0..25 {
+        assert!(c.propose(next));
+        next += 1;
+    }
+    let lost = [1, 2, 3].into_iter().find(|&id| id != leader).unwrap();
+    c.crash(lost);
+    c.start_empty(lost);
+    let steps = join_all(&mut c, &[lost], &mut next);
+    let kinds: Vec<&Admission> = steps[&lost].iter().filter(|s| matches!(s, Admission::Propose(_))).collect();
+    assert_eq!(
+        kinds,
+        [&Admission::Propose(Change::Remove), &Admission::Propose(Change::Learner), &Admission::Propose(Change::Voter)],
+        "{steps:?}"
+    );
+    c.run(10);
+    c.assert_converged();
+    assert_eq!(c.node(lost).voters(), vec![1, 2, 3]);
+    assert_eq!(c.node(lost).state().projects().len(), c.node(c.leader().unwrap()).state().projects().len());
 }
 
 #[test]

@@ -8,6 +8,7 @@
 //! This crate never opens sockets.
 
 pub mod enroll;
+pub mod reload;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -262,20 +263,21 @@ pub fn check_role(cert: &CertificateDer<'_>, role: Role) -> Result<(), TlsError>
 #[derive(Debug)]
 pub struct TlsIdentity {
     roots: Arc<RootCertStore>,
-    chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     role: Role,
     node_id: NodeId,
+    /// What is presented: the certificate loaded, or its files' newest content ([`reload`]).
+    source: Arc<reload::CertSource>,
 }
 
 impl Clone for TlsIdentity {
     fn clone(&self) -> Self {
         TlsIdentity {
             roots: self.roots.clone(),
-            chain: self.chain.clone(),
             key: self.key.clone_key(),
             role: self.role,
             node_id: self.node_id.clone(),
+            source: self.source.clone(),
         }
     }
 }
@@ -290,10 +292,12 @@ impl TlsIdentity {
         let chain = certs_from_pem("node certificate", cert.cert_pem.as_bytes())?;
         let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).map_err(|e| pem_err("node private key", e))?;
         check_identity(&chain[0], role, &node_id)?;
-        Ok(TlsIdentity { roots: Arc::new(roots), chain, key, role, node_id })
+        let source = Arc::new(reload::CertSource::fixed(reload::certified_key(chain, key.clone_key())?));
+        Ok(TlsIdentity { roots: Arc::new(roots), key, role, node_id, source })
     }
 
-    /// Load from PEM files (production).
+    /// Load from PEM files (production). The certificate and key are read again when their files change
+    /// ([`reload`]): a rotated certificate is presented on new connections with no restart. The CA is read once.
     pub fn from_files(
         ca_path: &Path,
         cert_path: &Path,
@@ -303,7 +307,21 @@ impl TlsIdentity {
     ) -> Result<TlsIdentity, TlsError> {
         let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| pem_err(&p.display().to_string(), e));
         let cert = PemPair { cert_pem: read(cert_path)?, key_pem: read(key_path)? };
-        Self::from_pem(&read(ca_path)?, &cert, role, node_id)
+        let mut identity = Self::from_pem(&read(ca_path)?, &cert, role, node_id.clone())?;
+        let expect = reload::Expect::Node(role, node_id);
+        identity.source = Arc::new(reload::CertSource::watching(cert_path, key_path, expect)?);
+        Ok(identity)
+    }
+
+    /// Times a changed certificate was taken from its files.
+    pub fn reloads(&self) -> u64 {
+        self.source.reloads()
+    }
+
+    /// Look at the certificate files now (handshakes do too): a node with long-lived connections takes a rotated
+    /// certificate, and its metrics show it, without waiting for a new connection.
+    pub fn refresh(&self) {
+        let _ = self.source.current();
     }
 
     /// Issue a fresh certificate from `ca` and load it (development and tests).
@@ -342,7 +360,7 @@ impl TlsIdentity {
         let mut config = rustls::ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_client_cert_verifier(verifier)
-            .with_single_cert(self.chain.clone(), self.key.clone_key())?;
+            .with_cert_resolver(self.source.clone());
         config.alpn_protocols = vec![ALPN.to_vec()];
         Ok(config)
     }
@@ -352,7 +370,7 @@ impl TlsIdentity {
         let mut config = rustls::ClientConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13])?
             .with_root_certificates(self.roots.clone())
-            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())?;
+            .with_client_cert_resolver(self.source.clone());
         config.alpn_protocols = vec![ALPN.to_vec()];
         Ok(config)
     }

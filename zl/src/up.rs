@@ -136,14 +136,26 @@ fn write_private(path: &Path, contents: &str) -> Result<()> {
 }
 
 /// One HTTP/1.1 GET; the status code, if anything answered.
-fn http_status(addr: SocketAddr, path: &str, key: Option<&str>) -> Option<u16> {
+fn http_get(addr: SocketAddr, path: &str, key: Option<&str>) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     let auth = key.map(|k| format!("x-api-key: {k}\r\n")).unwrap_or_default();
     write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n{auth}Connection: close\r\n\r\n").ok()?;
-    let mut head = [0u8; 16];
-    s.read_exact(&mut head).ok()?;
-    std::str::from_utf8(&head).ok()?.split(' ').nth(1)?.parse().ok()
+    let mut answer = Vec::new();
+    s.take(1 << 20).read_to_end(&mut answer).ok()?;
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// The frontend is ready and has a healthy worker (readiness alone does not wait for workers).
+fn serving(addr: SocketAddr) -> bool {
+    http_get(addr, "/readyz", None).is_some_and(|(status, body)| {
+        status == 200
+            && serde_json::from_str::<serde_json::Value>(&body)
+                .is_ok_and(|v| v["serving_workers"].as_u64().is_some_and(|n| n > 0))
+    })
 }
 
 /// During start-up: look after the children; a child that keeps failing to start ends the start, with why.
@@ -159,9 +171,13 @@ async fn seed_key(admin: SocketAddr, tls: &Path, secret: &str) -> Result<()> {
     let channel = zl_admin::connect(admin, tls, "zl-up").await?;
     let mut c = AdminClient::new(channel);
     let fail = |e: tonic::Status| anyhow::anyhow!("{}: {}", e.code(), e.message());
-    c.set_project(pb::SetProjectRequest { name: "default".into(), quota: Some(pb::Quota::default()) })
-        .await
-        .map_err(fail)?;
+    c.set_project(pb::SetProjectRequest {
+        name: "default".into(),
+        quota: Some(pb::Quota::default()),
+        if_missing: false,
+    })
+    .await
+    .map_err(fail)?;
     let created = c
         .create_key(pb::CreateKeyRequest {
             key_id: "local".into(),
@@ -391,8 +407,8 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             }
         }
         let ready = seeded
-            && http_status(args.http_addr, "/readyz", None) == Some(200)
-            && http_status(args.http_addr, "/v1/models", Some(&key)) == Some(200);
+            && serving(args.http_addr)
+            && http_get(args.http_addr, "/v1/models", Some(&key)).is_some_and(|(status, _)| status == 200);
         if ready {
             break;
         }

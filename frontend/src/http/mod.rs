@@ -194,7 +194,8 @@ async fn healthz() -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
 
-/// Ready when an orchestrator answered recently and a worker is healthy. An unreachable discovery backend shows
+/// Ready when an orchestrator answered recently, whether or not a worker is healthy (`serving_workers` and the
+/// health level say that; a region without workers still spills). An unreachable discovery backend shows
 /// in the answer (and `x-zl-health: degraded`) without failing it: every frontend keeps serving with the
 /// orchestrators it last knew, and failing them all at once would turn a Consul outage into an API outage.
 async fn readyz(State(app): State<App>) -> Response {
@@ -206,6 +207,7 @@ async fn readyz(State(app): State<App>) -> Response {
         Ok(()) => json!({"status": "ready"}),
         Err(reason) => json!({"status": "not ready", "reason": reason}),
     };
+    body["serving_workers"] = json!(cluster.serving_workers());
     if let Some(d) = cluster.discovery() {
         body["discovery"] = json!({
             "backend": "consul",

@@ -52,10 +52,13 @@ async fn version_readable(stream: &TcpStream) -> std::io::Result<bool> {
     }
 }
 
-/// TLS for the public listener: a certificate chain and key (PEM files), ALPN h2 then http/1.1.
+/// TLS for the public listener: a certificate chain and key (PEM files, read again when they change: a renewed
+/// certificate is served on new connections with no restart), ALPN h2 then http/1.1.
 pub fn tls_config(cert: &std::path::Path, key: &std::path::Path) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    let (certs, key) = zl_node::pem::chain_and_key(cert, key)?;
-    let mut config = rustls::ServerConfig::builder().with_no_client_auth().with_single_cert(certs, key)?;
+    use zl_tls::reload::{CertSource, Expect};
+    let source = CertSource::watching(cert, key, Expect::Any)
+        .map_err(|e| anyhow::anyhow!("--tls-cert/--tls-key ({}): {e}", cert.display()))?;
+    let mut config = rustls::ServerConfig::builder().with_no_client_auth().with_cert_resolver(Arc::new(source));
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }

@@ -291,3 +291,17 @@ enroll-ca-key = "/etc/zerolayer/enroll/ca.key"
 {{- define "zl.peerRegions" -}}
 {{- range $i, $p := .Values.frontend.peerRegions }}{{ if $i }},{{ end }}{{ $p.region }}={{ $p.url }}{{ end }}
 {{- end -}}
+
+{{/* A pod's config checksum: its tier's values with every shared value its config, environment or mounts take
+(the image, TLS, region, discovery, tracing) and the orchestrator count (the Raft peers and every tier's static
+list of orchestrators), so that a change to any of them rolls the pods that hold the old one. */}}
+{{- define "zl.configChecksum" -}}
+{{- $v := .root.Values -}}
+{{- $shared := pick $v "image" "clusterDomain" "tls" "otlp" "region" "discovery" "nameOverride" "fullnameOverride" -}}
+{{- list $shared .tier $v.orchestrator.replicas | toJson | sha256sum | trunc 16 -}}
+{{- end -}}
+
+{{/* `zl admin` as the chart's admin Jobs run it: against the orchestrators' Service, with the admin certificate. */}}
+{{- define "zl.adminCommand" -}}
+/usr/local/bin/zl, admin, --orchestrator, "{{ include "zl.orchestrator" . }}:7001", --tls-dir, /tls, --node-id, zl-bootstrap
+{{- end -}}

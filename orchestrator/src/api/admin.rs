@@ -205,6 +205,14 @@ impl pb::admin_server::Admin for AdminService {
     async fn set_project(&self, req: Request<pb::SetProjectRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         let by = admin_id(&req)?;
         let r = req.into_inner();
+        if r.if_missing {
+            self.node.read_barrier().await.map_err(status)?;
+            let (exists, applied_index) =
+                self.node.with_state(|s| (s.projects().contains_key(&r.name), s.applied_index()));
+            if exists {
+                return Ok(Response::new(pb::WriteResponse { applied_index }));
+            }
+        }
         let q = r.quota.unwrap_or_default();
         let quota = Quota {
             requests_per_minute: q.requests_per_minute,
@@ -315,13 +323,13 @@ impl pb::admin_server::Admin for AdminService {
         require_admin(&req)?;
         let group = self.node.group();
         let (status, addresses) = (group.status(), group.addresses());
-        let members = status
-            .voters
-            .iter()
-            .map(|&id| pb::Member {
+        let members = (status.voters.iter().map(|&id| (id, false)))
+            .chain(status.learners.iter().map(|&id| (id, true)))
+            .map(|(id, learner)| pb::Member {
                 raft_id: id,
                 address: addresses.get(&id).map(ToString::to_string).unwrap_or_default(),
                 leader: status.leader == Some(id),
+                learner,
             })
             .collect();
         Ok(Response::new(pb::ListMembersResponse {
@@ -346,6 +354,16 @@ impl pb::admin_server::Admin for AdminService {
             return Err(Status::failed_precondition(format!(
                 "membership changes go to the leader ({})",
                 leader.unwrap_or_else(|| "none elected yet".into())
+            )));
+        }
+        if r.remove && r.raft_id == now.id {
+            // The leader leaving: hand leadership to another voter first; the caller asks the new leader.
+            let Some(&to) = now.voters.iter().find(|&&v| v != now.id) else {
+                return Err(Status::failed_precondition("the group's only voter cannot leave it"));
+            };
+            group.transfer_leadership(to).await.map_err(status)?;
+            return Err(Status::failed_precondition(format!(
+                "this node leads: leadership handed to {to}; send the removal to the new leader"
             )));
         }
         let address = if r.remove {

@@ -73,6 +73,12 @@ impl Handler for Orchestrator {
                 );
                 zl_node::otlp::adopt(&span, &r.trace_id);
                 let _entered = span.enter();
+                if !self.group().status().voters.contains(&self.group().status().id) {
+                    return Err(WireError::new(
+                        ErrorCode::Unavailable,
+                        "this orchestrator is not a voter: ask another",
+                    ));
+                }
                 let decision = self.route(&r).map_err(|e| {
                     tracing::debug!(error = %e, "no route");
                     route_error(&e)
@@ -84,12 +90,14 @@ impl Handler for Orchestrator {
                 if !matches!(ctx.peer.role, Role::Frontend | Role::Admin) {
                     return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends sync routing state"));
                 }
+                self.check_serving(now)?;
                 Message::StateSync(self.state_sync(r.known_index, now))
             }
             Message::FrontendReport(r) => {
                 if ctx.peer.role != Role::Frontend {
                     return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends report usage"));
                 }
+                self.check_serving(now)?;
                 let node = ctx.peer.node_id.clone();
                 Message::FrontendGrant(self.frontend_report(&node, r, now).await.map_err(command_error)?)
             }

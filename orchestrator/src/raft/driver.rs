@@ -19,6 +19,7 @@ use zl_common::sync::read;
 use zl_wire::message::Role;
 
 use super::inbox::{COMMIT_TIMEOUT, CommitError, Input, PEER_QUEUE};
+use super::membership::{Admission, Change};
 use super::pb::ProposeRequest;
 use super::pb::raft_peer_client::RaftPeerClient;
 use super::replica::{ConsensusError, ProposeError, Replica, ReplicaConfig, SharedState};
@@ -31,12 +32,10 @@ pub struct GroupConfig {
     /// This node's Raft id.
     pub id: u64,
     /// Every member's Raft id and admin address (this node's included). A node with storage ignores this list's
-    /// membership and uses the replicated one; a new, empty node listed here starts a group of them all, unless
-    /// `join` is set.
+    /// membership and uses the replicated one; what a new, empty node does is `start`'s.
     pub peers: BTreeMap<u64, String>,
-    /// A new node joining an existing group: it starts with no members and waits for the leader to add it
-    /// (`zl admin members add`), instead of starting a group of `peers`.
-    pub join: bool,
+    /// What a node with empty storage starts as.
+    pub start: Start,
     /// Storage directory.
     pub data_dir: PathBuf,
     /// `ca.pem` and this orchestrator's certificate.
@@ -47,6 +46,18 @@ pub struct GroupConfig {
     pub tick: Duration,
     /// Raft tuning.
     pub replica: ReplicaConfig,
+}
+
+/// What a node with empty storage starts as (a node with storage resumes its group whatever this says).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Start {
+    /// A new group of every listed peer (each started with the same list).
+    #[default]
+    Peers,
+    /// A new group of this node alone; the others join it (`--raft-auto-join`'s first node).
+    Alone,
+    /// No group: wait for the leader to add this node (`--raft-join`, `--raft-auto-join`).
+    Join,
 }
 
 /// The group as this node sees it.
@@ -64,6 +75,8 @@ pub struct GroupStatus {
     pub applied: u64,
     /// Voting members.
     pub voters: Vec<u64>,
+    /// Learners (joining: they receive the log and vote once caught up).
+    pub learners: Vec<u64>,
     /// Log bytes on disk.
     pub log_bytes: u64,
     /// Newest snapshot's index.
@@ -73,19 +86,23 @@ pub struct GroupStatus {
 /// A handle on the running group; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Group {
-    id: u64,
+    pub(super) id: u64,
     pub(super) tx: mpsc::Sender<Input>,
     status: watch::Receiver<GroupStatus>,
     /// Members' admin addresses: from the configuration, then from applied membership changes.
     peers: Arc<RwLock<BTreeMap<u64, String>>>,
-    tls_dir: PathBuf,
-    node_id: String,
+    pub(super) tls_dir: PathBuf,
+    pub(super) node_id: String,
 }
 
 impl Group {
     /// Open the replica on `config.data_dir`, applying to `state`, and start its tasks.
     pub fn start(config: GroupConfig, state: SharedState) -> Result<Group, ConsensusError> {
-        let bootstrap: Vec<u64> = if config.join { Vec::new() } else { config.peers.keys().copied().collect() };
+        let bootstrap: Vec<u64> = match config.start {
+            Start::Peers => config.peers.keys().copied().collect(),
+            Start::Alone => vec![config.id],
+            Start::Join => Vec::new(),
+        };
         let mut replica = Replica::open_with(config.id, &config.data_dir, &bootstrap, config.replica, state)?;
         if replica.voters() == [config.id] {
             // Alone in the group: lead at once instead of after an election timeout.
@@ -127,6 +144,11 @@ impl Group {
     }
 
     async fn commit_by(&self, cmd: &Command, deadline: Instant) -> Result<u64, CommitError> {
+        let now = self.status();
+        if !now.voters.is_empty() && !now.voters.contains(&self.id) && !now.learners.contains(&self.id) {
+            // Removed (scaled away): it hears from no leader any more; say so at once.
+            return Err(CommitError::NotAccepted("this orchestrator was removed from its group: ask another".into()));
+        }
         loop {
             let leader = self.status().leader;
             let attempt = match leader {
@@ -205,12 +227,55 @@ impl Group {
         if node == 0 {
             return Err(CommitError::Unavailable("Raft ids start at 1".into()));
         }
-        let (add, address) = (address.is_some(), address.map(String::into_bytes).unwrap_or_default());
+        let change = if address.is_some() { Change::Voter } else { Change::Remove };
+        let address = address.map(String::into_bytes).unwrap_or_default();
         let until = Instant::now() + COMMIT_TIMEOUT;
-        match self.ask(|reply| Input::Membership { node, add, address, reply }, until).await? {
+        match self.ask(|reply| Input::Membership { node, change, address, reply }, until).await? {
             Some(result) => result,
             None => Err(CommitError::Unavailable("no majority answered in time".into())),
         }
+    }
+
+    /// Hand leadership to voter `to` (this node must lead; it stops leading within an election timeout).
+    pub async fn transfer_leadership(&self, to: u64) -> Result<(), CommitError> {
+        self.tx.send(Input::Transfer { to }).await.map_err(|_| CommitError::Unavailable("the Raft task stopped".into()))
+    }
+
+    /// The leader's next step for node `node` asking to join from admin address `address` (`fresh`: it knows no
+    /// membership at all); `Err(leader)` when this node does not lead.
+    pub async fn admit(
+        &self,
+        node: u64,
+        address: &str,
+        fresh: bool,
+    ) -> Result<Result<Admission, Option<u64>>, CommitError> {
+        let address = address.as_bytes().to_vec();
+        let until = Instant::now() + Duration::from_secs(1);
+        let answer = self.ask(|reply| Input::Admit { node, address, fresh, reply }, until).await?;
+        answer.ok_or_else(|| CommitError::Unavailable("the Raft task did not answer in time".into()))
+    }
+
+    /// Whether this node votes and has applied everything the leader had committed when asked (a read point, as
+    /// admin reads take one): what readiness means. `Err` says why not.
+    pub async fn caught_up(&self) -> Result<String, String> {
+        let status = self.status();
+        if !status.voters.contains(&status.id) {
+            if status.learners.contains(&status.id) {
+                return Err(format!("a learner catching up (applied {})", status.applied));
+            }
+            return Err(format!("not a member of the group (voters {:?}): waiting to be added", status.voters));
+        }
+        let Some(leader) = status.leader else { return Err(format!("no leader elected yet (term {})", status.term)) };
+        let until = Instant::now() + Duration::from_secs(1);
+        let point = match self.ask(|reply| Input::ReadIndex { reply }, until).await {
+            Ok(Some(index)) => index,
+            _ => return Err(format!("leader {leader} confirmed no read point within 1 s")),
+        };
+        let applied = self.status().applied;
+        if applied < point {
+            return Err(format!("catching up: applied {applied} of the leader's {point}"));
+        }
+        Ok(format!("raft id {}, leader {leader}, term {}, applied {applied}", status.id, status.term))
     }
 
     async fn forward(&self, leader: u64, cmd: &Command, deadline: Instant) -> Result<u64, CommitError> {
@@ -353,6 +418,7 @@ async fn run(
             commit: replica.commit_index(),
             applied: replica.applied_index(),
             voters: replica.voters(),
+            learners: replica.learners(),
             log_bytes: replica.log_bytes(),
             snapshot_index: replica.snapshot_index(),
         };
@@ -375,6 +441,7 @@ async fn run(
         }
         metrics::gauge!("zl_raft_snapshot_age_seconds").set(snapshot_at.elapsed().as_secs_f64());
         metrics::gauge!("zl_raft_voters").set(now.voters.len() as f64);
+        metrics::gauge!("zl_raft_learners").set(now.learners.len() as f64);
         status.send_if_modified(|s| {
             if *s == now {
                 false
@@ -402,9 +469,9 @@ fn handle(replica: &mut Replica<SharedState>, input: Input, waiting: &mut Waitin
                 }
             }
         }
-        Input::Membership { node, add, address, reply } => {
+        Input::Membership { node, change, address, reply } => {
             let (seq, context) = waiting.next(replica.id());
-            match replica.propose_membership(context, node, add, address) {
+            match replica.propose_membership(context, node, change, address) {
                 Ok(()) => {
                     waiting.commits.insert(seq, reply);
                 }
@@ -413,6 +480,22 @@ fn handle(replica: &mut Replica<SharedState>, input: Input, waiting: &mut Waitin
                 }
             }
         }
+        Input::Admit { node, address, fresh, reply } => {
+            if !replica.is_leader() {
+                let _ = reply.send(Err(replica.leader()));
+                return;
+            }
+            // A change dropped (another one pending) is asked for again by the node.
+            let step = match replica.admit(node, fresh, address) {
+                Ok(step) => step,
+                Err(e) => Admission::Wait(e.to_string()),
+            };
+            if let Admission::Propose(change) = &step {
+                tracing::info!(raft_id = node, ?change, "membership: a joining node's next step");
+            }
+            let _ = reply.send(Ok(step));
+        }
+        Input::Transfer { to } => replica.transfer_leader(to),
         Input::ReadIndex { reply } => {
             let (seq, context) = waiting.next(replica.id());
             replica.read_index(context);

@@ -7,6 +7,7 @@ use std::time::Duration;
 use raft::eraftpb::Message;
 use tokio::sync::oneshot;
 
+use super::membership::{Admission, Change};
 use crate::state::{Command, CommandError};
 
 /// How long a write waits for a majority before it fails.
@@ -43,9 +44,34 @@ pub fn command_status(e: &CommandError) -> tonic::Status {
 
 /// One thing for the Raft task to handle.
 pub(super) enum Input {
-    Propose { cmd: Command, reply: oneshot::Sender<Result<u64, CommitError>> },
-    ReadIndex { reply: oneshot::Sender<u64> },
-    Membership { node: u64, add: bool, address: Vec<u8>, reply: oneshot::Sender<Result<u64, CommitError>> },
+    Propose {
+        cmd: Command,
+        reply: oneshot::Sender<Result<u64, CommitError>>,
+    },
+    ReadIndex {
+        reply: oneshot::Sender<u64>,
+    },
+    Membership {
+        node: u64,
+        change: Change,
+        address: Vec<u8>,
+        reply: oneshot::Sender<Result<u64, CommitError>>,
+    },
+    /// A node asks to join (`join.rs`): the leader's next step for it, or `Err(leader)` when this node does not lead.
+    Admit {
+        node: u64,
+        address: Vec<u8>,
+        fresh: bool,
+        reply: oneshot::Sender<Result<Admission, Option<u64>>>,
+    },
+    /// Hand leadership to this voter.
+    Transfer {
+        to: u64,
+    },
     Messages(Vec<Message>),
-    Sent { to: u64, snapshot: Option<bool>, unreachable: bool },
+    Sent {
+        to: u64,
+        snapshot: Option<bool>,
+        unreachable: bool,
+    },
 }

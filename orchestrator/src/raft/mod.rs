@@ -5,10 +5,14 @@
 //! - [`driver`]: the async shell that pumps one replica (ticks, proposals, forwarding to the leader, reads), fed
 //!   through its [`inbox`]; [`transport`], the gRPC links that carry its messages out to peers, and [`service`],
 //!   the gRPC service that takes peers' messages in, stand outside it and speak only the inbox;
-//! - [`peers`]: `--raft-peers` and members' addresses.
+//! - [`peers`]: `--raft-peers` and members' addresses;
+//! - [`membership`]: the leader's decision when a node asks to join (pure), and [`join`], the joining node's side
+//!   and the first node's choice between starting a group and joining one (`--raft-auto-join`).
 
 pub mod driver;
 pub mod inbox;
+pub mod join;
+pub mod membership;
 pub mod peers;
 pub mod replica;
 pub mod service;
@@ -21,7 +25,7 @@ pub mod pb {
     tonic::include_proto!("zerolayer.raft.v1");
 }
 
-pub use driver::{Group, GroupConfig, GroupStatus, raft_dir};
+pub use driver::{Group, GroupConfig, GroupStatus, Start, raft_dir};
 pub use inbox::{COMMIT_TIMEOUT, CommitError, command_status};
 pub use peers::parse_peers;
 pub use replica::{ReplicaConfig, SharedState};

@@ -24,6 +24,7 @@ use raft::{Config, GetEntriesContext, RaftState, RawNode, StateRole, Storage};
 use std::sync::{Arc, RwLock};
 use zl_common::sync::{read, write};
 
+use super::membership::{Admission, Change, View, admit};
 use super::storage::{DiskStorage, HardState, LogEntry, Snapshot, StorageError};
 use crate::state::{Command, CommandError, RoutingState};
 
@@ -178,6 +179,9 @@ impl StateMachine for SharedState {
 struct RaftStore {
     disk: DiskStorage,
     conf: ConfState,
+    /// Raft asked for a snapshot newer than the stored one, or one that includes a member the stored one
+    /// predates (a learner just added): the next ready takes one.
+    wanted: std::cell::Cell<bool>,
 }
 
 fn decode<M: protobuf::Message>(what: &'static str, bytes: &[u8]) -> Result<M, ConsensusError> {
@@ -265,9 +269,12 @@ impl Storage for RaftStore {
         Ok(self.disk.last_index())
     }
 
-    fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<RaftSnapshot> {
+    fn snapshot(&self, request_index: u64, to: u64) -> raft::Result<RaftSnapshot> {
         let snap = self.snapshot_message().map_err(store_err)?;
-        if snap.get_metadata().index < request_index || snap.get_metadata().index == 0 {
+        let conf = snap.get_metadata().get_conf_state();
+        let knows_to = conf.voters.contains(&to) || conf.learners.contains(&to);
+        if snap.get_metadata().index < request_index || snap.get_metadata().index == 0 || !knows_to {
+            self.wanted.set(true);
             // The driver snapshots at its next ready (see `Replica::ready`); Raft asks again later.
             return Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable));
         }
@@ -349,7 +356,7 @@ impl<S: StateMachine> Replica<S> {
         };
         cfg.validate()?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
-        let raw = RawNode::new(&cfg, RaftStore { disk, conf }, &logger)?;
+        let raw = RawNode::new(&cfg, RaftStore { disk, conf, wanted: std::cell::Cell::new(false) }, &logger)?;
         // A zero state would stay zero under xorshift; the odd constant also spreads nearby seeds apart.
         let timeouts = config.election_seed.map(|seed| (seed ^ id.wrapping_mul(0x9e37_79b9_7f4a_7c15)) | 1);
         let mut replica = Replica { raw, state, applied, config, timeouts };
@@ -397,6 +404,25 @@ impl<S: StateMachine> Replica<S> {
         let mut v: Vec<u64> = self.raw.raft.prs().conf().voters().ids().iter().collect();
         v.sort_unstable();
         v
+    }
+
+    /// Learners (members that receive the log but do not vote yet).
+    pub fn learners(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.raw.raft.prs().conf().learners().iter().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// How far `node`'s log is known to match this leader's (its replication progress); `None` when it is not a
+    /// member or this node does not lead.
+    pub fn matched(&self, node: u64) -> Option<u64> {
+        self.is_leader().then(|| self.raw.raft.prs().get(node).map(|p| p.matched)).flatten()
+    }
+
+    /// Hand leadership to `to` (a voter): this leader stops taking proposals while `to` catches up, then `to`
+    /// campaigns at once. Used before this node is removed.
+    pub fn transfer_leader(&mut self, to: u64) {
+        self.raw.transfer_leader(to);
     }
 
     /// Bytes of log on disk.
@@ -482,20 +508,46 @@ impl<S: StateMachine> Replica<S> {
         })
     }
 
-    /// Propose adding (`add`) or removing a voter. One change at a time: Raft drops a second while the first is
-    /// pending.
+    /// A node asking to join (`membership.rs`): decide its next step from this leader's view and propose it.
+    /// Before a learner is added to a group whose log was never compacted, the state is snapshotted, so the new
+    /// node starts from a snapshot that carries the membership (a log replayed from its first entry does not: the
+    /// first members are in the storage, not in the log).
+    pub fn admit(&mut self, node: u64, fresh: bool, attached: Vec<u8>) -> Result<Admission, ProposeError> {
+        if !self.is_leader() {
+            return Err(ProposeError::NotLeader { leader: self.leader() });
+        }
+        let (voters, learners) = (self.voters(), self.learners());
+        let view =
+            View { voters: &voters, learners: &learners, commit: self.commit_index(), matched: self.matched(node) };
+        let step = admit(node, fresh, &view);
+        if let Admission::Propose(change) = step {
+            if change == Change::Learner && self.snapshot_index() == 0 {
+                self.snapshot_now().map_err(|e| ProposeError::Dropped(e.to_string()))?;
+            }
+            self.propose_membership(Vec::new(), node, change, attached)?;
+        }
+        Ok(step)
+    }
+
+    /// Propose one membership change: add (or promote) a voter, add a learner, or remove a member. One change at
+    /// a time: Raft drops a second while the first is pending.
     pub fn propose_membership(
         &mut self,
         context: Vec<u8>,
         node: u64,
-        add: bool,
+        change: Change,
         attached: Vec<u8>,
     ) -> Result<(), ProposeError> {
         if !self.is_leader() {
             return Err(ProposeError::NotLeader { leader: self.leader() });
         }
+        let kind = match change {
+            Change::Voter => ConfChangeType::AddNode,
+            Change::Learner => ConfChangeType::AddLearnerNode,
+            Change::Remove => ConfChangeType::RemoveNode,
+        };
         let mut change = ConfChangeSingle { node_id: node, ..Default::default() };
-        change.set_change_type(if add { ConfChangeType::AddNode } else { ConfChangeType::RemoveNode });
+        change.set_change_type(kind);
         let mut cc = ConfChangeV2::default();
         cc.mut_changes().push(change);
         cc.set_context(attached.into());
@@ -617,6 +669,10 @@ impl<S: StateMachine> Replica<S> {
     /// Snapshot the routing state and compact the log once `snapshot_every` entries were applied since the last.
     fn maybe_snapshot(&mut self) -> Result<(), ConsensusError> {
         let last = self.raw.store().disk.snapshot().index;
+        if self.raw.store().wanted.get() && self.applied > last {
+            self.raw.store().wanted.set(false);
+            return self.snapshot_now();
+        }
         if self.applied < last + self.config.snapshot_every.max(1) {
             return Ok(());
         }

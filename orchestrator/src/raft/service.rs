@@ -8,8 +8,10 @@ use zl_wire::message::Role;
 
 use super::driver::Group;
 use super::inbox::{COMMIT_TIMEOUT, CommitError, Input, command_status};
+use super::membership::Admission;
 use super::pb::raft_peer_server::{RaftPeer, RaftPeerServer};
-use super::pb::{ProposeReply, ProposeRequest, RaftAck, RaftBatch};
+use super::pb::{JoinReply, JoinRequest, ProposeReply, ProposeRequest, RaftAck, RaftBatch};
+use super::peers::peer_address;
 use super::replica::{MAX_MESSAGE_BYTES, decode_message};
 use crate::state::Command;
 
@@ -61,5 +63,37 @@ impl RaftPeer for PeerService {
             Err(CommitError::NotAccepted(why)) => Err(tonic::Status::failed_precondition(why)),
             Err(CommitError::Unavailable(why)) => Err(tonic::Status::unavailable(why)),
         }
+    }
+
+    async fn join(&self, request: tonic::Request<JoinRequest>) -> Result<tonic::Response<JoinReply>, tonic::Status> {
+        zl_admin::require_role(&request, Role::Orchestrator)?;
+        let r = request.into_inner();
+        if r.id == 0 {
+            return Err(tonic::Status::invalid_argument("Raft ids start at 1"));
+        }
+        let address = peer_address(&r.address)
+            .map_err(|e| tonic::Status::invalid_argument(format!("address {:?}: {e}", r.address)))?;
+        let status = self.group.status();
+        let known = |id: u64| self.group.addresses().get(&id).cloned().unwrap_or_default();
+        let mut reply = JoinReply { has_group: !status.voters.is_empty(), ..JoinReply::default() };
+        match self.group.admit(r.id, &address, r.fresh).await {
+            Ok(Ok(step)) => {
+                (reply.leader_id, reply.leader_address) = (status.id, known(status.id));
+                reply.voter = step == Admission::Voter;
+                reply.detail = match step {
+                    Admission::Voter => "a voter".to_owned(),
+                    Admission::Propose(change) => format!("proposed: {change:?}"),
+                    Admission::Wait(why) => why,
+                };
+            }
+            Ok(Err(leader)) => {
+                let leader = leader.unwrap_or(0);
+                (reply.leader_id, reply.leader_address) =
+                    (leader, if leader == 0 { String::new() } else { known(leader) });
+                reply.detail = "not the leader".to_owned();
+            }
+            Err(e) => return Err(tonic::Status::unavailable(e.to_string())),
+        }
+        Ok(tonic::Response::new(reply))
     }
 }

@@ -61,18 +61,25 @@ impl Transport {
 
 pub(super) fn spawn_peer(dialer: &Dialer, peer: u64, addr: &str) -> mpsc::Sender<Message> {
     let (tx, mut rx) = mpsc::channel::<Message>(PEER_QUEUE);
-    let endpoint = zl_admin::endpoint(addr, &dialer.tls_dir, Role::Orchestrator, &dialer.node_id)
-        .map(|e| e.timeout(Duration::from_secs(2)).connect_timeout(Duration::from_millis(500)));
+    // Built from the certificate files as they are now: after a failed send it is built again, so a rotated
+    // certificate is presented on the next connection.
+    let (addr, tls_dir, node_id) = (addr.to_owned(), dialer.tls_dir.clone(), dialer.node_id.clone());
+    let connect = move || {
+        zl_admin::endpoint(&addr, &tls_dir, Role::Orchestrator, &node_id).map(|e| {
+            RaftPeerClient::new(
+                e.timeout(Duration::from_secs(2)).connect_timeout(Duration::from_millis(500)).connect_lazy(),
+            )
+        })
+    };
     let (from, report) = (dialer.from, dialer.report.clone());
     tokio::spawn(async move {
-        let endpoint = match endpoint {
-            Ok(e) => e,
+        let mut client = match connect() {
+            Ok(c) => c,
             Err(e) => {
                 tracing::error!(peer, error = %format!("{e:#}"), "cannot set up the Raft connection");
                 return;
             }
         };
-        let mut client = RaftPeerClient::new(endpoint.connect_lazy());
         let mut batch = Vec::new();
         while let Some(first) = rx.recv().await {
             batch.clear();
@@ -90,6 +97,9 @@ pub(super) fn spawn_peer(dialer: &Dialer, peer: u64, addr: &str) -> mpsc::Sender
             let ok = client.send(RaftBatch { from, messages }).await.is_ok();
             if !ok {
                 metrics::counter!("zl_raft_send_failures_total", "peer" => peer.to_string()).increment(1);
+                if let Ok(c) = connect() {
+                    client = c;
+                }
             }
             for _ in &snapshots {
                 let _ = report.send(Input::Sent { to: peer, snapshot: Some(ok), unreachable: !ok }).await;

@@ -2,6 +2,7 @@
 //! certificate from the cluster CA.
 
 mod ledger;
+mod members;
 
 use std::path::PathBuf;
 
@@ -106,6 +107,9 @@ pub(crate) enum AdminCommand {
         /// Output tokens per minute.
         #[arg(long, default_value_t = 0)]
         otpm: u32,
+        /// Leave the project as it is when it exists (quota included).
+        #[arg(long)]
+        if_missing: bool,
     },
     /// API keys.
     #[command(subcommand)]
@@ -209,6 +213,14 @@ pub(crate) enum MembersCommand {
     Remove {
         /// Its Raft id.
         raft_id: u64,
+    },
+    /// Remove every member whose Raft id is above N, highest first, handing leadership over when the leader is one
+    /// of them: a StatefulSet of N orchestrators (Raft ids 1..N) keeps a group of its own size (the chart runs it
+    /// before each upgrade). Idempotent; waits up to 2 minutes for a leader.
+    Trim {
+        /// The orchestrators that stay (Raft ids 1 to N).
+        #[arg(value_parser = clap::value_parser!(u64).range(1..))]
+        replicas: u64,
     },
 }
 
@@ -417,7 +429,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                 .map_err(call)?
                 .into_inner(),
         ),
-        AdminCommand::Project { name, rpm, tpm, concurrent, itpm, otpm } => written(
+        AdminCommand::Project { name, rpm, tpm, concurrent, itpm, otpm, if_missing } => written(
             &format!("project {name} set"),
             c.set_project(pb::SetProjectRequest {
                 name: name.clone(),
@@ -428,6 +440,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                     input_tokens_per_minute: itpm,
                     output_tokens_per_minute: otpm,
                 }),
+                if_missing,
             })
             .await
             .map_err(call)?
@@ -493,33 +506,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
             let r = c.get_state(pb::GetStateRequest {}).await.map_err(call)?.into_inner();
             println!("{}", r.state_json);
         }
-        AdminCommand::Members(MembersCommand::List) => {
-            let r = c.list_members(pb::ListMembersRequest {}).await.map_err(call)?.into_inner();
-            println!("term {}, commit index {}, applied index {}", r.term, r.commit_index, r.applied_index);
-            println!("{:<8} {:<24} ROLE", "RAFT ID", "ADMIN ADDRESS");
-            for m in r.members {
-                let role = if m.leader { "leader" } else { "follower" };
-                println!("{:<8} {:<24} {role}", m.raft_id, if m.address.is_empty() { "?" } else { &m.address });
-            }
-        }
-        AdminCommand::Members(change) => {
-            // Membership changes go to the leader: find it through the node we were given.
-            let r = c.list_members(pb::ListMembersRequest {}).await.map_err(call)?.into_inner();
-            let leader = r.members.iter().find(|m| m.leader).context("the group has no leader right now")?;
-            let mut leader_client = AdminClient::new(zl_admin::connect(&leader.address, &dir, &node_id).await?);
-            let (request, what) = match change {
-                MembersCommand::Add { raft_id, address } => (
-                    pb::ChangeMemberRequest { raft_id, address: address.clone(), remove: false },
-                    format!("orchestrator {raft_id} at {address} added"),
-                ),
-                MembersCommand::Remove { raft_id } => (
-                    pb::ChangeMemberRequest { raft_id, address: String::new(), remove: true },
-                    format!("orchestrator {raft_id} removed"),
-                ),
-                MembersCommand::List => unreachable!("listed above"),
-            };
-            written(&what, leader_client.change_member(request).await.map_err(call)?.into_inner());
-        }
+        AdminCommand::Members(command) => members::run(&mut c, &dir, &node_id, command).await?,
         AdminCommand::Usage { .. }
         | AdminCommand::Budget { .. }
         | AdminCommand::Priority { .. }
