@@ -87,3 +87,116 @@ def check_scaling(render_set, fail):
             continue
         if before is None or before == five.get(name):
             fail("scaling", f"{name}'s pods do not roll when the orchestrator count changes (its config lists them)")
+
+
+def _selects(selector, labels):
+    return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def check_operations(name, docs, values, fail):
+    """Scaling and scraping: KEDA reads a scrape that exists with a query that matches its pool alone, each pod is
+    scraped once, metrics are admitted from the namespaces documented, worker pools have disruption budgets and
+    rollouts that can proceed, and each pool's pass-through values reach its pods."""
+    by_kind = {}
+    for d in docs:
+        by_kind.setdefault(d["kind"], []).append(d)
+    workloads = by_kind.get("Deployment", []) + by_kind.get("StatefulSet", [])
+    monitors = by_kind.get("ServiceMonitor", [])
+    for so in by_kind.get("ScaledObject", []):
+        if not monitors:
+            fail(name, f"ScaledObject {so['metadata']['name']} queries Prometheus, but no ServiceMonitor makes it scrape the workers")
+        target = so["spec"]["scaleTargetRef"]["name"]
+        deploy = next((d for d in workloads if d["metadata"]["name"] == target), None)
+        labels = deploy["spec"]["template"]["metadata"].get("labels", {}) if deploy else {}
+        copied = {l for m in monitors for l in m["spec"].get("podTargetLabels", [])}
+        for trig in so["spec"]["triggers"]:
+            query = trig["metadata"].get("query", "")
+            # The pool is selected by equality on labels every series of its pods carries, and nothing else's.
+            for label in ("app.kubernetes.io/instance", "zerolayer.dev/pool"):
+                series = re.sub(r"[^a-zA-Z0-9_]", "_", label)
+                if f'{series}="{labels.get(label)}"' not in query or label not in copied:
+                    fail(name, f"ScaledObject {target}: its query does not select exactly its pool's pods ({series}=\"{labels.get(label)}\", copied by the ServiceMonitor)")
+    for mon in monitors:
+        sel = mon["spec"]["selector"].get("matchLabels", {})
+        ports = {e.get("port") for e in mon["spec"]["endpoints"]}
+        scraped = [s for s in by_kind.get("Service", []) if _selects(sel, s["metadata"].get("labels", {}))
+                   and any(p.get("name") in ports for p in s["spec"].get("ports", []))]
+        for w in workloads:
+            labels = w["spec"]["template"]["metadata"].get("labels", {})
+            hits = [s["metadata"]["name"] for s in scraped if _selects(s["spec"].get("selector"), labels)]
+            if len(hits) > 1:
+                fail(name, f"{w['metadata']['name']}'s pods are scraped {len(hits)} times ({', '.join(hits)}): every series twice")
+    for np in by_kind.get("NetworkPolicy", []):
+        for rule in np["spec"].get("ingress", []):
+            for peer in rule.get("from", []):
+                if "namespaceSelector" in peer and not peer["namespaceSelector"]:
+                    fail(name, f"NetworkPolicy {np['metadata']['name']} admits every namespace (an empty namespaceSelector)")
+    pdbs = by_kind.get("PodDisruptionBudget", [])
+    scaled = {h["spec"]["scaleTargetRef"]["name"] for h in by_kind.get("HorizontalPodAutoscaler", []) + by_kind.get("ScaledObject", [])}
+    pools = {p["name"]: p for p in (values.get("workers") or {}).get("pools", [])}
+    for d in by_kind.get("Deployment", []):
+        labels = d["spec"]["template"]["metadata"].get("labels", {})
+        if labels.get("app.kubernetes.io/component") != "worker":
+            continue
+        wname, spec = d["metadata"]["name"], d["spec"]["template"]["spec"]
+        if (d["spec"].get("replicas", 1) > 1 or wname in scaled) and not any(
+            _selects(p["spec"]["selector"].get("matchLabels"), labels) for p in pdbs
+        ):
+            fail(name, f"{wname} has no PodDisruptionBudget: a node drain may take every pod of the pool at once")
+        ru = d["spec"].get("strategy", {}).get("rollingUpdate", {})
+        limits = (spec["containers"][0].get("resources") or {}).get("limits") or {}
+        if "nvidia.com/gpu" in limits and ru.get("maxUnavailable", 0) in (0, "0%"):
+            fail(name, f"{wname}: a full GPU pool cannot roll with maxUnavailable 0 (there is no GPU for a surge pod)")
+        pool = pools.get(labels.get("zerolayer.dev/pool"), {})
+        container = spec["containers"][0]
+        for key in ("runtimeClassName", "priorityClassName"):
+            if pool.get(key) and spec.get(key) != pool[key]:
+                fail(name, f"{wname}: {key} {pool[key]!r} does not reach the pods")
+        annotations = d["spec"]["template"]["metadata"].get("annotations") or {}
+        for k, v in (pool.get("podAnnotations") or {}).items():
+            if annotations.get(k) != v:
+                fail(name, f"{wname}: pod annotation {k} does not reach the pods")
+        env = {e["name"] for e in container.get("env", [])}
+        for e in pool.get("extraEnv") or []:
+            if e["name"] not in env:
+                fail(name, f"{wname}: extraEnv {e['name']} does not reach the container")
+        tag = (pool.get("image") or {}).get("tag")
+        if tag and not container["image"].endswith(":" + tag):
+            fail(name, f"{wname}: the pool's image tag {tag} is not its image ({container['image']})")
+
+
+def check_names(render_release, fail):
+    """`render_release(name)` renders the default values as release `name`. The longest release name Helm takes
+    (53 characters) still gives objects Kubernetes can create, and pods it can name."""
+    docs = render_release("a" * 53)
+    for d in docs:
+        n, kind = d["metadata"]["name"], d["kind"]
+        # A StatefulSet's pods get controller-revision-hash: NAME-HASH (up to 11 more characters), a label value.
+        limit = 52 if kind == "StatefulSet" else 63 if kind in ("Service", "Pod") else 253
+        if len(n) > limit:
+            fail("names", f"{kind} {n} is {len(n)} characters; Kubernetes takes at most {limit} there")
+
+
+def check_test_pod(name, docs, fail):
+    """`helm test` sends one request through the frontends' Service."""
+    tests = [d for d in docs if d["kind"] == "Pod" and (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"]
+    services = {d["metadata"]["name"] for d in docs if d["kind"] == "Service"}
+    ok = False
+    for pod in tests:
+        for c in pod["spec"]["containers"]:
+            cmd = [str(a) for a in c.get("command", [])]
+            urls = [a for a in cmd if a.startswith("http://")]
+            if "--prompt" in cmd and urls and urls[0][len("http://"):].split(":")[0] in services:
+                ok = True
+    if not ok:
+        fail(name, "no `helm test` pod sends a request through the frontends' Service")
+
+
+def check_gitops(render_set, fail):
+    """GitOps tools render the chart without a cluster (`lookup` finds nothing) on every sync: with the first key
+    from an existing Secret, two renders are identical, so nothing changes between syncs."""
+    sets = ["apiKey.existingSecret=zl-first-key", "keyPepper.existingSecret=zl-key-pepper"]
+    first, second = render_set(sets), render_set(sets)
+    if yaml.safe_dump_all(first) != yaml.safe_dump_all(second):
+        changed = sorted({f"{a['kind']} {a['metadata']['name']}" for a, b in zip(first, second) if a != b})
+        fail("gitops", f"two renders with apiKey.existingSecret differ ({', '.join(changed)}): every sync would change them")

@@ -58,10 +58,58 @@ fn a_chart_whose_orchestrators_do_not_follow_the_replica_count_fails_the_checks(
     let (passed, stderr) = check_edited_chart("templates/orchestrator.yaml", "raft-auto-join = true", "");
     assert!(!passed, "a chart without raft-auto-join passed");
     assert!(stderr.contains("lacks raft-auto-join = true"), "{stderr}");
-    let (passed, stderr) =
-        check_edited_chart("templates/_helpers.tpl", "list $shared .tier $v.orchestrator.replicas", "list $shared .tier");
+    let (passed, stderr) = check_edited_chart(
+        "templates/_helpers.tpl",
+        "list $shared .tier $v.orchestrator.replicas",
+        "list $shared .tier",
+    );
     assert!(!passed, "a chart whose pods keep an old orchestrator list passed");
     assert!(stderr.contains("do not roll when the orchestrator count changes"), "{stderr}");
+}
+
+/// The items of a YAML flow sequence of plain and double-quoted scalars (`[a, "b c", d]`).
+fn flow_list(text: &str) -> Vec<String> {
+    let inner = text.trim().trim_start_matches('[').trim_end_matches(']');
+    let (mut items, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    for c in inner.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ',' if !quoted => items.push(std::mem::take(&mut cur).trim().to_owned()),
+            _ => cur.push(c),
+        }
+    }
+    items.push(cur.trim().to_owned());
+    items
+}
+
+/// The chart's `helm test` pod's command, replayed against a cluster on 127.0.0.1 (the Service's address mapped to
+/// the frontend's, the key in its environment as the pod gets it): it succeeds, and fails when the request does.
+#[test]
+fn the_charts_helm_test_sends_one_request_through_the_frontend() {
+    let out = Command::new(root().join(".tools/helm/helm"))
+        .args(["template", "zl", "helm/zerolayer", "--show-only", "templates/tests/request.yaml"])
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let pod = String::from_utf8(out.stdout).unwrap();
+    assert!(pod.contains("helm.sh/hook: test"), "{pod}");
+    let line = pod.lines().find(|l| l.trim_start().starts_with("command:")).expect("a command");
+    let command = flow_list(line.trim_start().trim_start_matches("command:").trim());
+    assert!(command.len() > 3, "{line}");
+    let dir = tempfile::tempdir().unwrap();
+    let key = "sk-zl-e2e-helm-test-0123456789abcdef";
+    let cluster = zl_e2e::small_cluster(dir.path(), &["w-0"], &[], &[], key);
+    let url = format!("http://{}", cluster.http);
+    let args: Vec<String> = command[1..]
+        .iter()
+        .map(|a| if a.starts_with("http://zl-zerolayer-frontend") { url.clone() } else { a.clone() })
+        .collect();
+    let run = |key: &str| Command::new(zl_e2e::bin("zl")).args(&args).env("ZL_API_KEY", key).output().unwrap();
+    let ok = run(key);
+    assert!(ok.status.success(), "{args:?}: {}", String::from_utf8_lossy(&ok.stderr));
+    assert!(!String::from_utf8_lossy(&ok.stdout).trim().is_empty(), "an answer was printed");
+    let refused = run("sk-zl-not-a-key-0123456789");
+    assert!(!refused.status.success(), "a failed request fails the test pod");
 }
 
 /// The audit chain is on the pod's own claim by default: a chart whose frontends keep it on an emptyDir (which an

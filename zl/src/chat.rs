@@ -34,6 +34,10 @@ pub(crate) struct ChatArgs {
     /// `zl up`'s data dir, to find its cluster.json.
     #[arg(long, env = "ZL_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// Ask this one question, print the answer and exit (with an error when it fails): for scripts, and the
+    /// chart's `helm test`.
+    #[arg(long)]
+    prompt: Option<String>,
 }
 
 /// A chunked HTTP/1.1 body, de-chunked.
@@ -146,6 +150,14 @@ pub(crate) fn run(args: ChatArgs) -> Result<()> {
     let key = local.pick(args.api_key.as_deref(), "api_key", "--api-key")?;
     let model = local.pick(args.model.as_deref(), "model", "--model")?;
     let addr = host_port(&url)?;
+    if let Some(prompt) = &args.prompt {
+        let body = json!({
+            "model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
+            "system": args.system, "stream": true, "messages": [{"role": "user", "content": prompt}],
+        });
+        turn(&addr, &key, &body, &mut std::io::stdout()).with_context(|| format!("asking {model} at {url}"))?;
+        return Ok(());
+    }
     eprintln!("zl chat with {model} at {url}. An empty line or Ctrl-D ends it.");
     let mut history: Vec<Value> = Vec::new();
     let stdin = std::io::stdin();

@@ -3,15 +3,17 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* At most 39 characters: the longest name made from it, the orchestrator StatefulSet's (+13), must leave room
+for the controller-revision-hash label its pods get (name + 11, at most 63). */}}
 {{- define "zl.fullname" -}}
 {{- if .Values.fullnameOverride -}}
-{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- .Values.fullnameOverride | trunc 39 | trimSuffix "-" -}}
 {{- else -}}
 {{- $name := default .Chart.Name .Values.nameOverride -}}
 {{- if contains $name .Release.Name -}}
-{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- .Release.Name | trunc 39 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 39 | trimSuffix "-" -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -32,7 +34,7 @@ app.kubernetes.io/component: {{ .tier }}
 {{- end -}}
 
 {{- define "zl.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{ include "zl.imageFor" (dict "root" .) }}
 {{- end -}}
 
 {{- define "zl.orchestrator" -}}{{ include "zl.fullname" . }}-orchestrator{{- end -}}
@@ -202,7 +204,7 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
 # The pepper key secrets are stored keyed with (orchestrators and frontends only).
 - name: key-pepper
   secret:
-    secretName: {{ $full }}-key-pepper
+    secretName: {{ .root.Values.keyPepper.existingSecret | default (printf "%s-key-pepper" $full) }}
     defaultMode: 0400
 {{- end }}
 {{- if and (eq .root.Values.discovery.backend "consul") .root.Values.discovery.consul.tokenSecret }}
@@ -304,4 +306,21 @@ list of orchestrators), so that a change to any of them rolls the pods that hold
 {{/* `zl admin` as the chart's admin Jobs run it: against the orchestrators' Service, with the admin certificate. */}}
 {{- define "zl.adminCommand" -}}
 /usr/local/bin/zl, admin, --orchestrator, "{{ include "zl.orchestrator" . }}:7001", --tls-dir, /tls, --node-id, zl-bootstrap
+{{- end -}}
+
+{{/* A tier's (or pool's) pass-through pod settings, at the pod spec's indentation: priority and runtime classes. */}}
+{{- define "zl.podClasses" -}}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .runtimeClassName }}
+runtimeClassName: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* An image: the chart's, with a pool's repository and tag over it where it names them. */}}
+{{- define "zl.imageFor" -}}
+{{- $image := .root.Values.image -}}
+{{- $over := .image | default dict -}}
+{{- printf "%s:%s" ($over.repository | default $image.repository) ($over.tag | default $image.tag | default .root.Chart.AppVersion) -}}
 {{- end -}}
