@@ -1,7 +1,8 @@
-//! The Terraform modules and example, checked offline (no Terraform binary or provider can be had here):
-//! `scripts/check-terraform` parses every file as HCL, checks variables (typed, described, used), outputs
-//! (described), providers (declared with versions) and every local module call (required inputs passed, nothing
-//! undeclared), and runs checkov's static scan. And it can fail: a broken copy is refused, naming each fault.
+//! The Terraform modules and example, checked with no cloud access: `scripts/check-terraform` parses every file as
+//! HCL, checks variables (typed, described, used), outputs (described), providers (declared with versions) and
+//! every local module call (required inputs passed, nothing undeclared), runs checkov's static scan, and with the
+//! `terraform` binary validates the provider-free modules and plans the example's fleet, rendering each region's
+//! chart values with `helm template`. And it can fail: broken copies are refused, naming each fault.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::path::{Path, PathBuf};
@@ -20,7 +21,41 @@ fn the_terraform_passes_the_offline_checks() {
     let out = check(&root().join("terraform"));
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "scripts/check-terraform failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("4 module calls consistent") && stdout.contains("checkov"), "{stdout}");
+    assert!(stdout.contains("5 module calls consistent") && stdout.contains("checkov"), "{stdout}");
+    assert!(stdout.contains("plan (3 regions' values through helm template) ok"), "{stdout}");
+}
+
+/// The defects the plan found, put back: pools typed `any` inside the fleet's map (regions whose pools differ
+/// have no common type), a GPU pool without a CUDA device, and no TLS where peers use https.
+#[test]
+fn a_fleet_that_cannot_plan_or_whose_values_are_wrong_fails_the_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("terraform");
+    assert!(Command::new("cp").arg("-r").arg(root().join("terraform")).arg(&copy).status().unwrap().success());
+    let edit = |file: &str, from: &str, to: &str| {
+        let path = copy.join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{file} has no {from:?}");
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+    };
+    let fleet = "modules/zerolayer-fleet/variables.tf";
+    let typed = std::fs::read_to_string(copy.join(fleet)).unwrap();
+    let start = typed.find("worker_pools = optional(list(object({").unwrap();
+    let end = start + typed[start..].find("})), [])").unwrap() + "})), [])".len();
+    edit(fleet, &typed[start..end], "worker_pools = optional(any, [])");
+    let out = check(&copy);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("cannot find a common"), "{stderr}");
+
+    std::fs::write(copy.join(fleet), &typed).unwrap();
+    edit("examples/three-regions/fleet.tf", "    device      = \"cuda:0\"\n", "");
+    edit("modules/zerolayer-values/main.tf", "tlsSecret   = try(var.frontend_tls.secret, \"\")", "tlsSecret   = \"\"");
+    let out = check(&copy);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    for want in ["GPU pool gpu runs on 'cpu'", "peers reach it over https, but its Ingress has no TLS"] {
+        assert!(stderr.contains(want), "{want:?} not in:\n{stderr}");
+    }
 }
 
 #[test]

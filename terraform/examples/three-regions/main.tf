@@ -47,35 +47,6 @@ provider "helm" {
   }
 }
 
-locals {
-  gpu_pool = [{
-    name        = "gpu"
-    deviceClass = "gpu"
-    replicas    = 4
-    models      = ["llama-3.1-8b=/models/llama-3.1-8b-instruct"]
-    modelVolume = { persistentVolumeClaim = { claimName = "models" } }
-    resources   = { limits = { "nvidia.com/gpu" = 1 } }
-  }]
-  cpu_pool = [{
-    name     = "cpu"
-    replicas = 2
-  }]
-}
-
-module "fleet" {
-  source = "../../modules/zerolayer-fleet"
-
-  regions = {
-    "eu-west"    = { url = "https://eu-west.${var.domain}", worker_pools = local.gpu_pool, nearest = ["eu-central", "us-east"] }
-    "eu-central" = { url = "https://eu-central.${var.domain}", worker_pools = local.gpu_pool, nearest = ["eu-west", "us-east"] }
-    "us-east"    = { url = "https://us-east.${var.domain}", worker_pools = concat(local.gpu_pool, local.cpu_pool), nearest = ["eu-west", "eu-central"] }
-  }
-  api_keys = [
-    { id = "acme-eu", regions = ["eu-west", "eu-central"] },
-    { id = "globex" },
-  ]
-}
-
 module "eu_west" {
   source    = "../../modules/zerolayer-region"
   providers = { kubernetes = kubernetes.eu_west, helm = helm.eu_west }
@@ -87,10 +58,12 @@ module "eu_west" {
   peer_ca_pem     = var.peer_ca_pem
   api_keys        = module.fleet.regions["eu-west"].api_keys
   api_key_secrets = var.api_key_secrets
-  frontend_host   = "eu-west.${var.domain}"
-  ingress_class   = "nginx"
+  hop_key         = var.hop_key
+  frontend_host   = local.region_inputs["eu-west"].frontend_host
+  ingress_class   = local.region_inputs["eu-west"].ingress_class
+  frontend_tls    = local.region_inputs["eu-west"].frontend_tls
 
-  frontend_extra_hosts = ["api.${var.domain}"]
+  frontend_extra_hosts = local.region_inputs["eu-west"].frontend_extra_hosts
 }
 
 module "eu_central" {
@@ -104,10 +77,12 @@ module "eu_central" {
   peer_ca_pem     = var.peer_ca_pem
   api_keys        = module.fleet.regions["eu-central"].api_keys
   api_key_secrets = var.api_key_secrets
-  frontend_host   = "eu-central.${var.domain}"
-  ingress_class   = "nginx"
+  hop_key         = var.hop_key
+  frontend_host   = local.region_inputs["eu-central"].frontend_host
+  ingress_class   = local.region_inputs["eu-central"].ingress_class
+  frontend_tls    = local.region_inputs["eu-central"].frontend_tls
 
-  frontend_extra_hosts = ["api.${var.domain}"]
+  frontend_extra_hosts = local.region_inputs["eu-central"].frontend_extra_hosts
 }
 
 module "us_east" {
@@ -121,10 +96,12 @@ module "us_east" {
   peer_ca_pem     = var.peer_ca_pem
   api_keys        = module.fleet.regions["us-east"].api_keys
   api_key_secrets = var.api_key_secrets
-  frontend_host   = "us-east.${var.domain}"
-  ingress_class   = "nginx"
+  hop_key         = var.hop_key
+  frontend_host   = local.region_inputs["us-east"].frontend_host
+  ingress_class   = local.region_inputs["us-east"].ingress_class
+  frontend_tls    = local.region_inputs["us-east"].frontend_tls
 
-  frontend_extra_hosts = ["api.${var.domain}"]
+  frontend_extra_hosts = local.region_inputs["us-east"].frontend_extra_hosts
 }
 
 # Each region's own name, and one public name answered by the region with the lowest latency to the client.

@@ -44,3 +44,14 @@ variable "api_key_secrets" {
   type        = map(string)
   sensitive   = true
 }
+
+variable "cluster_issuer" {
+  description = "The cert-manager ClusterIssuer that issues each region's API certificate (e.g. letsencrypt-prod)."
+  type        = string
+}
+
+variable "hop_key" {
+  description = "The key (at least 32 bytes) every region's frontends sign region hops with."
+  type        = string
+  sensitive   = true
+}

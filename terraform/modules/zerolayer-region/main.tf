@@ -4,38 +4,29 @@
 locals {
   keys_secret = "${var.release_name}-fleet-keys"
   peer_ca     = "${var.release_name}-peer-ca"
+  hop_key     = "${var.release_name}-hop-key"
+}
 
-  values = {
-    region = var.region
-    image  = var.image
-    orchestrator = {
-      replicas = var.orchestrator_replicas
-    }
-    workers = length(var.worker_pools) > 0 ? { pools = var.worker_pools } : {}
-    frontend = merge(
-      {
-        replicas     = var.frontend_replicas
-        peerRegions  = var.peer_regions
-        peerCaSecret = var.peer_ca_pem == "" ? "" : local.peer_ca
-      },
-      var.frontend_host == "" ? {} : {
-        ingress = {
-          enabled    = true
-          className  = var.ingress_class
-          host       = var.frontend_host
-          extraHosts = var.frontend_extra_hosts
-        }
-      },
-    )
-    keys = [
-      for k in var.api_keys : {
-        id      = k.id
-        project = k.project
-        regions = k.regions
-        secret  = { name = local.keys_secret, key = k.id }
-      }
-    ]
-  }
+# The values themselves come from a module with no provider (scripts/check-terraform plans it and renders them).
+module "values" {
+  source = "../zerolayer-values"
+
+  region                = var.region
+  release_name          = var.release_name
+  namespace             = var.namespace
+  image                 = var.image
+  orchestrator_replicas = var.orchestrator_replicas
+  worker_pools          = var.worker_pools
+  frontend_replicas     = var.frontend_replicas
+  frontend_host         = var.frontend_host
+  frontend_extra_hosts  = var.frontend_extra_hosts
+  ingress_class         = var.ingress_class
+  frontend_tls          = var.frontend_tls
+  peer_regions          = var.peer_regions
+  peer_ca_secret        = var.peer_ca_pem == "" ? "" : local.peer_ca
+  hop_key_secret        = length(var.peer_regions) > 0 ? local.hop_key : ""
+  api_keys              = var.api_keys
+  keys_secret           = local.keys_secret
 }
 
 resource "kubernetes_namespace_v1" "this" {
@@ -70,6 +61,17 @@ resource "kubernetes_secret_v1" "peer_ca" {
   type = "Opaque"
 }
 
+resource "kubernetes_secret_v1" "hop_key" {
+  count = length(var.peer_regions) > 0 ? 1 : 0
+
+  metadata {
+    name      = local.hop_key
+    namespace = kubernetes_namespace_v1.this.metadata[0].name
+  }
+  data = { key = var.hop_key }
+  type = "Opaque"
+}
+
 resource "helm_release" "zerolayer" {
   name             = var.release_name
   namespace        = kubernetes_namespace_v1.this.metadata[0].name
@@ -79,7 +81,7 @@ resource "helm_release" "zerolayer" {
   atomic           = true
   wait             = true
   timeout          = 900
-  values           = concat([yamlencode(local.values)], var.extra_values)
+  values           = concat([module.values.yaml], var.extra_values)
 
-  depends_on = [kubernetes_secret_v1.keys, kubernetes_secret_v1.peer_ca]
+  depends_on = [kubernetes_secret_v1.keys, kubernetes_secret_v1.peer_ca, kubernetes_secret_v1.hop_key]
 }

@@ -4,8 +4,8 @@ output "region" {
 }
 
 output "endpoint" {
-  description = "The region's API base URL: its Ingress host, else the in-cluster Service."
-  value       = var.frontend_host != "" ? "https://${var.frontend_host}" : "http://${var.release_name}-zerolayer-frontend.${var.namespace}.svc"
+  description = "The region's API base URL: its Ingress host (https with TLS), else the in-cluster Service."
+  value       = module.values.endpoint
 }
 
 output "namespace" {

@@ -115,6 +115,22 @@ variable "api_key_secrets" {
   sensitive   = true
 }
 
+variable "frontend_tls" {
+  description = "TLS for the API's Ingress: the Secret holding its certificate, issued by cert-manager's cluster_issuer when one is named. Peer regions reached over https need it. Null: no TLS."
+  type = object({
+    secret         = string
+    cluster_issuer = optional(string, "")
+  })
+  default = null
+}
+
+variable "hop_key" {
+  description = "The key (at least 32 bytes) every region's frontends sign region hops with: the same in every region of a fleet. Needed with peer_regions."
+  type        = string
+  default     = ""
+  sensitive   = true
+}
+
 variable "extra_values" {
   description = "More chart values, as YAML documents applied after this module's (TLS, discovery, monitoring, ...)."
   type        = list(string)
