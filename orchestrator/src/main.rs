@@ -187,7 +187,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         ..LoadSettings::default()
     };
     let data_dir = args.data_dir.clone().unwrap_or_else(|| default_data_dir(&args.node_id));
-    let empty = !zl_orchestrator::raft::storage::holds_storage(&raft_dir(&data_dir));
+    let empty = !zl_orchestrator::raft::join::holds_storage(&raft_dir(&data_dir));
     let start = if args.raft_join {
         Start::Join
     } else if args.raft_auto_join && empty {

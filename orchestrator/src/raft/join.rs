@@ -32,6 +32,13 @@ async fn call(addr: &str, tls_dir: &Path, node_id: &str, request: JoinRequest) -
     tokio::time::timeout(CALL_TIMEOUT, ask).await.map_err(|_| "no answer in time".to_owned())?
 }
 
+/// Whether `dir` holds any Raft storage (a hard state, a membership, a snapshot or a log segment: the files of
+/// `storage.rs`): false for a node that never started, or whose volume was lost.
+pub fn holds_storage(dir: &Path) -> bool {
+    let segments = std::fs::read_dir(dir.join("log")).is_ok_and(|mut d| d.next().is_some());
+    segments || ["hardstate", "confstate", "snapshot"].iter().any(|f| dir.join(f).exists())
+}
+
 /// Where node `id` (listed in `peers` with its own admin address) starts when its storage is empty.
 pub async fn plan(id: u64, peers: &BTreeMap<u64, String>, tls_dir: &Path, node_id: &str) -> Start {
     if peers.keys().next() != Some(&id) {

@@ -223,13 +223,6 @@ pub struct DiskStorage {
     conf_state: Vec<u8>,
 }
 
-/// Whether `dir` holds any Raft storage (a hard state, a membership, a snapshot or a log segment): false for a
-/// node that never started, or whose volume was lost.
-pub fn holds_storage(dir: &Path) -> bool {
-    let segments = fs::read_dir(dir.join("log")).map(|mut d| d.next().is_some()).unwrap_or(false);
-    segments || ["hardstate", "confstate", "snapshot"].iter().any(|f| dir.join(f).exists())
-}
-
 impl DiskStorage {
     /// Open (creating if needed) the storage in `dir`, recovering from a crash at any point.
     pub fn open(dir: &Path, segment_bytes: u64) -> Result<DiskStorage, StorageError> {
