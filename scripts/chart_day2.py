@@ -61,6 +61,12 @@ def check(name, docs, values, fail):
                 fail(name, f"the bootstrap Job runs on {sorted(hooks)}, not on install and upgrade")
             if any("project" in c and "--if-missing" not in c for c in cmds):
                 fail(name, "the bootstrap Job resets the default project's quota on every run (project --if-missing)")
+    tls = values.get("tls") or {}
+    if not (tls.get("certManager") or {}).get("enabled") and (tls.get("job") or {}).get("enabled", True):
+        renewing = [d for d in docs if d["kind"] == "CronJob" and any(
+            "certs" in c.get("command", []) for c in d["spec"]["jobTemplate"]["spec"]["template"]["spec"].get("initContainers", []))]
+        if not renewing:
+            fail(name, "certificates from the chart's Job are reissued on upgrades only: no CronJob renews them (tls.job.renewSchedule)")
     frontend = values.get("frontend") or {}
     auto = frontend.get("autoscaling") or {}
     fconfig = _config(docs, "frontend")

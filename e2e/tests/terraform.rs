@@ -68,8 +68,9 @@ fn broken_terraform_fails_the_checks() {
     let example = copy.join("examples/three-regions/main.tf");
     let text = std::fs::read_to_string(&example).unwrap();
     let text = text.replacen("  region          = module.fleet.regions[\"eu-west\"].region\n", "", 1);
-    let text =
-        text.replacen("  ingress_class   = \"nginx\"\n", "  ingress_class   = \"nginx\"\n  colour = \"blue\"\n", 1);
+    let anchor = "  hop_key         = var.hop_key\n";
+    assert!(text.contains(anchor), "the example passes hop_key");
+    let text = text.replacen(anchor, &format!("{anchor}  colour = \"blue\"\n"), 1);
     std::fs::write(&example, text).unwrap();
     let vars = copy.join("modules/zerolayer-fleet/variables.tf");
     let mut text = std::fs::read_to_string(&vars).unwrap();

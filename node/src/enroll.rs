@@ -1,8 +1,10 @@
 //! A node's TLS identity at start: its own certificate when it has one (from `zl certs issue`; `node.pem` and
 //! `node.key` as a per-pod issuer such as cert-manager's CSI driver mounts them; or enrolled before and kept in
 //! its state directory), else one it enrolls for with its role's bootstrap credential
-//! (`zl_tls::enroll`). An enrolled certificate with less than a third of its life left is renewed with itself at
-//! start. The private key is made here and never leaves the node.
+//! (`zl_tls::enroll`). An enrolled certificate with less than a third of its life left is renewed with itself, at
+//! start and then while the node runs (checked every [`RENEW_CHECK`]): the new files are written over the old and
+//! the running identity takes them (`zl_tls::reload`), so a pod that runs for months never presents an expired
+//! certificate. The private key is made here and never leaves the node.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -18,6 +20,8 @@ use zl_wire::message::{CertificateRequest, ErrorCode, Message, NodeId, Role};
 pub const ENROLL_PATIENCE: Duration = Duration::from_secs(120);
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 const RETRY_EVERY: Duration = Duration::from_secs(2);
+/// How often a running node looks at whether its enrolled certificate is due for renewal.
+pub const RENEW_CHECK: Duration = Duration::from_secs(600);
 
 /// The identity flags a worker and a frontend share.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -80,18 +84,10 @@ pub async fn identity(src: &IdentitySource<'_>, role: Role, id: &str) -> Result<
     let state_dir = src.state_dir.unwrap_or(src.tls_dir);
     let kept = NodeFiles::new(state_dir, role, node_id.as_str());
     if kept.cert.exists() {
-        let (identity, cert) = load(&ca, &kept, role, &node_id)?;
-        if !validity_ms(&cert).is_some_and(|v| due_for_renewal(v, zl_common::calendar::unix_ms())) {
-            return Ok(identity);
-        }
-        tracing::info!(node = %node_id, "the enrolled certificate is due for renewal");
-        match enroll(&identity, src.orchestrators, role, &node_id).await {
-            Ok(pair) => return keep(state_dir, &kept, &ca, &pair, role, &node_id),
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), "renewal failed; the current certificate serves meanwhile");
-                return Ok(identity);
-            }
-        }
+        let (identity, _) = load(&ca, &kept, role, &node_id)?;
+        renew_if_due(&identity, &kept, src.orchestrators, role, &node_id).await;
+        renew_while_running(&identity, kept, src.orchestrators, role, &node_id);
+        return Ok(identity);
     }
     let boot = NodeFiles::new(src.tls_dir, Role::Bootstrap, bootstrap_id(role).as_str());
     if !boot.cert.exists() {
@@ -106,13 +102,61 @@ pub async fn identity(src: &IdentitySource<'_>, role: Role, id: &str) -> Result<
         .with_context(|| format!("loading the bootstrap credential {}", boot.stem))?;
     let pair = enroll(&bootstrap, src.orchestrators, role, &node_id).await?;
     tracing::info!(node = %node_id, dir = %state_dir.display(), "enrolled: a certificate of this node's own");
-    keep(state_dir, &kept, &ca, &pair, role, &node_id)
+    let identity = keep(state_dir, &kept, &ca, &pair, role, &node_id)?;
+    renew_while_running(&identity, kept, src.orchestrators, role, &node_id);
+    Ok(identity)
 }
 
-/// Write the enrolled key (0600) and certificate, then load them.
-fn keep(dir: &Path, files: &NodeFiles, ca: &Path, pair: &PemPair, role: Role, node_id: &NodeId) -> Result<TlsIdentity> {
+/// Renew the enrolled certificate in `files` with itself when a third of its life is left: the new pair replaces
+/// the files, which `identity` (and every connection made from now on) then presents. A failure leaves the
+/// current certificate serving; the next look tries again.
+async fn renew_if_due(
+    identity: &TlsIdentity,
+    files: &NodeFiles,
+    orchestrators: &[String],
+    role: Role,
+    node_id: &NodeId,
+) {
+    let cert = std::fs::read_to_string(&files.cert).unwrap_or_default();
+    if !validity_ms(&cert).is_none_or(|v| due_for_renewal(v, zl_common::calendar::unix_ms())) {
+        return;
+    }
+    tracing::info!(node = %node_id, "the enrolled certificate is due for renewal");
+    match enroll(identity, orchestrators, role, node_id).await {
+        Ok(pair) => match write_pair(files, &pair) {
+            Ok(()) => {
+                identity.refresh();
+                metrics::counter!("zl_tls_renewals_total").increment(1);
+                tracing::info!(node = %node_id, "renewed the enrolled certificate");
+            }
+            Err(e) => tracing::warn!(error = %format!("{e:#}"), "writing the renewed certificate failed"),
+        },
+        Err(e) => tracing::warn!(error = %format!("{e:#}"), "renewal failed; the current certificate serves meanwhile"),
+    }
+}
+
+/// Look every [`RENEW_CHECK`] whether the enrolled certificate is due for renewal (in the background, when a
+/// runtime runs).
+fn renew_while_running(
+    identity: &TlsIdentity,
+    files: NodeFiles,
+    orchestrators: &[String],
+    role: Role,
+    node_id: &NodeId,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let (identity, orchestrators, node_id) = (identity.clone(), orchestrators.to_vec(), node_id.clone());
+    runtime.spawn(async move {
+        loop {
+            tokio::time::sleep(RENEW_CHECK).await;
+            renew_if_due(&identity, &files, &orchestrators, role, &node_id).await;
+        }
+    });
+}
+
+/// Write an enrolled key (0600) and certificate over `files`, each through a temporary file renamed over it.
+fn write_pair(files: &NodeFiles, pair: &PemPair) -> Result<()> {
     use std::io::Write;
-    crate::private::create_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
     for (path, text) in [(&files.key, &pair.key_pem), (&files.cert, &pair.cert_pem)] {
         let tmp = path.with_extension("tmp");
         let mut f = crate::private::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
@@ -120,6 +164,13 @@ fn keep(dir: &Path, files: &NodeFiles, ca: &Path, pair: &PemPair, role: Role, no
         f.sync_all()?;
         std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     }
+    Ok(())
+}
+
+/// Write the enrolled key (0600) and certificate, then load them.
+fn keep(dir: &Path, files: &NodeFiles, ca: &Path, pair: &PemPair, role: Role, node_id: &NodeId) -> Result<TlsIdentity> {
+    crate::private::create_dir(dir).with_context(|| format!("creating {}", dir.display()))?;
+    write_pair(files, pair)?;
     let identity = TlsIdentity::from_files(ca, &files.cert, &files.key, role, node_id.clone())
         .context("loading the enrolled identity")?;
     crate::keep_fresh(&identity);

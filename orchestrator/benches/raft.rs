@@ -79,6 +79,7 @@ fn main() {
                 id,
                 peers: peers.clone(),
                 start: zl_orchestrator::raft::Start::Peers,
+                hold_messages: false,
                 data_dir: raft_dir(&data.path().join(id.to_string())),
                 tls_dir: tls.path().to_owned(),
                 node_id: format!("o-{id}"),

@@ -201,6 +201,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         id: args.raft_id,
         peers,
         start,
+        hold_messages: args.raft_auto_join && empty && start == Start::Join,
         data_dir: raft_dir(&data_dir),
         tls_dir: args.tls_dir.clone(),
         node_id: args.node_id.clone(),
@@ -217,8 +218,10 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         tokio::spawn(async move {
             loop {
                 let now = group.caught_up().await;
+                // Not ready yet: look again soon (a probe should see readiness within a heartbeat or two).
+                let next = if now.is_ok() { Duration::from_secs(1) } else { Duration::from_millis(100) };
                 *zl_common::sync::write(&readiness) = now;
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                tokio::time::sleep(next).await;
             }
         });
     }
@@ -329,6 +332,8 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         registrar.deregister().await;
     }
     sweeper.abort();
+    // A leader hands over first: writes (forwarded ones included) then wait for no election.
+    node.group().hand_over(Duration::from_secs(3)).await;
     let _ = admin.0.send(());
     let _ = admin.1.await;
     server.shutdown(Duration::from_secs(5)).await;

@@ -295,6 +295,18 @@ impl Orchestrator {
             .collect()
     }
 
+    /// Why a worker unknown here is refused: NotFound (the worker registers again) from a voter; Unavailable from a
+    /// node still joining its group, whose state may simply not have the registration yet: a re-registration would
+    /// start the worker's soft state afresh on every orchestrator, and frontends would briefly see no healthy worker.
+    fn unknown_worker(&self, why: &str) -> WireError {
+        let status = self.group.status();
+        if status.voters.contains(&status.id) {
+            WireError::new(ErrorCode::NotFound, why)
+        } else {
+            WireError::new(ErrorCode::Unavailable, "this orchestrator is joining its group: report to the others")
+        }
+    }
+
     fn registered(&self, id: &NodeId) -> bool {
         read(&self.state.0).workers().contains_key(id)
     }
@@ -302,7 +314,7 @@ impl Orchestrator {
     /// Apply a load report from a registered worker.
     pub fn load_report(&self, report: LoadReport, now: Instant) -> Result<Accepted, WireError> {
         if !self.registered(&report.worker_id) {
-            return Err(WireError::new(ErrorCode::NotFound, "register before reporting load"));
+            return Err(self.unknown_worker("register before reporting load"));
         }
         Ok(write(&self.load).report(report, now))
     }
@@ -310,7 +322,7 @@ impl Orchestrator {
     /// Apply KV-cache events from a registered worker.
     pub fn kv_events(&self, events: &KvCacheEvents, now: Instant) -> Result<Accepted, WireError> {
         if !self.registered(&events.worker_id) {
-            return Err(WireError::new(ErrorCode::NotFound, "register before sending KV events"));
+            return Err(self.unknown_worker("register before sending KV events"));
         }
         Ok(write(&self.load).kv_events(events, now))
     }

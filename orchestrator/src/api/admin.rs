@@ -358,10 +358,9 @@ impl pb::admin_server::Admin for AdminService {
         }
         if r.remove && r.raft_id == now.id {
             // The leader leaving: hand leadership to another voter first; the caller asks the new leader.
-            let Some(&to) = now.voters.iter().find(|&&v| v != now.id) else {
+            let Some(to) = group.transfer_leadership(None).await.map_err(status)? else {
                 return Err(Status::failed_precondition("the group's only voter cannot leave it"));
             };
-            group.transfer_leadership(to).await.map_err(status)?;
             return Err(Status::failed_precondition(format!(
                 "this node leads: leadership handed to {to}; send the removal to the new leader"
             )));

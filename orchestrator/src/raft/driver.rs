@@ -36,6 +36,10 @@ pub struct GroupConfig {
     pub peers: BTreeMap<u64, String>,
     /// What a node with empty storage starts as.
     pub start: Start,
+    /// Take no Raft message until the leader has made this node a learner of the group ([`Group::keep_joining`]
+    /// opens the gate): a node that lost its storage still has a voter's place at the leader until it is removed,
+    /// and the leader's messages to that place name a log and a commit index its empty log does not hold.
+    pub hold_messages: bool,
     /// Storage directory.
     pub data_dir: PathBuf,
     /// `ca.pem` and this orchestrator's certificate.
@@ -93,6 +97,8 @@ pub struct Group {
     peers: Arc<RwLock<BTreeMap<u64, String>>>,
     pub(super) tls_dir: PathBuf,
     pub(super) node_id: String,
+    /// Whether peers' Raft messages are taken (see [`GroupConfig::hold_messages`]).
+    pub(super) accepting: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Group {
@@ -125,7 +131,8 @@ impl Group {
         let peers = Arc::new(RwLock::new(config.peers));
         let transport = Transport { dialer, senders, peers: peers.clone() };
         tokio::spawn(run(replica, rx, transport, status_tx, config.tick));
-        Ok(Group { id: config.id, tx, status, peers, tls_dir: config.tls_dir, node_id: config.node_id })
+        let accepting = Arc::new(std::sync::atomic::AtomicBool::new(!config.hold_messages));
+        Ok(Group { id: config.id, tx, status, peers, tls_dir: config.tls_dir, node_id: config.node_id, accepting })
     }
 
     /// The group as this node sees it now.
@@ -236,9 +243,21 @@ impl Group {
         }
     }
 
-    /// Hand leadership to voter `to` (this node must lead; it stops leading within an election timeout).
-    pub async fn transfer_leadership(&self, to: u64) -> Result<(), CommitError> {
-        self.tx.send(Input::Transfer { to }).await.map_err(|_| CommitError::Unavailable("the Raft task stopped".into()))
+    /// Hand leadership to voter `to`, or the best placed voter (`None`); this node must lead. Returns the voter
+    /// it went to (`None`: this node does not lead, or votes alone).
+    pub async fn transfer_leadership(&self, to: Option<u64>) -> Result<Option<u64>, CommitError> {
+        let until = Instant::now() + Duration::from_secs(1);
+        Ok(self.ask(|reply| Input::Transfer { to, reply }, until).await?.flatten())
+    }
+
+    /// Before a planned stop: if this node leads, hand leadership to the best placed voter and wait (up to `wait`)
+    /// until another node leads, so writes wait for no election timeout (a rolling restart costs them nothing).
+    pub async fn hand_over(&self, wait: Duration) {
+        let Ok(Some(to)) = self.transfer_leadership(None).await else { return };
+        tracing::info!(to, "stopping: leadership handed over");
+        let mut status = self.status.clone();
+        let me = self.id;
+        let _ = tokio::time::timeout(wait, status.wait_for(|s| s.leader.is_some_and(|l| l != me))).await;
     }
 
     /// The leader's next step for node `node` asking to join from admin address `address` (`fresh`: it knows no
@@ -495,7 +514,13 @@ fn handle(replica: &mut Replica<SharedState>, input: Input, waiting: &mut Waitin
             }
             let _ = reply.send(Ok(step));
         }
-        Input::Transfer { to } => replica.transfer_leader(to),
+        Input::Transfer { to, reply } => {
+            let to = if replica.is_leader() { to.or_else(|| replica.successor()) } else { None };
+            if let Some(to) = to {
+                replica.transfer_leader(to);
+            }
+            let _ = reply.send(to);
+        }
         Input::ReadIndex { reply } => {
             let (seq, context) = waiting.next(replica.id());
             replica.read_index(context);

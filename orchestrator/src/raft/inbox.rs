@@ -64,9 +64,11 @@ pub(super) enum Input {
         fresh: bool,
         reply: oneshot::Sender<Result<Admission, Option<u64>>>,
     },
-    /// Hand leadership to this voter.
+    /// Hand leadership to this voter (`None`: the best placed one, [`super::replica::Replica::successor`]); the
+    /// reply names it (`None` when this node does not lead or votes alone).
     Transfer {
-        to: u64,
+        to: Option<u64>,
+        reply: oneshot::Sender<Option<u64>>,
     },
     Messages(Vec<Message>),
     Sent {

@@ -86,6 +86,11 @@ impl Group {
                     leader = Some(reply.leader_address);
                     break;
                 }
+                // Added as a learner (any old voter of this id removed first): the leader's messages now address
+                // this node's empty log.
+                if reply.voter || reply.detail.contains("Learner") || reply.detail.starts_with("catching up") {
+                    self.accepting.store(true, std::sync::atomic::Ordering::Relaxed);
+                }
                 if reply.detail != said {
                     tracing::info!(leader = reply.leader_id, detail = %reply.detail, "joining the group");
                     said = reply.detail;

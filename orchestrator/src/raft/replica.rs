@@ -420,9 +420,19 @@ impl<S: StateMachine> Replica<S> {
     }
 
     /// Hand leadership to `to` (a voter): this leader stops taking proposals while `to` catches up, then `to`
-    /// campaigns at once. Used before this node is removed.
+    /// campaigns at once. Used before this node is removed or stopped.
     pub fn transfer_leader(&mut self, to: u64) {
         self.raw.transfer_leader(to);
+    }
+
+    /// The voter best placed to lead after this one: the other voter whose log matches furthest (it catches up
+    /// soonest), `None` when this node does not lead or votes alone.
+    pub fn successor(&self) -> Option<u64> {
+        let me = self.id();
+        self.voters()
+            .into_iter()
+            .filter(|&v| v != me)
+            .max_by_key(|&v| (self.matched(v).unwrap_or(0), std::cmp::Reverse(v)))
     }
 
     /// Bytes of log on disk.

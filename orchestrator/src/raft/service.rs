@@ -33,6 +33,11 @@ impl RaftPeer for PeerService {
     async fn send(&self, request: tonic::Request<RaftBatch>) -> Result<tonic::Response<RaftAck>, tonic::Status> {
         zl_admin::require_role(&request, Role::Orchestrator)?;
         let batch = request.into_inner();
+        if !self.group.accepting.load(std::sync::atomic::Ordering::Relaxed) {
+            // Not a member yet (joining with empty storage): what the leader sends to the place this id had is
+            // dropped, and resent once it joins.
+            return Ok(tonic::Response::new(RaftAck {}));
+        }
         let mut messages = Vec::with_capacity(batch.messages.len());
         for bytes in &batch.messages {
             let m = decode_message(bytes).map_err(|e| tonic::Status::invalid_argument(e.to_string()))?;
