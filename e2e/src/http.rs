@@ -147,3 +147,21 @@ pub fn serving(http_addr: std::net::SocketAddr) -> bool {
                 .is_ok_and(|v| v["serving_workers"].as_u64().is_some_and(|n| n > 0))
     })
 }
+
+/// One Anthropic Messages request (greedy, 2 tokens) for `model` with `content` through the frontend at
+/// `http_addr`, with API key `key`: its status (0 when nothing answered). Any other status than 200 is printed
+/// with its body, so that a test that fails shows why.
+pub fn ask_messages(http_addr: std::net::SocketAddr, key: &str, model: &str, content: &str) -> u16 {
+    let body = serde_json::json!({
+        "model": model, "max_tokens": 2, "temperature": 0,
+        "messages": [{"role": "user", "content": content}],
+    })
+    .to_string();
+    let r = request(http_addr, "POST", "/v1/messages", &[("x-api-key", key)], &body);
+    if let Some(r) = &r
+        && r.status != 200
+    {
+        eprintln!("{content:?}: {} {}", r.status, r.body);
+    }
+    r.map_or(0, |r| r.status)
+}

@@ -14,7 +14,7 @@ pub mod process;
 pub mod tiers;
 
 pub use docs::code_blocks;
-pub use http::{HttpResponse, HttpStream, http, http_stream, request, serving};
+pub use http::{HttpResponse, HttpStream, ask_messages, http, http_stream, request, serving};
 pub use metrics::{frontend_metrics, gauge, metric_sum, metrics};
 pub use ports::{free_tcp, free_tcp_udp, free_udp};
 pub use process::{Proc, alive, bin, python, signal, zl};

@@ -171,18 +171,7 @@ impl Fleet {
 }
 
 fn ask(http: SocketAddr, n: usize) -> u16 {
-    let body = serde_json::json!({
-        "model": MODEL, "max_tokens": 2, "temperature": 0,
-        "messages": [{"role": "user", "content": format!("Count to {n}.")}],
-    })
-    .to_string();
-    let r = request(http, "POST", "/v1/messages", &[("x-api-key", KEY)], &body);
-    if let Some(r) = &r
-        && r.status != 200
-    {
-        eprintln!("request {n}: {} {}", r.status, r.body);
-    }
-    r.map_or(0, |r| r.status)
+    zl_e2e::ask_messages(http, KEY, MODEL, &format!("Count to {n}."))
 }
 
 #[test]

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use zl_e2e::{
-    admin, certs, free_tcp, free_udp, metric_sum, metrics, python, request, serving, start_frontend_args,
-    start_orchestrator, start_worker_args, zl,
+    admin, certs, free_tcp, free_udp, metric_sum, metrics, python, serving, start_frontend_args, start_orchestrator,
+    start_worker_args, zl,
 };
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -44,18 +44,7 @@ fn presented(addr: SocketAddr) -> String {
 }
 
 fn ask(http: SocketAddr, n: usize) -> u16 {
-    let body = serde_json::json!({
-        "model": MODEL, "max_tokens": 2, "temperature": 0,
-        "messages": [{"role": "user", "content": format!("Rotate {n}.")}],
-    })
-    .to_string();
-    let r = request(http, "POST", "/v1/messages", &[("x-api-key", KEY)], &body);
-    if let Some(r) = &r
-        && r.status != 200
-    {
-        eprintln!("request {n}: {} {}", r.status, r.body);
-    }
-    r.map_or(0, |r| r.status)
+    zl_e2e::ask_messages(http, KEY, MODEL, &format!("Rotate {n}."))
 }
 
 fn reloads(text: &str, cert: &str) -> f64 {
