@@ -219,6 +219,13 @@ fn verify_cannot_be_fooled_and_a_lost_chain_is_not_silently_restarted() {
         assert!(Instant::now() < deadline, "the head was never committed");
         std::thread::sleep(Duration::from_millis(200));
     }
+    // With no directory, the local cluster's chains are verified; a directory holding none is a failure, never
+    // a silent pass.
+    let (ok, text) = audit(&data, &["verify"]);
+    assert!(ok && text.contains("ok: ") && text.contains("reaches the committed head"), "{text}");
+    let empty = tempfile::tempdir().unwrap();
+    let (ok, text) = audit(&data, &["verify", empty.path().to_str().unwrap(), "--allow-missing"]);
+    assert!(!ok && text.contains("holds no audit segments"), "{text}");
 
     // A perfect chain under a frontend name no orchestrator knows fails, and so does leaving out the chain whose
     // head is committed; each has its flag for operators who know why.

@@ -27,14 +27,15 @@ pub(crate) enum AuditCommand {
     /// the orchestrators know every chain's frontend, and that every committed head's chain was given. Names the
     /// first bad record; exits 1 if anything is wrong.
     Verify {
-        /// Chain directories (a frontend's --audit-dir), or directories holding them.
+        /// Chain directories (a frontend's --audit-dir), or directories holding them. None: the local cluster's
+        /// (`zl up`'s audit directory, from its cluster.json). Finding no chain at all is a failure.
         dirs: Vec<PathBuf>,
         #[command(flatten)]
         checks: HeadChecks,
     },
     /// Write verified records as JSON lines, after the same checks as `verify`.
     Export {
-        /// Chain directories, or directories holding them.
+        /// Chain directories, or directories holding them. None: the local cluster's.
         dirs: Vec<PathBuf>,
         #[command(flatten)]
         checks: HeadChecks,
@@ -114,7 +115,16 @@ async fn check_chains(
     let heads = if checks.offline { BTreeMap::new() } else { committed_heads(conn).await? };
     let mut bad = 0;
     let mut seen = Vec::new();
-    for dir in chains(dirs)? {
+    let found = chains(dirs)?;
+    if found.is_empty() {
+        // Having verified nothing proves nothing.
+        bad += 1;
+        let given = dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ");
+        say(format!(
+            "FAILED: no audit chain under {given}: give a frontend's --audit-dir, or a directory holding them"
+        ));
+    }
+    for dir in found {
         let frontend = frontend_of(&dir).unwrap_or_default();
         seen.push(frontend.clone());
         let committed = heads.get(&frontend);
@@ -211,15 +221,26 @@ fn frontend_of(dir: &Path) -> Option<String> {
     zl_common::audit::decode_line(line).ok().map(|(_, r)| r.frontend)
 }
 
+/// The directories given, or the local cluster's audit directory when none was.
+fn dirs_or_local(conn: &Conn, dirs: Vec<PathBuf>) -> Result<Vec<PathBuf>> {
+    if !dirs.is_empty() {
+        return Ok(dirs);
+    }
+    let local = crate::local::LocalCluster::read(conn.data_dir.as_deref());
+    Ok(vec![PathBuf::from(local.pick(None, "audit_dir", "chain directory (DIRS)")?)])
+}
+
 async fn run_async(args: AuditArgs) -> Result<()> {
     match args.command {
         AuditCommand::Verify { dirs, checks } => {
+            let dirs = dirs_or_local(&args.conn, dirs)?;
             let bad = check_chains(&args.conn, &dirs, checks, true, |_| {}).await?;
             if bad > 0 {
                 bail!("{bad} audit problem(s) found");
             }
         }
         AuditCommand::Export { dirs, checks, since, project, decrypt } => {
+            let dirs = dirs_or_local(&args.conn, dirs)?;
             let since_ms = match since {
                 None => 0,
                 Some(s) => {

@@ -36,7 +36,7 @@ pub(crate) struct Conn {
     node_id: Option<String>,
     /// `zl up`'s data dir, to find its cluster.json.
     #[arg(long, env = "ZL_DATA_DIR", global = true)]
-    data_dir: Option<PathBuf>,
+    pub(crate) data_dir: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]
