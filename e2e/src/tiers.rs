@@ -319,13 +319,15 @@ pub fn zl_up(
     let data = dir.join(name);
     let http = free_tcp();
     let stderr = std::fs::File::create(dir.join(format!("{name}.err"))).expect("zl up's stderr file");
+    // Its banner, for tests that run what it prints.
+    let stdout = std::fs::File::create(dir.join(format!("{name}.out"))).expect("zl up's stdout file");
     let child = Command::new(bin("zl"))
         .args(["up", "--data-dir", data.to_str().expect("a UTF-8 path"), "--http-addr", &http.to_string()])
         .args(["--api-key", key])
         .args(args)
         .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
+        .stdout(stdout)
         .stderr(stderr)
         .spawn()
         .expect("zl up could not be started");

@@ -49,7 +49,11 @@ impl LocalCluster {
 
     /// The error for a setting that is neither given nor in `cluster.json`.
     pub(crate) fn missing(&self, flag: &str) -> String {
-        format!("no {flag}: pass it, or start a cluster with `zl up` (its {} was not found)", self.path.display())
+        format!(
+            "no {flag}: pass it, or start a cluster with `zl up` (its {} was not found; a cluster in another data \
+             dir: --data-dir DIR or ZL_DATA_DIR=DIR)",
+            self.path.display()
+        )
     }
 }
 

@@ -78,6 +78,15 @@ fn zl_command() -> String {
     if on_path { "zl".into() } else { me.display().to_string() }
 }
 
+/// `word` as one shell word: as it is when it is plain, else single-quoted.
+fn shell_word(word: &str) -> String {
+    if !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric() || "/._-+:=@".contains(c)) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
+}
+
 /// The user's data dir for zerolayer: `$XDG_DATA_HOME/zerolayer`, else `~/.local/share/zerolayer`.
 pub(crate) fn default_data_dir() -> PathBuf {
     match std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
@@ -460,6 +469,13 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
 
     let url = format!("http://{}", args.http_addr);
     let zl = zl_command();
+    // Hints run as printed: with the data dir when it is not the default one.
+    let dd = args
+        .data_dir
+        .as_ref()
+        .filter(|d| **d != default_data_dir())
+        .map(|d| format!(" --data-dir {}", shell_word(&d.display().to_string())))
+        .unwrap_or_default();
     println!(
         "\nzerolayer is up ({} orchestrator(s), {} worker(s), 1 frontend; ready in {:.0}s)\n\n  \
          API       {url}   (Anthropic /v1/messages, OpenAI /v1/chat/completions)\n  \
@@ -470,12 +486,13 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
          curl {url}/v1/messages -H 'x-api-key: {key}' -H 'content-type: application/json' \\\n    \
          -d '{{\"model\": \"{model_id}\", \"max_tokens\": 64, \"temperature\": 0, \"system\": \"You are a helpful assistant.\", \
 \"messages\": [{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]}}'\n\n  \
+         pip install anthropic   # the Python SDK, then:\n  \
          python3 -c 'import anthropic; c = anthropic.Anthropic(base_url=\"{url}\", api_key=\"{key}\"); \
          print(c.messages.create(model=\"{model_id}\", max_tokens=64, system=\"You are a helpful assistant.\", \
 extra_body={{\"temperature\": 0}}, messages=[{{\"role\": \"user\", \"content\": \"What is the capital of France?\"}}]).content[0].text)'\n\n  \
-         {zl} chat             (a streaming chat in this terminal)\n  \
-         {zl} admin workers    (the workers, their health and load; `{zl} admin --help` for more)\n  \
-         {zl} audit verify {}   (check the audit log against the heads the orchestrators hold)\n\n\
+         {zl} chat{dd}             (a streaming chat in this terminal)\n  \
+         {zl} admin{dd} workers    (the workers, their health and load; `{zl} admin --help` for more)\n  \
+         {zl} audit{dd} verify     (check the audit log in {} against the heads the orchestrators hold)\n\n\
          Ctrl-C stops the cluster.",
         args.orchestrators,
         args.workers,
