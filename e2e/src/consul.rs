@@ -142,13 +142,23 @@ impl ConsulAgent {
         self.put_as("", path, body)
     }
 
-    /// `PUT path` with a body and an ACL token (none when empty).
+    /// `PUT path` with a body and an ACL token (none when empty). An ACL write a fresh server refuses because its
+    /// ACL system is still in legacy mode (for a moment after it elects itself; an unauthenticated look cannot
+    /// tell) is sent again until it leaves that mode (bounded): the write itself is the readiness probe.
     pub fn put_as(&self, token: &str, path: &str, body: &[u8]) -> Option<HttpResponse> {
         let mut headers = vec![("content-type", "application/json")];
         if !token.is_empty() {
             headers.push(("x-consul-token", token));
         }
-        request(self.http, "PUT", path, &headers, &String::from_utf8_lossy(body))
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = request(self.http, "PUT", path, &headers, &String::from_utf8_lossy(body));
+            let legacy = r.as_ref().is_some_and(|r| r.status == 500 && r.body.contains("legacy mode"));
+            if !legacy || !path.starts_with("/v1/acl/") || Instant::now() > deadline {
+                return r;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
     }
 
     /// The agent's directory (its config and log; put certificates here).
