@@ -225,7 +225,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
             }
         });
     }
-    if args.raft_auto_join && !node.group().status().voters.contains(&args.raft_id) {
+    if args.raft_auto_join && !node.group().votes() {
         if empty || node.group().status().learners.contains(&args.raft_id) {
             tokio::spawn(node.group().clone().keep_joining(own_address));
         } else {

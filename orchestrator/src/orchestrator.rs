@@ -198,8 +198,7 @@ impl Orchestrator {
     /// workers (before that, a count of zero healthy workers would be its ignorance, not the cluster's). Otherwise
     /// the frontend asks another orchestrator.
     pub fn check_serving(&self, now: Instant) -> Result<(), WireError> {
-        let status = self.group.status();
-        if !status.voters.contains(&status.id) {
+        if !self.group.votes() {
             return Err(WireError::new(
                 ErrorCode::Unavailable,
                 "this orchestrator is not a voter of its group (joining, or removed): ask another",
@@ -299,8 +298,7 @@ impl Orchestrator {
     /// node still joining its group, whose state may simply not have the registration yet: a re-registration would
     /// start the worker's soft state afresh on every orchestrator, and frontends would briefly see no healthy worker.
     fn unknown_worker(&self, why: &str) -> WireError {
-        let status = self.group.status();
-        if status.voters.contains(&status.id) {
+        if self.group.votes() {
             WireError::new(ErrorCode::NotFound, why)
         } else {
             WireError::new(ErrorCode::Unavailable, "this orchestrator is joining its group: report to the others")

@@ -73,7 +73,7 @@ impl Handler for Orchestrator {
                 );
                 zl_node::otlp::adopt(&span, &r.trace_id);
                 let _entered = span.enter();
-                if !self.group().status().voters.contains(&self.group().status().id) {
+                if !self.group().votes() {
                     return Err(WireError::new(
                         ErrorCode::Unavailable,
                         "this orchestrator is not a voter: ask another",

@@ -140,6 +140,11 @@ impl Group {
         self.status.borrow().clone()
     }
 
+    /// Whether this node votes now (no copy of the status: asked on every route and sync).
+    pub fn votes(&self) -> bool {
+        self.status.borrow().voters.contains(&self.id)
+    }
+
     /// Commit `cmd`: propose it here if this node leads, else forward it to the leader; then wait until this
     /// node has applied it. Returns its log index.
     pub async fn commit(&self, cmd: &Command) -> Result<u64, CommitError> {
