@@ -125,14 +125,16 @@ impl Cluster {
             n.voters().is_empty() && n.learners().is_empty()
         };
         // Dropped while another change is pending: the node asks again.
-        let step = self.node_mut(leader).admit(id, fresh, vec![]).unwrap_or_else(|e| Admission::Wait(e.to_string()));
-        // As `raft/join.rs` does: a learner now (or becoming one), it takes the leader's messages from here on.
-        if matches!(&step, Admission::Propose(Change::Learner) | Admission::Voter)
-            || matches!(&step, Admission::Wait(w) if w.starts_with("catching up"))
-        {
-            self.holding.remove(&id);
+        // As the driver and `raft/join.rs` do: admitted by a step that was taken, it takes the leader's messages.
+        match self.node_mut(leader).admit(id, fresh, vec![]) {
+            Ok(step) => {
+                if step.admits() {
+                    self.holding.remove(&id);
+                }
+                step
+            }
+            Err(e) => Admission::Wait(e.to_string()),
         }
-        step
     }
 
     fn crash(&mut self, id: u64) {

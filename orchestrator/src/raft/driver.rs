@@ -266,13 +266,13 @@ impl Group {
     }
 
     /// The leader's next step for node `node` asking to join from admin address `address` (`fresh`: it knows no
-    /// membership at all); `Err(leader)` when this node does not lead.
+    /// membership at all) and whether it admits the node; `Err(leader)` when this node does not lead.
     pub async fn admit(
         &self,
         node: u64,
         address: &str,
         fresh: bool,
-    ) -> Result<Result<Admission, Option<u64>>, CommitError> {
+    ) -> Result<Result<(Admission, bool), Option<u64>>, CommitError> {
         let address = address.as_bytes().to_vec();
         let until = Instant::now() + Duration::from_secs(1);
         let answer = self.ask(|reply| Input::Admit { node, address, fresh, reply }, until).await?;
@@ -510,14 +510,17 @@ fn handle(replica: &mut Replica<SharedState>, input: Input, waiting: &mut Waitin
                 return;
             }
             // A change dropped (another one pending) is asked for again by the node.
-            let step = match replica.admit(node, fresh, address) {
-                Ok(step) => step,
-                Err(e) => Admission::Wait(e.to_string()),
+            let (step, admits) = match replica.admit(node, fresh, address) {
+                Ok(step) => {
+                    let admits = step.admits();
+                    (step, admits)
+                }
+                Err(e) => (Admission::Wait(e.to_string()), false),
             };
             if let Admission::Propose(change) = &step {
                 tracing::info!(raft_id = node, ?change, "membership: a joining node's next step");
             }
-            let _ = reply.send(Ok(step));
+            let _ = reply.send(Ok((step, admits)));
         }
         Input::Transfer { to, reply } => {
             let to = if replica.is_leader() { to.or_else(|| replica.successor()) } else { None };

@@ -57,12 +57,14 @@ pub(super) enum Input {
         address: Vec<u8>,
         reply: oneshot::Sender<Result<u64, CommitError>>,
     },
-    /// A node asks to join (`join.rs`): the leader's next step for it, or `Err(leader)` when this node does not lead.
+    /// A node asks to join (`join.rs`): the leader's next step for it and whether that step admits it
+    /// ([`Admission::admits`]; false when the step could not be proposed), or `Err(leader)` when this node does
+    /// not lead.
     Admit {
         node: u64,
         address: Vec<u8>,
         fresh: bool,
-        reply: oneshot::Sender<Result<Admission, Option<u64>>>,
+        reply: oneshot::Sender<Result<(Admission, bool), Option<u64>>>,
     },
     /// Hand leadership to this voter (`None`: the best placed one, [`super::replica::Replica::successor`]); the
     /// reply names it (`None` when this node does not lead or votes alone).

@@ -86,9 +86,9 @@ impl Group {
                     leader = Some(reply.leader_address);
                     break;
                 }
-                // Added as a learner (any old voter of this id removed first): the leader's messages now address
-                // this node's empty log.
-                if reply.voter || reply.detail.contains("Learner") || reply.detail.starts_with("catching up") {
+                // Admitted (any old voter place of this id removed first): the leader's messages now address this
+                // node's empty log.
+                if reply.admitted {
                     self.accepting.store(true, std::sync::atomic::Ordering::Relaxed);
                 }
                 if reply.detail != said {

@@ -41,6 +41,14 @@ pub enum Admission {
     Wait(String),
 }
 
+impl Admission {
+    /// Whether the node may take the leader's messages once this step is taken: every step but the removal of
+    /// the voter place its lost storage had (messages to that place name a log its empty one does not hold).
+    pub fn admits(&self) -> bool {
+        *self != Admission::Propose(Change::Remove)
+    }
+}
+
 /// The next step for node `id`, which has storage of its own unless `fresh` (it knows no membership at all).
 pub fn admit(id: u64, fresh: bool, view: &View<'_>) -> Admission {
     if view.voters.contains(&id) {
@@ -83,6 +91,8 @@ mod tests {
     #[test]
     fn a_voter_that_lost_its_storage_is_removed_before_it_joins_again() {
         assert_eq!(admit(2, true, &view(&[1, 2, 3], &[], 10, Some(10))), Admission::Propose(Change::Remove));
+        assert!(!Admission::Propose(Change::Remove).admits());
+        assert!(Admission::Propose(Change::Learner).admits() && Admission::Wait("catching up".into()).admits());
         assert_eq!(admit(2, true, &view(&[1, 3], &[], 11, None)), Admission::Propose(Change::Learner));
         // A voter that kept its storage is left alone however far behind it is.
         assert_eq!(admit(2, false, &view(&[1, 2, 3], &[], 10, Some(3))), Admission::Voter);

@@ -82,9 +82,10 @@ impl RaftPeer for PeerService {
         let known = |id: u64| self.group.addresses().get(&id).cloned().unwrap_or_default();
         let mut reply = JoinReply { has_group: !status.voters.is_empty(), ..JoinReply::default() };
         match self.group.admit(r.id, &address, r.fresh).await {
-            Ok(Ok(step)) => {
+            Ok(Ok((step, admitted))) => {
                 (reply.leader_id, reply.leader_address) = (status.id, known(status.id));
                 reply.voter = step == Admission::Voter;
+                reply.admitted = admitted;
                 reply.detail = match step {
                     Admission::Voter => "a voter".to_owned(),
                     Admission::Propose(change) => format!("proposed: {change:?}"),
