@@ -24,7 +24,11 @@ fn worker_meta(models: usize) -> WorkerMeta {
         memory_free_bytes: 480 << 20,
         max_running: 32,
         models: (0..models)
-            .map(|i| ModelEntry { id: format!("org-{i}/model-{i}-instruct"), sha256: format!("{:064x}", i + 1) })
+            .map(|i| ModelEntry {
+                id: format!("org-{i}/model-{i}-instruct"),
+                sha256: format!("{:064x}", i + 1),
+                weights_bytes: 0,
+            })
             .collect(),
     }
 }

@@ -14,6 +14,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::{AddedToken, Tokenizer};
 
 mod bytes;
+mod spm;
 pub use bytes::SPECIAL_MARKER;
 
 /// ChatML, used when a model ships no template.
@@ -43,18 +44,27 @@ pub struct ChatMessage {
 /// GGUF tokenizer metadata, as read from the file.
 #[derive(Debug, Default)]
 pub struct GgufVocab {
-    /// `tokenizer.ggml.model`, e.g. "gpt2".
+    /// `tokenizer.ggml.model`: "gpt2" (byte-level BPE) or "llama" (SentencePiece).
     pub model: String,
     /// `tokenizer.ggml.pre`, e.g. "smollm".
     pub pre: String,
     /// Token strings by id.
     pub tokens: Vec<String>,
-    /// Merge rules, "left right".
+    /// Merge rules, "left right" (byte-level BPE).
     pub merges: Vec<String>,
+    /// Piece scores by id (SentencePiece).
+    pub scores: Vec<f32>,
+    /// Whether a space goes in front of the text (SentencePiece's `add_dummy_prefix`).
+    pub add_space_prefix: bool,
+    /// The unknown token's id (SentencePiece).
+    pub unk: Option<u32>,
     /// Token types by id (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte).
     pub token_types: Vec<i32>,
     /// End-of-sequence token id.
     pub eos: Option<u32>,
+    /// The token a text starts with, when the file asks for one (`tokenizer.ggml.add_bos_token`): chat templates
+    /// write it as `bos_token`.
+    pub bos: Option<u32>,
     /// Chat template.
     pub chat_template: Option<String>,
 }
@@ -114,7 +124,7 @@ impl std::fmt::Debug for TextTokenizer {
 }
 
 /// Turn names that end a turn in the common chat formats.
-const END_OF_TURN: [&str; 5] = ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<|end|>"];
+const END_OF_TURN: [&str; 6] = ["<|im_end|>", "<|eot_id|>", "<|endoftext|>", "</s>", "<|end|>", "<end_of_turn>"];
 
 impl TextTokenizer {
     /// The one place a tokenizer is put together: every constructor ends here, so derived facts (the longest
@@ -131,14 +141,44 @@ impl TextTokenizer {
         TextTokenizer { inner, stop_ids, template, compiled: Arc::new(compiled), bos, eos, max_token_bytes }
     }
 
-    /// Rebuild a byte-level BPE tokenizer from GGUF metadata.
+    /// Rebuild a tokenizer from GGUF metadata: byte-level BPE ("gpt2") or SentencePiece ("llama").
     pub fn from_gguf(vocab: &GgufVocab) -> Result<TextTokenizer, TokenizerError> {
-        if vocab.model != "gpt2" {
-            return Err(TokenizerError::Tokenizer(format!(
-                "GGUF tokenizer model {:?} is not supported (byte-level BPE, \"gpt2\", is)",
-                vocab.model
-            )));
+        let mut inner = match vocab.model.as_str() {
+            "gpt2" => Self::byte_level(vocab)?,
+            "llama" => spm::tokenizer(vocab)?,
+            other => {
+                return Err(TokenizerError::Tokenizer(format!(
+                    "GGUF tokenizer model {other:?} is not supported (byte-level BPE, \"gpt2\", and SentencePiece, \
+                     \"llama\", are)"
+                )));
+            }
+        };
+        // Control and user-defined tokens are matched whole in the input (chat markers like <|im_start|>).
+        let specials: Vec<AddedToken> = vocab
+            .tokens
+            .iter()
+            .zip(&vocab.token_types)
+            .filter(|(_, t)| **t == 3 || **t == 4)
+            .map(|(s, t)| AddedToken::from(s.clone(), *t == 3))
+            .collect();
+        inner.add_special_tokens(specials).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
+        let eos = vocab.eos.and_then(|id| vocab.tokens.get(id as usize)).cloned().unwrap_or_default();
+        let mut stop_ids: Vec<u32> = vocab.eos.into_iter().collect();
+        for name in END_OF_TURN {
+            if let Some(id) = vocab.tokens.iter().position(|t| t == name) {
+                stop_ids.push(id as u32);
+            }
         }
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
+        let template = vocab.chat_template.clone().unwrap_or_else(|| CHATML_TEMPLATE.to_owned());
+        let compiled = compile(&template);
+        let bos = vocab.bos.and_then(|id| vocab.tokens.get(id as usize)).cloned().unwrap_or_default();
+        Ok(TextTokenizer::assemble(inner, stop_ids, template, compiled, bos, eos))
+    }
+
+    /// A byte-level BPE tokenizer (GPT-2's scheme) from GGUF metadata.
+    fn byte_level(vocab: &GgufVocab) -> Result<Tokenizer, TokenizerError> {
         let ids: Vocab = vocab.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
         let merges = vocab
             .merges
@@ -165,27 +205,7 @@ impl TextTokenizer {
         };
         inner.with_pre_tokenizer(Some(pre));
         inner.with_decoder(Some(ByteLevel::default()));
-        // Control and user-defined tokens are matched whole in the input (chat markers like <|im_start|>).
-        let specials: Vec<AddedToken> = vocab
-            .tokens
-            .iter()
-            .zip(&vocab.token_types)
-            .filter(|(_, t)| **t == 3 || **t == 4)
-            .map(|(s, t)| AddedToken::from(s.clone(), *t == 3))
-            .collect();
-        inner.add_special_tokens(specials).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
-        let eos = vocab.eos.and_then(|id| vocab.tokens.get(id as usize)).cloned().unwrap_or_default();
-        let mut stop_ids: Vec<u32> = vocab.eos.into_iter().collect();
-        for name in END_OF_TURN {
-            if let Some(id) = vocab.tokens.iter().position(|t| t == name) {
-                stop_ids.push(id as u32);
-            }
-        }
-        stop_ids.sort_unstable();
-        stop_ids.dedup();
-        let template = vocab.chat_template.clone().unwrap_or_else(|| CHATML_TEMPLATE.to_owned());
-        let compiled = compile(&template);
-        Ok(TextTokenizer::assemble(inner, stop_ids, template, compiled, String::new(), eos))
+        Ok(inner)
     }
 
     /// Load a Hugging Face `tokenizer.json`, with the chat template and special tokens of `tokenizer_config.json`
@@ -353,6 +373,7 @@ pub mod testing {
             merges,
             token_types,
             chat_template: None,
+            ..GgufVocab::default()
         }
     }
 }

@@ -1,10 +1,11 @@
-//! Kernel micro-benchmark, side by side in one run: Q4_1 and Q8_0 matmuls of the default model's FFN shape at
-//! several batch sizes, and attention of one query row (the default model's heads) over several context lengths.
+//! Kernel micro-benchmark, side by side in one run: matmuls in every weight format (Q4_1 and Q8_0 at the default
+//! model's FFN up shape; the other block formats, F16 and BF16 at its FFN down shape, whose inputs are a multiple of
+//! the K-quants' 256) at several batch sizes, and attention of one query row (the default model's heads) over several context lengths.
 //! `cargo bench -p zl-worker --bench kernels` (`ZL_KERNEL_BATCHES=1,16` picks the batch sizes, `ZL_KERNEL_ISA=avx2`
 //! a lower instruction set than the CPU's).
 
 use std::time::Instant;
-use zl_worker::model::kernels::{AttentionShape, Isa, Weight, attention};
+use zl_worker::model::kernels::{AttentionShape, BlockFormat, Isa, Weight, attention};
 
 /// Deterministic pseudo-random numbers.
 struct Lcg(u64);
@@ -78,6 +79,23 @@ fn main() {
     }
     matmul("Q4_1", &Weight::from_q4_1(rows, cols, &q4).expect("Q4_1 weight"), &sizes, &mut rng);
     matmul("Q8_0", &Weight::from_q8_0(rows, cols, &q8).expect("Q8_0 weight"), &sizes, &mut rng);
+    let (rows, cols) = (cols, rows);
+    for format in BlockFormat::ALL {
+        let mut raw: Vec<u8> = (0..rows * cols / format.elems() * format.bytes()).map(|_| rng.next() as u8).collect();
+        for block in raw.chunks_exact_mut(format.bytes()) {
+            for &at in format.f16_fields() {
+                block[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
+            }
+        }
+        let w = Weight::from_blocks(format, rows, cols, raw).expect("block weight");
+        matmul(format.name(), &w, &sizes, &mut rng);
+    }
+    for bf16 in [false, true] {
+        let bits =
+            (0..rows * cols).map(|_| half::f16::from_f32(rng.unit()).to_bits() & if bf16 { 0x7f7f } else { 0xffff });
+        let w = Weight::from_half(bf16, rows, cols, bits.collect()).expect("half weight");
+        matmul(w.format_name(), &w, &sizes, &mut rng);
+    }
 
     let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64 };
     let kvd = shape.kv_heads * shape.head_dim;

@@ -17,6 +17,8 @@ pub struct ReportedEngine {
     pub id: String,
     /// Hex SHA-256 of its weights.
     pub sha256: String,
+    /// Bytes of weights in memory.
+    pub weights_bytes: u64,
     /// Its engine.
     pub engine: EngineHandle,
 }
@@ -96,7 +98,11 @@ impl WorkerReport {
             memory_total_bytes: t.memory_total.unwrap_or(self.kv_budget_bytes),
             memory_free_bytes: t.memory_free,
             max_running: self.max_running,
-            models: self.models.iter().map(|m| ModelEntry { id: m.id.clone(), sha256: m.sha256.clone() }).collect(),
+            models: self
+                .models
+                .iter()
+                .map(|m| ModelEntry { id: m.id.clone(), sha256: m.sha256.clone(), weights_bytes: m.weights_bytes })
+                .collect(),
         }
     }
 

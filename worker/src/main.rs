@@ -181,9 +181,10 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
         let hashed = started.elapsed();
         let model = zl_worker::model::load(&path).with_context(|| format!("loading {}", path.display()))?;
         eprintln!(
-            "zl-worker: loaded {id} in {:.2} s ({:.2} s of it hashing the weights)",
+            "zl-worker: loaded {id} in {:.2} s ({:.2} s of it hashing the weights); weights in memory: {}",
             started.elapsed().as_secs_f64(),
-            hashed.as_secs_f64()
+            hashed.as_secs_f64(),
+            model.llama.weights_summary()
         );
         let per_block = KvStore::bytes_per_block(model.llama.config(), args.kv_block_size);
         let blocks = budget / per_block.max(1);
@@ -254,6 +255,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         let cfg = loaded.core.model().llama.config().clone();
         let tokenizer = Arc::new(loaded.core.model().tokenizer.clone());
         let family = loaded.core.model().family.clone();
+        let weights_bytes = loaded.core.model().llama.weight_bytes_by_format().values().sum::<usize>() as u64;
         let grammar = zl_grammar::Engine::new(&tokenizer)
             .map_err(|e| anyhow::anyhow!("{}: cannot index the vocabulary for constrained decoding: {e}", loaded.id))?;
         let engine = EngineHandle::spawn(loaded.core, &loaded.id)?;
@@ -262,6 +264,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             weights_sha256: loaded.sha256,
             context_length: cfg.context_length as u32,
             family,
+            weights_bytes,
             tokenizer,
             grammar,
             engine,
@@ -303,6 +306,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             .map(|m| ReportedEngine {
                 id: m.id.clone(),
                 sha256: zl_common::keys::hex(&m.weights_sha256),
+                weights_bytes: m.weights_bytes,
                 engine: m.engine.clone(),
             })
             .collect(),

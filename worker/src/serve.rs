@@ -27,6 +27,8 @@ pub struct ServedModel {
     pub context_length: u32,
     /// Architecture family.
     pub family: String,
+    /// Bytes of weights in memory (matrices, in their own formats).
+    pub weights_bytes: u64,
     /// Tokenizer, for text prompts.
     pub tokenizer: Arc<TextTokenizer>,
     /// Its vocabulary as the grammar engine sees it, for constrained requests.

@@ -3,19 +3,18 @@
 //! invariance through the engine.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use tokenizers::models::bpe::{BPE, Vocab};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
-use tokenizers::{AddedToken, Tokenizer};
+use common::{hf_tokenizer, logits};
 use zl_text::ChatMessage;
 use zl_worker::engine::{EngineCore, Event, Request};
-use zl_worker::kv::pool::BlockPool;
 use zl_worker::model::hf;
 use zl_worker::model::kernels::Weight;
-use zl_worker::model::llama::{BatchItem, KvStore, Layer, Llama, LlamaConfig};
+use zl_worker::model::llama::{Layer, Llama, LlamaConfig};
 use zl_worker::sampling::Sampling;
 
 const HIDDEN: usize = 64;
@@ -61,18 +60,8 @@ fn weights(vocab: usize) -> Vec<(String, (usize, usize), Vec<f32>)> {
     out
 }
 
-fn tokenizer() -> Tokenizer {
-    let vocab: Vocab = ByteLevel::alphabet().into_iter().enumerate().map(|(i, c)| (c.to_string(), i as u32)).collect();
-    let bpe = BPE::builder().vocab_and_merges(vocab, vec![]).build().unwrap();
-    let mut tok = Tokenizer::new(bpe);
-    tok.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));
-    tok.with_decoder(Some(ByteLevel::default()));
-    tok.add_special_tokens([AddedToken::from("<|im_start|>", true), AddedToken::from("<|im_end|>", true)]).unwrap();
-    tok
-}
-
 fn write_model(dir: &Path) -> usize {
-    let tok = tokenizer();
+    let tok = hf_tokenizer();
     let vocab = tok.get_vocab_size(true);
     std::fs::write(dir.join("tokenizer.json"), tok.to_string(false).unwrap()).unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), r#"{"eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}"#)
@@ -129,6 +118,8 @@ fn interleaved_twin(vocab: usize) -> Llama {
             wk: f(KV_HEADS * HD, HIDDEN, permute(&take("self_attn.k_proj.weight"), KV_HEADS)),
             wv: f(KV_HEADS * HD, HIDDEN, take("self_attn.v_proj.weight")),
             qkv_bias: None,
+            qk_norm: None,
+            post_norms: None,
             wo: f(HIDDEN, HIDDEN, take("self_attn.o_proj.weight")),
             ffn_norm: take("post_attention_layernorm.weight"),
             w_gate: f(INTER, HIDDEN, bf16_round(&take("mlp.gate_proj.weight"))),
@@ -148,20 +139,12 @@ fn interleaved_twin(vocab: usize) -> Llama {
         rope_theta: 10_000.0,
         context_length: 256,
         rope_interleaved: true,
+        ..Default::default()
     };
     let embed = f(vocab, HIDDEN, w.remove("model.embed_tokens.weight").unwrap());
     let norm = w.remove("model.norm.weight").unwrap();
     let output = f(vocab, HIDDEN, w.remove("lm_head.weight").unwrap());
     Llama::new(cfg, embed, layers, norm, Some(output)).unwrap()
-}
-
-fn logits(model: &Llama, tokens: &[u32]) -> Vec<f32> {
-    let mut kv = KvStore::new(model.config(), 8, 16);
-    let mut pool = BlockPool::new(8, 16);
-    let mut seq = pool.start(tokens);
-    pool.reserve(&mut seq, tokens.len()).unwrap();
-    let item = BatchItem { tokens, start: 0, blocks: seq.table(), logits: 1 };
-    model.forward(&[item], &mut kv)
 }
 
 #[test]
@@ -171,6 +154,10 @@ fn a_hugging_face_directory_loads_and_both_rope_layouts_agree() {
     let model = hf::load(dir.path()).unwrap();
     assert_eq!(model.family, "llama");
     assert_eq!(model.llama.config().kv_heads, KV_HEADS);
+    // bf16 matrices stay bf16 in memory (half the bytes of f32), f32 ones f32.
+    let layer = &model.llama.layers()[0];
+    assert_eq!((layer.w_up.format_name(), layer.w_up.memory_bytes()), ("BF16", 2 * INTER * HIDDEN));
+    assert_eq!(layer.wq.format_name(), "F32");
     let tok = &model.tokenizer;
     let ids = tok.encode("hello <|im_end|>").unwrap();
     assert_eq!(tok.decode(&ids).unwrap(), "hello ");

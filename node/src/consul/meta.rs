@@ -12,7 +12,7 @@
 //! | `memory_total_bytes`, `memory_free_bytes` | integers: VRAM on a GPU, the KV budget on a CPU |
 //! | `max_running` | integer |
 //! | `models` | how many models the worker serves |
-//! | `models_0`, `models_1`, ... | the models in order, `ID=SHA` entries joined by `,` (SHA: the first 12 hex digits of the weights' SHA-256; `%`, `,`, `=` and bytes outside printable ASCII in IDs as `%XX`), as many per value as fit in 512 bytes |
+//! | `models_0`, `models_1`, ... | the models in order, `ID=SHA:BYTES` entries joined by `,` (SHA: the first 12 hex digits of the weights' SHA-256; BYTES: the model's weights in memory, absent when unknown; `%`, `,`, `=` and bytes outside printable ASCII in IDs as `%XX`), as many per value as fit in 512 bytes |
 //! | `models_omitted` | models that did not fit (only when some did not) |
 //!
 //! So a worker with any number of models registers: the Meta lists as many as fit (about 700 with short ids) and
@@ -52,6 +52,8 @@ pub struct ModelEntry {
     pub id: String,
     /// SHA-256 of its weights (hex); Meta keeps the first [`SHA_PREFIX`] digits.
     pub sha256: String,
+    /// Bytes its weights take in memory (0: not reported).
+    pub weights_bytes: u64,
 }
 
 /// What a worker publishes in its Meta.
@@ -148,8 +150,14 @@ impl WorkerMeta {
         for i in 0.. {
             let Some(v) = meta.get(&format!("models_{i}")) else { break };
             for e in v.split(',') {
-                let (id, sha) = e.split_once('=').ok_or_else(|| MetaError(format!("bad model entry {e:?}")))?;
-                models.push(ModelEntry { id: unescape(id)?, sha256: sha.to_owned() });
+                let (id, rest) = e.split_once('=').ok_or_else(|| MetaError(format!("bad model entry {e:?}")))?;
+                let (sha, bytes) = rest.split_once(':').unwrap_or((rest, ""));
+                let weights_bytes = if bytes.is_empty() {
+                    0
+                } else {
+                    bytes.parse().map_err(|_| MetaError(format!("bad weights size in model entry {e:?}")))?
+                };
+                models.push(ModelEntry { id: unescape(id)?, sha256: sha.to_owned(), weights_bytes });
             }
         }
         Ok(WorkerMeta {
@@ -210,7 +218,7 @@ pub fn check(meta: &BTreeMap<String, String>) -> Result<(), MetaError> {
     Ok(())
 }
 
-/// `ID=SHA` with the id escaped.
+/// `ID=SHA:BYTES` (`ID=SHA` when the size is unknown) with the id escaped.
 fn entry(model: &ModelEntry) -> String {
     let mut out = String::with_capacity(model.id.len() + 1 + SHA_PREFIX);
     for b in model.id.bytes() {
@@ -222,6 +230,9 @@ fn entry(model: &ModelEntry) -> String {
     }
     out.push('=');
     out.extend(model.sha256.chars().filter(char::is_ascii_hexdigit).take(SHA_PREFIX));
+    if model.weights_bytes > 0 {
+        let _ = write!(out, ":{}", model.weights_bytes);
+    }
     out
 }
 
@@ -268,7 +279,11 @@ mod tests {
             memory_free_bytes: 300 << 20,
             max_running: 32,
             models: (0..models)
-                .map(|i| ModelEntry { id: format!("{i:0>id_len$}"), sha256: format!("{:064x}", i * 7919) })
+                .map(|i| ModelEntry {
+                    id: format!("{i:0>id_len$}"),
+                    sha256: format!("{:064x}", i * 7919),
+                    weights_bytes: i as u64 * 1_000_003,
+                })
                 .collect(),
         }
     }
@@ -284,6 +299,7 @@ mod tests {
         assert_eq!(back.models.len(), 70);
         for (a, b) in back.models.iter().zip(&w.models) {
             assert_eq!((a.id.as_str(), a.sha256.as_str()), (b.id.as_str(), &b.sha256[..SHA_PREFIX]));
+            assert_eq!(a.weights_bytes, b.weights_bytes);
         }
         assert_eq!((back.kv_blocks_free, back.max_running, back.kv_fragmentation), (600, 32, 0.25));
     }
@@ -298,7 +314,7 @@ mod tests {
         assert_eq!(listed + meta["models_omitted"].parse::<usize>().unwrap(), 5000);
         // An id too long for any value on its own is counted too.
         let mut w = worker(1, 4);
-        w.models.push(ModelEntry { id: "x".repeat(600), sha256: "ab".into() });
+        w.models.push(ModelEntry { id: "x".repeat(600), sha256: "ab".into(), weights_bytes: 0 });
         let meta = w.encode();
         check(&meta).unwrap();
         assert_eq!((meta["models"].as_str(), meta["models_omitted"].as_str()), ("2", "1"));
@@ -308,16 +324,20 @@ mod tests {
     fn ids_with_separators_and_unicode_survive_and_long_strings_are_cut() {
         let mut w = worker(0, 0);
         w.models = vec![
-            ModelEntry { id: "org/a,b=c%d".into(), sha256: "0123456789abcdef".into() },
-            ModelEntry { id: "modèle-ünï".into(), sha256: "ff".into() },
+            ModelEntry { id: "org/a,b=c%d".into(), sha256: "0123456789abcdef".into(), weights_bytes: 256_900_000 },
+            ModelEntry { id: "modèle-ünï".into(), sha256: "ff".into(), weights_bytes: 0 },
         ];
         w.region = "é".repeat(400); // 800 bytes
         let meta = w.encode();
         check(&meta).unwrap();
-        assert_eq!(meta["models_0"], "org/a%2Cb%3Dc%25d=0123456789ab,mod%C3%A8le-%C3%BCn%C3%AF=ff");
+        assert_eq!(meta["models_0"], "org/a%2Cb%3Dc%25d=0123456789ab:256900000,mod%C3%A8le-%C3%BCn%C3%AF=ff");
         let back = WorkerMeta::decode(&meta).unwrap();
-        assert_eq!(back.models[0].id, "org/a,b=c%d");
-        assert_eq!(back.models[1].id, "modèle-ünï");
+        assert_eq!((back.models[0].id.as_str(), back.models[0].weights_bytes), ("org/a,b=c%d", 256_900_000));
+        assert_eq!((back.models[1].id.as_str(), back.models[1].weights_bytes), ("modèle-ünï", 0));
+        // A size that is not a number is an error, not a zero.
+        let mut bad = meta.clone();
+        bad.insert("models_0".into(), "a=ff:12x".into());
+        assert!(WorkerMeta::decode(&bad).is_err());
         assert_eq!(back.region.len(), 512);
     }
 

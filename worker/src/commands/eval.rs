@@ -1,6 +1,7 @@
 //! `zl-worker eval`: a model path's quality. `--perplexity FILE` scores a text on the model's own path (the CPU
 //! kernels at the level this machine runs; every level computes the same bits) and, with `--float`, on the float
-//! reference path beside it, with their ratio. `--questions` asks the fixed question set greedily on both paths
+//! reference path beside it, with their ratio; `--reference llama.cpp` runs llama.cpp's `llama-perplexity` on the
+//! same file, text and chunk size and prints its figure and the ratio. `--questions` asks the fixed question set greedily on both paths
 //! and prints where their answers differ.
 
 use std::path::{Path, PathBuf};
@@ -8,6 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
+use zl_worker::eval::reference::{llama_cpp_perplexity, llama_perplexity_binary};
 use zl_worker::eval::{answers, perplexity};
 use zl_worker::fetch;
 use zl_worker::model::kernels::Isa;
@@ -31,6 +33,10 @@ pub(crate) struct EvalArgs {
     /// Also measure the float reference path (every matrix dequantized to f32; slow).
     #[arg(long)]
     float: bool,
+    /// Also score the text with a reference engine on the same file: `llama.cpp` (its `llama-perplexity`, from
+    /// `ZL_LLAMA_PERPLEXITY`, `.tools/llama.cpp/bin/` or the PATH; `scripts/llama-cpp` builds it).
+    #[arg(long, value_parser = ["llama.cpp"])]
+    reference: Option<String>,
     /// Longest answer to a question, in tokens.
     #[arg(long, default_value_t = 32)]
     max_tokens: usize,
@@ -50,8 +56,8 @@ pub(crate) fn run(args: &EvalArgs) -> Result<()> {
     Ok(())
 }
 
-fn score(args: &EvalArgs, path: &Path, text: &Path) -> Result<()> {
-    let text = std::fs::read_to_string(text).with_context(|| format!("reading {}", text.display()))?;
+fn score(args: &EvalArgs, path: &Path, text_path: &Path) -> Result<()> {
+    let text = std::fs::read_to_string(text_path).with_context(|| format!("reading {}", text_path.display()))?;
     let bos = if path.is_dir() { None } else { gguf::bos_token(path)? };
     let mut precisions = vec![(Precision::Native, format!("native ({} kernels)", Isa::current().name()))];
     if args.float {
@@ -62,6 +68,9 @@ fn score(args: &EvalArgs, path: &Path, text: &Path) -> Result<()> {
         let started = Instant::now();
         let model = load_with(path, precision).with_context(|| format!("loading {}", path.display()))?;
         let loaded = started.elapsed();
+        let resident = zl_worker::model::resident_bytes()
+            .map_or(String::new(), |b| format!("; process resident after load: {:.1} MiB", b as f64 / 1048576.0));
+        println!("{name}: weights in memory: {}{resident}", model.llama.weights_summary());
         let tokens = model.tokenizer.encode(&text)?;
         let started = Instant::now();
         let Some(p) = perplexity(&model.llama, &tokens, args.context, bos) else {
@@ -80,6 +89,18 @@ fn score(args: &EvalArgs, path: &Path, text: &Path) -> Result<()> {
     }
     if let [native, float] = values[..] {
         println!("native / float: {:.4} ({:+.2}%)", native / float, (native / float - 1.0) * 100.0);
+    }
+    if args.reference.is_some() {
+        if path.is_dir() {
+            bail!("--reference llama.cpp needs a GGUF file (llama.cpp does not read Hugging Face directories)");
+        }
+        let binary = llama_perplexity_binary();
+        let started = Instant::now();
+        let reference = llama_cpp_perplexity(&binary, path, text_path, args.context, rayon::current_num_threads())
+            .map_err(|e| anyhow!(e))?;
+        println!("{:<28} perplexity {reference:>8.4}  ({:.1}s)", "llama.cpp", started.elapsed().as_secs_f64());
+        let native = values[0];
+        println!("native / llama.cpp: {:.4} ({:+.2}%)", native / reference, (native / reference - 1.0) * 100.0);
     }
     Ok(())
 }

@@ -3,5 +3,6 @@
 
 pub mod answers;
 pub mod perplexity;
+pub mod reference;
 
 pub use perplexity::{Perplexity, perplexity};

@@ -27,28 +27,31 @@ fn log_prob(logits: &[f32], token: u32) -> f64 {
     logits[token as usize] as f64 - max - sum.ln()
 }
 
-/// Perplexity of `model` over `tokens` in chunks of `context` tokens (BOS `bos` first, when given, counted in
-/// the chunk). `None` when the text is shorter than one chunk.
+/// Perplexity of `model` over `tokens` the way llama.cpp's `perplexity` computes it: the text's tokens (after
+/// `bos`, when the model has one) in chunks of `context`, each chunk's first token replaced by `bos`, each chunk
+/// run from an empty cache in one prefill, and every token of its second half but the first scored from the
+/// logits of the position before it. `None` when the text is shorter than one chunk.
 pub fn perplexity(model: &Llama, tokens: &[u32], context: usize, bos: Option<u32>) -> Option<Perplexity> {
     let context = context.max(4);
-    let body = context - usize::from(bos.is_some());
+    let vocab = model.config().vocab;
     let blocks: Vec<BlockId> = (0..context.div_ceil(BLOCK) as BlockId).collect();
     let mut kv = KvStore::new(model.config(), blocks.len(), BLOCK);
+    let all: Vec<u32> = bos.into_iter().chain(tokens.iter().copied()).collect();
     let (mut nll, mut scored, mut chunks) = (0f64, 0usize, 0usize);
-    for piece in tokens.chunks_exact(body) {
-        let chunk: Vec<u32> = bos.into_iter().chain(piece.iter().copied()).collect();
-        let first = chunk.len() / 2;
-        // The first half in one prefill step, whose logits predict the first scored token; then one token at a
-        // time, each step's logits predicting the next.
-        let mut logits =
-            model.forward(&[BatchItem { tokens: &chunk[..first], start: 0, blocks: &blocks, logits: 1 }], &mut kv);
-        for at in first..chunk.len() {
-            nll -= log_prob(&logits, chunk[at]);
+    let first = context / 2;
+    for piece in all.chunks_exact(context) {
+        let mut chunk = piece.to_vec();
+        if let Some(b) = bos {
+            chunk[0] = b;
+        }
+        // Positions first..context - 1 predict the tokens after them; one step computes them all (the same bits
+        // as token by token: every row is computed on its own).
+        let rows = context - 1 - first;
+        let item = BatchItem { tokens: &chunk[..context - 1], start: 0, blocks: &blocks, logits: rows };
+        let logits = model.forward(&[item], &mut kv);
+        for (i, row) in logits.chunks_exact(vocab).enumerate() {
+            nll -= log_prob(row, chunk[first + 1 + i]);
             scored += 1;
-            if at + 1 < chunk.len() {
-                let step = BatchItem { tokens: &chunk[at..at + 1], start: at, blocks: &blocks, logits: 1 };
-                logits = model.forward(&[step], &mut kv);
-            }
         }
         chunks += 1;
     }

@@ -108,6 +108,15 @@ extern "C" __global__ void add(float* x, const float* y, long long n) {
     if (i < n) x[i] += y[i];
 }
 
+// gate = gelu(gate) * up, element by element (GELU's tanh approximation, Gemma's GeGLU).
+extern "C" __global__ void gelu_mul(float* gate, const float* up, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        float g = gate[i];
+        gate[i] = 0.5f * g * (1.0f + tanhf(0.7978845608f * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
 // gate = silu(gate) * up, element by element.
 extern "C" __global__ void silu_mul(float* gate, const float* up, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

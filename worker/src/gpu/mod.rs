@@ -14,7 +14,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStrea
 use cudarc::nvrtc::Ptx;
 
 use crate::model::kernels::Weight;
-use crate::model::llama::{BatchItem, Llama, logit_rows, step_rows};
+use crate::model::llama::{Activation, BatchItem, Llama, logit_rows, step_rows};
 
 /// The kernels, compiled for `$CUDA_COMPUTE_CAP` by build.rs.
 const PTX: &str = include_str!(concat!(env!("OUT_DIR"), "/kernels.ptx"));
@@ -46,6 +46,7 @@ struct Kernels {
     attention: CudaFunction,
     add: CudaFunction,
     silu_mul: CudaFunction,
+    gelu_mul: CudaFunction,
 }
 
 impl Kernels {
@@ -58,6 +59,7 @@ impl Kernels {
             attention: f("attention")?,
             add: f("add")?,
             silu_mul: f("silu_mul")?,
+            gelu_mul: f("gelu_mul")?,
         })
     }
 }
@@ -75,6 +77,10 @@ struct DeviceLayer {
     wk: Matrix,
     wv: Matrix,
     bias: Option<[CudaSlice<f32>; 3]>,
+    /// Per-head query and key norms (Qwen3, Gemma 3).
+    qk_norm: Option<[CudaSlice<f32>; 2]>,
+    /// Post-attention and post-MLP norms (Gemma 3).
+    post_norms: Option<[CudaSlice<f32>; 2]>,
     wo: Matrix,
     ffn_norm: CudaSlice<f32>,
     w_gate: Matrix,
@@ -92,6 +98,8 @@ pub struct GpuModel {
     output: Matrix,
     cos: CudaSlice<f32>,
     sin: CudaSlice<f32>,
+    /// The local (sliding-window) layers' RoPE tables, when they have their own base (Gemma 3).
+    local_rope: Option<[CudaSlice<f32>; 2]>,
     k_cache: Vec<CudaSlice<u16>>,
     v_cache: Vec<CudaSlice<u16>>,
     block_size: usize,
@@ -169,6 +177,14 @@ impl GpuModel {
                     Some((q, k, v)) => Some([floats(q)?, floats(k)?, floats(v)?]),
                     None => None,
                 },
+                qk_norm: match &l.qk_norm {
+                    Some((q, k)) => Some([floats(q)?, floats(k)?]),
+                    None => None,
+                },
+                post_norms: match &l.post_norms {
+                    Some((a, f)) => Some([floats(a)?, floats(f)?]),
+                    None => None,
+                },
                 wo: matrix(&l.wo)?,
                 ffn_norm: floats(&l.ffn_norm)?,
                 w_gate: matrix(&l.w_gate)?,
@@ -184,8 +200,15 @@ impl GpuModel {
         Ok(GpuModel {
             norm: floats(&llama.norm)?,
             output: matrix(llama.output.as_ref().unwrap_or(&llama.embed))?,
-            cos: floats(&llama.cos)?,
-            sin: floats(&llama.sin)?,
+            cos: floats(&llama.rope.full().0)?,
+            sin: floats(&llama.rope.full().1)?,
+            local_rope: match &llama.local_rope {
+                Some(t) => {
+                    let (c, s) = t.full();
+                    Some([floats(&c)?, floats(&s)?])
+                }
+                None => None,
+            },
             k_cache: cache()?,
             v_cache: cache()?,
             layers,
@@ -247,7 +270,20 @@ impl GpuModel {
         rows: usize,
         out: &mut CudaSlice<f32>,
     ) -> Result<(), GpuError> {
-        let (rows_i, width_i, eps) = (rows as i32, self.hidden as i32, self.eps);
+        self.rms_norm_width(x, src, w, rows, self.hidden, out)
+    }
+
+    /// RMSNorm of `rows` rows of `width` values (per-head norms use the head width).
+    fn rms_norm_width(
+        &self,
+        x: &CudaSlice<f32>,
+        src: Option<&CudaSlice<i32>>,
+        w: &CudaSlice<f32>,
+        rows: usize,
+        width: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let (rows_i, width_i, eps) = (rows as i32, width as i32, self.eps);
         let null = 0u64;
         let mut b = self.stream.launch_builder(&self.k.rms_norm);
         b.arg(x);
@@ -296,13 +332,22 @@ impl GpuModel {
                 r += 1;
             }
         }
-        let own: Vec<i64> = (0..n).map(|r| slot(items[row_item[r]].blocks, row_pos[r])).collect();
-        let (mut att, mut start, mut len) = (Vec::new(), Vec::with_capacity(n), Vec::with_capacity(n));
-        for r in 0..n {
-            start.push(att.len() as i32);
-            len.push(row_pos[r] as i32 + 1);
-            att.extend((0..=row_pos[r]).map(|p| slot(items[row_item[r]].blocks, p)));
+        if let Some(scale) = cfg.embed_scale {
+            x_host.iter_mut().for_each(|v| *v *= scale);
         }
+        let own: Vec<i64> = (0..n).map(|r| slot(items[row_item[r]].blocks, row_pos[r])).collect();
+        // Every row's attended slots over all earlier positions, or over a sliding window's (local layers).
+        let attended = |window: usize| {
+            let (mut att, mut start, mut len) = (Vec::new(), Vec::with_capacity(n), Vec::with_capacity(n));
+            for r in 0..n {
+                let first = (row_pos[r] + 1).saturating_sub(window);
+                start.push(att.len() as i32);
+                len.push((row_pos[r] + 1 - first) as i32);
+                att.extend((first..=row_pos[r]).map(|p| slot(items[row_item[r]].blocks, p)));
+            }
+            (att, start, len)
+        };
+        let (att, start, len) = attended(usize::MAX);
         let max_len = row_pos.iter().max().map_or(1, |p| p + 1);
         let s = &self.stream;
         let up = |v: &[f32]| s.clone_htod(v).map_err(err);
@@ -313,6 +358,14 @@ impl GpuModel {
         let att_d = s.clone_htod(&att).map_err(err)?;
         let start_d = s.clone_htod(&start).map_err(err)?;
         let len_d = s.clone_htod(&len).map_err(err)?;
+        let local_d = match cfg.sliding {
+            Some(w) => {
+                let (att, start, len) = attended(w.window.max(1));
+                let up = |v: &[i32]| s.clone_htod(v).map_err(err);
+                Some((s.clone_htod(&att).map_err(err)?, up(&start)?, up(&len)?))
+            }
+            None => None,
+        };
         let (mut hbuf, mut q, mut k, mut v) = (zeros(n * h)?, zeros(n * qd)?, zeros(n * kvd)?, zeros(n * kvd)?);
         let (mut attn, mut proj) = (zeros(n * qd)?, zeros(n * h)?);
         let (mut gate, mut upb) = (zeros(n * cfg.intermediate)?, zeros(n * cfg.intermediate)?);
@@ -321,32 +374,61 @@ impl GpuModel {
             (n as i32, cfg.heads as i32, cfg.kv_heads as i32, hd as i32, max_len as i32);
         let interleaved = i32::from(cfg.rope_interleaved);
         for (li, layer) in self.layers.iter().enumerate() {
+            let local = cfg.is_local(li);
+            let (cos, sin) = match (&self.local_rope, local) {
+                (Some([c, s]), true) => (c, s),
+                _ => (&self.cos, &self.sin),
+            };
+            let (att_l, start_l, len_l) = match (&local_d, local) {
+                (Some((a, st, l)), true) => (a, st, l),
+                _ => (&att_d, &start_d, &len_d),
+            };
             self.rms_norm(&x, None, &layer.attn_norm, n, &mut hbuf)?;
             let bias = layer.bias.as_ref();
             self.matmul(&hbuf, &layer.wq, bias.map(|b| &b[0]), n, &mut q)?;
             self.matmul(&hbuf, &layer.wk, bias.map(|b| &b[1]), n, &mut k)?;
             self.matmul(&hbuf, &layer.wv, bias.map(|b| &b[2]), n, &mut v)?;
+            if let Some([qn, kn]) = &layer.qk_norm {
+                // Every head of every row is a row of `hd` values for the norm.
+                self.rms_norm_width(&q, None, qn, n * cfg.heads, hd, &mut attn)?;
+                std::mem::swap(&mut q, &mut attn);
+                let mut normed = zeros(n * kvd)?;
+                self.rms_norm_width(&k, None, kn, n * cfg.kv_heads, hd, &mut normed)?;
+                k = normed;
+            }
             {
                 let mut b = s.launch_builder(&self.k.rope_store);
-                b.arg(&mut q).arg(&mut k).arg(&v).arg(&pos_d).arg(&own_d).arg(&self.cos).arg(&self.sin);
+                b.arg(&mut q).arg(&mut k).arg(&v).arg(&pos_d).arg(&own_d).arg(cos).arg(sin);
                 b.arg(&self.k_cache[li]).arg(&self.v_cache[li]);
                 b.arg(&n_i).arg(&heads_i).arg(&kv_heads_i).arg(&hd_i).arg(&interleaved);
                 unsafe { b.launch(grid(n)) }.map_err(err)?;
             }
             {
                 let mut b = s.launch_builder(&self.k.attention);
-                b.arg(&q).arg(&self.k_cache[li]).arg(&self.v_cache[li]).arg(&att_d).arg(&start_d).arg(&len_d);
+                b.arg(&q).arg(&self.k_cache[li]).arg(&self.v_cache[li]).arg(att_l).arg(start_l).arg(len_l);
                 b.arg(&mut scratch).arg(&mut attn);
                 b.arg(&n_i).arg(&heads_i).arg(&kv_heads_i).arg(&hd_i).arg(&max_len_i);
                 unsafe { b.launch(grid(n * cfg.heads)) }.map_err(err)?;
             }
             self.matmul(&attn, &layer.wo, None, n, &mut proj)?;
+            if let Some([post, _]) = &layer.post_norms {
+                self.rms_norm(&proj, None, post, n, &mut hbuf)?;
+                std::mem::swap(&mut proj, &mut hbuf);
+            }
             self.elementwise(&self.k.add, &mut x, &proj, n * h)?;
             self.rms_norm(&x, None, &layer.ffn_norm, n, &mut hbuf)?;
             self.matmul(&hbuf, &layer.w_gate, None, n, &mut gate)?;
             self.matmul(&hbuf, &layer.w_up, None, n, &mut upb)?;
-            self.elementwise(&self.k.silu_mul, &mut gate, &upb, n * cfg.intermediate)?;
+            let activation = match cfg.activation {
+                Activation::Silu => &self.k.silu_mul,
+                Activation::GeluTanh => &self.k.gelu_mul,
+            };
+            self.elementwise(activation, &mut gate, &upb, n * cfg.intermediate)?;
             self.matmul(&gate, &layer.w_down, None, n, &mut proj)?;
+            if let Some([_, post]) = &layer.post_norms {
+                self.rms_norm(&proj, None, post, n, &mut hbuf)?;
+                std::mem::swap(&mut proj, &mut hbuf);
+            }
             self.elementwise(&self.k.add, &mut x, &proj, n * h)?;
         }
         let last_rows: Vec<i32> = logit_rows(items).into_iter().map(|r| r as i32).collect();

@@ -1,5 +1,5 @@
-//! Loading a Llama-family GGUF file: shape from `llama.*` metadata, tokenizer from `tokenizer.ggml.*`, weights kept
-//! quantized where the kernels support the format (Q4_1, Q8_0) and dequantized to f32 otherwise.
+//! Loading a Llama-family GGUF file: shape from `llama.*` metadata, tokenizer from `tokenizer.ggml.*`, every matrix
+//! kept in its own format (each block format, f16, bf16, f32); a type without a kernel is refused by name.
 
 use std::fs::File;
 use std::io::BufReader;
@@ -9,8 +9,9 @@ use candle_core::Device;
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 
-use super::kernels::Weight;
-use super::llama::{Llama, LlamaConfig};
+use super::gguf_types::{tensor_types, type_name};
+use super::kernels::{BlockFormat, Weight};
+use super::llama::{Activation, Llama, LlamaConfig, RopeScaling, SlidingWindow};
 use super::{LayerNames, LoadError, LoadedModel, Precision, TensorSource, load_layers};
 use zl_text::{GgufVocab, TextTokenizer};
 
@@ -66,7 +67,20 @@ pub fn vocab(content: &Content) -> Result<GgufVocab, LoadError> {
         tokens: strings(content, "tokenizer.ggml.tokens")?,
         merges: strings(content, "tokenizer.ggml.merges").unwrap_or_default(),
         token_types,
+        scores: match content.metadata.get("tokenizer.ggml.scores") {
+            Some(v) => v
+                .to_vec()
+                .map_err(|e| LoadError::Format(format!("token scores: {e}")))?
+                .iter()
+                .map(|s| s.to_f32().map_err(|e| LoadError::Format(format!("token scores: {e}"))))
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        },
+        // SentencePiece's default; Gemma's files say false.
+        add_space_prefix: !matches!(content.metadata.get("tokenizer.ggml.add_space_prefix"), Some(Value::Bool(false))),
+        unk: content.metadata.get("tokenizer.ggml.unknown_token_id").and_then(|v| v.to_u32().ok()),
         eos: content.metadata.get("tokenizer.ggml.eos_token_id").and_then(|v| v.to_u32().ok()),
+        bos: starts_with_bos(content),
         chat_template: meta_string(content, "tokenizer.chat_template"),
     })
 }
@@ -110,11 +124,62 @@ impl TensorSource for Reader<'_> {
         };
         let bad = |e: super::kernels::WeightError| LoadError::Format(format!("{name}: {e}"));
         let data = || t.data().map_err(|e| LoadError::Format(format!("{name}: {e}")));
+        let blocks = |format: BlockFormat| Weight::from_blocks(format, rows, cols, data()?.into_owned()).map_err(bad);
+        let half = |bf16: bool| {
+            let bits = data()?.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+            Weight::from_half(bf16, rows, cols, bits).map_err(bad)
+        };
         match t.dtype() {
             _ if self.float => Weight::from_f32(rows, cols, Self::dequantized(&t, name)?).map_err(bad),
             GgmlDType::Q4_1 => Weight::from_q4_1(rows, cols, &data()?).map_err(bad),
             GgmlDType::Q8_0 => Weight::from_q8_0(rows, cols, &data()?).map_err(bad),
-            _ => Weight::from_f32(rows, cols, Self::dequantized(&t, name)?).map_err(bad),
+            GgmlDType::Q4_0 => blocks(BlockFormat::Q4_0),
+            GgmlDType::Q5_0 => blocks(BlockFormat::Q5_0),
+            GgmlDType::Q5_1 => blocks(BlockFormat::Q5_1),
+            GgmlDType::Q2K => blocks(BlockFormat::Q2K),
+            GgmlDType::Q3K => blocks(BlockFormat::Q3K),
+            GgmlDType::Q4K => blocks(BlockFormat::Q4K),
+            GgmlDType::Q5K => blocks(BlockFormat::Q5K),
+            GgmlDType::Q6K => blocks(BlockFormat::Q6K),
+            GgmlDType::F16 => half(false),
+            GgmlDType::BF16 => half(true),
+            GgmlDType::F32 => Weight::from_f32(rows, cols, Self::dequantized(&t, name)?).map_err(bad),
+            other => Err(unsupported_type(name, &format!("{other:?}"))),
+        }
+    }
+}
+
+/// Gemma's turn format, for files that carry no template (system text goes in front of the first user turn).
+const GEMMA_TEMPLATE: &str = "{{ bos_token }}{% set system = namespace(text='') %}{% for m in messages %}\
+{% if m['role'] == 'system' %}{% set system.text = m['content'] + '\n\n' %}{% else %}<start_of_turn>\
+{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n{% if m['role'] == 'user' %}{{ system.text }}\
+{% set system.text = '' %}{% endif %}{{ m['content'] }}<end_of_turn>\n{% endif %}{% endfor %}\
+{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}";
+
+/// A tensor of a type without a kernel: never widened to f32 behind the user's back.
+fn unsupported_type(tensor: &str, ty: &str) -> LoadError {
+    LoadError::Unsupported(format!(
+        "tensor {tensor} is {ty}, a GGUF type this build has no kernel for (supported: F32, F16, BF16, Q4_0, Q4_1, \
+         Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K); requantize the file to one of them, e.g. with llama.cpp's \
+         llama-quantize"
+    ))
+}
+
+/// Read a GGUF file's header and metadata; a tensor of a type the reader does not know is named with its type.
+fn read_content(path: &Path) -> Result<(Content, BufReader<File>), LoadError> {
+    let io = |e: std::io::Error| LoadError::Io(path.display().to_string(), e);
+    let mut file = BufReader::new(File::open(path).map_err(io)?);
+    match Content::read(&mut file) {
+        Ok(content) => Ok((content, file)),
+        Err(e) => {
+            let mut again = BufReader::new(File::open(path).map_err(io)?);
+            let known = |ty: u32| matches!(ty, 0..=3 | 6..=15 | 30);
+            if let Ok(types) = tensor_types(&mut again)
+                && let Some((name, ty)) = types.into_iter().find(|&(_, ty)| !known(ty))
+            {
+                return Err(unsupported_type(&name, &type_name(ty)));
+            }
+            Err(LoadError::Format(format!("not a GGUF file: {e}")))
         }
     }
 }
@@ -122,14 +187,17 @@ impl TensorSource for Reader<'_> {
 /// The BOS token a GGUF model's text starts with, as llama.cpp decides it: `tokenizer.ggml.bos_token_id` when
 /// `tokenizer.ggml.add_bos_token` is true (absent: true for SentencePiece vocabularies, false for BPE ones).
 pub fn bos_token(path: &Path) -> Result<Option<u32>, LoadError> {
-    let io = |e: std::io::Error| LoadError::Io(path.display().to_string(), e);
-    let mut file = BufReader::new(File::open(path).map_err(io)?);
-    let content = Content::read(&mut file).map_err(|e| LoadError::Format(format!("not a GGUF file: {e}")))?;
+    let (content, _) = read_content(path)?;
+    Ok(starts_with_bos(&content))
+}
+
+/// [`bos_token`] from read metadata.
+fn starts_with_bos(content: &Content) -> Option<u32> {
     let add = match content.metadata.get("tokenizer.ggml.add_bos_token") {
         Some(Value::Bool(b)) => *b,
-        _ => meta_string(&content, "tokenizer.ggml.model").as_deref() == Some("llama"),
+        _ => meta_string(content, "tokenizer.ggml.model").as_deref() == Some("llama"),
     };
-    Ok(if add { meta_usize(&content, "tokenizer.ggml.bos_token_id").ok().map(|id| id as u32) } else { None })
+    if add { meta_usize(content, "tokenizer.ggml.bos_token_id").ok().map(|id| id as u32) } else { None }
 }
 
 /// Load a GGUF model file.
@@ -139,14 +207,27 @@ pub fn load(path: &Path) -> Result<LoadedModel, LoadError> {
 
 /// Load a GGUF model file at `precision`: its own formats, or every matrix dequantized to f32.
 pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadError> {
-    let io = |e: std::io::Error| LoadError::Io(path.display().to_string(), e);
-    let mut file = BufReader::new(File::open(path).map_err(io)?);
-    let content = Content::read(&mut file).map_err(|e| LoadError::Format(format!("not a GGUF file: {e}")))?;
+    let (content, file) = read_content(path)?;
     let arch = meta_string(&content, "general.architecture").unwrap_or_default();
-    if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2") {
-        return Err(LoadError::Unsupported(format!("GGUF architecture {arch:?} (llama, mistral and qwen2 are)")));
+    if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3") {
+        return Err(LoadError::Unsupported(format!(
+            "GGUF architecture {arch:?} (llama, mistral, qwen2, qwen3 and gemma3 are)"
+        )));
     }
+    let gemma = arch == "gemma3";
     let key = |k: &str| format!("{arch}.{k}");
+    let mut r = Reader { content: &content, file, float: precision == Precision::Float };
+    let rope_scaling = if r.has("rope_freqs.weight") {
+        RopeScaling::Factors(r.vector("rope_freqs.weight")?)
+    } else {
+        match meta_string(&content, &key("rope.scaling.type")).as_deref() {
+            None | Some("none") => RopeScaling::None,
+            Some("linear") => RopeScaling::Linear { factor: meta_f32(&content, &key("rope.scaling.factor"))? },
+            Some(other) => {
+                return Err(LoadError::Unsupported(format!("RoPE scaling {other:?} (linear and llama3 are)")));
+            }
+        }
+    };
     let hidden = meta_usize(&content, &key("embedding_length"))?;
     let heads = meta_usize(&content, &key("attention.head_count"))?;
     let vocab_meta = vocab(&content)?;
@@ -161,11 +242,23 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
         rms_eps: meta_f32(&content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         rope_theta: meta_f32(&content, &key("rope.freq_base")).unwrap_or(10_000.0),
         context_length: meta_usize(&content, &key("context_length")).unwrap_or(4096),
-        // llama.cpp's converter permutes Llama/Mistral Q and K for adjacent-pair RoPE; Qwen2 keeps NeoX halves.
-        rope_interleaved: arch != "qwen2",
+        // llama.cpp's converter permutes Llama/Mistral Q and K for adjacent-pair RoPE; Qwen and Gemma keep NeoX
+        // halves.
+        rope_interleaved: !matches!(arch.as_str(), "qwen2" | "qwen3" | "gemma3"),
+        rope_scaling,
+        activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
+        embed_scale: gemma.then(|| (hidden as f32).sqrt()),
+        // Gemma 3: five local layers to one global, local RoPE base 10,000 (llama.cpp's values for the family).
+        sliding: match meta_usize(&content, &key("attention.sliding_window")) {
+            Ok(window) if gemma => Some(SlidingWindow {
+                window,
+                every: meta_usize(&content, &key("attention.sliding_window_pattern")).unwrap_or(6),
+                local_theta: 10_000.0,
+            }),
+            _ => None,
+        },
     };
     cfg.validate().map_err(LoadError::Format)?;
-    let mut r = Reader { content: &content, file, float: precision == Precision::Float };
     let embed = r.weight("token_embd.weight")?;
     let names = LayerNames {
         prefix: |i| format!("blk.{i}."),
@@ -174,6 +267,8 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
         k: "attn_k.weight",
         v: "attn_v.weight",
         qkv_bias: ["attn_q.bias", "attn_k.bias", "attn_v.bias"],
+        qk_norm: ["attn_q_norm.weight", "attn_k_norm.weight"],
+        post_norms: ["post_attention_norm.weight", "post_ffw_norm.weight"],
         o: "attn_output.weight",
         ffn_norm: "ffn_norm.weight",
         gate: "ffn_gate.weight",
@@ -183,7 +278,14 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
     let layers = load_layers(&mut r, cfg.layers, &names)?;
     let norm = r.vector("output_norm.weight")?;
     let output = if r.has("output.weight") { Some(r.weight("output.weight")?) } else { None };
+    // The metadata (a large vocabulary's strings) is freed before the tokenizer is built, which reuses the memory.
+    drop(r);
+    drop(content);
     let llama = Llama::new(cfg, embed, layers, norm, output).map_err(LoadError::Format)?;
+    let mut vocab_meta = vocab_meta;
+    if gemma && vocab_meta.chat_template.is_none() {
+        vocab_meta.chat_template = Some(GEMMA_TEMPLATE.to_owned());
+    }
     let tokenizer = TextTokenizer::from_gguf(&vocab_meta).map_err(|e| LoadError::Format(e.to_string()))?;
     Ok(LoadedModel { llama, tokenizer, family: arch })
 }

@@ -1,6 +1,6 @@
 //! Loading a Hugging Face model directory: `config.json`, one or more `*.safetensors` shards, `tokenizer.json` and
-//! (optionally) `tokenizer_config.json` with the chat template. Llama, Mistral, Qwen2 and SmolLM layouts; weights of
-//! any float dtype are converted to f32.
+//! (optionally) `tokenizer_config.json` with the chat template. Llama, Mistral, Qwen2 and SmolLM layouts; f16 and
+//! bf16 matrices stay 16-bit in memory (widened a row at a time by the kernels), other float types become f32.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 
 use super::kernels::Weight;
-use super::llama::{Llama, LlamaConfig};
-use super::{LayerNames, LoadError, LoadedModel, TensorSource, load_layers};
+use super::llama::{Llama, LlamaConfig, RopeScaling};
+use super::{LayerNames, LoadError, LoadedModel, Precision, TensorSource, load_layers};
 use zl_text::TextTokenizer;
 
 /// The fields of `config.json` this loader reads.
@@ -28,13 +28,50 @@ struct HfConfig {
     max_position_embeddings: Option<usize>,
     #[serde(default)]
     tie_word_embeddings: bool,
+    rope_scaling: Option<HfRopeScaling>,
 }
 
-struct Tensors(HashMap<String, Tensor>);
+/// `config.json`'s `rope_scaling` (`rope_type`, or `type` in older files).
+#[derive(Debug, serde::Deserialize)]
+struct HfRopeScaling {
+    #[serde(alias = "type")]
+    rope_type: String,
+    factor: Option<f32>,
+    low_freq_factor: Option<f32>,
+    high_freq_factor: Option<f32>,
+    original_max_position_embeddings: Option<usize>,
+}
+
+impl HfRopeScaling {
+    fn scaling(&self) -> Result<RopeScaling, LoadError> {
+        let need = |v: Option<f32>, name: &str| {
+            v.ok_or_else(|| LoadError::Format(format!("config.json: rope_scaling {:?} needs {name}", self.rope_type)))
+        };
+        match self.rope_type.as_str() {
+            "default" => Ok(RopeScaling::None),
+            "linear" => Ok(RopeScaling::Linear { factor: need(self.factor, "factor")? }),
+            "llama3" => Ok(RopeScaling::Llama3 {
+                factor: need(self.factor, "factor")?,
+                low_freq_factor: need(self.low_freq_factor, "low_freq_factor")?,
+                high_freq_factor: need(self.high_freq_factor, "high_freq_factor")?,
+                original_context: self.original_max_position_embeddings.ok_or_else(|| {
+                    LoadError::Format("config.json: rope_scaling llama3 needs original_max_position_embeddings".into())
+                })?,
+            }),
+            other => Err(LoadError::Unsupported(format!("RoPE scaling {other:?} (linear and llama3 are)"))),
+        }
+    }
+}
+
+struct Tensors {
+    all: HashMap<String, Tensor>,
+    /// Widen every matrix to f32 (the float reference path).
+    float: bool,
+}
 
 impl Tensors {
     fn take(&mut self, name: &str) -> Result<Tensor, LoadError> {
-        self.0.remove(name).ok_or_else(|| LoadError::Format(format!("tensor {name} is missing")))
+        self.all.remove(name).ok_or_else(|| LoadError::Format(format!("tensor {name} is missing")))
     }
 
     fn values(t: &Tensor, name: &str) -> Result<Vec<f32>, LoadError> {
@@ -47,7 +84,7 @@ impl Tensors {
 
 impl TensorSource for Tensors {
     fn has(&self, name: &str) -> bool {
-        self.0.contains_key(name)
+        self.all.contains_key(name)
     }
 
     fn vector(&mut self, name: &str) -> Result<Vec<f32>, LoadError> {
@@ -60,7 +97,25 @@ impl TensorSource for Tensors {
         let [rows, cols] = t.dims()[..] else {
             return Err(LoadError::Format(format!("{name} has shape {:?}, expected a matrix", t.dims())));
         };
-        Weight::from_f32(rows, cols, Self::values(&t, name)?).map_err(|e| LoadError::Format(format!("{name}: {e}")))
+        let bad = |e: String| LoadError::Format(format!("{name}: {e}"));
+        match t.dtype() {
+            DType::F16 | DType::BF16 if !self.float => {
+                // The 16 bits as they are (a bit cast, not a conversion).
+                let raw = match t.dtype() {
+                    DType::F16 => t
+                        .flatten_all()
+                        .and_then(|t| t.to_vec1::<half::f16>())
+                        .map(|v| v.into_iter().map(half::f16::to_bits).collect::<Vec<u16>>()),
+                    _ => t
+                        .flatten_all()
+                        .and_then(|t| t.to_vec1::<half::bf16>())
+                        .map(|v| v.into_iter().map(half::bf16::to_bits).collect::<Vec<u16>>()),
+                }
+                .map_err(|e| bad(e.to_string()))?;
+                Weight::from_half(t.dtype() == DType::BF16, rows, cols, raw).map_err(|e| bad(e.to_string()))
+            }
+            _ => Weight::from_f32(rows, cols, Self::values(&t, name)?).map_err(|e| bad(e.to_string())),
+        }
     }
 }
 
@@ -78,8 +133,13 @@ pub fn shards(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     Ok(shards)
 }
 
-/// Load a model directory.
+/// Load a model directory, its matrices in their own precision.
 pub fn load(dir: &Path) -> Result<LoadedModel, LoadError> {
+    load_with(dir, Precision::Native)
+}
+
+/// Load a model directory at `precision`: 16-bit matrices as they are, or every matrix widened to f32.
+pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadError> {
     let read = |name: &str| {
         let path = dir.join(name);
         std::fs::read(&path).map_err(|e| LoadError::Io(path.display().to_string(), e))
@@ -87,8 +147,8 @@ pub fn load(dir: &Path) -> Result<LoadedModel, LoadError> {
     let config: HfConfig =
         serde_json::from_slice(&read("config.json")?).map_err(|e| LoadError::Format(format!("config.json: {e}")))?;
     let family = config.model_type.clone().unwrap_or_else(|| "llama".into());
-    if !matches!(family.as_str(), "llama" | "mistral" | "qwen2") {
-        return Err(LoadError::Unsupported(format!("model_type {family:?} (llama, mistral and qwen2 are)")));
+    if !matches!(family.as_str(), "llama" | "mistral" | "qwen2" | "qwen3") {
+        return Err(LoadError::Unsupported(format!("model_type {family:?} (llama, mistral, qwen2 and qwen3 are)")));
     }
     let cfg = LlamaConfig {
         hidden: config.hidden_size,
@@ -102,6 +162,11 @@ pub fn load(dir: &Path) -> Result<LoadedModel, LoadError> {
         rope_theta: config.rope_theta.unwrap_or(10_000.0),
         context_length: config.max_position_embeddings.unwrap_or(4096),
         rope_interleaved: false,
+        rope_scaling: match &config.rope_scaling {
+            Some(s) => s.scaling()?,
+            None => RopeScaling::None,
+        },
+        ..LlamaConfig::default()
     };
     cfg.validate().map_err(LoadError::Format)?;
     let shards = shards(dir)?;
@@ -111,7 +176,7 @@ pub fn load(dir: &Path) -> Result<LoadedModel, LoadError> {
             .map_err(|e| LoadError::Format(format!("{}: {e}", shard.display())))?;
         all.extend(tensors);
     }
-    let mut t = Tensors(all);
+    let mut t = Tensors { all, float: precision == Precision::Float };
     let embed = t.weight("model.embed_tokens.weight")?;
     let names = LayerNames {
         prefix: |i| format!("model.layers.{i}."),
@@ -120,6 +185,8 @@ pub fn load(dir: &Path) -> Result<LoadedModel, LoadError> {
         k: "self_attn.k_proj.weight",
         v: "self_attn.v_proj.weight",
         qkv_bias: ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
+        qk_norm: ["self_attn.q_norm.weight", "self_attn.k_norm.weight"],
+        post_norms: ["", ""],
         o: "self_attn.o_proj.weight",
         ffn_norm: "post_attention_layernorm.weight",
         gate: "mlp.gate_proj.weight",

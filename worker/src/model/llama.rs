@@ -1,4 +1,6 @@
-//! The Llama family's forward pass (Llama, Mistral, Qwen2, SmolLM), batched over sequences with a paged KV cache.
+//! The Llama family's forward pass (Llama, Mistral, Qwen2/3, SmolLM, and Gemma 3's variations on it: scaled
+//! embeddings, post-norms, GeGLU, sliding-window layers with their own RoPE base), batched over sequences with a
+//! paged KV cache.
 //!
 //! One step takes every sequence's new tokens together: each weight multiplies all rows of the step at once (one
 //! matmul per weight for the whole batch), while attention runs per sequence over that sequence's own KV blocks.
@@ -8,11 +10,16 @@
 use rayon::prelude::*;
 
 use super::kernels::{AttentionShape, Input, Weight, attention, dot_f32, exp_f32, with_simd};
+pub use super::rope::RopeScaling;
+use super::rope::RopeTable;
 use crate::kv::pool::BlockId;
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
+/// The widest attention head supported (Gemma 3 and Qwen3 use 256 and 128).
+pub const MAX_HEAD_DIM: usize = 512;
+
 /// Shape and constants of a Llama-family model.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LlamaConfig {
     /// Model width.
     pub hidden: usize,
@@ -37,6 +44,44 @@ pub struct LlamaConfig {
     /// RoPE rotates adjacent pairs (GGUF's layout, whose Q/K weights are permuted for it) rather than the two
     /// halves of each head (Hugging Face's layout).
     pub rope_interleaved: bool,
+    /// How RoPE's frequencies are stretched for contexts past the pretraining length.
+    pub rope_scaling: RopeScaling,
+    /// The MLP's gate activation.
+    pub activation: Activation,
+    /// Embeddings multiplied by this (Gemma: the square root of the width); `None` is 1.
+    pub embed_scale: Option<f32>,
+    /// Sliding-window attention (Gemma 3): every layer attends over its last `window` positions only, except each
+    /// `every`-th (layers `every - 1`, `2 * every - 1`, ...), which attends over all; local layers use their own
+    /// RoPE base and no scaling.
+    pub sliding: Option<SlidingWindow>,
+}
+
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (Llama, Qwen).
+    #[default]
+    Silu,
+    /// GeGLU with GELU's tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// Gemma 3's interleaved local and global attention.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlidingWindow {
+    /// Positions a local layer attends over, its own included.
+    pub window: usize,
+    /// Every this many layers, one is global (the last of each group).
+    pub every: usize,
+    /// RoPE base of the local layers.
+    pub local_theta: f32,
+}
+
+impl LlamaConfig {
+    /// Whether layer `layer` attends over a sliding window.
+    pub fn is_local(&self, layer: usize) -> bool {
+        self.sliding.is_some_and(|s| !(layer + 1).is_multiple_of(s.every))
+    }
 }
 
 impl LlamaConfig {
@@ -56,6 +101,14 @@ impl LlamaConfig {
         if self.layers == 0 || self.hidden == 0 || self.vocab == 0 || self.context_length == 0 {
             return Err("empty model dimensions".into());
         }
+        if self.head_dim > MAX_HEAD_DIM {
+            return Err(format!("head width {} is above the {MAX_HEAD_DIM} this build supports", self.head_dim));
+        }
+        if let RopeScaling::Factors(f) = &self.rope_scaling
+            && f.len() != self.head_dim / 2
+        {
+            return Err(format!("{} RoPE frequency factors for a head width of {}", f.len(), self.head_dim));
+        }
         Ok(())
     }
 }
@@ -73,6 +126,10 @@ pub struct Layer {
     pub wv: Weight,
     /// Query, key and value biases (Qwen2).
     pub qkv_bias: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
+    /// Per-head RMSNorm weights of queries and keys, applied before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// RMSNorms of the attention's and the MLP's outputs before they join the residual stream (Gemma 3).
+    pub post_norms: Option<(Vec<f32>, Vec<f32>)>,
     /// Attention output projection.
     pub wo: Weight,
     /// RMSNorm before the MLP.
@@ -94,9 +151,10 @@ pub struct Llama {
     pub(crate) norm: Vec<f32>,
     /// The LM head; `None` when tied to the embeddings.
     pub(crate) output: Option<Weight>,
-    /// RoPE tables: `cos[pos * head_dim / 2 + i]`.
-    pub(crate) cos: Vec<f32>,
-    pub(crate) sin: Vec<f32>,
+    /// RoPE's angles.
+    pub(crate) rope: RopeTable,
+    /// The local layers' angles, when they have their own base.
+    pub(crate) local_rope: Option<RopeTable>,
 }
 
 /// Keys and values of every layer, in fixed-size blocks addressed by `BlockId`, stored as IEEE half precision
@@ -231,22 +289,24 @@ impl Llama {
             if l.attn_norm.len() != h || l.ffn_norm.len() != h {
                 return Err(format!("layer {i} norm width"));
             }
+            if let Some((qn, kn)) = &l.qk_norm
+                && (qn.len() != cfg.head_dim || kn.len() != cfg.head_dim)
+            {
+                return Err(format!("layer {i} query/key norm width (expected the head width {})", cfg.head_dim));
+            }
+            if let Some((a, f)) = &l.post_norms
+                && (a.len() != h || f.len() != h)
+            {
+                return Err(format!("layer {i} post-norm width"));
+            }
         }
         if norm.len() != h {
             return Err("final norm width".into());
         }
-        let half = cfg.head_dim / 2;
-        let mut cos = Vec::with_capacity(cfg.context_length * half);
-        let mut sin = Vec::with_capacity(cfg.context_length * half);
-        for pos in 0..cfg.context_length {
-            for i in 0..half {
-                let freq = (cfg.rope_theta as f64).powf(-(2.0 * i as f64) / cfg.head_dim as f64);
-                let angle = pos as f64 * freq;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
-        }
-        Ok(Llama { cfg, embed, layers, norm, output, cos, sin })
+        let rope = RopeTable::new(cfg.rope_theta, cfg.head_dim, cfg.context_length, &cfg.rope_scaling);
+        let local_rope =
+            cfg.sliding.map(|s| RopeTable::new(s.local_theta, cfg.head_dim, cfg.context_length, &RopeScaling::None));
+        Ok(Llama { cfg, embed, layers, norm, output, rope, local_rope })
     }
 
     /// The model's shape.
@@ -254,11 +314,46 @@ impl Llama {
         &self.cfg
     }
 
+    /// The decoder layers.
+    pub fn layers(&self) -> &[Layer] {
+        &self.layers
+    }
+
+    /// Every matrix, embeddings first.
+    pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
+        let layers = self.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        std::iter::once(&self.embed).chain(layers).chain(self.output.as_ref())
+    }
+
+    /// Weights in memory, for people: `"100.5 MiB (Q4_K 7.6, Q5_0 51.2, Q8_0 32.0 MiB)"`.
+    pub fn weights_summary(&self) -> String {
+        let by = self.weight_bytes_by_format();
+        let mib = |b: usize| b as f64 / 1048576.0;
+        let parts: Vec<String> = by.iter().map(|(f, b)| format!("{f} {:.1}", mib(*b))).collect();
+        format!("{:.1} MiB ({} MiB)", mib(by.values().sum()), parts.join(", "))
+    }
+
+    /// Bytes of weights in memory per format (`"Q4_K"`, `"F32"`, ...), matrices only.
+    pub fn weight_bytes_by_format(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        let mut by = std::collections::BTreeMap::new();
+        for w in self.matrices() {
+            *by.entry(w.format_name()).or_insert(0) += w.memory_bytes();
+        }
+        by
+    }
+
+    /// The RoPE tables of a local or global layer.
+    pub(crate) fn rope_table(&self, local: bool) -> &RopeTable {
+        match (&self.local_rope, local) {
+            (Some(t), true) => t,
+            _ => &self.rope,
+        }
+    }
+
     #[inline]
-    fn rope(&self, x: &mut [f32], pos: usize) {
+    fn rope(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let hd = self.cfg.head_dim;
         let half = hd / 2;
-        let (cos, sin) = (&self.cos[pos * half..(pos + 1) * half], &self.sin[pos * half..(pos + 1) * half]);
         for head in x.chunks_exact_mut(hd) {
             for i in 0..half {
                 let (a, b) = if self.cfg.rope_interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
@@ -269,12 +364,46 @@ impl Llama {
         }
     }
 
-    /// RoPE on one row's query and key at position `pos`, then the row's key and value as f16 bits into `new` (key
-    /// first).
+    /// Add a sublayer's output rows to the residual stream, through the sublayer's post-norm first when the layer
+    /// has one (Gemma 3).
+    fn join_residual(&self, x: &mut [f32], out: &mut [f32], post: Option<&Vec<f32>>) {
+        let (h, eps) = (self.cfg.hidden, self.cfg.rms_eps);
+        if let Some(w) = post {
+            per_row(out, h, |_, row| {
+                let copy = row.to_vec();
+                rms_norm(&copy, w, eps, row);
+            });
+        }
+        x.iter_mut().zip(out.iter()).for_each(|(a, b)| *a += b);
+    }
+
+    /// The layer's per-head query and key norms (if it has them), RoPE on one row's query and key at position
+    /// `pos`, then the row's key and value as f16 bits into `new` (key first).
     #[inline]
-    fn rotate_row(&self, pos: usize, q: &mut [f32], k: &mut [f32], v: &[f32], new: &mut [u16]) {
-        self.rope(q, pos);
-        self.rope(k, pos);
+    #[allow(clippy::too_many_arguments)]
+    fn rotate_row(
+        &self,
+        layer: &Layer,
+        local: bool,
+        pos: usize,
+        q: &mut [f32],
+        k: &mut [f32],
+        v: &[f32],
+        new: &mut [u16],
+    ) {
+        if let Some((qn, kn)) = &layer.qk_norm {
+            let mut head = [0f32; MAX_HEAD_DIM];
+            let hd = self.cfg.head_dim;
+            for (x, w) in q.chunks_exact_mut(hd).map(|x| (x, qn)).chain(k.chunks_exact_mut(hd).map(|x| (x, kn))) {
+                head[..hd].copy_from_slice(x);
+                rms_norm(&head[..hd], w, self.cfg.rms_eps, x);
+            }
+        }
+        let (mut cos, mut sin) = ([0f32; MAX_HEAD_DIM / 2], [0f32; MAX_HEAD_DIM / 2]);
+        let half = self.cfg.head_dim / 2;
+        self.rope_table(local).at(pos, &mut cos[..half], &mut sin[..half]);
+        self.rope(q, &cos[..half], &sin[..half]);
+        self.rope(k, &cos[..half], &sin[..half]);
         let (kh, vh) = new.split_at_mut(k.len());
         // Eight at a time with F16C where the CPU has it; the same round-to-nearest-even bits either way.
         kh.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(k);
@@ -324,7 +453,12 @@ impl Llama {
         let mut proj = vec![0f32; n * h];
         let mut gate = vec![0f32; n * cfg.intermediate];
         let mut up = vec![0f32; n * cfg.intermediate];
+        if let Some(scale) = cfg.embed_scale {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        let window = cfg.sliding.map_or(usize::MAX, |s| s.window.max(1));
         for (li, layer) in self.layers.iter().enumerate() {
+            let local = cfg.is_local(li);
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.attn_norm, cfg.rms_eps, o));
             Input::new(&hbuf, n).matmul(vec![(&layer.wq, &mut q), (&layer.wk, &mut k), (&layer.wv, &mut v)]);
             if let Some((bq, bk, bv)) = &layer.qkv_bias {
@@ -340,12 +474,12 @@ impl Llama {
                 let rows = q.par_chunks_mut(qd).zip(k.par_chunks_mut(kvd));
                 let halves = kv_new.par_chunks_mut(2 * kvd).zip(v.par_chunks(kvd));
                 rows.zip(halves).enumerate().for_each(|(r, ((qr, kr), (new, vr)))| {
-                    with_simd(|| self.rotate_row(row_pos[r], qr, kr, vr, new));
+                    with_simd(|| self.rotate_row(layer, local, row_pos[r], qr, kr, vr, new));
                 });
             } else {
                 let rows = q.chunks_mut(qd).zip(k.chunks_mut(kvd));
                 for (r, ((qr, kr), (new, vr))) in rows.zip(kv_new.chunks_mut(2 * kvd).zip(v.chunks(kvd))).enumerate() {
-                    self.rotate_row(row_pos[r], qr, kr, vr, new);
+                    self.rotate_row(layer, local, row_pos[r], qr, kr, vr, new);
                 }
             }
             for (r, new) in kv_new.chunks_exact(2 * kvd).enumerate() {
@@ -355,20 +489,22 @@ impl Llama {
             }
             let kv_ref: &KvStore = kv;
             attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {
-                let slots = &item_slots[row_item[r]][..=row_pos[r]];
+                let first = if local { (row_pos[r] + 1).saturating_sub(window) } else { 0 };
+                let slots = &item_slots[row_item[r]][first..=row_pos[r]];
                 let shape = AttentionShape { heads: cfg.heads, kv_heads: cfg.kv_heads, head_dim: hd };
                 attention(&q[r * qd..(r + 1) * qd], slots, &kv_ref.k[li], &kv_ref.v[li], shape, out);
             });
             layer.wo.matmul(&attn, n, &mut proj);
-            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+            self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.0));
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.ffn_norm, cfg.rms_eps, o));
             Input::new(&hbuf, n).matmul(vec![(&layer.w_gate, &mut gate), (&layer.w_up, &mut up)]);
             let im = cfg.intermediate;
+            let activation = cfg.activation;
             per_row(&mut gate, im, |r, g| {
-                g.iter_mut().zip(&up[r * im..(r + 1) * im]).for_each(|(g, u)| *g = *g / (1.0 + exp_f32(-*g)) * u)
+                g.iter_mut().zip(&up[r * im..(r + 1) * im]).for_each(|(g, u)| *g = activate(activation, *g) * u)
             });
             layer.w_down.matmul(&gate, n, &mut proj);
-            x.iter_mut().zip(&proj).for_each(|(a, b)| *a += b);
+            self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.1));
         }
         // Logits only for the rows each item asked for (its last ones).
         let last_rows = logit_rows(items);
@@ -383,10 +519,24 @@ impl Llama {
         let mut logits = vec![0f32; m * cfg.vocab];
         let output = self.output.as_ref().unwrap_or(&self.embed);
         output.matmul(&normed, m, &mut logits);
-        if !matches!(output, Weight::F32 { .. }) {
+        if !matches!(output, Weight::F32 { .. } | Weight::Half { .. }) {
             per_row(&mut logits, cfg.vocab, |i, row| rescore_leaders(output, &normed[i * h..(i + 1) * h], row));
         }
         logits
+    }
+}
+
+/// A gate value through `activation`, from IEEE operations only (the same bits on every machine).
+#[inline(always)]
+fn activate(activation: Activation, g: f32) -> f32 {
+    match activation {
+        Activation::Silu => g / (1.0 + exp_f32(-g)),
+        Activation::GeluTanh => {
+            // tanh(y) = 1 - 2 / (e^(2y) + 1).
+            const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+            let y = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
+            0.5 * g * (2.0 - 2.0 / (exp_f32(2.0 * y) + 1.0))
+        }
     }
 }
 

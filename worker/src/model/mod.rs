@@ -2,9 +2,11 @@
 //! chat templates are the `zl-text` crate's, shared with the frontend.
 
 pub mod gguf;
+pub mod gguf_types;
 pub mod hf;
 pub mod kernels;
 pub mod llama;
+pub mod rope;
 
 use kernels::Weight;
 use llama::{Layer, Llama};
@@ -35,6 +37,13 @@ pub struct LoadedModel {
     pub family: String,
 }
 
+/// This process's resident memory in bytes (Linux's `/proc/self/statm`; `None` elsewhere), for the load logs.
+pub fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
 /// Load a model: a `.gguf` file, or a Hugging Face directory (config.json, safetensors, tokenizer.json).
 pub fn load(path: &std::path::Path) -> Result<LoadedModel, LoadError> {
     load_with(path, Precision::Native)
@@ -43,7 +52,8 @@ pub fn load(path: &std::path::Path) -> Result<LoadedModel, LoadError> {
 /// How a model's matrices are kept in memory.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Precision {
-    /// As stored: Q4_1 and Q8_0 stay quantized and run the integer kernels on int8 activations.
+    /// As stored: every GGUF block format (Q4_0 to Q8_0, Q2_K to Q6_K) stays quantized and runs the integer
+    /// kernels on 16-bit activations; f16 and bf16 stay 16-bit.
     #[default]
     Native,
     /// Every matrix dequantized to f32, activations in f32: the float reference path that quality is measured
@@ -51,9 +61,9 @@ pub enum Precision {
     Float,
 }
 
-/// [`load`] at `precision` (Hugging Face safetensors load as f32 either way).
+/// [`load`] at `precision`.
 pub fn load_with(path: &std::path::Path, precision: Precision) -> Result<LoadedModel, LoadError> {
-    if path.is_dir() { hf::load(path) } else { gguf::load_with(path, precision) }
+    if path.is_dir() { hf::load_with(path, precision) } else { gguf::load_with(path, precision) }
 }
 
 /// Where a loader reads named tensors from (a GGUF file, a set of safetensors).
@@ -76,6 +86,10 @@ pub(crate) struct LayerNames {
     pub v: &'static str,
     /// Q, K and V biases (Qwen2), loaded when the first exists.
     pub qkv_bias: [&'static str; 3],
+    /// Per-head Q and K norms (Qwen3, Gemma 3), loaded when the first exists.
+    pub qk_norm: [&'static str; 2],
+    /// Post-attention and post-MLP norms (Gemma 3), loaded when the first exists.
+    pub post_norms: [&'static str; 2],
     pub o: &'static str,
     pub ffn_norm: &'static str,
     pub gate: &'static str,
@@ -96,12 +110,18 @@ pub(crate) fn load_layers(
         let [bq, bk, bv] = names.qkv_bias;
         let qkv_bias =
             if src.has(&p(bq)) { Some((src.vector(&p(bq))?, src.vector(&p(bk))?, src.vector(&p(bv))?)) } else { None };
+        let [nq, nk] = names.qk_norm;
+        let qk_norm = if src.has(&p(nq)) { Some((src.vector(&p(nq))?, src.vector(&p(nk))?)) } else { None };
+        let [pa, pf] = names.post_norms;
+        let post_norms = if src.has(&p(pa)) { Some((src.vector(&p(pa))?, src.vector(&p(pf))?)) } else { None };
         layers.push(Layer {
             attn_norm: src.vector(&p(names.attn_norm))?,
             wq: src.weight(&p(names.q))?,
             wk: src.weight(&p(names.k))?,
             wv: src.weight(&p(names.v))?,
             qkv_bias,
+            qk_norm,
+            post_norms,
             wo: src.weight(&p(names.o))?,
             ffn_norm: src.vector(&p(names.ffn_norm))?,
             w_gate: src.weight(&p(names.gate))?,

@@ -26,12 +26,15 @@
 //! - `x86/`: the AVX2 code, the only place in the worker allowed `unsafe`.
 
 mod attention;
+mod blocks;
 mod isa;
 mod math;
 mod portable;
 mod quant;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_blocks;
 mod weight;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
@@ -40,17 +43,20 @@ mod x86;
 use rayon::prelude::*;
 
 pub use attention::AttentionShape;
+pub use blocks::BlockFormat;
 pub use isa::Isa;
 pub use math::{dot_f32, exp_f32, sum_f32};
 pub use weight::{Weight, WeightError};
 
 use attention::attention_portable;
-use portable::{columns_f32, columns_int};
+use portable::{columns_blocks, columns_float, columns_int};
 use quant::{QuantizeGroup, QuantizedRows, quantize_group};
-use weight::TILE;
 
 /// Elements per quantization block.
 pub const QK: usize = 32;
+
+/// Output features per tile of the tiled weight layouts (Q4_1, Q8_0, and the block formats' unpacked tiles).
+const TILE: usize = 8;
 
 /// Parallel tasks per pool thread for one matmul: enough that threads finish together, few enough to amortise
 /// scheduling.
@@ -86,8 +92,8 @@ impl<'a> Input<'a> {
                 continue;
             }
             let xq = match weight {
-                Weight::F32 { .. } => None,
-                Weight::Q4_1 { .. } | Weight::Q8_0 { .. } => {
+                Weight::F32 { .. } | Weight::Half { .. } => None,
+                Weight::Q4_1 { .. } | Weight::Q8_0 { .. } | Weight::Blocks { .. } => {
                     Some(self.quantized.get_or_init(|| QuantizedRows::quantize(x, cols, group_quantizer())))
                 }
             };
@@ -135,9 +141,16 @@ fn column_tasks(rows: usize) -> Vec<(usize, usize)> {
 /// where the CPU has it, portable code otherwise: both compute the same exact integer lane sums and the same fused
 /// multiply-adds in the same order, so results are identical on every machine); f32 weights run the f32 kernel.
 fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, c0: usize, out: &mut [&mut [f32]]) {
-    match xq {
-        None => columns_f32(weight, x, c0, out),
-        Some(xq) => {
+    match (xq, weight) {
+        (None, _) => with_simd(|| columns_float(weight, x, c0, out)),
+        (Some(xq), Weight::Blocks { .. }) => {
+            #[cfg(target_arch = "x86_64")]
+            if x86::available() {
+                return x86::columns_blocks(Isa::current(), weight, xq, c0, out);
+            }
+            columns_blocks(weight, xq, c0, out)
+        }
+        (Some(xq), _) => {
             #[cfg(target_arch = "x86_64")]
             if x86::available() {
                 return x86::columns_int(Isa::current(), weight, xq, c0, out);

@@ -2,9 +2,10 @@
 //! the SIMD levels in `x86/` reproduce bit for bit.
 
 use super::QK;
+use super::blocks::{HALVES, SUB, TileBuf, tile_q_at, tile_s_at};
 use super::math::dot_f32;
 use super::quant::QuantizedRows;
-use super::weight::{Weight, q4_1_byte, q8_0_at, tile_scale};
+use super::weight::{TILE, Weight, q4_1_byte, q8_0_at, tile_scale, widen_half};
 
 /// The portable integer kernel (weight quants times 16-bit activation quants); the reference the SIMD kernel must
 /// match bit for bit. Per output, for each block in
@@ -43,19 +44,67 @@ pub(super) fn columns_int(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &
                     }
                     acc
                 }
-                Weight::F32 { .. } => unreachable!("f32 weights use the f32 kernel"),
+                Weight::Blocks { .. } => unreachable!("block formats use columns_blocks"),
+                Weight::F32 { .. } | Weight::Half { .. } => unreachable!("float weights use the float kernel"),
             };
         }
     }
 }
 
-/// The f32 kernel (plain f32 weights): eight lanes per batch row in a fixed order.
-pub(super) fn columns_f32(weight: &Weight, x: &[f32], c0: usize, out: &mut [&mut [f32]]) {
-    let Weight::F32 { w, cols, .. } = weight else { unreachable!("quantized weights use the integer kernel") };
-    let cols = *cols;
+/// The reference kernel of the block formats ([`Weight::Blocks`]): tile by tile, the eight features unpacked to
+/// integers and per-16 scales and minimums ([`TileBuf`]); per output, for each block in order and each of its two
+/// halves: the exact integer dot product of the weight and activation quants, times the weight's scale times the
+/// activations' scale, as a fused multiply-add into one f32; for formats with a minimum then the activation quants'
+/// exact sum times the minimum times the activations' scale, the same way.
+pub(super) fn columns_blocks(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+    let Weight::Blocks { format, rows, cols, raw } = weight else { unreachable!("block formats only") };
+    let bpr = cols / QK;
+    let mut buf = TileBuf::default();
+    let end = c0 + out.first().map_or(0, |row| row.len());
+    for t in c0 / TILE..end.div_ceil(TILE) {
+        buf.unpack(*format, raw, *rows, *cols, t);
+        for (r, row) in out.iter_mut().enumerate() {
+            for c in (t * TILE).max(c0)..((t + 1) * TILE).min(end) {
+                let j = c % TILE;
+                let mut acc = 0f32;
+                for b in 0..bpr {
+                    let x = &xq.blocks[xq.index(r, b)];
+                    for h in 0..HALVES {
+                        let mut isum = 0i32;
+                        for i in h * SUB..(h + 1) * SUB {
+                            isum += i32::from(buf.q[tile_q_at(b, j, i)]) * i32::from(x.q[i]);
+                        }
+                        let at = tile_s_at(b, h, j);
+                        acc = (isum as f32).mul_add(buf.s[at] * x.d, acc);
+                        if format.has_min() {
+                            acc = (xq.isums[(r * bpr + b) * HALVES + h] as f32).mul_add(buf.m[at] * x.d, acc);
+                        }
+                    }
+                }
+                row[c - c0] = acc;
+            }
+        }
+    }
+}
+
+/// The float kernel (f32, f16 and bf16 weights): each weight row widened to f32 (exactly), then eight lanes per
+/// batch row in a fixed order.
+#[inline(always)]
+pub(super) fn columns_float(weight: &Weight, x: &[f32], c0: usize, out: &mut [&mut [f32]]) {
+    let cols = weight.cols();
+    let mut wide = Vec::new();
     // Weight row outside, batch rows inside: a weight row is read from memory once per step, not once per row.
     for i in 0..out.first().map_or(0, |row| row.len()) {
-        let wc = &w[(c0 + i) * cols..(c0 + i + 1) * cols];
+        let c = c0 + i;
+        let wc = match weight {
+            Weight::F32 { w, .. } => &w[c * cols..(c + 1) * cols],
+            Weight::Half { bf16, w, .. } => {
+                wide.resize(cols, 0f32);
+                widen_half(*bf16, &w[c * cols..(c + 1) * cols], &mut wide);
+                &wide[..]
+            }
+            _ => unreachable!("quantized weights use the integer kernels"),
+        };
         for (r, row) in out.iter_mut().enumerate() {
             row[i] = dot_f32(wc, &x[r * cols..(r + 1) * cols]);
         }

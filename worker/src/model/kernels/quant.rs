@@ -8,6 +8,7 @@
 use rayon::prelude::*;
 
 use super::QK;
+use super::blocks::{HALVES, SUB};
 use super::math::sum_f32;
 
 /// Quantize one row group (up to [`ROW_GROUP`] rows of `x`) into its interleaved blocks and its rows' block sums.
@@ -69,7 +70,7 @@ impl XBlock {
 pub(super) const ROW_GROUP: usize = 8;
 
 /// A batch of activations quantized block by block, with each block's f32 sum (row-major) for the Q4_1 minimum
-/// term. Blocks are stored in groups of [`ROW_GROUP`] rows,
+/// term and each 16 quants' exact integer sum (row-major, `[row][block][half]`) for the other formats' minimums. Blocks are stored in groups of [`ROW_GROUP`] rows,
 /// interleaved block by block (`[group][block][row in group]`), so a kernel sweeping a group reads one sequential
 /// stream. Each row is quantized on its own, so a row's values never depend on the rest of the batch; only where
 /// they are stored does.
@@ -77,6 +78,7 @@ pub(super) const ROW_GROUP: usize = 8;
 pub(super) struct QuantizedRows {
     pub(super) blocks: Vec<XBlock>,
     pub(super) sums: Vec<f32>,
+    pub(super) isums: Vec<i32>,
     pub(super) rows: usize,
     pub(super) blocks_per_row: usize,
 }
@@ -90,6 +92,7 @@ impl QuantizedRows {
         let mut out = QuantizedRows {
             blocks: vec![XBlock::ZERO; rows * bpr],
             sums: vec![0f32; rows * bpr],
+            isums: vec![0i32; rows * bpr * HALVES],
             rows,
             blocks_per_row: bpr,
         };
@@ -97,7 +100,17 @@ impl QuantizedRows {
             .par_chunks_mut(ROW_GROUP * bpr)
             .zip(out.sums.par_chunks_mut(ROW_GROUP * bpr))
             .zip(x.par_chunks(ROW_GROUP * cols))
-            .for_each(|((blocks, sums), x)| group(x, cols, blocks, sums));
+            .zip(out.isums.par_chunks_mut(ROW_GROUP * bpr * HALVES))
+            .for_each(|(((blocks, sums), x), isums)| {
+                group(x, cols, blocks, sums);
+                // Exact integer sums: the same at every level, so computed here once for all of them.
+                let rows = x.len() / cols;
+                for (i, isum) in isums.iter_mut().enumerate() {
+                    let (r, b, h) = (i / (bpr * HALVES), i / HALVES % bpr, i % HALVES);
+                    let q = &blocks[b * rows + r].q[h * SUB..(h + 1) * SUB];
+                    *isum = q.iter().map(|&v| i32::from(v)).sum();
+                }
+            });
         out
     }
 

@@ -1,8 +1,10 @@
-//! The weight formats the kernels read: GGUF Q4_1 and Q8_0 repacked into tiles of eight output features, and
-//! plain f32. Parsing checks every size before a byte is copied; nothing here computes a product.
+//! The weight formats the kernels read: GGUF Q4_1 and Q8_0 repacked into tiles of eight output features, the
+//! other GGUF block formats as the file stores them (`blocks.rs` unpacks them), f16 and bf16, and plain f32.
+//! Parsing checks every size before a byte is copied; nothing here computes a product.
 
-use half::f16;
+use half::{bf16 as Bf16, f16};
 
+use super::blocks::BlockFormat;
 use super::{Input, QK};
 
 /// A weight matrix of `rows` (output features) by `cols` (input features), stored row-major.
@@ -37,6 +39,29 @@ pub enum Weight {
         /// `4k..4k + 4` of feature `j`'s block.
         qs: Vec<i8>,
     },
+    /// A GGUF block format ([`BlockFormat`]) kept as the file stores it: row-major blocks, unpacked one tile at
+    /// a time by the kernels.
+    Blocks {
+        /// The block format.
+        format: BlockFormat,
+        /// Output features.
+        rows: usize,
+        /// Input features (a multiple of the format's block).
+        cols: usize,
+        /// The file's blocks, row after row.
+        raw: Vec<u8>,
+    },
+    /// 16-bit floats (IEEE half or bfloat16), row-major; widened to f32 a weight row at a time.
+    Half {
+        /// bfloat16 (true) or IEEE half (false).
+        bf16: bool,
+        /// Output features.
+        rows: usize,
+        /// Input features.
+        cols: usize,
+        /// Row-major values' bits.
+        w: Vec<u16>,
+    },
     /// Plain f32.
     F32 {
         /// Output features.
@@ -58,8 +83,7 @@ pub struct WeightError {
     problem: String,
 }
 
-/// Output features per tile of the Q4_1 layout.
-pub(super) const TILE: usize = 8;
+pub(super) use super::TILE;
 
 /// Where GGUF byte `i` (0..16) of feature `c`'s block `b` lives in the tiled Q4_1 layout.
 #[inline(always)]
@@ -139,6 +163,28 @@ impl Weight {
         Ok(Weight::Q8_0 { rows, cols, d, qs })
     }
 
+    /// Keep raw GGUF blocks of `format` (checked against the shape).
+    pub fn from_blocks(format: BlockFormat, rows: usize, cols: usize, raw: Vec<u8>) -> Result<Weight, WeightError> {
+        let err = |problem: String| WeightError { format: format.name(), rows, cols, problem };
+        if !cols.is_multiple_of(format.elems()) {
+            return Err(err(format!("input features are not a multiple of {}", format.elems())));
+        }
+        let expected = rows * cols / format.elems() * format.bytes();
+        if raw.len() != expected {
+            return Err(err(format!("{} bytes, expected {expected}", raw.len())));
+        }
+        Ok(Weight::Blocks { format, rows, cols, raw })
+    }
+
+    /// Wrap 16-bit float bits: bfloat16 when `bf16`, IEEE half otherwise.
+    pub fn from_half(bf16: bool, rows: usize, cols: usize, w: Vec<u16>) -> Result<Weight, WeightError> {
+        if w.len() != rows * cols {
+            let format = if bf16 { "BF16" } else { "F16" };
+            return Err(WeightError { format, rows, cols, problem: format!("{} values", w.len()) });
+        }
+        Ok(Weight::Half { bf16, rows, cols, w })
+    }
+
     /// Wrap f32 values.
     pub fn from_f32(rows: usize, cols: usize, w: Vec<f32>) -> Result<Weight, WeightError> {
         if w.len() != rows * cols {
@@ -150,14 +196,22 @@ impl Weight {
     /// Output features.
     pub fn rows(&self) -> usize {
         match self {
-            Weight::Q4_1 { rows, .. } | Weight::Q8_0 { rows, .. } | Weight::F32 { rows, .. } => *rows,
+            Weight::Q4_1 { rows, .. }
+            | Weight::Q8_0 { rows, .. }
+            | Weight::Blocks { rows, .. }
+            | Weight::Half { rows, .. }
+            | Weight::F32 { rows, .. } => *rows,
         }
     }
 
     /// Input features.
     pub fn cols(&self) -> usize {
         match self {
-            Weight::Q4_1 { cols, .. } | Weight::Q8_0 { cols, .. } | Weight::F32 { cols, .. } => *cols,
+            Weight::Q4_1 { cols, .. }
+            | Weight::Q8_0 { cols, .. }
+            | Weight::Blocks { cols, .. }
+            | Weight::Half { cols, .. }
+            | Weight::F32 { cols, .. } => *cols,
         }
     }
 
@@ -183,12 +237,52 @@ impl Weight {
                     }
                 }
             }
+            Weight::Blocks { format, cols, raw, .. } => format.row(raw, *cols, r, out),
+            Weight::Half { bf16, cols, w, .. } => widen_half(*bf16, &w[r * cols..(r + 1) * cols], out),
             Weight::F32 { cols, w, .. } => out.copy_from_slice(&w[r * cols..(r + 1) * cols]),
+        }
+    }
+
+    /// The format's name, as GGUF tools write it.
+    pub fn format_name(&self) -> &'static str {
+        match self {
+            Weight::Q4_1 { .. } => "Q4_1",
+            Weight::Q8_0 { .. } => "Q8_0",
+            Weight::Blocks { format, .. } => format.name(),
+            Weight::Half { bf16: true, .. } => "BF16",
+            Weight::Half { bf16: false, .. } => "F16",
+            Weight::F32 { .. } => "F32",
+        }
+    }
+
+    /// Bytes the weight holds in memory.
+    pub fn memory_bytes(&self) -> usize {
+        match self {
+            Weight::Q4_1 { d, m, qs, .. } => 4 * (d.len() + m.len()) + qs.len(),
+            Weight::Q8_0 { d, qs, .. } => 4 * d.len() + qs.len(),
+            Weight::Blocks { raw, .. } => raw.len(),
+            Weight::Half { w, .. } => 2 * w.len(),
+            Weight::F32 { w, .. } => 4 * w.len(),
         }
     }
 
     /// `out[r * rows + c] = x[r * cols ..] · W[c]` for `n` rows of `x`.
     pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
         Input::new(x, n).matmul(vec![(self, out)]);
+    }
+}
+
+/// 16-bit float bits widened to f32 (exact).
+#[inline(always)]
+pub(super) fn widen_half(bf16: bool, bits: &[u16], out: &mut [f32]) {
+    if bf16 {
+        for (o, &b) in out.iter_mut().zip(bits) {
+            *o = Bf16::from_bits(b).to_f32();
+        }
+    } else {
+        // The slice conversion uses F16C where the CPU has it (one detection per slice, not per value).
+        use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+        let halves: &[f16] = bits.reinterpret_cast();
+        halves.convert_to_f32_slice(&mut out[..bits.len()]);
     }
 }

@@ -8,7 +8,7 @@ use super::super::math::finish_sum;
 use super::super::quant::{QMAX, QuantizedRows, XBlock};
 use super::super::weight::TILE;
 use super::super::weight::Weight;
-use super::simd::{TILE_ROWS, broadcast2, load8f, load32, load32u, row_blocks, store_features, store8f, tile};
+use super::simd::{broadcast2, load8f, load32, load32u, row_blocks, store8f, tile, tile_row_groups};
 
 /// [`super::super::quant::quantize_group`] in AVX2, block by block: the same maximum, the same scale, the same roundings
 /// and the block sum in `sum_f32`'s order, so the same quants (for finite activations).
@@ -66,19 +66,7 @@ pub(super) fn tiled_columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out:
 /// Tile `t` for every batch row, a few rows at a time.
 #[target_feature(enable = "avx2,fma")]
 fn one_tile(weight: &Weight, xq: &QuantizedRows, t: usize, c0: usize, out: &mut [&mut [f32]]) {
-    let n = out.len();
-    let mut r = 0;
-    while r < n {
-        let tile = (n - r).min(TILE_ROWS);
-        let mut acc = [_mm256_setzero_ps(); TILE_ROWS];
-        by_rows!(tile, tile_rows(weight, xq, t, r, &mut acc));
-        for (row, a) in out[r..r + tile].iter_mut().zip(acc) {
-            let mut vals = [0f32; TILE];
-            store8f(&mut vals, a);
-            store_features(row, c0, t * TILE, &vals);
-        }
-        r += tile;
-    }
+    tile_row_groups(out, c0, t, |rows, r, acc| by_rows!(rows, tile_rows(weight, xq, t, r, acc)));
 }
 
 /// Tile `t` for batch rows `r..r + R` into `acc[..R]`.
@@ -97,13 +85,13 @@ fn tile_rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: u
 /// byte (the low byte zero), for sign extension by an arithmetic shift.
 const PICK_A: [i8; 16] = [0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13, -1];
 const PICK_B: [i8; 16] = [2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15, -1];
-const PICK_A_HIGH: [i8; 16] = [-1, 0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13];
-const PICK_B_HIGH: [i8; 16] = [-1, 2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15];
+pub(super) const PICK_A_HIGH: [i8; 16] = [-1, 0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13];
+pub(super) const PICK_B_HIGH: [i8; 16] = [-1, 2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15];
 
 /// A byte shuffle applied to both 128-bit halves.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn shuffle(pick: &[i8; 16]) -> __m256i {
+pub(super) fn shuffle(pick: &[i8; 16]) -> __m256i {
     // SAFETY: `pick` is 16 readable bytes and the load is unaligned.
     let half = unsafe { _mm_loadu_si128(pick.as_ptr().cast()) };
     _mm256_broadcastsi128_si256(half)

@@ -9,6 +9,7 @@
 mod simd;
 mod attention;
 mod avx2;
+mod blocks;
 
 use super::attention::AttentionShape;
 use super::isa::Isa;
@@ -56,4 +57,11 @@ pub(super) fn columns_int(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usi
     assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
     // SAFETY: the assertion checked that the CPU has the level's features.
     unsafe { avx2::tiled_columns(weight, xq, c0, out) }
+}
+
+/// The block formats' kernel at level `isa` (at least AVX2; the caller checked the CPU has it).
+pub(super) fn columns_blocks(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+    assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
+    // SAFETY: the assertion checked that the CPU has the level's features.
+    unsafe { blocks::columns_blocks_avx2(weight, xq, c0, out) }
 }

@@ -3,6 +3,7 @@
 
 use std::arch::x86_64::*;
 
+use super::super::TILE;
 use super::super::quant::{QuantizedRows, ROW_GROUP, XBlock};
 
 /// Eight f32s stored. The slice index bounds-checks the write.
@@ -61,6 +62,31 @@ macro_rules! by_rows {
     };
 }
 const _: () = assert!(TILE_ROWS == 8, "by_rows! covers 1 to TILE_ROWS");
+
+/// Every batch row of tile `t`, [`TILE_ROWS`] rows at a time: `f(rows, r, acc)` fills `acc[..rows]` for batch rows
+/// `r..r + rows` (lane `j` of `acc[i]` is feature `8t + j` of row `r + i`), which are then stored in place.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) fn tile_row_groups(
+    out: &mut [&mut [f32]],
+    c0: usize,
+    t: usize,
+    mut f: impl FnMut(usize, usize, &mut [__m256; TILE_ROWS]),
+) {
+    let n = out.len();
+    let mut r = 0;
+    while r < n {
+        let rows = (n - r).min(TILE_ROWS);
+        let mut acc = [_mm256_setzero_ps(); TILE_ROWS];
+        f(rows, r, &mut acc);
+        for (row, a) in out[r..r + rows].iter_mut().zip(acc) {
+            let mut vals = [0f32; TILE];
+            store8f(&mut vals, a);
+            store_features(row, c0, t * TILE, &vals);
+        }
+        r += rows;
+    }
+}
 
 /// Features `f0..f0 + vals.len()` of one output row whose slice `row` holds features `c0..`: the ones that
 /// fall in the slice (a task's range, or the matrix's end before a tile's padding features).

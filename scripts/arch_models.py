@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Tiny random-weight GGUF models of the architectures zerolayer runs beyond the bundled one, for comparing its
+forward pass with llama.cpp's on the same files (`zl-worker eval --perplexity TEXT --model FILE --reference
+llama.cpp`): a Llama with Llama 3.1 RoPE scaling written out as `rope_freqs.weight` (as llama.cpp's converter
+does), a Llama with linear RoPE scaling, and a Qwen3 (per-head q/k RMSNorm, NeoX RoPE). The tokenizer is SmolLM2's,
+copied from the bundled file, so both engines read the same tokens. Fixed seeds; written to OUT_DIR.
+
+Usage: scripts/arch_models.py BUNDLED.gguf OUT_DIR   (needs PyPI's gguf and numpy)
+"""
+import math
+import os
+import sys
+
+import numpy as np
+import gguf
+
+HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 4, 2, 64
+
+
+def tokenizer(writer, bundled):
+    r = gguf.GGUFReader(bundled)
+    f = r.fields
+    writer.add_tokenizer_model(f["tokenizer.ggml.model"].contents())
+    writer.add_tokenizer_pre(f["tokenizer.ggml.pre"].contents())
+    writer.add_token_list(f["tokenizer.ggml.tokens"].contents())
+    writer.add_token_types(f["tokenizer.ggml.token_type"].contents())
+    writer.add_token_merges(f["tokenizer.ggml.merges"].contents())
+    writer.add_bos_token_id(f["tokenizer.ggml.bos_token_id"].contents())
+    writer.add_eos_token_id(f["tokenizer.ggml.eos_token_id"].contents())
+    return len(f["tokenizer.ggml.tokens"].contents())
+
+
+def llama3_factors(theta, factor=8.0, low=1.0, high=4.0, original=128):
+    """Llama 3.1's per-frequency divisors, as llama.cpp's converter writes them."""
+    out = []
+    for i in range(HEAD_DIM // 2):
+        freq = theta ** (-2.0 * i / HEAD_DIM)
+        wavelen = 2 * math.pi / freq
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def write(path, arch, bundled, seed, rope=None):
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(path, arch)
+    vocab = tokenizer(w, bundled)
+    theta = 10000.0
+    w.add_context_length(2048)
+    w.add_embedding_length(HIDDEN)
+    w.add_block_count(LAYERS)
+    w.add_feed_forward_length(INTER)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_key_length(HEAD_DIM)
+    w.add_value_length(HEAD_DIM)
+    w.add_rope_freq_base(theta)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    if rope == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(4.0)
+
+    def mat(rows, cols, scale=1.0):
+        return (rng.standard_normal((rows, cols)) * scale / math.sqrt(cols)).astype(np.float16)
+
+    def norm(n):
+        return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+    w.add_tensor("token_embd.weight", (rng.standard_normal((vocab, HIDDEN)) * 0.5).astype(np.float16))
+    if rope == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_factors(theta))
+    for i in range(LAYERS):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm(HIDDEN))
+        w.add_tensor(p + "attn_q.weight", mat(HEADS * HEAD_DIM, HIDDEN, 2.0))
+        w.add_tensor(p + "attn_k.weight", mat(KV_HEADS * HEAD_DIM, HIDDEN, 2.0))
+        w.add_tensor(p + "attn_v.weight", mat(KV_HEADS * HEAD_DIM, HIDDEN))
+        if arch == "qwen3":
+            w.add_tensor(p + "attn_q_norm.weight", norm(HEAD_DIM))
+            w.add_tensor(p + "attn_k_norm.weight", norm(HEAD_DIM))
+        w.add_tensor(p + "attn_output.weight", mat(HIDDEN, HEADS * HEAD_DIM))
+        w.add_tensor(p + "ffn_norm.weight", norm(HIDDEN))
+        w.add_tensor(p + "ffn_gate.weight", mat(INTER, HIDDEN))
+        w.add_tensor(p + "ffn_up.weight", mat(INTER, HIDDEN))
+        w.add_tensor(p + "ffn_down.weight", mat(HIDDEN, INTER))
+    w.add_tensor("output_norm.weight", norm(HIDDEN))
+    w.add_tensor("output.weight", mat(vocab, HIDDEN, 1.0))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main():
+    bundled, out = sys.argv[1], sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    write(os.path.join(out, "llama3-rope.gguf"), "llama", bundled, 1, rope="llama3")
+    write(os.path.join(out, "llama-linear-rope.gguf"), "llama", bundled, 2, rope="linear")
+    write(os.path.join(out, "qwen3.gguf"), "qwen3", bundled, 3)
+    write(os.path.join(out, "llama-plain.gguf"), "llama", bundled, 4)
+
+
+if __name__ == "__main__":
+    main()

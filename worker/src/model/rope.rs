@@ -1,0 +1,154 @@
+//! Rotary position embeddings' tables: each position's cosines and sines for one base frequency and one
+//! long-context scaling (none, linear, Llama 3.1's, or per-frequency factors from a GGUF file). A leaf of the
+//! model: the forward pass reads the tables, nothing here runs per step.
+
+/// RoPE frequency scaling for long contexts.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    #[default]
+    None,
+    /// Positions divided by `factor` (`rope_scaling.type = linear`).
+    Linear {
+        /// The stretch.
+        factor: f32,
+    },
+    /// Llama 3.1's scaling (`rope_type = llama3`): low frequencies divided by `factor`, high ones kept, a smooth
+    /// blend between.
+    Llama3 {
+        /// The stretch of the low frequencies.
+        factor: f32,
+        /// Wavelengths above `original_context / low_freq_factor` are stretched fully.
+        low_freq_factor: f32,
+        /// Wavelengths below `original_context / high_freq_factor` are kept.
+        high_freq_factor: f32,
+        /// The pretraining context.
+        original_context: usize,
+    },
+    /// Each frequency divided by its own factor (GGUF's `rope_freqs.weight`, where llama.cpp's converter writes
+    /// Llama 3.1's scaling out).
+    Factors(Vec<f32>),
+}
+
+impl RopeScaling {
+    /// Frequency `i` of `head_dim / 2` after scaling.
+    fn apply(&self, i: usize, freq: f64) -> f64 {
+        match self {
+            RopeScaling::None => freq,
+            RopeScaling::Linear { factor } => freq / f64::from(*factor),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context } => {
+                let (factor, low, high) =
+                    (f64::from(*factor), f64::from(*low_freq_factor), f64::from(*high_freq_factor));
+                let original = *original_context as f64;
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                if wavelen < original / high {
+                    freq
+                } else if wavelen > original / low {
+                    freq / factor
+                } else {
+                    let smooth = (original / wavelen - low) / (high - low);
+                    (1.0 - smooth) * freq / factor + smooth * freq
+                }
+            }
+            RopeScaling::Factors(f) => freq / f64::from(f.get(i).copied().unwrap_or(1.0)),
+        }
+    }
+}
+
+/// Positions per step of [`RopeTable`]'s coarse table.
+const FINE: usize = 256;
+
+/// The cosines and sines of every position's RoPE angles up to the context length, from two small f64 tables
+/// (`angle(pos) = angle(256 * (pos / 256)) + angle(pos % 256)`, combined by the angle-sum identities): about 400 KB
+/// for a 32k context of 128-wide heads, where the full f32 tables take 32 MiB per RoPE base. A pure function of
+/// the position, so batch-invariant.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RopeTable {
+    half: usize,
+    positions: usize,
+    /// `(cos, sin)` of `256 * p * freq[i]`, `[p][i]`.
+    coarse: Vec<(f64, f64)>,
+    /// `(cos, sin)` of `p * freq[i]` for `p < 256`, `[p][i]`.
+    fine: Vec<(f64, f64)>,
+}
+
+impl RopeTable {
+    /// The table for heads of `head_dim`, base `theta`, `positions` positions and `scaling`.
+    pub(crate) fn new(theta: f32, head_dim: usize, positions: usize, scaling: &RopeScaling) -> RopeTable {
+        let half = head_dim / 2;
+        let freqs: Vec<f64> =
+            (0..half).map(|i| scaling.apply(i, (theta as f64).powf(-(2.0 * i as f64) / head_dim as f64))).collect();
+        let angles = |step: usize, count: usize| -> Vec<(f64, f64)> {
+            (0..count)
+                .flat_map(|p| freqs.iter().map(move |f| ((p * step) as f64 * f).sin_cos()))
+                .map(|(s, c)| (c, s))
+                .collect()
+        };
+        RopeTable { half, positions, coarse: angles(FINE, positions.div_ceil(FINE)), fine: angles(1, FINE) }
+    }
+
+    /// Position `pos`'s cosines and sines into `cos` and `sin` (`head_dim / 2` each).
+    #[inline]
+    pub(crate) fn at(&self, pos: usize, cos: &mut [f32], sin: &mut [f32]) {
+        let (h, half) = (pos / FINE, self.half);
+        let coarse = &self.coarse[h * half..(h + 1) * half];
+        let fine = &self.fine[(pos % FINE) * half..(pos % FINE + 1) * half];
+        for (i, (&(cc, cs), &(fc, fs))) in coarse.iter().zip(fine).enumerate() {
+            cos[i] = (cc * fc - cs * fs) as f32;
+            sin[i] = (cs * fc + cc * fs) as f32;
+        }
+    }
+
+    /// The full tables, `cos[pos * head_dim / 2 + i]` (for a device that reads them whole).
+    pub fn full(&self) -> (Vec<f32>, Vec<f32>) {
+        let (mut cos, mut sin) = (vec![0f32; self.positions * self.half], vec![0f32; self.positions * self.half]);
+        for pos in 0..self.positions {
+            let at = pos * self.half..(pos + 1) * self.half;
+            self.at(pos, &mut cos[at.clone()], &mut sin[at]);
+        }
+        (cos, sin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_scaling_keeps_high_frequencies_and_stretches_low_ones() {
+        let s =
+            RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 8192 };
+        // Wavelength 2 pi: far below 8192 / 4, kept.
+        assert_eq!(s.apply(0, 1.0), 1.0);
+        // Wavelength 2 pi * 10^4: above 8192, divided by the factor.
+        assert!((s.apply(0, 1e-4) - 1e-4 / 8.0).abs() < 1e-12);
+        // Between: a blend, monotonic in the frequency, continuous at both ends.
+        let edge = |wavelen: f64| s.apply(0, 2.0 * std::f64::consts::PI / wavelen) * wavelen;
+        assert!((edge(2048.0 - 1e-6) - edge(2048.0 + 1e-6)).abs() < 1e-3);
+        assert!((edge(8192.0 - 1e-6) - edge(8192.0 + 1e-6)).abs() < 1e-3);
+        let (a, b) = (s.apply(0, 2e-3), s.apply(0, 1e-3));
+        assert!(a > b && a < 2e-3 && b > 1e-3 / 8.0);
+    }
+
+    #[test]
+    fn linear_scaling_divides_positions() {
+        let (c1, s1) = RopeTable::new(10_000.0, 8, 9, &RopeScaling::Linear { factor: 4.0 }).full();
+        let (c2, s2) = RopeTable::new(10_000.0, 8, 3, &RopeScaling::None).full();
+        // Position 8 stretched by 4 is position 2 unscaled.
+        assert!((c1[8 * 4 + 1] - c2[2 * 4 + 1]).abs() < 1e-6 && (s1[8 * 4 + 3] - s2[2 * 4 + 3]).abs() < 1e-6);
+    }
+
+    #[test]
+    fn the_two_level_table_matches_the_direct_angles() {
+        let table = RopeTable::new(1_000_000.0, 128, 40_000, &RopeScaling::None);
+        let (mut cos, mut sin) = ([0f32; 64], [0f32; 64]);
+        for pos in [0, 1, 255, 256, 257, 4095, 32_767, 39_999] {
+            table.at(pos, &mut cos, &mut sin);
+            for i in 0..64 {
+                let angle = pos as f64 * 1_000_000f64.powf(-(2.0 * i as f64) / 128.0);
+                assert!((f64::from(cos[i]) - angle.cos()).abs() < 1e-6, "cos, position {pos}, {i}");
+                assert!((f64::from(sin[i]) - angle.sin()).abs() < 1e-6, "sin, position {pos}, {i}");
+            }
+        }
+    }
+}

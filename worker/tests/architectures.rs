@@ -1,0 +1,176 @@
+//! The architectures beyond Llama/Qwen2 on small models the test writes itself, the same weights as a Hugging Face
+//! directory and as a GGUF file (llama.cpp's names and keys): Qwen3's per-head query/key norms, and Llama 3.1's
+//! RoPE scaling (`rope_scaling.rope_type = llama3` in config.json, the per-frequency `rope_freqs.weight` llama.cpp's
+//! converter writes in GGUF). Both loaders must give the same logits, and each feature must change them. The
+//! comparison with llama.cpp itself on the same files is `scripts/arch_models.py` (docs/worker.md).
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::quantized::GgmlDType;
+use candle_core::quantized::gguf_file::Value;
+use candle_core::{Device, Tensor};
+use common::{gguf_tokens, hf_tokenizer, logits, max_diff, random, write_gguf};
+use zl_worker::model::{gguf, hf};
+
+const HIDDEN: usize = 64;
+const INTER: usize = 128;
+const HEADS: usize = 4;
+const KV_HEADS: usize = 2;
+/// Wider than hidden / heads, as Qwen3's heads are.
+const HD: usize = 32;
+const CONTEXT: usize = 256;
+
+/// (Hugging Face name, GGUF name, shape, values) of every tensor; norms only when `qk_norm`.
+fn weights(vocab: usize, qk_norm: bool) -> Vec<(String, String, Vec<usize>, Vec<f32>)> {
+    let mut seed = 42;
+    let mut out = Vec::new();
+    let mut push = |hf: String, gg: String, shape: Vec<usize>, scale: f32, offset: f32| {
+        let n = shape.iter().product();
+        let values = random(&mut seed, n, scale).into_iter().map(|v| v + offset).collect();
+        out.push((hf, gg, shape, values));
+    };
+    push("model.embed_tokens.weight".into(), "token_embd.weight".into(), vec![vocab, HIDDEN], 1.0, 0.0);
+    for i in 0..2 {
+        let (h, g) = (|s: &str| format!("model.layers.{i}.{s}"), |s: &str| format!("blk.{i}.{s}"));
+        push(h("input_layernorm.weight"), g("attn_norm.weight"), vec![HIDDEN], 0.2, 1.0);
+        push(h("self_attn.q_proj.weight"), g("attn_q.weight"), vec![HEADS * HD, HIDDEN], 0.8, 0.0);
+        push(h("self_attn.k_proj.weight"), g("attn_k.weight"), vec![KV_HEADS * HD, HIDDEN], 0.8, 0.0);
+        push(h("self_attn.v_proj.weight"), g("attn_v.weight"), vec![KV_HEADS * HD, HIDDEN], 0.4, 0.0);
+        if qk_norm {
+            push(h("self_attn.q_norm.weight"), g("attn_q_norm.weight"), vec![HD], 1.0, 1.0);
+            push(h("self_attn.k_norm.weight"), g("attn_k_norm.weight"), vec![HD], 1.0, 1.0);
+        }
+        push(h("self_attn.o_proj.weight"), g("attn_output.weight"), vec![HIDDEN, HEADS * HD], 0.4, 0.0);
+        push(h("post_attention_layernorm.weight"), g("ffn_norm.weight"), vec![HIDDEN], 0.2, 1.0);
+        push(h("mlp.gate_proj.weight"), g("ffn_gate.weight"), vec![INTER, HIDDEN], 0.4, 0.0);
+        push(h("mlp.up_proj.weight"), g("ffn_up.weight"), vec![INTER, HIDDEN], 0.4, 0.0);
+        push(h("mlp.down_proj.weight"), g("ffn_down.weight"), vec![HIDDEN, INTER], 0.4, 0.0);
+    }
+    push("model.norm.weight".into(), "output_norm.weight".into(), vec![HIDDEN], 0.2, 1.0);
+    push("lm_head.weight".into(), "output.weight".into(), vec![vocab, HIDDEN], 0.4, 0.0);
+    out
+}
+
+/// Llama 3.1's scaling of this test: factor 8, low and high frequency factors 1 and 4, pretrained on 32 tokens.
+const LLAMA3: (f64, f64, f64, f64) = (8.0, 1.0, 4.0, 32.0);
+
+/// The per-frequency divisors llama.cpp's converter writes for [`LLAMA3`] (its `generate_extra_tensors`).
+fn llama3_factors(theta: f64) -> Vec<f32> {
+    let (factor, low, high, original) = LLAMA3;
+    (0..HD / 2)
+        .map(|i| {
+            let wavelen = 2.0 * std::f64::consts::PI / theta.powf(-2.0 * i as f64 / HD as f64);
+            if wavelen < original / high {
+                1.0
+            } else if wavelen > original / low {
+                factor as f32
+            } else {
+                let smooth = (original / wavelen - low) / (high - low);
+                (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+            }
+        })
+        .collect()
+}
+
+/// Write the model as a Hugging Face directory and as a GGUF file; `arch` is the GGUF architecture (NeoX RoPE in
+/// both: qwen2 or qwen3), `model_type` config.json's.
+fn write(dir: &Path, arch: &str, qk_norm: bool, llama3: bool) -> (std::path::PathBuf, std::path::PathBuf) {
+    let vocab = gguf_tokens().len();
+    let theta = 10_000.0;
+    let hf_dir = dir.join("hf");
+    std::fs::create_dir_all(&hf_dir).unwrap();
+    std::fs::write(hf_dir.join("tokenizer.json"), hf_tokenizer().to_string(false).unwrap()).unwrap();
+    let mut config = serde_json::json!({
+        "model_type": arch, "hidden_size": HIDDEN, "intermediate_size": INTER, "num_hidden_layers": 2,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD, "vocab_size": vocab,
+        "rms_norm_eps": 1e-6, "rope_theta": theta, "max_position_embeddings": CONTEXT, "tie_word_embeddings": false
+    });
+    if llama3 {
+        let (factor, low, high, original) = LLAMA3;
+        config["rope_scaling"] = serde_json::json!({
+            "rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+            "original_max_position_embeddings": original as usize
+        });
+    }
+    std::fs::write(hf_dir.join("config.json"), config.to_string()).unwrap();
+    let weights = weights(vocab, qk_norm);
+    let hf_tensors: HashMap<String, Tensor> = weights
+        .iter()
+        .map(|(name, _, shape, v)| (name.clone(), Tensor::from_vec(v.clone(), shape.clone(), &Device::Cpu).unwrap()))
+        .collect();
+    candle_core::safetensors::save(&hf_tensors, hf_dir.join("model.safetensors")).unwrap();
+
+    let key = |k: &str| -> &'static str { Box::leak(format!("{arch}.{k}").into_boxed_str()) };
+    let meta = vec![
+        ("general.architecture", Value::String(arch.into())),
+        (key("embedding_length"), Value::U32(HIDDEN as u32)),
+        (key("feed_forward_length"), Value::U32(INTER as u32)),
+        (key("block_count"), Value::U32(2)),
+        (key("attention.head_count"), Value::U32(HEADS as u32)),
+        (key("attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
+        (key("attention.key_length"), Value::U32(HD as u32)),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+        (key("rope.freq_base"), Value::F32(theta as f32)),
+        (key("context_length"), Value::U32(CONTEXT as u32)),
+    ];
+    let mut tensors: Vec<_> = weights.into_iter().map(|(_, name, shape, v)| (name, shape, v, GgmlDType::F32)).collect();
+    if llama3 {
+        tensors.push(("rope_freqs.weight".into(), vec![HD / 2], llama3_factors(theta), GgmlDType::F32));
+    }
+    let file = dir.join("model.gguf");
+    write_gguf(&file, meta, &tensors);
+    (hf_dir, file)
+}
+
+/// 96 tokens: well past the 32 the Llama 3 scaling's model was "pretrained" on.
+fn prompt() -> Vec<u32> {
+    (0..96u32).map(|i| (i * 53 + 7) % 256).collect()
+}
+
+#[test]
+fn qwen3_loads_from_both_formats_alike_and_its_query_key_norms_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hf_dir, file) = write(dir.path(), "qwen3", true, false);
+    let (a, b) = (hf::load(&hf_dir).unwrap(), gguf::load(&file).unwrap());
+    assert_eq!((a.family.as_str(), b.family.as_str()), ("qwen3", "qwen3"));
+    assert!(a.llama.layers().iter().chain(b.llama.layers()).all(|l| l.qk_norm.is_some()));
+    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
+    let (diff, scale) = max_diff(&la, &lb);
+    assert!(diff < 1e-4 * scale.max(1.0), "Hugging Face and GGUF Qwen3 differ by {diff} (largest {scale})");
+
+    // The same weights without the norms (as Qwen2): different logits.
+    let other = tempfile::tempdir().unwrap();
+    let (_, plain) = write(other.path(), "qwen2", false, false);
+    let (diff, scale) = max_diff(&logits(&gguf::load(&plain).unwrap().llama, &prompt()), &lb);
+    assert!(diff > 0.05 * scale, "the query/key norms changed nothing ({diff} of {scale})");
+}
+
+#[test]
+fn llama3_rope_scaling_loads_from_both_formats_alike_and_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hf_dir, file) = write(dir.path(), "qwen2", false, true);
+    let (a, b) = (hf::load(&hf_dir).unwrap(), gguf::load(&file).unwrap());
+    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
+    let (diff, scale) = max_diff(&la, &lb);
+    assert!(diff < 1e-4 * scale.max(1.0), "config.json llama3 and GGUF rope_freqs differ by {diff} (largest {scale})");
+
+    let other = tempfile::tempdir().unwrap();
+    let (plain_hf, _) = write(other.path(), "qwen2", false, false);
+    let (diff, scale) = max_diff(&logits(&hf::load(&plain_hf).unwrap().llama, &prompt()), &la);
+    assert!(diff > 0.01 * scale, "the RoPE scaling changed nothing ({diff} of {scale})");
+}
+
+#[test]
+fn an_unknown_rope_scaling_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hf_dir, _) = write(dir.path(), "qwen2", false, true);
+    let path = hf_dir.join("config.json");
+    let config = std::fs::read_to_string(&path).unwrap().replace("\"llama3\"", "\"dynamic\"");
+    std::fs::write(&path, config).unwrap();
+    let err = hf::load(&hf_dir).unwrap_err().to_string();
+    assert!(err.contains("RoPE scaling \"dynamic\""), "{err}");
+}
