@@ -30,6 +30,8 @@ fn ask(http: SocketAddr, key: &str, n: u64) -> Option<u64> {
         }
         429 => {
             assert!(r.body.contains("budget of") && r.body.contains("resets at"), "{}", r.body);
+            // For people an RFC 3339 time, for machines the epoch beside it.
+            assert!(r.body.contains("Z (unix time "), "{}", r.body);
             assert!(r.header("retry-after").is_some_and(|s| s.parse::<u64>().unwrap() > 0));
             None
         }
@@ -81,6 +83,11 @@ fn usage(tls: &std::path::Path, orch: SocketAddr, project: &str) -> (u64, f64, f
         .map(|r| r["input_tokens"].as_u64().unwrap() + r["output_tokens"].as_u64().unwrap())
         .sum();
     let b = &v["budgets"][0];
+    // Times for machines (the epoch) and for people (RFC 3339, UTC), in the JSON and in the table.
+    let utc = b["resets_at_utc"].as_str().unwrap_or_default();
+    assert!(utc.len() == 20 && utc.ends_with('Z') && b["resets_at"].as_u64().is_some(), "{b}");
+    let table = admin(tls, orch, &["usage", "--project", project]);
+    assert!(table.contains("HOUR (UTC)") && table.contains(&format!("resets at {utc}, unix time")), "{table}");
     (tokens, b["spent"].as_f64().unwrap(), b["committed"].as_f64().unwrap())
 }
 
@@ -176,11 +183,12 @@ fn a_keys_rate_limit_is_shared_by_three_frontends() {
     let (_fe2, http2) = start_frontend_args(tls, "fe-2", &[cluster.orch.quic], FE);
     let frontends = [cluster.http, http1, http2];
     // 12 requests a minute for the key, however many frontends serve it (each would allow 12 on its own).
-    admin(tls, cluster.orch.admin, &["project", "r", "--rpm", "12"]);
+    admin(tls, cluster.orch.admin, &["project", "r", "--rpm", "12", "--tpm", "5000"]);
     admin(tls, cluster.orch.admin, &["keys", "create", "kr", "--project", "r", "--secret", KEY_B]);
     wait_for_key(&frontends, KEY_B);
     let started = Instant::now();
     let (mut served, mut limited, mut least_remaining) = (0u64, 0u64, u64::MAX);
+    let mut tokens_limit = String::new();
     for n in 0..36 {
         let body = serde_json::json!({"model": "smollm2-135m-instruct", "max_tokens": 1, "temperature": 0,
             "messages": [{"role": "user", "content": format!("Hi {n}")}]})
@@ -191,6 +199,7 @@ fn a_keys_rate_limit_is_shared_by_three_frontends() {
                 served += 1;
                 let remaining = r.header("anthropic-ratelimit-requests-remaining").unwrap().parse::<u64>().unwrap();
                 least_remaining = least_remaining.min(remaining);
+                tokens_limit = r.header("anthropic-ratelimit-tokens-limit").unwrap_or_default().to_owned();
             }
             429 => {
                 assert!(r.body.contains("shared by every frontend"), "{}", r.body);
@@ -209,4 +218,6 @@ fn a_keys_rate_limit_is_shared_by_three_frontends() {
     // The rate-limit headers speak for the cluster: after a dozen requests through three frontends, what is left
     // is near zero (one frontend's own bucket would still show 8 of 12).
     assert!(least_remaining <= 3, "anthropic-ratelimit-requests-remaining fell only to {least_remaining}");
+    // The tokens headers name the tightest token limit: the project's 5,000 a minute, not the key's defaults.
+    assert_eq!(tokens_limit, "5000");
 }

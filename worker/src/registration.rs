@@ -288,6 +288,12 @@ pub fn kv_message(worker: &NodeId, sequence: u64, model: &str, published: &Publi
     })
 }
 
+/// The first sequence number of a process started at `now`: its microseconds since the epoch (reports come every
+/// few hundred milliseconds, so a later process always starts above an earlier one's last).
+fn sequence_base(now: std::time::SystemTime) -> u64 {
+    now.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
+}
+
 /// Heartbeat every `interval` until `stop` turns true: load report and KV events to every orchestrator, a full
 /// snapshot after any (re)registration or missed heartbeat.
 pub async fn run_reporter<D: Discovery>(
@@ -297,8 +303,13 @@ pub async fn run_reporter<D: Discovery>(
     interval: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let load_seq = AtomicU64::new(0);
-    let kv_seq = AtomicU64::new(0);
+    // Sequences start from this process's start time (microseconds since the epoch), so a restarted worker's
+    // reports are newer than anything its previous process sent: an orchestrator that did not see it register
+    // again (a follower) would otherwise drop them as stale until the count caught up, and show (and route on)
+    // the dead process's last load.
+    let start = sequence_base(std::time::SystemTime::now());
+    let load_seq = AtomicU64::new(start);
+    let kv_seq = AtomicU64::new(start);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -328,6 +339,15 @@ pub async fn run_reporter<D: Discovery>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_later_process_starts_its_sequences_above_an_earlier_ones() {
+        let t0 = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        // A process that reported every 250 ms for a year, then one started a second later.
+        let earlier_last = sequence_base(t0) + 4 * 86_400 * 365;
+        let later_first = sequence_base(t0 + std::time::Duration::from_secs(86_400 * 365 + 1)) + 1;
+        assert!(later_first > earlier_last);
+    }
     use crate::engine::EngineStats;
     use crate::kv::pool::KvStats;
 

@@ -87,18 +87,20 @@ impl Gateway {
             return figures;
         }
         let ledger = lock(&self.reporter.ledger);
-        let shared = |dim: &str, local: Option<Figures>| {
-            let Some((limit, remaining)) = ledger.shared_figures(&format!("key/{}/{dim}", key.key_id)) else {
-                return local;
-            };
+        let bucket = |name: &str| {
+            let (limit, remaining) = ledger.shared_figures(name)?;
             let missing = limit.saturating_sub(remaining) as f64;
             let reset_in = Duration::from_secs_f64(missing * 60.0 / limit.max(1) as f64);
             Some(Figures { limit, remaining, reset_in })
         };
+        let shared = |dim: &str, local: Option<Figures>| bucket(&format!("key/{}/{dim}", key.key_id)).or(local);
         figures.requests = shared("requests", figures.requests);
         figures.input_tokens = shared("input_tokens", figures.input_tokens);
         figures.output_tokens = shared("output_tokens", figures.output_tokens);
-        figures.tokens = tighter(figures.input_tokens, figures.output_tokens);
+        // `tokens` is the tightest token limit the request meets: the key's input and output limits, and its
+        // project's total tokens per minute (`--tpm`), which only the shared ledger enforces.
+        let project_tokens = bucket(&format!("project/{}/tokens", key.project));
+        figures.tokens = tighter(tighter(figures.input_tokens, figures.output_tokens), project_tokens);
         figures
     }
 

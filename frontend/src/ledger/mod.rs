@@ -178,7 +178,8 @@ impl Ledger {
             format!("this request may cost more than project {project:?}'s whole {period} budget of {what}")
         } else {
             format!(
-                "project {project:?} has used its {period} budget of {what}; it resets at {} (unix time)",
+                "project {project:?} has used its {period} budget of {what}; it resets at {} (unix time {})",
+                zl_common::calendar::rfc3339(h.resets_at),
                 h.resets_at
             )
         };

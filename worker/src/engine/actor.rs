@@ -224,6 +224,13 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
             window_start = Instant::now();
             window_tokens = 0;
         }
+        if !core.has_work() {
+            // About to wait for a command: what is published now stands until then, so it must say idle (a rate
+            // left from the last window read as load on an idle worker in `zl admin workers`).
+            rate = 0.0;
+            window_start = Instant::now();
+            window_tokens = 0;
+        }
         let stats = core.stats();
         if let Some(kv) = stats.kv {
             metrics::gauge!("zl_worker_kv_blocks_total", &labels).set(kv.total as f64);

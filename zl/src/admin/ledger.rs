@@ -4,6 +4,8 @@ use anyhow::{Result, bail};
 use zl_admin::pb;
 use zl_admin::pb::admin_client::AdminClient;
 
+use zl_common::calendar::rfc3339;
+
 use super::{AdminCommand, call, written};
 
 type Client = AdminClient<tonic::transport::Channel>;
@@ -24,7 +26,8 @@ pub(crate) async fn run(c: &mut Client, command: &AdminCommand) -> Result<Option
                     .rows
                     .iter()
                     .map(|u| {
-                        serde_json::json!({"hour": u.hour, "project": u.project, "key_id": u.key_id,
+                        serde_json::json!({"hour": u.hour, "hour_utc": rfc3339(u.hour), "project": u.project,
+                            "key_id": u.key_id,
                             "requests": u.requests, "input_tokens": u.input_tokens,
                             "output_tokens": u.output_tokens, "units": u.units})
                     })
@@ -35,31 +38,39 @@ pub(crate) async fn run(c: &mut Client, command: &AdminCommand) -> Result<Option
                     .map(|b| {
                         serde_json::json!({"project": b.project, "metric": b.metric, "period": b.period,
                             "limit": b.limit, "spent": b.spent, "committed": b.committed,
-                            "period_start": b.period_start, "resets_at": b.resets_at})
+                            "period_start": b.period_start, "period_start_utc": rfc3339(b.period_start),
+                            "resets_at": b.resets_at, "resets_at_utc": rfc3339(b.resets_at)})
                     })
                     .collect();
                 println!("{}", serde_json::json!({"usage": rows, "budgets": budgets}));
                 return Ok(Some(()));
             }
             println!(
-                "{:<12} {:<16} {:<16} {:>9} {:>12} {:>12} {:>10}",
-                "HOUR", "PROJECT", "KEY", "REQUESTS", "INPUT TOK", "OUTPUT TOK", "UNITS"
+                "{:<20} {:<16} {:<16} {:>9} {:>12} {:>12} {:>10}",
+                "HOUR (UTC)", "PROJECT", "KEY", "REQUESTS", "INPUT TOK", "OUTPUT TOK", "UNITS"
             );
             for u in &r.rows {
                 println!(
-                    "{:<12} {:<16} {:<16} {:>9} {:>12} {:>12} {:>10.3}",
-                    u.hour, u.project, u.key_id, u.requests, u.input_tokens, u.output_tokens, u.units
+                    "{:<20} {:<16} {:<16} {:>9} {:>12} {:>12} {:>10.3}",
+                    rfc3339(u.hour),
+                    u.project,
+                    u.key_id,
+                    u.requests,
+                    u.input_tokens,
+                    u.output_tokens,
+                    u.units
                 );
             }
             for b in &r.budgets {
                 println!(
-                    "budget {}: {} {} per {}; spent {}, leased {} (resets at {})",
+                    "budget {}: {} {} per {}; spent {}, leased {} (resets at {}, unix time {})",
                     b.project,
                     b.limit,
                     b.metric,
                     b.period,
                     b.spent,
                     b.committed - b.spent,
+                    rfc3339(b.resets_at),
                     b.resets_at
                 );
             }
