@@ -95,7 +95,31 @@ pub fn metrics_renderer() -> Result<std::sync::Arc<dyn Fn() -> String + Send + S
     }))
 }
 
-/// Resolves on Ctrl-C or SIGTERM (what Kubernetes sends before killing a pod).
+/// Resolves once this process's parent has changed (it was re-parented: the supervisor exited), when
+/// [`EXIT_WITH_PARENT_ENV`] is set; never otherwise. Polls twice a second.
+#[cfg(unix)]
+async fn orphaned() {
+    if std::env::var_os(EXIT_WITH_PARENT_ENV).is_none() {
+        return std::future::pending().await;
+    }
+    let parent = std::os::unix::process::parent_id();
+    let mut tick = tokio::time::interval(std::time::Duration::from_millis(500));
+    loop {
+        tick.tick().await;
+        if std::os::unix::process::parent_id() != parent {
+            tracing::warn!(parent, "the supervising process is gone: shutting down");
+            return;
+        }
+    }
+}
+
+/// Set (to anything) in a process's environment by a supervisor (`zl up`) that wants it to stop when the
+/// supervisor is gone, even killed outright: [`shutdown_signal`] then also resolves when the process is orphaned.
+pub const EXIT_WITH_PARENT_ENV: &str = "ZL_EXIT_WITH_PARENT";
+
+/// Resolves on Ctrl-C or SIGTERM (what Kubernetes sends before killing a pod), and, under a supervisor that set
+/// [`EXIT_WITH_PARENT_ENV`], when the supervisor is gone (a `zl up` killed with SIGKILL left its processes holding
+/// their ports; the next `zl up` could not start).
 pub async fn shutdown_signal() {
     #[cfg(unix)]
     {
@@ -105,6 +129,7 @@ pub async fn shutdown_signal() {
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => {}
                     _ = term.recv() => {}
+                    _ = orphaned() => {}
                 }
             }
             Err(_) => {

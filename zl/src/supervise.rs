@@ -99,6 +99,8 @@ fn start(bin: &Path, args: &[String], log: &Path) -> Result<Child> {
         .with_context(|| format!("opening {}", log.display()))?;
     Command::new(bin)
         .args(args)
+        // Stop when this supervisor is gone, even killed with SIGKILL (no orphans holding the ports).
+        .env(zl_node::EXIT_WITH_PARENT_ENV, "1")
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
