@@ -46,6 +46,16 @@ fn run_banner(dir: &Path, name: &str, env: &[(&str, &str)]) {
         out = std::fs::read_to_string(dir.join(format!("{name}.out"))).unwrap_or_default();
     }
     assert!(out.contains("pip install anthropic"), "the Python line says what it needs: {out}");
+    // The banner names every process's metrics address, and each serves Prometheus text there.
+    let line = out.lines().map(str::trim).find(|l| l.starts_with("metrics ")).expect("a metrics line");
+    let addrs: Vec<std::net::SocketAddr> =
+        line.split("http://").skip(1).map(|s| s.split('/').next().unwrap().parse().unwrap()).collect();
+    assert_eq!(addrs.len(), 3, "the frontend, the orchestrator and the worker: {line}");
+    for addr in addrs {
+        let (status, body) = zl_e2e::http(addr, "GET", "/metrics", &[], "").unwrap();
+        assert!(status == 200 && body.contains("# TYPE"), "{addr}: {status} {body}");
+    }
+    assert!(out.lines().any(|l| l.trim().starts_with("admin ") && l.contains("orchestrator-0 127.0.0.1:")), "{out}");
     let cmds = commands(&out);
     assert_eq!(cmds.len(), 5, "curl, python and three zl commands: {cmds:?}\n{out}");
     for cmd in cmds {

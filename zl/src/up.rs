@@ -469,6 +469,13 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
 
     let url = format!("http://{}", args.http_addr);
     let zl = zl_command();
+    // Where each process's Prometheus metrics are, and the orchestrators' admin API.
+    let metrics = std::iter::once(format!("frontend-0 http://{frontend_metrics}/metrics"))
+        .chain(orchestrators.iter().map(|(n, _, _, m)| format!("{n} http://{m}/metrics")))
+        .chain(workers.iter().map(|(n, _, m)| format!("{n} http://{m}/metrics")))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let admin = orchestrators.iter().map(|(n, _, a, _)| format!("{n} {a}")).collect::<Vec<_>>().join(", ");
     // Hints run as printed: with the data dir when it is not the default one.
     let dd = args
         .data_dir
@@ -481,7 +488,9 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
          API       {url}   (Anthropic /v1/messages, OpenAI /v1/chat/completions)\n  \
          API key   {key}\n  \
          model     {model_id}\n  \
-         logs      {}\n\n\
+         logs      {}\n  \
+         metrics   {metrics}\n  \
+         admin     {admin}   (gRPC over TLS; `zl admin` finds it)\n\n\
          Try it:\n\n  \
          curl {url}/v1/messages -H 'x-api-key: {key}' -H 'content-type: application/json' \\\n    \
          -d '{{\"model\": \"{model_id}\", \"max_tokens\": 64, \"temperature\": 0, \"system\": \"You are a helpful assistant.\", \
