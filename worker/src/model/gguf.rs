@@ -45,37 +45,34 @@ fn meta_string(content: &Content, key: &str) -> Option<String> {
     content.metadata.get(key).and_then(|v| v.to_string().ok()).cloned()
 }
 
+/// A metadata array, each value read by `f`.
+fn list<T>(content: &Content, key: &str, f: impl Fn(&Value) -> candle_core::Result<T>) -> Result<Vec<T>, LoadError> {
+    let bad = |e: candle_core::Error| LoadError::Format(format!("{key}: {e}"));
+    meta(content, key)?.to_vec().map_err(bad)?.iter().map(|v| f(v).map_err(bad)).collect()
+}
+
+/// [`list`], empty when the key is absent.
+fn optional_list<T>(
+    content: &Content,
+    key: &str,
+    f: impl Fn(&Value) -> candle_core::Result<T>,
+) -> Result<Vec<T>, LoadError> {
+    if content.metadata.contains_key(key) { list(content, key, f) } else { Ok(Vec::new()) }
+}
+
 fn strings(content: &Content, key: &str) -> Result<Vec<String>, LoadError> {
-    let values = meta(content, key)?.to_vec().map_err(|e| LoadError::Format(format!("{key}: {e}")))?;
-    values.iter().map(|v| v.to_string().cloned().map_err(|e| LoadError::Format(format!("{key}: {e}")))).collect()
+    list(content, key, |v| v.to_string().cloned())
 }
 
 /// Read the tokenizer metadata.
 pub fn vocab(content: &Content) -> Result<GgufVocab, LoadError> {
-    let token_types = match content.metadata.get("tokenizer.ggml.token_type") {
-        Some(v) => v
-            .to_vec()
-            .map_err(|e| LoadError::Format(format!("token types: {e}")))?
-            .iter()
-            .map(|t| t.to_i32().map_err(|e| LoadError::Format(format!("token types: {e}"))))
-            .collect::<Result<_, _>>()?,
-        None => Vec::new(),
-    };
     Ok(GgufVocab {
         model: meta_string(content, "tokenizer.ggml.model").unwrap_or_default(),
         pre: meta_string(content, "tokenizer.ggml.pre").unwrap_or_default(),
         tokens: strings(content, "tokenizer.ggml.tokens")?,
         merges: strings(content, "tokenizer.ggml.merges").unwrap_or_default(),
-        token_types,
-        scores: match content.metadata.get("tokenizer.ggml.scores") {
-            Some(v) => v
-                .to_vec()
-                .map_err(|e| LoadError::Format(format!("token scores: {e}")))?
-                .iter()
-                .map(|s| s.to_f32().map_err(|e| LoadError::Format(format!("token scores: {e}"))))
-                .collect::<Result<_, _>>()?,
-            None => Vec::new(),
-        },
+        token_types: optional_list(content, "tokenizer.ggml.token_type", Value::to_i32)?,
+        scores: optional_list(content, "tokenizer.ggml.scores", Value::to_f32)?,
         // SentencePiece's default; Gemma's files say false.
         add_space_prefix: !matches!(content.metadata.get("tokenizer.ggml.add_space_prefix"), Some(Value::Bool(false))),
         unk: content.metadata.get("tokenizer.ggml.unknown_token_id").and_then(|v| v.to_u32().ok()),

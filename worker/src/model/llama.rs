@@ -246,11 +246,26 @@ fn per_row(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) 
 
 #[inline]
 fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let mean = dot_f32(x, x) / x.len() as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
+    let scale = rms_scale(x, eps);
     for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
         *o = v * scale * w;
     }
+}
+
+/// [`rms_norm`] of `x` into itself (the same operations: its scale is taken before any value changes).
+#[inline]
+fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let scale = rms_scale(x, eps);
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = *v * scale * w;
+    }
+}
+
+/// RMSNorm's scale of `x`: the reciprocal of its root mean square (with `eps`).
+#[inline]
+fn rms_scale(x: &[f32], eps: f32) -> f32 {
+    let mean = dot_f32(x, x) / x.len() as f32;
+    1.0 / (mean + eps).sqrt()
 }
 
 impl Llama {
@@ -369,10 +384,7 @@ impl Llama {
     fn join_residual(&self, x: &mut [f32], out: &mut [f32], post: Option<&Vec<f32>>) {
         let (h, eps) = (self.cfg.hidden, self.cfg.rms_eps);
         if let Some(w) = post {
-            per_row(out, h, |_, row| {
-                let copy = row.to_vec();
-                rms_norm(&copy, w, eps, row);
-            });
+            per_row(out, h, |_, row| rms_norm_in_place(row, w, eps));
         }
         x.iter_mut().zip(out.iter()).for_each(|(a, b)| *a += b);
     }
@@ -392,11 +404,9 @@ impl Llama {
         new: &mut [u16],
     ) {
         if let Some((qn, kn)) = &layer.qk_norm {
-            let mut head = [0f32; MAX_HEAD_DIM];
             let hd = self.cfg.head_dim;
             for (x, w) in q.chunks_exact_mut(hd).map(|x| (x, qn)).chain(k.chunks_exact_mut(hd).map(|x| (x, kn))) {
-                head[..hd].copy_from_slice(x);
-                rms_norm(&head[..hd], w, self.cfg.rms_eps, x);
+                rms_norm_in_place(x, w, self.cfg.rms_eps);
             }
         }
         let (mut cos, mut sin) = ([0f32; MAX_HEAD_DIM / 2], [0f32; MAX_HEAD_DIM / 2]);

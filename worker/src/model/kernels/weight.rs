@@ -4,7 +4,7 @@
 
 use half::{bf16 as Bf16, f16};
 
-use super::blocks::BlockFormat;
+use super::blocks::{BlockFormat, f16_to_f32};
 use super::{Input, QK};
 
 /// A weight matrix of `rows` (output features) by `cols` (input features), stored row-major.
@@ -104,7 +104,7 @@ pub(super) fn tile_scale(blocks_per_row: usize, c: usize, b: usize) -> usize {
 }
 
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+    f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
 }
 
 /// Check that `raw` holds exactly the `rows x cols` blocks of a block format of `block_bytes` bytes per 32
