@@ -306,7 +306,8 @@ pub fn wait_up(
     }
 }
 
-/// Start `zl up` with its data dir at `dir/name`, a free HTTP port, API key `key`, more `args` and `env`; its
+/// Start `zl up` with its data dir at `dir/name`, a free HTTP port, API key `key` (none: `zl up`'s own), more
+/// `args` and `env`; its
 /// stderr goes to `dir/name.err`. Waits (bounded) until it serves; the process, its HTTP address and its
 /// `cluster.json`.
 pub fn zl_up(
@@ -323,7 +324,7 @@ pub fn zl_up(
     let stdout = std::fs::File::create(dir.join(format!("{name}.out"))).expect("zl up's stdout file");
     let child = Command::new(bin("zl"))
         .args(["up", "--data-dir", data.to_str().expect("a UTF-8 path"), "--http-addr", &http.to_string()])
-        .args(["--api-key", key])
+        .args(if key.is_empty() { vec![] } else { vec!["--api-key", key] })
         .args(args)
         .envs(env.iter().copied())
         .stdin(std::process::Stdio::null())

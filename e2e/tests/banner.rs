@@ -54,6 +54,10 @@ fn run_banner(dir: &Path, name: &str, env: &[(&str, &str)]) {
     for addr in addrs {
         let (status, body) = zl_e2e::http(addr, "GET", "/metrics", &[], "").unwrap();
         assert!(status == 200 && body.contains("# TYPE"), "{addr}: {status} {body}");
+        // Every series is explained: a `# HELP` line for each `# TYPE` (zl_node::metrics_help).
+        for name in body.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap()) {
+            assert!(body.contains(&format!("# HELP {name} ")), "{addr}: no HELP for {name}");
+        }
     }
     assert!(out.lines().any(|l| l.trim().starts_with("admin ") && l.contains("orchestrator-0 127.0.0.1:")), "{out}");
     let cmds = commands(&out);

@@ -18,6 +18,8 @@ fn bench(data: &Path, out: &Path, extra: &[&str]) -> Value {
     let (stdout, stderr) = (String::from_utf8_lossy(&run.stdout), String::from_utf8_lossy(&run.stderr));
     assert!(run.status.success(), "zl bench {extra:?} failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("TTFT p50/p90/p99 ms") && stdout.contains("results: "), "{stdout}");
+    // The table is printed once: its head, then each level's row as it ends.
+    assert_eq!(format!("{stdout}{stderr}").matches("TTFT p50/p90/p99 ms").count(), 1, "{stdout}\n{stderr}");
     serde_json::from_slice(&std::fs::read(out.join("results.json")).unwrap()).unwrap()
 }
 
@@ -168,7 +170,42 @@ fn zl_bench_runs_against_zl_up_and_compares() {
         text.lines().any(|l| l.trim_start().starts_with("TTFT p50 (ms)") && l.split_whitespace().count() >= 6),
         "{text}"
     );
+    // Levels meet by load: the sweep's 1-client level against the direct run's only level; 2 clients apart.
+    assert!(text.contains("\n1 client:") && !text.contains("\n2 clients:"), "{text}");
+    assert!(text.contains("not compared (no other run at the same load): 2 clients (A only)"), "{text}");
     plots_written(&cmp, &["ttft_cdf", "e2e_cdf", "throughput", "ttft_vs_load"]);
+
+    // Without --out nothing lands in the working directory: the run goes to the data dir's bench/, named (and
+    // labelled) by its own directory; so does a comparison.
+    let cwd = dir.path().join("cwd");
+    std::fs::create_dir(&cwd).unwrap();
+    let here = |args: &[&str]| {
+        let out = std::process::Command::new(zl_e2e::bin("zl")).args(args).current_dir(&cwd).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let data_s = data.to_str().unwrap();
+    let runs: Vec<String> = (0..2)
+        .map(|_| {
+            let said = here(&["bench", "--data-dir", data_s, "--requests", "2", "--output-tokens", "4", "--quiet"]);
+            said.lines().find_map(|l| l.strip_prefix("results: ")).unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(std::fs::read_dir(&cwd).unwrap().count(), 0, "zl bench wrote to the working directory");
+    let labels: Vec<String> = runs
+        .iter()
+        .map(|r| {
+            assert!(Path::new(r).starts_with(data.join("bench")), "{r}");
+            let v: Value = serde_json::from_slice(&std::fs::read(r).unwrap()).unwrap();
+            v["label"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert!(labels[0].starts_with("run-") && labels[0] != labels[1], "distinct default labels: {labels:?}");
+    let said = here(&["bench", "compare", &runs[0], &runs[1], "--data-dir", data_s]);
+    assert!(said.contains(&format!("A = {}", labels[0])) && said.contains(&format!("B = {}", labels[1])), "{said}");
+    assert_eq!(std::fs::read_dir(&cwd).unwrap().count(), 0, "zl bench compare wrote to the working directory");
+    let compared = said.lines().find_map(|l| l.strip_prefix("plots: ")).unwrap().split(", ").next().unwrap();
+    assert!(Path::new(compared).starts_with(data.join("bench")), "{said}");
 
     // A wrong key fails the warm-up with the endpoint's own error, and no results are written.
     let bad = dir.path().join("bad");

@@ -251,6 +251,47 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     let out = chat.wait_with_output().unwrap();
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success() && said.contains("Paris"), "{said}\n{}", String::from_utf8_lossy(&out.stderr));
+    // Ctrl-C while an answer streams stops that answer, and the conversation goes on; Ctrl-C at the prompt quits.
+    let mut chat = zl(&["chat", "--max-tokens", "2000"]);
+    let mut input = chat.stdin.take().unwrap();
+    std::io::Write::write_all(&mut input, b"Write a very long story about the sea.\n").unwrap();
+    let pieces = {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let mut said = chat.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while let Ok(n @ 1..) = std::io::Read::read(&mut said, &mut buf) {
+                let _ = tx.send(buf[..n].to_vec());
+            }
+        });
+        rx
+    };
+    let mut seen = String::new();
+    let mut read_until = |done: &dyn Fn(&str) -> bool, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done(&seen) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match pieces.recv_timeout(left) {
+                Ok(piece) => seen.push_str(&String::from_utf8_lossy(&piece)),
+                Err(_) => panic!("zl chat: no {what}: {seen}"),
+            }
+        }
+        seen.clone()
+    };
+    // The prompt `> `, then some of the answer; Ctrl-C stops it and the prompt comes back.
+    read_until(&|s| s.len() > 40, "answer");
+    signal(chat.id(), "-INT");
+    read_until(&|s| s.ends_with("\n> "), "prompt after Ctrl-C");
+    std::io::Write::write_all(&mut input, b"What is the capital of France?\n").unwrap();
+    let all = read_until(&|s| s.matches("\n> ").count() >= 2, "second answer");
+    let second = all.split("\n> ").nth(1).unwrap();
+    assert!(!second.trim().is_empty(), "{all}");
+    // At the prompt, Ctrl-C quits.
+    signal(chat.id(), "-INT");
+    let out = chat.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("[stopped]") && out.status.code() == Some(130), "{:?} {err}", out.status);
+    wait_kv_freed(&state, baseline);
     for (args, expect) in [(&["admin", "workers"][..], "worker-0"), (&["admin", "members", "list"][..], "leader")] {
         let out = zl(args).wait_with_output().unwrap();
         let said = String::from_utf8_lossy(&out.stdout);

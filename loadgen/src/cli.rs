@@ -13,7 +13,7 @@ use crate::client::{Endpoint, split_url, tls_config};
 use crate::direct::DirectWorker;
 use crate::load::sweep;
 use crate::progress::{Progress, Ticker};
-use crate::report::{FORMAT, LevelResult, Report, table};
+use crate::report::{FORMAT, LevelResult, Report, level_rows, table_head};
 use crate::runner::{Plan, Target, run_level};
 use crate::stats::{Targets, summarize};
 use crate::workload::{Kind, Length, Workload, read_jsonl};
@@ -68,9 +68,9 @@ enum BenchCommand {
         /// The results files: A (the baseline), B, and optionally more.
         #[arg(num_args = 2.., required = true)]
         files: Vec<PathBuf>,
-        /// Where the plots go.
-        #[arg(long, default_value = "zl-bench-compare")]
-        out: PathBuf,
+        /// Where the plots go. Default: compare-UNIXTIME in the bench directory (the data dir's `bench/`).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
 }
 
@@ -150,10 +150,11 @@ pub struct RunArgs {
     /// Goodput: a request is good when its time per output token is at most this many milliseconds.
     #[arg(long)]
     tpot_target_ms: Option<f64>,
-    /// Where the results file and plots go. Default: zl-bench-UNIXTIME.
+    /// Where the results file and plots go. Default: run-UNIXTIME in the bench directory (the data dir's `bench/`),
+    /// never the working directory.
     #[arg(long)]
     out: Option<PathBuf>,
-    /// A name for this run in tables and plots. Default: the API and URL.
+    /// A name for this run in tables and plots. Default: the name of its output directory.
     #[arg(long)]
     label: Option<String>,
     /// Write the results file only.
@@ -179,6 +180,26 @@ pub struct Defaults {
     pub worker: Option<String>,
     /// Why a missing setting was not found, for the error.
     pub missing: String,
+    /// Where results go when no `--out` is given (each run or comparison in a directory of its own there).
+    pub bench_dir: PathBuf,
+}
+
+fn now_unix_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// `given`, else a new directory `PREFIX-UNIXTIME` in `bench_dir` (`-2`, `-3`... when that exists already).
+fn out_dir(given: Option<PathBuf>, bench_dir: &std::path::Path, prefix: &str) -> PathBuf {
+    given.unwrap_or_else(|| {
+        let stem = format!("{prefix}-{}", now_unix_s());
+        let mut dir = bench_dir.join(&stem);
+        let mut n = 2;
+        while dir.exists() {
+            dir = bench_dir.join(format!("{stem}-{n}"));
+            n += 1;
+        }
+        dir
+    })
 }
 
 /// Run `zl bench`.
@@ -186,6 +207,7 @@ pub fn main(args: BenchArgs, defaults: Defaults) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     match args.command {
         Some(BenchCommand::Compare { files, out }) => {
+            let out = out_dir(out, &defaults.bench_dir, "compare");
             let reports = files.iter().map(|f| Report::read(f)).collect::<Result<Vec<_>>>()?;
             let reports: Vec<&Report> = reports.iter().collect();
             print!("{}", crate::compare::table(&reports));
@@ -281,9 +303,9 @@ async fn run(args: RunArgs, d: Defaults) -> Result<()> {
     };
     let targets =
         Targets { ttft_s: args.ttft_target_ms.map(|m| m / 1e3), tpot_s: args.tpot_target_ms.map(|m| m / 1e3) };
-    let started_unix_s = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let out = args.out.clone().unwrap_or_else(|| PathBuf::from(format!("zl-bench-{started_unix_s}")));
-    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let started_unix_s = now_unix_s();
+    let out = out_dir(args.out.clone(), &d.bench_dir, "run");
+    // Made once the warm-up has answered: a run against a wrong URL or key leaves nothing behind.
     let api = match args.api {
         Api::Anthropic => "anthropic",
         Api::Openai => "openai",
@@ -292,7 +314,10 @@ async fn run(args: RunArgs, d: Defaults) -> Result<()> {
     let target = target(&args, &d, &url, &key, &model).await?;
     let mut report = Report {
         format: FORMAT,
-        label: args.label.clone().unwrap_or_else(|| format!("{api} {url}")),
+        // Each run its own name by default: its output directory's (`run-1764712345`, or what --out named).
+        label: args.label.clone().unwrap_or_else(|| {
+            out.file_name().map_or_else(|| out.display().to_string(), |n| n.to_string_lossy().into_owned())
+        }),
         url: url.clone(),
         api: api.into(),
         model,
@@ -315,6 +340,10 @@ async fn run(args: RunArgs, d: Defaults) -> Result<()> {
             );
         }
     }
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    // The table, once, on stdout: its head now, each level's rows as the level ends.
+    print!("{}", table_head(&report));
+    let _ = std::io::Write::flush(&mut std::io::stdout());
     // Session numbers run on across levels, so no level repeats another's prompts.
     let mut next = 0;
     for shape in shapes {
@@ -324,16 +353,14 @@ async fn run(args: RunArgs, d: Defaults) -> Result<()> {
         drop(ticker);
         next = n;
         let summary = summarize(&records, targets);
-        report.levels.push(LevelResult { shape, summary, records });
-        let last = Report { levels: vec![report.levels[report.levels.len() - 1].clone()], ..report.clone() };
-        if !args.quiet {
-            eprint!("{}", table(&last).lines().skip(2).map(|l| format!("{l}\n")).collect::<String>());
-        }
+        let level = LevelResult { shape, summary, records };
+        print!("{}", level_rows(&level));
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        report.levels.push(level);
     }
     let results = out.join("results.json");
     report.write(&results)?;
-    println!("{}", table(&report));
-    println!("results: {}", results.display());
+    println!("\nresults: {}", results.display());
     if !args.no_plots {
         let files = crate::plot::run_plots(&report, &out)?;
         println!("plots: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));

@@ -1,13 +1,15 @@
 //! `zl bench compare A.json B.json [C.json ...]`: runs side by side, level by level, as ratios to the first (B/A,
-//! C/A, ...), and all on one set of plots.
+//! C/A, ...), and all on one set of plots. Levels are matched by their load (the same number of clients, or the
+//! same arrival rate), never by position: a level that A or no other run has is listed apart, not compared.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
+use crate::load::Shape;
 use crate::plot;
-use crate::report::Report;
+use crate::report::{LevelResult, Report};
 use crate::stats::Summary;
 
 /// A figure compared: its name, whether lower is better, and how to read it from a level's summary.
@@ -47,6 +49,29 @@ fn letter(i: usize) -> char {
     char::from(b'A' + (i % 26) as u8)
 }
 
+/// The same load: as many clients, or the same arrival rate.
+fn same_load(a: &Shape, b: &Shape) -> bool {
+    match (a, b) {
+        (Shape::Closed { clients: x }, Shape::Closed { clients: y }) => x == y,
+        (Shape::Open { rate: x }, Shape::Open { rate: y }) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
+        _ => false,
+    }
+}
+
+/// Each distinct load of the runs, in the order first met, with each run's level at that load (if it has one).
+fn loads<'a>(reports: &[&'a Report]) -> Vec<(Shape, Vec<Option<&'a LevelResult>>)> {
+    let mut out: Vec<(Shape, Vec<Option<&'a LevelResult>>)> = Vec::new();
+    for r in reports {
+        for l in &r.levels {
+            if !out.iter().any(|(s, _)| same_load(s, &l.shape)) {
+                let at = reports.iter().map(|r| r.levels.iter().find(|m| same_load(&m.shape, &l.shape))).collect();
+                out.push((l.shape, at));
+            }
+        }
+    }
+    out
+}
+
 /// The side-by-side table: each run's figures and its ratio to the first run's (A); with two runs, which is better.
 pub fn table(reports: &[&Report]) -> String {
     let mut out = String::new();
@@ -60,22 +85,27 @@ pub fn table(reports: &[&Report]) -> String {
             let _ = writeln!(out, "  {}: {}", letter(i), r.workload);
         }
     }
-    let levels = reports.iter().map(|r| r.levels.len()).min().unwrap_or(0);
-    for level in 0..levels {
-        let shapes: Vec<String> = reports.iter().map(|r| r.levels[level].shape.to_string()).collect();
-        let shape = if shapes.iter().all(|s| s == &shapes[0]) { shapes[0].clone() } else { shapes.join(" / ") };
-        let _ = writeln!(out, "\nlevel {}: {shape}", level + 1);
+    let mut apart = Vec::new();
+    for (shape, at) in loads(reports) {
+        // Compared where A and at least one other run have this load; the rest is listed below.
+        let (Some(base), true) = (at[0], at[1..].iter().any(Option::is_some)) else {
+            let held: Vec<String> =
+                at.iter().enumerate().filter(|(_, l)| l.is_some()).map(|(i, _)| letter(i).to_string()).collect();
+            apart.push(format!("{shape} ({} only)", held.join(", ")));
+            continue;
+        };
+        let _ = writeln!(out, "\n{shape}:");
         let mut head = format!("  {:<18} {:>10}", "", "A");
         for i in 1..reports.len() {
             head.push_str(&format!(" {:>10} {:>8}", letter(i), format!("{}/A", letter(i))));
         }
         let _ = writeln!(out, "{head}");
         for (name, lower_better, pick) in FIGURES {
-            let x = pick(&a.levels[level].summary);
+            let x = pick(&base.summary);
             let mut row = format!("  {name:<18} {:>10}", num(x));
             let mut verdict = "";
-            for r in &reports[1..] {
-                let y = pick(&r.levels[level].summary);
+            for level in &at[1..] {
+                let y = level.map_or(f64::NAN, |l| pick(&l.summary));
                 let q = ratio(x, y);
                 row.push_str(&format!(" {:>10} {:>8}", num(y), num(q)));
                 verdict = match q.is_finite() && q != 1.0 {
@@ -90,8 +120,8 @@ pub fn table(reports: &[&Report]) -> String {
             let _ = writeln!(out, "{}", row.trim_end());
         }
     }
-    if reports.iter().any(|r| r.levels.len() != levels) {
-        let _ = writeln!(out, "\n(the runs have different numbers of levels: only the first {levels} are compared)");
+    if !apart.is_empty() {
+        let _ = writeln!(out, "\nnot compared (no other run at the same load): {}", apart.join("; "));
     }
     out
 }
@@ -101,7 +131,7 @@ pub fn plots(reports: &[&Report], dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
     files.extend(plot::draw(&plot::latency_cdf(reports, "time to first token", |r| r.ttft()), dir, "ttft_cdf")?);
     files.extend(plot::draw(&plot::latency_cdf(reports, "end-to-end latency", |r| Some(r.e2e())), dir, "e2e_cdf")?);
-    if reports.iter().any(|r| r.levels.len() > 1) {
+    if loads(reports).len() > 1 {
         files.extend(plot::draw(&plot::throughput(reports), dir, "throughput")?);
         files.extend(plot::draw(&plot::ttft_p90(reports), dir, "ttft_vs_load")?);
     }
@@ -113,17 +143,44 @@ mod tests {
     use super::*;
     use crate::record::Record;
 
+    /// A run of closed-loop levels (clients, TTFT in seconds).
+    fn levels(label: &str, levels: &[(usize, f64)]) -> Report {
+        let records = |ttft: f64| -> Vec<Record> {
+            (0..3)
+                .map(|i| Record {
+                    start_s: f64::from(i),
+                    chunks_s: vec![f64::from(i) + ttft, f64::from(i) + ttft + 0.05],
+                    end_s: f64::from(i) + ttft + 0.05,
+                    output_tokens: 2,
+                    ..Record::default()
+                })
+                .collect()
+        };
+        crate::report::test_report(label, levels.iter().map(|&(c, ttft)| (c, records(ttft))).collect())
+    }
+
     fn report(label: &str, ttft: f64) -> Report {
-        let records: Vec<Record> = (0..3)
-            .map(|i| Record {
-                start_s: f64::from(i),
-                chunks_s: vec![f64::from(i) + ttft, f64::from(i) + ttft + 0.05],
-                end_s: f64::from(i) + ttft + 0.05,
-                output_tokens: 2,
-                ..Record::default()
-            })
-            .collect();
-        crate::report::test_report(label, vec![(2, records)])
+        levels(label, &[(2, ttft)])
+    }
+
+    #[test]
+    fn levels_are_matched_by_load_not_position() {
+        // A sweep of 1 and 4 clients against a run of 4 only: 4 is compared with 4, 1 is listed apart.
+        let t = table(&[&levels("sweep", &[(1, 0.1), (4, 0.4)]), &levels("four", &[(4, 0.2)])]);
+        let four = t.split("\n4 clients:").nth(1).expect("4 clients compared");
+        let line = four.lines().find(|l| l.contains("TTFT p50")).unwrap();
+        assert!(
+            line.contains("400") && line.contains("200") && line.contains("0.50") && line.contains("B better"),
+            "{t}"
+        );
+        assert!(!t.contains("\n1 client:"), "{t}");
+        assert!(t.contains("not compared (no other run at the same load): 1 client (A only)"), "{t}");
+        // Seen from the other side: B's extra level is B's only.
+        let t = table(&[&levels("four", &[(4, 0.2)]), &levels("sweep", &[(1, 0.1), (4, 0.4)])]);
+        assert!(t.contains("4 clients:") && t.contains("1 client (B only)"), "{t}");
+        // Closed and open loops never match.
+        assert!(!same_load(&Shape::Closed { clients: 2 }, &Shape::Open { rate: 2.0 }));
+        assert!(same_load(&Shape::Open { rate: 0.5 }, &Shape::Open { rate: 0.5 }));
     }
 
     #[test]

@@ -20,6 +20,8 @@ pub enum Mark {
     Dots,
     /// A cross at each point (failures).
     Crosses,
+    /// A large dot at each point: a run with a single level, which a line could not show.
+    Marker,
 }
 
 /// One series.
@@ -46,6 +48,10 @@ pub struct Chart {
     pub series: Vec<Series>,
     /// Legend in the lower right (CDFs) rather than the upper left.
     pub legend_low: bool,
+    /// The x axis counts something (clients): ticks at whole numbers only.
+    pub integer_x: bool,
+    /// Vertical lines across the chart at these x values, each with its label (where a level begins).
+    pub dividers: Vec<(f64, String)>,
 }
 
 /// The empirical CDF of `samples` (seconds) as a step line in milliseconds against the share at or below.
@@ -77,28 +83,43 @@ pub fn latency_cdf(reports: &[&Report], what: &str, pick: fn(&crate::record::Rec
         y: "share of requests at or below".into(),
         series,
         legend_low: true,
+        integer_x: false,
+        dividers: Vec::new(),
     }
 }
 
-/// A figure against the offered load, one line per run.
+/// A figure against the offered load, one line per run (a marker for a run of one level). The axis is the first
+/// run's kind of load (clients or arrival rate); levels of the other kind are left out.
 pub fn against_load(reports: &[&Report], title: &str, y: &str, pick: fn(&crate::stats::Summary) -> f64) -> Chart {
-    let x = reports.first().and_then(|r| r.levels.first()).map_or("load", |l| l.shape.axis()).to_owned();
+    let first = reports.first().and_then(|r| r.levels.first()).map(|l| l.shape);
+    let x = first.map_or("load", |s| s.axis()).to_owned();
     let series = reports
         .iter()
-        .map(|r| Series {
-            label: r.label.clone(),
-            points: r.levels.iter().map(|l| (l.shape.level(), pick(&l.summary))).filter(|p| p.1.is_finite()).collect(),
-            mark: Mark::Line,
+        .map(|r| {
+            let points: Vec<(f64, f64)> = r
+                .levels
+                .iter()
+                .filter(|l| first.is_none_or(|f| f.axis() == l.shape.axis()))
+                .map(|l| (l.shape.level(), pick(&l.summary)))
+                .filter(|p| p.1.is_finite())
+                .collect();
+            let mark = if points.len() == 1 { Mark::Marker } else { Mark::Line };
+            Series { label: r.label.clone(), points, mark }
         })
         .collect();
-    Chart { title: title.into(), x, y: y.into(), series, legend_low: false }
+    let integer_x = matches!(first, Some(crate::load::Shape::Closed { .. }));
+    Chart { title: title.into(), x, y: y.into(), series, legend_low: false, integer_x, dividers: Vec::new() }
 }
 
 /// TTFT of each request against when it was sent, levels one after another; failures as crosses at the bottom.
 pub fn timeline(report: &Report) -> Chart {
     let (mut ok, mut failed) = (Vec::new(), Vec::new());
     let mut offset = 0.0;
+    let mut dividers = Vec::new();
     for l in &report.levels {
+        if report.levels.len() > 1 {
+            dividers.push((offset, l.shape.to_string()));
+        }
         for r in &l.records {
             match r.ttft() {
                 Some(t) if r.ok() => ok.push((offset + r.start_s, t * 1e3)),
@@ -123,7 +144,14 @@ pub fn timeline(report: &Report) -> Chart {
         y: "TTFT (ms)".into(),
         series,
         legend_low: false,
+        integer_x: false,
+        dividers,
     }
+}
+
+/// The right end of the x range drawn.
+fn xr_end(chart: &Chart) -> f64 {
+    bounds(chart).0.end
 }
 
 fn bounds(chart: &Chart) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
@@ -174,18 +202,42 @@ fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> R
         .y_label_area_size(72)
         .build_cartesian_2d(xr, yr)
         .map_err(e)?;
-    c.configure_mesh()
-        .x_desc(&chart.x)
+    let mut mesh = c.configure_mesh();
+    let int_label = |x: &f64| format!("{x:.0}");
+    if chart.integer_x {
+        // plotters puts ticks on multiples of 1, 2 or 5 times a power of ten, the finest that keeps within the
+        // count asked: asking for no more ticks than there are whole numbers in the range keeps them whole.
+        let whole = (xr_end(chart) + 1.0).floor().clamp(2.0, 11.0) as usize;
+        mesh.x_labels(whole).x_label_formatter(&int_label);
+    }
+    mesh.x_desc(&chart.x)
         .y_desc(&chart.y)
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
         .draw()
         .map_err(e)?;
+    let (_, y_range) = bounds(chart);
+    for (x, label) in &chart.dividers {
+        let grey = RGBColor(150, 150, 150);
+        c.draw_series(std::iter::once(PathElement::new(
+            vec![(*x, y_range.start), (*x, y_range.end)],
+            grey.stroke_width(1),
+        )))
+        .map_err(e)?;
+        let top = y_range.end - (y_range.end - y_range.start) * 0.02;
+        c.draw_series(std::iter::once(Text::new(
+            label.clone(),
+            (*x, top),
+            ("sans-serif", 13).into_font().color(&grey),
+        )))
+        .map_err(e)?;
+    }
     for (i, s) in chart.series.iter().enumerate() {
         let color = if s.mark == Mark::Crosses { RED.to_rgba() } else { COLOURS[i % COLOURS.len()].to_rgba() };
         let drawn = match s.mark {
             Mark::Line => c.draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2))).map_err(e)?,
             Mark::Dots => c.draw_series(s.points.iter().map(|&p| Circle::new(p, 2, color.filled()))).map_err(e)?,
+            Mark::Marker => c.draw_series(s.points.iter().map(|&p| Circle::new(p, 6, color.filled()))).map_err(e)?,
             Mark::Crosses => {
                 c.draw_series(s.points.iter().map(|&p| Cross::new(p, 5, color.stroke_width(2)))).map_err(e)?
             }
@@ -280,8 +332,45 @@ mod tests {
         let tl = timeline(&a);
         assert_eq!(tl.series[0].points.len(), 6);
         assert_eq!(tl.series[1].points.len(), 2);
-        // The second level's requests come after the first level's end (3.3 s).
+        // The second level's requests come after the first level's end (3.3 s), where a divider marks it.
         assert!(tl.series[0].points.iter().any(|p| (p.0 - 3.3).abs() < 1e-9));
+        assert_eq!(tl.dividers.len(), 2);
+        assert!((tl.dividers[1].0 - 3.3).abs() < 1e-9 && tl.dividers[1].1 == "4 clients", "{:?}", tl.dividers);
+        // Clients are counted in whole numbers; a run of one level is a marker, not an invisible line.
+        assert!(t.integer_x && t.series[0].mark == Mark::Line);
+        let one = crate::report::Report { levels: vec![a.levels[1].clone()], ..a.clone() };
+        let both = throughput(&[&a, &one]);
+        assert_eq!(both.series[1].mark, Mark::Marker);
+        assert_eq!(both.series[1].points.len(), 1);
+    }
+
+    #[test]
+    fn client_axes_have_whole_ticks() {
+        let dir = tempfile::tempdir().unwrap();
+        for end in [1.0, 4.0, 16.0, 64.0] {
+            let chart = Chart {
+                title: "t".into(),
+                x: "concurrent clients".into(),
+                y: "y".into(),
+                series: vec![Series { label: "a".into(), points: vec![(1.0, 100.0), (end, 400.0)], mark: Mark::Line }],
+                legend_low: false,
+                integer_x: true,
+                dividers: vec![],
+            };
+            draw(&chart, dir.path(), "ticks").unwrap();
+            let svg = std::fs::read_to_string(dir.path().join("ticks.svg")).unwrap();
+            // The y axis labels read `50.0`; the x axis's are whole, so a fractional tick would show as a repeat.
+            let mut x: Vec<&str> = svg
+                .split('>')
+                .filter_map(|t| t.split('<').next())
+                .map(str::trim)
+                .filter(|t| !t.is_empty() && !t.contains('.') && t.parse::<u32>().is_ok())
+                .collect();
+            assert!(x.len() >= 2 && x.contains(&"0"), "{x:?}");
+            let n = x.len();
+            x.dedup();
+            assert_eq!(x.len(), n, "repeated (fractional) ticks up to {end}: {x:?}");
+        }
     }
 
     #[test]
@@ -299,7 +388,15 @@ mod tests {
             }
         }
         // A chart without points still draws.
-        let empty = Chart { title: "e".into(), x: "x".into(), y: "y".into(), series: vec![], legend_low: false };
+        let empty = Chart {
+            title: "e".into(),
+            x: "x".into(),
+            y: "y".into(),
+            series: vec![],
+            legend_low: false,
+            integer_x: true,
+            dividers: vec![(1.0, "level".into())],
+        };
         assert_eq!(draw(&empty, dir.path(), "empty").unwrap().len(), 2);
     }
 }

@@ -70,6 +70,15 @@ fn ms(s: f64) -> String {
 
 /// The table of a run's levels.
 pub fn table(report: &Report) -> String {
+    let mut out = table_head(report);
+    for l in &report.levels {
+        out.push_str(&level_rows(l));
+    }
+    out
+}
+
+/// The table's head: the run, its workload, the column names.
+pub fn table_head(report: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{} -> {} ({}, {})", report.label, report.url, report.api, report.model);
     let _ = writeln!(out, "workload: {}", report.workload);
@@ -87,7 +96,13 @@ pub fn table(report: &Report) -> String {
         "e2e p50/p99 ms",
         "goodput"
     );
-    for l in &report.levels {
+    out
+}
+
+/// One level's rows of the table.
+pub fn level_rows(l: &LevelResult) -> String {
+    let mut out = String::new();
+    {
         let s = &l.summary;
         let good = s.goodput.map_or("-".into(), |g| format!("{:.0}%", g.share * 100.0));
         let _ = writeln!(

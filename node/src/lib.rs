@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod enroll;
 pub mod http_client;
 pub mod memory;
+pub mod metrics_help;
 pub mod otlp;
 pub mod pem;
 pub mod private;
@@ -81,6 +82,7 @@ pub fn metrics_renderer() -> Result<std::sync::Arc<dyn Fn() -> String + Send + S
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("installing the metrics recorder")?;
+    metrics_help::describe_all();
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));

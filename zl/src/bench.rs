@@ -15,6 +15,8 @@ pub(crate) fn run(args: BenchArgs, data_dir: Option<&std::path::Path>) -> Result
         tls_dir: local.field("tls_dir").map(Into::into),
         worker: local.first_worker(),
         missing: local.missing("it"),
+        // Results and plots go to the data dir, never the working directory, unless --out says otherwise.
+        bench_dir: data_dir.map_or_else(crate::up::default_data_dir, std::path::Path::to_path_buf).join("bench"),
     };
     zl_loadgen::cli::main(args, defaults)
 }

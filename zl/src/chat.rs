@@ -1,10 +1,13 @@
 //! `zl chat`: a small interactive chat against a running cluster, streaming tokens as they come. It speaks the
 //! Anthropic Messages API over plain HTTP/1.1 (the local cluster's); the URL, key and model default to the ones
-//! `zl up` wrote to its data dir.
+//! `zl up` wrote to its data dir. Ctrl-C while an answer streams stops that answer (the connection closes, so the
+//! cluster stops generating it) and the conversation goes on; Ctrl-C at the prompt quits.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{Shutdown, TcpStream};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -83,10 +86,67 @@ fn host_port(url: &str) -> Result<String> {
     Ok(if host.contains(':') { host.to_owned() } else { format!("{host}:80") })
 }
 
-/// Send one turn and print the answer as it streams; returns the full answer.
-fn turn(addr: &str, key: &str, body: &Value, out: &mut impl Write) -> Result<String> {
-    let mut stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
+/// What Ctrl-C acts on: the connection of the answer streaming now, if any.
+#[derive(Default)]
+struct Interrupt {
+    /// A handle on the streaming answer's connection; `None` at the prompt.
+    streaming: Mutex<Option<TcpStream>>,
+    /// Set when Ctrl-C stopped the answer.
+    stopped: AtomicBool,
+}
+
+impl Interrupt {
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<TcpStream>> {
+        self.streaming.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Ctrl-C: stop the answer streaming now (true), or, at the prompt, say that the chat should end (false).
+    fn press(&self) -> bool {
+        match self.slot().take() {
+            Some(stream) => {
+                self.stopped.store(true, Ordering::SeqCst);
+                let _ = stream.shutdown(Shutdown::Both);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Catch Ctrl-C from now on: each press stops the streaming answer, or ends the process at the prompt.
+    fn catch(self: &Arc<Self>) {
+        let me = self.clone();
+        std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else { return };
+            rt.block_on(async move {
+                while tokio::signal::ctrl_c().await.is_ok() {
+                    if !me.press() {
+                        eprintln!();
+                        std::process::exit(130);
+                    }
+                }
+            });
+        });
+    }
+}
+
+/// Send one turn and print the answer as it streams; returns the full answer (what came, if Ctrl-C stopped it).
+fn turn(addr: &str, key: &str, body: &Value, out: &mut impl Write, interrupt: &Interrupt) -> Result<String> {
+    let stream = TcpStream::connect(addr).with_context(|| format!("connecting to {addr}"))?;
     stream.set_read_timeout(Some(Duration::from_secs(300)))?;
+    *interrupt.slot() = Some(stream.try_clone()?);
+    let answer = stream_answer(stream, addr, key, body, out, interrupt);
+    interrupt.slot().take();
+    answer
+}
+
+fn stream_answer(
+    mut stream: TcpStream,
+    addr: &str,
+    key: &str,
+    body: &Value,
+    out: &mut impl Write,
+    interrupt: &Interrupt,
+) -> Result<String> {
     let payload = body.to_string();
     write!(
         stream,
@@ -125,7 +185,14 @@ fn turn(addr: &str, key: &str, body: &Value, out: &mut impl Write) -> Result<Str
     }
     let mut answer = String::new();
     for line in body.lines() {
-        let line = line?;
+        if interrupt.stopped.load(Ordering::SeqCst) {
+            break;
+        }
+        let line = match line {
+            Ok(line) => line,
+            Err(_) if interrupt.stopped.load(Ordering::SeqCst) => break,
+            Err(e) => return Err(e.into()),
+        };
         let Some(data) = line.strip_prefix("data: ") else { continue };
         let event: Value = serde_json::from_str(data).unwrap_or(Value::Null);
         match event["type"].as_str() {
@@ -155,10 +222,16 @@ pub(crate) fn run(args: ChatArgs) -> Result<()> {
             "model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
             "system": args.system, "stream": true, "messages": [{"role": "user", "content": prompt}],
         });
-        turn(&addr, &key, &body, &mut std::io::stdout()).with_context(|| format!("asking {model} at {url}"))?;
+        let interrupt = Interrupt::default();
+        turn(&addr, &key, &body, &mut std::io::stdout(), &interrupt)
+            .with_context(|| format!("asking {model} at {url}"))?;
         return Ok(());
     }
-    eprintln!("zl chat with {model} at {url}. An empty line or Ctrl-D ends it.");
+    let interrupt = Arc::new(Interrupt::default());
+    interrupt.catch();
+    eprintln!(
+        "zl chat with {model} at {url}. Ctrl-C stops an answer; an empty line, Ctrl-D or Ctrl-C at the prompt ends it."
+    );
     let mut history: Vec<Value> = Vec::new();
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout();
@@ -174,7 +247,19 @@ pub(crate) fn run(args: ChatArgs) -> Result<()> {
             "model": model, "max_tokens": args.max_tokens, "temperature": args.temperature,
             "system": args.system, "stream": true, "messages": history,
         });
-        match turn(&addr, &key, &body, &mut stdout) {
+        let answer = turn(&addr, &key, &body, &mut stdout, &interrupt);
+        if interrupt.stopped.swap(false, Ordering::SeqCst) {
+            // What came of the answer stays in the conversation, as the model wrote it so far.
+            eprintln!("[stopped]");
+            match answer {
+                Ok(text) if !text.is_empty() => history.push(json!({"role": "assistant", "content": text})),
+                _ => {
+                    history.pop();
+                }
+            }
+            continue;
+        }
+        match answer {
             Ok(answer) => history.push(json!({"role": "assistant", "content": answer})),
             Err(e) => {
                 eprintln!("error: {e:#}");

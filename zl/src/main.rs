@@ -12,6 +12,7 @@ mod chat;
 mod local;
 mod supervise;
 mod up;
+mod up_state;
 
 use std::process::ExitCode;
 
@@ -44,7 +45,7 @@ enum Command {
     Bench {
         #[command(flatten)]
         args: zl_loadgen::cli::BenchArgs,
-        /// `zl up`'s data dir, to find its cluster.json.
+        /// `zl up`'s data dir, to find its cluster.json; results go to its `bench/` unless `--out` says otherwise.
         #[arg(long, env = "ZL_DATA_DIR", global = true)]
         data_dir: Option<std::path::PathBuf>,
     },
@@ -78,5 +79,22 @@ fn main() -> ExitCode {
             eprintln!("error: {err:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use clap::CommandFactory;
+
+    #[test]
+    fn admin_help_lists_a_commands_own_flags_before_the_ones_every_admin_command_takes() {
+        let mut cli = super::Cli::command();
+        cli.build();
+        let admin = cli.find_subcommand_mut("admin").unwrap();
+        let help = admin.find_subcommand_mut("budget").unwrap().render_help().to_string();
+        let at = |flag: &str| help.find(flag).unwrap_or_else(|| panic!("{flag} missing:\n{help}"));
+        assert!(at("--limit") < at("Which cluster"), "{help}");
+        assert!(at("Which cluster") < at("--orchestrator") && at("Which cluster") < at("--data-dir"), "{help}");
     }
 }

@@ -1,6 +1,7 @@
 //! `zl up`: the whole cluster on this machine, as separate processes (orchestrators, workers, one frontend) on
-//! 127.0.0.1, with the embedded defaults: the bundled default model, direct worker registration, a throwaway
-//! cluster CA, one API key. Ctrl-C (or SIGTERM) stops every child; a child that dies is reported and restarted
+//! 127.0.0.1, with the embedded defaults: the bundled default model, direct worker registration, a local cluster
+//! CA, one API key. Its state (Raft logs, the CA, the API key, the audit chain) persists in the data dir from one
+//! run to the next (`up_state.rs`); `--fresh` starts over. Ctrl-C (or SIGTERM) stops every child; a child that dies is reported and restarted
 //! (`supervise.rs`), so a crashed worker or a killed Raft leader costs seconds, not the cluster; only a child
 //! that keeps failing to start stops it all, with the reason.
 
@@ -16,7 +17,6 @@ use clap::Args;
 use zl_admin::pb;
 use zl_admin::pb::admin_client::AdminClient;
 use zl_node::discovery::DiscoveryArgs;
-use zl_tls::ClusterCa;
 use zl_wire::message::{NodeId, Role};
 
 use crate::supervise::Children;
@@ -60,6 +60,10 @@ pub(crate) struct UpArgs {
     /// Where the cluster's certificates, logs and `cluster.json` go (default: the user's data dir).
     #[arg(long, env = "ZL_DATA_DIR")]
     data_dir: Option<PathBuf>,
+    /// Start a new cluster: drop the projects, keys, budgets, usage, audit chain and certificates an earlier run
+    /// left in the data dir (by default a restart resumes them).
+    #[arg(long)]
+    fresh: bool,
     /// Give up if the cluster is not ready after this many seconds.
     #[arg(long, default_value_t = 600)]
     ready_timeout_s: u64,
@@ -138,7 +142,7 @@ fn random_secret() -> Result<String> {
 
 /// Write `contents` owner-only, whole or not at all: into a temporary file renamed over `path`, so a reader (an
 /// operator's script, `zl admin`, a test) never sees it half written.
-fn write_private(path: &Path, contents: &str) -> Result<()> {
+pub(crate) fn write_private(path: &Path, contents: &str) -> Result<()> {
     let tmp = path.with_extension("tmp");
     crate::certs::write_file(&tmp, contents.as_bytes(), 0o600)?;
     fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
@@ -176,6 +180,8 @@ fn still_starting(cluster: &mut Children) -> Result<()> {
     Ok(())
 }
 
+/// The `default` project (kept as it is when it exists) and its `local` key with `secret` (created, or rotated to
+/// `secret` when `--api-key` changed it since the last run).
 async fn seed_key(admin: SocketAddr, tls: &Path, secret: &str) -> Result<()> {
     let channel = zl_admin::connect(admin, tls, "zl-up").await?;
     let mut c = AdminClient::new(channel);
@@ -183,24 +189,18 @@ async fn seed_key(admin: SocketAddr, tls: &Path, secret: &str) -> Result<()> {
     c.set_project(pb::SetProjectRequest {
         name: "default".into(),
         quota: Some(pb::Quota::default()),
-        if_missing: false,
+        if_missing: true,
     })
     .await
     .map_err(fail)?;
-    let created = c
-        .create_key(pb::CreateKeyRequest {
-            key_id: "local".into(),
-            project: "default".into(),
-            secret: secret.into(),
-            regions: vec![],
-        })
-        .await;
-    match created {
-        Ok(_) => Ok(()),
-        // Already there from an earlier attempt of this loop.
-        Err(e) if e.code() == tonic::Code::AlreadyExists => Ok(()),
-        Err(e) => Err(fail(e)),
-    }
+    let key = pb::CreateKeyRequest {
+        key_id: "local".into(),
+        project: "default".into(),
+        secret: secret.into(),
+        regions: vec![],
+    };
+    c.ensure_key(key).await.map_err(fail)?;
+    Ok(())
 }
 
 pub(crate) fn run(args: UpArgs) -> Result<()> {
@@ -212,6 +212,11 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
     }
     let (orchestrator_bin, worker_bin, frontend_bin) =
         (sibling("zl-orchestrator")?, sibling("zl-worker")?, sibling("zl-frontend")?);
+    if let Some(k) = &args.api_key
+        && (!(16..=256).contains(&k.len()) || k.chars().any(|c| c.is_control() || c.is_whitespace()))
+    {
+        bail!("--api-key must be 16 to 256 printable characters without spaces")
+    }
     let data = args.data_dir.clone().unwrap_or_else(default_data_dir);
     let (tls, logs) = (data.join("tls"), data.join("logs"));
     // Checked here, so a bad setting is one error instead of every child failing to start.
@@ -235,23 +240,25 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         },
     };
 
-    // A throwaway CA and a certificate per node, new on every start.
-    let _ = fs::remove_dir_all(&tls);
-    let ca = ClusterCa::generate("zerolayer local cluster", 30).context("generating the cluster CA")?;
-    crate::certs::write_pair(&tls, "ca", ca.pem(), true)?;
+    // The cluster kept in the data dir (or a new one), then a certificate per node, new on every start.
+    let kept = crate::up_state::prepare(&data, args.fresh, args.orchestrators, args.api_key.as_deref(), random_secret)?;
+    let state_line = kept.describe(&data);
+    eprintln!("zl up: state {state_line}");
+    if kept.ca_renewed {
+        eprintln!("zl up: the cluster CA was due for renewal; a new one signs this run's certificates");
+    }
+    let ca = &kept.ca;
     let mut nodes: Vec<(Role, String)> = vec![(Role::Frontend, "frontend-0".into()), (Role::Admin, "zl-up".into())];
     nodes.extend((0..args.orchestrators).map(|i| (Role::Orchestrator, format!("orchestrator-{i}"))));
     nodes.extend((0..args.workers).map(|i| (Role::Worker, format!("worker-{i}"))));
     for (role, id) in &nodes {
         let node = NodeId::new(id.clone()).map_err(|e| anyhow::anyhow!("{e}"))?;
-        let pair = ca.issue(*role, &node, &[], 30).context("issuing a node certificate")?;
+        let pair = ca.issue(*role, &node, &[], crate::up_state::CERT_DAYS).context("issuing a node certificate")?;
         crate::certs::write_pair(&tls, &format!("{}-{id}", role.name()), &pair, true)?;
     }
     let tls_s = tls.to_string_lossy().into_owned();
-    // The pepper key secrets are stored keyed with (orchestrators and the frontend read it), new on every start.
-    let pepper = tls.join("key-pepper");
-    crate::certs::write_file(&pepper, random_secret()?.as_bytes(), 0o600)?;
-    let pepper_s = pepper.to_string_lossy().into_owned();
+    // The pepper key secrets are stored keyed with (orchestrators and the frontend read it), kept with the keys.
+    let pepper_s = kept.pepper.to_string_lossy().into_owned();
 
     let mut cluster = Children::default();
     // The API's own port is taken: no child may get it.
@@ -265,14 +272,12 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             free_tcp(&mut ports)?,
         ));
     }
-    // One Raft group of them all, ids from 1. Its state starts empty each time: the CA and the key are new too.
+    // One Raft group of them all, ids from 1, resuming its log and snapshots in the data dir (their addresses may
+    // change between runs: a group's log holds its voters' ids, `--raft-peers` their addresses).
     let peers = orchestrators.iter().enumerate().map(|(i, o)| format!("{}@{}", i + 1, o.2)).collect::<Vec<_>>();
     let peers = peers.join(",");
     for (i, (name, quic, admin, metrics)) in orchestrators.iter().enumerate() {
         let state_dir = data.join(name);
-        if state_dir.exists() {
-            std::fs::remove_dir_all(&state_dir).with_context(|| format!("clearing {}", state_dir.display()))?;
-        }
         let mut argv: Vec<String> = [
             "serve",
             "--listen",
@@ -376,13 +381,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
     peers_or_discovery(&mut argv);
     cluster.spawn("frontend-0", &frontend_bin, &argv, &logs)?;
 
-    let key = match &args.api_key {
-        Some(k) if !(16..=256).contains(&k.len()) || k.chars().any(|c| c.is_control() || c.is_whitespace()) => {
-            bail!("--api-key must be 16 to 256 printable characters without spaces")
-        }
-        Some(k) => k.clone(),
-        None => random_secret()?,
-    };
+    let key = kept.api_key.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
     // From here on Ctrl-C and SIGTERM stop the children instead of orphaning them.
     let stop_requested = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -488,6 +487,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
          API       {url}   (Anthropic /v1/messages, OpenAI /v1/chat/completions)\n  \
          API key   {key}\n  \
          model     {model_id}\n  \
+         state     {state_line}\n  \
          logs      {}\n  \
          metrics   {metrics}\n  \
          admin     {admin}   (gRPC over TLS; `zl admin` finds it)\n\n\

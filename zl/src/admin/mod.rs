@@ -25,17 +25,17 @@ pub(crate) struct AdminArgs {
 pub(crate) struct Conn {
     /// An orchestrator's admin API address (its `--admin-listen`; host:port, the host may be a DNS name).
     /// Default: the local cluster's orchestrators, the first that answers.
-    #[arg(long, env = "ZL_ADMIN_ADDR", global = true, value_parser = zl_node::resolve::parse_address)]
+    #[arg(long, env = "ZL_ADMIN_ADDR", global = true, help_heading = "Which cluster (any admin command)", value_parser = zl_node::resolve::parse_address)]
     orchestrator: Option<String>,
     /// Directory with `ca.pem` and `admin-{node-id}.pem`/`.key` (`zl certs issue --role admin`). Default: the
     /// local cluster's.
-    #[arg(long, env = "ZL_TLS_DIR", global = true)]
+    #[arg(long, env = "ZL_TLS_DIR", global = true, help_heading = "Which cluster (any admin command)")]
     tls_dir: Option<PathBuf>,
     /// The admin certificate's node id. Default: `admin`, or `zl-up` for the local cluster's certificates.
-    #[arg(long, env = "ZL_ADMIN_ID", global = true)]
+    #[arg(long, env = "ZL_ADMIN_ID", global = true, help_heading = "Which cluster (any admin command)")]
     node_id: Option<String>,
     /// `zl up`'s data dir, to find its cluster.json.
-    #[arg(long, env = "ZL_DATA_DIR", global = true)]
+    #[arg(long, env = "ZL_DATA_DIR", global = true, help_heading = "Which cluster (any admin command)")]
     pub(crate) data_dir: Option<PathBuf>,
 }
 
