@@ -27,6 +27,7 @@ fn world(workers: usize, now: Instant) -> (RoutingState, LoadView) {
                 weights_sha256: hex(&[1; 32]),
                 context_length: 8192,
                 family: "llama".into(),
+                weights_bytes: 0,
             }],
             kv_block_size: 16,
             kv_blocks_total: 100_000,

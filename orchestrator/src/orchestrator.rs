@@ -243,6 +243,7 @@ impl Orchestrator {
                     weights_sha256: hex(&m.weights_sha256),
                     context_length: m.context_length,
                     family: m.family.clone(),
+                    weights_bytes: m.weights_bytes,
                 })
                 .collect(),
             kv_block_size: r.kv_block_size,
@@ -483,6 +484,7 @@ impl Orchestrator {
                     weights_sha256: route::sha_bytes(&m.weights_sha256),
                     context_length: m.context_length,
                     family: m.family.clone(),
+                    weights_bytes: m.weights_bytes,
                 });
             }
         }

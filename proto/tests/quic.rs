@@ -193,6 +193,7 @@ async fn remote_errors_and_missing_replies_are_typed() {
             weights_sha256: [0; 32],
             context_length: 10,
             family: String::new(),
+            weights_bytes: 0,
         }],
         kv_block_size: 16,
         kv_blocks_total: 1,

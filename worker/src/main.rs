@@ -289,6 +289,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 weights_sha256: m.weights_sha256,
                 context_length: m.context_length,
                 family: m.family.clone(),
+                weights_bytes: m.weights_bytes,
             })
             .collect(),
         kv_block_size: args.model.kv_block_size as u32,

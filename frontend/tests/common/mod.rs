@@ -241,6 +241,7 @@ pub fn sync_state(index: u64) -> StateSync {
             weights_sha256: [0xab; 32],
             context_length: 64,
             family: "llama".into(),
+            weights_bytes: 0,
         }],
         serving_workers: 1,
         billing_weights: None,

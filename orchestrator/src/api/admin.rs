@@ -142,6 +142,7 @@ impl pb::admin_server::Admin for AdminService {
                         weights_sha256: m.weights_sha256.clone(),
                         context_length: m.context_length,
                         family: m.family.clone(),
+                        weights_bytes: m.weights_bytes,
                     })
                     .collect(),
                 draining: v.entry.draining,

@@ -56,6 +56,9 @@ pub struct ModelVersion {
     pub context_length: u32,
     /// Architecture family.
     pub family: String,
+    /// Memory its weights take on the worker, bytes (0: not reported; absent from states written before it was).
+    #[serde(default)]
+    pub weights_bytes: u64,
 }
 
 /// What a worker registers.

@@ -728,6 +728,7 @@ impl<'a> ModelInfo<'a> {
   pub const VT_WEIGHTS_SHA256: ::flatbuffers::VOffsetT = 6;
   pub const VT_CONTEXT_LENGTH: ::flatbuffers::VOffsetT = 8;
   pub const VT_FAMILY: ::flatbuffers::VOffsetT = 10;
+  pub const VT_WEIGHTS_BYTES: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -739,6 +740,7 @@ impl<'a> ModelInfo<'a> {
     args: &'args ModelInfoArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ModelInfo<'bldr>> {
     let mut builder = ModelInfoBuilder::new(_fbb);
+    builder.add_weights_bytes(args.weights_bytes);
     if let Some(x) = args.family { builder.add_family(x); }
     builder.add_context_length(args.context_length);
     if let Some(x) = args.weights_sha256 { builder.add_weights_sha256(x); }
@@ -779,6 +781,14 @@ impl<'a> ModelInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ModelInfo::VT_FAMILY, None)}
   }
+  /// Bytes of memory the model's weights take on the worker, as loaded (0: not reported).
+  #[inline]
+  pub fn weights_bytes(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ModelInfo::VT_WEIGHTS_BYTES, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ModelInfo<'_> {
@@ -791,6 +801,7 @@ impl ::flatbuffers::Verifiable for ModelInfo<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("weights_sha256", Self::VT_WEIGHTS_SHA256, true)?
      .visit_field::<u32>("context_length", Self::VT_CONTEXT_LENGTH, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("family", Self::VT_FAMILY, false)?
+     .visit_field::<u64>("weights_bytes", Self::VT_WEIGHTS_BYTES, false)?
      .finish();
     Ok(())
   }
@@ -800,6 +811,7 @@ pub struct ModelInfoArgs<'a> {
     pub weights_sha256: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
     pub context_length: u32,
     pub family: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub weights_bytes: u64,
 }
 impl<'a> Default for ModelInfoArgs<'a> {
   #[inline]
@@ -809,6 +821,7 @@ impl<'a> Default for ModelInfoArgs<'a> {
       weights_sha256: None, // required field
       context_length: 0,
       family: None,
+      weights_bytes: 0,
     }
   }
 }
@@ -835,6 +848,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ModelInfoBuilder<'a, 'b, A> {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ModelInfo::VT_FAMILY, family);
   }
   #[inline]
+  pub fn add_weights_bytes(&mut self, weights_bytes: u64) {
+    self.fbb_.push_slot::<u64>(ModelInfo::VT_WEIGHTS_BYTES, weights_bytes, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ModelInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ModelInfoBuilder {
@@ -858,6 +875,7 @@ impl ::core::fmt::Debug for ModelInfo<'_> {
       ds.field("weights_sha256", &self.weights_sha256());
       ds.field("context_length", &self.context_length());
       ds.field("family", &self.family());
+      ds.field("weights_bytes", &self.weights_bytes());
       ds.finish()
   }
 }

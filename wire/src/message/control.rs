@@ -228,6 +228,8 @@ pub struct ModelInfo {
     pub context_length: u32,
     /// Architecture family, e.g. "llama".
     pub family: String,
+    /// Memory its weights take on the worker, bytes (0: not reported).
+    pub weights_bytes: u64,
 }
 
 impl ModelInfo {
@@ -251,6 +253,7 @@ impl ModelInfo {
                 weights_sha256: Some(sha),
                 context_length: self.context_length,
                 family: Some(family),
+                weights_bytes: self.weights_bytes,
             },
         )
     }
@@ -261,6 +264,7 @@ impl ModelInfo {
             weights_sha256: check::sha256("ModelInfo.weights_sha256", t.weights_sha256().bytes())?,
             context_length: t.context_length(),
             family: t.family().unwrap_or_default().to_owned(),
+            weights_bytes: t.weights_bytes(),
         };
         msg.check()?;
         Ok(msg)

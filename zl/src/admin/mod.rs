@@ -348,7 +348,14 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                 let models: Vec<String> = w
                     .models
                     .iter()
-                    .map(|m| format!("{}@{}", m.id, &m.weights_sha256[..12.min(m.weights_sha256.len())]))
+                    .map(|m| {
+                        // The weights' memory on the worker, where it reports it: `id@sha (241 MiB)`.
+                        let memory = match m.weights_bytes {
+                            0 => String::new(),
+                            b => format!(" ({:.0} MiB)", b as f64 / (1u64 << 20) as f64),
+                        };
+                        format!("{}@{}{memory}", m.id, &m.weights_sha256[..12.min(m.weights_sha256.len())])
+                    })
                     .collect();
                 println!(
                     "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>11} {:>8} {:>13}  {}",
