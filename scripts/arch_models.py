@@ -2,7 +2,9 @@
 """Tiny random-weight GGUF models of the architectures zerolayer runs beyond the bundled one, for comparing its
 forward pass with llama.cpp's on the same files (`zl-worker eval --perplexity TEXT --model FILE --reference
 llama.cpp`): a Llama with Llama 3.1 RoPE scaling written out as `rope_freqs.weight` (as llama.cpp's converter
-does), a Llama with linear RoPE scaling, and a Qwen3 (per-head q/k RMSNorm, NeoX RoPE). The tokenizer is SmolLM2's,
+does), a Llama with linear RoPE scaling, a Qwen3 (per-head q/k RMSNorm, NeoX RoPE), and a Phi-3 (fused QKV and
+gate-up matrices, LongRoPE: long factors, since it serves 2,048 tokens of a 256-token pretraining context, and its
+attn_factor). The tokenizer is SmolLM2's,
 copied from the bundled file, so both engines read the same tokens. Fixed seeds; written to OUT_DIR.
 
 Usage: scripts/arch_models.py BUNDLED.gguf OUT_DIR   (needs PyPI's gguf and numpy)
@@ -65,6 +67,10 @@ def write(path, arch, bundled, seed, rope=None):
     if rope == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(4.0)
+    if arch == "phi3":
+        w.add_rope_dimension_count(HEAD_DIM)
+        w.add_rope_scaling_orig_ctx_len(256)
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(2048 / 256) / math.log(256)))
 
     def mat(rows, cols, scale=1.0):
         return (rng.standard_normal((rows, cols)) * scale / math.sqrt(cols)).astype(np.float16)
@@ -75,19 +81,31 @@ def write(path, arch, bundled, seed, rope=None):
     w.add_tensor("token_embd.weight", (rng.standard_normal((vocab, HIDDEN)) * 0.5).astype(np.float16))
     if rope == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(theta))
+    if arch == "phi3":
+        half = np.arange(HEAD_DIM // 2, dtype=np.float32)
+        w.add_tensor("rope_factors_long.weight", (1.0 + 0.3 * half).astype(np.float32))
+        w.add_tensor("rope_factors_short.weight", (1.0 + 0.01 * half).astype(np.float32))
     for i in range(LAYERS):
         p = f"blk.{i}."
         w.add_tensor(p + "attn_norm.weight", norm(HIDDEN))
-        w.add_tensor(p + "attn_q.weight", mat(HEADS * HEAD_DIM, HIDDEN, 2.0))
-        w.add_tensor(p + "attn_k.weight", mat(KV_HEADS * HEAD_DIM, HIDDEN, 2.0))
-        w.add_tensor(p + "attn_v.weight", mat(KV_HEADS * HEAD_DIM, HIDDEN))
+        q, k, v = mat(HEADS * HEAD_DIM, HIDDEN, 2.0), mat(KV_HEADS * HEAD_DIM, HIDDEN, 2.0), mat(KV_HEADS * HEAD_DIM, HIDDEN)
+        if arch == "phi3":
+            w.add_tensor(p + "attn_qkv.weight", np.concatenate([q, k, v]))
+        else:
+            w.add_tensor(p + "attn_q.weight", q)
+            w.add_tensor(p + "attn_k.weight", k)
+            w.add_tensor(p + "attn_v.weight", v)
         if arch == "qwen3":
             w.add_tensor(p + "attn_q_norm.weight", norm(HEAD_DIM))
             w.add_tensor(p + "attn_k_norm.weight", norm(HEAD_DIM))
         w.add_tensor(p + "attn_output.weight", mat(HIDDEN, HEADS * HEAD_DIM))
         w.add_tensor(p + "ffn_norm.weight", norm(HIDDEN))
-        w.add_tensor(p + "ffn_gate.weight", mat(INTER, HIDDEN))
-        w.add_tensor(p + "ffn_up.weight", mat(INTER, HIDDEN))
+        gate, up = mat(INTER, HIDDEN), mat(INTER, HIDDEN)
+        if arch == "phi3":
+            w.add_tensor(p + "ffn_up.weight", np.concatenate([gate, up]))
+        else:
+            w.add_tensor(p + "ffn_gate.weight", gate)
+            w.add_tensor(p + "ffn_up.weight", up)
         w.add_tensor(p + "ffn_down.weight", mat(HIDDEN, INTER))
     w.add_tensor("output_norm.weight", norm(HIDDEN))
     w.add_tensor("output.weight", mat(vocab, HIDDEN, 1.0))
@@ -104,6 +122,7 @@ def main():
     write(os.path.join(out, "llama-linear-rope.gguf"), "llama", bundled, 2, rope="linear")
     write(os.path.join(out, "qwen3.gguf"), "qwen3", bundled, 3)
     write(os.path.join(out, "llama-plain.gguf"), "llama", bundled, 4)
+    write(os.path.join(out, "phi3-longrope.gguf"), "phi3", bundled, 5)
 
 
 if __name__ == "__main__":

@@ -174,3 +174,133 @@ fn an_unknown_rope_scaling_is_refused() {
     let err = hf::load(&hf_dir).unwrap_err().to_string();
     assert!(err.contains("RoPE scaling \"dynamic\""), "{err}");
 }
+
+/// Phi-3's LongRoPE factors of this test: long ones stretch the low frequencies, short ones barely.
+fn longrope_factors() -> (Vec<f32>, Vec<f32>) {
+    ((0..HD / 2).map(|i| 1.0 + 0.5 * i as f32).collect(), (0..HD / 2).map(|i| 1.0 + 0.02 * i as f32).collect())
+}
+
+/// The weights of [`weights`] in Phi-3's layout, as a Hugging Face directory and a GGUF file: Q, K and V fused in
+/// one matrix, gate and up in another (gate first). `longrope`: (pretraining context, the GGUF file's attn_factor).
+fn write_phi3(dir: &Path, longrope: Option<(usize, f32)>) -> (std::path::PathBuf, std::path::PathBuf) {
+    let vocab = gguf_tokens().len();
+    let theta = 10_000.0;
+    let mut fused: Vec<(String, String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for (hf, gg, shape, values) in weights(vocab, false) {
+        let merge = |into: &mut Vec<(String, String, Vec<usize>, Vec<f32>)>, hf: &str, gg: &str| {
+            let last = into.last_mut().unwrap();
+            last.0 = hf.replace("{}", &last.0);
+            last.1 = gg.replace("{}", &last.1);
+            last.2[0] += shape[0];
+            last.3.extend_from_slice(&values);
+        };
+        if hf.ends_with("k_proj.weight") || hf.ends_with("v_proj.weight") || hf.ends_with("up_proj.weight") {
+            // Appended to the matrix before it (q then k then v; gate then up).
+            merge(&mut fused, "{}", "{}");
+        } else {
+            let hf = hf.replace("q_proj", "qkv_proj").replace("gate_proj", "gate_up_proj");
+            let gg = gg.replace("attn_q.", "attn_qkv.").replace("ffn_gate.", "ffn_up.");
+            fused.push((hf, gg, shape, values));
+        }
+    }
+    let hf_dir = dir.join("hf");
+    std::fs::create_dir_all(&hf_dir).unwrap();
+    std::fs::write(hf_dir.join("tokenizer.json"), hf_tokenizer().to_string(false).unwrap()).unwrap();
+    let mut config = serde_json::json!({
+        "model_type": "phi3", "hidden_size": HIDDEN, "intermediate_size": INTER, "num_hidden_layers": 2,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD, "vocab_size": vocab,
+        "rms_norm_eps": 1e-6, "rope_theta": theta, "max_position_embeddings": CONTEXT, "tie_word_embeddings": false
+    });
+    let (long, short) = longrope_factors();
+    if let Some((original, _)) = longrope {
+        config["original_max_position_embeddings"] = original.into();
+        config["rope_scaling"] = serde_json::json!({"type": "longrope", "long_factor": long, "short_factor": short});
+    }
+    std::fs::write(hf_dir.join("config.json"), config.to_string()).unwrap();
+    let hf_tensors: HashMap<String, Tensor> = fused
+        .iter()
+        .map(|(name, _, shape, v)| (name.clone(), Tensor::from_vec(v.clone(), shape.clone(), &Device::Cpu).unwrap()))
+        .collect();
+    candle_core::safetensors::save(&hf_tensors, hf_dir.join("model.safetensors")).unwrap();
+
+    let mut meta = vec![
+        ("general.architecture", Value::String("phi3".into())),
+        ("phi3.embedding_length", Value::U32(HIDDEN as u32)),
+        ("phi3.feed_forward_length", Value::U32(INTER as u32)),
+        ("phi3.block_count", Value::U32(2)),
+        ("phi3.attention.head_count", Value::U32(HEADS as u32)),
+        ("phi3.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
+        ("phi3.attention.key_length", Value::U32(HD as u32)),
+        ("phi3.rope.dimension_count", Value::U32(HD as u32)),
+        ("phi3.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+        ("phi3.rope.freq_base", Value::F32(theta as f32)),
+        ("phi3.context_length", Value::U32(CONTEXT as u32)),
+    ];
+    let mut tensors: Vec<_> = fused.into_iter().map(|(_, name, shape, v)| (name, shape, v, GgmlDType::F32)).collect();
+    if let Some((original, attn_factor)) = longrope {
+        meta.push(("phi3.rope.scaling.original_context_length", Value::U32(original as u32)));
+        meta.push(("phi3.rope.scaling.attn_factor", Value::F32(attn_factor)));
+        tensors.push(("rope_factors_long.weight".into(), vec![HD / 2], long, GgmlDType::F32));
+        tensors.push(("rope_factors_short.weight".into(), vec![HD / 2], short, GgmlDType::F32));
+    }
+    let file = dir.join("model.gguf");
+    write_gguf(&file, meta, &tensors);
+    (hf_dir, file)
+}
+
+#[test]
+fn phi3_fused_projections_load_from_both_formats_as_the_separate_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hf_dir, file) = write_phi3(dir.path(), None);
+    let (a, b) = (hf::load(&hf_dir).unwrap(), gguf::load(&file).unwrap());
+    assert_eq!((a.family.as_str(), b.family.as_str()), ("phi3", "phi3"));
+    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
+    let (diff, scale) = max_diff(&la, &lb);
+    assert!(diff < 1e-4 * scale.max(1.0), "Hugging Face and GGUF Phi-3 differ by {diff} (largest {scale})");
+    // Phi-3 is a Llama with NeoX RoPE and fused matrices: the same weights unfused (as Qwen2 without biases)
+    // give the same logits, so the cut lands exactly between Q, K and V and between gate and up.
+    let other = tempfile::tempdir().unwrap();
+    let (_, separate) = write(other.path(), "qwen2", false, false);
+    let (diff, scale) = max_diff(&logits(&gguf::load(&separate).unwrap().llama, &prompt()), &lb);
+    assert!(diff < 1e-5 * scale.max(1.0), "fused and separate projections differ by {diff} (largest {scale})");
+}
+
+#[test]
+fn phi3_longrope_takes_the_long_factors_past_the_pretraining_context_and_its_scale() {
+    let run = |longrope: Option<(usize, f32)>| {
+        let dir = tempfile::tempdir().unwrap();
+        let (hf_dir, file) = write_phi3(dir.path(), longrope);
+        (logits(&hf::load(&hf_dir).unwrap().llama, &prompt()), logits(&gguf::load(&file).unwrap().llama, &prompt()))
+    };
+    // Pretrained on 32 of the 256 served: the long factors, and Hugging Face's default scale, which the GGUF file
+    // carries as attn_factor (llama.cpp's converter writes it so).
+    let hf_scale = (1.0 + (256f64 / 32.0).ln() / 32f64.ln()).sqrt() as f32;
+    let (hf_long, gguf_long) = run(Some((32, hf_scale)));
+    let (diff, scale) = max_diff(&hf_long, &gguf_long);
+    assert!(diff < 1e-4 * scale.max(1.0), "Hugging Face and GGUF LongRoPE differ by {diff} (largest {scale})");
+    let (_, plain) = run(None);
+    let (diff, scale) = max_diff(&plain, &gguf_long);
+    assert!(diff > 0.01 * scale, "LongRoPE changed nothing ({diff} of {scale})");
+    // The scale alone counts.
+    let (_, unscaled) = run(Some((32, 1.0)));
+    let (diff, scale) = max_diff(&unscaled, &gguf_long);
+    assert!(diff > 0.001 * scale, "attn_factor changed nothing ({diff} of {scale})");
+    // Serving no more than the pretraining context: the short factors, different from the long ones.
+    let (hf_short, gguf_short) = run(Some((CONTEXT, 1.0)));
+    let (diff, scale) = max_diff(&hf_short, &gguf_short);
+    assert!(diff < 1e-4 * scale.max(1.0), "short factors: the formats differ by {diff} (largest {scale})");
+    let (diff, scale) = max_diff(&gguf_short, &unscaled);
+    assert!(diff > 0.01 * scale, "short and long factors gave the same logits ({diff} of {scale})");
+}
+
+#[test]
+fn partial_rotary_heads_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hf_dir, _) = write_phi3(dir.path(), None);
+    let path = hf_dir.join("config.json");
+    let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["partial_rotary_factor"] = 0.75.into();
+    std::fs::write(&path, config.to_string()).unwrap();
+    let err = hf::load(&hf_dir).unwrap_err().to_string();
+    assert!(err.contains("partial_rotary_factor"), "{err}");
+}

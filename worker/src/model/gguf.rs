@@ -114,35 +114,58 @@ impl TensorSource for Reader<'_> {
     }
 
     fn weight(&mut self, name: &str) -> Result<Weight, LoadError> {
+        let rows = self.content.tensor_infos.get(name).map_or(0, |t| t.shape.dims().first().copied().unwrap_or(0));
+        let mut parts = self.split(name, &[rows])?;
+        parts.pop().ok_or_else(|| LoadError::Format(format!("{name}: empty")))
+    }
+
+    fn split(&mut self, name: &str, parts: &[usize]) -> Result<Vec<Weight>, LoadError> {
         let t = self.tensor(name)?;
         let dims = t.shape().dims().to_vec();
         let [rows, cols] = dims[..] else {
             return Err(LoadError::Format(format!("{name} has shape {dims:?}, expected a matrix")));
         };
+        super::check_split(name, rows, parts)?;
         let bad = |e: super::kernels::WeightError| LoadError::Format(format!("{name}: {e}"));
-        let data = || t.data().map_err(|e| LoadError::Format(format!("{name}: {e}")));
-        let blocks = |format: BlockFormat| Weight::from_blocks(format, rows, cols, data()?.into_owned()).map_err(bad);
-        let half = |bf16: bool| {
-            let bits = data()?.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
-            Weight::from_half(bf16, rows, cols, bits).map_err(bad)
-        };
-        match t.dtype() {
-            _ if self.float => Weight::from_f32(rows, cols, Self::dequantized(&t, name)?).map_err(bad),
-            GgmlDType::Q4_1 => Weight::from_q4_1(rows, cols, &data()?).map_err(bad),
-            GgmlDType::Q8_0 => Weight::from_q8_0(rows, cols, &data()?).map_err(bad),
-            GgmlDType::Q4_0 => blocks(BlockFormat::Q4_0),
-            GgmlDType::Q5_0 => blocks(BlockFormat::Q5_0),
-            GgmlDType::Q5_1 => blocks(BlockFormat::Q5_1),
-            GgmlDType::Q2K => blocks(BlockFormat::Q2K),
-            GgmlDType::Q3K => blocks(BlockFormat::Q3K),
-            GgmlDType::Q4K => blocks(BlockFormat::Q4K),
-            GgmlDType::Q5K => blocks(BlockFormat::Q5K),
-            GgmlDType::Q6K => blocks(BlockFormat::Q6K),
-            GgmlDType::F16 => half(false),
-            GgmlDType::BF16 => half(true),
-            GgmlDType::F32 => Weight::from_f32(rows, cols, Self::dequantized(&t, name)?).map_err(bad),
-            other => Err(unsupported_type(name, &format!("{other:?}"))),
+        let starts = parts.iter().scan(0, |at, &r| {
+            *at += r;
+            Some((*at - r, r))
+        });
+        if self.float || t.dtype() == GgmlDType::F32 {
+            let values = Self::dequantized(&t, name)?;
+            return starts
+                .map(|(at, r)| Weight::from_f32(r, cols, values[at * cols..(at + r) * cols].to_vec()).map_err(bad))
+                .collect();
         }
+        let data = t.data().map_err(|e| LoadError::Format(format!("{name}: {e}")))?;
+        // Every GGUF type stores a row as whole blocks: rows are byte ranges.
+        let per_row = data.len() / rows.max(1);
+        starts.map(|(at, r)| from_bytes(name, t.dtype(), r, cols, &data[at * per_row..(at + r) * per_row])).collect()
+    }
+}
+
+/// A matrix of `rows` by `cols` from its bytes as GGUF type `dtype` stores them, in that format where a kernel has it.
+fn from_bytes(name: &str, dtype: GgmlDType, rows: usize, cols: usize, data: &[u8]) -> Result<Weight, LoadError> {
+    let bad = |e: super::kernels::WeightError| LoadError::Format(format!("{name}: {e}"));
+    let blocks = |format: BlockFormat| Weight::from_blocks(format, rows, cols, data.to_vec()).map_err(bad);
+    let half = |bf16: bool| {
+        let bits = data.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        Weight::from_half(bf16, rows, cols, bits).map_err(bad)
+    };
+    match dtype {
+        GgmlDType::Q4_1 => Weight::from_q4_1(rows, cols, data).map_err(bad),
+        GgmlDType::Q8_0 => Weight::from_q8_0(rows, cols, data).map_err(bad),
+        GgmlDType::Q4_0 => blocks(BlockFormat::Q4_0),
+        GgmlDType::Q5_0 => blocks(BlockFormat::Q5_0),
+        GgmlDType::Q5_1 => blocks(BlockFormat::Q5_1),
+        GgmlDType::Q2K => blocks(BlockFormat::Q2K),
+        GgmlDType::Q3K => blocks(BlockFormat::Q3K),
+        GgmlDType::Q4K => blocks(BlockFormat::Q4K),
+        GgmlDType::Q5K => blocks(BlockFormat::Q5K),
+        GgmlDType::Q6K => blocks(BlockFormat::Q6K),
+        GgmlDType::F16 => half(false),
+        GgmlDType::BF16 => half(true),
+        other => Err(unsupported_type(name, &format!("{other:?}"))),
     }
 }
 
@@ -206,16 +229,24 @@ pub fn load(path: &Path) -> Result<LoadedModel, LoadError> {
 pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadError> {
     let (content, file) = read_content(path)?;
     let arch = meta_string(&content, "general.architecture").unwrap_or_default();
-    if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3") {
+    if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3" | "phi3") {
         return Err(LoadError::Unsupported(format!(
-            "GGUF architecture {arch:?} (llama, mistral, qwen2, qwen3 and gemma3 are)"
+            "GGUF architecture {arch:?} (llama, mistral, qwen2, qwen3, gemma3 and phi3 are)"
         )));
     }
     let gemma = arch == "gemma3";
     let key = |k: &str| format!("{arch}.{k}");
     let mut r = Reader { content: &content, file, float: precision == Precision::Float };
+    let context_length = meta_usize(&content, &key("context_length")).unwrap_or(4096);
     let rope_scaling = if r.has("rope_freqs.weight") {
         RopeScaling::Factors(r.vector("rope_freqs.weight")?)
+    } else if r.has("rope_factors_long.weight") {
+        // Phi-3's LongRoPE, as llama.cpp reads it: the long factors when the context served is past the
+        // pretraining one (it always is for the 128k files, which serve their whole context), else the short.
+        let original = meta_usize(&content, &key("rope.scaling.original_context_length")).unwrap_or(context_length);
+        let which = if context_length > original { "rope_factors_long.weight" } else { "rope_factors_short.weight" };
+        let mscale = meta_f32(&content, &key("rope.scaling.attn_factor")).unwrap_or(1.0);
+        RopeScaling::LongRope { factors: r.vector(which)?, mscale }
     } else {
         match meta_string(&content, &key("rope.scaling.type")).as_deref() {
             None | Some("none") => RopeScaling::None,
@@ -227,6 +258,15 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
     };
     let hidden = meta_usize(&content, &key("embedding_length"))?;
     let heads = meta_usize(&content, &key("attention.head_count"))?;
+    let head_dim = meta_usize(&content, &key("attention.key_length")).unwrap_or(hidden / heads.max(1));
+    if let Ok(rotated) = meta_usize(&content, &key("rope.dimension_count"))
+        && rotated != head_dim
+    {
+        return Err(LoadError::Unsupported(format!(
+            "RoPE over {rotated} of each head's {head_dim} dimensions (partial rotary, as Phi-4-mini's): this build \
+             rotates whole heads"
+        )));
+    }
     let vocab_meta = vocab(&content)?;
     let cfg = LlamaConfig {
         hidden,
@@ -234,14 +274,14 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
         layers: meta_usize(&content, &key("block_count"))?,
         heads,
         kv_heads: meta_usize(&content, &key("attention.head_count_kv")).unwrap_or(heads),
-        head_dim: meta_usize(&content, &key("attention.key_length")).unwrap_or(hidden / heads.max(1)),
+        head_dim,
         vocab: vocab_meta.tokens.len(),
         rms_eps: meta_f32(&content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         rope_theta: meta_f32(&content, &key("rope.freq_base")).unwrap_or(10_000.0),
-        context_length: meta_usize(&content, &key("context_length")).unwrap_or(4096),
-        // llama.cpp's converter permutes Llama/Mistral Q and K for adjacent-pair RoPE; Qwen and Gemma keep NeoX
-        // halves.
-        rope_interleaved: !matches!(arch.as_str(), "qwen2" | "qwen3" | "gemma3"),
+        context_length,
+        // llama.cpp's converter permutes Llama/Mistral Q and K for adjacent-pair RoPE; Qwen, Gemma and Phi-3 keep
+        // NeoX halves.
+        rope_interleaved: !matches!(arch.as_str(), "qwen2" | "qwen3" | "gemma3" | "phi3"),
         rope_scaling,
         activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
         embed_scale: gemma.then(|| (hidden as f32).sqrt()),
@@ -271,8 +311,10 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
         gate: "ffn_gate.weight",
         up: "ffn_up.weight",
         down: "ffn_down.weight",
+        qkv: "attn_qkv.weight",
+        gate_up: "ffn_up.weight",
     };
-    let layers = load_layers(&mut r, cfg.layers, &names)?;
+    let layers = load_layers(&mut r, &cfg, &names)?;
     let norm = r.vector("output_norm.weight")?;
     let output = if r.has("output.weight") { Some(r.weight("output.weight")?) } else { None };
     // The metadata (a large vocabulary's strings) is freed before the tokenizer is built, which reuses the memory.

@@ -29,6 +29,10 @@ struct HfConfig {
     #[serde(default)]
     tie_word_embeddings: bool,
     rope_scaling: Option<HfRopeScaling>,
+    /// Phi-3: the pretraining context, beside `rope_scaling`.
+    original_max_position_embeddings: Option<usize>,
+    /// Phi-4-mini rotates only part of each head.
+    partial_rotary_factor: Option<f32>,
 }
 
 /// `config.json`'s `rope_scaling` (`rope_type`, or `type` in older files).
@@ -40,10 +44,16 @@ struct HfRopeScaling {
     low_freq_factor: Option<f32>,
     high_freq_factor: Option<f32>,
     original_max_position_embeddings: Option<usize>,
+    /// LongRoPE (Phi-3): per-frequency factors within and past the pretraining context.
+    short_factor: Option<Vec<f32>>,
+    long_factor: Option<Vec<f32>>,
+    /// LongRoPE's cosine and sine scale, where the file sets it.
+    attention_factor: Option<f32>,
 }
 
 impl HfRopeScaling {
-    fn scaling(&self) -> Result<RopeScaling, LoadError> {
+    /// The scaling of a model serving `context` tokens, pretrained on `original` (where the config says).
+    fn scaling(&self, context: usize, original: Option<usize>) -> Result<RopeScaling, LoadError> {
         let need = |v: Option<f32>, name: &str| {
             v.ok_or_else(|| LoadError::Format(format!("config.json: rope_scaling {:?} needs {name}", self.rope_type)))
         };
@@ -58,7 +68,19 @@ impl HfRopeScaling {
                     LoadError::Format("config.json: rope_scaling llama3 needs original_max_position_embeddings".into())
                 })?,
             }),
-            other => Err(LoadError::Unsupported(format!("RoPE scaling {other:?} (linear and llama3 are)"))),
+            "longrope" | "su" => {
+                let original = self.original_max_position_embeddings.or(original).unwrap_or(context);
+                let pick = if context > original { &self.long_factor } else { &self.short_factor };
+                let factors = pick.clone().ok_or_else(|| {
+                    LoadError::Format("config.json: rope_scaling longrope needs short_factor and long_factor".into())
+                })?;
+                // Hugging Face's default: sqrt(1 + ln(context / original) / ln(original)), 1 within the original.
+                let scale = context as f64 / original.max(2) as f64;
+                let default =
+                    if scale <= 1.0 { 1.0 } else { (1.0 + scale.ln() / (original.max(2) as f64).ln()).sqrt() };
+                Ok(RopeScaling::LongRope { factors, mscale: self.attention_factor.unwrap_or(default as f32) })
+            }
+            other => Err(LoadError::Unsupported(format!("RoPE scaling {other:?} (linear, llama3 and longrope are)"))),
         }
     }
 }
@@ -94,6 +116,29 @@ impl TensorSource for Tensors {
 
     fn weight(&mut self, name: &str) -> Result<Weight, LoadError> {
         let t = self.take(name)?;
+        self.convert(t, name)
+    }
+
+    fn split(&mut self, name: &str, rows: &[usize]) -> Result<Vec<Weight>, LoadError> {
+        let t = self.take(name)?;
+        super::check_split(name, t.dims().first().copied().unwrap_or(0), rows)?;
+        let mut at = 0;
+        let mut parts = Vec::with_capacity(rows.len());
+        for &r in rows {
+            let part = t
+                .narrow(0, at, r)
+                .and_then(|p| p.contiguous())
+                .map_err(|e| LoadError::Format(format!("{name}: {e}")))?;
+            parts.push(self.convert(part, name)?);
+            at += r;
+        }
+        Ok(parts)
+    }
+}
+
+impl Tensors {
+    /// A matrix tensor as a kernel weight: 16-bit floats as they are, others widened to f32.
+    fn convert(&self, t: Tensor, name: &str) -> Result<Weight, LoadError> {
         let [rows, cols] = t.dims()[..] else {
             return Err(LoadError::Format(format!("{name} has shape {:?}, expected a matrix", t.dims())));
         };
@@ -147,9 +192,19 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
     let config: HfConfig =
         serde_json::from_slice(&read("config.json")?).map_err(|e| LoadError::Format(format!("config.json: {e}")))?;
     let family = config.model_type.clone().unwrap_or_else(|| "llama".into());
-    if !matches!(family.as_str(), "llama" | "mistral" | "qwen2" | "qwen3") {
-        return Err(LoadError::Unsupported(format!("model_type {family:?} (llama, mistral, qwen2 and qwen3 are)")));
+    if !matches!(family.as_str(), "llama" | "mistral" | "qwen2" | "qwen3" | "phi3") {
+        return Err(LoadError::Unsupported(format!(
+            "model_type {family:?} (llama, mistral, qwen2, qwen3 and phi3 are)"
+        )));
     }
+    if config.partial_rotary_factor.is_some_and(|f| f < 1.0) {
+        return Err(LoadError::Unsupported(
+            "partial_rotary_factor below 1 (RoPE over part of each head, as Phi-4-mini's): this build rotates whole \
+             heads"
+                .into(),
+        ));
+    }
+    let context_length = config.max_position_embeddings.unwrap_or(4096);
     let cfg = LlamaConfig {
         hidden: config.hidden_size,
         intermediate: config.intermediate_size,
@@ -160,10 +215,10 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
         vocab: config.vocab_size,
         rms_eps: config.rms_norm_eps.unwrap_or(1e-5),
         rope_theta: config.rope_theta.unwrap_or(10_000.0),
-        context_length: config.max_position_embeddings.unwrap_or(4096),
+        context_length,
         rope_interleaved: false,
         rope_scaling: match &config.rope_scaling {
-            Some(s) => s.scaling()?,
+            Some(s) => s.scaling(context_length, config.original_max_position_embeddings)?,
             None => RopeScaling::None,
         },
         ..LlamaConfig::default()
@@ -192,8 +247,10 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
         gate: "mlp.gate_proj.weight",
         up: "mlp.up_proj.weight",
         down: "mlp.down_proj.weight",
+        qkv: "self_attn.qkv_proj.weight",
+        gate_up: "mlp.gate_up_proj.weight",
     };
-    let layers = load_layers(&mut t, cfg.layers, &names)?;
+    let layers = load_layers(&mut t, &cfg, &names)?;
     let norm = t.vector("model.norm.weight")?;
     let output =
         if config.tie_word_embeddings && !t.has("lm_head.weight") { None } else { Some(t.weight("lm_head.weight")?) };

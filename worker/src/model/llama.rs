@@ -104,7 +104,7 @@ impl LlamaConfig {
         if self.head_dim > MAX_HEAD_DIM {
             return Err(format!("head width {} is above the {MAX_HEAD_DIM} this build supports", self.head_dim));
         }
-        if let RopeScaling::Factors(f) = &self.rope_scaling
+        if let Some(f) = self.rope_scaling.factors()
             && f.len() != self.head_dim / 2
         {
             return Err(format!("{} RoPE frequency factors for a head width of {}", f.len(), self.head_dim));

@@ -74,6 +74,21 @@ pub(crate) trait TensorSource {
     fn vector(&mut self, name: &str) -> Result<Vec<f32>, LoadError>;
     /// A matrix, kept quantized where the kernels support its format.
     fn weight(&mut self, name: &str) -> Result<Weight, LoadError>;
+    /// A matrix cut by rows into consecutive parts of `rows` rows each (they must add up to its rows): a fused
+    /// projection (Phi-3's QKV and gate-up) as the separate matrices the kernels take, each in the file's format.
+    fn split(&mut self, name: &str, rows: &[usize]) -> Result<Vec<Weight>, LoadError>;
+}
+
+/// Check a fused matrix of `total` rows is cut into parts of `rows` rows.
+pub(crate) fn check_split(name: &str, total: usize, rows: &[usize]) -> Result<(), LoadError> {
+    if rows.iter().sum::<usize>() == total {
+        Ok(())
+    } else {
+        Err(LoadError::Format(format!(
+            "{name} has {total} rows, expected {} ({rows:?} fused)",
+            rows.iter().sum::<usize>()
+        )))
+    }
 }
 
 /// The names of a decoder layer's tensors in one file format, after the layer's prefix.
@@ -95,16 +110,20 @@ pub(crate) struct LayerNames {
     pub gate: &'static str,
     pub up: &'static str,
     pub down: &'static str,
+    /// Q, K and V fused in one matrix (Phi-3), used where `q` is absent.
+    pub qkv: &'static str,
+    /// Gate and up fused in one matrix, gate first (Phi-3), used where `gate` is absent.
+    pub gate_up: &'static str,
 }
 
 /// Load `count` decoder layers, whatever the format: the same assembly for GGUF and safetensors.
 pub(crate) fn load_layers(
     src: &mut impl TensorSource,
-    count: usize,
+    cfg: &llama::LlamaConfig,
     names: &LayerNames,
 ) -> Result<Vec<Layer>, LoadError> {
-    let mut layers = Vec::with_capacity(count);
-    for i in 0..count {
+    let mut layers = Vec::with_capacity(cfg.layers);
+    for i in 0..cfg.layers {
         let prefix = (names.prefix)(i);
         let p = |s: &str| format!("{prefix}{s}");
         let [bq, bk, bv] = names.qkv_bias;
@@ -114,18 +133,31 @@ pub(crate) fn load_layers(
         let qk_norm = if src.has(&p(nq)) { Some((src.vector(&p(nq))?, src.vector(&p(nk))?)) } else { None };
         let [pa, pf] = names.post_norms;
         let post_norms = if src.has(&p(pa)) { Some((src.vector(&p(pa))?, src.vector(&p(pf))?)) } else { None };
+        let [wq, wk, wv] = if src.has(&p(names.q)) || !src.has(&p(names.qkv)) {
+            [src.weight(&p(names.q))?, src.weight(&p(names.k))?, src.weight(&p(names.v))?]
+        } else {
+            let rows = [cfg.heads * cfg.head_dim, cfg.kv_dim(), cfg.kv_dim()];
+            <[Weight; 3]>::try_from(src.split(&p(names.qkv), &rows)?)
+                .map_err(|_| LoadError::Format(format!("{}: not three parts", p(names.qkv))))?
+        };
+        let [w_gate, w_up] = if src.has(&p(names.gate)) || !src.has(&p(names.gate_up)) {
+            [src.weight(&p(names.gate))?, src.weight(&p(names.up))?]
+        } else {
+            <[Weight; 2]>::try_from(src.split(&p(names.gate_up), &[cfg.intermediate, cfg.intermediate])?)
+                .map_err(|_| LoadError::Format(format!("{}: not two parts", p(names.gate_up))))?
+        };
         layers.push(Layer {
             attn_norm: src.vector(&p(names.attn_norm))?,
-            wq: src.weight(&p(names.q))?,
-            wk: src.weight(&p(names.k))?,
-            wv: src.weight(&p(names.v))?,
+            wq,
+            wk,
+            wv,
             qkv_bias,
             qk_norm,
             post_norms,
             wo: src.weight(&p(names.o))?,
             ffn_norm: src.vector(&p(names.ffn_norm))?,
-            w_gate: src.weight(&p(names.gate))?,
-            w_up: src.weight(&p(names.up))?,
+            w_gate,
+            w_up,
             w_down: src.weight(&p(names.down))?,
         });
     }

@@ -28,6 +28,15 @@ pub enum RopeScaling {
     /// Each frequency divided by its own factor (GGUF's `rope_freqs.weight`, where llama.cpp's converter writes
     /// Llama 3.1's scaling out).
     Factors(Vec<f32>),
+    /// Phi-3's LongRoPE: each frequency divided by its own factor (the short factors for a context within the
+    /// pretraining one, the long factors past it, chosen at load as llama.cpp does), and every cosine and sine
+    /// multiplied by `mscale` (`rope.scaling.attn_factor`; Hugging Face's `sqrt(1 + ln(s) / ln(original))`).
+    LongRope {
+        /// One factor per frequency.
+        factors: Vec<f32>,
+        /// The cosines' and sines' scale.
+        mscale: f32,
+    },
 }
 
 impl RopeScaling {
@@ -50,7 +59,25 @@ impl RopeScaling {
                     (1.0 - smooth) * freq / factor + smooth * freq
                 }
             }
-            RopeScaling::Factors(f) => freq / f64::from(f.get(i).copied().unwrap_or(1.0)),
+            RopeScaling::Factors(f) | RopeScaling::LongRope { factors: f, .. } => {
+                freq / f64::from(f.get(i).copied().unwrap_or(1.0))
+            }
+        }
+    }
+
+    /// The per-frequency factors, where the scaling has them.
+    pub(crate) fn factors(&self) -> Option<&[f32]> {
+        match self {
+            RopeScaling::Factors(f) | RopeScaling::LongRope { factors: f, .. } => Some(f),
+            _ => None,
+        }
+    }
+
+    /// What every cosine and sine is multiplied by.
+    fn mscale(&self) -> f64 {
+        match self {
+            RopeScaling::LongRope { mscale, .. } => f64::from(*mscale),
+            _ => 1.0,
         }
     }
 }
@@ -70,6 +97,8 @@ pub struct RopeTable {
     coarse: Vec<(f64, f64)>,
     /// `(cos, sin)` of `p * freq[i]` for `p < 256`, `[p][i]`.
     fine: Vec<(f64, f64)>,
+    /// Every cosine and sine multiplied by this (1 but for LongRoPE).
+    mscale: f64,
 }
 
 impl RopeTable {
@@ -84,7 +113,13 @@ impl RopeTable {
                 .map(|(s, c)| (c, s))
                 .collect()
         };
-        RopeTable { half, positions, coarse: angles(FINE, positions.div_ceil(FINE)), fine: angles(1, FINE) }
+        RopeTable {
+            half,
+            positions,
+            coarse: angles(FINE, positions.div_ceil(FINE)),
+            fine: angles(1, FINE),
+            mscale: scaling.mscale(),
+        }
     }
 
     /// Position `pos`'s cosines and sines into `cos` and `sin` (`head_dim / 2` each).
@@ -93,9 +128,10 @@ impl RopeTable {
         let (h, half) = (pos / FINE, self.half);
         let coarse = &self.coarse[h * half..(h + 1) * half];
         let fine = &self.fine[(pos % FINE) * half..(pos % FINE + 1) * half];
+        let m = self.mscale;
         for (i, (&(cc, cs), &(fc, fs))) in coarse.iter().zip(fine).enumerate() {
-            cos[i] = (cc * fc - cs * fs) as f32;
-            sin[i] = (cs * fc + cc * fs) as f32;
+            cos[i] = ((cc * fc - cs * fs) * m) as f32;
+            sin[i] = ((cs * fc + cc * fs) * m) as f32;
         }
     }
 
@@ -136,6 +172,18 @@ mod tests {
         let (c2, s2) = RopeTable::new(10_000.0, 8, 3, &RopeScaling::None).full();
         // Position 8 stretched by 4 is position 2 unscaled.
         assert!((c1[8 * 4 + 1] - c2[2 * 4 + 1]).abs() < 1e-6 && (s1[8 * 4 + 3] - s2[2 * 4 + 3]).abs() < 1e-6);
+    }
+
+    #[test]
+    fn longrope_divides_each_frequency_by_its_factor_and_scales_cos_and_sin() {
+        let factors = vec![1.0, 2.0, 4.0, 8.0];
+        let (c1, s1) = RopeTable::new(10_000.0, 8, 17, &RopeScaling::LongRope { factors, mscale: 1.2 }).full();
+        let (c2, s2) = RopeTable::new(10_000.0, 8, 17, &RopeScaling::None).full();
+        // Frequency 3 divided by 8: position 16 there is position 2 plain; every value times 1.2.
+        assert!(
+            (c1[16 * 4 + 3] - 1.2 * c2[2 * 4 + 3]).abs() < 1e-6 && (s1[16 * 4 + 3] - 1.2 * s2[2 * 4 + 3]).abs() < 1e-6
+        );
+        assert!((c1[5 * 4] - 1.2 * c2[5 * 4]).abs() < 1e-6, "factor 1 keeps frequency 0");
     }
 
     #[test]
