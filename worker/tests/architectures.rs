@@ -304,3 +304,95 @@ fn partial_rotary_heads_are_refused_by_name() {
     let err = hf::load(&hf_dir).unwrap_err().to_string();
     assert!(err.contains("partial_rotary_factor"), "{err}");
 }
+
+/// A 2-layer Gemma 3 of [`weights`] (with Q/K norms) plus post-norms, as a Hugging Face `gemma3_text` directory
+/// (norms stored as `w - 1`, layer types named) and as a GGUF file (norms as llama.cpp's converter writes them, `w`):
+/// layer 0 local over 16 positions, layer 1 global.
+fn write_gemma3(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let vocab = gguf_tokens().len();
+    let mut seed = 7;
+    let mut all: Vec<(String, String, Vec<usize>, Vec<f32>)> = Vec::new();
+    for (hf, gg, shape, values) in weights(vocab, true) {
+        if gg == "output.weight" {
+            continue; // tied to the embeddings
+        }
+        let hf = hf.replace("post_attention_layernorm", "pre_feedforward_layernorm");
+        all.push((hf, gg.clone(), shape, values));
+        if let Some(i) = gg.strip_prefix("blk.").and_then(|r| r.strip_suffix(".ffn_down.weight")) {
+            for (h, g) in
+                [("post_attention_layernorm", "post_attention_norm"), ("post_feedforward_layernorm", "post_ffw_norm")]
+            {
+                let values = random(&mut seed, HIDDEN, 0.2).into_iter().map(|v| v + 1.0).collect();
+                all.push((format!("model.layers.{i}.{h}.weight"), format!("blk.{i}.{g}.weight"), vec![HIDDEN], values));
+            }
+        }
+    }
+    let hf_dir = dir.join("hf");
+    std::fs::create_dir_all(&hf_dir).unwrap();
+    std::fs::write(hf_dir.join("tokenizer.json"), hf_tokenizer().to_string(false).unwrap()).unwrap();
+    let config = serde_json::json!({
+        "model_type": "gemma3_text", "hidden_size": HIDDEN, "intermediate_size": INTER, "num_hidden_layers": 2,
+        "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD, "vocab_size": vocab,
+        "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+        "max_position_embeddings": CONTEXT, "sliding_window": 16, "query_pre_attn_scalar": HD,
+        "layer_types": ["sliding_attention", "full_attention"], "hidden_activation": "gelu_pytorch_tanh",
+        "final_logit_softcapping": null, "attn_logit_softcapping": null
+    });
+    std::fs::write(hf_dir.join("config.json"), config.to_string()).unwrap();
+    let hf_tensors: HashMap<String, Tensor> = all
+        .iter()
+        .map(|(name, _, shape, v)| {
+            let v = if name.ends_with("norm.weight") { v.iter().map(|x| x - 1.0).collect() } else { v.clone() };
+            (name.clone(), Tensor::from_vec(v, shape.clone(), &Device::Cpu).unwrap())
+        })
+        .collect();
+    candle_core::safetensors::save(&hf_tensors, hf_dir.join("model.safetensors")).unwrap();
+    let meta = vec![
+        ("general.architecture", Value::String("gemma3".into())),
+        ("gemma3.embedding_length", Value::U32(HIDDEN as u32)),
+        ("gemma3.feed_forward_length", Value::U32(INTER as u32)),
+        ("gemma3.block_count", Value::U32(2)),
+        ("gemma3.attention.head_count", Value::U32(HEADS as u32)),
+        ("gemma3.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
+        ("gemma3.attention.key_length", Value::U32(HD as u32)),
+        ("gemma3.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
+        ("gemma3.rope.freq_base", Value::F32(1_000_000.0)),
+        ("gemma3.context_length", Value::U32(CONTEXT as u32)),
+        ("gemma3.attention.sliding_window", Value::U32(16)),
+        ("gemma3.attention.sliding_window_pattern", Value::U32(2)),
+    ];
+    let tensors: Vec<_> = all.into_iter().map(|(_, name, shape, v)| (name, shape, v, GgmlDType::F32)).collect();
+    let file = dir.join("model.gguf");
+    write_gguf(&file, meta, &tensors);
+    (hf_dir, file)
+}
+
+#[test]
+fn gemma3_loads_from_a_hugging_face_directory_as_from_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hf_dir, file) = write_gemma3(dir.path());
+    let (a, b) = (hf::load(&hf_dir).unwrap(), gguf::load(&file).unwrap());
+    assert_eq!((a.family.as_str(), b.family.as_str()), ("gemma3", "gemma3"));
+    let cfg = a.llama.config();
+    assert!(cfg.is_local(0) && !cfg.is_local(1), "{:?}", cfg.sliding);
+    assert!(a.llama.layers().iter().all(|l| l.qk_norm.is_some() && l.post_norms.is_some()));
+    // 96 tokens: the local layer's 16-position window engaged.
+    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
+    let (diff, scale) = max_diff(&la, &lb);
+    assert!(diff < 1e-4 * scale.max(1.0), "Hugging Face and GGUF Gemma 3 differ by {diff} (largest {scale})");
+
+    // The multimodal checkpoint and Gemma 3 27B's attention scale are refused by name.
+    let path = hf_dir.join("config.json");
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    for (key, value, says) in [
+        ("model_type", serde_json::json!("gemma3"), "text-only"),
+        ("query_pre_attn_scalar", serde_json::json!(168), "query_pre_attn_scalar"),
+        ("layer_types", serde_json::json!(["full_attention", "sliding_attention"]), "layer_types"),
+    ] {
+        let mut changed = config.clone();
+        changed[key] = value;
+        std::fs::write(&path, changed.to_string()).unwrap();
+        let err = hf::load(&hf_dir).unwrap_err().to_string();
+        assert!(err.contains(says), "{key}: {err}");
+    }
+}

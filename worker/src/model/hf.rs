@@ -1,5 +1,6 @@
 //! Loading a Hugging Face model directory: `config.json`, one or more `*.safetensors` shards, `tokenizer.json` and
-//! (optionally) `tokenizer_config.json` with the chat template. Llama, Mistral, Qwen2 and SmolLM layouts; f16 and
+//! (optionally) `tokenizer_config.json` with the chat template. Llama, Mistral, Qwen2/3, Phi-3, Gemma 3 (text) and
+//! SmolLM layouts; f16 and
 //! bf16 matrices stay 16-bit in memory (widened a row at a time by the kernels), other float types become f32.
 
 use std::collections::HashMap;
@@ -8,7 +9,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 
 use super::kernels::Weight;
-use super::llama::{Llama, LlamaConfig, RopeScaling};
+use super::llama::{Activation, Llama, LlamaConfig, RopeScaling, SlidingWindow};
 use super::{LayerNames, LoadError, LoadedModel, Precision, TensorSource, load_layers};
 use zl_text::TextTokenizer;
 
@@ -33,6 +34,35 @@ struct HfConfig {
     original_max_position_embeddings: Option<usize>,
     /// Phi-4-mini rotates only part of each head.
     partial_rotary_factor: Option<f32>,
+    /// Gemma 3: positions a local layer attends over.
+    sliding_window: Option<usize>,
+    /// Gemma 3: one global layer in this many (older configs).
+    sliding_window_pattern: Option<usize>,
+    /// Gemma 3: `sliding_attention` or `full_attention` per layer (newer configs).
+    layer_types: Option<Vec<String>>,
+    /// Gemma 3: the local layers' RoPE base.
+    rope_local_base_freq: Option<f32>,
+    /// Gemma 3: queries are scaled by 1/sqrt(this) (the head width, but for the 27B model).
+    query_pre_attn_scalar: Option<f32>,
+    /// Gemma 2's soft-capping, which Gemma 3 dropped.
+    attn_logit_softcapping: Option<f32>,
+    final_logit_softcapping: Option<f32>,
+}
+
+impl HfConfig {
+    /// Gemma 3's interleaving: one global layer in every `every`, the last of each group (`layer_types`, or
+    /// `sliding_window_pattern`, default 6).
+    fn gemma_pattern(&self) -> Result<usize, LoadError> {
+        let Some(types) = &self.layer_types else { return Ok(self.sliding_window_pattern.unwrap_or(6)) };
+        let every = types.iter().position(|t| t == "full_attention").map_or(types.len() + 1, |i| i + 1);
+        let periodic = types.iter().enumerate().all(|(i, t)| (t == "full_attention") == (i + 1).is_multiple_of(every));
+        if !periodic {
+            return Err(LoadError::Unsupported(format!(
+                "layer_types {types:?}: this build runs one global layer every N, the last of each group"
+            )));
+        }
+        Ok(every)
+    }
 }
 
 /// `config.json`'s `rope_scaling` (`rope_type`, or `type` in older files).
@@ -89,6 +119,9 @@ struct Tensors {
     all: HashMap<String, Tensor>,
     /// Widen every matrix to f32 (the float reference path).
     float: bool,
+    /// Gemma stores each RMSNorm weight as `w - 1` (it multiplies by `1 + w`): add the 1 back on load, as
+    /// llama.cpp's converter does.
+    norms_minus_one: bool,
 }
 
 impl Tensors {
@@ -111,7 +144,11 @@ impl TensorSource for Tensors {
 
     fn vector(&mut self, name: &str) -> Result<Vec<f32>, LoadError> {
         let t = self.take(name)?;
-        Self::values(&t, name)
+        let mut values = Self::values(&t, name)?;
+        if self.norms_minus_one && name.ends_with("norm.weight") {
+            values.iter_mut().for_each(|v| *v += 1.0);
+        }
+        Ok(values)
     }
 
     fn weight(&mut self, name: &str) -> Result<Weight, LoadError> {
@@ -191,11 +228,26 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
     };
     let config: HfConfig =
         serde_json::from_slice(&read("config.json")?).map_err(|e| LoadError::Format(format!("config.json: {e}")))?;
-    let family = config.model_type.clone().unwrap_or_else(|| "llama".into());
-    if !matches!(family.as_str(), "llama" | "mistral" | "qwen2" | "qwen3" | "phi3") {
+    let family = match config.model_type.as_deref().unwrap_or("llama") {
+        // Gemma 3's text-only checkpoints (270M, 1B); the family is named as its GGUF files name it.
+        "gemma3_text" => "gemma3".to_owned(),
+        "gemma3" => {
+            return Err(LoadError::Unsupported(
+                "model_type \"gemma3\" (the multimodal checkpoint, its text model under text_config): use a \
+                 text-only checkpoint (gemma3_text) or a GGUF file"
+                    .into(),
+            ));
+        }
+        other => other.to_owned(),
+    };
+    if !matches!(family.as_str(), "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "gemma3") {
         return Err(LoadError::Unsupported(format!(
-            "model_type {family:?} (llama, mistral, qwen2, qwen3 and phi3 are)"
+            "model_type {family:?} (llama, mistral, qwen2, qwen3, phi3 and gemma3_text are)"
         )));
+    }
+    let gemma = family == "gemma3";
+    if config.attn_logit_softcapping.is_some() || config.final_logit_softcapping.is_some() {
+        return Err(LoadError::Unsupported("logit soft-capping (Gemma 2's): this build has none".into()));
     }
     if config.partial_rotary_factor.is_some_and(|f| f < 1.0) {
         return Err(LoadError::Unsupported(
@@ -223,6 +275,30 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
         },
         ..LlamaConfig::default()
     };
+    let cfg = if gemma {
+        let head_dim = cfg.head_dim;
+        if config.query_pre_attn_scalar.is_some_and(|s| (s - head_dim as f32).abs() > 0.5) {
+            return Err(LoadError::Unsupported(format!(
+                "query_pre_attn_scalar {:?} other than the head width {head_dim} (Gemma 3 27B's attention scale)",
+                config.query_pre_attn_scalar
+            )));
+        }
+        let window = config
+            .sliding_window
+            .ok_or_else(|| LoadError::Format("config.json: a gemma3_text model needs sliding_window".into()))?;
+        LlamaConfig {
+            activation: Activation::GeluTanh,
+            embed_scale: Some((cfg.hidden as f32).sqrt()),
+            sliding: Some(SlidingWindow {
+                window,
+                every: config.gemma_pattern()?,
+                local_theta: config.rope_local_base_freq.unwrap_or(10_000.0),
+            }),
+            ..cfg
+        }
+    } else {
+        cfg
+    };
     cfg.validate().map_err(LoadError::Format)?;
     let shards = shards(dir)?;
     let mut all = HashMap::new();
@@ -231,7 +307,7 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
             .map_err(|e| LoadError::Format(format!("{}: {e}", shard.display())))?;
         all.extend(tensors);
     }
-    let mut t = Tensors { all, float: precision == Precision::Float };
+    let mut t = Tensors { all, float: precision == Precision::Float, norms_minus_one: gemma };
     let embed = t.weight("model.embed_tokens.weight")?;
     let names = LayerNames {
         prefix: |i| format!("model.layers.{i}."),
@@ -241,9 +317,14 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
         v: "self_attn.v_proj.weight",
         qkv_bias: ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"],
         qk_norm: ["self_attn.q_norm.weight", "self_attn.k_norm.weight"],
-        post_norms: ["", ""],
+        // Gemma 3: norms after attention and after the MLP, and its own name for the norm before the MLP.
+        post_norms: if gemma {
+            ["post_attention_layernorm.weight", "post_feedforward_layernorm.weight"]
+        } else {
+            ["", ""]
+        },
         o: "self_attn.o_proj.weight",
-        ffn_norm: "post_attention_layernorm.weight",
+        ffn_norm: if gemma { "pre_feedforward_layernorm.weight" } else { "post_attention_layernorm.weight" },
         gate: "mlp.gate_proj.weight",
         up: "mlp.up_proj.weight",
         down: "mlp.down_proj.weight",
@@ -253,7 +334,12 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
     let layers = load_layers(&mut t, &cfg, &names)?;
     let norm = t.vector("model.norm.weight")?;
     let output =
-        if config.tie_word_embeddings && !t.has("lm_head.weight") { None } else { Some(t.weight("lm_head.weight")?) };
+        // Gemma ties them whether its config says so or not.
+        if (config.tie_word_embeddings || gemma) && !t.has("lm_head.weight") {
+            None
+        } else {
+            Some(t.weight("lm_head.weight")?)
+        };
     let llama = Llama::new(cfg, embed, layers, norm, output).map_err(LoadError::Format)?;
     let tokenizer_config = read("tokenizer_config.json").ok();
     let tokenizer = TextTokenizer::from_hf(&read("tokenizer.json")?, tokenizer_config.as_deref())
