@@ -430,7 +430,15 @@ impl Orchestrator {
     pub fn state_sync(&self, known_index: u64, now: Instant) -> StateSync {
         let state = read(&self.state.0);
         let load = read(&self.load);
-        let serving = state.workers().iter().filter(|(id, w)| !w.draining && load.healthy(id, now).is_some()).count();
+        // While this node warms up (just started: alive workers may not have reported to it yet), a registered
+        // worker it has not heard from counts as serving, as routing treats it (`WarmingUp`: ask another
+        // orchestrator): a frontend that syncs from it must not call the cluster unavailable (529) meanwhile.
+        let warming = now < self.warm_at;
+        let serving = state
+            .workers()
+            .iter()
+            .filter(|(id, w)| !w.draining && (warming || load.healthy(id, now).is_some()))
+            .count();
         let mut sync = StateSync {
             applied_index: state.applied_index(),
             unchanged: known_index != 0 && known_index == state.applied_index(),
