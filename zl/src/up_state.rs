@@ -11,6 +11,8 @@ use zl_tls::ClusterCa;
 
 /// The file naming what a data dir's cluster is.
 const UP_FILE: &str = "up.json";
+/// Locked while a `zl up` runs on the data dir: a second one would share its Raft logs.
+const LOCK_FILE: &str = "up.lock";
 /// Days the local CA (and each node certificate) is valid; renewed on a start when a third of that is left.
 pub(crate) const CERT_DAYS: u32 = 30;
 
@@ -54,6 +56,8 @@ pub(crate) struct Kept {
     pub resumed_from: Option<String>,
     /// Whether a kept CA was renewed on this start.
     pub ca_renewed: bool,
+    /// Held (locked) for as long as this start runs; the OS releases it when the process ends, however it ends.
+    _lock: fs::File,
 }
 
 impl Kept {
@@ -138,6 +142,22 @@ pub(crate) fn prepare(
     new_secret: impl Fn() -> Result<String>,
 ) -> Result<Kept> {
     fs::create_dir_all(data).with_context(|| format!("creating {}", data.display()))?;
+    let lock_path = data.join(LOCK_FILE);
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .with_context(|| format!("opening {}", lock_path.display()))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(fs::TryLockError::WouldBlock) => bail!(
+            "another `zl up` is running on {} (it holds {}): stop it first, or give this one another --data-dir",
+            data.display(),
+            lock_path.display()
+        ),
+        Err(fs::TryLockError::Error(e)) => return Err(e).with_context(|| format!("locking {}", lock_path.display())),
+    }
     let kept = if fresh { None } else { read_kept(data, orchestrators)? };
     let tls = data.join("tls");
     let pepper = tls.join("key-pepper");
@@ -149,7 +169,7 @@ pub(crate) fn prepare(
                 crate::certs::write_pair(&tls, "ca", ca.pem(), true)?;
             }
             let api_key = api_key.map_or(up.api_key, str::to_owned);
-            Kept { ca, api_key, pepper, resumed_from: Some(up.created), ca_renewed: renew }
+            Kept { ca, api_key, pepper, resumed_from: Some(up.created), ca_renewed: renew, _lock: lock }
         }
         None => {
             // A new cluster: nothing of an earlier one may mix in (a Raft log of another group, a chain whose
@@ -162,7 +182,7 @@ pub(crate) fn prepare(
                 Some(k) => k.to_owned(),
                 None => new_secret()?,
             };
-            Kept { ca, api_key, pepper, resumed_from: None, ca_renewed: false }
+            Kept { ca, api_key, pepper, resumed_from: None, ca_renewed: false, _lock: lock }
         }
     };
     let created = kept.resumed_from.clone().unwrap_or_else(|| {
@@ -193,17 +213,20 @@ mod tests {
         fs::create_dir_all(data.join("orchestrator-0")).unwrap();
         fs::write(data.join("orchestrator-0/log"), "raft").unwrap();
         let pepper = fs::read_to_string(&first.pepper).unwrap();
+        let (first_key, first_ca) = (first.api_key.clone(), first.ca.cert_pem().to_owned());
+        drop(first); // as the first `zl up` stops
 
         let again = prepare(&data, false, 1, None, secrets()).unwrap();
-        assert_eq!(again.api_key, first.api_key);
-        assert_eq!(again.ca.cert_pem(), first.ca.cert_pem());
+        assert_eq!(again.api_key, first_key);
+        assert_eq!(again.ca.cert_pem(), first_ca);
         assert_eq!(fs::read_to_string(&again.pepper).unwrap(), pepper);
         assert!(again.resumed_from.is_some() && !again.ca_renewed);
         assert!(data.join("orchestrator-0/log").exists());
         assert!(again.describe(&data).contains("--fresh"));
+        drop(again);
         // A key given on the command line wins (the cluster rotates `local` to it) and is kept for next time.
-        let given = prepare(&data, false, 1, Some("sk-given-0123456789"), secrets()).unwrap();
-        assert_eq!(given.api_key, "sk-given-0123456789");
+        let given = prepare(&data, false, 1, Some("sk-given-0123456789"), secrets()).unwrap().api_key;
+        assert_eq!(given, "sk-given-0123456789");
         assert_eq!(prepare(&data, false, 1, None, secrets()).unwrap().api_key, "sk-given-0123456789");
 
         // Another group size is refused, naming the kept one and --fresh.
@@ -212,9 +235,19 @@ mod tests {
 
         let fresh = prepare(&data, true, 3, None, secrets()).unwrap();
         assert!(fresh.resumed_from.is_none());
-        assert_ne!(fresh.ca.cert_pem(), first.ca.cert_pem());
+        assert_ne!(fresh.ca.cert_pem(), first_ca);
         assert!(!data.join("orchestrator-0").exists(), "--fresh drops the Raft state");
         assert_ne!(fs::read_to_string(&fresh.pepper).unwrap(), pepper);
+    }
+
+    #[test]
+    fn a_second_start_on_a_running_data_dir_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let running = prepare(dir.path(), false, 1, None, secrets()).unwrap();
+        let err = format!("{:#}", prepare(dir.path(), false, 1, None, secrets()).err().unwrap());
+        assert!(err.contains("another `zl up` is running"), "{err}");
+        drop(running);
+        prepare(dir.path(), false, 1, None, secrets()).unwrap();
     }
 
     #[test]
