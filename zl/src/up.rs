@@ -140,14 +140,6 @@ fn random_secret() -> Result<String> {
     Ok(format!("zl-{}", bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()))
 }
 
-/// Write `contents` owner-only, whole or not at all: into a temporary file renamed over `path`, so a reader (an
-/// operator's script, `zl admin`, a test) never sees it half written.
-pub(crate) fn write_private(path: &Path, contents: &str) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    crate::certs::write_file(&tmp, contents.as_bytes(), 0o600)?;
-    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
-}
-
 /// One HTTP/1.1 GET; the status code, if anything answered.
 fn http_get(addr: SocketAddr, path: &str, key: Option<&str>) -> Option<(u16, String)> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
@@ -462,7 +454,7 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
             "logs": logs,
             "audit_dir": data.join("audit"),
         });
-        write_private(&state_path, &serde_json::to_string_pretty(&state)?)
+        crate::certs::write_private(&state_path, &serde_json::to_string_pretty(&state)?)
     };
     write_state(&cluster)?;
 

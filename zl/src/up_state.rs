@@ -190,7 +190,7 @@ pub(crate) fn prepare(
         zl_common::calendar::rfc3339(now)
     });
     let up = UpFile { api_key: kept.api_key.clone(), orchestrators, created };
-    crate::up::write_private(&data.join(UP_FILE), &up.to_json())?;
+    crate::certs::write_private(&data.join(UP_FILE), &up.to_json())?;
     Ok(kept)
 }
 

@@ -132,6 +132,14 @@ pub(crate) fn write_pair(dir: &Path, stem: &str, pair: &PemPair, force: bool) ->
     Ok(())
 }
 
+/// Write `contents` owner-only, whole or not at all: into a temporary file renamed over `path`, so a reader (an
+/// operator's script, `zl admin`, a test) never sees it half written.
+pub(crate) fn write_private(path: &Path, contents: &str) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    write_file(&tmp, contents.as_bytes(), 0o600)?;
+    fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+}
+
 pub(crate) fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     let mut options = fs::OpenOptions::new();
     options.write(true).create(true).truncate(true);
