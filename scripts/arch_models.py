@@ -2,7 +2,8 @@
 """Tiny random-weight GGUF models of the architectures zerolayer runs beyond the bundled one, for comparing its
 forward pass with llama.cpp's on the same files (`zl-worker eval --perplexity TEXT --model FILE --reference
 llama.cpp`): a Llama with Llama 3.1 RoPE scaling written out as `rope_freqs.weight` (as llama.cpp's converter
-does), a Llama with linear RoPE scaling, a Qwen3 (per-head q/k RMSNorm, NeoX RoPE), and a Phi-3 (fused QKV and
+does), a Llama with linear RoPE scaling, a Qwen3 (per-head q/k RMSNorm, NeoX RoPE), a Qwen3 with YaRN scaling (factor 4 over a 128-token pretraining
+context, as Qwen's long-context setting writes it), and a Phi-3 (fused QKV and
 gate-up matrices, LongRoPE: long factors, since it serves 2,048 tokens of a 256-token pretraining context, and its
 attn_factor). The tokenizer is SmolLM2's,
 copied from the bundled file, so both engines read the same tokens. Fixed seeds; written to OUT_DIR.
@@ -67,6 +68,10 @@ def write(path, arch, bundled, seed, rope=None):
     if rope == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(4.0)
+    if rope == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(4.0)
+        w.add_rope_scaling_orig_ctx_len(128)
     if arch == "phi3":
         w.add_rope_dimension_count(HEAD_DIM)
         w.add_rope_scaling_orig_ctx_len(256)
@@ -123,6 +128,7 @@ def main():
     write(os.path.join(out, "qwen3.gguf"), "qwen3", bundled, 3)
     write(os.path.join(out, "llama-plain.gguf"), "llama", bundled, 4)
     write(os.path.join(out, "phi3-longrope.gguf"), "phi3", bundled, 5)
+    write(os.path.join(out, "qwen3-yarn.gguf"), "qwen3", bundled, 6, rope="yarn")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,20 @@ fn llama3_factors(theta: f64) -> Vec<f32> {
 /// Write the model as a Hugging Face directory and as a GGUF file; `arch` is the GGUF architecture (NeoX RoPE in
 /// both: qwen2 or qwen3), `model_type` config.json's.
 fn write(dir: &Path, arch: &str, qk_norm: bool, llama3: bool) -> (std::path::PathBuf, std::path::PathBuf) {
+    write_with(dir, arch, qk_norm, llama3, false)
+}
+
+/// YaRN of this test: factor 4 over a 32-token pretraining context, and its scale.
+const YARN: (f32, usize) = (4.0, 32);
+
+/// [`write`], with YaRN scaling in both forms when `yarn` (as Qwen's long-context setting writes it).
+fn write_with(
+    dir: &Path,
+    arch: &str,
+    qk_norm: bool,
+    llama3: bool,
+    yarn: bool,
+) -> (std::path::PathBuf, std::path::PathBuf) {
     let vocab = gguf_tokens().len();
     let theta = 10_000.0;
     let hf_dir = dir.join("hf");
@@ -96,6 +110,11 @@ fn write(dir: &Path, arch: &str, qk_norm: bool, llama3: bool) -> (std::path::Pat
             "original_max_position_embeddings": original as usize
         });
     }
+    if yarn {
+        config["rope_scaling"] = serde_json::json!({
+            "rope_type": "yarn", "factor": YARN.0, "original_max_position_embeddings": YARN.1
+        });
+    }
     std::fs::write(hf_dir.join("config.json"), config.to_string()).unwrap();
     let weights = weights(vocab, qk_norm);
     let hf_tensors: HashMap<String, Tensor> = weights
@@ -105,7 +124,7 @@ fn write(dir: &Path, arch: &str, qk_norm: bool, llama3: bool) -> (std::path::Pat
     candle_core::safetensors::save(&hf_tensors, hf_dir.join("model.safetensors")).unwrap();
 
     let key = |k: &str| -> &'static str { Box::leak(format!("{arch}.{k}").into_boxed_str()) };
-    let meta = vec![
+    let mut meta = vec![
         ("general.architecture", Value::String(arch.into())),
         (key("embedding_length"), Value::U32(HIDDEN as u32)),
         (key("feed_forward_length"), Value::U32(INTER as u32)),
@@ -117,6 +136,11 @@ fn write(dir: &Path, arch: &str, qk_norm: bool, llama3: bool) -> (std::path::Pat
         (key("rope.freq_base"), Value::F32(theta as f32)),
         (key("context_length"), Value::U32(CONTEXT as u32)),
     ];
+    if yarn {
+        meta.push((key("rope.scaling.type"), Value::String("yarn".into())));
+        meta.push((key("rope.scaling.factor"), Value::F32(YARN.0)));
+        meta.push((key("rope.scaling.original_context_length"), Value::U32(YARN.1 as u32)));
+    }
     let mut tensors: Vec<_> = weights.into_iter().map(|(_, name, shape, v)| (name, shape, v, GgmlDType::F32)).collect();
     if llama3 {
         tensors.push(("rope_freqs.weight".into(), vec![HD / 2], llama3_factors(theta), GgmlDType::F32));
@@ -162,6 +186,20 @@ fn llama3_rope_scaling_loads_from_both_formats_alike_and_counts() {
     let (plain_hf, _) = write(other.path(), "qwen2", false, false);
     let (diff, scale) = max_diff(&logits(&hf::load(&plain_hf).unwrap().llama, &prompt()), &la);
     assert!(diff > 0.01 * scale, "the RoPE scaling changed nothing ({diff} of {scale})");
+}
+
+#[test]
+fn yarn_rope_scaling_loads_from_both_formats_alike_and_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let (hf_dir, file) = write_with(dir.path(), "qwen3", true, false, true);
+    let (a, b) = (hf::load(&hf_dir).unwrap(), gguf::load(&file).unwrap());
+    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
+    let (diff, scale) = max_diff(&la, &lb);
+    assert!(diff < 1e-4 * scale.max(1.0), "config.json yarn and GGUF yarn differ by {diff} (largest {scale})");
+    let other = tempfile::tempdir().unwrap();
+    let (plain_hf, _) = write(other.path(), "qwen3", true, false);
+    let (diff, scale) = max_diff(&logits(&hf::load(&plain_hf).unwrap().llama, &prompt()), &la);
+    assert!(diff > 0.01 * scale, "YaRN changed nothing ({diff} of {scale})");
 }
 
 #[test]

@@ -251,8 +251,24 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
         match meta_string(&content, &key("rope.scaling.type")).as_deref() {
             None | Some("none") => RopeScaling::None,
             Some("linear") => RopeScaling::Linear { factor: meta_f32(&content, &key("rope.scaling.factor"))? },
+            Some("yarn") => {
+                if content.metadata.contains_key(&key("rope.scaling.yarn_log_multiplier")) {
+                    return Err(LoadError::Unsupported("YaRN with a log multiplier (DeepSeek's)".into()));
+                }
+                let factor = meta_f32(&content, &key("rope.scaling.factor"))?;
+                let attn = meta_f32(&content, &key("rope.scaling.attn_factor")).unwrap_or(1.0);
+                RopeScaling::Yarn {
+                    factor,
+                    original_context: meta_usize(&content, &key("rope.scaling.original_context_length"))
+                        .unwrap_or(context_length),
+                    beta_fast: meta_f32(&content, &key("rope.scaling.yarn_beta_fast")).unwrap_or(32.0),
+                    beta_slow: meta_f32(&content, &key("rope.scaling.yarn_beta_slow")).unwrap_or(1.0),
+                    // llama.cpp's: 1 + 0.1 ln(factor) (for a stretch), times the file's attention factor.
+                    mscale: attn * if factor > 1.0 { 1.0 + 0.1 * factor.ln() } else { 1.0 },
+                }
+            }
             Some(other) => {
-                return Err(LoadError::Unsupported(format!("RoPE scaling {other:?} (linear and llama3 are)")));
+                return Err(LoadError::Unsupported(format!("RoPE scaling {other:?} (linear, llama3 and yarn are)")));
             }
         }
     };

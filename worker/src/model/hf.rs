@@ -77,8 +77,15 @@ struct HfRopeScaling {
     /// LongRoPE (Phi-3): per-frequency factors within and past the pretraining context.
     short_factor: Option<Vec<f32>>,
     long_factor: Option<Vec<f32>>,
-    /// LongRoPE's cosine and sine scale, where the file sets it.
+    /// LongRoPE's and YaRN's cosine and sine scale, where the file sets it.
     attention_factor: Option<f32>,
+    /// YaRN: turns within the pretraining context bounding the blend (defaults 32 and 1).
+    beta_fast: Option<f32>,
+    beta_slow: Option<f32>,
+    /// DeepSeek's YaRN variants; refused.
+    mscale: Option<f32>,
+    mscale_all_dim: Option<f32>,
+    truncate: Option<bool>,
 }
 
 impl HfRopeScaling {
@@ -110,7 +117,27 @@ impl HfRopeScaling {
                     if scale <= 1.0 { 1.0 } else { (1.0 + scale.ln() / (original.max(2) as f64).ln()).sqrt() };
                 Ok(RopeScaling::LongRope { factors, mscale: self.attention_factor.unwrap_or(default as f32) })
             }
-            other => Err(LoadError::Unsupported(format!("RoPE scaling {other:?} (linear, llama3 and longrope are)"))),
+            "yarn" => {
+                if self.mscale.is_some() || self.mscale_all_dim.is_some() || self.truncate == Some(false) {
+                    return Err(LoadError::Unsupported(
+                        "YaRN with mscale, mscale_all_dim or truncate false (DeepSeek's variants)".into(),
+                    ));
+                }
+                let factor = need(self.factor, "factor")?;
+                // Hugging Face's fallback: the served context.
+                let original = self.original_max_position_embeddings.or(original).unwrap_or(context);
+                let default = if factor > 1.0 { 1.0 + 0.1 * factor.ln() } else { 1.0 };
+                Ok(RopeScaling::Yarn {
+                    factor,
+                    original_context: original,
+                    beta_fast: self.beta_fast.unwrap_or(32.0),
+                    beta_slow: self.beta_slow.unwrap_or(1.0),
+                    mscale: self.attention_factor.unwrap_or(default),
+                })
+            }
+            other => {
+                Err(LoadError::Unsupported(format!("RoPE scaling {other:?} (linear, llama3, longrope and yarn are)")))
+            }
         }
     }
 }

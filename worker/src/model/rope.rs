@@ -37,11 +37,28 @@ pub enum RopeScaling {
         /// The cosines' and sines' scale.
         mscale: f32,
     },
+    /// YaRN (Qwen's long-context setting, `rope_scaling.type = yarn`): each frequency a blend of itself
+    /// (extrapolation, for those that turn many times within the pretraining context: more than `beta_fast`) and
+    /// of itself divided by `factor` (interpolation, for those turning fewer than `beta_slow` times), linear in the
+    /// frequency's index between; cosines and sines times `mscale` (`0.1 ln(factor) + 1` unless the file says).
+    /// llama.cpp's `rope_yarn` and Hugging Face's `_compute_yarn_parameters` compute the same.
+    Yarn {
+        /// The stretch.
+        factor: f32,
+        /// The pretraining context.
+        original_context: usize,
+        /// Turns within the pretraining context above which a frequency is kept (default 32).
+        beta_fast: f32,
+        /// Turns below which a frequency is fully interpolated (default 1).
+        beta_slow: f32,
+        /// The cosines' and sines' scale.
+        mscale: f32,
+    },
 }
 
 impl RopeScaling {
-    /// Frequency `i` of `head_dim / 2` after scaling.
-    fn apply(&self, i: usize, freq: f64) -> f64 {
+    /// Frequency `i` of `head_dim / 2` (base `theta`) after scaling.
+    fn apply(&self, i: usize, freq: f64, theta: f64, head_dim: usize) -> f64 {
         match self {
             RopeScaling::None => freq,
             RopeScaling::Linear { factor } => freq / f64::from(*factor),
@@ -62,6 +79,19 @@ impl RopeScaling {
             RopeScaling::Factors(f) | RopeScaling::LongRope { factors: f, .. } => {
                 freq / f64::from(f.get(i).copied().unwrap_or(1.0))
             }
+            RopeScaling::Yarn { factor, original_context, beta_fast, beta_slow, .. } => {
+                // The frequency index that turns `turns` times within the pretraining context.
+                let dims = head_dim as f64;
+                let index = |turns: f32| {
+                    dims * (*original_context as f64 / (f64::from(turns) * 2.0 * std::f64::consts::PI)).ln()
+                        / (2.0 * theta.ln())
+                };
+                let low = index(*beta_fast).floor().max(0.0);
+                let high = index(*beta_slow).ceil().min(dims - 1.0);
+                let ramp = ((i as f64 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+                let keep = 1.0 - ramp;
+                freq / f64::from(*factor) * (1.0 - keep) + freq * keep
+            }
         }
     }
 
@@ -76,7 +106,7 @@ impl RopeScaling {
     /// What every cosine and sine is multiplied by.
     fn mscale(&self) -> f64 {
         match self {
-            RopeScaling::LongRope { mscale, .. } => f64::from(*mscale),
+            RopeScaling::LongRope { mscale, .. } | RopeScaling::Yarn { mscale, .. } => f64::from(*mscale),
             _ => 1.0,
         }
     }
@@ -105,8 +135,10 @@ impl RopeTable {
     /// The table for heads of `head_dim`, base `theta`, `positions` positions and `scaling`.
     pub(crate) fn new(theta: f32, head_dim: usize, positions: usize, scaling: &RopeScaling) -> RopeTable {
         let half = head_dim / 2;
-        let freqs: Vec<f64> =
-            (0..half).map(|i| scaling.apply(i, (theta as f64).powf(-(2.0 * i as f64) / head_dim as f64))).collect();
+        let base = f64::from(theta);
+        let freqs: Vec<f64> = (0..half)
+            .map(|i| scaling.apply(i, base.powf(-(2.0 * i as f64) / head_dim as f64), base, head_dim))
+            .collect();
         let angles = |step: usize, count: usize| -> Vec<(f64, f64)> {
             (0..count)
                 .flat_map(|p| freqs.iter().map(move |f| ((p * step) as f64 * f).sin_cos()))
@@ -155,14 +187,14 @@ mod tests {
         let s =
             RopeScaling::Llama3 { factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_context: 8192 };
         // Wavelength 2 pi: far below 8192 / 4, kept.
-        assert_eq!(s.apply(0, 1.0), 1.0);
+        assert_eq!(s.apply(0, 1.0, 1e4, 128), 1.0);
         // Wavelength 2 pi * 10^4: above 8192, divided by the factor.
-        assert!((s.apply(0, 1e-4) - 1e-4 / 8.0).abs() < 1e-12);
+        assert!((s.apply(0, 1e-4, 1e4, 128) - 1e-4 / 8.0).abs() < 1e-12);
         // Between: a blend, monotonic in the frequency, continuous at both ends.
-        let edge = |wavelen: f64| s.apply(0, 2.0 * std::f64::consts::PI / wavelen) * wavelen;
+        let edge = |wavelen: f64| s.apply(0, 2.0 * std::f64::consts::PI / wavelen, 1e4, 128) * wavelen;
         assert!((edge(2048.0 - 1e-6) - edge(2048.0 + 1e-6)).abs() < 1e-3);
         assert!((edge(8192.0 - 1e-6) - edge(8192.0 + 1e-6)).abs() < 1e-3);
-        let (a, b) = (s.apply(0, 2e-3), s.apply(0, 1e-3));
+        let (a, b) = (s.apply(0, 2e-3, 1e4, 128), s.apply(0, 1e-3, 1e4, 128));
         assert!(a > b && a < 2e-3 && b > 1e-3 / 8.0);
     }
 
@@ -184,6 +216,36 @@ mod tests {
             (c1[16 * 4 + 3] - 1.2 * c2[2 * 4 + 3]).abs() < 1e-6 && (s1[16 * 4 + 3] - 1.2 * s2[2 * 4 + 3]).abs() < 1e-6
         );
         assert!((c1[5 * 4] - 1.2 * c2[5 * 4]).abs() < 1e-6, "factor 1 keeps frequency 0");
+    }
+
+    #[test]
+    fn yarn_keeps_fast_frequencies_interpolates_slow_ones_and_blends_between() {
+        // Qwen3's published setting: factor 4 over a 32,768-token pretraining context, base 10^6, heads of 128.
+        let s = RopeScaling::Yarn {
+            factor: 4.0,
+            original_context: 32_768,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: 1.0 + 0.1 * 4f32.ln(),
+        };
+        let (theta, dims) = (1e6f64, 128);
+        let freq = |i: usize| theta.powf(-(2.0 * i as f64) / dims as f64);
+        // The ramp's ends, as llama.cpp's ggml_rope_yarn_corr_dims puts them for these values: 23 and 40 (of 63).
+        let corr =
+            |turns: f64| dims as f64 * (32_768.0 / (turns * 2.0 * std::f64::consts::PI)).ln() / (2.0 * theta.ln());
+        assert_eq!((corr(32.0).floor(), corr(1.0).ceil()), (23.0, 40.0));
+        for i in 0..=23 {
+            assert_eq!(s.apply(i, freq(i), theta, dims), freq(i), "index {i} is kept");
+        }
+        for i in 40..64 {
+            assert!((s.apply(i, freq(i), theta, dims) - freq(i) / 4.0).abs() < 1e-15, "index {i} is interpolated");
+        }
+        // Index 31 is 8/17 of the way: kept 9/17, interpolated 8/17.
+        let mid = s.apply(31, freq(31), theta, dims) / freq(31);
+        assert!((mid - (9.0 / 17.0 + 8.0 / 17.0 / 4.0)).abs() < 1e-12, "8/17 of the way: {mid}");
+        // Cosines and sines scaled by 1 + 0.1 ln 4.
+        let (c, _) = RopeTable::new(1e6, 128, 2, &s).full();
+        assert!((f64::from(c[0]) - (1.0 + 0.1 * 4f64.ln())).abs() < 1e-6, "{}", c[0]);
     }
 
     #[test]
