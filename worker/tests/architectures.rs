@@ -123,19 +123,8 @@ fn write_with(
         .collect();
     candle_core::safetensors::save(&hf_tensors, hf_dir.join("model.safetensors")).unwrap();
 
-    let key = |k: &str| -> &'static str { Box::leak(format!("{arch}.{k}").into_boxed_str()) };
-    let mut meta = vec![
-        ("general.architecture", Value::String(arch.into())),
-        (key("embedding_length"), Value::U32(HIDDEN as u32)),
-        (key("feed_forward_length"), Value::U32(INTER as u32)),
-        (key("block_count"), Value::U32(2)),
-        (key("attention.head_count"), Value::U32(HEADS as u32)),
-        (key("attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
-        (key("attention.key_length"), Value::U32(HD as u32)),
-        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
-        (key("rope.freq_base"), Value::F32(theta as f32)),
-        (key("context_length"), Value::U32(CONTEXT as u32)),
-    ];
+    let key = |k: &str| gguf_key(arch, k);
+    let mut meta = shape_meta(arch, theta as f32);
     if yarn {
         meta.push((key("rope.scaling.type"), Value::String("yarn".into())));
         meta.push((key("rope.scaling.factor"), Value::F32(YARN.0)));
@@ -150,9 +139,51 @@ fn write_with(
     (hf_dir, file)
 }
 
+/// `ARCH.KEY`, as the GGUF writer takes keys.
+fn gguf_key(arch: &str, k: &str) -> &'static str {
+    Box::leak(format!("{arch}.{k}").into_boxed_str())
+}
+
+/// The GGUF metadata of this test's model shape, for architecture `arch` with RoPE base `theta`.
+fn shape_meta(arch: &str, theta: f32) -> Vec<(&'static str, Value)> {
+    let key = |k: &str| gguf_key(arch, k);
+    vec![
+        ("general.architecture", Value::String(arch.into())),
+        (key("embedding_length"), Value::U32(HIDDEN as u32)),
+        (key("feed_forward_length"), Value::U32(INTER as u32)),
+        (key("block_count"), Value::U32(2)),
+        (key("attention.head_count"), Value::U32(HEADS as u32)),
+        (key("attention.head_count_kv"), Value::U32(KV_HEADS as u32)),
+        (key("attention.key_length"), Value::U32(HD as u32)),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+        (key("rope.freq_base"), Value::F32(theta)),
+        (key("context_length"), Value::U32(CONTEXT as u32)),
+    ]
+}
+
 /// 96 tokens: well past the 32 the Llama 3 scaling's model was "pretrained" on.
 fn prompt() -> Vec<u32> {
     (0..96u32).map(|i| (i * 53 + 7) % 256).collect()
+}
+
+/// The logits of the Hugging Face directory and the GGUF file of one model, checked to agree.
+fn alike(hf_dir: &Path, file: &Path, what: &str) -> (Vec<f32>, Vec<f32>) {
+    let (a, b) = (hf::load(hf_dir).unwrap(), gguf::load(file).unwrap());
+    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
+    same(&la, &lb, what);
+    (la, lb)
+}
+
+/// Check two models' logits agree (Hugging Face and GGUF forms of one model).
+fn same(a: &[f32], b: &[f32], what: &str) {
+    let (diff, scale) = max_diff(a, b);
+    assert!(diff < 1e-4 * scale.max(1.0), "{what}: the two forms differ by {diff} (largest {scale})");
+}
+
+/// Check `feature` changes the logits by more than `share` of their largest.
+fn counts(with: &[f32], without: &[f32], share: f32, feature: &str) {
+    let (diff, scale) = max_diff(with, without);
+    assert!(diff > share * scale, "{feature} changed nothing ({diff} of {scale})");
 }
 
 #[test]
@@ -162,44 +193,31 @@ fn qwen3_loads_from_both_formats_alike_and_its_query_key_norms_count() {
     let (a, b) = (hf::load(&hf_dir).unwrap(), gguf::load(&file).unwrap());
     assert_eq!((a.family.as_str(), b.family.as_str()), ("qwen3", "qwen3"));
     assert!(a.llama.layers().iter().chain(b.llama.layers()).all(|l| l.qk_norm.is_some()));
-    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
-    let (diff, scale) = max_diff(&la, &lb);
-    assert!(diff < 1e-4 * scale.max(1.0), "Hugging Face and GGUF Qwen3 differ by {diff} (largest {scale})");
-
+    let (_, lb) = alike(&hf_dir, &file, "Qwen3");
     // The same weights without the norms (as Qwen2): different logits.
     let other = tempfile::tempdir().unwrap();
-    let (_, plain) = write(other.path(), "qwen2", false, false);
-    let (diff, scale) = max_diff(&logits(&gguf::load(&plain).unwrap().llama, &prompt()), &lb);
-    assert!(diff > 0.05 * scale, "the query/key norms changed nothing ({diff} of {scale})");
+    let (plain_hf, plain) = write(other.path(), "qwen2", false, false);
+    counts(&lb, &alike(&plain_hf, &plain, "Qwen2").1, 0.05, "the query/key norms");
 }
 
 #[test]
 fn llama3_rope_scaling_loads_from_both_formats_alike_and_counts() {
     let dir = tempfile::tempdir().unwrap();
     let (hf_dir, file) = write(dir.path(), "qwen2", false, true);
-    let (a, b) = (hf::load(&hf_dir).unwrap(), gguf::load(&file).unwrap());
-    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
-    let (diff, scale) = max_diff(&la, &lb);
-    assert!(diff < 1e-4 * scale.max(1.0), "config.json llama3 and GGUF rope_freqs differ by {diff} (largest {scale})");
-
+    let (la, _) = alike(&hf_dir, &file, "llama3 RoPE scaling (config.json) and rope_freqs (GGUF)");
     let other = tempfile::tempdir().unwrap();
-    let (plain_hf, _) = write(other.path(), "qwen2", false, false);
-    let (diff, scale) = max_diff(&logits(&hf::load(&plain_hf).unwrap().llama, &prompt()), &la);
-    assert!(diff > 0.01 * scale, "the RoPE scaling changed nothing ({diff} of {scale})");
+    let (plain_hf, file) = write(other.path(), "qwen2", false, false);
+    counts(&la, &alike(&plain_hf, &file, "plain").0, 0.01, "the RoPE scaling");
 }
 
 #[test]
 fn yarn_rope_scaling_loads_from_both_formats_alike_and_counts() {
     let dir = tempfile::tempdir().unwrap();
     let (hf_dir, file) = write_with(dir.path(), "qwen3", true, false, true);
-    let (a, b) = (hf::load(&hf_dir).unwrap(), gguf::load(&file).unwrap());
-    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
-    let (diff, scale) = max_diff(&la, &lb);
-    assert!(diff < 1e-4 * scale.max(1.0), "config.json yarn and GGUF yarn differ by {diff} (largest {scale})");
+    let (la, _) = alike(&hf_dir, &file, "YaRN");
     let other = tempfile::tempdir().unwrap();
-    let (plain_hf, _) = write(other.path(), "qwen3", true, false);
-    let (diff, scale) = max_diff(&logits(&hf::load(&plain_hf).unwrap().llama, &prompt()), &la);
-    assert!(diff > 0.01 * scale, "YaRN changed nothing ({diff} of {scale})");
+    let (plain_hf, file) = write(other.path(), "qwen3", true, false);
+    counts(&la, &alike(&plain_hf, &file, "plain Qwen3").0, 0.01, "YaRN");
 }
 
 #[test]
@@ -261,19 +279,8 @@ fn write_phi3(dir: &Path, longrope: Option<(usize, f32)>) -> (std::path::PathBuf
         .collect();
     candle_core::safetensors::save(&hf_tensors, hf_dir.join("model.safetensors")).unwrap();
 
-    let mut meta = vec![
-        ("general.architecture", Value::String("phi3".into())),
-        ("phi3.embedding_length", Value::U32(HIDDEN as u32)),
-        ("phi3.feed_forward_length", Value::U32(INTER as u32)),
-        ("phi3.block_count", Value::U32(2)),
-        ("phi3.attention.head_count", Value::U32(HEADS as u32)),
-        ("phi3.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
-        ("phi3.attention.key_length", Value::U32(HD as u32)),
-        ("phi3.rope.dimension_count", Value::U32(HD as u32)),
-        ("phi3.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
-        ("phi3.rope.freq_base", Value::F32(theta as f32)),
-        ("phi3.context_length", Value::U32(CONTEXT as u32)),
-    ];
+    let mut meta = shape_meta("phi3", theta as f32);
+    meta.push(("phi3.rope.dimension_count", Value::U32(HD as u32)));
     let mut tensors: Vec<_> = fused.into_iter().map(|(_, name, shape, v)| (name, shape, v, GgmlDType::F32)).collect();
     if let Some((original, attn_factor)) = longrope {
         meta.push(("phi3.rope.scaling.original_context_length", Value::U32(original as u32)));
@@ -290,11 +297,8 @@ fn write_phi3(dir: &Path, longrope: Option<(usize, f32)>) -> (std::path::PathBuf
 fn phi3_fused_projections_load_from_both_formats_as_the_separate_ones() {
     let dir = tempfile::tempdir().unwrap();
     let (hf_dir, file) = write_phi3(dir.path(), None);
-    let (a, b) = (hf::load(&hf_dir).unwrap(), gguf::load(&file).unwrap());
-    assert_eq!((a.family.as_str(), b.family.as_str()), ("phi3", "phi3"));
-    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
-    let (diff, scale) = max_diff(&la, &lb);
-    assert!(diff < 1e-4 * scale.max(1.0), "Hugging Face and GGUF Phi-3 differ by {diff} (largest {scale})");
+    assert_eq!(hf::load(&hf_dir).unwrap().family, "phi3");
+    let (_, lb) = alike(&hf_dir, &file, "Phi-3");
     // Phi-3 is a Llama with NeoX RoPE and fused matrices: the same weights unfused (as Qwen2 without biases)
     // give the same logits, so the cut lands exactly between Q, K and V and between gate and up.
     let other = tempfile::tempdir().unwrap();
@@ -314,21 +318,15 @@ fn phi3_longrope_takes_the_long_factors_past_the_pretraining_context_and_its_sca
     // carries as attn_factor (llama.cpp's converter writes it so).
     let hf_scale = (1.0 + (256f64 / 32.0).ln() / 32f64.ln()).sqrt() as f32;
     let (hf_long, gguf_long) = run(Some((32, hf_scale)));
-    let (diff, scale) = max_diff(&hf_long, &gguf_long);
-    assert!(diff < 1e-4 * scale.max(1.0), "Hugging Face and GGUF LongRoPE differ by {diff} (largest {scale})");
-    let (_, plain) = run(None);
-    let (diff, scale) = max_diff(&plain, &gguf_long);
-    assert!(diff > 0.01 * scale, "LongRoPE changed nothing ({diff} of {scale})");
+    same(&hf_long, &gguf_long, "LongRoPE");
+    counts(&gguf_long, &run(None).1, 0.01, "LongRoPE");
     // The scale alone counts.
     let (_, unscaled) = run(Some((32, 1.0)));
-    let (diff, scale) = max_diff(&unscaled, &gguf_long);
-    assert!(diff > 0.001 * scale, "attn_factor changed nothing ({diff} of {scale})");
+    counts(&gguf_long, &unscaled, 0.001, "attn_factor");
     // Serving no more than the pretraining context: the short factors, different from the long ones.
     let (hf_short, gguf_short) = run(Some((CONTEXT, 1.0)));
-    let (diff, scale) = max_diff(&hf_short, &gguf_short);
-    assert!(diff < 1e-4 * scale.max(1.0), "short factors: the formats differ by {diff} (largest {scale})");
-    let (diff, scale) = max_diff(&gguf_short, &unscaled);
-    assert!(diff > 0.01 * scale, "short and long factors gave the same logits ({diff} of {scale})");
+    same(&hf_short, &gguf_short, "LongRoPE's short factors");
+    counts(&gguf_short, &unscaled, 0.01, "the choice of short or long factors");
 }
 
 #[test]
@@ -385,20 +383,9 @@ fn write_gemma3(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
         })
         .collect();
     candle_core::safetensors::save(&hf_tensors, hf_dir.join("model.safetensors")).unwrap();
-    let meta = vec![
-        ("general.architecture", Value::String("gemma3".into())),
-        ("gemma3.embedding_length", Value::U32(HIDDEN as u32)),
-        ("gemma3.feed_forward_length", Value::U32(INTER as u32)),
-        ("gemma3.block_count", Value::U32(2)),
-        ("gemma3.attention.head_count", Value::U32(HEADS as u32)),
-        ("gemma3.attention.head_count_kv", Value::U32(KV_HEADS as u32)),
-        ("gemma3.attention.key_length", Value::U32(HD as u32)),
-        ("gemma3.attention.layer_norm_rms_epsilon", Value::F32(1e-6)),
-        ("gemma3.rope.freq_base", Value::F32(1_000_000.0)),
-        ("gemma3.context_length", Value::U32(CONTEXT as u32)),
-        ("gemma3.attention.sliding_window", Value::U32(16)),
-        ("gemma3.attention.sliding_window_pattern", Value::U32(2)),
-    ];
+    let mut meta = shape_meta("gemma3", 1_000_000.0);
+    meta.push(("gemma3.attention.sliding_window", Value::U32(16)));
+    meta.push(("gemma3.attention.sliding_window_pattern", Value::U32(2)));
     let tensors: Vec<_> = all.into_iter().map(|(_, name, shape, v)| (name, shape, v, GgmlDType::F32)).collect();
     let file = dir.join("model.gguf");
     write_gguf(&file, meta, &tensors);
@@ -409,15 +396,13 @@ fn write_gemma3(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
 fn gemma3_loads_from_a_hugging_face_directory_as_from_gguf() {
     let dir = tempfile::tempdir().unwrap();
     let (hf_dir, file) = write_gemma3(dir.path());
-    let (a, b) = (hf::load(&hf_dir).unwrap(), gguf::load(&file).unwrap());
-    assert_eq!((a.family.as_str(), b.family.as_str()), ("gemma3", "gemma3"));
+    let a = hf::load(&hf_dir).unwrap();
+    assert_eq!(a.family, "gemma3");
     let cfg = a.llama.config();
     assert!(cfg.is_local(0) && !cfg.is_local(1), "{:?}", cfg.sliding);
     assert!(a.llama.layers().iter().all(|l| l.qk_norm.is_some() && l.post_norms.is_some()));
     // 96 tokens: the local layer's 16-position window engaged.
-    let (la, lb) = (logits(&a.llama, &prompt()), logits(&b.llama, &prompt()));
-    let (diff, scale) = max_diff(&la, &lb);
-    assert!(diff < 1e-4 * scale.max(1.0), "Hugging Face and GGUF Gemma 3 differ by {diff} (largest {scale})");
+    alike(&hf_dir, &file, "Gemma 3");
 
     // The multimodal checkpoint and Gemma 3 27B's attention scale are refused by name.
     let path = hf_dir.join("config.json");
