@@ -149,11 +149,6 @@ pub fn timeline(report: &Report) -> Chart {
     }
 }
 
-/// The right end of the x range drawn.
-fn xr_end(chart: &Chart) -> f64 {
-    bounds(chart).0.end
-}
-
 fn bounds(chart: &Chart) -> (std::ops::Range<f64>, std::ops::Range<f64>) {
     let pts = chart.series.iter().flat_map(|s| s.points.iter());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0f64, f64::NEG_INFINITY);
@@ -195,6 +190,7 @@ fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> R
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
     let (xr, yr) = bounds(chart);
+    let (x_end, y_range) = (xr.end, yr.clone());
     let mut c = ChartBuilder::on(root)
         .caption(&chart.title, ("sans-serif", 22))
         .margin(16)
@@ -207,7 +203,7 @@ fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> R
     if chart.integer_x {
         // plotters puts ticks on multiples of 1, 2 or 5 times a power of ten, the finest that keeps within the
         // count asked: asking for no more ticks than there are whole numbers in the range keeps them whole.
-        let whole = (xr_end(chart) + 1.0).floor().clamp(2.0, 11.0) as usize;
+        let whole = (x_end + 1.0).floor().clamp(2.0, 11.0) as usize;
         mesh.x_labels(whole).x_label_formatter(&int_label);
     }
     mesh.x_desc(&chart.x)
@@ -216,7 +212,6 @@ fn render<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, chart: &Chart) -> R
         .axis_desc_style(("sans-serif", 16))
         .draw()
         .map_err(e)?;
-    let (_, y_range) = bounds(chart);
     for (x, label) in &chart.dividers {
         let grey = RGBColor(150, 150, 150);
         c.draw_series(std::iter::once(PathElement::new(

@@ -133,6 +133,10 @@ impl TensorSource for Reader<'_> {
         });
         if self.float || t.dtype() == GgmlDType::F32 {
             let values = Self::dequantized(&t, name)?;
+            if let [whole] = parts {
+                // One part (every unfused matrix): the values as they are, no copy.
+                return Ok(vec![Weight::from_f32(*whole, cols, values).map_err(bad)?]);
+            }
             return starts
                 .map(|(at, r)| Weight::from_f32(r, cols, values[at * cols..(at + r) * cols].to_vec()).map_err(bad))
                 .collect();

@@ -149,6 +149,33 @@ fn q4_1_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: u
     acc
 }
 
+/// The pair products of chunks `ks` of one block of a Q8_0-layout tile (chunk `k` holds elements `4k..4k + 4` of
+/// every feature: activation pairs `2k` and `2k + 1`), each sign-extended once for all rows to 16-bit pairs, into
+/// each row's i32 sums `s` (exact). Shared by Q8_0 (all eight chunks) and the unpacked block formats (four per
+/// 16-value half).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn chunk_sums<const R: usize>(
+    q: &[i8],
+    x: &[XBlock; R],
+    ks: std::ops::Range<usize>,
+    (pick_a, pick_b): (__m256i, __m256i),
+    s: &mut [__m256i; R],
+) {
+    for k in ks {
+        let v = load32(&q[k * 32..]);
+        let a = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_a));
+        let b = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_b));
+        for i in 0..R {
+            let p = _mm256_add_epi32(
+                _mm256_madd_epi16(a, broadcast2(&x[i], 2 * k)),
+                _mm256_madd_epi16(b, broadcast2(&x[i], 2 * k + 1)),
+            );
+            s[i] = _mm256_add_epi32(s[i], p);
+        }
+    }
+}
+
 /// [`q4_1_tile`] for Q8_0: per block, a chunk of four elements of all eight features at a time, sign-extended once
 /// for all rows to 16-bit pairs, each row's pair products summed in i32 (exact: at most 32 * 128 * 32767), then
 /// the scales as one fused multiply-add: `columns_int`'s Q8_0 reference.
@@ -164,19 +191,7 @@ fn q8_0_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: u
     for (b, (q, dv)) in qs.chunks_exact(256).zip(d.chunks_exact(TILE)).enumerate() {
         let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
         let mut s = [_mm256_setzero_si256(); R];
-        // Chunk k holds elements 4k..4k + 4 of every feature: activation pairs 2k and 2k + 1.
-        for k in 0..8 {
-            let v = load32(&q[k * 32..]);
-            let a = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_a));
-            let b = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_b));
-            for i in 0..R {
-                let p = _mm256_add_epi32(
-                    _mm256_madd_epi16(a, broadcast2(&x[i], 2 * k)),
-                    _mm256_madd_epi16(b, broadcast2(&x[i], 2 * k + 1)),
-                );
-                s[i] = _mm256_add_epi32(s[i], p);
-            }
-        }
+        chunk_sums(q, x, 0..8, (pick_a, pick_b), &mut s);
         let dw = load8f(dv);
         for i in 0..R {
             acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(dw, _mm256_set1_ps(x[i].d)), acc[i]);

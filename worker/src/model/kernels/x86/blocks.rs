@@ -8,8 +8,8 @@ use super::super::QK;
 use super::super::blocks::{HALVES, TileBuf, tile_s_at};
 use super::super::quant::{QuantizedRows, XBlock};
 use super::super::weight::{TILE, Weight};
-use super::avx2::{PICK_A_HIGH, PICK_B_HIGH, shuffle};
-use super::simd::{broadcast2, load8f, load32, row_blocks, tile_row_groups};
+use super::avx2::{PICK_A_HIGH, PICK_B_HIGH, chunk_sums, shuffle};
+use super::simd::{load8f, row_blocks, tile_row_groups};
 
 /// [`super::super::portable::columns_blocks`] in AVX2.
 #[target_feature(enable = "avx2,fma")]
@@ -40,19 +40,7 @@ fn block_rows<const R: usize>(buf: &TileBuf, min: bool, xq: &QuantizedRows, r: u
         let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
         for h in 0..HALVES {
             let mut s = [_mm256_setzero_si256(); R];
-            // Chunk k holds elements 4k..4k + 4 of every feature: activation pairs 2k and 2k + 1.
-            for k in 4 * h..4 * h + 4 {
-                let v = load32(&q[k * 32..]);
-                let lo = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_a));
-                let hi = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_b));
-                for i in 0..R {
-                    let p = _mm256_add_epi32(
-                        _mm256_madd_epi16(lo, broadcast2(&x[i], 2 * k)),
-                        _mm256_madd_epi16(hi, broadcast2(&x[i], 2 * k + 1)),
-                    );
-                    s[i] = _mm256_add_epi32(s[i], p);
-                }
-            }
+            chunk_sums(q, x, 4 * h..4 * h + 4, (pick_a, pick_b), &mut s);
             let at = tile_s_at(b, h, 0);
             let sw = load8f(&buf.s[at..]);
             for i in 0..R {
