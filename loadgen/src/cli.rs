@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
@@ -185,7 +185,7 @@ pub struct Defaults {
 }
 
 fn now_unix_s() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    zl_common::calendar::unix_ms() / 1000
 }
 
 /// `given`, else a new directory `PREFIX-UNIXTIME` in `bench_dir` (`-2`, `-3`... when that exists already).

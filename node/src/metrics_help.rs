@@ -119,7 +119,9 @@ pub const HELP: &[(&str, &str)] = &[
     ("zl_workers", "Workers known to the orchestrator, by state"),
 ];
 
-/// Describe every metric of [`HELP`] to the installed recorder.
+/// Describe every metric of [`HELP`] to the installed recorder. The Prometheus exporter keeps one description per
+/// name whatever the kind (its three `describe_*` calls are the same), so one call serves counters, gauges and
+/// histograms.
 pub fn describe_all() {
     for &(name, help) in HELP {
         metrics::describe_counter!(name, help);

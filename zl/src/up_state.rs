@@ -126,9 +126,7 @@ fn read_kept(data: &Path, orchestrators: usize) -> Result<Option<(UpFile, Cluste
 
 /// Whether a CA certificate should be replaced now: a third of its lifetime or less left, or unreadable.
 fn due(ca: &ClusterCa) -> bool {
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let now_ms = zl_common::calendar::unix_ms();
     zl_tls::enroll::validity_ms(ca.cert_pem()).is_none_or(|v| zl_tls::enroll::due_for_renewal(v, now_ms))
 }
 
@@ -185,10 +183,10 @@ pub(crate) fn prepare(
             Kept { ca, api_key, pepper, resumed_from: None, ca_renewed: false, _lock: lock }
         }
     };
-    let created = kept.resumed_from.clone().unwrap_or_else(|| {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        zl_common::calendar::rfc3339(now)
-    });
+    let created = kept
+        .resumed_from
+        .clone()
+        .unwrap_or_else(|| zl_common::calendar::rfc3339(zl_common::calendar::unix_ms() / 1000));
     let up = UpFile { api_key: kept.api_key.clone(), orchestrators, created };
     crate::certs::write_private(&data.join(UP_FILE), &up.to_json())?;
     Ok(kept)
