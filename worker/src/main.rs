@@ -186,17 +186,21 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
             hashed.as_secs_f64(),
             model.llama.weights_summary()
         );
-        let per_block = KvStore::bytes_per_block(model.llama.config(), args.kv_block_size);
-        let blocks = budget / per_block.max(1);
-        if blocks < 2 {
-            bail!("--kv-memory-mb {} leaves {id} fewer than 2 KV blocks of {per_block} bytes", args.kv_memory_mb);
-        }
         let config = SchedulerConfig {
             max_running: args.max_running,
             speculative_rows: args.speculative_rows,
             ..SchedulerConfig::default()
         };
-        let core = EngineCore::on_device(model, args.device, blocks, args.kv_block_size, config)?;
+        let sizing = KvStore::sizing(model.llama.config(), args.kv_block_size, config.max_running, config.max_item());
+        let layout =
+            sizing.layout(budget).map_err(|e| anyhow::anyhow!("--kv-memory-mb {} for {id}: {e}", args.kv_memory_mb))?;
+        if let Some(w) = layout.window {
+            eprintln!(
+                "zl-worker: {id}: sliding-window layers keep {} blocks of their own ({}-token window), the others {}",
+                w.blocks, w.window, layout.blocks
+            );
+        }
+        let core = EngineCore::on_device(model, args.device, layout, args.kv_block_size, config)?;
         if let Some((free, total)) = core.device_memory() {
             eprintln!(
                 "zl-worker: {id} on {}: {:.1} of {:.1} GiB of device memory free",

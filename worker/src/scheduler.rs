@@ -12,6 +12,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use crate::kv::pool::{BlockId, BlockPool, SeqBlocks};
+use crate::kv::window::WindowKv;
 
 /// A sequence's id, unique within one engine.
 pub type SeqId = u64;
@@ -45,6 +46,11 @@ impl Default for SchedulerConfig {
 pub struct ConfigError(String);
 
 impl SchedulerConfig {
+    /// Tokens one step computes for one sequence at most: a prefill chunk, or a decode token and its drafts.
+    pub fn max_item(&self) -> usize {
+        self.prefill_chunk.max(self.speculative_rows + 1)
+    }
+
     /// Check the limits fit together.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if self.max_running == 0 || self.prefill_chunk == 0 {
@@ -73,6 +79,9 @@ pub struct StepItem {
     pub sample: bool,
     /// The sequence's block table (covers every position up to the end of this item).
     pub blocks: Vec<BlockId>,
+    /// Its table in the sliding-window layers' pool, when they have their own (covers the window of each of the
+    /// item's rows; entries before it are `GONE`); empty otherwise.
+    pub window_blocks: Vec<BlockId>,
     /// How many of `tokens` (the last ones) are draft tokens to verify: the item then needs the logits after each
     /// of its tokens, not only the last.
     pub drafts: usize,
@@ -103,6 +112,10 @@ struct Seq {
     /// Tokens whose KV is written.
     computed: usize,
     blocks: Option<SeqBlocks>,
+    /// Its blocks in the sliding-window layers' pool, while it holds any.
+    window_blocks: Option<SeqBlocks>,
+    /// Blocks of that pool it may hold at once (0 without one).
+    window_commitment: usize,
     cached_prompt_tokens: usize,
     /// Prompt plus output tokens at most, as admitted: drafts never take a sequence past it.
     max_total: usize,
@@ -112,12 +125,27 @@ struct Seq {
     salt: Option<u64>,
 }
 
+impl Seq {
+    /// Its table in the sliding-window layers' pool (empty without one).
+    fn window_table(&self) -> Vec<BlockId> {
+        self.window_blocks.as_ref().map_or_else(Vec::new, |b| b.table().to_vec())
+    }
+}
+
 /// Why a sequence cannot be admitted at all.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AdmitError {
     /// The prompt plus output would need more blocks than the whole pool has.
     #[error("the request needs {needed} KV blocks but the pool has {total}")]
     TooLong {
+        /// Blocks needed.
+        needed: usize,
+        /// Blocks in the pool.
+        total: usize,
+    },
+    /// The sliding-window layers' pool cannot hold this sequence's window beside nothing else.
+    #[error("the request needs {needed} sliding-window KV blocks but that pool has {total}")]
+    WindowTooLarge {
         /// Blocks needed.
         needed: usize,
         /// Blocks in the pool.
@@ -133,6 +161,8 @@ pub enum AdmitError {
 pub struct Scheduler {
     config: SchedulerConfig,
     pool: BlockPool,
+    /// The sliding-window layers' own pool, when the model has such layers and they are kept apart.
+    window: Option<WindowKv>,
     seqs: HashMap<SeqId, Seq>,
     waiting: VecDeque<SeqId>,
     running: Vec<SeqId>,
@@ -146,11 +176,23 @@ impl Scheduler {
         Ok(Scheduler {
             config,
             pool,
+            window: None,
             seqs: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             preemptions: 0,
         })
+    }
+
+    /// Keep the sliding-window layers' KV in `window` (its rows must fit [`SchedulerConfig::max_item`]).
+    pub fn with_window(mut self, window: WindowKv) -> Self {
+        self.window = Some(window);
+        self
+    }
+
+    /// The sliding-window layers' pool, when kept apart.
+    pub fn window(&self) -> Option<&WindowKv> {
+        self.window.as_ref()
     }
 
     /// The block pool (for figures and events).
@@ -201,11 +243,19 @@ impl Scheduler {
         }
         let prompt_len = prompt.len();
         let max_total = prompt_len + max_tokens;
+        let window_commitment = self.window.as_ref().map_or(0, |w| w.commitment(max_total));
+        if let Some(w) = &self.window
+            && window_commitment > w.total()
+        {
+            return Err(AdmitError::WindowTooLarge { needed: window_commitment, total: w.total() });
+        }
         let seq = Seq {
             tokens: prompt,
             prompt_len,
             computed: 0,
             blocks: None,
+            window_blocks: None,
+            window_commitment,
             cached_prompt_tokens: 0,
             max_total,
             max_draft: 0,
@@ -233,10 +283,8 @@ impl Scheduler {
 
     /// Drop a sequence wherever it is (finished, or its caller went away). Its blocks return to the pool now.
     pub fn remove(&mut self, id: SeqId) {
-        if let Some(seq) = self.seqs.remove(&id)
-            && let Some(blocks) = seq.blocks
-        {
-            self.pool.release(blocks);
+        if let Some(mut seq) = self.seqs.remove(&id) {
+            Self::release_blocks(&mut self.pool, &mut self.window, &mut seq);
         }
         self.waiting.retain(|s| *s != id);
         self.running.retain(|s| *s != id);
@@ -244,14 +292,30 @@ impl Scheduler {
 
     fn preempt(&mut self, id: SeqId) {
         if let Some(seq) = self.seqs.get_mut(&id) {
-            if let Some(blocks) = seq.blocks.take() {
-                self.pool.release(blocks);
-            }
+            Self::release_blocks(&mut self.pool, &mut self.window, seq);
             seq.computed = 0;
         }
         self.running.retain(|s| *s != id);
         self.waiting.push_front(id);
         self.preemptions += 1;
+    }
+
+    /// Hand back a sequence's blocks in both pools (and its window commitment).
+    fn release_blocks(pool: &mut BlockPool, window: &mut Option<WindowKv>, seq: &mut Seq) {
+        if let Some(blocks) = seq.blocks.take() {
+            pool.release(blocks);
+            if let Some(w) = window {
+                w.release(seq.window_blocks.take(), seq.window_commitment);
+            }
+        }
+    }
+
+    /// The window pool's slots for `seq` through position `upto` (exclusive); true without that pool.
+    fn reserve_window(window: &mut Option<WindowKv>, seq: &mut Seq, upto: usize) -> bool {
+        match (window, seq.window_blocks.as_mut()) {
+            (Some(w), Some(blocks)) => w.reserve_to(blocks, upto),
+            _ => true,
+        }
     }
 
     /// Plan the next step.
@@ -273,7 +337,9 @@ impl Scheduler {
                 let seq = self.seqs.get_mut(&id).expect("running sequences exist");
                 let blocks = seq.blocks.as_mut().expect("running sequences hold blocks");
                 // A prompt's last token was reserved at admission; a generated token needs a new slot.
-                if blocks.reserved() > blocks.len() || self.pool.reserve(blocks, 1).is_ok() {
+                let held = blocks.reserved() > blocks.len() || self.pool.reserve(blocks, 1).is_ok();
+                let upto = seq.computed + 1;
+                if held && Self::reserve_window(&mut self.window, seq, upto) {
                     break;
                 }
                 let victim = *self.running.last().expect("running is not empty");
@@ -294,6 +360,7 @@ impl Scheduler {
                 tokens: vec![*seq.tokens.last().expect("non-empty")],
                 sample: true,
                 blocks: seq.blocks.as_ref().expect("held").table().to_vec(),
+                window_blocks: seq.window_table(),
                 drafts: 0,
             });
             budget -= 1;
@@ -306,15 +373,23 @@ impl Scheduler {
         while plan.preempted.is_empty() && self.running.len() < self.config.max_running {
             let Some(&id) = self.waiting.front() else { break };
             let seq = self.seqs.get_mut(&id).expect("waiting sequences exist");
-            let mut blocks = self.pool.start_salted(&seq.tokens, seq.salt);
-            let rest = seq.tokens.len() - blocks.len();
-            if self.pool.reserve(&mut blocks, rest).is_err() {
-                self.pool.release(blocks);
+            if self.window.as_ref().is_some_and(|w| !w.has_room(seq.window_commitment)) {
                 break;
             }
-            seq.computed = blocks.len();
-            seq.cached_prompt_tokens = blocks.cached_tokens().min(seq.prompt_len);
+            let mut blocks = self.pool.start_salted(&seq.tokens, seq.salt);
+            seq.window_blocks = self
+                .window
+                .as_mut()
+                .map(|w| w.start(&mut self.pool, &mut blocks, &seq.tokens, seq.salt, seq.window_commitment));
+            let (cached, rest) = (blocks.len(), seq.tokens.len() - blocks.len());
+            let reserved = self.pool.reserve(&mut blocks, rest);
             seq.blocks = Some(blocks);
+            if reserved.is_err() {
+                Self::release_blocks(&mut self.pool, &mut self.window, seq);
+                break;
+            }
+            seq.computed = cached;
+            seq.cached_prompt_tokens = cached.min(seq.prompt_len);
             self.waiting.pop_front();
             self.running.push(id);
         }
@@ -322,14 +397,14 @@ impl Scheduler {
         // 3. Prefill chunks, oldest first, each cut at a multiple of `prefill_chunk`, within the budget.
         let chunk = self.config.prefill_chunk;
         for &id in &self.running {
-            let seq = &self.seqs[&id];
+            let seq = self.seqs.get_mut(&id).expect("running sequences exist");
             let remaining = seq.tokens.len() - seq.computed;
             if remaining == 0 || plan.items.iter().any(|it| it.seq == id) {
                 continue;
             }
             let end = ((seq.computed / chunk + 1) * chunk).min(seq.tokens.len());
             let n = end - seq.computed;
-            if n > budget {
+            if n > budget || !Self::reserve_window(&mut self.window, seq, end) {
                 continue;
             }
             budget -= n;
@@ -340,6 +415,7 @@ impl Scheduler {
                 tokens: seq.tokens[seq.computed..end].to_vec(),
                 sample: end == seq.tokens.len(),
                 blocks: seq.blocks.as_ref().expect("held").table().to_vec(),
+                window_blocks: seq.window_table(),
                 drafts: 0,
             });
         }
@@ -364,10 +440,14 @@ impl Scheduler {
             if wanted > 0 && self.pool.reserve(blocks, wanted).is_err() {
                 continue;
             }
+            item.blocks = blocks.table().to_vec();
+            if !Self::reserve_window(&mut self.window, seq, seq.computed + 1 + drafts.len()) {
+                continue;
+            }
             spare -= drafts.len();
             item.drafts = drafts.len();
             item.tokens.extend(drafts);
-            item.blocks = blocks.table().to_vec();
+            item.window_blocks = seq.window_table();
         }
         plan
     }
@@ -390,6 +470,9 @@ impl Scheduler {
                 emitted.map_or(1, |t| t.len().clamp(1, item.tokens.len()))
             };
             self.pool.commit(blocks, &item.tokens[..valid]);
+            if let (Some(w), Some(blocks)) = (self.window.as_mut(), seq.window_blocks.as_mut()) {
+                w.commit(blocks, &item.tokens[..valid]);
+            }
             seq.computed += valid;
             if let Some(tokens) = emitted {
                 seq.tokens.extend(tokens);
@@ -569,5 +652,54 @@ mod tests {
         let plan = s.schedule();
         // Two more tokens at most: the decode's own and one draft.
         assert_eq!(plan.items[0].drafts, 1);
+    }
+
+    #[test]
+    fn a_window_pool_holds_each_rows_window_only_and_admits_within_its_promises() {
+        use crate::kv::pool::GONE;
+        use crate::kv::window::WindowLayout;
+        let cfg = config(4, 64, 8);
+        // A sequence holds at most (8 + 17) / 4 + 2 = 9 blocks (a decode and 16 drafts is the largest item): two
+        // long sequences fit in 18.
+        let window = WindowKv::new(WindowLayout { blocks: 18, window: 8 }, 4, cfg.max_item());
+        let mut s = Scheduler::new(cfg, BlockPool::new(256, 4)).unwrap().with_window(window);
+        for id in 1..=3 {
+            s.add(id, (0..20).map(|t| t % 3 + id as u32).collect(), 60).unwrap();
+            s.speculate(id, 8);
+        }
+        let mut out: HashMap<SeqId, usize> = HashMap::new();
+        let mut finished = 0;
+        for _ in 0..400 {
+            let plan = s.schedule();
+            assert!(s.running() <= 2, "admitted past the window pool's promises");
+            for item in &plan.items {
+                // Every row's window is held: positions p + 1 - 8 ..= p.
+                for p in item.start..item.start + item.tokens.len() {
+                    for q in (p + 1).saturating_sub(8)..=p {
+                        assert_ne!(item.window_blocks[q / 4], GONE, "seq {} row {p} reads {q}", item.seq);
+                    }
+                }
+            }
+            let used = s.window().unwrap().pool().stats().used;
+            assert!(used <= 18);
+            let sampled: HashMap<SeqId, Vec<u32>> =
+                plan.items.iter().filter(|i| i.sample).map(|i| (i.seq, vec![7])).collect();
+            s.complete(&plan, &sampled);
+            for id in sampled.keys() {
+                let n = out.entry(*id).or_default();
+                *n += 1;
+                if *n == 60 {
+                    s.remove(*id);
+                    finished += 1;
+                }
+            }
+            if finished == 3 {
+                break;
+            }
+        }
+        assert_eq!(finished, 3);
+        let w = s.window().unwrap();
+        assert_eq!(w.pool().stats().used, 0);
+        assert!(w.has_room(18), "every promise returned");
     }
 }

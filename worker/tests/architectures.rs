@@ -14,7 +14,13 @@ use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::Value;
 use candle_core::{Device, Tensor};
 use common::{gguf_tokens, hf_tokenizer, logits, max_diff, random, write_gguf};
+use zl_worker::device::Device as ZlDevice;
+use zl_worker::engine::{EngineCore, Event, Request};
+use zl_worker::kv::window::KvLayout;
+use zl_worker::model::llama::KvStore;
 use zl_worker::model::{gguf, hf};
+use zl_worker::sampling::Sampling;
+use zl_worker::scheduler::SchedulerConfig;
 
 const HIDDEN: usize = 64;
 const INTER: usize = 128;
@@ -418,4 +424,78 @@ fn gemma3_loads_from_a_hugging_face_directory_as_from_gguf() {
         let err = hf::load(&hf_dir).unwrap_err().to_string();
         assert!(err.contains(says), "{key}: {err}");
     }
+}
+
+/// Greedy outputs of `prompts` run together (the first speculating), each with its prompt tokens found cached;
+/// and the most blocks the sliding-window layers' pool held after any step.
+fn greedy(engine: &mut EngineCore, prompts: &[Vec<u32>]) -> (Vec<(Vec<u32>, u32)>, usize) {
+    for (i, prompt) in prompts.iter().enumerate() {
+        let request = Request {
+            prompt: prompt.clone(),
+            sampling: Sampling::greedy(),
+            max_tokens: 100,
+            stop_sequences: vec![],
+            logprobs: false,
+            speculate: if i == 0 { 4 } else { 0 },
+            constraint: None,
+            cache_salt: None,
+        };
+        engine.add(i as u64, request).unwrap();
+    }
+    let mut out = vec![(Vec::new(), 0); prompts.len()];
+    let mut most = 0;
+    for _ in 0..2_000 {
+        if !engine.has_work() {
+            break;
+        }
+        for event in engine.step() {
+            match event {
+                Event::Token { seq, token, .. } => out[seq as usize].0.push(token),
+                Event::Finished { seq, cached_input_tokens, .. } => out[seq as usize].1 = cached_input_tokens,
+            }
+        }
+        most = most.max(engine.window_blocks().map_or(0, |(used, _)| used));
+    }
+    assert!(!engine.has_work());
+    (out, most)
+}
+
+#[test]
+fn gemma3_local_layers_keep_only_their_window_and_answer_as_with_every_position_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, file) = write_gemma3(dir.path());
+    let config = SchedulerConfig { max_running: 4, max_step_tokens: 64, prefill_chunk: 8, speculative_rows: 4 };
+    let model = gguf::load(&file).unwrap();
+    let cfg = model.llama.config().clone();
+    let layout = KvStore::sizing(&cfg, 4, config.max_running, config.max_item()).layout(1 << 20).unwrap();
+    // (16 + 8) / 4 + 2 = 8 blocks a sequence, 4 sequences; the global layer gets the rest.
+    let window = layout.window.expect("a window shorter than the context is kept apart");
+    assert_eq!((window.blocks, window.window), (32, 16));
+    let windowed_bytes = KvStore::with_layout(&cfg, &layout, 4).bytes();
+    let full_bytes = KvStore::new(&cfg, layout.blocks, 4).bytes();
+    assert!(windowed_bytes * 10 < full_bytes * 6, "{windowed_bytes} vs {full_bytes}: the local layer's half shrinks");
+
+    // On the CPU, or on the device `ZL_TEST_DEVICE` names (scripts/gpu-check runs this test on a GPU).
+    let device = ZlDevice::from_env("ZL_TEST_DEVICE").unwrap();
+    let mut windowed = EngineCore::on_device(model, device, layout, 4, config.clone()).unwrap();
+    let every = KvLayout::full(layout.blocks);
+    let mut full = EngineCore::on_device(gguf::load(&file).unwrap(), device, every, 4, config.clone()).unwrap();
+    assert!(full.window_blocks().is_none());
+    let long: Vec<u32> = (0..70u32).map(|i| (i * 31 + 5) % 256).collect();
+    let prompts = vec![prompt()[..40].to_vec(), long, prompt()[..24].iter().chain(&[9, 9, 9]).copied().collect()];
+    let (want, _) = greedy(&mut full, &prompts);
+    let (got, most) = greedy(&mut windowed, &prompts);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(g.0, w.0, "prompt {i}: the windowed KV changed the answer");
+        assert_eq!(g.0.len(), 100);
+    }
+    assert!(most > 0 && most <= 3 * 8, "the window pool held {most} blocks for 3 sequences of 140 tokens");
+    assert_eq!(windowed.window_blocks().unwrap().0, 0, "all handed back");
+    // Alone, twice: the second run resumes from the cache at 36 tokens, with only the window of that position's
+    // row (positions 21..=35, blocks 5..=8) held by the local layer's pool, and the answer is the same.
+    let mut alone = EngineCore::on_device(gguf::load(&file).unwrap(), device, layout, 4, config).unwrap();
+    let (first, _) = greedy(&mut alone, &prompts[..1]);
+    let (again, _) = greedy(&mut alone, &prompts[..1]);
+    assert_eq!((first[0].1, again[0].1), (0, 36), "prompt tokens found cached");
+    assert_eq!(again[0].0, want[0].0);
 }

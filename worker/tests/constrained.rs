@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use zl_text::ChatMessage;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::fetch;
+use zl_worker::kv::window::KvLayout;
 use zl_worker::model::gguf;
 use zl_worker::sampling::Sampling;
 use zl_worker::scheduler::SchedulerConfig;
@@ -18,7 +19,7 @@ fn engine() -> (EngineCore, zl_grammar::Engine) {
     let grammar = zl_grammar::Engine::new(&model.tokenizer).unwrap();
     // On the CPU, or on the device `ZL_TEST_DEVICE` names (scripts/gpu-check).
     let device = zl_worker::device::Device::from_env("ZL_TEST_DEVICE").unwrap();
-    (EngineCore::on_device(model, device, 2048, 16, SchedulerConfig::default()).unwrap(), grammar)
+    (EngineCore::on_device(model, device, KvLayout::full(2048), 16, SchedulerConfig::default()).unwrap(), grammar)
 }
 
 fn request(engine: &EngineCore, grammars: &zl_grammar::Engine, user: &str, grammar: &str, seed: u64) -> Request {

@@ -9,6 +9,7 @@ use zl_text::ChatMessage;
 use zl_worker::device::Device;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::fetch;
+use zl_worker::kv::window::KvLayout;
 use zl_worker::model::{LoadedModel, gguf};
 use zl_worker::sampling::Sampling;
 use zl_worker::scheduler::SchedulerConfig;
@@ -25,7 +26,7 @@ fn load() -> LoadedModel {
 /// On the CPU, or on the device `ZL_TEST_DEVICE` names (scripts/gpu-check runs these tests on a GPU).
 fn engine() -> EngineCore {
     let device = Device::from_env("ZL_TEST_DEVICE").unwrap();
-    EngineCore::on_device(load(), device, 512, 16, SchedulerConfig::default()).unwrap()
+    EngineCore::on_device(load(), device, KvLayout::full(512), 16, SchedulerConfig::default()).unwrap()
 }
 
 fn chat(engine: &EngineCore, user: &str) -> Vec<u32> {

@@ -8,9 +8,14 @@
 use std::path::PathBuf;
 
 use zl_text::ChatMessage;
+use zl_worker::device::Device;
+use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::eval::answers;
 use zl_worker::eval::perplexity;
+use zl_worker::model::llama::KvStore;
 use zl_worker::model::{Precision, gguf};
+use zl_worker::sampling::Sampling;
+use zl_worker::scheduler::SchedulerConfig;
 
 fn model_path() -> PathBuf {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/models/gemma-3-270m-q4_k_m.gguf");
@@ -80,4 +85,52 @@ fn gemma3_tokenizes_renders_its_chat_format_and_completes() {
     let answer = answers::greedy(&model.llama, &[prompt], 8, &tok.stop_ids);
     let text = tok.decode(&answer[0]).unwrap();
     assert!(text.starts_with(" Paris"), "{text:?}");
+}
+
+#[test]
+fn gemma3_local_layers_hold_their_window_only_past_it_and_answer_as_with_every_position() {
+    let path = model_path();
+    let model = gguf::load(&path).unwrap();
+    let config = SchedulerConfig::default();
+    let sizing = KvStore::sizing(model.llama.config(), 16, config.max_running, config.max_item());
+    let layout = sizing.layout(256 << 20).unwrap();
+    let window = layout.window.expect("a 512-position window is kept apart");
+    assert_eq!(window.window, 512);
+    // 15 of the 18 layers are local: the window's share is what the sequences can hold at once.
+    let windowed = KvStore::with_layout(model.llama.config(), &layout, 16).bytes();
+    let full = KvStore::new(model.llama.config(), layout.blocks, 16).bytes();
+    assert!(windowed * 3 < full, "{windowed} vs {full} bytes for {} tokens", layout.blocks * 16);
+
+    // A prompt past the window: 40 tokens greedily, as the reference path (every position kept) answers.
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/eval/corpus.md")).unwrap();
+    let mut prompt = vec![2];
+    prompt.extend(model.tokenizer.encode(&text[..3_600]).unwrap());
+    assert!(prompt.len() > 700, "{} tokens", prompt.len());
+    let want = answers::greedy(&model.llama, std::slice::from_ref(&prompt), 40, &[]);
+    let mut engine = EngineCore::on_device(model, Device::Cpu, layout, 16, config).unwrap();
+    let request = Request {
+        prompt,
+        sampling: Sampling::greedy(),
+        max_tokens: 40,
+        stop_sequences: vec![],
+        logprobs: false,
+        speculate: 0,
+        constraint: None,
+        cache_salt: None,
+    };
+    engine.add(1, request).unwrap();
+    let (mut got, mut most) = (Vec::new(), 0);
+    while engine.has_work() {
+        for event in engine.step() {
+            if let Event::Token { token, .. } = event {
+                got.push(token);
+            }
+        }
+        if !got.is_empty() {
+            most = most.max(engine.window_blocks().unwrap().0);
+        }
+    }
+    assert_eq!(got, want[0]);
+    // Decoding, a row's window is 512 positions: 33 or 34 blocks of 16, against 48 to 50 for every position.
+    assert!((32..=34).contains(&most), "{most} blocks held while decoding");
 }

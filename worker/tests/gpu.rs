@@ -9,13 +9,16 @@ use zl_text::ChatMessage;
 use zl_worker::device::Device;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::fetch;
+use zl_worker::kv::window::KvLayout;
 use zl_worker::model::gguf;
 use zl_worker::sampling::Sampling;
 use zl_worker::scheduler::SchedulerConfig;
 
 fn greedy(device: Device, question: &str) -> (Vec<u32>, String) {
     let path = fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("{m}")).unwrap();
-    let mut e = EngineCore::on_device(gguf::load(&path).unwrap(), device, 256, 16, SchedulerConfig::default()).unwrap();
+    let mut e =
+        EngineCore::on_device(gguf::load(&path).unwrap(), device, KvLayout::full(256), 16, SchedulerConfig::default())
+            .unwrap();
     let tok = &e.model().tokenizer;
     let messages = [
         ChatMessage { role: "system".into(), content: "You are a helpful assistant.".into() },

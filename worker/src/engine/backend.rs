@@ -2,6 +2,7 @@
 //! the weights and the KV cache. The scheduler, block pool, sampling and grammar masks are the same either way.
 
 use crate::device::Device;
+use crate::kv::window::KvLayout;
 use crate::model::LoadedModel;
 use crate::model::llama::{BatchItem, KvStore};
 
@@ -28,13 +29,18 @@ pub enum Backend {
 }
 
 impl Backend {
-    /// Storage for `blocks` blocks of `block_size` tokens on `device` (the model's weights go there too).
-    pub fn new(model: &LoadedModel, device: Device, blocks: usize, block_size: usize) -> Result<Backend, DeviceError> {
+    /// Storage for `layout`'s blocks of `block_size` tokens on `device` (the model's weights go there too).
+    pub fn new(
+        model: &LoadedModel,
+        device: Device,
+        layout: &KvLayout,
+        block_size: usize,
+    ) -> Result<Backend, DeviceError> {
         match device {
-            Device::Cpu => Ok(Backend::Cpu(KvStore::new(model.llama.config(), blocks, block_size))),
+            Device::Cpu => Ok(Backend::Cpu(KvStore::with_layout(model.llama.config(), layout, block_size))),
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
-                Ok(Backend::Cuda(Box::new(crate::gpu::GpuModel::new(&model.llama, n, blocks, block_size)?)))
+                Ok(Backend::Cuda(Box::new(crate::gpu::GpuModel::new(&model.llama, n, layout, block_size)?)))
             }
             #[cfg(not(feature = "cuda"))]
             Device::Cuda(_) => Err(DeviceError::NotBuilt(device)),

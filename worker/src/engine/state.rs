@@ -10,6 +10,7 @@ use zl_wire::message::StopReason;
 use crate::device::Device;
 use crate::engine::backend::{Backend, DeviceError};
 use crate::kv::pool::BlockPool;
+use crate::kv::window::{KvLayout, WindowKv};
 use crate::model::LoadedModel;
 use crate::model::llama::{BatchItem, KvStore, PARALLEL_ROWS};
 use crate::sampling::{Sampling, log_softmax_at, sample};
@@ -155,38 +156,49 @@ impl std::fmt::Debug for EngineCore {
 }
 
 impl EngineCore {
-    /// An engine for `model` with a KV pool of `blocks` blocks of `block_size` tokens.
+    /// An engine for `model` with a KV pool of `blocks` blocks of `block_size` tokens for every layer.
     pub fn new(
         model: LoadedModel,
         blocks: usize,
         block_size: usize,
         config: SchedulerConfig,
     ) -> Result<EngineCore, crate::scheduler::ConfigError> {
-        let backend = Backend::Cpu(KvStore::new(model.llama.config(), blocks, block_size));
-        EngineCore::with_backend(model, backend, blocks, block_size, config)
+        let layout = KvLayout::full(blocks);
+        let backend = Backend::Cpu(KvStore::with_layout(model.llama.config(), &layout, block_size));
+        EngineCore::with_backend(model, backend, layout, block_size, config)
     }
 
-    /// [`EngineCore::new`] with the model and its KV cache on `device`.
+    /// An engine with the model and its KV cache on `device`, the KV split as `layout` says (the sliding-window
+    /// layers' blocks apart, when it has them: [`KvStore::sizing`] makes one for a budget).
     pub fn on_device(
         model: LoadedModel,
         device: Device,
-        blocks: usize,
+        layout: KvLayout,
         block_size: usize,
         config: SchedulerConfig,
     ) -> Result<EngineCore, EngineInitError> {
-        let backend = Backend::new(&model, device, blocks, block_size)?;
-        Ok(EngineCore::with_backend(model, backend, blocks, block_size, config)?)
+        let backend = Backend::new(&model, device, &layout, block_size)?;
+        Ok(EngineCore::with_backend(model, backend, layout, block_size, config)?)
     }
 
     fn with_backend(
         model: LoadedModel,
         backend: Backend,
-        blocks: usize,
+        layout: KvLayout,
         block_size: usize,
         config: SchedulerConfig,
     ) -> Result<EngineCore, crate::scheduler::ConfigError> {
-        let sched = Scheduler::new(config, BlockPool::new(blocks, block_size))?;
+        let max_item = config.max_item();
+        let mut sched = Scheduler::new(config, BlockPool::new(layout.blocks, block_size))?;
+        if let Some(window) = layout.window {
+            sched = sched.with_window(WindowKv::new(window, block_size, max_item));
+        }
         Ok(EngineCore { model, backend, sched, seqs: HashMap::new(), prefill_tokens: 0 })
+    }
+
+    /// Blocks the sliding-window layers' own pool holds now and in all, when it has one.
+    pub fn window_blocks(&self) -> Option<(usize, usize)> {
+        self.sched.window().map(|w| (w.pool().stats().used, w.total()))
     }
 
     /// GPU memory (free, total bytes), when the engine runs on a GPU.
@@ -276,7 +288,13 @@ impl EngineCore {
         let items: Vec<BatchItem<'_>> = plan
             .items
             .iter()
-            .map(|it| BatchItem { tokens: &it.tokens, start: it.start, blocks: &it.blocks, logits: rows_of(it) })
+            .map(|it| BatchItem {
+                tokens: &it.tokens,
+                start: it.start,
+                blocks: &it.blocks,
+                window_blocks: &it.window_blocks,
+                logits: rows_of(it),
+            })
             .collect();
         // Grammar masks depend only on each sequence's own output so far: they are computed while the model runs
         // (on another thread of the pool), and a constrained request samples alike alone and in any batch.

@@ -71,8 +71,11 @@ pub fn greedy(model: &Llama, prompts: &[Vec<u32>], max_tokens: usize, stop: &[u3
     let blocks: Vec<Vec<BlockId>> =
         (0..prompts.len()).map(|i| (i * per..(i + 1) * per).map(|b| b as BlockId).collect()).collect();
     let vocab = model.config().vocab;
-    let items: Vec<BatchItem<'_>> =
-        prompts.iter().zip(&blocks).map(|(p, blocks)| BatchItem { tokens: p, start: 0, blocks, logits: 1 }).collect();
+    let items: Vec<BatchItem<'_>> = prompts
+        .iter()
+        .zip(&blocks)
+        .map(|(p, blocks)| BatchItem { tokens: p, start: 0, blocks, window_blocks: &[], logits: 1 })
+        .collect();
     let mut logits = model.forward(&items, &mut kv);
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
     let mut live: Vec<usize> = (0..prompts.len()).filter(|&i| !prompts[i].is_empty()).collect();
@@ -94,6 +97,7 @@ pub fn greedy(model: &Llama, prompts: &[Vec<u32>], max_tokens: usize, stop: &[u3
                 tokens: &out[i][out[i].len() - 1..],
                 start: prompts[i].len() + out[i].len() - 1,
                 blocks: &blocks[i],
+                window_blocks: &[],
                 logits: 1,
             })
             .collect();

@@ -47,7 +47,8 @@ pub fn perplexity(model: &Llama, tokens: &[u32], context: usize, bos: Option<u32
         // Positions first..context - 1 predict the tokens after them; one step computes them all (the same bits
         // as token by token: every row is computed on its own).
         let rows = context - 1 - first;
-        let item = BatchItem { tokens: &chunk[..context - 1], start: 0, blocks: &blocks, logits: rows };
+        let item =
+            BatchItem { tokens: &chunk[..context - 1], start: 0, blocks: &blocks, window_blocks: &[], logits: rows };
         let logits = model.forward(&[item], &mut kv);
         for (i, row) in logits.chunks_exact(vocab).enumerate() {
             nll -= log_prob(row, chunk[first + 1 + i]);

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
+use crate::kv::window::KvLayout;
 use crate::model::kernels::Weight;
 use crate::model::llama::{Activation, BatchItem, Llama, logit_rows, step_rows};
 
@@ -127,8 +128,8 @@ pub struct Memory {
 }
 
 impl GpuModel {
-    /// Put `llama`'s weights and a KV cache of `blocks` blocks of `block_size` tokens on device `ordinal`.
-    pub fn new(llama: &Llama, ordinal: usize, blocks: usize, block_size: usize) -> Result<GpuModel, GpuError> {
+    /// Put `llama`'s weights and a KV cache of `layout`'s blocks of `block_size` tokens on device `ordinal`.
+    pub fn new(llama: &Llama, ordinal: usize, layout: &KvLayout, block_size: usize) -> Result<GpuModel, GpuError> {
         // cudarc panics on first use when the driver library is missing: ask first.
         // SAFETY: only tries to open libcuda (dlopen); no CUDA call is made.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
@@ -193,9 +194,9 @@ impl GpuModel {
             });
         }
         let cfg = llama.config();
-        let per_layer = blocks * block_size * cfg.kv_dim();
+        let per_layer = |li: usize| layout.blocks_of(cfg.is_local(li)) * block_size * cfg.kv_dim();
         let cache = || -> Result<Vec<CudaSlice<u16>>, GpuError> {
-            (0..cfg.layers).map(|_| stream.alloc_zeros::<u16>(per_layer).map_err(err)).collect()
+            (0..cfg.layers).map(|li| stream.alloc_zeros::<u16>(per_layer(li)).map_err(err)).collect()
         };
         Ok(GpuModel {
             norm: floats(&llama.norm)?,
@@ -335,19 +336,28 @@ impl GpuModel {
         if let Some(scale) = cfg.embed_scale {
             x_host.iter_mut().for_each(|v| *v *= scale);
         }
-        let own: Vec<i64> = (0..n).map(|r| slot(items[row_item[r]].blocks, row_pos[r])).collect();
+        // A row's table in a layer: the sliding-window layers' own, where the item has one.
+        let table = |r: usize, local: bool| {
+            let item = &items[row_item[r]];
+            if local && !item.window_blocks.is_empty() { item.window_blocks } else { item.blocks }
+        };
+        let own: Vec<i64> = (0..n).map(|r| slot(table(r, false), row_pos[r])).collect();
+        let own_local: Option<Vec<i64>> = items
+            .iter()
+            .any(|it| !it.window_blocks.is_empty())
+            .then(|| (0..n).map(|r| slot(table(r, true), row_pos[r])).collect());
         // Every row's attended slots over all earlier positions, or over a sliding window's (local layers).
-        let attended = |window: usize| {
+        let attended = |window: usize, local: bool| {
             let (mut att, mut start, mut len) = (Vec::new(), Vec::with_capacity(n), Vec::with_capacity(n));
-            for r in 0..n {
-                let first = (row_pos[r] + 1).saturating_sub(window);
+            for (r, &pos) in row_pos.iter().enumerate() {
+                let first = (pos + 1).saturating_sub(window);
                 start.push(att.len() as i32);
-                len.push((row_pos[r] + 1 - first) as i32);
-                att.extend((first..=row_pos[r]).map(|p| slot(items[row_item[r]].blocks, p)));
+                len.push((pos + 1 - first) as i32);
+                att.extend((first..=pos).map(|p| slot(table(r, local), p)));
             }
             (att, start, len)
         };
-        let (att, start, len) = attended(usize::MAX);
+        let (att, start, len) = attended(usize::MAX, false);
         let max_len = row_pos.iter().max().map_or(1, |p| p + 1);
         let s = &self.stream;
         let up = |v: &[f32]| s.clone_htod(v).map_err(err);
@@ -355,12 +365,16 @@ impl GpuModel {
         let mut x = up(&x_host)?;
         let pos_d = s.clone_htod(&row_pos.iter().map(|&p| p as i32).collect::<Vec<i32>>()).map_err(err)?;
         let own_d = s.clone_htod(&own).map_err(err)?;
+        let own_local_d = match &own_local {
+            Some(own) => Some(s.clone_htod(own).map_err(err)?),
+            None => None,
+        };
         let att_d = s.clone_htod(&att).map_err(err)?;
         let start_d = s.clone_htod(&start).map_err(err)?;
         let len_d = s.clone_htod(&len).map_err(err)?;
         let local_d = match cfg.sliding {
             Some(w) => {
-                let (att, start, len) = attended(w.window.max(1));
+                let (att, start, len) = attended(w.window.max(1), true);
                 let up = |v: &[i32]| s.clone_htod(v).map_err(err);
                 Some((s.clone_htod(&att).map_err(err)?, up(&start)?, up(&len)?))
             }
@@ -398,7 +412,8 @@ impl GpuModel {
             }
             {
                 let mut b = s.launch_builder(&self.k.rope_store);
-                b.arg(&mut q).arg(&mut k).arg(&v).arg(&pos_d).arg(&own_d).arg(cos).arg(sin);
+                let own_l = if local { own_local_d.as_ref().unwrap_or(&own_d) } else { &own_d };
+                b.arg(&mut q).arg(&mut k).arg(&v).arg(&pos_d).arg(own_l).arg(cos).arg(sin);
                 b.arg(&self.k_cache[li]).arg(&self.v_cache[li]);
                 b.arg(&n_i).arg(&heads_i).arg(&kv_heads_i).arg(&hd_i).arg(&interleaved);
                 unsafe { b.launch(grid(n)) }.map_err(err)?;

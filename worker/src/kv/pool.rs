@@ -11,6 +11,10 @@ use zl_common::block_hash::{BlockHash, chain_hash};
 /// Index of a block in the KV storage.
 pub type BlockId = u32;
 
+/// A block-table entry whose block was handed back because no later position attends to it any more (the
+/// sliding-window layers' tables, [`BlockPool::slide`]). Never a storage index: reading through it is a bug.
+pub const GONE: BlockId = BlockId::MAX;
+
 /// A change to the set of reusable prefix blocks, reported to the orchestrators.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvEvent {
@@ -57,6 +61,10 @@ pub struct SeqBlocks {
     partial: Vec<u32>,
     /// Prompt tokens found in cached blocks when the sequence started.
     cached_tokens: usize,
+    /// The chain's root (the cache scope's salt), the parent of the first block.
+    root: Option<BlockHash>,
+    /// Leading table entries handed back ([`GONE`]).
+    gone: usize,
 }
 
 impl SeqBlocks {
@@ -73,6 +81,11 @@ impl SeqBlocks {
     /// Token slots reserved (written or about to be).
     pub fn reserved(&self) -> usize {
         self.reserved
+    }
+
+    /// Blocks held (the table less the entries handed back, [`GONE`]).
+    pub fn held(&self) -> usize {
+        self.blocks.len() - self.gone
     }
 
     /// True when no token is written.
@@ -123,6 +136,8 @@ pub struct BlockPool {
     index: HashMap<BlockHash, BlockId>,
     tick: u64,
     events: Vec<KvEvent>,
+    /// Whether events are kept (a pool nobody reports, such as the sliding-window layers', keeps none).
+    reports: bool,
     lookups: u64,
     hits: u64,
     /// Slots written in referenced blocks (kept incrementally for the fragmentation figure).
@@ -144,10 +159,23 @@ impl BlockPool {
             index: HashMap::new(),
             tick: 0,
             events: Vec::new(),
+            reports: true,
             lookups: 0,
             hits: 0,
             used_filled: 0,
             used: 0,
+        }
+    }
+
+    /// The same pool keeping no events: one whose blocks nobody is told about.
+    pub fn unreported(mut self) -> Self {
+        self.reports = false;
+        self
+    }
+
+    fn event(&mut self, event: KvEvent) {
+        if self.reports {
+            self.events.push(event);
         }
     }
 
@@ -186,7 +214,7 @@ impl BlockPool {
     /// [`KvPool::start`] for a prompt of a cache scope: its block chain starts from `salt`
     /// (`zl_common::block_hash::cache_salt`), so it finds, and later offers, only blocks of the same scope.
     pub fn start_salted(&mut self, prompt: &[u32], salt: Option<BlockHash>) -> SeqBlocks {
-        let mut seq = SeqBlocks { parent: salt, ..SeqBlocks::default() };
+        let mut seq = SeqBlocks { parent: salt, root: salt, ..SeqBlocks::default() };
         let shareable = prompt.len().saturating_sub(1) / self.block_size;
         for chunk in prompt.chunks_exact(self.block_size).take(shareable) {
             self.lookups += 1;
@@ -212,12 +240,13 @@ impl BlockPool {
         }
         let (_, id) = self.lru.pop_first().expect("caller checked availability");
         let block = &mut self.blocks[id as usize];
-        if let Some(hash) = block.hash.take() {
-            self.index.remove(&hash);
-            self.events.push(KvEvent::Evicted(hash));
-        }
+        let hash = block.hash.take();
         block.tokens = None;
         block.filled = 0;
+        if let Some(hash) = hash {
+            self.index.remove(&hash);
+            self.event(KvEvent::Evicted(hash));
+        }
         id
     }
 
@@ -264,7 +293,7 @@ impl BlockPool {
                     let block = &mut self.blocks[id as usize];
                     block.hash = Some(hash);
                     block.tokens = Some(full);
-                    self.events.push(KvEvent::Stored(hash));
+                    self.event(KvEvent::Stored(hash));
                 }
             }
         }
@@ -274,22 +303,96 @@ impl BlockPool {
     pub fn release(&mut self, seq: SeqBlocks) {
         // Release the tail first, each block one tick later than the block after it: a sequence's leading blocks
         // (the prefix most likely to be shared again) are evicted last.
-        for &id in seq.blocks.iter().rev() {
-            self.tick += 1;
-            let block = &mut self.blocks[id as usize];
-            block.refs -= 1;
-            if block.refs > 0 {
-                continue;
-            }
-            self.used -= 1;
-            self.used_filled -= u64::from(block.filled);
-            block.last_used = self.tick;
-            if block.hash.is_some() {
-                self.lru.insert((self.tick, id));
-            } else {
-                block.filled = 0;
-                self.free.push(id);
-            }
+        for &id in seq.blocks[seq.gone..].iter().rev() {
+            self.unref(id);
+        }
+    }
+
+    /// Drop one reference to `id`; unreferenced, it is cached (full and indexed) or free.
+    fn unref(&mut self, id: BlockId) {
+        self.tick += 1;
+        let block = &mut self.blocks[id as usize];
+        block.refs -= 1;
+        if block.refs > 0 {
+            return;
+        }
+        self.used -= 1;
+        self.used_filled -= u64::from(block.filled);
+        block.last_used = self.tick;
+        if block.hash.is_some() {
+            self.lru.insert((self.tick, id));
+        } else {
+            block.filled = 0;
+            self.free.push(id);
+        }
+    }
+
+    /// Start a sequence in the pool of the sliding-window layers, whose rows attend over their last `window`
+    /// positions only: the longest cached prefix of at most `limit` tokens (what the full layers' pool found) for
+    /// which this pool still holds every block the first computed row attends to. Blocks before that window are
+    /// not needed and are [`GONE`] in the table.
+    pub fn start_window(&mut self, prompt: &[u32], salt: Option<BlockHash>, limit: usize, window: usize) -> SeqBlocks {
+        let bs = self.block_size;
+        let mut hashes = Vec::new();
+        let mut parent = salt;
+        for chunk in prompt[..limit.min(prompt.len())].chunks_exact(bs) {
+            let hash = chain_hash(parent, chunk);
+            hashes.push(hash);
+            parent = Some(hash);
+        }
+        let held = |i: usize| {
+            let id = *self.index.get(&hashes[i])?;
+            (self.blocks[id as usize].tokens.as_deref() == Some(&prompt[i * bs..(i + 1) * bs])).then_some(id)
+        };
+        let first_needed = |end: usize| (end * bs + 1).saturating_sub(window) / bs;
+        // The longest run of whole blocks (ending at `end`) whose window is all here; none is always possible.
+        let (end, ids) = (1..=hashes.len())
+            .rev()
+            .find_map(|end| Some((end, (first_needed(end)..end).map(held).collect::<Option<Vec<_>>>()?)))
+            .unwrap_or((0, Vec::new()));
+        let first = if end == 0 { 0 } else { first_needed(end) };
+        let mut seq =
+            SeqBlocks { parent: salt, root: salt, gone: first, blocks: vec![GONE; first], ..SeqBlocks::default() };
+        for id in ids {
+            self.pin(id);
+            seq.blocks.push(id);
+        }
+        if end > 0 {
+            seq.parent = Some(hashes[end - 1]);
+        }
+        seq.len = end * bs;
+        seq.reserved = seq.len;
+        seq.cached_tokens = seq.len;
+        seq
+    }
+
+    /// Cut a sequence just started from the cache back to its first `tokens` (a whole number of blocks), when the
+    /// sliding-window layers' pool holds less of the prefix than this one.
+    pub fn truncate_cached(&mut self, seq: &mut SeqBlocks, tokens: usize) {
+        assert!(seq.len == seq.reserved && seq.partial.is_empty() && seq.gone == 0, "only a sequence just started");
+        assert!(tokens.is_multiple_of(self.block_size) && tokens <= seq.len, "whole cached blocks only");
+        let keep = tokens / self.block_size;
+        while seq.blocks.len() > keep {
+            let id = seq.blocks.pop().expect("longer than keep");
+            self.unref(id);
+        }
+        seq.parent = match keep {
+            0 => seq.root,
+            _ => self.blocks[seq.blocks[keep - 1] as usize].hash,
+        };
+        seq.len = tokens;
+        seq.reserved = tokens;
+        seq.cached_tokens = tokens;
+    }
+
+    /// Hand back the blocks of `seq` that hold only positions before `from` (no later row attends to them): they
+    /// stay cached for a sequence that starts with the same prefix, until evicted.
+    pub fn slide(&mut self, seq: &mut SeqBlocks, from: usize) {
+        let upto = (from / self.block_size).min(seq.len / self.block_size);
+        while seq.gone < upto {
+            let id = std::mem::replace(&mut seq.blocks[seq.gone], GONE);
+            seq.gone += 1;
+            self.unref(id);
         }
     }
 
@@ -463,5 +566,88 @@ mod tests {
         assert_eq!(s.used, 0);
         assert_eq!(s.free + s.cached, s.total);
         assert_eq!(s.fragmentation, 0.0);
+    }
+
+    #[test]
+    fn a_window_hands_back_the_blocks_no_row_attends_to_and_they_stay_cached() {
+        let (bs, window) = (2, 5);
+        let mut pool = BlockPool::new(64, bs).unreported();
+        let prompt: Vec<u32> = (1..=6).collect();
+        let mut seq = pool.start_window(&prompt, None, 0, window);
+        pool.reserve(&mut seq, prompt.len()).unwrap();
+        pool.commit(&mut seq, &prompt);
+        for t in 100..120u32 {
+            // The next row (at position len) attends back to len + 1 - window.
+            let from = (seq.len() + 1).saturating_sub(window);
+            pool.slide(&mut seq, from);
+            assert!(seq.held() <= (window + 1).div_ceil(bs) + 1, "{} blocks held at {}", seq.held(), seq.len());
+            let first = seq.len() + 1 - window;
+            assert!(seq.table()[first / bs] != GONE, "a block the next row reads was handed back");
+            assert!(seq.table()[..first / bs].iter().all(|&b| b == GONE));
+            pool.reserve(&mut seq, 1).unwrap();
+            pool.commit(&mut seq, &[t]);
+        }
+        assert!(pool.drain_events().is_empty(), "an unreported pool keeps no events");
+        let full: Vec<u32> = prompt.iter().copied().chain(100..120).collect();
+        let held = seq.held();
+        pool.release(seq);
+        let s = pool.stats();
+        assert_eq!(s.used, 0);
+        assert_eq!(s.cached, full.len() / bs, "every full block, handed back early or late, stays cached");
+        // Only the first row's window is needed to resume: the blocks before it are not pinned.
+        let again = pool.start_window(&full, None, 24, window);
+        assert_eq!(again.len(), 24);
+        assert_eq!(again.held(), 24 / bs - (24 + 1 - window) / bs);
+        assert!(again.held() <= held);
+    }
+
+    #[test]
+    fn a_window_resumes_only_where_all_of_it_is_still_cached() {
+        let (bs, window) = (2, 4);
+        let mut pool = BlockPool::new(9, bs).unreported();
+        let prompt: Vec<u32> = (1..=12).collect();
+        let mut seq = pool.start_window(&prompt, None, 0, window);
+        pool.reserve(&mut seq, 12).unwrap();
+        pool.commit(&mut seq, &prompt);
+        let table = seq.table().to_vec();
+        pool.release(seq); // released tail first: block 5 is evicted first, block 0 last
+        // Take 4 blocks: the 3 free ones and the least recently used cached one (block 5 of the prompt).
+        let mut other = pool.start(&[9]);
+        pool.reserve(&mut other, 8).unwrap();
+        assert!(!other.table().contains(&table[4]) && other.table().contains(&table[5]));
+        // Evict block 4 (next in the cache's order: 4, 3, 2, 1, 0).
+        pool.reserve(&mut other, 2).unwrap();
+        assert!(other.table().contains(&table[4]) && !other.table().contains(&table[3]));
+        // Resuming at 10 would need block 4: the longest resume whose window is whole is 8 (blocks 2 and 3).
+        let seq = pool.start_window(&prompt, None, 10, window);
+        assert_eq!((seq.len(), seq.held()), (8, 2));
+        assert_eq!(&seq.table()[2..], &table[2..4]);
+        assert_eq!(&seq.table()[..2], &[GONE; 2], "nothing before the window is pinned");
+        pool.release(seq);
+        let salted = pool.start_window(&prompt, Some(7), 10, window);
+        assert_eq!(salted.len(), 0, "another scope's chain finds nothing");
+        pool.release(salted);
+        pool.release(other);
+        assert_eq!(pool.stats().used, 0);
+    }
+
+    #[test]
+    fn a_truncated_start_continues_the_chain_from_where_it_was_cut() {
+        let mut pool = BlockPool::new(16, 4);
+        let prompt: Vec<u32> = (1..=17).collect();
+        let first = run(&mut pool, &prompt);
+        pool.release(first);
+        let mut seq = pool.start_salted(&prompt, None);
+        assert_eq!(seq.len(), 16);
+        pool.truncate_cached(&mut seq, 8);
+        assert_eq!((seq.len(), seq.cached_tokens(), seq.table().len()), (8, 8, 2));
+        pool.reserve(&mut seq, 9).unwrap();
+        pool.commit(&mut seq, &prompt[8..]);
+        pool.release(seq);
+        // The recomputed blocks hash as the originals did (same chain): still one cached copy of each.
+        assert_eq!(pool.stats().cached, 4);
+        let mut again = pool.start(&prompt);
+        pool.truncate_cached(&mut again, 0);
+        assert_eq!(pool.stats().used, 0);
     }
 }

@@ -13,6 +13,7 @@ use super::kernels::{AttentionShape, Input, Weight, attention, dot_f32, exp_f32,
 pub use super::rope::RopeScaling;
 use super::rope::RopeTable;
 use crate::kv::pool::BlockId;
+use crate::kv::window::{KvLayout, KvSizing};
 use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 /// The widest attention head supported (Gemma 3 and Qwen3 use 256 and 128).
@@ -171,20 +172,40 @@ pub struct KvStore {
 }
 
 impl KvStore {
-    /// Storage for `blocks` blocks of `block_size` tokens.
+    /// Storage for `blocks` blocks of `block_size` tokens in every layer.
     pub fn new(cfg: &LlamaConfig, blocks: usize, block_size: usize) -> Self {
-        let per_layer = blocks * block_size * cfg.kv_dim();
+        Self::with_layout(cfg, &KvLayout::full(blocks), block_size)
+    }
+
+    /// Storage as `layout` splits it: the sliding-window layers' blocks apart when it says so.
+    pub fn with_layout(cfg: &LlamaConfig, layout: &KvLayout, block_size: usize) -> Self {
+        let per_layer = |li: usize| layout.blocks_of(cfg.is_local(li)) * block_size * cfg.kv_dim();
         KvStore {
             block_size,
             kv_dim: cfg.kv_dim(),
-            k: (0..cfg.layers).map(|_| vec![0u16; per_layer]).collect(),
-            v: (0..cfg.layers).map(|_| vec![0u16; per_layer]).collect(),
+            k: (0..cfg.layers).map(|li| vec![0u16; per_layer(li)]).collect(),
+            v: (0..cfg.layers).map(|li| vec![0u16; per_layer(li)]).collect(),
         }
     }
 
-    /// Bytes per block across all layers (keys and values), for sizing the pool from a memory budget.
-    pub fn bytes_per_block(cfg: &LlamaConfig, block_size: usize) -> usize {
-        2 * cfg.layers * block_size * cfg.kv_dim() * std::mem::size_of::<u16>()
+    /// What sizing a KV budget for `cfg` needs: a block's bytes over the full layers and over the sliding-window
+    /// layers (keys and values), and the scheduler's bounds.
+    pub fn sizing(cfg: &LlamaConfig, block_size: usize, max_running: usize, max_item: usize) -> KvSizing {
+        let local = (0..cfg.layers).filter(|&li| cfg.is_local(li)).count();
+        let bytes = |layers: usize| 2 * layers * block_size * cfg.kv_dim() * std::mem::size_of::<u16>();
+        KvSizing {
+            full_block_bytes: bytes(cfg.layers - local),
+            window: cfg.sliding.filter(|_| local > 0).map(|s| (bytes(local), s.window.max(1))),
+            context: cfg.context_length,
+            block_size,
+            max_running,
+            max_item,
+        }
+    }
+
+    /// Bytes the keys and values take.
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(|l| l.len() * std::mem::size_of::<u16>()).sum()
     }
 
     fn slot(&self, blocks: &[BlockId], pos: usize) -> usize {
@@ -201,6 +222,9 @@ pub struct BatchItem<'a> {
     pub start: usize,
     /// The sequence's block table.
     pub blocks: &'a [BlockId],
+    /// Its table in the sliding-window layers' own blocks (`KvLayout::window`), covering each row's window; empty
+    /// when those layers share `blocks`.
+    pub window_blocks: &'a [BlockId],
     /// Return logits for this many of the item's last tokens (0: none; 1: the last token's, what decoding needs;
     /// more: a speculative step verifying draft tokens, which needs the logits after each of them).
     pub logits: usize,
@@ -453,6 +477,18 @@ impl Llama {
             .iter()
             .map(|item| (0..item.start + item.tokens.len()).map(|p| kv.slot(item.blocks, p)).collect())
             .collect();
+        let window = cfg.sliding.map_or(usize::MAX, |s| s.window.max(1));
+        // The sliding-window layers' offsets where they have their own blocks: from the first position the item's
+        // first row attends to (earlier ones are handed back).
+        let window_slots: Vec<Option<(usize, Vec<usize>)>> = items
+            .iter()
+            .map(|item| {
+                (!item.window_blocks.is_empty()).then(|| {
+                    let base = (item.start + 1).saturating_sub(window);
+                    (base, (base..item.start + item.tokens.len()).map(|p| kv.slot(item.window_blocks, p)).collect())
+                })
+            })
+            .collect();
         let mut hbuf = vec![0f32; n * h];
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
@@ -466,7 +502,6 @@ impl Llama {
         if let Some(scale) = cfg.embed_scale {
             x.iter_mut().for_each(|v| *v *= scale);
         }
-        let window = cfg.sliding.map_or(usize::MAX, |s| s.window.max(1));
         for (li, layer) in self.layers.iter().enumerate() {
             let local = cfg.is_local(li);
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.attn_norm, cfg.rms_eps, o));
@@ -493,14 +528,19 @@ impl Llama {
                 }
             }
             for (r, new) in kv_new.chunks_exact(2 * kvd).enumerate() {
-                let slot = kv.slot(items[row_item[r]].blocks, row_pos[r]);
+                let item = &items[row_item[r]];
+                let table = if local && !item.window_blocks.is_empty() { item.window_blocks } else { item.blocks };
+                let slot = kv.slot(table, row_pos[r]);
                 kv.k[li][slot..slot + kvd].copy_from_slice(&new[..kvd]);
                 kv.v[li][slot..slot + kvd].copy_from_slice(&new[kvd..]);
             }
             let kv_ref: &KvStore = kv;
             attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {
                 let first = if local { (row_pos[r] + 1).saturating_sub(window) } else { 0 };
-                let slots = &item_slots[row_item[r]][first..=row_pos[r]];
+                let slots = match (&window_slots[row_item[r]], local) {
+                    (Some((base, slots)), true) => &slots[first - base..=row_pos[r] - base],
+                    _ => &item_slots[row_item[r]][first..=row_pos[r]],
+                };
                 let shape = AttentionShape { heads: cfg.heads, kv_heads: cfg.kv_heads, head_dim: hd };
                 attention(&q[r * qd..(r + 1) * qd], slots, &kv_ref.k[li], &kv_ref.v[li], shape, out);
             });

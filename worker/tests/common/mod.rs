@@ -78,7 +78,7 @@ pub(crate) fn logits(model: &Llama, tokens: &[u32]) -> Vec<f32> {
     let mut pool = BlockPool::new(16, 16);
     let mut seq = pool.start(tokens);
     pool.reserve(&mut seq, tokens.len()).unwrap();
-    let item = BatchItem { tokens, start: 0, blocks: seq.table(), logits: 1 };
+    let item = BatchItem { tokens, start: 0, blocks: seq.table(), window_blocks: &[], logits: 1 };
     model.forward(&[item], &mut kv)
 }
 
