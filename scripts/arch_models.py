@@ -49,7 +49,8 @@ def llama3_factors(theta, factor=8.0, low=1.0, high=4.0, original=128):
     return np.array(out, dtype=np.float32)
 
 
-def write(path, arch, bundled, seed, rope=None):
+def write(path, arch, bundled, seed, rope=None, rotary=None):
+    rotary = rotary or HEAD_DIM
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
     vocab = tokenizer(w, bundled)
@@ -73,7 +74,7 @@ def write(path, arch, bundled, seed, rope=None):
         w.add_rope_scaling_factor(4.0)
         w.add_rope_scaling_orig_ctx_len(128)
     if arch == "phi3":
-        w.add_rope_dimension_count(HEAD_DIM)
+        w.add_rope_dimension_count(rotary)
         w.add_rope_scaling_orig_ctx_len(256)
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(2048 / 256) / math.log(256)))
 
@@ -87,7 +88,7 @@ def write(path, arch, bundled, seed, rope=None):
     if rope == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(theta))
     if arch == "phi3":
-        half = np.arange(HEAD_DIM // 2, dtype=np.float32)
+        half = np.arange(rotary // 2, dtype=np.float32)
         w.add_tensor("rope_factors_long.weight", (1.0 + 0.3 * half).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", (1.0 + 0.01 * half).astype(np.float32))
     for i in range(LAYERS):
@@ -129,6 +130,8 @@ def main():
     write(os.path.join(out, "llama-plain.gguf"), "llama", bundled, 4)
     write(os.path.join(out, "phi3-longrope.gguf"), "phi3", bundled, 5)
     write(os.path.join(out, "qwen3-yarn.gguf"), "qwen3", bundled, 6, rope="yarn")
+    # Phi-4-mini's shape of RoPE: three quarters of each head turn (partial rotary), with LongRoPE.
+    write(os.path.join(out, "phi3-partial-rotary.gguf"), "phi3", bundled, 7, rotary=HEAD_DIM * 3 // 4)
 
 
 if __name__ == "__main__":

@@ -237,14 +237,17 @@ fn an_unknown_rope_scaling_is_refused() {
     assert!(err.contains("RoPE scaling \"dynamic\""), "{err}");
 }
 
-/// Phi-3's LongRoPE factors of this test: long ones stretch the low frequencies, short ones barely.
-fn longrope_factors() -> (Vec<f32>, Vec<f32>) {
-    ((0..HD / 2).map(|i| 1.0 + 0.5 * i as f32).collect(), (0..HD / 2).map(|i| 1.0 + 0.02 * i as f32).collect())
+/// Phi-3's LongRoPE factors of this test for `rotary` turning dimensions: long ones stretch the low frequencies,
+/// short ones barely.
+fn longrope_factors(rotary: usize) -> (Vec<f32>, Vec<f32>) {
+    let half = rotary / 2;
+    ((0..half).map(|i| 1.0 + 0.5 * i as f32).collect(), (0..half).map(|i| 1.0 + 0.02 * i as f32).collect())
 }
 
 /// The weights of [`weights`] in Phi-3's layout, as a Hugging Face directory and a GGUF file: Q, K and V fused in
-/// one matrix, gate and up in another (gate first). `longrope`: (pretraining context, the GGUF file's attn_factor).
-fn write_phi3(dir: &Path, longrope: Option<(usize, f32)>) -> (std::path::PathBuf, std::path::PathBuf) {
+/// one matrix, gate and up in another (gate first). `longrope`: (pretraining context, the GGUF file's attn_factor);
+/// RoPE turns the leading `rotary` dimensions of each head (Phi-4-mini: three quarters).
+fn write_phi3(dir: &Path, longrope: Option<(usize, f32)>, rotary: usize) -> (std::path::PathBuf, std::path::PathBuf) {
     let vocab = gguf_tokens().len();
     let theta = 10_000.0;
     let mut fused: Vec<(String, String, Vec<usize>, Vec<f32>)> = Vec::new();
@@ -273,7 +276,10 @@ fn write_phi3(dir: &Path, longrope: Option<(usize, f32)>) -> (std::path::PathBuf
         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD, "vocab_size": vocab,
         "rms_norm_eps": 1e-6, "rope_theta": theta, "max_position_embeddings": CONTEXT, "tie_word_embeddings": false
     });
-    let (long, short) = longrope_factors();
+    if rotary != HD {
+        config["partial_rotary_factor"] = (rotary as f64 / HD as f64).into();
+    }
+    let (long, short) = longrope_factors(rotary);
     if let Some((original, _)) = longrope {
         config["original_max_position_embeddings"] = original.into();
         config["rope_scaling"] = serde_json::json!({"type": "longrope", "long_factor": long, "short_factor": short});
@@ -286,13 +292,13 @@ fn write_phi3(dir: &Path, longrope: Option<(usize, f32)>) -> (std::path::PathBuf
     candle_core::safetensors::save(&hf_tensors, hf_dir.join("model.safetensors")).unwrap();
 
     let mut meta = shape_meta("phi3", theta as f32);
-    meta.push(("phi3.rope.dimension_count", Value::U32(HD as u32)));
+    meta.push(("phi3.rope.dimension_count", Value::U32(rotary as u32)));
     let mut tensors: Vec<_> = fused.into_iter().map(|(_, name, shape, v)| (name, shape, v, GgmlDType::F32)).collect();
     if let Some((original, attn_factor)) = longrope {
         meta.push(("phi3.rope.scaling.original_context_length", Value::U32(original as u32)));
         meta.push(("phi3.rope.scaling.attn_factor", Value::F32(attn_factor)));
-        tensors.push(("rope_factors_long.weight".into(), vec![HD / 2], long, GgmlDType::F32));
-        tensors.push(("rope_factors_short.weight".into(), vec![HD / 2], short, GgmlDType::F32));
+        tensors.push(("rope_factors_long.weight".into(), vec![rotary / 2], long, GgmlDType::F32));
+        tensors.push(("rope_factors_short.weight".into(), vec![rotary / 2], short, GgmlDType::F32));
     }
     let file = dir.join("model.gguf");
     write_gguf(&file, meta, &tensors);
@@ -302,7 +308,7 @@ fn write_phi3(dir: &Path, longrope: Option<(usize, f32)>) -> (std::path::PathBuf
 #[test]
 fn phi3_fused_projections_load_from_both_formats_as_the_separate_ones() {
     let dir = tempfile::tempdir().unwrap();
-    let (hf_dir, file) = write_phi3(dir.path(), None);
+    let (hf_dir, file) = write_phi3(dir.path(), None, HD);
     assert_eq!(hf::load(&hf_dir).unwrap().family, "phi3");
     let (_, lb) = alike(&hf_dir, &file, "Phi-3");
     // Phi-3 is a Llama with NeoX RoPE and fused matrices: the same weights unfused (as Qwen2 without biases)
@@ -317,7 +323,7 @@ fn phi3_fused_projections_load_from_both_formats_as_the_separate_ones() {
 fn phi3_longrope_takes_the_long_factors_past_the_pretraining_context_and_its_scale() {
     let run = |longrope: Option<(usize, f32)>| {
         let dir = tempfile::tempdir().unwrap();
-        let (hf_dir, file) = write_phi3(dir.path(), longrope);
+        let (hf_dir, file) = write_phi3(dir.path(), longrope, HD);
         (logits(&hf::load(&hf_dir).unwrap().llama, &prompt()), logits(&gguf::load(&file).unwrap().llama, &prompt()))
     };
     // Pretrained on 32 of the 256 served: the long factors, and Hugging Face's default scale, which the GGUF file
@@ -336,15 +342,28 @@ fn phi3_longrope_takes_the_long_factors_past_the_pretraining_context_and_its_sca
 }
 
 #[test]
-fn partial_rotary_heads_are_refused_by_name() {
+fn phi3_partial_rotary_loads_from_both_formats_alike_and_turns_only_its_dimensions() {
+    let run = |longrope: Option<(usize, f32)>, rotary: usize| {
+        let dir = tempfile::tempdir().unwrap();
+        let (hf_dir, file) = write_phi3(dir.path(), longrope, rotary);
+        let gguf_model = gguf::load(&file).unwrap();
+        assert_eq!(gguf_model.llama.config().rotary(), rotary);
+        alike(&hf_dir, &file, "partial rotary").1
+    };
+    // Phi-4-mini's three quarters (24 of 32), plain and with LongRoPE over the 12 turning frequencies.
+    let partial = run(None, HD * 3 / 4);
+    counts(&partial, &run(None, HD), 0.01, "partial rotary");
+    let hf_scale = (1.0 + (256f64 / 32.0).ln() / 32f64.ln()).sqrt() as f32;
+    counts(&run(Some((32, hf_scale)), HD * 3 / 4), &partial, 0.01, "LongRoPE over the turning dimensions");
+    // A factor that leaves an odd number of dimensions turning is refused by name.
     let dir = tempfile::tempdir().unwrap();
-    let (hf_dir, _) = write_phi3(dir.path(), None);
+    let (hf_dir, _) = write_phi3(dir.path(), None, HD);
     let path = hf_dir.join("config.json");
     let mut config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    config["partial_rotary_factor"] = 0.75.into();
+    config["partial_rotary_factor"] = (15.0 / 32.0).into();
     std::fs::write(&path, config.to_string()).unwrap();
     let err = hf::load(&hf_dir).unwrap_err().to_string();
-    assert!(err.contains("partial_rotary_factor"), "{err}");
+    assert!(err.contains("RoPE over 15 of each head's 32 dimensions"), "{err}");
 }
 
 /// A 2-layer Gemma 3 of [`weights`] (with Q/K norms) plus post-norms, as a Hugging Face `gemma3_text` directory

@@ -42,10 +42,11 @@ extern "C" __global__ void matmul(const float* x, const unsigned short* w, const
 extern "C" __global__ void rope_store(float* q, float* k, const float* v, const int* pos, const long long* slot,
                                       const float* cos_table, const float* sin_table, unsigned short* k_cache,
                                       unsigned short* v_cache, int rows, int heads, int kv_heads, int head_dim,
-                                      int interleaved) {
+                                      int rotary, int interleaved) {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r >= rows) return;
-    int half_dim = head_dim / 2;
+    // Only the leading `rotary` dimensions of each head turn (all of them but for partial rotary).
+    int half_dim = rotary / 2;
     const float* c = cos_table + (size_t)pos[r] * half_dim;
     const float* s = sin_table + (size_t)pos[r] * half_dim;
     for (int h = 0; h < heads + kv_heads; h++) {

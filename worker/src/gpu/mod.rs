@@ -387,6 +387,7 @@ impl GpuModel {
         let (n_i, heads_i, kv_heads_i, hd_i, max_len_i) =
             (n as i32, cfg.heads as i32, cfg.kv_heads as i32, hd as i32, max_len as i32);
         let interleaved = i32::from(cfg.rope_interleaved);
+        let rotary_i = cfg.rotary() as i32;
         for (li, layer) in self.layers.iter().enumerate() {
             let local = cfg.is_local(li);
             let (cos, sin) = match (&self.local_rope, local) {
@@ -415,7 +416,7 @@ impl GpuModel {
                 let own_l = if local { own_local_d.as_ref().unwrap_or(&own_d) } else { &own_d };
                 b.arg(&mut q).arg(&mut k).arg(&v).arg(&pos_d).arg(own_l).arg(cos).arg(sin);
                 b.arg(&self.k_cache[li]).arg(&self.v_cache[li]);
-                b.arg(&n_i).arg(&heads_i).arg(&kv_heads_i).arg(&hd_i).arg(&interleaved);
+                b.arg(&n_i).arg(&heads_i).arg(&kv_heads_i).arg(&hd_i).arg(&rotary_i).arg(&interleaved);
                 unsafe { b.launch(grid(n)) }.map_err(err)?;
             }
             {

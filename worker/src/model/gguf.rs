@@ -279,14 +279,8 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
     let hidden = meta_usize(&content, &key("embedding_length"))?;
     let heads = meta_usize(&content, &key("attention.head_count"))?;
     let head_dim = meta_usize(&content, &key("attention.key_length")).unwrap_or(hidden / heads.max(1));
-    if let Ok(rotated) = meta_usize(&content, &key("rope.dimension_count"))
-        && rotated != head_dim
-    {
-        return Err(LoadError::Unsupported(format!(
-            "RoPE over {rotated} of each head's {head_dim} dimensions (partial rotary, as Phi-4-mini's): this build \
-             rotates whole heads"
-        )));
-    }
+    // Partial rotary (Phi-4-mini: 96 of 128) where the file says fewer dimensions turn than a head has.
+    let rotary_dims = meta_usize(&content, &key("rope.dimension_count")).ok().filter(|&r| r != head_dim);
     let vocab_meta = vocab(&content)?;
     let cfg = LlamaConfig {
         hidden,
@@ -295,6 +289,7 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
         heads,
         kv_heads: meta_usize(&content, &key("attention.head_count_kv")).unwrap_or(heads),
         head_dim,
+        rotary_dims,
         vocab: vocab_meta.tokens.len(),
         rms_eps: meta_f32(&content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         rope_theta: meta_f32(&content, &key("rope.freq_base")).unwrap_or(10_000.0),

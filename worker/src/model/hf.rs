@@ -276,21 +276,18 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
     if config.attn_logit_softcapping.is_some() || config.final_logit_softcapping.is_some() {
         return Err(LoadError::Unsupported("logit soft-capping (Gemma 2's): this build has none".into()));
     }
-    if config.partial_rotary_factor.is_some_and(|f| f < 1.0) {
-        return Err(LoadError::Unsupported(
-            "partial_rotary_factor below 1 (RoPE over part of each head, as Phi-4-mini's): this build rotates whole \
-             heads"
-                .into(),
-        ));
-    }
     let context_length = config.max_position_embeddings.unwrap_or(4096);
+    let head_dim = config.head_dim.unwrap_or(config.hidden_size / config.num_attention_heads.max(1));
+    // Partial rotary (Phi-4-mini's 0.75): Hugging Face turns `int(head_dim * factor)` leading dimensions.
+    let rotary_dims = config.partial_rotary_factor.filter(|&f| f < 1.0).map(|f| (head_dim as f32 * f) as usize);
     let cfg = LlamaConfig {
         hidden: config.hidden_size,
         intermediate: config.intermediate_size,
         layers: config.num_hidden_layers,
         heads: config.num_attention_heads,
         kv_heads: config.num_key_value_heads.unwrap_or(config.num_attention_heads),
-        head_dim: config.head_dim.unwrap_or(config.hidden_size / config.num_attention_heads.max(1)),
+        head_dim,
+        rotary_dims,
         vocab: config.vocab_size,
         rms_eps: config.rms_norm_eps.unwrap_or(1e-5),
         rope_theta: config.rope_theta.unwrap_or(10_000.0),

@@ -34,6 +34,9 @@ pub struct LlamaConfig {
     pub kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// RoPE rotates only this many leading dimensions of each head (Phi-4-mini's partial rotary: 96 of 128); `None`
+    /// rotates whole heads.
+    pub rotary_dims: Option<usize>,
     /// Vocabulary size.
     pub vocab: usize,
     /// RMSNorm epsilon.
@@ -86,6 +89,11 @@ impl LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// The leading dimensions of each head RoPE rotates.
+    pub fn rotary(&self) -> usize {
+        self.rotary_dims.unwrap_or(self.head_dim)
+    }
+
     /// Width of all key (or value) heads together.
     pub fn kv_dim(&self) -> usize {
         self.kv_heads * self.head_dim
@@ -105,10 +113,14 @@ impl LlamaConfig {
         if self.head_dim > MAX_HEAD_DIM {
             return Err(format!("head width {} is above the {MAX_HEAD_DIM} this build supports", self.head_dim));
         }
+        let rotary = self.rotary();
+        if rotary == 0 || !rotary.is_multiple_of(2) || rotary > self.head_dim {
+            return Err(format!("RoPE over {rotary} of each head's {} dimensions", self.head_dim));
+        }
         if let Some(f) = self.rope_scaling.factors()
-            && f.len() != self.head_dim / 2
+            && f.len() != rotary / 2
         {
-            return Err(format!("{} RoPE frequency factors for a head width of {}", f.len(), self.head_dim));
+            return Err(format!("{} RoPE frequency factors for {rotary} rotated dimensions", f.len()));
         }
         Ok(())
     }
@@ -342,9 +354,9 @@ impl Llama {
         if norm.len() != h {
             return Err("final norm width".into());
         }
-        let rope = RopeTable::new(cfg.rope_theta, cfg.head_dim, cfg.context_length, &cfg.rope_scaling);
+        let rope = RopeTable::new(cfg.rope_theta, cfg.rotary(), cfg.context_length, &cfg.rope_scaling);
         let local_rope =
-            cfg.sliding.map(|s| RopeTable::new(s.local_theta, cfg.head_dim, cfg.context_length, &RopeScaling::None));
+            cfg.sliding.map(|s| RopeTable::new(s.local_theta, cfg.rotary(), cfg.context_length, &RopeScaling::None));
         Ok(Llama { cfg, embed, layers, norm, output, rope, local_rope })
     }
 
@@ -392,7 +404,8 @@ impl Llama {
     #[inline]
     fn rope(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
         let hd = self.cfg.head_dim;
-        let half = hd / 2;
+        // Only the leading `rotary` dimensions turn (all, but for partial rotary), in pairs within them.
+        let half = self.cfg.rotary() / 2;
         for head in x.chunks_exact_mut(hd) {
             for i in 0..half {
                 let (a, b) = if self.cfg.rope_interleaved { (2 * i, 2 * i + 1) } else { (i, i + half) };
@@ -434,7 +447,7 @@ impl Llama {
             }
         }
         let (mut cos, mut sin) = ([0f32; MAX_HEAD_DIM / 2], [0f32; MAX_HEAD_DIM / 2]);
-        let half = self.cfg.head_dim / 2;
+        let half = self.cfg.rotary() / 2;
         self.rope_table(local).at(pos, &mut cos[..half], &mut sin[..half]);
         self.rope(q, &cos[..half], &sin[..half]);
         self.rope(k, &cos[..half], &sin[..half]);
