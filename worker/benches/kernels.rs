@@ -97,7 +97,7 @@ fn main() {
         matmul(w.format_name(), &w, &sizes, &mut rng);
     }
 
-    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64 };
+    let shape = AttentionShape::new(9, 3, 64);
     let kvd = shape.kv_heads * shape.head_dim;
     println!("attention, {} heads over {} KV heads of {}", shape.heads, shape.kv_heads, shape.head_dim);
     for n in [32usize, 160, 1024] {

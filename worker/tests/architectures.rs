@@ -394,7 +394,7 @@ fn write_gemma3(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let config = serde_json::json!({
         "model_type": "gemma3_text", "hidden_size": HIDDEN, "intermediate_size": INTER, "num_hidden_layers": 2,
         "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "head_dim": HD, "vocab_size": vocab,
-        "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+        "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 20_000.0,
         "max_position_embeddings": CONTEXT, "sliding_window": 16, "query_pre_attn_scalar": HD,
         "layer_types": ["sliding_attention", "full_attention"], "hidden_activation": "gelu_pytorch_tanh",
         "final_logit_softcapping": null, "attn_logit_softcapping": null
@@ -411,6 +411,8 @@ fn write_gemma3(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
     let mut meta = shape_meta("gemma3", 1_000_000.0);
     meta.push(("gemma3.attention.sliding_window", Value::U32(16)));
     meta.push(("gemma3.attention.sliding_window_pattern", Value::U32(2)));
+    // Not llama.cpp's default of 10,000: the key must be read.
+    meta.push(("gemma3.rope.freq_base_swa", Value::F32(20_000.0)));
     let tensors: Vec<_> = all.into_iter().map(|(_, name, shape, v)| (name, shape, v, GgmlDType::F32)).collect();
     let file = dir.join("model.gguf");
     write_gguf(&file, meta, &tensors);
@@ -429,12 +431,19 @@ fn gemma3_loads_from_a_hugging_face_directory_as_from_gguf() {
     // 96 tokens: the local layer's 16-position window engaged.
     alike(&hf_dir, &file, "Gemma 3");
 
-    // The multimodal checkpoint and Gemma 3 27B's attention scale are refused by name.
+    // Gemma 3 27B's attention scale, 1/sqrt(query_pre_attn_scalar) where that is not the head width, counts.
     let path = hf_dir.join("config.json");
     let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let base = logits(&hf::load(&hf_dir).unwrap().llama, &prompt());
+    let mut scaled = config.clone();
+    scaled["query_pre_attn_scalar"] = 42.into();
+    std::fs::write(&path, scaled.to_string()).unwrap();
+    let model = hf::load(&hf_dir).unwrap();
+    assert_eq!(model.llama.config().attention_scale(), 1.0 / 42f32.sqrt());
+    counts(&logits(&model.llama, &prompt()), &base, 0.01, "query_pre_attn_scalar");
+    // The multimodal checkpoint and a layer pattern the model cannot follow are refused by name.
     for (key, value, says) in [
         ("model_type", serde_json::json!("gemma3"), "text-only"),
-        ("query_pre_attn_scalar", serde_json::json!(168), "query_pre_attn_scalar"),
         ("layer_types", serde_json::json!(["full_attention", "sliding_attention"]), "layer_types"),
     ] {
         let mut changed = config.clone();

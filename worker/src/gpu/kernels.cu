@@ -70,7 +70,8 @@ extern "C" __global__ void rope_store(float* q, float* k, const float* v, const 
 // (`max_len` per thread), then a softmax and the weighted sum of values, each in position order.
 extern "C" __global__ void attention(const float* q, const unsigned short* k_cache, const unsigned short* v_cache,
                                      const long long* slots, const int* start, const int* len, float* scratch,
-                                     float* out, int rows, int heads, int kv_heads, int head_dim, int max_len) {
+                                     float* out, int rows, int heads, int kv_heads, int head_dim, int max_len,
+                                     float scale) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= rows * heads) return;
     int r = idx / heads, h = idx % heads;
@@ -79,7 +80,6 @@ extern "C" __global__ void attention(const float* q, const unsigned short* k_cac
     const long long* sl = slots + start[r];
     int n = len[r];
     float* w = scratch + (size_t)idx * max_len;
-    float scale = rsqrtf((float)head_dim);
     float mx = -INFINITY;
     for (int t = 0; t < n; t++) {
         const unsigned short* kt = k_cache + sl[t] + (size_t)g * head_dim;

@@ -388,6 +388,7 @@ impl GpuModel {
             (n as i32, cfg.heads as i32, cfg.kv_heads as i32, hd as i32, max_len as i32);
         let interleaved = i32::from(cfg.rope_interleaved);
         let rotary_i = cfg.rotary() as i32;
+        let attention_scale = cfg.attention_scale();
         for (li, layer) in self.layers.iter().enumerate() {
             let local = cfg.is_local(li);
             let (cos, sin) = match (&self.local_rope, local) {
@@ -423,7 +424,7 @@ impl GpuModel {
                 let mut b = s.launch_builder(&self.k.attention);
                 b.arg(&q).arg(&self.k_cache[li]).arg(&self.v_cache[li]).arg(att_l).arg(start_l).arg(len_l);
                 b.arg(&mut scratch).arg(&mut attn);
-                b.arg(&n_i).arg(&heads_i).arg(&kv_heads_i).arg(&hd_i).arg(&max_len_i);
+                b.arg(&n_i).arg(&heads_i).arg(&kv_heads_i).arg(&hd_i).arg(&max_len_i).arg(&attention_scale);
                 unsafe { b.launch(grid(n * cfg.heads)) }.map_err(err)?;
             }
             self.matmul(&attn, &layer.wo, None, n, &mut proj)?;

@@ -277,6 +277,7 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
         }
     };
     let hidden = meta_usize(&content, &key("embedding_length"))?;
+    let layers = meta_usize(&content, &key("block_count"))?;
     let heads = meta_usize(&content, &key("attention.head_count"))?;
     let head_dim = meta_usize(&content, &key("attention.key_length")).unwrap_or(hidden / heads.max(1));
     // Partial rotary (Phi-4-mini: 96 of 128) where the file says fewer dimensions turn than a head has.
@@ -285,7 +286,7 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
     let cfg = LlamaConfig {
         hidden,
         intermediate: meta_usize(&content, &key("feed_forward_length"))?,
-        layers: meta_usize(&content, &key("block_count"))?,
+        layers,
         heads,
         kv_heads: meta_usize(&content, &key("attention.head_count_kv")).unwrap_or(heads),
         head_dim,
@@ -300,15 +301,17 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
         rope_scaling,
         activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
         embed_scale: gemma.then(|| (hidden as f32).sqrt()),
-        // Gemma 3: five local layers to one global, local RoPE base 10,000 (llama.cpp's values for the family).
+        // Gemma 3: five local layers to one global, local RoPE base 10,000 (llama.cpp's defaults for the family,
+        // where the file does not say).
         sliding: match meta_usize(&content, &key("attention.sliding_window")) {
             Ok(window) if gemma => Some(SlidingWindow {
                 window,
                 every: meta_usize(&content, &key("attention.sliding_window_pattern")).unwrap_or(6),
-                local_theta: 10_000.0,
+                local_theta: meta_f32(&content, &key("rope.freq_base_swa")).unwrap_or(10_000.0),
             }),
             _ => None,
         },
+        attn_scale: if gemma { gemma3_attention_scale(layers, hidden, heads, head_dim) } else { None },
     };
     cfg.validate().map_err(LoadError::Format)?;
     let embed = r.weight("token_embd.weight")?;
@@ -342,4 +345,25 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
     }
     let tokenizer = TextTokenizer::from_gguf(&vocab_meta).map_err(|e| LoadError::Format(e.to_string()))?;
     Ok(LoadedModel { llama, tokenizer, family: arch })
+}
+
+/// Gemma 3's attention scale where it is not `1/sqrt(head_dim)`: GGUF has no key for it, so llama.cpp tells the 27B
+/// model by its 62 layers and scales by `1/sqrt(width / heads)` (Hugging Face's `query_pre_attn_scalar` 168).
+fn gemma3_attention_scale(layers: usize, hidden: usize, heads: usize, head_dim: usize) -> Option<f32> {
+    let per_head = hidden / heads.max(1);
+    (layers == 62 && per_head != head_dim).then(|| 1.0 / (per_head as f32).sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gemma3_attention_scale;
+
+    #[test]
+    fn gemma3_27b_scales_attention_by_its_width_per_head_as_llama_cpp_does() {
+        // 27B: 5376 wide, 32 heads of 128: queries by 1/sqrt(168), Hugging Face's query_pre_attn_scalar.
+        assert_eq!(gemma3_attention_scale(62, 5376, 32, 128), Some(1.0 / 168f32.sqrt()));
+        // 270M (18 layers), 1B, 4B, 12B: the head width's, the default.
+        assert_eq!(gemma3_attention_scale(18, 640, 4, 256), None);
+        assert_eq!(gemma3_attention_scale(48, 3840, 16, 256), None);
+    }
 }

@@ -300,17 +300,14 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
         ..LlamaConfig::default()
     };
     let cfg = if gemma {
-        let head_dim = cfg.head_dim;
-        if config.query_pre_attn_scalar.is_some_and(|s| (s - head_dim as f32).abs() > 0.5) {
-            return Err(LoadError::Unsupported(format!(
-                "query_pre_attn_scalar {:?} other than the head width {head_dim} (Gemma 3 27B's attention scale)",
-                config.query_pre_attn_scalar
-            )));
-        }
+        // Queries scaled by 1/sqrt(query_pre_attn_scalar): the head width but for the 27B model (168 for 128).
+        let attn_scale =
+            config.query_pre_attn_scalar.filter(|s| (s - cfg.head_dim as f32).abs() > 0.5).map(|s| 1.0 / s.sqrt());
         let window = config
             .sliding_window
             .ok_or_else(|| LoadError::Format("config.json: a gemma3_text model needs sliding_window".into()))?;
         LlamaConfig {
+            attn_scale,
             activation: Activation::GeluTanh,
             embed_scale: Some((cfg.hidden as f32).sqrt()),
             sliding: Some(SlidingWindow {

@@ -34,6 +34,8 @@ pub struct LlamaConfig {
     pub kv_heads: usize,
     /// Width of one head.
     pub head_dim: usize,
+    /// Query-key products times this instead of `1/sqrt(head_dim)` (Gemma 3 27B: `1/sqrt(query_pre_attn_scalar)`).
+    pub attn_scale: Option<f32>,
     /// RoPE rotates only this many leading dimensions of each head (Phi-4-mini's partial rotary: 96 of 128); `None`
     /// rotates whole heads.
     pub rotary_dims: Option<usize>,
@@ -89,6 +91,11 @@ impl LlamaConfig {
 }
 
 impl LlamaConfig {
+    /// What query-key products are multiplied by.
+    pub fn attention_scale(&self) -> f32 {
+        self.attn_scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
+    }
+
     /// The leading dimensions of each head RoPE rotates.
     pub fn rotary(&self) -> usize {
         self.rotary_dims.unwrap_or(self.head_dim)
@@ -554,7 +561,12 @@ impl Llama {
                     (Some((base, slots)), true) => &slots[first - base..=row_pos[r] - base],
                     _ => &item_slots[row_item[r]][first..=row_pos[r]],
                 };
-                let shape = AttentionShape { heads: cfg.heads, kv_heads: cfg.kv_heads, head_dim: hd };
+                let shape = AttentionShape {
+                    heads: cfg.heads,
+                    kv_heads: cfg.kv_heads,
+                    head_dim: hd,
+                    scale: cfg.attention_scale(),
+                };
                 attention(&q[r * qd..(r + 1) * qd], slots, &kv_ref.k[li], &kv_ref.v[li], shape, out);
             });
             layer.wo.matmul(&attn, n, &mut proj);

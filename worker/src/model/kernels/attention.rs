@@ -29,6 +29,16 @@ pub struct AttentionShape {
     pub kv_heads: usize,
     /// Values per head.
     pub head_dim: usize,
+    /// What the query-key products are multiplied by: `1/sqrt(head_dim)` but for models that say otherwise
+    /// (Gemma 3 27B).
+    pub scale: f32,
+}
+
+impl AttentionShape {
+    /// The shape with the usual scale, `1/sqrt(head_dim)`.
+    pub fn new(heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        AttentionShape { heads, kv_heads, head_dim, scale: 1.0 / (head_dim as f32).sqrt() }
+    }
 }
 
 /// The reference attention arithmetic. Per head: each score is the query-key dot product in eight lanes (element
@@ -42,9 +52,8 @@ pub(super) fn attention_portable(
     shape: AttentionShape,
     out: &mut [f32],
 ) {
-    let AttentionShape { heads, kv_heads, head_dim: hd } = shape;
+    let AttentionShape { heads, kv_heads, head_dim: hd, scale } = shape;
     let (group, n) = (heads / kv_heads, slots.len());
-    let scale = 1.0 / (hd as f32).sqrt();
     let mut weights = vec![0f32; heads * n];
     for (h, w) in weights.chunks_exact_mut(n.max(1)).enumerate() {
         let (g, qh) = (h / group, &q[h * hd..(h + 1) * hd]);

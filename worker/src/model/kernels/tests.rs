@@ -139,7 +139,7 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
     // head_dim of 20 runs the portable code on every machine.
     for (heads, kv_heads, head_dim) in [(6, 2, 24), (10, 2, 16), (4, 4, 64), (9, 3, 64), (6, 2, 20)] {
         for positions in [&[3, 0, 7, 9, 1][..], &[3, 0, 7, 9, 1, 2, 4, 5, 6, 8, 10]] {
-            let shape = AttentionShape { heads, kv_heads, head_dim };
+            let shape = AttentionShape::new(heads, kv_heads, head_dim);
             let kvd = shape.kv_heads * shape.head_dim;
             let keys: Vec<u16> = (0..11 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
             let values: Vec<u16> = (0..11 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect();
@@ -214,7 +214,7 @@ fn wrong_sizes_are_refused() {
 
 #[test]
 fn attention_matches_a_naive_softmax() {
-    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64 };
+    let shape = AttentionShape::new(9, 3, 64);
     let kvd = 192;
     let n = 13;
     let mut seed = 5u64;

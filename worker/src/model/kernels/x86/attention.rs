@@ -19,9 +19,8 @@ pub(super) fn attention_avx2(
     shape: AttentionShape,
     out: &mut [f32],
 ) {
-    let AttentionShape { heads, kv_heads, head_dim: hd } = shape;
+    let AttentionShape { heads, kv_heads, head_dim: hd, scale } = shape;
     let (group, n, chunks) = (heads / kv_heads, slots.len(), hd / 8);
-    let scale = 1.0 / (hd as f32).sqrt();
     // weights[h * n + p]: head h, position p; scores first, then softmax weights in place.
     let mut weights = vec![0f32; heads * n];
     for g in 0..kv_heads {
