@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use zl_worker::eval::reference::{llama_cpp_perplexity, llama_perplexity_binary};
+use zl_worker::eval::reference::{LlamaCpp, divergence, llama_perplexity_binary};
 use zl_worker::eval::{answers, perplexity};
 use zl_worker::fetch;
 use zl_worker::model::kernels::Isa;
@@ -95,12 +95,36 @@ fn score(args: &EvalArgs, path: &Path, text_path: &Path) -> Result<()> {
             bail!("--reference llama.cpp needs a GGUF file (llama.cpp does not read Hugging Face directories)");
         }
         let binary = llama_perplexity_binary();
+        let llama_cpp = LlamaCpp {
+            binary: &binary,
+            model: path,
+            text: text_path,
+            context: args.context,
+            threads: rayon::current_num_threads(),
+        };
+        // llama.cpp's log-probabilities, saved for the KL divergence (one row of the vocabulary per scored token:
+        // hundreds of MB for a whole corpus; removed afterwards).
+        let saved = SavedLogits(std::env::temp_dir().join(format!("zl-eval-{}.logits", std::process::id())));
         let started = Instant::now();
-        let reference = llama_cpp_perplexity(&binary, path, text_path, args.context, rayon::current_num_threads())
-            .map_err(|e| anyhow!(e))?;
+        let reference = llama_cpp.perplexity(Some(&saved.0)).map_err(|e| anyhow!(e))?;
         println!("{:<28} perplexity {reference:>8.4}  ({:.1}s)", "llama.cpp", started.elapsed().as_secs_f64());
         let native = values[0];
         println!("native / llama.cpp: {:.4} ({:+.2}%)", native / reference, (native / reference - 1.0) * 100.0);
+        let model = load_with(path, Precision::Native).with_context(|| format!("loading {}", path.display()))?;
+        let d = divergence(&model.llama, &saved.0, bos)?;
+        println!(
+            "native against llama.cpp's logits (its tokens, {} positions): mean KLD {:.6}, same top token {:.2}%, \
+             RMS of the next token's probability difference {:.3}%",
+            d.rows,
+            d.mean_kld(),
+            d.same_top_share() * 100.0,
+            d.rms_p_diff() * 100.0
+        );
+        let (kld, top) = llama_cpp.divergence_without_flash_attention(&saved.0).map_err(|e| anyhow!(e))?;
+        println!(
+            "llama.cpp against itself (flash attention off vs on): mean KLD {kld:.6}, same top token {:.2}%",
+            top * 100.0
+        );
     }
     Ok(())
 }
@@ -119,4 +143,13 @@ fn questions(path: &Path, max_tokens: usize) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A file removed when dropped (however the evaluation ends).
+struct SavedLogits(std::path::PathBuf);
+
+impl Drop for SavedLogits {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }

@@ -33,28 +33,47 @@ fn log_prob(logits: &[f32], token: u32) -> f64 {
 /// logits of the position before it. `None` when the text is shorter than one chunk.
 pub fn perplexity(model: &Llama, tokens: &[u32], context: usize, bos: Option<u32>) -> Option<Perplexity> {
     let context = context.max(4);
-    let vocab = model.config().vocab;
-    let blocks: Vec<BlockId> = (0..context.div_ceil(BLOCK) as BlockId).collect();
-    let mut kv = KvStore::new(model.config(), blocks.len(), BLOCK);
     let all: Vec<u32> = bos.into_iter().chain(tokens.iter().copied()).collect();
-    let (mut nll, mut scored, mut chunks) = (0f64, 0usize, 0usize);
-    let first = context / 2;
-    for piece in all.chunks_exact(context) {
+    let (mut nll, mut scored) = (0f64, 0usize);
+    let chunks = all.chunks_exact(context).count();
+    score_chunks(model, all.chunks_exact(context), bos, |_, row, next| {
+        nll -= log_prob(row, next);
+        scored += 1;
+    });
+    (scored > 0).then(|| Perplexity { value: (nll / scored as f64).exp(), chunks, scored })
+}
+
+/// Run each chunk (its first token replaced by `bos`, when given) from an empty cache in one prefill, and hand
+/// `row` the chunk's index, the logits of each scored position (the second half of the chunk but its last token,
+/// in order) and the token after it.
+pub fn score_chunks<'a>(
+    model: &Llama,
+    chunks: impl Iterator<Item = &'a [u32]>,
+    bos: Option<u32>,
+    mut row: impl FnMut(usize, &[f32], u32),
+) {
+    let vocab = model.config().vocab;
+    let mut scratch: Option<(usize, Vec<BlockId>, KvStore)> = None;
+    for (c, piece) in chunks.enumerate() {
+        let context = piece.len();
+        if scratch.as_ref().is_none_or(|(len, _, _)| *len != context) {
+            let blocks: Vec<BlockId> = (0..context.div_ceil(BLOCK) as BlockId).collect();
+            let kv = KvStore::new(model.config(), blocks.len(), BLOCK);
+            scratch = Some((context, blocks, kv));
+        }
+        let (_, blocks, kv) = scratch.as_mut().expect("just made");
         let mut chunk = piece.to_vec();
         if let Some(b) = bos {
             chunk[0] = b;
         }
         // Positions first..context - 1 predict the tokens after them; one step computes them all (the same bits
         // as token by token: every row is computed on its own).
+        let first = context / 2;
         let rows = context - 1 - first;
-        let item =
-            BatchItem { tokens: &chunk[..context - 1], start: 0, blocks: &blocks, window_blocks: &[], logits: rows };
-        let logits = model.forward(&[item], &mut kv);
-        for (i, row) in logits.chunks_exact(vocab).enumerate() {
-            nll -= log_prob(row, chunk[first + 1 + i]);
-            scored += 1;
+        let item = BatchItem { tokens: &chunk[..context - 1], start: 0, blocks, window_blocks: &[], logits: rows };
+        let logits = model.forward(&[item], kv);
+        for (i, logits) in logits.chunks_exact(vocab).enumerate() {
+            row(c, logits, chunk[first + 1 + i]);
         }
-        chunks += 1;
     }
-    (scored > 0).then(|| Perplexity { value: (nll / scored as f64).exp(), chunks, scored })
 }
