@@ -131,6 +131,7 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
         streaming_predicted: None,
         grammar: String::new(),
         cache_salt: 0,
+        resume_tokens: vec![],
     });
     let endpoint: SocketAddr = decision.endpoint.parse().unwrap();
     let mut stream = fe.stream(endpoint, Role::Worker, generate).await.unwrap();

@@ -33,6 +33,7 @@ fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
         streaming_predicted: None,
         grammar: String::new(),
         cache_salt: 0,
+        resume_tokens: vec![],
     })
 }
 

@@ -79,6 +79,7 @@ impl DirectWorker {
                     streaming_predicted: None,
                     grammar: String::new(),
                     cache_salt: 0,
+                    resume_tokens: vec![],
                 };
                 rec.request_id = Some(request.request_id.clone());
                 rec.worker = Some(self.endpoint.clone());

@@ -142,6 +142,7 @@ async fn quic(calls: usize, frames: u32) {
         streaming_predicted: None,
         grammar: String::new(),
         cache_salt: 0,
+        resume_tokens: vec![],
     });
     let started = Instant::now();
     let mut stream = client.stream(addr, Role::Worker, generate).await.unwrap();

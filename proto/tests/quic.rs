@@ -156,6 +156,7 @@ fn generate(request_id: &str, max_tokens: u32, prompt: Vec<u32>) -> Message {
         streaming_predicted: None,
         grammar: String::new(),
         cache_salt: 0,
+        resume_tokens: vec![],
     })
 }
 

@@ -146,13 +146,19 @@ impl WorkerService {
             .models
             .get(&g.model)
             .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("model {:?} is not served here", g.model)))?;
+        let vocab = model.tokenizer.vocab_size() as u32;
+        if let Some(bad) = g.resume_tokens.iter().find(|t| **t >= vocab) {
+            return Err(WireError::new(
+                ErrorCode::InvalidRequest,
+                format!("resume token id {bad} is outside the vocabulary of {vocab}"),
+            ));
+        }
         let prompt = match g.prompt {
             Prompt::Text(text) => model
                 .tokenizer
                 .encode(&text)
                 .map_err(|e| WireError::new(ErrorCode::InvalidRequest, format!("cannot tokenize the prompt: {e}")))?,
             Prompt::Tokens(tokens) => {
-                let vocab = model.tokenizer.vocab_size() as u32;
                 if let Some(bad) = tokens.iter().find(|t| **t >= vocab) {
                     return Err(WireError::new(
                         ErrorCode::InvalidRequest,
@@ -189,6 +195,7 @@ impl WorkerService {
             speculate: model.speculation.drafts_for(g.streaming_predicted),
             constraint,
             cache_salt: (g.cache_salt != 0).then_some(g.cache_salt),
+            resume: g.resume_tokens,
         };
         let mut generation = model
             .engine

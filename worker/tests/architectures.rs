@@ -467,6 +467,7 @@ fn greedy(engine: &mut EngineCore, prompts: &[Vec<u32>]) -> (Vec<(Vec<u32>, u32)
             speculate: if i == 0 { 4 } else { 0 },
             constraint: None,
             cache_salt: None,
+            resume: vec![],
         };
         engine.add(i as u64, request).unwrap();
     }

@@ -41,6 +41,7 @@ fn request(engine: &EngineCore, grammars: &zl_grammar::Engine, user: &str, gramm
         speculate: 4,
         constraint: Some(grammars.start(grammar).unwrap()),
         cache_salt: None,
+        resume: vec![],
     }
 }
 

@@ -78,6 +78,7 @@ fn greedy_answer_names_paris() {
             speculate: 0,
             constraint: None,
             cache_salt: None,
+            resume: vec![],
         },
     )
     .unwrap();
@@ -98,6 +99,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
         speculate: 0,
         constraint: None,
         cache_salt: None,
+        resume: vec![],
     };
     let mut alone = engine();
     let req = target(&alone);
@@ -120,6 +122,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
                 speculate: 0,
                 constraint: None,
                 cache_salt: None,
+                resume: vec![],
             },
         )
         .unwrap();
@@ -145,6 +148,7 @@ fn cancelling_returns_every_block_to_the_pool() {
             speculate: 0,
             constraint: None,
             cache_salt: None,
+            resume: vec![],
         },
     )
     .unwrap();
@@ -221,6 +225,7 @@ fn copy_request(engine: &EngineCore, sampling: Sampling, max_tokens: u32, specul
         speculate,
         constraint: None,
         cache_salt: None,
+        resume: vec![],
     }
 }
 

@@ -117,6 +117,7 @@ fn gemma3_local_layers_hold_their_window_only_past_it_and_answer_as_with_every_p
         speculate: 0,
         constraint: None,
         cache_salt: None,
+        resume: vec![],
     };
     engine.add(1, request).unwrap();
     let (mut got, mut most) = (Vec::new(), 0);

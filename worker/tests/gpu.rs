@@ -34,6 +34,7 @@ fn greedy(device: Device, question: &str) -> (Vec<u32>, String) {
         speculate: 0,
         constraint: None,
         cache_salt: None,
+        resume: vec![],
     };
     e.add(1, req).unwrap();
     let (mut tokens, mut text) = (Vec::new(), String::new());

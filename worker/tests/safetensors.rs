@@ -196,6 +196,7 @@ fn the_small_model_is_batch_invariant_through_the_engine() {
                         speculate: 0,
                         constraint: None,
                         cache_salt: None,
+                        resume: vec![],
                     },
                 )
                 .unwrap();
@@ -212,6 +213,7 @@ fn the_small_model_is_batch_invariant_through_the_engine() {
                     speculate: 0,
                     constraint: None,
                     cache_salt: None,
+                    resume: vec![],
                 },
             )
             .unwrap();

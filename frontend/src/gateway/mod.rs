@@ -634,6 +634,7 @@ impl Gateway {
                 streaming_predicted: opts.streaming_predicted,
                 grammar: p.grammar.clone(),
                 cache_salt: salt,
+                resume_tokens: vec![],
             };
             let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
                 // The endpoint must be the worker the route named: another node answering there (a stale address,

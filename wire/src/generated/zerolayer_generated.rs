@@ -2474,6 +2474,7 @@ impl<'a> GenerateRequest<'a> {
   pub const VT_STREAMING_PREDICTED: ::flatbuffers::VOffsetT = 24;
   pub const VT_GRAMMAR: ::flatbuffers::VOffsetT = 26;
   pub const VT_CACHE_SALT: ::flatbuffers::VOffsetT = 28;
+  pub const VT_RESUME_TOKENS: ::flatbuffers::VOffsetT = 30;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2486,6 +2487,7 @@ impl<'a> GenerateRequest<'a> {
   ) -> ::flatbuffers::WIPOffset<GenerateRequest<'bldr>> {
     let mut builder = GenerateRequestBuilder::new(_fbb);
     builder.add_cache_salt(args.cache_salt);
+    if let Some(x) = args.resume_tokens { builder.add_resume_tokens(x); }
     if let Some(x) = args.grammar { builder.add_grammar(x); }
     if let Some(x) = args.stop_sequences { builder.add_stop_sequences(x); }
     builder.add_max_tokens(args.max_tokens);
@@ -2610,6 +2612,17 @@ impl<'a> GenerateRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(GenerateRequest::VT_CACHE_SALT, Some(0)).unwrap()}
   }
+  /// Migration (protocol 1.6): the output tokens another worker already produced for this request (at most
+  /// max_tokens: all of them when only the finish was lost). The worker continues after them exactly as that worker would have: the sampler at their count,
+  /// the grammar, detokenizer and stop sequences advanced over them silently; only text after theirs is sent, and
+  /// the usage counts them once (input_tokens stays the prompt's). Empty for a fresh request.
+  #[inline]
+  pub fn resume_tokens(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(GenerateRequest::VT_RESUME_TOKENS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
@@ -2631,6 +2644,7 @@ impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
      .visit_field::<bool>("streaming_predicted", Self::VT_STREAMING_PREDICTED, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("grammar", Self::VT_GRAMMAR, false)?
      .visit_field::<u64>("cache_salt", Self::VT_CACHE_SALT, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("resume_tokens", Self::VT_RESUME_TOKENS, false)?
      .finish();
     Ok(())
   }
@@ -2649,6 +2663,7 @@ pub struct GenerateRequestArgs<'a> {
     pub streaming_predicted: Option<bool>,
     pub grammar: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub cache_salt: u64,
+    pub resume_tokens: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
 }
 impl<'a> Default for GenerateRequestArgs<'a> {
   #[inline]
@@ -2667,6 +2682,7 @@ impl<'a> Default for GenerateRequestArgs<'a> {
       streaming_predicted: None,
       grammar: None,
       cache_salt: 0,
+      resume_tokens: None,
     }
   }
 }
@@ -2729,6 +2745,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GenerateRequestBuilder<'a, 'b
     self.fbb_.push_slot::<u64>(GenerateRequest::VT_CACHE_SALT, cache_salt, 0);
   }
   #[inline]
+  pub fn add_resume_tokens(&mut self, resume_tokens: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GenerateRequest::VT_RESUME_TOKENS, resume_tokens);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GenerateRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GenerateRequestBuilder {
@@ -2761,6 +2781,7 @@ impl ::core::fmt::Debug for GenerateRequest<'_> {
       ds.field("streaming_predicted", &self.streaming_predicted());
       ds.field("grammar", &self.grammar());
       ds.field("cache_salt", &self.cache_salt());
+      ds.field("resume_tokens", &self.resume_tokens());
       ds.finish()
   }
 }

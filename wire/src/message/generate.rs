@@ -89,6 +89,10 @@ pub struct GenerateRequest {
     pub grammar: String,
     /// The prompt's cache scope salt (`zl_common::block_hash::cache_salt`); 0 for unsalted.
     pub cache_salt: u64,
+    /// Output tokens another worker already produced for this request (a migration): the worker continues after
+    /// them exactly as that worker would have. At most `max_tokens` (all of them: only the finish was lost); empty
+    /// for a fresh request.
+    pub resume_tokens: Vec<u32>,
 }
 
 impl GenerateRequest {
@@ -116,6 +120,16 @@ impl GenerateRequest {
                 ));
             }
         }
+        if self.resume_tokens.len() > self.max_tokens as usize {
+            return Err(invalid(
+                "GenerateRequest.resume_tokens",
+                format!(
+                    "{} tokens already produced, more than max_tokens {}",
+                    self.resume_tokens.len(),
+                    self.max_tokens
+                ),
+            ));
+        }
         if self.grammar.len() > check::MAX_GRAMMAR_LEN {
             return Err(invalid(
                 "GenerateRequest.grammar",
@@ -137,6 +151,7 @@ impl GenerateRequest {
         let stops: Vec<_> = self.stop_sequences.iter().map(|s| fbb.create_string(s)).collect();
         let stops = fbb.create_vector(&stops);
         let grammar = (!self.grammar.is_empty()).then(|| fbb.create_string(&self.grammar));
+        let resume_tokens = (!self.resume_tokens.is_empty()).then(|| fbb.create_vector(&self.resume_tokens));
         fb::GenerateRequest::create(
             fbb,
             &fb::GenerateRequestArgs {
@@ -153,6 +168,7 @@ impl GenerateRequest {
                 streaming_predicted: self.streaming_predicted,
                 grammar,
                 cache_salt: self.cache_salt,
+                resume_tokens,
             },
         )
     }
@@ -183,6 +199,7 @@ impl GenerateRequest {
             streaming_predicted: t.streaming_predicted(),
             grammar: t.grammar().unwrap_or_default().to_owned(),
             cache_salt: t.cache_salt(),
+            resume_tokens: t.resume_tokens().map(|v| v.iter().collect()).unwrap_or_default(),
         };
         msg.check()?;
         Ok(msg)

@@ -91,6 +91,7 @@ pub(crate) fn samples() -> Vec<Message> {
             streaming_predicted: Some(false),
             grammar: "start: \"a\"".into(),
             cache_salt: 7,
+            resume_tokens: vec![5, 6],
         }),
         Message::GenerateRequest(GenerateRequest {
             request_id: "req_02".into(),
@@ -105,6 +106,7 @@ pub(crate) fn samples() -> Vec<Message> {
             streaming_predicted: None,
             grammar: String::new(),
             cache_salt: 0,
+            resume_tokens: vec![],
         }),
         Message::TokenChunk(TokenChunk {
             token_ids: vec![504, 3],

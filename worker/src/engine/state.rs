@@ -16,7 +16,7 @@ use crate::model::llama::{BatchItem, KvStore, PARALLEL_ROWS};
 use crate::sampling::{Sampling, log_softmax_at, sample};
 use crate::scheduler::{AdmitError, Scheduler, SchedulerConfig, SeqId, StepItem};
 use crate::stop::StopMatcher;
-use zl_text::Detokenizer;
+use zl_text::{Detokenizer, TextTokenizer};
 
 /// A request as the engine runs it.
 #[derive(Clone, Debug)]
@@ -39,6 +39,9 @@ pub struct Request {
     /// The prompt's cache scope salt (`zl_common::block_hash::cache_salt`): prefix blocks are shared only with
     /// requests of the same scope. `None`: unsalted.
     pub cache_salt: Option<u64>,
+    /// Output tokens another worker already produced (a migration; at most `max_tokens`): the sequence continues
+    /// after them exactly as that worker would have, and sends only what follows them.
+    pub resume: Vec<u32>,
 }
 
 /// Something that happened to a sequence during a step.
@@ -97,6 +100,22 @@ pub enum RequestError {
     /// `max_tokens` is 0.
     #[error("max_tokens must be at least 1")]
     NoOutput,
+    /// More tokens to resume after than `max_tokens` allows.
+    #[error("{resume} tokens to resume after exceed max_tokens {max_tokens}")]
+    Resume {
+        /// Tokens already produced.
+        resume: usize,
+        /// Output limit.
+        max_tokens: u32,
+    },
+}
+
+/// What one output token did to its sequence.
+struct Advance {
+    /// The text it releases (`None`: it was a stop token, which is not output).
+    emit: Option<String>,
+    /// Why the sequence ends with it, and the stop sequence it matched.
+    end: Option<(StopReason, Option<String>)>,
 }
 
 struct SeqState {
@@ -147,6 +166,9 @@ pub struct EngineCore {
     sched: Scheduler,
     seqs: HashMap<SeqId, SeqState>,
     prefill_tokens: u64,
+    /// Events of sequences that ended before running (a resumed one whose last produced token ended it), sent
+    /// with the next step's.
+    pending: Vec<Event>,
 }
 
 impl std::fmt::Debug for EngineCore {
@@ -193,7 +215,7 @@ impl EngineCore {
         if let Some(window) = layout.window {
             sched = sched.with_window(WindowKv::new(window, block_size, max_item));
         }
-        Ok(EngineCore { model, backend, sched, seqs: HashMap::new(), prefill_tokens: 0 })
+        Ok(EngineCore { model, backend, sched, seqs: HashMap::new(), prefill_tokens: 0, pending: Vec::new() })
     }
 
     /// Blocks the sliding-window layers' own pool holds now and in all, when it has one.
@@ -220,27 +242,46 @@ impl EngineCore {
         if req.prompt.len() + req.max_tokens as usize > context {
             return Err(RequestError::ContextLength { prompt: req.prompt.len(), max_tokens: req.max_tokens, context });
         }
+        if req.resume.len() > req.max_tokens as usize {
+            return Err(RequestError::Resume { resume: req.resume.len(), max_tokens: req.max_tokens });
+        }
         let prompt_len = req.prompt.len() as u32;
-        self.sched.add(seq, req.prompt, req.max_tokens as usize)?;
+        let speculate = if req.constraint.is_some() { 0 } else { req.speculate };
+        let mut st = SeqState {
+            sampling: req.sampling,
+            logprobs: req.logprobs,
+            max_tokens: req.max_tokens,
+            generated: 0,
+            prompt_len,
+            detok: Detokenizer::default(),
+            stop: StopMatcher::new(&req.stop_sequences),
+            drafted: 0,
+            accepted: 0,
+            constraint: req.constraint,
+            closing: Default::default(),
+        };
+        // A migration: the tokens already produced go through the sequence's state as they did on the worker that
+        // produced them (the sampler's step, the grammar and its closing, the detokenizer, the stop matcher), their
+        // text unsent: it was sent. Their KV is computed with the prompt's.
+        for &token in &req.resume {
+            if st.constraint.is_some() {
+                closing_for(&mut st);
+            }
+            if let Some((reason, stop_sequence)) = advance(&mut st, &self.model.tokenizer, token).end {
+                // It ended there (its finish was lost with the worker): finish again, nothing to compute.
+                self.pending.push(finished(seq, &mut st, reason, stop_sequence, 0));
+                return Ok(());
+            }
+        }
+        metrics::counter!("zl_worker_resumed_tokens_total").increment(req.resume.len() as u64);
+        let remaining = (req.max_tokens - st.generated) as usize;
+        let mut tokens = req.prompt;
+        tokens.extend(&req.resume);
+        self.sched.add(seq, tokens, remaining)?;
         self.sched.salt(seq, req.cache_salt);
         // Constrained requests do not speculate: every draft would need its own mask.
-        self.sched.speculate(seq, if req.constraint.is_some() { 0 } else { req.speculate });
-        self.seqs.insert(
-            seq,
-            SeqState {
-                sampling: req.sampling,
-                logprobs: req.logprobs,
-                max_tokens: req.max_tokens,
-                generated: 0,
-                prompt_len,
-                detok: Detokenizer::default(),
-                stop: StopMatcher::new(&req.stop_sequences),
-                drafted: 0,
-                accepted: 0,
-                constraint: req.constraint,
-                closing: Default::default(),
-            },
-        );
+        self.sched.speculate(seq, speculate);
+        self.seqs.insert(seq, st);
         Ok(())
     }
 
@@ -252,7 +293,7 @@ impl EngineCore {
 
     /// True when a step would do work.
     pub fn has_work(&self) -> bool {
-        !self.sched.is_idle()
+        !self.sched.is_idle() || !self.pending.is_empty()
     }
 
     /// Current figures.
@@ -282,7 +323,7 @@ impl EngineCore {
     pub fn step(&mut self) -> Vec<Event> {
         let plan = self.sched.schedule();
         if plan.items.is_empty() {
-            return Vec::new();
+            return std::mem::take(&mut self.pending);
         }
         let rows_of = |it: &StepItem| if it.sample { 1 + it.drafts } else { 0 };
         let items: Vec<BatchItem<'_>> = plan
@@ -344,7 +385,7 @@ impl EngineCore {
         } else {
             logits.chunks_exact(vocab).zip(&rows).map(pick).collect()
         };
-        let mut events = Vec::new();
+        let mut events = std::mem::take(&mut self.pending);
         let mut sampled = HashMap::new();
         let mut finished = Vec::new();
         let mut at = 0;
@@ -381,42 +422,13 @@ impl EngineCore {
         let mut emitted = Vec::new();
         for (j, picked) in picked.iter().enumerate() {
             let (s, logprob) = (*picked)?;
-            st.generated += 1;
-            let mut end = None;
-            let off_grammar = st.constraint.as_mut().map(|c| c.advance(s)).and_then(Result::err);
-            if st.closing.front() == Some(&s) {
-                st.closing.pop_front();
+            let step = advance(st, &self.model.tokenizer, s);
+            if let Some(text) = step.emit {
+                events.push(Event::Token { seq: item.seq, token: s, logprob, text });
             }
-            if let Some(e) = &off_grammar {
-                tracing::warn!(seq = item.seq, error = %e, "constrained decoding stopped");
-            }
-            if self.model.tokenizer.stop_ids.contains(&s) {
-                end = Some((StopReason::EndTurn, None));
-            } else {
-                let delta = st.detok.push(&self.model.tokenizer, s).unwrap_or_default();
-                let stop = st.stop.push(&delta);
-                events.push(Event::Token { seq: item.seq, token: s, logprob, text: stop.emit });
-                if let Some(matched) = stop.stopped {
-                    end = Some((StopReason::StopSequence, Some(matched)));
-                } else if st.generated >= st.max_tokens {
-                    end = Some((StopReason::MaxTokens, None));
-                } else if off_grammar.is_some() {
-                    end = Some((StopReason::EndTurn, None));
-                }
-            }
-            if let Some((reason, stop_sequence)) = end {
-                let text = if stop_sequence.is_some() { String::new() } else { st.stop.flush() };
-                events.push(Event::Finished {
-                    seq: item.seq,
-                    reason,
-                    stop_sequence,
-                    text,
-                    input_tokens: st.prompt_len,
-                    output_tokens: st.generated,
-                    cached_input_tokens: self.sched.cached_prompt_tokens(item.seq) as u32,
-                    draft_tokens: st.drafted,
-                    accepted_draft_tokens: st.accepted,
-                });
+            if let Some((reason, stop_sequence)) = step.end {
+                let cached = self.sched.cached_prompt_tokens(item.seq).min(st.prompt_len as usize) as u32;
+                events.push(finished(item.seq, st, reason, stop_sequence, cached));
                 return None;
             }
             emitted.push(s);
@@ -430,10 +442,71 @@ impl EngineCore {
     }
 }
 
+/// One output token through its sequence's state: the step count, the grammar (and the closing being written),
+/// the detokenizer and the stop matcher; what it releases and whether it ends the sequence. The same for a token
+/// sampled here and for one another worker produced (a migration's replay), so both leave the same state.
+fn advance(st: &mut SeqState, tokenizer: &TextTokenizer, s: u32) -> Advance {
+    st.generated += 1;
+    let off_grammar = st.constraint.as_mut().map(|c| c.advance(s)).and_then(Result::err);
+    if st.closing.front() == Some(&s) {
+        st.closing.pop_front();
+    }
+    if let Some(e) = &off_grammar {
+        tracing::warn!(error = %e, "constrained decoding stopped");
+    }
+    if tokenizer.stop_ids.contains(&s) {
+        return Advance { emit: None, end: Some((StopReason::EndTurn, None)) };
+    }
+    let delta = st.detok.push(tokenizer, s).unwrap_or_default();
+    let stop = st.stop.push(&delta);
+    let end = if let Some(matched) = stop.stopped {
+        Some((StopReason::StopSequence, Some(matched)))
+    } else if st.generated >= st.max_tokens {
+        Some((StopReason::MaxTokens, None))
+    } else if off_grammar.is_some() {
+        Some((StopReason::EndTurn, None))
+    } else {
+        None
+    };
+    Advance { emit: Some(stop.emit), end }
+}
+
+/// A sequence's `Finished` event (its held-back text released unless a stop sequence ended it).
+fn finished(seq: SeqId, st: &mut SeqState, reason: StopReason, stop_sequence: Option<String>, cached: u32) -> Event {
+    let text = if stop_sequence.is_some() { String::new() } else { st.stop.flush() };
+    Event::Finished {
+        seq,
+        reason,
+        stop_sequence,
+        text,
+        input_tokens: st.prompt_len,
+        output_tokens: st.generated,
+        cached_input_tokens: cached,
+        draft_tokens: st.drafted,
+        accepted_draft_tokens: st.accepted,
+    }
+}
+
 /// How close to its token limit a constrained sequence starts checking how it would end.
 const CLOSING_WINDOW: u32 = 64;
 /// The most bytes of closing text looked for.
 const CLOSING_BYTES: usize = 512;
+
+/// Before a constrained sequence's sampling step: near its token limit, the closing it must write from now on,
+/// if it has none yet (the shortest found, when it and a stop token just fit what is left, one step to spare).
+fn closing_for(st: &mut SeqState) {
+    let left = st.max_tokens.saturating_sub(st.generated);
+    let Some(c) = st.constraint.as_mut() else { return };
+    if st.closing.is_empty()
+        && left <= CLOSING_WINDOW
+        && !c.is_complete()
+        && let Some(tokens) = c.closing(CLOSING_BYTES)
+        && tokens.len() as u32 + 2 >= left
+    {
+        metrics::counter!("zl_worker_grammar_closings_total").increment(1);
+        st.closing = tokens.into();
+    }
+}
 
 /// Each constrained sequence's mask for this step. A sequence that would otherwise run out of tokens inside its
 /// grammar (a string, an object with fields still required) is given the shortest closing found while it still
@@ -446,18 +519,9 @@ fn masks(
     let mut out = HashMap::with_capacity(constrained.len());
     for &seq in constrained {
         let Some(st) = seqs.get_mut(&seq) else { continue };
-        let left = st.max_tokens.saturating_sub(st.generated);
-        let Some(c) = st.constraint.as_mut() else { continue };
         let started = std::time::Instant::now();
-        if st.closing.is_empty() && left <= CLOSING_WINDOW && !c.is_complete() {
-            // The closing, then a stop token, must fit what is left (one step to spare).
-            if let Some(tokens) = c.closing(CLOSING_BYTES)
-                && tokens.len() as u32 + 2 >= left
-            {
-                metrics::counter!("zl_worker_grammar_closings_total").increment(1);
-                st.closing = tokens.into();
-            }
-        }
+        closing_for(st);
+        let Some(c) = st.constraint.as_mut() else { continue };
         let mask = match st.closing.front() {
             Some(&token) => Ok(zl_grammar::Mask::only(token, vocab)),
             None => c.mask(),

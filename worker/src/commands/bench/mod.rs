@@ -164,6 +164,7 @@ fn prefill(core: &mut zl_worker::engine::EngineCore, lengths: &[usize]) -> Resul
             speculate: 0,
             constraint: None,
             cache_salt: None,
+            resume: vec![],
         };
         core.add(1_000_000 + i as u64, req)?;
         let started = Instant::now();
@@ -248,6 +249,7 @@ fn run_level(
                 None => None,
             },
             cache_salt: None,
+            resume: vec![],
         };
         core.add((level.no * 10_000 + i) as u64, req)?;
     }

@@ -1,0 +1,119 @@
+//! Migration's promise on the worker's side: a request resumed after any number of the tokens another worker
+//! produced continues exactly as the uninterrupted one, token for token and byte for byte (the sampler positioned
+//! after them, the grammar and its closing, the detokenizer and the stop matcher advanced over them silently),
+//! and its finish counts every output token once.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use serde_json::json;
+use zl_text::ChatMessage;
+use zl_worker::engine::{EngineCore, Event, Request};
+use zl_worker::fetch;
+use zl_worker::kv::window::KvLayout;
+use zl_worker::model::gguf;
+use zl_worker::sampling::Sampling;
+use zl_worker::scheduler::SchedulerConfig;
+
+fn engine() -> (EngineCore, zl_grammar::Engine) {
+    let path = fetch::ensure_default_model(&fetch::cache_dir(), &mut |m| eprintln!("{m}")).unwrap();
+    let model = gguf::load(&path).unwrap();
+    let grammar = zl_grammar::Engine::new(&model.tokenizer).unwrap();
+    (
+        EngineCore::on_device(model, Default::default(), KvLayout::full(1024), 16, SchedulerConfig::default()).unwrap(),
+        grammar,
+    )
+}
+
+fn chat(engine: &EngineCore, user: &str) -> Vec<u32> {
+    let tok = &engine.model().tokenizer;
+    let messages = [
+        ChatMessage { role: "system".into(), content: "You are a helpful assistant.".into() },
+        ChatMessage { role: "user".into(), content: user.into() },
+    ];
+    tok.encode(&tok.render_chat(&messages).unwrap()).unwrap()
+}
+
+/// One run: each token with the text its event released, and the finish (reason, stop sequence, its text,
+/// input and output tokens).
+type Run = (Vec<(u32, String)>, String);
+
+fn run(engine: &mut EngineCore, request: Request) -> Run {
+    engine.add(1, request).unwrap();
+    let (mut tokens, mut finish) = (Vec::new(), String::new());
+    for _ in 0..10_000 {
+        if !engine.has_work() {
+            break;
+        }
+        for event in engine.step() {
+            match event {
+                Event::Token { token, text, .. } => tokens.push((token, text)),
+                Event::Finished { reason, stop_sequence, text, input_tokens, output_tokens, .. } => {
+                    finish = format!("{reason:?} {stop_sequence:?} {text:?} in {input_tokens} out {output_tokens}");
+                }
+            }
+        }
+    }
+    assert!(!engine.has_work());
+    (tokens, finish)
+}
+
+#[test]
+fn a_request_resumed_after_any_of_its_tokens_continues_byte_for_byte() {
+    let (mut e, grammars) = engine();
+    let story = chat(&e, "Repeat this text exactly, twice: the lazy dog sleeps in the warm sun all day long.");
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"]});
+    let grammar = zl_grammar::json_schema(&schema).unwrap();
+    let city = chat(&e, "Give a city and its population as JSON.");
+    let base = Request {
+        prompt: story.clone(),
+        sampling: Sampling { temperature: 0.8, top_p: 0.95, top_k: 40, seed: 99 },
+        max_tokens: 48,
+        stop_sequences: vec!["warm sun".into()],
+        logprobs: false,
+        speculate: 4,
+        constraint: None,
+        cache_salt: None,
+        resume: vec![],
+    };
+    let cases: Vec<(&str, Box<dyn Fn(&zl_grammar::Engine) -> Request>)> = vec![
+        // Seeded sampling, speculation, a stop sequence that may end it mid-text.
+        ("seeded with a stop sequence", Box::new(|_| base.clone())),
+        (
+            "greedy to max_tokens",
+            Box::new(|_| Request {
+                sampling: Sampling::greedy(),
+                stop_sequences: vec![],
+                max_tokens: 10,
+                ..base.clone()
+            }),
+        ),
+        // A JSON schema with few tokens to spare: the closing the grammar forces near the end must be the same.
+        (
+            "a JSON schema near its limit",
+            Box::new(|g| Request {
+                prompt: city.clone(),
+                sampling: Sampling { temperature: 1.0, top_p: 1.0, top_k: 0, seed: 5 },
+                stop_sequences: vec![],
+                max_tokens: 20,
+                speculate: 0,
+                constraint: Some(g.start(&grammar).unwrap()),
+                ..base.clone()
+            }),
+        ),
+    ];
+    for (what, make) in &cases {
+        let (whole, finish) = run(&mut e, make(&grammars));
+        let n = whole.len();
+        assert!(n >= 4, "{what}: {n} tokens");
+        eprintln!("{what}: {n} tokens, {finish}");
+        for k in [1, n / 2, n - 1, n] {
+            let resume: Vec<u32> = whole[..k].iter().map(|(t, _)| *t).collect();
+            let (rest, resumed_finish) = run(&mut e, Request { resume, ..make(&grammars) });
+            assert_eq!(rest, whole[k..], "{what}: resumed after {k} of {n} tokens");
+            assert_eq!(resumed_finish, finish, "{what}: the finish after {k} of {n}");
+        }
+    }
+    // More tokens to resume after than the request allows is refused.
+    let err = e.add(2, Request { resume: vec![1; 49], ..base.clone() }).unwrap_err();
+    assert!(err.to_string().contains("exceed max_tokens"), "{err}");
+}
