@@ -36,6 +36,9 @@ fn chat(engine: &EngineCore, user: &str) -> Vec<u32> {
 /// input and output tokens).
 type Run = (Vec<(u32, String)>, String);
 
+/// A case's request (grammars compile per request).
+type MakeRequest<'a> = Box<dyn Fn(&zl_grammar::Engine) -> Request + 'a>;
+
 fn run(engine: &mut EngineCore, request: Request) -> Run {
     engine.add(1, request).unwrap();
     let (mut tokens, mut finish) = (Vec::new(), String::new());
@@ -75,7 +78,7 @@ fn a_request_resumed_after_any_of_its_tokens_continues_byte_for_byte() {
         cache_salt: None,
         resume: vec![],
     };
-    let cases: Vec<(&str, Box<dyn Fn(&zl_grammar::Engine) -> Request>)> = vec![
+    let cases: Vec<(&str, MakeRequest)> = vec![
         // Seeded sampling, speculation, a stop sequence that may end it mid-text.
         ("seeded with a stop sequence", Box::new(|_| base.clone())),
         (
