@@ -78,7 +78,7 @@ fn a_request_resumed_after_any_of_its_tokens_continues_byte_for_byte() {
         cache_salt: None,
         resume: vec![],
     };
-    let cases: Vec<(&str, MakeRequest)> = vec![
+    let cases: Vec<(&str, MakeRequest<'_>)> = vec![
         // Seeded sampling, speculation, a stop sequence that may end it mid-text.
         ("seeded with a stop sequence", Box::new(|_| base.clone())),
         (
