@@ -68,6 +68,8 @@ impl TokenSource for ResponseStream {
 
 /// The protocol minor version from which workers apply `GenerateRequest.grammar`.
 const GRAMMAR_MINOR: u16 = 3;
+/// The protocol minor version from which workers resume after `GenerateRequest.resume_tokens`.
+const RESUME_MINOR: u16 = 6;
 
 /// Per-call deadline for control calls to workers (model cards): a worker loading another model may take a few
 /// seconds to answer, and a card is fetched once per model and cached.
@@ -216,6 +218,7 @@ impl Upstream for QuicUpstream {
         Box::pin(async move {
             let to = endpoint_addr(&endpoint).await?;
             let constrained = !request.grammar.is_empty();
+            let resumed = !request.resume_tokens.is_empty();
             let stream = self.client.stream(to, Role::Worker, Message::GenerateRequest(request)).await?;
             // A worker older than protocol 1.3 ignores the grammar and would answer unconstrained: the call is
             // dropped (which cancels it) and the request goes to another worker (during a rolling upgrade).
@@ -224,6 +227,18 @@ impl Upstream for QuicUpstream {
                     ErrorCode::Unavailable,
                     format!(
                         "worker {} speaks protocol 1.{} and cannot constrain decoding (1.{GRAMMAR_MINOR} can)",
+                        stream.peer().node_id,
+                        stream.peer().protocol_minor
+                    ),
+                )));
+            }
+            // An older worker would ignore the tokens to resume after and start the answer over: the client would
+            // get its beginning twice. Dropped the same way; the migration goes to another worker.
+            if resumed && stream.peer().protocol_minor < RESUME_MINOR {
+                return Err(CallError::Remote(WireError::new(
+                    ErrorCode::Unavailable,
+                    format!(
+                        "worker {} speaks protocol 1.{} and cannot resume a migrated request (1.{RESUME_MINOR} can)",
                         stream.peer().node_id,
                         stream.peer().protocol_minor
                     ),

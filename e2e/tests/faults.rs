@@ -46,10 +46,11 @@ struct StreamEnd {
 #[test]
 fn a_worker_killed_under_load_costs_its_requests_seconds_and_new_requests_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    // The orchestrator's default heartbeat timeout (1 s) is part of what is tested.
+    // The orchestrator's default heartbeat timeout (1 s) is part of what is tested. Migration is off: what is
+    // timed here is how soon a dead worker's streams end (with it on they go on elsewhere: migration.rs).
     let ids = ["worker-a", "worker-b"];
     let SmallCluster { mut orch, mut workers, mut frontend, http: http_addr } =
-        small_cluster(dir.path(), &ids, &[], &[], KEY);
+        small_cluster(dir.path(), &ids, &[], &["--migration-limit", "0"], KEY);
 
     // Load: six long streams, each told apart by its prompt so the policy spreads them. Each thread reports its
     // worker once text flows, then how its body ended.

@@ -461,6 +461,7 @@ mod tests {
             cached_input_tokens: 0,
             draft_tokens: 0,
             accepted_draft_tokens: 0,
+            migrated_to: Vec::new(),
             billing_unit: 0.25,
         };
         assert_eq!(

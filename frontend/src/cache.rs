@@ -28,6 +28,8 @@ pub struct FinishInfo {
     pub draft_tokens: u32,
     /// Draft tokens it accepted (output tokens that cost no model step of their own).
     pub accepted_draft_tokens: u32,
+    /// Workers the request moved to when the one before failed mid-answer, in order (empty for most).
+    pub migrated_to: Vec<String>,
 }
 
 /// A stored generation.
@@ -178,6 +180,7 @@ mod tests {
                 cached_input_tokens: 0,
                 draft_tokens: 0,
                 accepted_draft_tokens: 0,
+                migrated_to: Vec::new(),
                 billing_unit: 0.1,
             },
             model: "m".into(),

@@ -52,6 +52,9 @@ pub struct Meta {
     pub input_sha256: [u8; 32],
     /// The orchestrator that routed it (empty for a cache hit).
     pub orchestrator: String,
+    /// The seed the worker samples with: the client's, or one the frontend drew (every request runs seeded, so
+    /// another worker can continue it exactly). `None` for a cache hit.
+    pub seed: Option<u64>,
 }
 
 /// One event of a generation.

@@ -183,6 +183,17 @@ struct ServeArgs {
     /// While degraded, route normal and low priority requests to their model's fallback chain first.
     #[arg(long, env = "ZL_DEGRADED_PREFER_FALLBACK", default_value_t = true, action = clap::ArgAction::Set)]
     degraded_prefer_fallback: bool,
+    /// Times one request may move to another worker when its worker fails mid-answer (0 turns migration off).
+    /// The new worker continues after the tokens already sent, exactly as the failed one would have.
+    #[arg(long, env = "ZL_MIGRATION_LIMIT", default_value_t = 2)]
+    migration_limit: u32,
+    /// Output tokens held per request for a migration (4 bytes each); a longer answer is not moved.
+    #[arg(long, env = "ZL_MIGRATION_MAX_TOKENS", default_value_t = 32_768)]
+    migration_max_tokens: usize,
+    /// A worker that sends nothing for this long once an answer's tokens have started is treated as failed for
+    /// that request (a wedged device; a stopped or dead process is noticed sooner by its connection).
+    #[arg(long, env = "ZL_STALL_TIMEOUT_MS", default_value_t = 10_000)]
+    stall_timeout_ms: u64,
     /// TOML file whose keys are these flags' long names.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
@@ -379,6 +390,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         lease_fraction: args.lease_fraction,
         lease: Duration::from_secs(args.lease_s),
         degrade: degrade(&args)?.0,
+        migration_limit: args.migration_limit,
+        migration_max_tokens: args.migration_max_tokens,
+        stall_timeout: Duration::from_millis(args.stall_timeout_ms.max(1)),
     };
     cluster.set_thresholds(degrade(&args)?.1);
     let audit = match audit_config(&args)? {

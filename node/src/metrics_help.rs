@@ -35,6 +35,9 @@ pub const HELP: &[(&str, &str)] = &[
         "zl_frontend_keys_unverifiable",
         "1 while synced API keys were stored under another key pepper (they cannot be checked)",
     ),
+    ("zl_frontend_migrated_tokens_total", "Output tokens a migrated request resumed after (prefilled again, unbilled)"),
+    ("zl_frontend_migration_seconds", "Time from a worker's failure to the next worker's first frame, seconds"),
+    ("zl_frontend_migrations_total", "Requests moved to another worker mid-answer, by cause"),
     ("zl_frontend_orchestrator_failovers_total", "Calls moved to another orchestrator after one failed"),
     ("zl_frontend_output_tokens_total", "Output tokens sent to clients, by model"),
     (
@@ -112,6 +115,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("zl_worker_prefix_hit_rate", "Share of prompt tokens found in the prefix cache"),
     ("zl_worker_queue_depth", "Sequences waiting for admission"),
     ("zl_worker_registrations_total", "Registrations of this worker with the orchestrators"),
+    ("zl_worker_resumed_tokens_total", "Output tokens of migrated requests this worker resumed after"),
     ("zl_worker_running_sequences", "Sequences running"),
     ("zl_worker_step_seconds", "Duration of one batched model step, seconds"),
     ("zl_worker_time_per_output_token_seconds", "Time per output token, seconds"),

@@ -85,6 +85,13 @@ pub struct AuditRecord {
     pub ttft_ms: f64,
     /// Time spent on route decisions, milliseconds.
     pub route_ms: f64,
+    /// The seed the answer was sampled with (the client's, or one the frontend drew); absent for cache hits and
+    /// refusals (and in records written before it was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Workers the request moved to, in order, when the one before failed mid-answer (`worker` is the first).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub migrated_to: Vec<String>,
     /// The prompt and answer, encrypted under the project's data key (content logging on), else none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub payload: Option<SealedPayload>,

@@ -82,6 +82,7 @@ impl Draft {
         r.weights_sha256 = meta.weights_sha256.clone();
         r.input_sha256 = hex(&meta.input_sha256);
         r.worker = meta.worker.clone();
+        r.seed = meta.seed;
         r.orchestrator = meta.orchestrator.clone();
         r.input_tokens = meta.input_tokens;
         r.route_ms = meta.route_ms;
@@ -109,6 +110,7 @@ impl Draft {
                 r.output_tokens = f.output_tokens;
                 r.billing_unit = f.billing_unit;
                 r.stop_reason = f.stop_reason.name().to_owned();
+                r.migrated_to.clone_from(&f.migrated_to);
             }
         }
     }

@@ -1,6 +1,7 @@
 //! A running generation: the events of one answer, from the response cache or streamed from a worker, with
 //! the bookkeeping that follows them (time to first token, inter-token latency, the billing unit at the finish,
-//! the cache entry, the rate-limit settlement however the answer ends, and noting a worker that failed).
+//! the cache entry, the rate-limit settlement however the answer ends, noting a worker that failed, and moving
+//! the request to another worker when its worker fails mid-answer: `migration.rs`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use zl_common::sync::lock;
 use zl_wire::message::{Message, NodeId};
 
 use super::admission::Holds;
+use super::migration::{Fault, Migration};
 use super::{Gateway, GenEvent};
 use crate::cache::FinishInfo;
 use crate::error::ApiError;
@@ -69,6 +71,10 @@ pub(super) struct Live {
     /// charge a key or budget more than the request could cost).
     pub(super) max_tokens: u32,
     pub(super) prompt_tokens: u32,
+    /// How to go on elsewhere if the worker fails.
+    pub(super) migration: Migration,
+    /// The workers the request moved to, in order.
+    pub(super) migrated_to: Vec<String>,
 }
 
 impl Live {
@@ -106,24 +112,40 @@ impl Generation {
     }
 
     async fn next_frame(&mut self) -> Option<Result<GenEvent, ApiError>> {
-        let msg = match &mut self.source {
-            Source::Replay(events) => {
-                let ev = events.pop_front()?;
-                if let GenEvent::Finish(f) = &ev {
-                    self.settle.output_tokens = f.output_tokens;
-                    self.settle.spent.milli_units = milli(f.billing_unit);
+        let gateway = self.settle.gateway.clone();
+        let msg = loop {
+            let source = match &mut self.source {
+                Source::Replay(events) => {
+                    let ev = events.pop_front()?;
+                    if let GenEvent::Finish(f) = &ev {
+                        self.settle.output_tokens = f.output_tokens;
+                        self.settle.spent.milli_units = milli(f.billing_unit);
+                    }
+                    return Some(Ok(ev));
                 }
-                return Some(Ok(ev));
+                Source::Worker(source) => source,
+            };
+            let live = self.live.as_mut()?;
+            let got = match live.first.take() {
+                Some(first) => Ok(first),
+                None => read(source.as_mut(), live.last_token.is_some(), gateway.config.stall_timeout).await,
+            };
+            let fault = match got {
+                Ok(msg) => break Ok(msg),
+                Err(fault) => fault,
+            };
+            // The worker failed mid-answer: go on on another, after the tokens already received.
+            if let Fault::Call(e) = &fault {
+                gateway.note_failure(&live.worker, e);
             }
-            Source::Worker(source) => {
-                let live = self.live.as_mut()?;
-                match live.first.take() {
-                    Some(first) => Ok(first),
-                    None => match source.next().await {
-                        Some(r) => r,
-                        None => return None,
-                    },
+            match live.migration.reopen(&gateway, &live.worker, &fault).await {
+                Some((worker, source, first)) => {
+                    live.migrated_to.push(worker.to_string());
+                    live.worker = worker;
+                    live.first = Some(first);
+                    self.source = Source::Worker(source);
                 }
+                None => break Err(fault.into_call_error()),
             }
         };
         let live = self.live.as_mut()?;
@@ -143,6 +165,7 @@ impl Generation {
                     Some(_) => {}
                 }
                 live.last_token = Some(now);
+                live.migration.received(&chunk.token_ids, self.settle.gateway.config.migration_max_tokens);
                 live.output_tokens = live.output_tokens.saturating_add(n);
                 self.settle.output_tokens = live.output_tokens.min(live.max_tokens);
                 live.output.push_str(&chunk.text_delta);
@@ -175,6 +198,7 @@ impl Generation {
                     billing_unit: unit,
                     draft_tokens: f.usage.draft_tokens,
                     accepted_draft_tokens: f.usage.accepted_draft_tokens,
+                    migrated_to: std::mem::take(&mut live.migrated_to),
                 };
                 self.settle.output_tokens = f.usage.output_tokens;
                 self.settle.spent.milli_units = milli(unit);
@@ -190,7 +214,6 @@ impl Generation {
                 Some(Err(ApiError::internal(format!("the worker sent an unexpected {} frame", other.kind()))))
             }
             Err(e) => {
-                self.settle.gateway.note_failure(&live.worker, &e);
                 self.live = None;
                 Some(Err(ApiError::from_call(&e, "the worker failed during the generation")))
             }
@@ -207,6 +230,24 @@ impl Generation {
             }
         }
         Err(ApiError::internal("the generation ended without a finish"))
+    }
+}
+
+/// The worker's next frame. Once tokens have started (`started`), silence past `stall` is a failure: the
+/// connection of a stopped process fails on its own within seconds, a wedged device's does not.
+async fn read(source: &mut dyn TokenSource, started: bool, stall: std::time::Duration) -> Result<Message, Fault> {
+    let next = if started {
+        match tokio::time::timeout(stall, source.next()).await {
+            Ok(next) => next,
+            Err(_) => return Err(Fault::Stalled(stall)),
+        }
+    } else {
+        source.next().await
+    };
+    match next {
+        Some(Ok(msg)) => Ok(msg),
+        Some(Err(e)) => Err(Fault::Call(e)),
+        None => Err(Fault::Ended),
     }
 }
 

@@ -1,10 +1,12 @@
 //! One request's path through the frontend, independent of which API it came in on: authenticate, prepare
 //! (sanitise, render the chat template, tokenise, check the context), answer from the response cache, admit
 //! against rate limits, route, stream from the worker (retrying once on another worker if the first fails
-//! before its first token), and settle limits, cache and metrics when the generation ends (`generation.rs`).
+//! before its first token, and resuming it on another worker if one fails mid-answer: `migration.rs`), and
+//! settle limits, cache and metrics when the generation ends (`generation.rs`).
 
 mod admission;
 mod generation;
+mod migration;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -36,6 +38,7 @@ pub use admission::DegradeConfig;
 use admission::Holds;
 pub use generation::Generation;
 use generation::{Live, Settle, Source};
+use migration::Migration;
 
 /// Frontend behaviour that does not come from the routing state.
 #[derive(Clone, Debug)]
@@ -58,6 +61,12 @@ pub struct GatewayConfig {
     pub lease: Duration,
     /// What `degraded` does.
     pub degrade: DegradeConfig,
+    /// Times one request may move to another worker when its worker fails mid-answer (0: never).
+    pub migration_limit: u32,
+    /// Output tokens held per request for a migration; a longer answer is not moved.
+    pub migration_max_tokens: usize,
+    /// A worker that sends nothing for this long once tokens have started is treated as failed for the request.
+    pub stall_timeout: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -72,6 +81,9 @@ impl Default for GatewayConfig {
             lease_fraction: 0.05,
             lease: Duration::from_secs(15),
             degrade: DegradeConfig::default(),
+            migration_limit: 2,
+            migration_max_tokens: 32_768,
+            stall_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -519,6 +531,7 @@ impl Gateway {
                 weights_sha256: p.card.weights.clone(),
                 input_sha256,
                 orchestrator: String::new(),
+                seed: None,
             };
             let mut events: VecDeque<GenEvent> = hit.deltas.iter().cloned().map(GenEvent::Delta).collect();
             events.push_back(GenEvent::Finish(hit.finish.clone()));
@@ -530,9 +543,12 @@ impl Gateway {
         };
         metrics::counter!("zl_frontend_cache_total", "result" => cache_status.as_str()).increment(1);
         let salt = zl_common::block_hash::cache_salt(&scope);
+        // Every request runs seeded, so a worker that fails mid-answer can be replaced by one that continues it
+        // exactly (migration.rs): the client's seed, or one drawn here (and audited).
+        let seed = p.sampling.seed.unwrap_or_else(fresh_seed);
         let routed = Instant::now();
-        let (decision, source, first, route_time) =
-            match self.route_and_open(&p, &billing_input, salt, opts, request_id).await {
+        let (decision, source, first, route_time, migration) =
+            match self.route_and_open(&p, &billing_input, salt, seed, opts, request_id).await {
                 Ok(ok) => ok,
                 Err(e) => return Err(Failure::known(e, rate)),
             };
@@ -559,6 +575,7 @@ impl Gateway {
             weights_sha256: served_weights,
             input_sha256,
             orchestrator: decision.orchestrator_id.clone(),
+            seed: Some(seed),
         };
         let live = Live {
             worker: decision.worker_id,
@@ -573,6 +590,8 @@ impl Gateway {
             output_tokens: 0,
             max_tokens: p.max_tokens,
             prompt_tokens: input_tokens,
+            migration,
+            migrated_to: Vec::new(),
         };
         Ok((meta, Generation { source: Source::Worker(source), settle, live: Some(live) }))
     }
@@ -586,9 +605,10 @@ impl Gateway {
         p: &Prepared,
         billing_input: &str,
         salt: zl_common::block_hash::BlockHash,
+        seed: u64,
         opts: &RequestOptions,
         request_id: &str,
-    ) -> Result<(RouteDecision, Box<dyn TokenSource>, Message, Duration), ApiError> {
+    ) -> Result<(RouteDecision, Box<dyn TokenSource>, Message, Duration, Migration), ApiError> {
         let input_semantic_weight = billing::input_semantic_weight(billing_input);
         // Salted with the request's cache scope, as the worker salts its prefix blocks: prefix-aware routing finds
         // this scope's cached prefixes, and no other scope's.
@@ -598,44 +618,46 @@ impl Gateway {
         let mut excluded: Vec<NodeId> = lock(&self.suspects).excluded(Instant::now());
         let mut attempt = 0;
         let mut route_time = Duration::ZERO;
+        let mut route = RouteRequest {
+            request_id: request_id.to_owned(),
+            model: p.model.clone(),
+            prompt_tokens: p.tokens.len() as u32,
+            max_tokens: p.max_tokens,
+            block_hashes,
+            session_id: p.session_id.clone(),
+            hint: opts.hint,
+            input_semantic_weight,
+            excluded_workers: Vec::new(),
+            trace_id: opts.traceparent.clone(),
+            prefer_fallback: p.prefer_fallback,
+        };
+        let template = GenerateRequest {
+            request_id: request_id.to_owned(),
+            trace_id: opts.traceparent.clone(),
+            model: p.model.clone(),
+            prompt: Prompt::Tokens(p.tokens.clone()),
+            sampling: SamplingParams { seed: Some(seed), ..p.sampling.clone() },
+            max_tokens: p.max_tokens,
+            stop_sequences: p.stop_sequences.clone(),
+            stream: true,
+            logprobs: false,
+            streaming_predicted: opts.streaming_predicted,
+            grammar: p.grammar.clone(),
+            cache_salt: salt,
+            resume_tokens: vec![],
+        };
         loop {
             attempt += 1;
-            let route = RouteRequest {
-                request_id: request_id.to_owned(),
-                model: p.model.clone(),
-                prompt_tokens: p.tokens.len() as u32,
-                max_tokens: p.max_tokens,
-                block_hashes: block_hashes.clone(),
-                session_id: p.session_id.clone(),
-                hint: opts.hint,
-                input_semantic_weight,
-                excluded_workers: excluded.clone(),
-                trace_id: opts.traceparent.clone(),
-                prefer_fallback: p.prefer_fallback,
-            };
+            route.excluded_workers.clone_from(&excluded);
             let t0 = Instant::now();
-            let decision = self.upstream.route(route).await.map_err(|e| {
+            let decision = self.upstream.route(route.clone()).await.map_err(|e| {
                 let err = ApiError::from_call(&e, "routing");
                 if err.kind == ErrorKind::NotFound { self.cluster.not_found(&p.model) } else { err }
             })?;
             route_time += t0.elapsed();
             metrics::histogram!("zl_frontend_route_seconds").record(t0.elapsed().as_secs_f64());
             tracing::debug!(worker = %decision.worker_id, route_ms = t0.elapsed().as_secs_f64() * 1e3, "routed");
-            let request = GenerateRequest {
-                request_id: request_id.to_owned(),
-                trace_id: opts.traceparent.clone(),
-                model: decision.model.clone(),
-                prompt: Prompt::Tokens(p.tokens.clone()),
-                sampling: p.sampling.clone(),
-                max_tokens: p.max_tokens,
-                stop_sequences: p.stop_sequences.clone(),
-                stream: true,
-                logprobs: false,
-                streaming_predicted: opts.streaming_predicted,
-                grammar: p.grammar.clone(),
-                cache_salt: salt,
-                resume_tokens: vec![],
-            };
+            let request = GenerateRequest { model: decision.model.clone(), ..template.clone() };
             let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
                 // The endpoint must be the worker the route named: another node answering there (a stale address,
                 // an impostor with its tier's certificate) gets no prompt's answer trusted; route elsewhere.
@@ -658,7 +680,9 @@ impl Gateway {
                 Err(e) => Err(e),
             };
             match opened {
-                Ok((source, first)) => return Ok((decision, source, first, route_time)),
+                Ok((source, first)) => {
+                    return Ok((decision, source, first, route_time, Migration::new(route, template)));
+                }
                 Err(e) if attempt == 1 && retry_elsewhere(&e) => {
                     self.note_failure(&decision.worker_id, &e);
                     metrics::counter!("zl_frontend_retries_total").increment(1);
@@ -685,9 +709,20 @@ impl Gateway {
 
     fn finish_live(&self, live: &Live, finish: &FinishInfo) {
         let Some(key) = live.cache_key else { return };
-        lock(&self.cache)
-            .insert(key, CachedAnswer { deltas: live.deltas(), finish: finish.clone(), model: live.model.clone() });
+        // A replay is served by the cache, not by the workers this answer moved between.
+        let finish = FinishInfo { migrated_to: Vec::new(), ..finish.clone() };
+        lock(&self.cache).insert(key, CachedAnswer { deltas: live.deltas(), finish, model: live.model.clone() });
         metrics::gauge!("zl_frontend_cache_bytes").set(lock(&self.cache).used() as f64);
+    }
+}
+
+/// A seed for a request whose client gave none (from the system's random source; a clock-derived one if that
+/// fails, which it does not on any supported system).
+fn fresh_seed() -> u64 {
+    let mut bytes = [0u8; 8];
+    match ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(_) => crate::ids::unix_now().rotate_left(17) ^ u64::from(std::process::id()),
     }
 }
 

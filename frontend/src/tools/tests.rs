@@ -38,6 +38,7 @@ fn finish(reason: StopReason) -> FinishInfo {
         cached_input_tokens: 0,
         draft_tokens: 0,
         accepted_draft_tokens: 0,
+        migrated_to: Vec::new(),
         billing_unit: 1.0,
     }
 }
