@@ -3,7 +3,8 @@
 //!
 //! One file per concern: [`process`] (binaries, processes, signals), [`ports`] (free loopback ports), [`http`]
 //! (requests to the frontend), [`metrics`] (Prometheus figures), [`tiers`] (certificates, each tier and a small
-//! cluster), [`consul`] (a Consul agent), [`docs`] (code blocks of the documents). Everything is re-exported here.
+//! cluster), [`up`] (`zl up`'s state file), [`consul`] (a Consul agent), [`docs`] (code blocks of the documents).
+//! Everything is re-exported here.
 
 pub mod consul;
 pub mod docs;
@@ -12,6 +13,7 @@ pub mod metrics;
 pub mod ports;
 pub mod process;
 pub mod tiers;
+pub mod up;
 
 pub use docs::code_blocks;
 pub use http::{HttpResponse, HttpStream, ask_messages, http, http_stream, request, serving};
@@ -23,3 +25,4 @@ pub use tiers::{
     start_frontend, start_frontend_args, start_orchestrator, start_orchestrator_at, start_tiers, start_worker,
     start_worker_args, wait_for_key, wait_up, zl_up,
 };
+pub use up::{pids, read_state, wait_restarted};

@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use zl_e2e::{
-    SmallCluster, alive, bin, free_tcp, http_stream, metric_sum, metrics, request, signal, small_cluster,
-    start_worker_args, wait_up,
+    SmallCluster, alive, bin, free_tcp, http_stream, metric_sum, metrics, pids, read_state, request, signal,
+    small_cluster, start_worker_args, wait_restarted, wait_up,
 };
 
 const MODEL: &str = "smollm2-135m-instruct";
@@ -27,15 +27,6 @@ fn body(max_tokens: u32, stream: bool, temperature: f32, content: &str) -> Strin
 
 fn post(addr: SocketAddr, body: &str) -> zl_e2e::HttpResponse {
     request(addr, "POST", "/v1/messages", &[("x-api-key", KEY)], body).expect("the frontend answers")
-}
-
-fn pids(state: &Value) -> Vec<(String, u32)> {
-    state["pids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|p| (p["name"].as_str().unwrap().to_owned(), p["pid"].as_u64().unwrap() as u32))
-        .collect()
 }
 
 fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
@@ -366,31 +357,10 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     }
 }
 
-/// `cluster.json` as `zl up` last wrote it.
-fn read_state(data: &std::path::Path) -> Value {
-    serde_json::from_str(&std::fs::read_to_string(data.join("cluster.json")).unwrap()).unwrap()
-}
-
 /// The metrics address of worker `name`.
 fn worker_metrics(state: &Value, name: &str) -> SocketAddr {
     let w = state["workers"].as_array().unwrap().iter().find(|w| w["name"] == name).unwrap();
     w["metrics"].as_str().unwrap().parse().unwrap()
-}
-
-/// Wait (bounded) until `cluster.json` shows `name` running under a new pid; returns it.
-fn wait_restarted(data: &std::path::Path, name: &str, old: u32) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some((_, pid)) = std::fs::read_to_string(data.join("cluster.json"))
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|state| pids(&state).into_iter().find(|(n, pid)| n == name && *pid != old))
-        {
-            return pid;
-        }
-        assert!(Instant::now() < deadline, "{name} was not restarted");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]

@@ -2,7 +2,9 @@
 //! greedy and seeded sampling, a JSON-schema answer, predictive streaming on), one worker is SIGKILLed and
 //! another SIGSTOPped. Every request still ends with 200 and its terminal event, and each one's whole answer is
 //! byte-identical to the same request run alone on the undisturbed cluster: the frontend moved it to the
-//! surviving worker, which continued after the tokens already sent exactly as the failed one would have.
+//! surviving worker, which continued after the tokens already sent exactly as the failed one would have. And a
+//! rolling restart of every worker of a `zl up` cluster under load (SIGTERM each in turn: the drain lets short
+//! requests finish and hands the rest over) harms no request either.
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use zl_e2e::{SmallCluster, http_stream, metric_sum, signal, small_cluster};
+use zl_e2e::{SmallCluster, http_stream, metric_sum, pids, read_state, signal, small_cluster, wait_restarted, zl_up};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const KEY: &str = "sk-zl-e2e-migration-0123456789";
@@ -185,4 +187,71 @@ fn requests_on_a_killed_and_a_stopped_worker_finish_elsewhere_byte_identical() {
     drop(killed);
     orch.proc.assert_running("zl-orchestrator");
     frontend.assert_running("zl-frontend");
+}
+
+/// Wait (bounded) until `zl up`'s frontend counts `n` serving workers.
+fn wait_serving(http_addr: SocketAddr, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = zl_e2e::http(http_addr, "GET", "/readyz", &[], "")
+            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+            .and_then(|v| v["serving_workers"].as_u64());
+        if ready == Some(n) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never {n} serving workers (last: {ready:?})");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_rolling_restart_of_every_worker_under_load_harms_no_request() {
+    let dir = tempfile::tempdir().unwrap();
+    // A short drain (2 s): requests still running then are handed over, which is what this test is about.
+    let (mut up, http_addr, state) =
+        zl_up(dir.path(), "data", KEY, &["--workers", "3", "--kv-memory-mb", "96"], &[("ZL_DRAIN_TIMEOUT_S", "2")]);
+    let data = dir.path().join("data");
+    let cases = cases();
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let reference: Vec<String> = cases.iter().map(|c| ask(http_addr, c, &tx).text).collect();
+
+    // Three clients send the cases round and round until the restart is over.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..3)
+        .map(|k| {
+            let (cases, stop, tx) = (cases.clone(), stop.clone(), tx.clone());
+            std::thread::spawn(move || {
+                let mut answers = Vec::new();
+                let mut i = k * 3;
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    answers.push((i % cases.len(), ask(http_addr, &cases[i % cases.len()], &tx)));
+                    i += 1;
+                }
+                answers
+            })
+        })
+        .collect();
+    let migrations_before = metric_sum(&zl_e2e::frontend_metrics(http_addr), "zl_frontend_migrations_total");
+    std::thread::sleep(Duration::from_secs(2));
+    for (name, pid) in pids(&state).into_iter().filter(|(n, _)| n.starts_with("worker-")) {
+        signal(pid, "-TERM");
+        let new = wait_restarted(&data, &name, pid);
+        wait_serving(http_addr, 3);
+        eprintln!("{name} restarted (pid {pid} -> {new})");
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let answers: Vec<(usize, Answer)> = clients.into_iter().flat_map(|c| c.join().unwrap()).collect();
+    let migrations =
+        metric_sum(&zl_e2e::frontend_metrics(http_addr), "zl_frontend_migrations_total") - migrations_before;
+    eprintln!("{} requests during the restart, {migrations} migrations", answers.len());
+    for (i, a) in &answers {
+        assert_eq!(a.status, 200, "{:?}: {}", cases[*i], a.text);
+        assert!(a.finished, "{:?} did not end with its terminal event: {a:?}", cases[*i]);
+        assert_eq!(a.text, reference[*i], "{:?} (started on {}): not the undisturbed answer", cases[*i], a.worker);
+    }
+    assert!(answers.len() >= 3, "only {} requests were answered during the restart", answers.len());
+    assert!(migrations >= 1.0, "no request was handed over by a draining worker");
+    assert_eq!(read_state(&data)["workers"].as_array().map(Vec::len), Some(3));
+    signal(up.0.id(), "-INT");
+    let _ = up.0.wait();
 }

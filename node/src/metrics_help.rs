@@ -104,6 +104,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("zl_worker_draft_tokens_total", "Predictive-streaming draft tokens proposed"),
     ("zl_worker_grammar_closings_total", "Constrained answers closed before their token limit"),
     ("zl_worker_grammar_mask_seconds", "Time to compute a constrained-decoding token mask, seconds"),
+    ("zl_worker_handed_over_total", "Running requests handed to other workers at the end of a drain"),
     ("zl_worker_heartbeat_failures_total", "Failed heartbeats or load reports to the orchestrators"),
     ("zl_worker_kv_blocks_cached", "KV-cache blocks holding reusable prefixes"),
     ("zl_worker_kv_blocks_free", "Free KV-cache blocks"),

@@ -122,7 +122,8 @@ struct ServeArgs {
     /// How often load and KV events go to the orchestrators.
     #[arg(long, env = "ZL_REPORT_INTERVAL_MS", default_value_t = 250)]
     report_interval_ms: u64,
-    /// On shutdown, how long running requests may take to finish.
+    /// On shutdown (SIGTERM), how long running requests may take to finish here; those still running then are
+    /// handed over: frontends resume each on another worker after the tokens it has (migration), so none fails.
     #[arg(long, env = "ZL_DRAIN_TIMEOUT_S", default_value_t = 30)]
     drain_timeout_s: u64,
     /// Check the settings (flags, ZL_* variables, the config file) and exit: 0 and "valid" when they are, the first
@@ -399,6 +400,14 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.drain_timeout_s);
     while service.busy() && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if service.busy() {
+        eprintln!("zl-worker: drain timeout: handing the running requests over to other workers");
+        service.hand_over();
+        let handed = tokio::time::Instant::now() + Duration::from_secs(5);
+        while service.busy() && tokio::time::Instant::now() < handed {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     server.shutdown(Duration::from_secs(5)).await;
     if let Some(registrar) = registrar {

@@ -85,6 +85,9 @@ pub struct WorkerService {
     /// Model cards, built once on first request.
     cards: std::sync::Mutex<HashMap<String, Arc<ModelCard>>>,
     draining: AtomicBool,
+    /// Set when a drain's grace period is over: the requests still running are ended with a retryable error,
+    /// which frontends answer by resuming each on another worker (migration).
+    handover: tokio::sync::watch::Sender<bool>,
     seeds: AtomicU64,
 }
 
@@ -97,6 +100,7 @@ impl WorkerService {
             models: models.into_iter().map(|m| (m.id.clone(), m)).collect(),
             cards: Default::default(),
             draining: AtomicBool::new(false),
+            handover: tokio::sync::watch::Sender::new(false),
             seeds: AtomicU64::new(seed0),
         }
     }
@@ -104,6 +108,13 @@ impl WorkerService {
     /// Refuse new requests from now on (running ones finish).
     pub fn drain(&self) {
         self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Hand the requests still running over to other workers: each ends now with `UNAVAILABLE` (retryable), and
+    /// its frontend resumes it elsewhere after the tokens it has, so nothing of it is lost or repeated.
+    pub fn hand_over(&self) {
+        self.drain();
+        self.handover.send_replace(true);
     }
 
     /// Whether it refuses new requests (draining).
@@ -218,7 +229,19 @@ impl WorkerService {
         // producing the answer. Each lasts from its creation to its drop.
         let mut prefill = Some(tracing::debug_span!("prefill"));
         let mut decode = None;
-        while let Some(ev) = generation.next().await {
+        let mut handover = self.handover.subscribe();
+        loop {
+            let ev = tokio::select! {
+                ev = generation.next() => ev,
+                _ = handover.wait_for(|h| *h) => {
+                    metrics::counter!("zl_worker_handed_over_total").increment(1);
+                    return Err(WireError::new(
+                        ErrorCode::Unavailable,
+                        "the worker is shutting down: the request goes on on another worker",
+                    ));
+                }
+            };
+            let Some(ev) = ev else { break };
             if prefill.take().is_some() {
                 decode = Some(tracing::debug_span!("decode"));
             }
