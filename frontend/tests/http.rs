@@ -81,12 +81,16 @@ async fn the_stream_is_anthropics_event_sequence_byte_for_byte() {
 }
 
 #[tokio::test]
-async fn a_stream_that_fails_after_the_200_ends_with_an_error_event() {
+async fn a_stream_no_worker_can_continue_ends_with_an_error_event() {
     let h = harness();
     *h.fake.mode.lock().unwrap() = WorkerMode::DiesMidStream;
     let resp = h.anthropic(hello(json!({"stream": true}))).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let body = text(resp).await;
+    // Moved twice (the migration limit), each time resumed after the token sent, then given up.
+    let generates: Vec<Vec<u32>> =
+        h.fake.recorded.lock().unwrap().generates.iter().map(|(_, g)| g.resume_tokens.clone()).collect();
+    assert_eq!(generates, vec![vec![], vec![7], vec![7]]);
     assert!(body.contains("event: content_block_delta"));
     assert!(
         body.ends_with("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"the worker failed during the generation: connection lost: worker killed\"}}\n\n"),
@@ -115,14 +119,16 @@ async fn a_complete_answer_is_retried_when_the_worker_fails_after_admitting_it()
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(header(&resp, "x-zl-worker"), "w2");
     assert_eq!(json_of(resp).await["content"][0]["text"], "Hello world");
-    // A stream has answered its client on the admission: the failure ends it with an error event. (A fresh
-    // frontend: this one now avoids w1.)
+    // A stream has answered its client on the admission: the failure moves it to w2 (migration), nothing sent yet
+    // to resume after, and the client sees one whole answer. (A fresh frontend: this one now avoids w1.)
     let h = harness();
     *h.fake.mode.lock().unwrap() = WorkerMode::FirstWorkerDiesAfterAdmitting;
     let resp = h.anthropic(hello(json!({"stream": true}))).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let body = String::from_utf8(resp.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
-    assert!(body.starts_with("event: message_start") && body.contains("event: error"), "{body}");
+    assert!(body.starts_with("event: message_start") && body.contains("message_stop"), "{body}");
+    assert!(!body.contains("event: error"), "{body}");
+    assert!(h.fake.recorded.lock().unwrap().generates[1].1.resume_tokens.is_empty());
 }
 
 #[tokio::test]

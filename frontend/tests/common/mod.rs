@@ -45,6 +45,10 @@ pub enum WorkerMode {
     /// Says it admitted the request (an empty chunk, as a real worker does), then waits for `Fake::gate` before
     /// "Hello world": a long prompt still being computed.
     Admitted,
+    /// Worker w1 sends "Hello" and dies; others are normal (and resume as a real worker does).
+    FirstWorkerDiesMidStream,
+    /// Worker w1 sends "Hello", then nothing more while its connection stays up (a wedged device).
+    FirstWorkerStalls,
 }
 
 #[derive(Default)]
@@ -72,6 +76,8 @@ struct Script {
     /// Who answers (as the certificate says).
     answering: NodeId,
     frames: VecDeque<Result<Message, CallError>>,
+    /// After the last frame, wait forever (the connection stays up).
+    hang: bool,
     endless: bool,
     slow: bool,
     dropped: Arc<AtomicUsize>,
@@ -110,7 +116,10 @@ impl TokenSource for Script {
                     logprobs: None,
                 })));
             }
-            self.frames.pop_front()
+            match self.frames.pop_front() {
+                None if self.hang => std::future::pending().await,
+                next => next,
+            }
         })
     }
 }
@@ -195,9 +204,11 @@ impl Upstream for Fake {
                 WorkerMode::FirstWorkerDies if endpoint.starts_with("w1") => {
                     vec![Err(CallError::ConnectionLost("worker killed".into()))].into()
                 }
-                WorkerMode::DiesMidStream => {
+                // Every worker dies after its first chunk (a resumed one at once).
+                WorkerMode::DiesMidStream if request.resume_tokens.is_empty() => {
                     vec![chunk("Hello"), Err(CallError::ConnectionLost("worker killed".into()))].into()
                 }
+                WorkerMode::DiesMidStream => vec![Err(CallError::ConnectionLost("worker killed".into()))].into(),
                 WorkerMode::FirstWorkerDiesAfterAdmitting if endpoint.starts_with("w1") => {
                     let admitted = Ok(Message::TokenChunk(TokenChunk::admission()));
                     vec![admitted, Err(CallError::ConnectionLost("worker killed".into()))].into()
@@ -206,7 +217,16 @@ impl Upstream for Fake {
                     let admitted = Ok(Message::TokenChunk(TokenChunk::admission()));
                     vec![admitted, chunk("Hello"), chunk(" wor"), chunk("ld"), finish].into()
                 }
-                _ => vec![chunk("Hello"), chunk(" wor"), chunk("ld"), finish].into(),
+                WorkerMode::FirstWorkerDiesMidStream if endpoint.starts_with("w1") => {
+                    vec![chunk("Hello"), Err(CallError::ConnectionLost("worker killed".into()))].into()
+                }
+                WorkerMode::FirstWorkerStalls if endpoint.starts_with("w1") => vec![chunk("Hello")].into(),
+                // A resumed request goes on after the chunks (one token each) it was already given.
+                _ => {
+                    let chunks = [chunk("Hello"), chunk(" wor"), chunk("ld")];
+                    let skip = request.resume_tokens.len().min(chunks.len());
+                    chunks.into_iter().skip(skip).chain([finish]).collect()
+                }
             };
             let answering = match (endpoint.starts_with("w1"), self.impostor_at_w1.lock().unwrap().clone()) {
                 (true, Some(impostor)) => impostor,
@@ -215,6 +235,7 @@ impl Upstream for Fake {
             Ok(Box::new(Script {
                 answering: NodeId::new(answering).unwrap(),
                 frames,
+                hang: mode == WorkerMode::FirstWorkerStalls && endpoint.starts_with("w1"),
                 endless: mode == WorkerMode::Endless,
                 slow: mode == WorkerMode::Slow,
                 dropped: self.dropped_streams.clone(),

@@ -1,0 +1,101 @@
+//! Migration at the frontend, against a scripted upstream: a worker that dies or stalls mid-answer is replaced
+//! by another that resumes after the tokens already sent; the client sees one whole answer (streamed or complete,
+//! both APIs) and the usage once; every request carries a seed; `--migration-limit 0` turns it off.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use common::{WorkerMode, harness, harness_with, header, hello, json_of, text};
+use serde_json::json;
+use zl_frontend::gateway::GatewayConfig;
+use zl_wire::message::NodeId;
+
+#[tokio::test]
+async fn a_worker_dying_mid_answer_is_replaced_by_one_resuming_after_the_tokens_sent() {
+    for stream in [true, false] {
+        let h = harness();
+        *h.fake.mode.lock().unwrap() = WorkerMode::FirstWorkerDiesMidStream;
+        let resp = h.anthropic(hello(json!({"stream": stream, "temperature": 0.7}))).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        if stream {
+            // The headers went out with w1's admission; the text is whole and in order, once.
+            assert_eq!(header(&resp, "x-zl-worker"), "w1");
+            let body = text(resp).await;
+            let deltas: Vec<&str> = body.matches("\"text_delta\",\"text\":\"").collect();
+            assert_eq!(deltas.len(), 3, "{body}");
+            assert!(
+                body.contains("\"text\":\"Hello\"")
+                    && body.contains("\"text\":\" wor\"")
+                    && body.contains("\"text\":\"ld\"")
+            );
+            assert!(body.contains("\"output_tokens\":3") && body.contains("message_stop"), "{body}");
+            assert!(!body.contains("event: error"), "{body}");
+        } else {
+            let v = json_of(resp).await;
+            assert_eq!(v["content"][0]["text"], "Hello world");
+            assert_eq!(v["usage"]["output_tokens"], 3);
+        }
+        let rec = h.fake.recorded.lock().unwrap();
+        assert_eq!(rec.routes[1].excluded_workers, vec![NodeId::new("w1").unwrap()]);
+        let (first, second) = (&rec.generates[0], &rec.generates[1]);
+        assert_eq!((first.0.as_str(), second.0.as_str()), ("w1.local:7100", "w2.local:7100"));
+        assert_eq!(second.1.resume_tokens, vec![7], "resumed after the one token w1 sent");
+        // No seed from the client: the frontend drew one, and the resumed request samples with the same.
+        assert!(first.1.sampling.seed.is_some());
+        assert_eq!(first.1.sampling.seed, second.1.sampling.seed);
+        assert_eq!(first.1.prompt, second.1.prompt);
+    }
+}
+
+#[tokio::test]
+async fn a_worker_that_stalls_is_treated_as_failed_past_the_bound() {
+    let config = GatewayConfig { stall_timeout: Duration::from_millis(300), ..GatewayConfig::default() };
+    let h = harness_with(config, 1024 * 1024);
+    *h.fake.mode.lock().unwrap() = WorkerMode::FirstWorkerStalls;
+    let started = std::time::Instant::now();
+    let resp = h.openai(json!({"model": common::MODEL, "messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(json_of(resp).await["choices"][0]["message"]["content"], "Hello world");
+    assert!(started.elapsed() >= Duration::from_millis(300), "moved before the bound");
+    assert_eq!(h.fake.recorded.lock().unwrap().generates[1].1.resume_tokens, vec![7]);
+}
+
+#[tokio::test]
+async fn with_migration_off_a_stream_ends_with_an_error_event() {
+    let config = GatewayConfig { migration_limit: 0, ..GatewayConfig::default() };
+    let h = harness_with(config, 1024 * 1024);
+    *h.fake.mode.lock().unwrap() = WorkerMode::FirstWorkerDiesMidStream;
+    let body = text(h.anthropic(hello(json!({"stream": true}))).await).await;
+    assert!(body.contains("event: error") && !body.contains("message_stop"), "{body}");
+    assert_eq!(h.fake.recorded.lock().unwrap().generates.len(), 1);
+}
+
+#[tokio::test]
+async fn an_answer_longer_than_the_tokens_held_is_not_moved() {
+    let config = GatewayConfig { migration_max_tokens: 0, ..GatewayConfig::default() };
+    let h = harness_with(config, 1024 * 1024);
+    *h.fake.mode.lock().unwrap() = WorkerMode::FirstWorkerDiesMidStream;
+    let body = text(h.anthropic(hello(json!({"stream": true}))).await).await;
+    assert!(body.contains("event: error"), "{body}");
+    assert_eq!(h.fake.recorded.lock().unwrap().generates.len(), 1);
+}
+
+#[tokio::test]
+async fn the_audit_record_names_every_worker_and_the_seed_drawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let h = common::harness_audited(dir.path());
+    *h.fake.mode.lock().unwrap() = WorkerMode::FirstWorkerDiesMidStream;
+    let resp = h.anthropic(hello(json!({"stream": true, "temperature": 0.9}))).await;
+    assert!(text(resp).await.contains("message_stop"));
+    let sent_seed = h.fake.recorded.lock().unwrap().generates[0].1.sampling.seed;
+    let mut records = Vec::new();
+    zl_node::audit::verify_dir(dir.path(), None, false, |r| records.push(r.clone())).unwrap();
+    assert_eq!(records.len(), 1);
+    let r = &records[0];
+    assert_eq!((r.worker.as_str(), r.migrated_to.clone()), ("w1", vec!["w2".to_owned()]));
+    assert_eq!((r.status, r.output_tokens), (200, 3));
+    assert_eq!(r.seed, sent_seed, "the seed the answer was sampled with");
+}
