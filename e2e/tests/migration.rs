@@ -4,7 +4,7 @@
 //! byte-identical to the same request run alone on the undisturbed cluster: the frontend moved it to the
 //! surviving worker, which continued after the tokens already sent exactly as the failed one would have. And a
 //! rolling restart of every worker of a `zl up` cluster under load (SIGTERM each in turn: the drain lets short
-//! requests finish and hands the rest over) harms no request either.
+//! requests finish and hands the rest over) harms no request either; nor does `zl admin drain --migrate`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -12,7 +12,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use zl_e2e::{SmallCluster, http_stream, metric_sum, pids, read_state, signal, small_cluster, wait_restarted, zl_up};
+use zl_e2e::{
+    SmallCluster, admin, http_stream, metric_sum, pids, read_state, signal, small_cluster, wait_restarted, zl_up,
+};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const KEY: &str = "sk-zl-e2e-migration-0123456789";
@@ -254,4 +256,58 @@ fn a_rolling_restart_of_every_worker_under_load_harms_no_request() {
     assert_eq!(read_state(&data)["workers"].as_array().map(Vec::len), Some(3));
     signal(up.0.id(), "-INT");
     let _ = up.0.wait();
+}
+
+/// The text of an Anthropic SSE body (its text deltas, in order), and whether it ended with `message_stop`.
+fn sse_text(body: &str) -> (String, bool) {
+    let mut text = String::new();
+    for data in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let v: Value = serde_json::from_str(data).unwrap_or_else(|e| panic!("{e}: {data}"));
+        assert_ne!(v["type"], "error", "an error event: {data}");
+        if v["type"] == "content_block_delta" {
+            text.push_str(v["delta"]["text"].as_str().unwrap_or_default());
+        }
+    }
+    (text, body.contains("event: message_stop"))
+}
+
+#[test]
+fn an_operator_drain_with_migrate_moves_running_requests_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ids = ["worker-a", "worker-b"];
+    let SmallCluster { orch, workers, frontend: _frontend, http: http_addr } =
+        small_cluster(dir.path(), &ids, &[], &[], KEY);
+    let body = json!({"model": MODEL, "max_tokens": 300, "stream": true, "temperature": 0.8, "seed": 21,
+        "messages": [{"role": "user", "content": "Write a long story about a river."}]})
+    .to_string();
+    let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass")];
+    let (want, done) = sse_text(&http_stream(http_addr, "POST", "/v1/messages", &headers, &body).unwrap().rest());
+    assert!(done && want.len() > 100, "{want}");
+
+    // The same request again; once its text flows, its worker is drained with --migrate.
+    let mut stream = http_stream(http_addr, "POST", "/v1/messages", &headers, &body).unwrap();
+    let worker = stream.header("x-zl-worker").unwrap().to_owned();
+    let mut seen = String::new();
+    while seen.matches("content_block_delta").count() < 3 {
+        seen.push_str(&stream.next_piece().expect("the stream continues"));
+    }
+    let before =
+        metric_sum(&zl_e2e::frontend_metrics(http_addr), "zl_frontend_migrations_total{cause=\"unavailable\"}");
+    let said = admin(dir.path(), orch.admin, &["drain", &worker, "--migrate"]);
+    assert!(said.contains("handed over"), "{said}");
+    seen.push_str(&stream.rest());
+    let (got, done) = sse_text(&seen);
+    assert!(done, "{seen}");
+    assert_eq!(got, want, "the moved answer is not the undisturbed one");
+    let after = metric_sum(&zl_e2e::frontend_metrics(http_addr), "zl_frontend_migrations_total{cause=\"unavailable\"}");
+    assert_eq!(after - before, 1.0, "moved once, because the worker handed it over");
+    // Undrained, the worker takes requests again.
+    admin(dir.path(), orch.admin, &["undrain", &worker]);
+    let index = ids.iter().position(|id| *id == worker).unwrap();
+    let wm = workers[index].as_ref().unwrap().metrics;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while zl_e2e::http(wm, "GET", "/readyz", &[], "").map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "{worker} never took requests again");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }

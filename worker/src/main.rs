@@ -357,6 +357,16 @@ async fn serve(args: ServeArgs) -> Result<()> {
             }
         })
     });
+    // `zl admin drain --migrate` reaches the worker in its orchestrators' answers: hand over (and back on undrain).
+    let operator = {
+        let (service, mut asked) = (service.clone(), discovery.hand_over_requests());
+        tokio::spawn(async move {
+            while asked.changed().await.is_ok() {
+                let on = *asked.borrow_and_update();
+                service.operator_hand_over(on);
+            }
+        })
+    };
     let (stop_reports, stop_rx) = tokio::sync::watch::channel(false);
     let reporter = announced.then(|| {
         let discovery = discovery.clone();
@@ -394,6 +404,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     if let Some(resolver) = resolver {
         resolver.abort();
     }
+    operator.abort();
     if let Some(follow) = orchestrator_watch {
         follow.abort();
     }

@@ -57,6 +57,8 @@ pub struct DirectDiscovery {
 struct Inner {
     client: Client,
     peers: Mutex<BTreeMap<SocketAddr, Peer>>,
+    /// What the orchestrators' last answer said: hand the running requests over (`zl admin drain --migrate`).
+    hand_over: tokio::sync::watch::Sender<bool>,
 }
 
 /// What the reporter knows of one orchestrator.
@@ -80,7 +82,13 @@ impl DirectDiscovery {
     /// Talk to these orchestrators with this client.
     pub fn new(client: Client, orchestrators: Vec<SocketAddr>) -> Self {
         let peers = Mutex::new(orchestrators.into_iter().map(|a| (a, Peer::default())).collect());
-        DirectDiscovery { inner: Arc::new(Inner { client, peers }) }
+        DirectDiscovery { inner: Arc::new(Inner { client, peers, hand_over: tokio::sync::watch::Sender::new(false) }) }
+    }
+
+    /// Whether the orchestrators ask this worker to hand its running requests over (an operator drained it with
+    /// `--migrate`), as their answers to its load reports say; changes as they do.
+    pub fn hand_over_requests(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.hand_over.subscribe()
     }
 
     /// Report to these orchestrators from now on: new ones get a registration first, gone ones are dropped
@@ -149,8 +157,13 @@ impl Inner {
         let mut messages = vec![Message::LoadReport(load.clone())];
         messages.extend(kv.iter().cloned().map(Message::KvCacheEvents));
         for msg in messages {
+            let load_report = matches!(msg, Message::LoadReport(_));
             match self.call(to, msg).await {
-                Ok(Message::Ack(_)) => {}
+                Ok(Message::Ack(ack)) => {
+                    if load_report {
+                        self.hand_over.send_if_modified(|h| std::mem::replace(h, ack.hand_over) != ack.hand_over);
+                    }
+                }
                 Err(CallError::Remote(e)) if e.code == ErrorCode::NotFound => {
                     // The orchestrator lost our registration (it restarted): register again next beat.
                     tracing::warn!(orchestrator = %to, "the orchestrator does not know this worker; re-registering");

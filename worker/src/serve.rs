@@ -85,6 +85,10 @@ pub struct WorkerService {
     /// Model cards, built once on first request.
     cards: std::sync::Mutex<HashMap<String, Arc<ModelCard>>>,
     draining: AtomicBool,
+    /// Shutting down (SIGTERM): nothing an operator says turns the drain off.
+    stopping: AtomicBool,
+    /// Handing over because an operator asked (`zl admin drain --migrate`), not because it stops.
+    asked: AtomicBool,
     /// Set when a drain's grace period is over: the requests still running are ended with a retryable error,
     /// which frontends answer by resuming each on another worker (migration).
     handover: tokio::sync::watch::Sender<bool>,
@@ -100,14 +104,32 @@ impl WorkerService {
             models: models.into_iter().map(|m| (m.id.clone(), m)).collect(),
             cards: Default::default(),
             draining: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
+            asked: AtomicBool::new(false),
             handover: tokio::sync::watch::Sender::new(false),
             seeds: AtomicU64::new(seed0),
         }
     }
 
-    /// Refuse new requests from now on (running ones finish).
+    /// Refuse new requests from now on (running ones finish): the process is stopping.
     pub fn drain(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
         self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// What the orchestrators say an operator wants (`zl admin drain --migrate`, or undrain): hand the running
+    /// requests over and refuse new ones, or take requests again (unless the process is stopping).
+    pub fn operator_hand_over(&self, on: bool) {
+        if on {
+            self.asked.store(true, Ordering::SeqCst);
+            self.draining.store(true, Ordering::SeqCst);
+            self.handover.send_replace(true);
+            tracing::warn!("an operator drained this worker with --migrate: handing the running requests over");
+        } else if self.asked.swap(false, Ordering::SeqCst) && !self.stopping.load(Ordering::SeqCst) {
+            self.handover.send_replace(false);
+            self.draining.store(false, Ordering::SeqCst);
+            tracing::info!("undrained: taking requests again");
+        }
     }
 
     /// Hand the requests still running over to other workers: each ends now with `UNAVAILABLE` (retryable), and

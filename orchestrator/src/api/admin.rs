@@ -168,7 +168,8 @@ impl pb::admin_server::Admin for AdminService {
     async fn set_drain(&self, req: Request<pb::SetDrainRequest>) -> Result<Response<pb::WriteResponse>, Status> {
         let by = admin_id(&req)?;
         let r = req.into_inner();
-        self.write(&by, Command::SetDrain { id: node_id(&r.worker_id)?, draining: r.draining }).await
+        self.write(&by, Command::SetDrain { id: node_id(&r.worker_id)?, draining: r.draining, migrate: r.migrate })
+            .await
     }
 
     async fn set_alias(&self, req: Request<pb::SetAliasRequest>) -> Result<Response<pb::WriteResponse>, Status> {

@@ -110,22 +110,25 @@ impl Handler for Orchestrator {
             }
             Message::RegisterWorker(r) => {
                 speaks_for(&ctx, &r.worker_id)?;
-                Message::Ack(Ack { applied_index: self.register(&r).await.map_err(command_error)? })
+                Message::Ack(Ack { applied_index: self.register(&r).await.map_err(command_error)?, hand_over: false })
             }
             Message::DeregisterWorker(DeregisterWorker { worker_id, reason }) => {
                 speaks_for(&ctx, &worker_id)?;
                 tracing::info!(worker = %worker_id, %reason, "deregistration requested");
-                Message::Ack(Ack { applied_index: self.deregister(&worker_id).await.map_err(command_error)? })
+                let applied_index = self.deregister(&worker_id).await.map_err(command_error)?;
+                Message::Ack(Ack { applied_index, hand_over: false })
             }
             Message::LoadReport(r) => {
                 speaks_for(&ctx, &r.worker_id)?;
+                let worker = r.worker_id.clone();
                 self.load_report(r, now)?;
-                Message::Ack(Ack { applied_index: 0 })
+                let hand_over = self.with_state(|s| s.workers().get(&worker).is_some_and(|w| w.hand_over));
+                Message::Ack(Ack { applied_index: 0, hand_over })
             }
             Message::KvCacheEvents(e) => {
                 speaks_for(&ctx, &e.worker_id)?;
                 self.kv_events(&e, now)?;
-                Message::Ack(Ack { applied_index: 0 })
+                Message::Ack(Ack { applied_index: 0, hand_over: false })
             }
             other => {
                 return Err(WireError::new(

@@ -109,13 +109,13 @@ fn unknown_models_unhealthy_draining_and_excluded_workers() {
     w.worker("w1", "m", 1, ComputePool::Cpu);
     w.worker("w2", "m", 1, ComputePool::Cpu);
     assert!(w.route(&req("m"), &LeastLoaded).is_ok());
-    w.apply(Command::SetDrain { id: id("w1"), draining: true });
+    w.apply(Command::SetDrain { id: id("w1"), draining: true, migrate: false });
     let mut r = req("m");
     assert_eq!(w.route(&r, &LeastLoaded).unwrap().worker_id, id("w2"));
     r.excluded_workers = vec![id("w2")];
     assert_eq!(w.route(&r, &LeastLoaded), Err(RouteError::NoWorker("m".into())));
     // w2's heartbeats stop: it is no longer a candidate.
-    w.apply(Command::SetDrain { id: id("w1"), draining: false });
+    w.apply(Command::SetDrain { id: id("w1"), draining: false, migrate: false });
     w.now += Duration::from_secs(2);
     w.report("w1", 0, 0);
     w.now += Duration::from_millis(500);

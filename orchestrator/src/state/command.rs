@@ -45,6 +45,9 @@ pub enum Command {
         id: NodeId,
         /// Draining or not.
         draining: bool,
+        /// With `draining`: its running requests are handed over too (migrated), not left to finish there.
+        #[serde(default)]
+        migrate: bool,
     },
     /// Point an alias at a model id or another alias; `None` removes it.
     SetAlias {

@@ -87,6 +87,9 @@ pub struct WorkerEntry {
     pub spec: WorkerSpec,
     /// Draining workers finish what they run and get no new requests.
     pub draining: bool,
+    /// Drained with `--migrate`: told (on its load reports' answers) to hand its running requests over.
+    #[serde(default)]
+    pub hand_over: bool,
 }
 
 /// Per-project limits; 0 means unlimited.
@@ -223,15 +226,17 @@ impl RoutingState {
                     return Err(CommandError::Limit("workers"));
                 }
                 // A re-registration (a restarted worker) keeps the operator's drain flag.
-                let draining = self.workers.get(&spec.id).is_some_and(|w| w.draining);
-                self.workers.insert(spec.id.clone(), WorkerEntry { spec: spec.clone(), draining });
+                let (draining, hand_over) =
+                    self.workers.get(&spec.id).map_or((false, false), |w| (w.draining, w.hand_over));
+                self.workers.insert(spec.id.clone(), WorkerEntry { spec: spec.clone(), draining, hand_over });
             }
             Command::DeregisterWorker { id } => {
                 self.workers.remove(id).ok_or_else(|| CommandError::NotFound(format!("worker {id}")))?;
             }
-            Command::SetDrain { id, draining } => {
+            Command::SetDrain { id, draining, migrate } => {
                 let w = self.workers.get_mut(id).ok_or_else(|| CommandError::NotFound(format!("worker {id}")))?;
                 w.draining = *draining;
+                w.hand_over = *draining && *migrate;
             }
             Command::SetAlias { alias, target } => {
                 check_name("alias", alias)?;

@@ -31,8 +31,8 @@ fn same_commands_same_state_and_rejections_change_nothing() {
     let cmds = vec![
         Command::RegisterWorker(spec("w1", "llama", 1)),
         Command::RegisterWorker(spec("w2", "llama", 2)),
-        Command::SetDrain { id: id("w3"), draining: true },
-        Command::SetDrain { id: id("w1"), draining: true },
+        Command::SetDrain { id: id("w3"), draining: true, migrate: false },
+        Command::SetDrain { id: id("w1"), draining: true, migrate: false },
         Command::SetAlias { alias: "default".into(), target: Some("llama".into()) },
         Command::SetCanary { model: "llama".into(), weights: [(sha(1), 90), (sha(2), 10)].into() },
         Command::SetProject { name: "acme".into(), quota: Quota { requests_per_minute: 60, ..Quota::default() } },
@@ -126,10 +126,25 @@ fn bad_input_is_rejected_with_the_field_named() {
 fn reregistration_keeps_the_drain_flag() {
     let mut s = RoutingState::default();
     s.apply(1, &Command::RegisterWorker(spec("w1", "m", 1))).unwrap();
-    s.apply(2, &Command::SetDrain { id: id("w1"), draining: true }).unwrap();
+    s.apply(2, &Command::SetDrain { id: id("w1"), draining: true, migrate: false }).unwrap();
     s.apply(3, &Command::RegisterWorker(spec("w1", "m", 2))).unwrap();
     assert!(s.workers()[&id("w1")].draining);
     assert_eq!(s.workers()[&id("w1")].spec.models[0].weights_sha256, sha(2));
+}
+
+#[test]
+fn a_drain_with_migrate_asks_for_the_hand_over_until_undrained_and_old_commands_read() {
+    let mut s = RoutingState::default();
+    s.apply(1, &Command::RegisterWorker(spec("w1", "m", 1))).unwrap();
+    s.apply(2, &Command::SetDrain { id: id("w1"), draining: true, migrate: true }).unwrap();
+    assert!(s.workers()[&id("w1")].hand_over);
+    s.apply(3, &Command::RegisterWorker(spec("w1", "m", 1))).unwrap();
+    assert!(s.workers()[&id("w1")].hand_over, "a restarted worker is still to hand over");
+    s.apply(4, &Command::SetDrain { id: id("w1"), draining: false, migrate: true }).unwrap();
+    assert!(!s.workers()[&id("w1")].hand_over && !s.workers()[&id("w1")].draining);
+    // A command written before `migrate` existed (in a Raft log) reads as a plain drain.
+    let old: Command = serde_json::from_str(r#"{"set_drain":{"id":"w1","draining":true}}"#).unwrap();
+    assert_eq!(old, Command::SetDrain { id: id("w1"), draining: true, migrate: false });
 }
 
 #[test]

@@ -1222,6 +1222,7 @@ impl<'a> ::flatbuffers::Follow<'a> for Ack<'a> {
 
 impl<'a> Ack<'a> {
   pub const VT_APPLIED_INDEX: ::flatbuffers::VOffsetT = 4;
+  pub const VT_HAND_OVER: ::flatbuffers::VOffsetT = 6;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1234,6 +1235,7 @@ impl<'a> Ack<'a> {
   ) -> ::flatbuffers::WIPOffset<Ack<'bldr>> {
     let mut builder = AckBuilder::new(_fbb);
     builder.add_applied_index(args.applied_index);
+    builder.add_hand_over(args.hand_over);
     builder.finish()
   }
 
@@ -1246,6 +1248,15 @@ impl<'a> Ack<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(Ack::VT_APPLIED_INDEX, Some(0)).unwrap()}
   }
+  /// On the answer to a worker's load report (protocol 1.6): an operator drained this worker with `--migrate`, so it
+  /// hands its running requests over (each ends with UNAVAILABLE and its frontend resumes it on another worker).
+  #[inline]
+  pub fn hand_over(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(Ack::VT_HAND_OVER, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Ack<'_> {
@@ -1255,18 +1266,21 @@ impl ::flatbuffers::Verifiable for Ack<'_> {
   ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
     v.visit_table(pos)?
      .visit_field::<u64>("applied_index", Self::VT_APPLIED_INDEX, false)?
+     .visit_field::<bool>("hand_over", Self::VT_HAND_OVER, false)?
      .finish();
     Ok(())
   }
 }
 pub struct AckArgs {
     pub applied_index: u64,
+    pub hand_over: bool,
 }
 impl<'a> Default for AckArgs {
   #[inline]
   fn default() -> Self {
     AckArgs {
       applied_index: 0,
+      hand_over: false,
     }
   }
 }
@@ -1279,6 +1293,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AckBuilder<'a, 'b, A> {
   #[inline]
   pub fn add_applied_index(&mut self, applied_index: u64) {
     self.fbb_.push_slot::<u64>(Ack::VT_APPLIED_INDEX, applied_index, 0);
+  }
+  #[inline]
+  pub fn add_hand_over(&mut self, hand_over: bool) {
+    self.fbb_.push_slot::<bool>(Ack::VT_HAND_OVER, hand_over, false);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AckBuilder<'a, 'b, A> {
@@ -1299,6 +1317,7 @@ impl ::core::fmt::Debug for Ack<'_> {
   fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
     let mut ds = f.debug_struct("Ack");
       ds.field("applied_index", &self.applied_index());
+      ds.field("hand_over", &self.hand_over());
       ds.finish()
   }
 }

@@ -382,15 +382,18 @@ impl DeregisterWorker {
 pub struct Ack {
     /// Raft index at which the change was committed, 0 when not replicated.
     pub applied_index: u64,
+    /// On the answer to a load report: the worker is to hand its running requests over (`zl admin drain
+    /// --migrate`).
+    pub hand_over: bool,
 }
 
 impl Ack {
     pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::Ack<'b>> {
-        fb::Ack::create(fbb, &fb::AckArgs { applied_index: self.applied_index })
+        fb::Ack::create(fbb, &fb::AckArgs { applied_index: self.applied_index, hand_over: self.hand_over })
     }
 
     pub(crate) fn read(t: fb::Ack<'_>) -> Result<Self, MessageError> {
-        Ok(Ack { applied_index: t.applied_index() })
+        Ok(Ack { applied_index: t.applied_index(), hand_over: t.hand_over() })
     }
 }
 

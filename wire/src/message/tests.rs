@@ -32,7 +32,7 @@ pub(crate) fn samples() -> Vec<Message> {
             max_running_sequences: 32,
         }),
         Message::DeregisterWorker(DeregisterWorker { worker_id: node("worker-0"), reason: "shutdown".into() }),
-        Message::Ack(Ack { applied_index: 42 }),
+        Message::Ack(Ack { applied_index: 42, hand_over: true }),
         Message::LoadReport(LoadReport {
             worker_id: node("worker-0"),
             sequence: 9,
@@ -272,7 +272,7 @@ fn every_frame_kind_has_a_sample() {
 #[test]
 fn payload_under_another_kinds_header_is_refused() {
     let mut enc = Encoder::new(HARD_MAX_PAYLOAD);
-    let ack = enc.encode(&Message::Ack(Ack { applied_index: 1 })).unwrap();
+    let ack = enc.encode(&Message::Ack(Ack { applied_index: 1, hand_over: false })).unwrap();
     for kind in FrameKind::ALL {
         if matches!(
             kind,

@@ -43,10 +43,14 @@ pub(crate) struct Conn {
 pub(crate) enum AdminCommand {
     /// List registered workers with their health, models and load.
     Workers,
-    /// Stop routing new requests to a worker (running ones finish).
+    /// Stop routing new requests to a worker (running ones finish there, or with --migrate go on elsewhere).
     Drain {
         /// Worker id.
         worker: String,
+        /// Also hand its running requests over now: each goes on on another worker after the tokens it has,
+        /// byte for byte (the worker then holds nothing and can be stopped or upgraded at once).
+        #[arg(long)]
+        migrate: bool,
     },
     /// Route to a drained worker again.
     Undrain {
@@ -372,16 +376,20 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                 );
             }
         }
-        AdminCommand::Drain { worker } => written(
-            &format!("draining {worker}"),
-            c.set_drain(pb::SetDrainRequest { worker_id: worker.clone(), draining: true })
+        AdminCommand::Drain { worker, migrate } => written(
+            &if migrate {
+                format!("draining {worker}; its running requests are handed over to other workers")
+            } else {
+                format!("draining {worker}")
+            },
+            c.set_drain(pb::SetDrainRequest { worker_id: worker.clone(), draining: true, migrate })
                 .await
                 .map_err(call)?
                 .into_inner(),
         ),
         AdminCommand::Undrain { worker } => written(
             &format!("routing to {worker} again"),
-            c.set_drain(pb::SetDrainRequest { worker_id: worker.clone(), draining: false })
+            c.set_drain(pb::SetDrainRequest { worker_id: worker.clone(), draining: false, migrate: false })
                 .await
                 .map_err(call)?
                 .into_inner(),
