@@ -458,17 +458,8 @@ fn gemma3_loads_from_a_hugging_face_directory_as_from_gguf() {
 /// and the most blocks the sliding-window layers' pool held after any step.
 fn greedy(engine: &mut EngineCore, prompts: &[Vec<u32>]) -> (Vec<(Vec<u32>, u32)>, usize) {
     for (i, prompt) in prompts.iter().enumerate() {
-        let request = Request {
-            prompt: prompt.clone(),
-            sampling: Sampling::greedy(),
-            max_tokens: 100,
-            stop_sequences: vec![],
-            logprobs: false,
-            speculate: if i == 0 { 4 } else { 0 },
-            constraint: None,
-            cache_salt: None,
-            resume: vec![],
-        };
+        let request =
+            Request { speculate: if i == 0 { 4 } else { 0 }, ..Request::new(prompt.clone(), Sampling::greedy(), 100) };
         engine.add(i as u64, request).unwrap();
     }
     let mut out = vec![(Vec::new(), 0); prompts.len()];

@@ -6,6 +6,9 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use zl_text::ChatMessage;
+
+mod common;
+
 use zl_worker::device::Device;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::fetch;
@@ -30,15 +33,10 @@ fn engine() -> EngineCore {
 }
 
 fn chat(engine: &EngineCore, user: &str) -> Vec<u32> {
-    let tok = &engine.model().tokenizer;
     // zl chat's default system prompt. Without one the GGUF's template injects SmolLM's own ("You are a helpful AI
     // assistant named SmolLM, ..."), after which this 135M model answers the France question with French
     // landmarks, on the float reference path too.
-    let messages = [
-        ChatMessage { role: "system".into(), content: "You are a helpful assistant.".into() },
-        ChatMessage { role: "user".into(), content: user.into() },
-    ];
-    tok.encode(&tok.render_chat(&messages).unwrap()).unwrap()
+    common::chat_prompt(&engine.model().tokenizer, "You are a helpful assistant.", user)
 }
 
 /// Run until every sequence finishes; returns each sequence's tokens and text.
@@ -67,21 +65,7 @@ fn run_all(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String)> {
 fn greedy_answer_names_paris() {
     let mut e = engine();
     let prompt = chat(&e, "What is the capital of France?");
-    e.add(
-        1,
-        Request {
-            prompt,
-            sampling: Sampling::greedy(),
-            max_tokens: 24,
-            stop_sequences: vec![],
-            logprobs: false,
-            speculate: 0,
-            constraint: None,
-            cache_salt: None,
-            resume: vec![],
-        },
-    )
-    .unwrap();
+    e.add(1, Request::new(prompt, Sampling::greedy(), 24)).unwrap();
     let out = run_all(&mut e);
     let text = &out[&1].1;
     assert!(text.contains("Paris"), "answer was {text:?}");
@@ -111,21 +95,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
     for i in 1..=16u64 {
         let prompt = chat(&busy, &format!("Tell me {} facts about {}.", i, topics[i as usize % topics.len()]));
         let sampling = Sampling { temperature: 0.5 + (i as f32) / 40.0, top_p: 0.9, top_k: 0, seed: i };
-        busy.add(
-            i,
-            Request {
-                prompt,
-                sampling,
-                max_tokens: 8 + i as u32,
-                stop_sequences: vec![],
-                logprobs: false,
-                speculate: 0,
-                constraint: None,
-                cache_salt: None,
-                resume: vec![],
-            },
-        )
-        .unwrap();
+        busy.add(i, Request::new(prompt, sampling, 8 + i as u32)).unwrap();
     }
     let req = target(&busy);
     busy.add(0, req).unwrap();
@@ -137,21 +107,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
 fn cancelling_returns_every_block_to_the_pool() {
     let mut e = engine();
     let prompt = chat(&e, "Count from one to one hundred.");
-    e.add(
-        7,
-        Request {
-            prompt,
-            sampling: Sampling::greedy(),
-            max_tokens: 200,
-            stop_sequences: vec![],
-            logprobs: false,
-            speculate: 0,
-            constraint: None,
-            cache_salt: None,
-            resume: vec![],
-        },
-    )
-    .unwrap();
+    e.add(7, Request::new(prompt, Sampling::greedy(), 200)).unwrap();
     for _ in 0..3 {
         e.step();
     }
@@ -217,15 +173,10 @@ fn transcript(engine: &mut EngineCore) -> Transcript {
 fn copy_request(engine: &EngineCore, sampling: Sampling, max_tokens: u32, speculate: usize) -> Request {
     let text = "The quick brown fox jumps over the lazy dog. The lazy dog sleeps in the warm sun all day long.";
     Request {
-        prompt: chat(engine, &format!("Repeat this text exactly, twice: {text}")),
-        sampling,
-        max_tokens,
         stop_sequences: vec!["all day long.\n\n\n".into()],
         logprobs: true,
         speculate,
-        constraint: None,
-        cache_salt: None,
-        resume: vec![],
+        ..Request::new(chat(engine, &format!("Repeat this text exactly, twice: {text}")), sampling, max_tokens)
     }
 }
 

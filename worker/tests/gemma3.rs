@@ -108,18 +108,7 @@ fn gemma3_local_layers_hold_their_window_only_past_it_and_answer_as_with_every_p
     assert!(prompt.len() > 700, "{} tokens", prompt.len());
     let want = answers::greedy(&model.llama, std::slice::from_ref(&prompt), 40, &[]);
     let mut engine = EngineCore::on_device(model, Device::Cpu, layout, 16, config).unwrap();
-    let request = Request {
-        prompt,
-        sampling: Sampling::greedy(),
-        max_tokens: 40,
-        stop_sequences: vec![],
-        logprobs: false,
-        speculate: 0,
-        constraint: None,
-        cache_salt: None,
-        resume: vec![],
-    };
-    engine.add(1, request).unwrap();
+    engine.add(1, Request::new(prompt, Sampling::greedy(), 40)).unwrap();
     let (mut got, mut most) = (Vec::new(), 0);
     while engine.has_work() {
         for event in engine.step() {

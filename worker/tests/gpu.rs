@@ -25,17 +25,7 @@ fn greedy(device: Device, question: &str) -> (Vec<u32>, String) {
         ChatMessage { role: "user".into(), content: question.into() },
     ];
     let prompt = tok.encode(&tok.render_chat(&messages).unwrap()).unwrap();
-    let req = Request {
-        prompt,
-        sampling: Sampling::greedy(),
-        max_tokens: 32,
-        stop_sequences: vec![],
-        logprobs: false,
-        speculate: 0,
-        constraint: None,
-        cache_salt: None,
-        resume: vec![],
-    };
+    let req = Request::new(prompt, Sampling::greedy(), 32);
     e.add(1, req).unwrap();
     let (mut tokens, mut text) = (Vec::new(), String::new());
     while e.has_work() {

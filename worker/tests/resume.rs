@@ -4,8 +4,9 @@
 //! and its finish counts every output token once.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use serde_json::json;
-use zl_text::ChatMessage;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::fetch;
 use zl_worker::kv::window::KvLayout;
@@ -23,13 +24,9 @@ fn engine() -> (EngineCore, zl_grammar::Engine) {
     )
 }
 
+/// The prompt of `user`'s message after zl chat's default system prompt.
 fn chat(engine: &EngineCore, user: &str) -> Vec<u32> {
-    let tok = &engine.model().tokenizer;
-    let messages = [
-        ChatMessage { role: "system".into(), content: "You are a helpful assistant.".into() },
-        ChatMessage { role: "user".into(), content: user.into() },
-    ];
-    tok.encode(&tok.render_chat(&messages).unwrap()).unwrap()
+    common::chat_prompt(&engine.model().tokenizer, "You are a helpful assistant.", user)
 }
 
 /// One run: each token with the text its event released, and the finish (reason, stop sequence, its text,
@@ -68,15 +65,9 @@ fn a_request_resumed_after_any_of_its_tokens_continues_byte_for_byte() {
     let grammar = zl_grammar::json_schema(&schema).unwrap();
     let city = chat(&e, "Give a city and its population as JSON.");
     let base = Request {
-        prompt: story.clone(),
-        sampling: Sampling { temperature: 0.8, top_p: 0.95, top_k: 40, seed: 99 },
-        max_tokens: 48,
         stop_sequences: vec!["warm sun".into()],
-        logprobs: false,
         speculate: 4,
-        constraint: None,
-        cache_salt: None,
-        resume: vec![],
+        ..Request::new(story.clone(), Sampling { temperature: 0.8, top_p: 0.95, top_k: 40, seed: 99 }, 48)
     };
     let cases: Vec<(&str, MakeRequest<'_>)> = vec![
         // Seeded sampling, speculation, a stop sequence that may end it mid-text.

@@ -184,39 +184,9 @@ fn the_small_model_is_batch_invariant_through_the_engine() {
         for i in 1..=others {
             let prompt = engine.model().tokenizer.encode(&"x".repeat(i as usize * 3)).unwrap();
             let s = Sampling { seed: i, ..sampling };
-            engine
-                .add(
-                    i,
-                    Request {
-                        prompt,
-                        sampling: s,
-                        max_tokens: 5 + i as u32,
-                        stop_sequences: vec![],
-                        logprobs: false,
-                        speculate: 0,
-                        constraint: None,
-                        cache_salt: None,
-                        resume: vec![],
-                    },
-                )
-                .unwrap();
+            engine.add(i, Request::new(prompt, s, 5 + i as u32)).unwrap();
         }
-        engine
-            .add(
-                0,
-                Request {
-                    prompt: target,
-                    sampling,
-                    max_tokens: 12,
-                    stop_sequences: vec![],
-                    logprobs: false,
-                    speculate: 0,
-                    constraint: None,
-                    cache_salt: None,
-                    resume: vec![],
-                },
-            )
-            .unwrap();
+        engine.add(0, Request::new(target, sampling, 12)).unwrap();
         let mut tokens = Vec::new();
         while engine.has_work() {
             for ev in engine.step() {

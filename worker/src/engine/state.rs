@@ -44,6 +44,24 @@ pub struct Request {
     pub resume: Vec<u32>,
 }
 
+impl Request {
+    /// A request for `max_tokens` after `prompt`, sampled as `sampling`: no stop sequences, logprobs, speculation,
+    /// grammar, cache scope or tokens to resume after (set the fields for those).
+    pub fn new(prompt: Vec<u32>, sampling: Sampling, max_tokens: u32) -> Self {
+        Request {
+            prompt,
+            sampling,
+            max_tokens,
+            stop_sequences: vec![],
+            logprobs: false,
+            speculate: 0,
+            constraint: None,
+            cache_salt: None,
+            resume: vec![],
+        }
+    }
+}
+
 /// Something that happened to a sequence during a step.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Event {

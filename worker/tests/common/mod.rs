@@ -87,3 +87,12 @@ pub(crate) fn max_diff(a: &[f32], b: &[f32]) -> (f32, f32) {
     let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     (diff, b.iter().fold(0f32, |m, v| m.max(v.abs())))
 }
+
+/// The tokens of a chat: `system`, then `user`'s message, rendered with the model's template.
+pub(crate) fn chat_prompt(tok: &zl_text::TextTokenizer, system: &str, user: &str) -> Vec<u32> {
+    let messages = [
+        zl_text::ChatMessage { role: "system".into(), content: system.into() },
+        zl_text::ChatMessage { role: "user".into(), content: user.into() },
+    ];
+    tok.encode(&tok.render_chat(&messages).unwrap()).unwrap()
+}

@@ -155,17 +155,7 @@ fn prefill(core: &mut zl_worker::engine::EngineCore, lengths: &[usize]) -> Resul
         // A different first token per run, so the prefix cache never serves one from another.
         let mut prompt = vec![unit[i % unit.len()]];
         prompt.extend(unit.iter().cycle().take(n - 1));
-        let req = Request {
-            prompt,
-            sampling: Sampling::greedy(),
-            max_tokens: 1,
-            stop_sequences: vec![],
-            logprobs: false,
-            speculate: 0,
-            constraint: None,
-            cache_salt: None,
-            resume: vec![],
-        };
+        let req = Request::new(prompt, Sampling::greedy(), 1);
         core.add(1_000_000 + i as u64, req)?;
         let started = Instant::now();
         while core.has_work() {
