@@ -55,7 +55,21 @@ struct Soft {
     blocks: FxHashSet<(u64, u64)>,
     /// Discovery lists it as not passing (its Consul check critical, or in maintenance): no routes.
     held: bool,
+    /// When this orchestrator routed requests to it that its newest report may not count yet (in-flight), oldest
+    /// first.
+    routed: std::collections::VecDeque<Instant>,
 }
+
+/// A report received this long after a route counts it (the route's answer, the frontend's call to the worker and
+/// the worker's admission take milliseconds within a region).
+pub const ROUTE_COVERED_AFTER: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// An in-flight route no report has covered is forgotten after this long (its request may never have reached the
+/// worker).
+pub const ROUTE_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// In-flight routes held per worker at most (a burst beyond it saturates the worker anyway).
+const MAX_ROUTED: usize = 4096;
 
 /// The load view.
 #[derive(Debug, Default)]
@@ -109,6 +123,7 @@ impl LoadView {
                     kv_sequence: None,
                     blocks: FxHashSet::default(),
                     held: self.discovered.as_ref().is_some_and(|d| d.get(id) == Some(&false)),
+                    routed: Default::default(),
                 });
                 self.by_id.insert(id.clone(), slot);
                 self.generation = next_generation();
@@ -137,7 +152,30 @@ impl LoadView {
         soft.last_seen = now;
         soft.load = Some(report);
         soft.load_at = Some(now);
+        // The report counts what the worker had received: every route older than the margin.
+        while soft.routed.front().is_some_and(|&at| at + ROUTE_COVERED_AFTER <= now) {
+            soft.routed.pop_front();
+        }
         Accepted::Yes
+    }
+
+    /// This orchestrator routed a request to `worker` at `now`: until a report covers it, it counts as one more
+    /// sequence there, so a burst routed between two reports spreads instead of piling onto one worker.
+    pub fn routed(&mut self, worker: &NodeId, now: Instant) {
+        let Some(&slot) = self.by_id.get(worker) else { return };
+        let Some(soft) = self.slots[slot as usize].as_mut() else { return };
+        while soft.routed.front().is_some_and(|&at| at + ROUTE_FORGOTTEN_AFTER <= now)
+            || soft.routed.len() >= MAX_ROUTED
+        {
+            soft.routed.pop_front();
+        }
+        soft.routed.push_back(now);
+    }
+
+    /// Requests routed to the worker in `slot` that its newest report does not count yet (at `now`).
+    pub fn in_flight(&self, slot: u32, now: Instant) -> u32 {
+        let Some(Some(soft)) = self.slots.get(slot as usize) else { return 0 };
+        soft.routed.iter().rev().take_while(|&&at| at + ROUTE_FORGOTTEN_AFTER > now).count() as u32
     }
 
     /// Apply KV-cache events.

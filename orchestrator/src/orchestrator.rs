@@ -175,6 +175,12 @@ impl Orchestrator {
             }
             other => other,
         };
+        // In flight until the worker's next report counts it (the card probe, with no prompt, is no request).
+        if let Ok(d) = &result
+            && request.prompt_tokens > 0
+        {
+            write(&self.load).routed(&d.worker_id, started);
+        }
         let elapsed = started.elapsed();
         let outcome = match &result {
             Ok(_) => "routed",

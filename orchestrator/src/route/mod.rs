@@ -43,8 +43,23 @@ pub struct Candidate<'a> {
     pub load: &'a LoadReport,
     /// Leading blocks of the prompt it holds in its KV cache.
     pub prefix_blocks: u32,
+    /// Requests routed to it that its newest report does not count yet (this orchestrator's routes since).
+    pub in_flight: u32,
     /// [`stable_hash`] of its id.
     pub id_hash: u64,
+}
+
+impl Candidate<'_> {
+    /// Its sequences (running, waiting) as they will be once the in-flight requests arrive: they run while slots
+    /// are free and wait after.
+    pub fn sequences(&self) -> (u32, u32) {
+        let max = self.worker.spec.max_running_sequences;
+        let all = self.load.running_sequences + self.load.queue_depth + self.in_flight;
+        if self.in_flight == 0 {
+            return (self.load.running_sequences, self.load.queue_depth);
+        }
+        (all.min(max.max(self.load.running_sequences)), all.saturating_sub(max.max(self.load.running_sequences)))
+    }
 }
 
 /// A policy's choice.
@@ -150,9 +165,13 @@ pub fn pool_order(preferred: ComputePool, hint: RouteHint, pinned: Option<Comput
     }
 }
 
-/// Whether a worker can take another request without queueing more than a full batch.
-pub fn has_capacity(worker: &WorkerEntry, load: &LoadReport) -> bool {
-    load.queue_depth < worker.spec.max_running_sequences
+/// Whether a worker can take another request without queueing more than a full batch, counting the requests
+/// routed to it that its report does not count yet.
+pub fn has_capacity(worker: &WorkerEntry, load: &LoadReport, in_flight: u32) -> bool {
+    let max = worker.spec.max_running_sequences;
+    let waiting =
+        (load.running_sequences + load.queue_depth + in_flight).saturating_sub(max.max(load.running_sequences));
+    waiting.max(load.queue_depth) < max
 }
 
 /// Version preferences for a model: pinned, canary order, or any.
@@ -248,13 +267,14 @@ pub fn decide(
                     }
                     let Some(slot) = scratch.slots[wi] else { continue };
                     let Some(report) = load.healthy_since(slot, fresh) else { continue };
-                    if !has_capacity(worker, report) {
+                    let in_flight = load.in_flight(slot, now);
+                    if !has_capacity(worker, report, in_flight) {
                         saturated = true;
                         continue;
                     }
                     let prefix_blocks = scratch.overlap.get(&slot).copied().unwrap_or(0);
                     let id_hash = index.id_hashes[wi];
-                    in_pool.push(Candidate { worker, model: mv, load: report, prefix_blocks, id_hash });
+                    in_pool.push(Candidate { worker, model: mv, load: report, prefix_blocks, in_flight, id_hash });
                 }
                 if in_pool.is_empty() {
                     continue;

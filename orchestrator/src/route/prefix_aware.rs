@@ -41,8 +41,8 @@ impl PrefixAware {
     /// A candidate's cost for a prompt of `prompt_blocks` full blocks.
     pub fn cost(&self, c: &Candidate<'_>, prompt_blocks: usize) -> f64 {
         let new_blocks = prompt_blocks.saturating_sub(c.prefix_blocks as usize) as f64;
-        self.prefill_weight * new_blocks
-            + self.load_weight * (f64::from(c.load.queue_depth) + f64::from(c.load.running_sequences))
+        let (running, waiting) = c.sequences();
+        self.prefill_weight * new_blocks + self.load_weight * (f64::from(waiting) + f64::from(running))
     }
 }
 
@@ -66,8 +66,8 @@ impl Policy for PrefixAware {
         Pick {
             index: best,
             reason: format!(
-                "{} of {blocks} prompt blocks cached, queue {} + running {}, cost {best_cost:.1}",
-                c.prefix_blocks, c.load.queue_depth, c.load.running_sequences
+                "{} of {blocks} prompt blocks cached, queue {} + running {} + in flight {}, cost {best_cost:.1}",
+                c.prefix_blocks, c.load.queue_depth, c.load.running_sequences, c.in_flight
             ),
         }
     }

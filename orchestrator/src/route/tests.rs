@@ -321,3 +321,44 @@ fn every_policy_has_a_name() {
     }
     assert!(policy_by_name("random").is_none());
 }
+
+#[test]
+fn a_burst_between_two_reports_spreads_and_a_report_takes_over_from_the_in_flight_count() {
+    for policy in [&LeastLoaded as &dyn Policy, &PrefixAware::default()] {
+        let mut w = World::new();
+        for name in ["w1", "w2", "w3"] {
+            w.worker(name, "m", 1, ComputePool::Cpu);
+        }
+        // Nine requests in a millisecond: every worker's report still says idle, the routes counted in flight.
+        let mut counts = BTreeMap::new();
+        for i in 0..9 {
+            let r = RouteRequest { request_id: format!("req-{i}"), ..req("m") };
+            let d = w.route(&r, policy).unwrap();
+            w.load.routed(&d.worker_id, w.now);
+            *counts.entry(d.worker_id.to_string()).or_insert(0) += 1;
+        }
+        assert_eq!(counts.values().copied().collect::<Vec<_>>(), vec![3, 3, 3], "{}: {counts:?}", policy.name());
+        // A report received past the margin counts them itself: the in-flight count is gone, what it says rules.
+        let slot = w.load.slot_of(&id("w1")).unwrap();
+        assert_eq!(w.load.in_flight(slot, w.now), 3);
+        w.now += crate::load::ROUTE_COVERED_AFTER;
+        w.report("w1", 0, 3);
+        assert_eq!(w.load.in_flight(slot, w.now), 0);
+        // Routes never covered by a report (a worker gone quiet) are forgotten.
+        let slot2 = w.load.slot_of(&id("w2")).unwrap();
+        w.now += crate::load::ROUTE_FORGOTTEN_AFTER;
+        assert_eq!(w.load.in_flight(slot2, w.now), 0);
+    }
+}
+
+#[test]
+fn in_flight_routes_fill_a_worker_before_it_reports_a_queue() {
+    let mut w = World::new();
+    w.worker("w1", "m", 1, ComputePool::Cpu);
+    // 8 slots, 8 waiting at most: 16 routes in flight saturate it (no report has said so yet).
+    for i in 0..16 {
+        let d = w.route(&RouteRequest { request_id: format!("r{i}"), ..req("m") }, &LeastLoaded).unwrap();
+        w.load.routed(&d.worker_id, w.now);
+    }
+    assert_eq!(w.route(&req("m"), &LeastLoaded), Err(RouteError::Saturated("m".into())));
+}
