@@ -109,6 +109,7 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
         tokens_per_second: 0.0,
         vram_total_bytes: 0,
         vram_free_bytes: 0,
+        queued_prefill_blocks: 0,
     });
     match as_worker.call(orch_addr, Role::Orchestrator, forged).await {
         Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::PermissionDenied),

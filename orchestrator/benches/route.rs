@@ -45,6 +45,7 @@ fn world(workers: usize, now: Instant) -> (RoutingState, LoadView) {
             tokens_per_second: 100.0,
             vram_total_bytes: 0,
             vram_free_bytes: 0,
+            queued_prefill_blocks: 0,
         };
         load.report(report, now);
         // Each worker caches a chain of blocks; chains share their first blocks with neighbours.

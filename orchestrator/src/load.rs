@@ -56,8 +56,8 @@ struct Soft {
     /// Discovery lists it as not passing (its Consul check critical, or in maintenance): no routes.
     held: bool,
     /// When this orchestrator routed requests to it that its newest report may not count yet (in-flight), oldest
-    /// first.
-    routed: std::collections::VecDeque<Instant>,
+    /// first, each with the prompt blocks it will have to compute there.
+    routed: std::collections::VecDeque<(Instant, u32)>,
 }
 
 /// A report received this long after a route counts it (the route's answer, the frontend's call to the worker and
@@ -153,29 +153,35 @@ impl LoadView {
         soft.load = Some(report);
         soft.load_at = Some(now);
         // The report counts what the worker had received: every route older than the margin.
-        while soft.routed.front().is_some_and(|&at| at + ROUTE_COVERED_AFTER <= now) {
+        while soft.routed.front().is_some_and(|&(at, _)| at + ROUTE_COVERED_AFTER <= now) {
             soft.routed.pop_front();
         }
         Accepted::Yes
     }
 
-    /// This orchestrator routed a request to `worker` at `now`: until a report covers it, it counts as one more
-    /// sequence there, so a burst routed between two reports spreads instead of piling onto one worker.
-    pub fn routed(&mut self, worker: &NodeId, now: Instant) {
+    /// This orchestrator routed a request to `worker` at `now`, with `prefill_blocks` of its prompt to compute
+    /// there: until a report covers it, it counts as one more sequence and that much prefill work, so a burst
+    /// routed between two reports spreads instead of piling onto one worker.
+    pub fn routed(&mut self, worker: &NodeId, now: Instant, prefill_blocks: u32) {
         let Some(&slot) = self.by_id.get(worker) else { return };
         let Some(soft) = self.slots[slot as usize].as_mut() else { return };
-        while soft.routed.front().is_some_and(|&at| at + ROUTE_FORGOTTEN_AFTER <= now)
+        while soft.routed.front().is_some_and(|&(at, _)| at + ROUTE_FORGOTTEN_AFTER <= now)
             || soft.routed.len() >= MAX_ROUTED
         {
             soft.routed.pop_front();
         }
-        soft.routed.push_back(now);
+        soft.routed.push_back((now, prefill_blocks));
     }
 
-    /// Requests routed to the worker in `slot` that its newest report does not count yet (at `now`).
-    pub fn in_flight(&self, slot: u32, now: Instant) -> u32 {
-        let Some(Some(soft)) = self.slots.get(slot as usize) else { return 0 };
-        soft.routed.iter().rev().take_while(|&&at| at + ROUTE_FORGOTTEN_AFTER > now).count() as u32
+    /// Requests routed to the worker in `slot` that its newest report does not count yet (at `now`), and their
+    /// prompt blocks to compute.
+    pub fn in_flight(&self, slot: u32, now: Instant) -> (u32, u32) {
+        let Some(Some(soft)) = self.slots.get(slot as usize) else { return (0, 0) };
+        soft.routed
+            .iter()
+            .rev()
+            .take_while(|&&(at, _)| at + ROUTE_FORGOTTEN_AFTER > now)
+            .fold((0, 0), |(n, blocks), &(_, b)| (n + 1, blocks + b))
     }
 
     /// Apply KV-cache events.
@@ -382,6 +388,7 @@ mod tests {
             tokens_per_second: 50.0,
             vram_total_bytes: 0,
             vram_free_bytes: 0,
+            queued_prefill_blocks: 0,
         }
     }
 

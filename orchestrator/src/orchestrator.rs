@@ -167,7 +167,9 @@ impl Orchestrator {
         let result = {
             let state = read(&self.state.0);
             let load = read(&self.load);
-            SCRATCH.with(|s| route::decide(&state, &load, request, self.policy.as_ref(), started, &mut s.borrow_mut()))
+            SCRATCH.with(|s| {
+                route::decide_counted(&state, &load, request, self.policy.as_ref(), started, &mut s.borrow_mut())
+            })
         };
         let result = match result {
             Err(RouteError::NoWorker(model)) if started < self.warm_at && self.unheard_of(&model, started) => {
@@ -176,11 +178,12 @@ impl Orchestrator {
             other => other,
         };
         // In flight until the worker's next report counts it (the card probe, with no prompt, is no request).
-        if let Ok(d) = &result
+        if let Ok((d, uncached)) = &result
             && request.prompt_tokens > 0
         {
-            write(&self.load).routed(&d.worker_id, started);
+            write(&self.load).routed(&d.worker_id, started, *uncached);
         }
+        let result = result.map(|(d, _)| d);
         let elapsed = started.elapsed();
         let outcome = match &result {
             Ok(_) => "routed",

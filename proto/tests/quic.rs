@@ -215,6 +215,7 @@ async fn remote_errors_and_missing_replies_are_typed() {
         tokens_per_second: 0.0,
         vram_total_bytes: 0,
         vram_free_bytes: 0,
+        queued_prefill_blocks: 0,
     });
     match client.call(addr, Role::Worker, report).await {
         Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::Internal),

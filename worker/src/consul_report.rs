@@ -162,6 +162,7 @@ mod tests {
                 fragmentation,
             }),
             prefill_tokens: 0,
+            queued_prefill_blocks: 0,
             device_memory: None,
         }
     }

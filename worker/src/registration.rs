@@ -248,6 +248,7 @@ pub fn load_report(worker: &NodeId, sequence: u64, published: &[Published]) -> L
         tokens_per_second: 0.0,
         vram_total_bytes: 0,
         vram_free_bytes: 0,
+        queued_prefill_blocks: 0,
     };
     // Models on one GPU see the same device memory: the first one's figures speak for the worker.
     if let Some((free, total)) = published.iter().find_map(|p| p.stats.device_memory) {
@@ -257,6 +258,7 @@ pub fn load_report(worker: &NodeId, sequence: u64, published: &[Published]) -> L
     for p in published {
         report.queue_depth += p.stats.waiting as u32;
         report.running_sequences += p.stats.running as u32;
+        report.queued_prefill_blocks += p.stats.queued_prefill_blocks as u32;
         report.tokens_per_second += p.tokens_per_second.max(0.0);
         if let Some(kv) = p.stats.kv {
             report.kv_blocks_used += (kv.used + kv.cached) as u32;
@@ -379,6 +381,7 @@ mod tests {
                     fragmentation: frag,
                 }),
                 prefill_tokens: 0,
+                queued_prefill_blocks: 0,
                 device_memory: None,
             },
             tokens_per_second: 10.0,

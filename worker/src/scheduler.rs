@@ -215,6 +215,18 @@ impl Scheduler {
         self.running.len()
     }
 
+    /// KV blocks of prompt tokens admitted but not computed yet, over waiting and running sequences: the prefill
+    /// work a new request would wait behind (a decoding sequence's one next token is not prefill).
+    pub fn queued_prefill_blocks(&self) -> usize {
+        let bs = self.pool.block_size();
+        self.seqs
+            .values()
+            .map(|s| s.tokens.len() - s.computed)
+            .filter(|&left| left > 1)
+            .map(|left| left.div_ceil(bs))
+            .sum()
+    }
+
     /// Preemptions so far.
     pub fn preemptions(&self) -> u64 {
         self.preemptions
@@ -701,5 +713,19 @@ mod tests {
         let w = s.window().unwrap();
         assert_eq!(w.pool().stats().used, 0);
         assert!(w.has_room(18), "every promise returned");
+    }
+
+    #[test]
+    fn queued_prefill_counts_the_prompt_blocks_still_to_compute() {
+        let mut s = Scheduler::new(config(4, 12, 8), BlockPool::new(64, 4)).unwrap();
+        s.add(1, (0..20).collect(), 4).unwrap();
+        s.add(2, (0..6).collect(), 4).unwrap();
+        assert_eq!(s.queued_prefill_blocks(), 5 + 2, "waiting prompts: 20 and 6 tokens");
+        step(&mut s, 9); // 8 of the first prompt (the budget leaves no room for the second's chunk)
+        assert_eq!(s.queued_prefill_blocks(), 3 + 2);
+        for _ in 0..4 {
+            step(&mut s, 9);
+        }
+        assert_eq!(s.queued_prefill_blocks(), 0, "decoding sequences have no prefill left");
     }
 }

@@ -45,6 +45,8 @@ pub struct Candidate<'a> {
     pub prefix_blocks: u32,
     /// Requests routed to it that its newest report does not count yet (this orchestrator's routes since).
     pub in_flight: u32,
+    /// Their prompt blocks to compute there.
+    pub in_flight_blocks: u32,
     /// [`stable_hash`] of its id.
     pub id_hash: u64,
 }
@@ -228,6 +230,19 @@ pub fn decide(
     now: Instant,
     scratch: &mut Scratch,
 ) -> Result<RouteDecision, RouteError> {
+    decide_counted(state, load, request, policy, now, scratch).map(|(d, _)| d)
+}
+
+/// [`decide`], with the prompt blocks the chosen worker will have to compute (those it does not hold): what the
+/// caller counts in flight there ([`LoadView::routed`]).
+pub fn decide_counted(
+    state: &RoutingState,
+    load: &LoadView,
+    request: &RouteRequest,
+    policy: &dyn Policy,
+    now: Instant,
+    scratch: &mut Scratch,
+) -> Result<(RouteDecision, u32), RouteError> {
     let resolved = state.resolve_alias(&request.model).to_owned();
     let mut chain = vec![resolved.clone()];
     chain.extend(state.fallback(&resolved).iter().map(|m| state.resolve_alias(m).to_owned()));
@@ -267,14 +282,22 @@ pub fn decide(
                     }
                     let Some(slot) = scratch.slots[wi] else { continue };
                     let Some(report) = load.healthy_since(slot, fresh) else { continue };
-                    let in_flight = load.in_flight(slot, now);
+                    let (in_flight, in_flight_blocks) = load.in_flight(slot, now);
                     if !has_capacity(worker, report, in_flight) {
                         saturated = true;
                         continue;
                     }
                     let prefix_blocks = scratch.overlap.get(&slot).copied().unwrap_or(0);
                     let id_hash = index.id_hashes[wi];
-                    in_pool.push(Candidate { worker, model: mv, load: report, prefix_blocks, in_flight, id_hash });
+                    in_pool.push(Candidate {
+                        worker,
+                        model: mv,
+                        load: report,
+                        prefix_blocks,
+                        in_flight,
+                        in_flight_blocks,
+                        id_hash,
+                    });
                 }
                 if in_pool.is_empty() {
                     continue;
@@ -286,7 +309,8 @@ pub fn decide(
                     let why = if request.prefer_fallback { " (preferred: the frontend is degraded)" } else { "" };
                     reason.push_str(&format!("; fallback from {resolved}{why}"));
                 }
-                return Ok(RouteDecision {
+                let uncached = (request.block_hashes.len() as u32).saturating_sub(chosen.prefix_blocks);
+                let decision = RouteDecision {
                     request_id: request.request_id.clone(),
                     worker_id: chosen.worker.spec.id.clone(),
                     endpoint: chosen.worker.spec.endpoint.clone(),
@@ -297,7 +321,8 @@ pub fn decide(
                     reason,
                     decision_nanos: 0,
                     orchestrator_id: String::new(),
-                });
+                };
+                return Ok((decision, uncached));
             }
         }
     }

@@ -3,13 +3,17 @@
 //! cheaper. Cost, in blocks of work (lower is better):
 //!
 //! ```text
-//! cost = prefill_weight * (prompt_blocks - cached_prefix_blocks)
-//!      + load_weight * (queue_depth + running_sequences)
+//! cost = prefill_weight * (prompt_blocks - cached_prefix_blocks + queued_prefill_blocks + in_flight_blocks)
+//!      + load_weight * (queue_depth + running_sequences + in_flight)
 //! ```
 //!
 //! `prompt_blocks` is the number of full blocks in the prompt (the request's block hashes); the cached prefix is
-//! what the worker's KV events say it holds. A queued or running sequence costs `load_weight` blocks (default 4:
-//! a sequence in the batch slows every step a little, which a short prefill saving does not outweigh).
+//! what the worker's KV events say it holds. The prompt work already waiting there (its report's
+//! `queued_prefill_blocks`, plus the uncached blocks of requests this orchestrator routed there since) delays this
+//! prompt as much as its own, so a hot prefix's worker with a long prefill queue loses to recomputing the prefix
+//! elsewhere, and the prefix then lives on two workers. A queued or running sequence costs `load_weight` blocks
+//! (default 4: a sequence in the batch slows every step a little, which a short prefill saving does not outweigh);
+//! in-flight ones count as sequences (running while slots are free, queued after).
 //!
 //! Ties (every worker idle and none holding the prefix, as for each new document or system prompt) are broken by
 //! rendezvous hashing of the prompt's first block over the workers: new prefixes spread evenly over the pool, and a
@@ -41,8 +45,11 @@ impl PrefixAware {
     /// A candidate's cost for a prompt of `prompt_blocks` full blocks.
     pub fn cost(&self, c: &Candidate<'_>, prompt_blocks: usize) -> f64 {
         let new_blocks = prompt_blocks.saturating_sub(c.prefix_blocks as usize) as f64;
+        // Prompt work waiting there (reported, and routed since the report) delays this prompt's as much.
+        let waiting_prefill = f64::from(c.load.queued_prefill_blocks) + f64::from(c.in_flight_blocks);
         let (running, waiting) = c.sequences();
-        self.prefill_weight * new_blocks + self.load_weight * (f64::from(waiting) + f64::from(running))
+        self.prefill_weight * (new_blocks + waiting_prefill)
+            + self.load_weight * (f64::from(waiting) + f64::from(running))
     }
 }
 

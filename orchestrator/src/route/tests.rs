@@ -63,6 +63,7 @@ impl World {
                 tokens_per_second: 0.0,
                 vram_total_bytes: 0,
                 vram_free_bytes: 0,
+                queued_prefill_blocks: 0,
             },
             self.now,
         );
@@ -334,20 +335,20 @@ fn a_burst_between_two_reports_spreads_and_a_report_takes_over_from_the_in_fligh
         for i in 0..9 {
             let r = RouteRequest { request_id: format!("req-{i}"), ..req("m") };
             let d = w.route(&r, policy).unwrap();
-            w.load.routed(&d.worker_id, w.now);
+            w.load.routed(&d.worker_id, w.now, 0);
             *counts.entry(d.worker_id.to_string()).or_insert(0) += 1;
         }
         assert_eq!(counts.values().copied().collect::<Vec<_>>(), vec![3, 3, 3], "{}: {counts:?}", policy.name());
         // A report received past the margin counts them itself: the in-flight count is gone, what it says rules.
         let slot = w.load.slot_of(&id("w1")).unwrap();
-        assert_eq!(w.load.in_flight(slot, w.now), 3);
+        assert_eq!(w.load.in_flight(slot, w.now), (3, 0));
         w.now += crate::load::ROUTE_COVERED_AFTER;
         w.report("w1", 0, 3);
-        assert_eq!(w.load.in_flight(slot, w.now), 0);
+        assert_eq!(w.load.in_flight(slot, w.now), (0, 0));
         // Routes never covered by a report (a worker gone quiet) are forgotten.
         let slot2 = w.load.slot_of(&id("w2")).unwrap();
         w.now += crate::load::ROUTE_FORGOTTEN_AFTER;
-        assert_eq!(w.load.in_flight(slot2, w.now), 0);
+        assert_eq!(w.load.in_flight(slot2, w.now), (0, 0));
     }
 }
 
@@ -358,7 +359,48 @@ fn in_flight_routes_fill_a_worker_before_it_reports_a_queue() {
     // 8 slots, 8 waiting at most: 16 routes in flight saturate it (no report has said so yet).
     for i in 0..16 {
         let d = w.route(&RouteRequest { request_id: format!("r{i}"), ..req("m") }, &LeastLoaded).unwrap();
-        w.load.routed(&d.worker_id, w.now);
+        w.load.routed(&d.worker_id, w.now, 0);
     }
     assert_eq!(w.route(&req("m"), &LeastLoaded), Err(RouteError::Saturated("m".into())));
+}
+
+#[test]
+fn a_hot_prefix_leaves_its_worker_when_the_prefill_waiting_there_costs_more_than_recomputing() {
+    let mut w = World::new();
+    w.worker("w1", "m", 1, ComputePool::Cpu);
+    w.worker("w2", "m", 1, ComputePool::Cpu);
+    let blocks: Vec<u64> = (1..=10).collect();
+    w.cache("w1", "m", &blocks[..8]);
+    let r = RouteRequest { block_hashes: blocks.clone(), ..req("m") };
+    let policy = PrefixAware::default();
+    // Idle, w1 holds 8 of 10 blocks: 2 against 10.
+    assert_eq!(w.route(&r, &policy).unwrap().worker_id, id("w1"));
+    // Its report says 20 blocks of prompts wait there (one running sequence): 2 + 20 + 4 = 26 against 10.
+    w.seq += 1;
+    let report = LoadReport {
+        worker_id: id("w1"),
+        sequence: w.seq,
+        queue_depth: 0,
+        running_sequences: 1,
+        kv_blocks_used: 0,
+        kv_blocks_free: 1000,
+        fragmentation_ratio: 0.0,
+        tokens_per_second: 0.0,
+        vram_total_bytes: 0,
+        vram_free_bytes: 0,
+        queued_prefill_blocks: 20,
+    };
+    w.load.report(report, w.now);
+    assert_eq!(w.route(&r, &policy).unwrap().worker_id, id("w2"));
+    // The same from routes this orchestrator handed out since the last report: a burst of a new 10-block document
+    // goes where it is not queued behind itself.
+    let mut w = World::new();
+    w.worker("w1", "m", 1, ComputePool::Cpu);
+    w.worker("w2", "m", 1, ComputePool::Cpu);
+    let doc = RouteRequest { block_hashes: (100..110).collect(), ..req("m") };
+    let (first, uncached) = decide_counted(&w.state, &w.load, &doc, &policy, w.now, &mut Scratch::default()).unwrap();
+    assert_eq!(uncached, 10);
+    w.load.routed(&first.worker_id, w.now, uncached);
+    let second = w.route(&doc, &policy).unwrap();
+    assert_ne!(second.worker_id, first.worker_id, "the second waits behind the first's 10 blocks there");
 }

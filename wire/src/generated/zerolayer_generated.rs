@@ -1348,6 +1348,7 @@ impl<'a> LoadReport<'a> {
   pub const VT_TOKENS_PER_SECOND: ::flatbuffers::VOffsetT = 18;
   pub const VT_VRAM_TOTAL_BYTES: ::flatbuffers::VOffsetT = 20;
   pub const VT_VRAM_FREE_BYTES: ::flatbuffers::VOffsetT = 22;
+  pub const VT_QUEUED_PREFILL_BLOCKS: ::flatbuffers::VOffsetT = 24;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1362,6 +1363,7 @@ impl<'a> LoadReport<'a> {
     builder.add_vram_free_bytes(args.vram_free_bytes);
     builder.add_vram_total_bytes(args.vram_total_bytes);
     builder.add_sequence(args.sequence);
+    builder.add_queued_prefill_blocks(args.queued_prefill_blocks);
     builder.add_tokens_per_second(args.tokens_per_second);
     builder.add_fragmentation_ratio(args.fragmentation_ratio);
     builder.add_kv_blocks_free(args.kv_blocks_free);
@@ -1451,6 +1453,15 @@ impl<'a> LoadReport<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(LoadReport::VT_VRAM_FREE_BYTES, Some(0)).unwrap()}
   }
+  /// Prompt work waiting (protocol 1.6): KV blocks of prompt tokens admitted but not computed yet, queued and
+  /// running sequences together (each sequence's tokens rounded up to its blocks).
+  #[inline]
+  pub fn queued_prefill_blocks(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(LoadReport::VT_QUEUED_PREFILL_BLOCKS, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for LoadReport<'_> {
@@ -1469,6 +1480,7 @@ impl ::flatbuffers::Verifiable for LoadReport<'_> {
      .visit_field::<f32>("tokens_per_second", Self::VT_TOKENS_PER_SECOND, false)?
      .visit_field::<u64>("vram_total_bytes", Self::VT_VRAM_TOTAL_BYTES, false)?
      .visit_field::<u64>("vram_free_bytes", Self::VT_VRAM_FREE_BYTES, false)?
+     .visit_field::<u32>("queued_prefill_blocks", Self::VT_QUEUED_PREFILL_BLOCKS, false)?
      .finish();
     Ok(())
   }
@@ -1484,6 +1496,7 @@ pub struct LoadReportArgs<'a> {
     pub tokens_per_second: f32,
     pub vram_total_bytes: u64,
     pub vram_free_bytes: u64,
+    pub queued_prefill_blocks: u32,
 }
 impl<'a> Default for LoadReportArgs<'a> {
   #[inline]
@@ -1499,6 +1512,7 @@ impl<'a> Default for LoadReportArgs<'a> {
       tokens_per_second: 0.0,
       vram_total_bytes: 0,
       vram_free_bytes: 0,
+      queued_prefill_blocks: 0,
     }
   }
 }
@@ -1549,6 +1563,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LoadReportBuilder<'a, 'b, A> 
     self.fbb_.push_slot::<u64>(LoadReport::VT_VRAM_FREE_BYTES, vram_free_bytes, 0);
   }
   #[inline]
+  pub fn add_queued_prefill_blocks(&mut self, queued_prefill_blocks: u32) {
+    self.fbb_.push_slot::<u32>(LoadReport::VT_QUEUED_PREFILL_BLOCKS, queued_prefill_blocks, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LoadReportBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     LoadReportBuilder {
@@ -1577,6 +1595,7 @@ impl ::core::fmt::Debug for LoadReport<'_> {
       ds.field("tokens_per_second", &self.tokens_per_second());
       ds.field("vram_total_bytes", &self.vram_total_bytes());
       ds.field("vram_free_bytes", &self.vram_free_bytes());
+      ds.field("queued_prefill_blocks", &self.queued_prefill_blocks());
       ds.finish()
   }
 }

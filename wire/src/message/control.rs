@@ -420,6 +420,8 @@ pub struct LoadReport {
     pub vram_total_bytes: u64,
     /// GPU memory free in bytes (0 on a CPU).
     pub vram_free_bytes: u64,
+    /// KV blocks of prompt tokens admitted but not computed yet (0 from workers before protocol 1.6).
+    pub queued_prefill_blocks: u32,
 }
 
 impl LoadReport {
@@ -447,6 +449,7 @@ impl LoadReport {
                 tokens_per_second: self.tokens_per_second,
                 vram_total_bytes: self.vram_total_bytes,
                 vram_free_bytes: self.vram_free_bytes,
+                queued_prefill_blocks: self.queued_prefill_blocks,
             },
         )
     }
@@ -463,6 +466,7 @@ impl LoadReport {
             tokens_per_second: t.tokens_per_second(),
             vram_total_bytes: t.vram_total_bytes(),
             vram_free_bytes: t.vram_free_bytes(),
+            queued_prefill_blocks: t.queued_prefill_blocks(),
         };
         msg.check()?;
         Ok(msg)

@@ -44,6 +44,7 @@ pub(crate) fn samples() -> Vec<Message> {
             tokens_per_second: 431.5,
             vram_total_bytes: 150_754_820_096,
             vram_free_bytes: 98_000_000_000,
+            queued_prefill_blocks: 0,
         }),
         Message::KvCacheEvents(KvCacheEvents {
             worker_id: node("worker-0"),

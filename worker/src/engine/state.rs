@@ -173,6 +173,8 @@ pub struct EngineStats {
     pub kv: Option<crate::kv::pool::KvStats>,
     /// Prompt tokens prefilled since the engine started (recomputation after preemption included).
     pub prefill_tokens: u64,
+    /// KV blocks of prompt tokens admitted but not computed yet (the prefill work waiting here).
+    pub queued_prefill_blocks: usize,
     /// GPU memory (free, total bytes), when the engine runs on a GPU.
     pub device_memory: Option<(u64, u64)>,
 }
@@ -321,6 +323,7 @@ impl EngineCore {
             running: self.sched.running(),
             kv: Some(self.sched.pool().stats()),
             prefill_tokens: self.prefill_tokens,
+            queued_prefill_blocks: self.sched.queued_prefill_blocks(),
             device_memory: self.backend.device_memory(),
         }
     }
