@@ -167,9 +167,7 @@ impl Orchestrator {
         let result = {
             let state = read(&self.state.0);
             let load = read(&self.load);
-            SCRATCH.with(|s| {
-                route::decide_counted(&state, &load, request, self.policy.as_ref(), started, &mut s.borrow_mut())
-            })
+            SCRATCH.with(|s| route::decide(&state, &load, request, self.policy.as_ref(), started, &mut s.borrow_mut()))
         };
         let result = match result {
             Err(RouteError::NoWorker(model)) if started < self.warm_at && self.unheard_of(&model, started) => {

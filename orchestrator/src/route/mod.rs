@@ -221,21 +221,10 @@ impl Scratch {
     }
 }
 
-/// Decide a route. `decision_nanos` is left 0 for the caller, which owns the clock.
+/// Decide a route, and the prompt blocks the chosen worker will have to compute (those it does not hold): what the
+/// caller counts in flight there ([`LoadView::routed`]). `decision_nanos` is left 0 for the caller, which owns the
+/// clock.
 pub fn decide(
-    state: &RoutingState,
-    load: &LoadView,
-    request: &RouteRequest,
-    policy: &dyn Policy,
-    now: Instant,
-    scratch: &mut Scratch,
-) -> Result<RouteDecision, RouteError> {
-    decide_counted(state, load, request, policy, now, scratch).map(|(d, _)| d)
-}
-
-/// [`decide`], with the prompt blocks the chosen worker will have to compute (those it does not hold): what the
-/// caller counts in flight there ([`LoadView::routed`]).
-pub fn decide_counted(
     state: &RoutingState,
     load: &LoadView,
     request: &RouteRequest,

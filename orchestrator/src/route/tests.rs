@@ -50,6 +50,11 @@ impl World {
     }
 
     fn report(&mut self, name: &str, queue: u32, running: u32) {
+        self.report_prefill(name, queue, running, 0);
+    }
+
+    /// A report with `prefill_blocks` of prompt work waiting.
+    fn report_prefill(&mut self, name: &str, queue: u32, running: u32, prefill_blocks: u32) {
         self.seq += 1;
         self.load.report(
             LoadReport {
@@ -63,7 +68,7 @@ impl World {
                 tokens_per_second: 0.0,
                 vram_total_bytes: 0,
                 vram_free_bytes: 0,
-                queued_prefill_blocks: 0,
+                queued_prefill_blocks: prefill_blocks,
             },
             self.now,
         );
@@ -83,7 +88,7 @@ impl World {
     }
 
     fn route(&self, req: &RouteRequest, policy: &dyn Policy) -> Result<RouteDecision, RouteError> {
-        decide(&self.state, &self.load, req, policy, self.now, &mut Scratch::default())
+        decide(&self.state, &self.load, req, policy, self.now, &mut Scratch::default()).map(|(d, _)| d)
     }
 }
 
@@ -376,21 +381,7 @@ fn a_hot_prefix_leaves_its_worker_when_the_prefill_waiting_there_costs_more_than
     // Idle, w1 holds 8 of 10 blocks: 2 against 10.
     assert_eq!(w.route(&r, &policy).unwrap().worker_id, id("w1"));
     // Its report says 20 blocks of prompts wait there (one running sequence): 2 + 20 + 4 = 26 against 10.
-    w.seq += 1;
-    let report = LoadReport {
-        worker_id: id("w1"),
-        sequence: w.seq,
-        queue_depth: 0,
-        running_sequences: 1,
-        kv_blocks_used: 0,
-        kv_blocks_free: 1000,
-        fragmentation_ratio: 0.0,
-        tokens_per_second: 0.0,
-        vram_total_bytes: 0,
-        vram_free_bytes: 0,
-        queued_prefill_blocks: 20,
-    };
-    w.load.report(report, w.now);
+    w.report_prefill("w1", 0, 1, 20);
     assert_eq!(w.route(&r, &policy).unwrap().worker_id, id("w2"));
     // The same from routes this orchestrator handed out since the last report: a burst of a new 10-block document
     // goes where it is not queued behind itself.
@@ -398,7 +389,7 @@ fn a_hot_prefix_leaves_its_worker_when_the_prefill_waiting_there_costs_more_than
     w.worker("w1", "m", 1, ComputePool::Cpu);
     w.worker("w2", "m", 1, ComputePool::Cpu);
     let doc = RouteRequest { block_hashes: (100..110).collect(), ..req("m") };
-    let (first, uncached) = decide_counted(&w.state, &w.load, &doc, &policy, w.now, &mut Scratch::default()).unwrap();
+    let (first, uncached) = decide(&w.state, &w.load, &doc, &policy, w.now, &mut Scratch::default()).unwrap();
     assert_eq!(uncached, 10);
     w.load.routed(&first.worker_id, w.now, uncached);
     let second = w.route(&doc, &policy).unwrap();
