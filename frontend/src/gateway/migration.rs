@@ -147,26 +147,16 @@ impl Migration {
     }
 }
 
-/// Open the generation on `worker` at `endpoint`: its stream and first frame past the admission.
+/// Open the generation on `worker` at `endpoint`: its stream and first frame past the admission (a worker that
+/// ends the call without one is taken as lost, so the next is tried).
 async fn open(
     gateway: &Gateway,
     endpoint: &str,
     worker: &NodeId,
     request: GenerateRequest,
 ) -> Result<(Box<dyn TokenSource>, Message), CallError> {
-    let mut source = gateway.upstream.generate(endpoint.to_owned(), request).await?;
-    if source.worker_id().is_some_and(|id| id != *worker) {
-        return Err(CallError::Remote(WireError::new(
-            ErrorCode::Unavailable,
-            format!("the worker at {endpoint} is not {worker} as routed"),
-        )));
-    }
-    loop {
-        match source.next().await {
-            Some(Ok(Message::TokenChunk(c))) if c.is_admission() => {}
-            Some(Ok(first)) => return Ok((source, first)),
-            Some(Err(e)) => return Err(e),
-            None => return Err(CallError::ConnectionLost("the worker ended the call without an answer".into())),
-        }
-    }
+    gateway
+        .open_on(endpoint, worker, request, true)
+        .await?
+        .ok_or_else(|| CallError::ConnectionLost("the worker ended the call without an answer".into()))
 }

@@ -658,27 +658,10 @@ impl Gateway {
             metrics::histogram!("zl_frontend_route_seconds").record(t0.elapsed().as_secs_f64());
             tracing::debug!(worker = %decision.worker_id, route_ms = t0.elapsed().as_secs_f64() * 1e3, "routed");
             let request = GenerateRequest { model: decision.model.clone(), ..template.clone() };
-            let opened = match self.upstream.generate(decision.endpoint.clone(), request).await {
-                // The endpoint must be the worker the route named: another node answering there (a stale address,
-                // an impostor with its tier's certificate) gets no prompt's answer trusted; route elsewhere.
-                Ok(source) if source.worker_id().is_some_and(|id| id != decision.worker_id) => {
-                    let found = source.worker_id().map(|id| id.to_string()).unwrap_or_default();
-                    metrics::counter!("zl_frontend_worker_mismatches_total").increment(1);
-                    Err(CallError::Remote(WireError::new(
-                        ErrorCode::Unavailable,
-                        format!("the worker at {} is {found}, not {} as routed", decision.endpoint, decision.worker_id),
-                    )))
-                }
-                Ok(mut source) => loop {
-                    match source.next().await {
-                        Some(Ok(Message::TokenChunk(c))) if !p.stream && c.is_admission() => {}
-                        Some(Ok(first)) => break Ok((source, first)),
-                        Some(Err(e)) => break Err(e),
-                        None => break Err(CallError::Protocol("the worker ended the call without an answer".into())),
-                    }
-                },
-                Err(e) => Err(e),
-            };
+            let opened =
+                self.open_on(&decision.endpoint, &decision.worker_id, request, !p.stream).await.and_then(|opened| {
+                    opened.ok_or_else(|| CallError::Protocol("the worker ended the call without an answer".into()))
+                });
             match opened {
                 Ok((source, first)) => {
                     return Ok((decision, source, first, route_time, Migration::new(route, template)));
@@ -693,6 +676,35 @@ impl Gateway {
                     self.note_failure(&decision.worker_id, &e);
                     return Err(ApiError::from_call(&e, "the worker"));
                 }
+            }
+        }
+    }
+
+    /// Open `request` on the worker at `endpoint` and read its first frame (past the admission frame when
+    /// `past_admission`: a complete answer waits for its first token). The endpoint must be `worker`, as routed:
+    /// another node answering there (a stale address, an impostor with its tier's certificate) gets no prompt's
+    /// answer trusted. `Ok(None)`: the worker ended the call without a frame.
+    async fn open_on(
+        &self,
+        endpoint: &str,
+        worker: &NodeId,
+        request: GenerateRequest,
+        past_admission: bool,
+    ) -> Result<Option<(Box<dyn TokenSource>, Message)>, CallError> {
+        let mut source = self.upstream.generate(endpoint.to_owned(), request).await?;
+        if let Some(found) = source.worker_id().filter(|id| id != worker) {
+            metrics::counter!("zl_frontend_worker_mismatches_total").increment(1);
+            return Err(CallError::Remote(WireError::new(
+                ErrorCode::Unavailable,
+                format!("the worker at {endpoint} is {found}, not {worker} as routed"),
+            )));
+        }
+        loop {
+            match source.next().await {
+                Some(Ok(Message::TokenChunk(c))) if past_admission && c.is_admission() => {}
+                Some(Ok(first)) => return Ok(Some((source, first))),
+                Some(Err(e)) => return Err(e),
+                None => return Ok(None),
             }
         }
     }
