@@ -217,30 +217,25 @@ impl Upstream for QuicUpstream {
     ) -> BoxFuture<'_, Result<Box<dyn TokenSource>, CallError>> {
         Box::pin(async move {
             let to = endpoint_addr(&endpoint).await?;
-            let constrained = !request.grammar.is_empty();
-            let resumed = !request.resume_tokens.is_empty();
+            // What the request needs of the worker's protocol: a worker older than 1.3 ignores the grammar and
+            // would answer unconstrained; one older than 1.6 ignores the tokens to resume after and would start the
+            // answer over (the client would get its beginning twice).
+            let needs = [
+                (!request.grammar.is_empty(), GRAMMAR_MINOR, "constrain decoding"),
+                (!request.resume_tokens.is_empty(), RESUME_MINOR, "resume a migrated request"),
+            ];
             let stream = self.client.stream(to, Role::Worker, Message::GenerateRequest(request)).await?;
-            // A worker older than protocol 1.3 ignores the grammar and would answer unconstrained: the call is
-            // dropped (which cancels it) and the request goes to another worker (during a rolling upgrade).
-            if constrained && stream.peer().protocol_minor < GRAMMAR_MINOR {
+            // Such a call is dropped (which cancels it) and the request goes to another worker (during a rolling
+            // upgrade).
+            let peer = stream.peer();
+            if let Some((_, minor, what)) =
+                needs.iter().find(|(needed, minor, _)| *needed && peer.protocol_minor < *minor)
+            {
                 return Err(CallError::Remote(WireError::new(
                     ErrorCode::Unavailable,
                     format!(
-                        "worker {} speaks protocol 1.{} and cannot constrain decoding (1.{GRAMMAR_MINOR} can)",
-                        stream.peer().node_id,
-                        stream.peer().protocol_minor
-                    ),
-                )));
-            }
-            // An older worker would ignore the tokens to resume after and start the answer over: the client would
-            // get its beginning twice. Dropped the same way; the migration goes to another worker.
-            if resumed && stream.peer().protocol_minor < RESUME_MINOR {
-                return Err(CallError::Remote(WireError::new(
-                    ErrorCode::Unavailable,
-                    format!(
-                        "worker {} speaks protocol 1.{} and cannot resume a migrated request (1.{RESUME_MINOR} can)",
-                        stream.peer().node_id,
-                        stream.peer().protocol_minor
+                        "worker {} speaks protocol 1.{} and cannot {what} (1.{minor} can)",
+                        peer.node_id, peer.protocol_minor
                     ),
                 )));
             }
