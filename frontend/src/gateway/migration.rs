@@ -4,8 +4,9 @@
 //! of (seed, position) and batch-invariant, and the new worker advances the grammar, detokenizer and stop matcher
 //! over those tokens silently, so the continuation is exactly what the failed worker would have produced: the
 //! client sees one uninterrupted answer. Every request has a seed for this (the frontend assigns one when the
-//! client gave none), and each migration is bounded (`--migration-limit` per request, `--migration-max-tokens`
-//! held per request).
+//! client gave none: [`fresh_seed`]), and each migration is bounded (`--migration-limit` per request,
+//! `--migration-max-tokens` held per request). Opening a worker's stream ([`open_on`]) is shared with the first
+//! route.
 
 use std::time::{Duration, Instant};
 
@@ -155,8 +156,46 @@ async fn open(
     worker: &NodeId,
     request: GenerateRequest,
 ) -> Result<(Box<dyn TokenSource>, Message), CallError> {
-    gateway
-        .open_on(endpoint, worker, request, true)
+    open_on(gateway, endpoint, worker, request, true)
         .await?
         .ok_or_else(|| CallError::ConnectionLost("the worker ended the call without an answer".into()))
+}
+
+/// Open `request` on the worker at `endpoint` and read its first frame (past the admission frame when
+/// `past_admission`: a complete answer waits for its first token). The endpoint must be `worker`, as routed:
+/// another node answering there (a stale address, an impostor with its tier's certificate) gets no prompt's
+/// answer trusted. `Ok(None)`: the worker ended the call without a frame.
+pub(super) async fn open_on(
+    gateway: &Gateway,
+    endpoint: &str,
+    worker: &NodeId,
+    request: GenerateRequest,
+    past_admission: bool,
+) -> Result<Option<(Box<dyn TokenSource>, Message)>, CallError> {
+    let mut source = gateway.upstream.generate(endpoint.to_owned(), request).await?;
+    if let Some(found) = source.worker_id().filter(|id| id != worker) {
+        metrics::counter!("zl_frontend_worker_mismatches_total").increment(1);
+        return Err(CallError::Remote(WireError::new(
+            ErrorCode::Unavailable,
+            format!("the worker at {endpoint} is {found}, not {worker} as routed"),
+        )));
+    }
+    loop {
+        match source.next().await {
+            Some(Ok(Message::TokenChunk(c))) if past_admission && c.is_admission() => {}
+            Some(Ok(first)) => return Ok(Some((source, first))),
+            Some(Err(e)) => return Err(e),
+            None => return Ok(None),
+        }
+    }
+}
+
+/// A seed for a request whose client gave none (from the system's random source; a clock-derived one if that
+/// fails, which it does not on any supported system).
+pub(super) fn fresh_seed() -> u64 {
+    let mut bytes = [0u8; 8];
+    match ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes) {
+        Ok(()) => u64::from_le_bytes(bytes),
+        Err(_) => crate::ids::unix_now().rotate_left(17) ^ u64::from(std::process::id()),
+    }
 }

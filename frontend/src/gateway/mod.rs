@@ -21,7 +21,6 @@ use zl_proto::CallError;
 use zl_text::ChatMessage;
 use zl_wire::message::{
     ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteHint, RouteRequest, SamplingParams,
-    WireError,
 };
 
 use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
@@ -545,7 +544,7 @@ impl Gateway {
         let salt = zl_common::block_hash::cache_salt(&scope);
         // Every request runs seeded, so a worker that fails mid-answer can be replaced by one that continues it
         // exactly (migration.rs): the client's seed, or one drawn here (and audited).
-        let seed = p.sampling.seed.unwrap_or_else(fresh_seed);
+        let seed = p.sampling.seed.unwrap_or_else(migration::fresh_seed);
         let routed = Instant::now();
         let (decision, source, first, route_time, migration) =
             match self.route_and_open(&p, &billing_input, salt, seed, opts, request_id).await {
@@ -658,8 +657,9 @@ impl Gateway {
             metrics::histogram!("zl_frontend_route_seconds").record(t0.elapsed().as_secs_f64());
             tracing::debug!(worker = %decision.worker_id, route_ms = t0.elapsed().as_secs_f64() * 1e3, "routed");
             let request = GenerateRequest { model: decision.model.clone(), ..template.clone() };
-            let opened =
-                self.open_on(&decision.endpoint, &decision.worker_id, request, !p.stream).await.and_then(|opened| {
+            let opened = migration::open_on(self, &decision.endpoint, &decision.worker_id, request, !p.stream)
+                .await
+                .and_then(|opened| {
                     opened.ok_or_else(|| CallError::Protocol("the worker ended the call without an answer".into()))
                 });
             match opened {
@@ -680,35 +680,6 @@ impl Gateway {
         }
     }
 
-    /// Open `request` on the worker at `endpoint` and read its first frame (past the admission frame when
-    /// `past_admission`: a complete answer waits for its first token). The endpoint must be `worker`, as routed:
-    /// another node answering there (a stale address, an impostor with its tier's certificate) gets no prompt's
-    /// answer trusted. `Ok(None)`: the worker ended the call without a frame.
-    async fn open_on(
-        &self,
-        endpoint: &str,
-        worker: &NodeId,
-        request: GenerateRequest,
-        past_admission: bool,
-    ) -> Result<Option<(Box<dyn TokenSource>, Message)>, CallError> {
-        let mut source = self.upstream.generate(endpoint.to_owned(), request).await?;
-        if let Some(found) = source.worker_id().filter(|id| id != worker) {
-            metrics::counter!("zl_frontend_worker_mismatches_total").increment(1);
-            return Err(CallError::Remote(WireError::new(
-                ErrorCode::Unavailable,
-                format!("the worker at {endpoint} is {found}, not {worker} as routed"),
-            )));
-        }
-        loop {
-            match source.next().await {
-                Some(Ok(Message::TokenChunk(c))) if past_admission && c.is_admission() => {}
-                Some(Ok(first)) => return Ok(Some((source, first))),
-                Some(Err(e)) => return Err(e),
-                None => return Ok(None),
-            }
-        }
-    }
-
     /// A call to `worker` failed with `e`: if the worker itself is gone (unreachable, or its connection died),
     /// route nothing more there from this frontend for a while.
     fn note_failure(&self, worker: &NodeId, e: &CallError) {
@@ -725,16 +696,6 @@ impl Gateway {
         let finish = FinishInfo { migrated_to: Vec::new(), ..finish.clone() };
         lock(&self.cache).insert(key, CachedAnswer { deltas: live.deltas(), finish, model: live.model.clone() });
         metrics::gauge!("zl_frontend_cache_bytes").set(lock(&self.cache).used() as f64);
-    }
-}
-
-/// A seed for a request whose client gave none (from the system's random source; a clock-derived one if that
-/// fails, which it does not on any supported system).
-fn fresh_seed() -> u64 {
-    let mut bytes = [0u8; 8];
-    match ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes) {
-        Ok(()) => u64::from_le_bytes(bytes),
-        Err(_) => crate::ids::unix_now().rotate_left(17) ^ u64::from(std::process::id()),
     }
 }
 
