@@ -153,6 +153,78 @@ fn zl_bench_runs_against_zl_up_and_compares() {
     assert_eq!(report["api"], "zl-worker");
     assert_eq!(report["levels"][0]["summary"]["ok"].as_u64(), Some(3), "{report}");
 
+    // A seeded Mooncake-style trace, replayed at twice its speed: each request sent when its line says.
+    let trace = dir.path().join("trace.jsonl");
+    let t = trace.to_str().unwrap();
+    let write = |seed: &str| {
+        let run = zl(&[
+            "bench",
+            "trace",
+            "--out",
+            t,
+            "--requests",
+            "5",
+            "--rate",
+            "4",
+            "--prefixes",
+            "2",
+            "--prefix-blocks",
+            "3",
+            "--unique-blocks",
+            "1",
+            "--block-tokens",
+            "16",
+            "--output-tokens",
+            "4",
+            "--seed",
+            seed,
+        ]);
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        std::fs::read_to_string(&trace).unwrap()
+    };
+    let (a, b, lines) = (write("2"), write("3"), write("2"));
+    assert!(a == lines && a != b, "seeded");
+    let stamps: Vec<f64> =
+        lines.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["timestamp"].as_f64().unwrap() / 1e3).collect();
+    let replay = dir.path().join("replay");
+    let report = bench(
+        &data,
+        &replay,
+        &[
+            "--workload",
+            "file",
+            "--file",
+            t,
+            "--trace-block-tokens",
+            "16",
+            "--replay-speed",
+            "2",
+            "--requests",
+            "5",
+            "--warmup",
+            "0",
+            "--no-plots",
+            "--quiet",
+        ],
+    );
+    assert!(report["workload"].as_str().unwrap().starts_with("trace: 5 requests"), "{report}");
+    let level = &report["levels"][0];
+    assert_eq!(level["shape"], serde_json::json!({"kind": "replay", "speed": 2.0}));
+    assert_eq!(level["summary"]["ok"].as_u64(), Some(5), "{level}");
+    let mut starts: Vec<(u64, f64)> = level["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["session"].as_u64().unwrap(), r["start_s"].as_f64().unwrap()))
+        .collect();
+    starts.sort_by_key(|s| s.0);
+    for (i, (session, start)) in starts.iter().enumerate() {
+        assert_eq!(*session, i as u64);
+        assert!((start - (stamps[i] - stamps[0]) / 2.0).abs() < 1e-9, "{starts:?} {stamps:?}");
+    }
+    // Prompts of the trace's lengths: the server counted at least the trace's tokens (the template adds some).
+    assert!(level["summary"]["input_tokens"].as_u64().unwrap() >= 5 * 33, "{level}");
+
     // compare: the figures side by side with their ratio, and both runs on one plot.
     let cmp = dir.path().join("cmp");
     let run = zl(&[

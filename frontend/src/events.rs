@@ -42,6 +42,8 @@ pub struct Meta {
     pub predicted_billing_unit: f32,
     /// Time spent getting route decisions (both of them when the first worker failed), in milliseconds.
     pub route_ms: f64,
+    /// Why the orchestrator chose that worker (its policy's cost terms; empty for a cache hit).
+    pub route_reason: String,
     /// Cache status.
     pub cache: CacheStatus,
     /// Rate-limit figures after admission.

@@ -31,6 +31,7 @@ async fn a_message_comes_back_with_every_header() {
     assert_eq!(header(&resp, "x-zl-cache"), "bypass", "sampled without a seed is not cacheable");
     assert_eq!(header(&resp, "x-zl-health"), "healthy");
     assert!(header(&resp, "x-zl-route-ms").parse::<f64>().is_ok());
+    assert_eq!(header(&resp, "x-zl-route-reason"), "test", "the orchestrator's reason, as it gave it");
     assert!(header(&resp, "x-zl-billing-unit").parse::<f64>().is_ok());
     assert_eq!(header(&resp, "anthropic-ratelimit-requests-limit"), "4000");
     assert_eq!(header(&resp, "anthropic-ratelimit-requests-remaining"), "3999");
@@ -160,6 +161,7 @@ async fn deterministic_requests_are_answered_from_the_cache() {
         assert_eq!(header(&second, "x-zl-worker"), "cache");
         // No orchestrator was asked, as docs/api.md says.
         assert_eq!(header(&second, "x-zl-route-ms"), "-");
+        assert_eq!(header(&second, "x-zl-route-reason"), "-");
         let second_text = text(second).await;
         // Identical apart from the message id.
         let strip = |s: &str| s.split("msg_").map(|p| p.get(24..).unwrap_or(p)).collect::<String>();

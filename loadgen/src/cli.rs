@@ -11,12 +11,14 @@ use clap::{Args, Subcommand, ValueEnum};
 use crate::api::Flavour;
 use crate::client::{Endpoint, split_url, tls_config};
 use crate::direct::DirectWorker;
+use crate::jsonl::read_jsonl;
 use crate::load::sweep;
 use crate::progress::{Progress, Ticker};
 use crate::report::{FORMAT, LevelResult, Report, level_rows, table_head};
 use crate::runner::{Plan, Target, run_level};
 use crate::stats::{Targets, summarize};
-use crate::workload::{Kind, Length, Workload, read_jsonl};
+use crate::trace::{TraceSpec, generate, to_jsonl};
+use crate::workload::{Kind, Length, Workload};
 
 /// What the target speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -38,7 +40,7 @@ pub enum WorkloadKind {
     SharedPrefix,
     /// Conversations whose history grows.
     MultiTurn,
-    /// Requests from a JSONL file (`--file`).
+    /// Requests from a JSONL file (`--file`): requests, or a trace's lines (replayed with `--replay-speed`).
     File,
 }
 
@@ -72,6 +74,47 @@ enum BenchCommand {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+    /// Write a seeded request trace in the Mooncake format (JSONL: timestamp ms, input_length, output_length,
+    /// hash_ids), to replay with `--workload file --file T --replay-speed S`.
+    Trace(Box<TraceArgs>),
+}
+
+/// `zl bench trace`.
+#[derive(Args, Debug)]
+struct TraceArgs {
+    /// The file to write.
+    #[arg(long)]
+    out: PathBuf,
+    /// Lines.
+    #[arg(long, default_value_t = 1000)]
+    requests: usize,
+    /// Mean arrivals per second (Poisson).
+    #[arg(long, default_value_t = 1.0)]
+    rate: f64,
+    /// Shared prefixes (system prompts, documents).
+    #[arg(long, default_value_t = 32)]
+    prefixes: u32,
+    /// Zipf exponent of the prefixes' popularity (0: all alike).
+    #[arg(long, default_value_t = 1.0)]
+    zipf: f64,
+    /// Blocks in each shared prefix, MEAN or MEAN:STDDEV.
+    #[arg(long, default_value = "16:4")]
+    prefix_blocks: String,
+    /// Each request's own blocks after its prefix, MEAN or MEAN:STDDEV.
+    #[arg(long, default_value = "2:1")]
+    unique_blocks: String,
+    /// The chance that a request continues an earlier one's conversation.
+    #[arg(long, default_value_t = 0.2)]
+    follow: f64,
+    /// Output tokens, MEAN or MEAN:STDDEV.
+    #[arg(long, default_value = "32:8")]
+    output_tokens: String,
+    /// Tokens per block (Mooncake's traces: 512).
+    #[arg(long, default_value_t = 512)]
+    block_tokens: u32,
+    /// The seed: the same seed writes the same trace.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
 }
 
 /// Settings of a run.
@@ -114,12 +157,19 @@ pub struct RunArgs {
     /// shared-prefix: words in each group's shared system prompt, MEAN or MEAN:STDDEV.
     #[arg(long, default_value = "512")]
     prefix_tokens: String,
+    /// shared-prefix: Zipf exponent of the groups' popularity (0: all alike; 1: a few hot tenants).
+    #[arg(long, default_value_t = 0.0)]
+    group_zipf: f64,
     /// multi-turn: user turns per conversation.
     #[arg(long, default_value_t = 4)]
     turns: u32,
-    /// file: a JSONL file of requests (`{"messages": [...], "system": ..., "max_tokens": ...}` or `{"prompt": ...}`).
+    /// file: a JSONL file of requests (`{"messages": [...], "system": ..., "max_tokens": ...}` or `{"prompt": ...}`),
+    /// or a trace (Mooncake's lines: `{"timestamp", "input_length", "output_length", "hash_ids"}`).
     #[arg(long)]
     file: Option<PathBuf>,
+    /// file: a trace's tokens per hash id (Mooncake's: 512).
+    #[arg(long, default_value_t = 512)]
+    trace_block_tokens: u32,
     /// The workload's seed: the same seed sends the same requests.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -132,6 +182,9 @@ pub struct RunArgs {
     /// Open loop: Poisson arrivals per second, one level per value (a sweep: 0.5,1,2).
     #[arg(long)]
     rate: Option<String>,
+    /// A trace's own arrivals (`--workload file` with a trace), this many times faster, one level per value.
+    #[arg(long)]
+    replay_speed: Option<String>,
     /// Requests per level, at most.
     #[arg(long, default_value_t = 50)]
     requests: usize,
@@ -225,8 +278,40 @@ pub fn main(args: BenchArgs, defaults: Defaults) -> Result<()> {
             println!("plots: {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
             Ok(())
         }
+        Some(BenchCommand::Trace(t)) => write_trace(&t),
         None => rt.block_on(run(args.run, defaults)),
     }
+}
+
+fn write_trace(t: &TraceArgs) -> Result<()> {
+    let valid = t.rate.is_finite() && t.rate > 0.0 && (0.0..=1.0).contains(&t.follow) && t.zipf.is_finite();
+    if !valid || t.zipf < 0.0 {
+        bail!("--rate must be above 0, --follow within [0, 1] and --zipf at least 0");
+    }
+    if t.requests == 0 || t.prefixes == 0 || t.block_tokens == 0 {
+        bail!("--requests, --prefixes and --block-tokens must be at least 1");
+    }
+    let spec = TraceSpec {
+        requests: t.requests,
+        rate: t.rate,
+        prefixes: t.prefixes,
+        zipf: t.zipf,
+        prefix_blocks: Length::parse(&t.prefix_blocks).context("--prefix-blocks")?,
+        unique_blocks: Length::parse(&t.unique_blocks).context("--unique-blocks")?,
+        follow: t.follow,
+        output: Length::parse(&t.output_tokens).context("--output-tokens")?,
+        block_tokens: t.block_tokens,
+    };
+    let lines = generate(&spec, t.seed);
+    std::fs::write(&t.out, to_jsonl(&lines)).with_context(|| format!("writing {}", t.out.display()))?;
+    let tokens: u64 = lines.iter().map(|l| u64::from(l.input_length)).sum();
+    println!(
+        "{}: {} requests over {:.0} s, {tokens} prompt tokens",
+        t.out.display(),
+        lines.len(),
+        lines.last().map_or(0.0, |l| l.timestamp as f64 / 1e3)
+    );
+    Ok(())
 }
 
 fn workload(args: &RunArgs) -> Result<Workload> {
@@ -236,9 +321,13 @@ fn workload(args: &RunArgs) -> Result<Workload> {
             if args.groups == 0 {
                 bail!("--groups must be at least 1");
             }
+            if !(args.group_zipf.is_finite() && args.group_zipf >= 0.0) {
+                bail!("--group-zipf must be at least 0");
+            }
             Kind::SharedPrefix {
                 groups: args.groups,
                 prefix: Length::parse(&args.prefix_tokens).context("--prefix-tokens")?,
+                zipf: args.group_zipf,
             }
         }
         WorkloadKind::MultiTurn => {
@@ -249,7 +338,10 @@ fn workload(args: &RunArgs) -> Result<Workload> {
         }
         WorkloadKind::File => {
             let Some(path) = &args.file else { bail!("--workload file needs --file PATH") };
-            Kind::File(read_jsonl(path)?)
+            if args.trace_block_tokens == 0 {
+                bail!("--trace-block-tokens must be at least 1");
+            }
+            Kind::File(read_jsonl(path, args.trace_block_tokens)?)
         }
     };
     Ok(Workload {
@@ -290,12 +382,16 @@ async fn run(args: RunArgs, d: Defaults) -> Result<()> {
     let url = pick(&args.url, &default_url, "--url")?;
     let model = pick(&args.model, &d.model, "--model")?;
     let key = if args.api == Api::ZlWorker { String::new() } else { pick(&args.api_key, &d.api_key, "--api-key")? };
-    let shapes = sweep(args.concurrency.as_deref(), args.rate.as_deref())?;
+    let shapes = sweep(args.concurrency.as_deref(), args.rate.as_deref(), args.replay_speed.as_deref())?;
     if args.requests == 0 {
         bail!("--requests must be at least 1");
     }
+    let workload = workload(&args)?;
+    if args.replay_speed.is_some() && workload.arrival(0).is_none() {
+        bail!("--replay-speed replays a trace: give --workload file --file with a trace's lines");
+    }
     let plan = Plan {
-        workload: workload(&args)?,
+        workload,
         model: model.clone(),
         temperature: args.temperature,
         requests: args.requests,

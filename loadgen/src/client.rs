@@ -92,18 +92,26 @@ pub struct Connection {
 }
 
 impl Connection {
-    async fn ready(&mut self, ep: &Endpoint) -> Result<&mut SendRequest<Full<Bytes>>, String> {
+    /// The connection, and whether it was kept alive from an earlier request (a fresh one is not).
+    async fn ready(&mut self, ep: &Endpoint) -> Result<(&mut SendRequest<Full<Bytes>>, bool), String> {
         if let Some(s) = &mut self.sender
             && !s.is_closed()
             && s.ready().await.is_ok()
         {
-            return self.sender.as_mut().ok_or_else(String::new);
+            return self.sender.as_mut().map(|s| (s, true)).ok_or_else(String::new);
         }
         self.sender = None;
         let tls = ep.tls.clone().map(tokio_rustls::TlsConnector::from);
         let sender = zl_node::http_client::connect(&ep.authority, tls.as_ref()).await.map_err(|e| format!("{e:#}"))?;
-        Ok(self.sender.insert(sender))
+        Ok((self.sender.insert(sender), false))
     }
+}
+
+/// Whether a failed send on a kept-alive connection never reached the server: hyper handed the request back
+/// unsent, or the server had closed the connection (its keep-alive timeout) before any byte of an answer. Such a
+/// request is sent again on a fresh connection, as browsers and curl do; on a fresh connection it is an error.
+fn stale_keep_alive(e: &hyper::client::conn::TrySendError<hyper::Request<Full<Bytes>>>, reused: bool) -> bool {
+    reused && (e.message().is_some() || e.error().is_canceled() || e.error().is_incomplete_message())
 }
 
 /// One request to send.
@@ -165,17 +173,29 @@ async fn exchange(
     rec: &mut Record,
     answer: &mut String,
 ) -> Result<(), Failure> {
-    let body = ep.flavour.body(ask.model, ask.system, ask.messages, ask.max_tokens, ask.temperature).to_string();
-    let mut req = hyper::Request::post(&ep.path)
-        .header("host", &ep.host)
-        .header("content-type", "application/json")
-        .header("accept", "text/event-stream");
-    for (name, value) in ep.flavour.headers(&ep.key) {
-        req = req.header(name, value);
-    }
-    let req = req.body(Full::new(Bytes::from(body))).map_err(|e| ("request".to_owned(), e.to_string()))?;
-    let sender = conn.ready(ep).await.map_err(|e| ("connect".to_owned(), e))?;
-    let resp = sender.send_request(req).await.map_err(|e| ("connection".to_owned(), e.to_string()))?;
+    let body =
+        Bytes::from(ep.flavour.body(ask.model, ask.system, ask.messages, ask.max_tokens, ask.temperature).to_string());
+    let request = || {
+        let mut req = hyper::Request::post(&ep.path)
+            .header("host", &ep.host)
+            .header("content-type", "application/json")
+            .header("accept", "text/event-stream");
+        for (name, value) in ep.flavour.headers(&ep.key) {
+            req = req.header(name, value);
+        }
+        req.body(Full::new(body.clone())).map_err(|e| ("request".to_owned(), e.to_string()))
+    };
+    let resp = loop {
+        let (sender, reused) = conn.ready(ep).await.map_err(|e| ("connect".to_owned(), e))?;
+        match sender.try_send_request(request()?).await {
+            Ok(resp) => break resp,
+            Err(e) if stale_keep_alive(&e, reused) => {
+                conn.sender = None;
+                rec.resent += 1;
+            }
+            Err(e) => return Err(("connection".to_owned(), e.into_error().to_string())),
+        }
+    };
     rec.status = resp.status().as_u16();
     rec.request_id = header(&resp, "request-id").or_else(|| header(&resp, "x-request-id"));
     rec.worker = header(&resp, "x-zl-worker");
@@ -236,7 +256,83 @@ async fn exchange(
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+
     use super::*;
+
+    /// Read one request (head and content-length body); false if the peer closed first.
+    async fn read_request(s: &mut TcpStream) -> bool {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let len: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                if buf.len() >= end + 4 + len {
+                    return true;
+                }
+            }
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    async fn answer(s: &mut TcpStream) {
+        let body = "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\
+                    \"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n\
+                    event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        let head =
+            format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n", body.len());
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(body.as_bytes()).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_request_on_a_connection_the_server_closed_is_sent_again_on_a_fresh_one() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let ep = Endpoint {
+            authority: listener.local_addr().unwrap().to_string(),
+            host: "127.0.0.1".into(),
+            path: "/v1/messages".into(),
+            tls: None,
+            flavour: Flavour::Anthropic,
+            key: "k".into(),
+            timeout: Duration::from_secs(10),
+        };
+        let server = tokio::spawn(async move {
+            // The first connection answers once, then closes as the second request arrives (a keep-alive
+            // timeout racing the client); the second answers; the third closes without answering.
+            let (mut s, _) = listener.accept().await.unwrap();
+            assert!(read_request(&mut s).await);
+            answer(&mut s).await;
+            assert!(read_request(&mut s).await);
+            drop(s);
+            let (mut s, _) = listener.accept().await.unwrap();
+            assert!(read_request(&mut s).await);
+            answer(&mut s).await;
+            let (mut s, _) = listener.accept().await.unwrap();
+            assert!(read_request(&mut s).await);
+            drop(s);
+        });
+        let turns = [Turn { role: "user".into(), content: "x".into() }];
+        let ask = Ask { model: "m", system: None, messages: &turns, max_tokens: 4, temperature: 0.0 };
+        let (mut conn, t0) = (Connection::default(), Instant::now());
+        let (first, text) = send(&mut conn, &ep, &ask, t0, None).await;
+        assert!(first.ok() && first.resent == 0 && text == "hi", "{first:?}");
+        let (second, text) = send(&mut conn, &ep, &ask, t0, None).await;
+        assert!(second.ok() && text == "hi", "{second:?}");
+        assert_eq!(second.resent, 1);
+        // A fresh connection that closes unanswered is the server's failure: no second try.
+        let (third, _) = send(&mut Connection::default(), &ep, &ask, t0, None).await;
+        assert_eq!((third.error.as_deref(), third.resent), (Some("connection"), 0), "{third:?}");
+        server.await.unwrap();
+    }
 
     #[test]
     fn urls() {

@@ -53,7 +53,8 @@ fn letter(i: usize) -> char {
 fn same_load(a: &Shape, b: &Shape) -> bool {
     match (a, b) {
         (Shape::Closed { clients: x }, Shape::Closed { clients: y }) => x == y,
-        (Shape::Open { rate: x }, Shape::Open { rate: y }) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
+        (Shape::Open { rate: x }, Shape::Open { rate: y })
+        | (Shape::Replay { speed: x }, Shape::Replay { speed: y }) => (x - y).abs() <= 1e-9 * x.abs().max(y.abs()),
         _ => false,
     }
 }
@@ -134,6 +135,9 @@ pub fn plots(reports: &[&Report], dir: &Path) -> Result<Vec<PathBuf>> {
     if loads(reports).len() > 1 {
         files.extend(plot::draw(&plot::throughput(reports), dir, "throughput")?);
         files.extend(plot::draw(&plot::ttft_p90(reports), dir, "ttft_vs_load")?);
+        if plot::has_goodput(reports) {
+            files.extend(plot::draw(&plot::goodput(reports), dir, "goodput")?);
+        }
     }
     Ok(files)
 }

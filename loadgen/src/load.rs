@@ -1,6 +1,7 @@
-//! Load shapes: a closed loop of N clients, each sending its next request when its last one ends, or an open loop
+//! Load shapes: a closed loop of N clients, each sending its next request when its last one ends, an open loop
 //! of Poisson arrivals at R requests per second, whatever the endpoint's speed (an overloaded endpoint's queue then
-//! shows in TTFT, as users would feel it). Each level is bounded by a request count and, optionally, a duration.
+//! shows in TTFT, as users would feel it), or a trace's own arrivals, sped up S times. Each level is bounded by a
+//! request count and, optionally, a duration.
 
 use std::fmt;
 
@@ -22,6 +23,11 @@ pub enum Shape {
         /// Mean arrivals per second.
         rate: f64,
     },
+    /// Sessions start at a trace's arrival times, `speed` times faster.
+    Replay {
+        /// The speed-up.
+        speed: f64,
+    },
 }
 
 impl Shape {
@@ -30,6 +36,7 @@ impl Shape {
         match *self {
             Shape::Closed { clients } => clients as f64,
             Shape::Open { rate } => rate,
+            Shape::Replay { speed } => speed,
         }
     }
 
@@ -38,6 +45,7 @@ impl Shape {
         match self {
             Shape::Closed { .. } => "concurrent clients",
             Shape::Open { .. } => "offered load (requests/s)",
+            Shape::Replay { .. } => "trace speed-up",
         }
     }
 }
@@ -48,12 +56,13 @@ impl fmt::Display for Shape {
             Shape::Closed { clients: 1 } => write!(f, "1 client"),
             Shape::Closed { clients } => write!(f, "{clients} clients"),
             Shape::Open { rate } => write!(f, "{rate} req/s"),
+            Shape::Replay { speed } => write!(f, "trace x{speed}"),
         }
     }
 }
 
-/// Parse a sweep: `--concurrency 1,2,4` or `--rate 0.5,1,2`.
-pub fn sweep(concurrency: Option<&str>, rate: Option<&str>) -> Result<Vec<Shape>> {
+/// Parse a sweep: `--concurrency 1,2,4`, `--rate 0.5,1,2` or `--replay-speed 1,2`.
+pub fn sweep(concurrency: Option<&str>, rate: Option<&str>, replay: Option<&str>) -> Result<Vec<Shape>> {
     let list = |s: &str, what: &str| -> Result<Vec<f64>> {
         s.split(',')
             .map(|x| {
@@ -65,6 +74,12 @@ pub fn sweep(concurrency: Option<&str>, rate: Option<&str>) -> Result<Vec<Shape>
             })
             .collect()
     };
+    if let Some(s) = replay {
+        if concurrency.is_some() || rate.is_some() {
+            bail!("--replay-speed replays a trace's arrivals: no --concurrency or --rate with it");
+        }
+        return Ok(list(s, "--replay-speed")?.into_iter().map(|speed| Shape::Replay { speed }).collect());
+    }
     match (concurrency, rate) {
         (Some(_), Some(_)) => bail!("give --concurrency (closed loop) or --rate (open loop), not both"),
         (None, Some(r)) => Ok(list(r, "--rate")?.into_iter().map(|rate| Shape::Open { rate }).collect()),
@@ -96,16 +111,24 @@ mod tests {
 
     #[test]
     fn sweeps_parse() {
-        assert_eq!(sweep(None, None).unwrap(), vec![Shape::Closed { clients: 1 }]);
+        assert_eq!(sweep(None, None, None).unwrap(), vec![Shape::Closed { clients: 1 }]);
         assert_eq!(
-            sweep(Some("1, 4"), None).unwrap(),
+            sweep(None, None, Some("1,4")).unwrap(),
+            vec![Shape::Replay { speed: 1.0 }, Shape::Replay { speed: 4.0 }]
+        );
+        assert!(sweep(Some("1"), None, Some("1")).is_err() && sweep(None, None, Some("0")).is_err());
+        assert_eq!(
+            sweep(Some("1, 4"), None, None).unwrap(),
             vec![Shape::Closed { clients: 1 }, Shape::Closed { clients: 4 }]
         );
-        assert_eq!(sweep(None, Some("0.5,2")).unwrap(), vec![Shape::Open { rate: 0.5 }, Shape::Open { rate: 2.0 }]);
+        assert_eq!(
+            sweep(None, Some("0.5,2"), None).unwrap(),
+            vec![Shape::Open { rate: 0.5 }, Shape::Open { rate: 2.0 }]
+        );
         for (c, r) in
             [(Some("1"), Some("1")), (Some("0"), None), (Some("1.5"), None), (None, Some("x")), (None, Some("-1"))]
         {
-            assert!(sweep(c, r).is_err(), "{c:?} {r:?}");
+            assert!(sweep(c, r, None).is_err(), "{c:?} {r:?}");
         }
         assert_eq!(Shape::Open { rate: 2.0 }.level(), 2.0);
         assert_eq!(Shape::Closed { clients: 3 }.to_string(), "3 clients");

@@ -275,6 +275,9 @@ pub fn run_plots(report: &Report, dir: &Path) -> Result<Vec<PathBuf>> {
     if report.levels.len() > 1 {
         files.extend(draw(&throughput(&one), dir, "throughput")?);
         files.extend(draw(&ttft_p90(&one), dir, "ttft_vs_load")?);
+        if has_goodput(&one) {
+            files.extend(draw(&goodput(&one), dir, "goodput")?);
+        }
     }
     Ok(files)
 }
@@ -287,6 +290,18 @@ pub fn throughput(reports: &[&Report]) -> Chart {
 /// p90 TTFT against load.
 pub fn ttft_p90(reports: &[&Report]) -> Chart {
     against_load(reports, "p90 time to first token", "p90 TTFT (ms)", |s| s.ttft.p90 * 1e3)
+}
+
+/// Goodput (requests per second within the run's targets) against load.
+pub fn goodput(reports: &[&Report]) -> Chart {
+    against_load(reports, "Goodput", "requests/s within the targets", |s| {
+        s.goodput.as_ref().map_or(f64::NAN, |g| g.per_s)
+    })
+}
+
+/// Whether any level of the runs measured goodput (targets were given).
+pub fn has_goodput(reports: &[&Report]) -> bool {
+    reports.iter().flat_map(|r| &r.levels).any(|l| l.summary.goodput.is_some())
 }
 
 #[cfg(test)]

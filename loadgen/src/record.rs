@@ -40,6 +40,14 @@ pub struct Record {
     /// `x-zl-route-ms`: the route decision's time at the frontend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub route_ms: Option<f64>,
+    /// Times it was sent again on a fresh connection because the kept-alive one turned out closed by the server
+    /// before the request reached it (never the server's error).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub resent: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Record {

@@ -123,6 +123,13 @@ pub fn level_rows(l: &LevelResult) -> String {
             let errors: Vec<String> = s.errors.iter().map(|(k, n)| format!("{k} {n}")).collect();
             let _ = writeln!(out, "{:<14} errors: {}", "", errors.join(", "));
         }
+        if s.resent > 0 {
+            let _ = writeln!(
+                out,
+                "{:<14} resent: {} (the server had closed the kept-alive connection; not its errors)",
+                "", s.resent
+            );
+        }
         if !s.cache.is_empty() || !s.workers.is_empty() || s.route_ms.is_some() {
             let cache: Vec<String> = s.cache.iter().map(|(k, n)| format!("{k} {n}")).collect();
             let workers: Vec<String> = s.workers.iter().map(|(k, n)| format!("{k}: {n}")).collect();

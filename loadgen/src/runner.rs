@@ -151,10 +151,18 @@ pub async fn run_level(
                 });
             }
         }
-        Shape::Open { rate } => {
-            // Sessions arrive on a seeded Poisson schedule; each runs its turns back to back on a pooled connection.
-            let times = arrivals(rate, plan.requests, plan.workload.seed.wrapping_add(first_session));
-            for at in times {
+        Shape::Open { .. } | Shape::Replay { .. } => {
+            // Sessions arrive on a seeded Poisson schedule, or a trace's (from this level's first session on); each
+            // runs its turns back to back on a pooled connection.
+            let times = match shape {
+                Shape::Replay { speed } => {
+                    let at = |i: u64| plan.workload.arrival(i).unwrap_or(0.0);
+                    let start = at(first_session);
+                    (first_session..first_session + plan.requests as u64).map(|i| (at(i) - start) / speed).collect()
+                }
+                _ => arrivals(shape.level(), plan.requests, plan.workload.seed.wrapping_add(first_session)),
+            };
+            for (k, at) in times.into_iter().enumerate() {
                 let wait = Duration::from_secs_f64(at).saturating_sub(level.t0.elapsed());
                 tokio::time::sleep(wait).await;
                 if level.sent.load(Ordering::Relaxed) >= plan.requests
@@ -162,9 +170,11 @@ pub async fn run_level(
                 {
                     break;
                 }
+                // Session k of the level is the one due at its time (a trace's line at its own arrival).
+                let id = first_session + k as u64;
+                level.next_session.store(id + 1, Ordering::Relaxed);
                 let level = level.clone();
                 tasks.spawn(async move {
-                    let id = level.next_session.fetch_add(1, Ordering::Relaxed);
                     let session = level.plan.workload.session(id);
                     let mut conn = level.take_conn();
                     level.converse(&mut conn, &session, Some(at)).await;

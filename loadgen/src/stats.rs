@@ -116,6 +116,9 @@ pub struct Summary {
     /// Requests served per `x-zl-worker`, where the endpoint sent it.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub workers: BTreeMap<String, usize>,
+    /// Requests sent again because a kept-alive connection was closed before they reached the server.
+    #[serde(default)]
+    pub resent: usize,
 }
 
 /// The figures of `records` under `targets`.
@@ -177,6 +180,7 @@ pub fn summarize(records: &[Record], targets: Targets) -> Summary {
         cache,
         route_ms: (!route.is_empty()).then(|| Dist::of(route)),
         workers,
+        resent: records.iter().map(|r| r.resent as usize).sum(),
     }
 }
 

@@ -6,10 +6,7 @@
 //! usual BPE vocabularies (GPT-2's, Llama's, SmolLM's); the server's own token counts (its `usage`) are what the
 //! figures use.
 
-use std::path::Path;
-
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
 use zl_common::rng::SplitMix;
 
 /// Words that are one token each (with their leading space) in common BPE vocabularies.
@@ -246,6 +243,8 @@ pub struct Session {
     pub max_tokens: u32,
     /// The shared-prefix group, where there is one.
     pub group: Option<u32>,
+    /// When it arrives, in seconds from the start (a trace's line).
+    pub arrival_s: Option<f64>,
 }
 
 /// A length distribution: a normal around `mean` with `std_dev`, clamped to `[1, 8 * mean + 1]`.
@@ -291,13 +290,15 @@ pub enum Kind {
         groups: u32,
         /// Length of each group's shared prefix.
         prefix: Length,
+        /// Zipf exponent of the groups' popularity (0: all alike; 1: the first twice as busy as the second).
+        zipf: f64,
     },
     /// Conversations of `turns` user turns whose history grows.
     MultiTurn {
         /// User turns per conversation.
         turns: u32,
     },
-    /// Requests from a JSONL file, cycled through in order.
+    /// Requests from a JSONL file, cycled through in order (a trace's with its arrival times).
     File(Vec<Session>),
 }
 
@@ -314,7 +315,8 @@ pub struct Workload {
     pub seed: u64,
 }
 
-fn words(rng: &mut SplitMix, n: u32) -> String {
+/// `n` words, one token each, drawn from `rng`.
+pub(crate) fn words(rng: &mut SplitMix, n: u32) -> String {
     let mut out = String::with_capacity(n as usize * 6);
     for i in 0..n {
         if i > 0 {
@@ -323,6 +325,31 @@ fn words(rng: &mut SplitMix, n: u32) -> String {
         out.push_str(WORDS[rng.below(WORDS.len() as u64) as usize]);
     }
     out
+}
+
+/// Ranks `0..n` drawn with probability proportional to `1 / (rank + 1)^s`.
+#[derive(Clone, Debug)]
+pub(crate) struct Zipf {
+    cdf: Vec<f64>,
+}
+
+impl Zipf {
+    pub(crate) fn new(n: u32, s: f64) -> Zipf {
+        let mut total = 0.0;
+        let mut cdf: Vec<f64> = (0..n.max(1))
+            .map(|k| {
+                total += (f64::from(k) + 1.0).powf(-s);
+                total
+            })
+            .collect();
+        cdf.iter_mut().for_each(|c| *c /= total);
+        Zipf { cdf }
+    }
+
+    pub(crate) fn sample(&self, rng: &mut SplitMix) -> u32 {
+        let u = rng.uniform();
+        self.cdf.partition_point(|&c| c <= u).min(self.cdf.len() - 1) as u32
+    }
 }
 
 fn question(rng: &mut SplitMix, n: u32) -> String {
@@ -335,14 +362,19 @@ impl Workload {
     pub fn session(&self, id: u64) -> Session {
         let mut rng = SplitMix::for_item(self.seed, id);
         let max_tokens = self.output.sample(&mut rng);
-        let mut session = Session { id, system: None, history: vec![], user_turns: vec![], max_tokens, group: None };
+        let mut session =
+            Session { id, system: None, history: vec![], user_turns: vec![], max_tokens, group: None, arrival_s: None };
         match &self.kind {
             Kind::Synthetic => {
                 let n = self.input.sample(&mut rng);
                 session.user_turns.push(question(&mut rng, n));
             }
-            Kind::SharedPrefix { groups, prefix } => {
-                let group = rng.below(u64::from(*groups)) as u32;
+            Kind::SharedPrefix { groups, prefix, zipf } => {
+                let group = if *zipf == 0.0 {
+                    rng.below(u64::from(*groups)) as u32
+                } else {
+                    Zipf::new(*groups, *zipf).sample(&mut rng)
+                };
                 // The document depends on the seed and the group only: every session of a group shares it.
                 let mut doc_rng = SplitMix::for_item(self.seed ^ 0x5348_4152_4544, u64::from(group));
                 let len = prefix.sample(&mut doc_rng);
@@ -362,13 +394,23 @@ impl Workload {
             }
             Kind::File(sessions) => {
                 let s = &sessions[(id % sessions.len() as u64) as usize];
-                session = Session { id, ..s.clone() };
+                session = Session { id, arrival_s: self.arrival(id), ..s.clone() };
                 if s.max_tokens == 0 {
                     session.max_tokens = max_tokens;
                 }
             }
         }
         session
+    }
+
+    /// When session `id` arrives, for a trace (a file whose lines have arrival times): its line's time, each pass
+    /// through the file after the first starting one mean gap after the last line.
+    pub fn arrival(&self, id: u64) -> Option<f64> {
+        let Kind::File(sessions) = &self.kind else { return None };
+        let n = sessions.len() as u64;
+        let last = sessions.last()?.arrival_s?;
+        let at = sessions[(id % n) as usize].arrival_s?;
+        Some((id / n) as f64 * (last + last / n as f64) + at)
     }
 
     /// Requests per session.
@@ -387,65 +429,29 @@ impl Workload {
         );
         match &self.kind {
             Kind::Synthetic => format!("synthetic: {io}, seed {}", self.seed),
-            Kind::SharedPrefix { groups, prefix } => format!(
-                "shared-prefix: {groups} groups with {}±{}-word prefixes, {io}, seed {}",
-                prefix.mean, prefix.std_dev, self.seed
+            Kind::SharedPrefix { groups, prefix, zipf } => format!(
+                "shared-prefix: {groups} groups{} with {}±{}-word prefixes, {io}, seed {}",
+                if *zipf == 0.0 { String::new() } else { format!(" (Zipf {zipf})") },
+                prefix.mean,
+                prefix.std_dev,
+                self.seed
             ),
             Kind::MultiTurn { turns } => {
                 format!("multi-turn: {turns} turns per conversation, {io}, seed {}", self.seed)
+            }
+            Kind::File(s) if s.iter().all(|s| s.arrival_s.is_some()) => {
+                format!("trace: {} requests, arrivals replayed", s.len())
             }
             Kind::File(s) => format!("file: {} requests, cycled", s.len()),
         }
     }
 }
 
-/// Read a JSONL file of requests: each line an object with `messages` (`[{"role", "content"}]`, the last one the
-/// user's) and optionally `system` and `max_tokens`, or just `prompt` (one user message). Blank lines are skipped.
-pub fn read_jsonl(path: &Path) -> Result<Vec<Session>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    parse_jsonl(&text).with_context(|| format!("in {}", path.display()))
-}
-
-/// [`read_jsonl`] on text.
-pub fn parse_jsonl(text: &str) -> Result<Vec<Session>> {
-    let mut sessions = Vec::new();
-    for (n, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-        let at = || format!("line {}", n + 1);
-        let v: Value = serde_json::from_str(line).with_context(at)?;
-        let system = v.get("system").and_then(Value::as_str).map(str::to_owned);
-        let max_tokens = match v.get("max_tokens") {
-            None => 0,
-            Some(m) => {
-                m.as_u64()
-                    .filter(|m| (1..=1 << 20).contains(m))
-                    .with_context(|| format!("{}: max_tokens must be a positive integer", at()))? as u32
-            }
-        };
-        let mut history: Vec<Turn> = match (v.get("messages"), v.get("prompt").and_then(Value::as_str)) {
-            (Some(m), _) => serde_json::from_value(m.clone())
-                .with_context(|| format!("{}: messages must be [{{\"role\", \"content\"}}]", at()))?,
-            (None, Some(p)) => vec![Turn { role: "user".into(), content: p.to_owned() }],
-            (None, None) => bail!("{}: needs \"messages\" or \"prompt\"", at()),
-        };
-        let Some(last) = history.pop().filter(|t| t.role == "user") else {
-            bail!("{}: the last message must be the user's", at());
-        };
-        if let Some(t) = history.iter().find(|t| t.role != "user" && t.role != "assistant") {
-            bail!("{}: role {:?} (system goes in \"system\")", at(), t.role);
-        }
-        sessions.push(Session { id: 0, system, history, user_turns: vec![last.content], max_tokens, group: None });
-    }
-    if sessions.is_empty() {
-        bail!("no requests");
-    }
-    Ok(sessions)
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn wl(kind: Kind) -> Workload {
+    pub(crate) fn wl(kind: Kind) -> Workload {
         Workload { kind, input: Length { mean: 20, std_dev: 5 }, output: Length { mean: 32, std_dev: 0 }, seed: 7 }
     }
 
@@ -463,7 +469,7 @@ mod tests {
 
     #[test]
     fn shared_prefix_groups_share_their_document() {
-        let w = wl(Kind::SharedPrefix { groups: 3, prefix: Length { mean: 200, std_dev: 0 } });
+        let w = wl(Kind::SharedPrefix { groups: 3, prefix: Length { mean: 200, std_dev: 0 }, zipf: 0.0 });
         let sessions: Vec<_> = (0..60).map(|i| w.session(i)).collect();
         for g in 0..3 {
             let docs: Vec<_> = sessions.iter().filter(|s| s.group == Some(g)).map(|s| s.system.clone()).collect();
@@ -493,30 +499,25 @@ mod tests {
     }
 
     #[test]
-    fn multi_turn_and_files() {
+    fn multi_turn_sessions() {
         let w = wl(Kind::MultiTurn { turns: 4 });
         assert_eq!(w.session(3).user_turns.len(), 4);
         assert_eq!(w.turns(), 4);
-        let text = r#"{"prompt": "hi"}
+    }
 
-{"system": "be brief", "max_tokens": 9, "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]}"#;
-        let sessions = parse_jsonl(text).unwrap();
-        assert_eq!(sessions.len(), 2);
-        assert_eq!(sessions[1].history.len(), 2);
-        assert_eq!(sessions[1].user_turns, vec!["c".to_owned()]);
-        let w = wl(Kind::File(sessions));
-        assert_eq!(w.session(2).user_turns, vec!["hi".to_owned()]);
-        assert_eq!(w.session(2).max_tokens, 32, "a line without max_tokens takes the distribution's");
-        assert_eq!(w.session(3).max_tokens, 9);
-        for bad in [
-            "{}",
-            r#"{"prompt": 3}"#,
-            r#"{"messages": [{"role": "assistant", "content": "x"}]}"#,
-            "not json",
-            "",
-            r#"{"prompt": "x", "max_tokens": 0}"#,
-        ] {
-            assert!(parse_jsonl(bad).is_err(), "{bad}");
+    #[test]
+    fn zipf_popularity() {
+        let z = Zipf::new(4, 1.0);
+        let mut rng = SplitMix::new(3);
+        let mut n = [0u32; 4];
+        (0..25_000).for_each(|_| n[z.sample(&mut rng) as usize] += 1);
+        // 1 : 1/2 : 1/3 : 1/4 of 25/12.
+        let expect = [12_000.0, 6_000.0, 4_000.0, 3_000.0];
+        for (got, want) in n.iter().zip(expect) {
+            assert!((f64::from(*got) / want - 1.0).abs() < 0.05, "{n:?}");
         }
+        let w = wl(Kind::SharedPrefix { groups: 4, prefix: Length { mean: 5, std_dev: 0 }, zipf: 1.0 });
+        let zeros = (0..2000).filter(|&i| w.session(i).group == Some(0)).count();
+        assert!((860..1060).contains(&zeros), "{zeros}");
     }
 }

@@ -58,6 +58,10 @@ struct Soft {
     /// When this orchestrator routed requests to it that its newest report may not count yet (in-flight), oldest
     /// first, each with the prompt blocks it will have to compute there.
     routed: std::collections::VecDeque<(Instant, u32)>,
+    /// Blocks of prompts routed to it that no KV event has reported yet (predicted to be cached there once their
+    /// prefill runs), with when they were routed: a burst sharing a new prefix finds it where its first request
+    /// went, rather than recomputing it elsewhere before the worker's events arrive.
+    predicted: FxHashMap<(u64, u64), Instant>,
 }
 
 /// A report received this long after a route counts it (the route's answer, the frontend's call to the worker and
@@ -67,6 +71,10 @@ pub const ROUTE_COVERED_AFTER: std::time::Duration = std::time::Duration::from_m
 /// An in-flight route no report has covered is forgotten after this long (its request may never have reached the
 /// worker).
 pub const ROUTE_FORGOTTEN_AFTER: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A routed prompt's blocks count as cached on its worker for this long without a KV event confirming them (its
+/// prefill may wait behind a queue; a request that never ran is forgotten after it).
+pub const PREDICTION_KEPT_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// In-flight routes held per worker at most (a burst beyond it saturates the worker anyway).
 const MAX_ROUTED: usize = 4096;
@@ -124,6 +132,7 @@ impl LoadView {
                     blocks: FxHashSet::default(),
                     held: self.discovered.as_ref().is_some_and(|d| d.get(id) == Some(&false)),
                     routed: Default::default(),
+                    predicted: FxHashMap::default(),
                 });
                 self.by_id.insert(id.clone(), slot);
                 self.generation = next_generation();
@@ -173,6 +182,46 @@ impl LoadView {
         soft.routed.push_back((now, prefill_blocks));
     }
 
+    /// This orchestrator routed a prompt of `model` with these chained block `hashes` to `worker` at `now`: its blocks
+    /// count as held there (for [`LoadView::prefix_overlap`]) until a KV event confirms them, or for
+    /// [`PREDICTION_KEPT_FOR`]. Dynamo's router predicts the same way.
+    pub fn predict_cached(&mut self, worker: &NodeId, model: &str, hashes: &[u64], now: Instant) {
+        let Some(&slot) = self.by_id.get(worker) else { return };
+        self.expire_predictions(slot, now);
+        let cap = self.settings.max_blocks_per_worker;
+        let tag = model_tag(model);
+        let Some(soft) = self.slots[slot as usize].as_mut() else { return };
+        let mut added = Vec::new();
+        for &h in hashes {
+            let key = (tag, h);
+            if soft.blocks.contains(&key) || soft.blocks.len() + soft.predicted.len() >= cap {
+                continue;
+            }
+            if soft.predicted.insert(key, now).is_none() {
+                added.push(key);
+            }
+        }
+        for key in added {
+            self.prefix.entry(key).or_default().push(slot);
+        }
+    }
+
+    /// Drop the worker's predictions older than [`PREDICTION_KEPT_FOR`].
+    fn expire_predictions(&mut self, slot: u32, now: Instant) {
+        let Some(Some(soft)) = self.slots.get_mut(slot as usize) else { return };
+        let mut gone = Vec::new();
+        soft.predicted.retain(|key, at| {
+            let keep = *at + PREDICTION_KEPT_FOR > now;
+            if !keep {
+                gone.push(*key);
+            }
+            keep
+        });
+        for key in gone {
+            self.unindex(key, slot);
+        }
+    }
+
     /// Requests routed to the worker in `slot` that its newest report does not count yet (at `now`), and their
     /// prompt blocks to compute.
     pub fn in_flight(&self, slot: u32, now: Instant) -> (u32, u32) {
@@ -204,9 +253,17 @@ impl LoadView {
                 }
                 keep
             });
+            soft.predicted.retain(|&(t, h), _| {
+                let keep = t != tag;
+                if !keep {
+                    removed.push((t, h));
+                }
+                keep
+            });
         }
         for &h in &events.evicted {
-            if soft.blocks.remove(&(tag, h)) {
+            // An evicted block is gone whether it was reported or predicted.
+            if soft.blocks.remove(&(tag, h)) | soft.predicted.remove(&(tag, h)).is_some() {
                 removed.push((tag, h));
             }
         }
@@ -215,7 +272,9 @@ impl LoadView {
             if soft.blocks.len() >= cap {
                 break;
             }
-            if soft.blocks.insert((tag, h)) {
+            // A predicted block confirmed: held, and already indexed.
+            let was_predicted = soft.predicted.remove(&(tag, h)).is_some();
+            if soft.blocks.insert((tag, h)) && !was_predicted {
                 added.push((tag, h));
             }
         }
@@ -241,7 +300,7 @@ impl LoadView {
     pub fn forget(&mut self, id: &NodeId) {
         if let Some(slot) = self.by_id.remove(id) {
             if let Some(soft) = self.slots[slot as usize].take() {
-                for key in soft.blocks {
+                for key in soft.blocks.into_iter().chain(soft.predicted.into_keys()) {
                     self.unindex(key, slot);
                 }
             }
@@ -284,6 +343,9 @@ impl LoadView {
             .collect();
         for id in &stale {
             self.forget(id);
+        }
+        for slot in 0..self.slots.len() as u32 {
+            self.expire_predictions(slot, now);
         }
         stale.len()
     }
@@ -401,6 +463,45 @@ mod tests {
             evicted: evicted.to_vec(),
             cleared,
         }
+    }
+
+    #[test]
+    fn routed_prompts_count_as_cached_until_events_confirm_them_or_they_expire() {
+        let t0 = Instant::now();
+        let mut v = LoadView::new(LoadSettings::default());
+        v.report(load("w1", 1, 0), t0);
+        v.report(load("w2", 1, 0), t0);
+        let slot = |v: &LoadView, w: &str| v.slot_of(&id(w)).unwrap();
+        let overlap = |v: &LoadView, hashes: &[u64]| {
+            let mut out = FxHashMap::default();
+            v.prefix_overlap("m", hashes, &mut out);
+            out
+        };
+        // w1 holds block 1 by its events; a prompt 1, 2, 3 routed there: all three count as held at once.
+        v.kv_events(&events("w1", 1, &[1], &[], false), t0);
+        v.predict_cached(&id("w1"), "m", &[1, 2, 3], t0);
+        assert_eq!(overlap(&v, &[1, 2, 3, 4]), FxHashMap::from_iter([(slot(&v, "w1"), 3)]));
+        // Another model's prompt with the same hashes is not: predictions are per model, like events.
+        let mut other = FxHashMap::default();
+        v.prefix_overlap("other", &[1, 2, 3], &mut other);
+        assert!(other.is_empty());
+        // Its events confirm block 2 and evict block 3; then the predictions expire: 1 and 2 stay, indexed once.
+        v.kv_events(&events("w1", 2, &[2], &[3], false), t0);
+        assert_eq!(overlap(&v, &[1, 2, 3]), FxHashMap::from_iter([(slot(&v, "w1"), 2)]));
+        v.predict_cached(&id("w2"), "m", &[7, 8], t0 + Duration::from_secs(5));
+        v.report(load("w1", 2, 0), t0 + PREDICTION_KEPT_FOR);
+        v.report(load("w2", 2, 0), t0 + PREDICTION_KEPT_FOR);
+        v.sweep(t0 + PREDICTION_KEPT_FOR);
+        assert_eq!(overlap(&v, &[1, 2, 3]), FxHashMap::from_iter([(slot(&v, "w1"), 2)]));
+        assert_eq!(v.prefix[&(model_tag("m"), 2)], vec![slot(&v, "w1")]);
+        // w2's prediction is younger: still there, until it too expires.
+        assert_eq!(overlap(&v, &[7, 8]), FxHashMap::from_iter([(slot(&v, "w2"), 2)]));
+        v.sweep(t0 + Duration::from_secs(5) + PREDICTION_KEPT_FOR);
+        assert!(overlap(&v, &[7, 8]).is_empty());
+        // A worker forgotten takes its predictions with it.
+        v.predict_cached(&id("w2"), "m", &[9], t0 + Duration::from_secs(16));
+        v.forget(&id("w2"));
+        assert!(overlap(&v, &[9]).is_empty() && !v.prefix.contains_key(&(model_tag("m"), 9)));
     }
 
     #[test]

@@ -179,7 +179,9 @@ impl Orchestrator {
         if let Ok((d, uncached)) = &result
             && request.prompt_tokens > 0
         {
-            write(&self.load).routed(&d.worker_id, started, *uncached);
+            let mut load = write(&self.load);
+            load.routed(&d.worker_id, started, *uncached);
+            load.predict_cached(&d.worker_id, &d.model, &request.block_hashes, started);
         }
         let result = result.map(|(d, _)| d);
         let elapsed = started.elapsed();

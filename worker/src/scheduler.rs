@@ -121,6 +121,8 @@ struct Seq {
     max_total: usize,
     /// Draft tokens per step at most (0: no speculation).
     max_draft: usize,
+    /// Whether drafts pay for it, from its acceptance so far.
+    gate: crate::speculate::DraftGate,
     /// The cache scope's salt: its prefix blocks are shared only with sequences of the same salt.
     salt: Option<u64>,
 }
@@ -221,7 +223,11 @@ impl Scheduler {
         let bs = self.pool.block_size();
         self.seqs
             .values()
-            .map(|s| s.tokens.len() - s.computed)
+            .map(|s| {
+                // A sequence not admitted yet will find its cached prefix: only the rest is work.
+                let done = if s.blocks.is_none() { self.pool.cached_prefix_tokens(&s.tokens, s.salt) } else { 0 };
+                s.tokens.len() - s.computed.max(done)
+            })
             .filter(|&left| left > 1)
             .map(|left| left.div_ceil(bs))
             .sum()
@@ -271,6 +277,7 @@ impl Scheduler {
             cached_prompt_tokens: 0,
             max_total,
             max_draft: 0,
+            gate: Default::default(),
             salt: None,
         };
         self.seqs.insert(id, seq);
@@ -435,6 +442,8 @@ impl Scheduler {
         // 4. Draft tokens for speculating decodes, from what is left of the budget and within the speculative rows,
         //    in running order.
         let mut spare = self.config.speculative_rows.saturating_sub(decodes).min(budget);
+        // The rows the step computes already (decodes and prefill chunks): how much a draft row costs there.
+        let rows = plan.tokens();
         for item in &mut plan.items[..decodes] {
             if spare == 0 {
                 break;
@@ -442,7 +451,8 @@ impl Scheduler {
             let seq = self.seqs.get_mut(&item.seq).expect("planned sequences exist");
             // A step emits at most drafts + 1 tokens: never past the admitted total.
             let room = seq.max_total.saturating_sub(seq.tokens.len() + 1);
-            let drafts = crate::speculate::propose(&seq.tokens, seq.max_draft.min(spare).min(room));
+            let allowed = seq.gate.allowance(seq.max_draft, rows, self.config.speculative_rows);
+            let drafts = crate::speculate::propose(&seq.tokens, allowed.min(spare).min(room));
             if drafts.is_empty() {
                 continue;
             }
@@ -488,6 +498,8 @@ impl Scheduler {
             seq.computed += valid;
             if let Some(tokens) = emitted {
                 seq.tokens.extend(tokens);
+                // The emitted tokens are the accepted drafts and the model's next one.
+                seq.gate.record(item.drafts, tokens.len().saturating_sub(1));
             }
         }
     }
@@ -727,5 +739,8 @@ mod tests {
             step(&mut s, 9);
         }
         assert_eq!(s.queued_prefill_blocks(), 0, "decoding sequences have no prefill left");
+        // A waiting prompt whose first 16 tokens are cached (the first sequence's) counts only the other 6.
+        s.add(3, (0..16).chain(100..106).collect(), 4).unwrap();
+        assert_eq!(s.queued_prefill_blocks(), 2);
     }
 }

@@ -151,9 +151,9 @@ fn rate_headers(headers: &mut HeaderMap, rate: &RateFigures) {
 }
 
 /// Headers every API response carries: zerolayer's routing facts (a `-` where a fact does not apply) and the
-/// rate-limit figures.
+/// rate-limit figures. `x-zl-route-reason` is the route's explanation (the policy's cost terms).
 fn zl_headers(headers: &mut HeaderMap, meta: Option<&Meta>, rate: Option<&RateFigures>, health: &str) {
-    let (worker, pool, unit, cache, route_ms) = match meta {
+    let (worker, pool, unit, cache, route_ms, reason) = match meta {
         Some(m) => (
             m.worker.clone(),
             m.pool,
@@ -161,14 +161,16 @@ fn zl_headers(headers: &mut HeaderMap, meta: Option<&Meta>, rate: Option<&RateFi
             m.cache.as_str(),
             // An answer from the cache asked no orchestrator: no route time to report.
             if m.cache == CacheStatus::Hit { "-".into() } else { format!("{:.3}", m.route_ms) },
+            if m.route_reason.is_empty() { "-" } else { m.route_reason.as_str() },
         ),
-        None => ("-".into(), "-", "-".into(), "bypass", "-".into()),
+        None => ("-".into(), "-", "-".into(), "bypass", "-".into(), "-"),
     };
     set(headers, "x-zl-worker", &worker);
     set(headers, "x-zl-compute-path", pool);
     set(headers, "x-zl-billing-unit", &unit);
     set(headers, "x-zl-cache", cache);
     set(headers, "x-zl-route-ms", &route_ms);
+    set(headers, "x-zl-route-reason", reason);
     set(headers, "x-zl-health", health);
     if let Some(rate) = rate.or(meta.map(|m| &m.rate)) {
         rate_headers(headers, rate);

@@ -94,11 +94,13 @@ pub(crate) fn lowest(candidates: &[Candidate<'_>], score: impl Fn(&Candidate<'_>
     best
 }
 
-/// The policies by name: `least-loaded`, `prefix-aware`, `session-affinity`, `round-robin`.
+/// The policies by name: `least-loaded`, `prefix-aware`, `session-affinity`, `round-robin`, and `prefix-aware-v1`
+/// (the prefix-aware cost before it counted queued work, for comparisons).
 pub fn policy_by_name(name: &str) -> Option<Box<dyn Policy>> {
     Some(match name {
         "least-loaded" => Box::new(LeastLoaded),
         "prefix-aware" => Box::new(PrefixAware::default()),
+        "prefix-aware-v1" => Box::new(PrefixAware { predicted_work: false, ..PrefixAware::default() }),
         "session-affinity" => Box::new(SessionAffinity),
         "round-robin" => Box::new(RoundRobin::default()),
         _ => return None,
@@ -106,7 +108,8 @@ pub fn policy_by_name(name: &str) -> Option<Box<dyn Policy>> {
 }
 
 /// Every policy name, for `--help` and errors.
-pub const POLICY_NAMES: &[&str] = &["least-loaded", "prefix-aware", "session-affinity", "round-robin"];
+pub const POLICY_NAMES: &[&str] =
+    &["least-loaded", "prefix-aware", "session-affinity", "round-robin", "prefix-aware-v1"];
 
 /// Why no route was found.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]

@@ -20,6 +20,10 @@
 //! prefix's next requests, arriving before the workers' KV events tell where its blocks are, go where its first
 //! one went. (Breaking ties by worker id piled every new prefix onto the first worker: measured with `zl bench`,
 //! docs/benchmarks.md.) A prompt shorter than a block has no prefix to keep together: its request id decides.
+//!
+//! `prefix-aware-v1` is the cost this policy had before it counted work (phase 2's, kept to compare against in
+//! `scripts/bench routing`): `prefill_weight * uncached_blocks + load_weight * (queue_depth + running_sequences)`,
+//! from the newest report alone, blind to the prompt work queued there and to the routes handed out since.
 
 use zl_wire::message::RouteRequest;
 
@@ -33,11 +37,13 @@ pub struct PrefixAware {
     pub prefill_weight: f64,
     /// Cost, in blocks, of one queued or running sequence.
     pub load_weight: f64,
+    /// Count the work waiting at a worker (queued prefill, routes in flight); false: `prefix-aware-v1`.
+    pub predicted_work: bool,
 }
 
 impl Default for PrefixAware {
     fn default() -> Self {
-        PrefixAware { prefill_weight: 1.0, load_weight: 4.0 }
+        PrefixAware { prefill_weight: 1.0, load_weight: 4.0, predicted_work: true }
     }
 }
 
@@ -45,6 +51,10 @@ impl PrefixAware {
     /// A candidate's cost for a prompt of `prompt_blocks` full blocks.
     pub fn cost(&self, c: &Candidate<'_>, prompt_blocks: usize) -> f64 {
         let new_blocks = prompt_blocks.saturating_sub(c.prefix_blocks as usize) as f64;
+        if !self.predicted_work {
+            let sequences = f64::from(c.load.queue_depth) + f64::from(c.load.running_sequences);
+            return self.prefill_weight * new_blocks + self.load_weight * sequences;
+        }
         // Prompt work waiting there (reported, and routed since the report) delays this prompt's as much.
         let waiting_prefill = f64::from(c.load.queued_prefill_blocks) + f64::from(c.in_flight_blocks);
         let (running, waiting) = c.sequences();
@@ -55,7 +65,7 @@ impl PrefixAware {
 
 impl Policy for PrefixAware {
     fn name(&self) -> &'static str {
-        "prefix-aware"
+        if self.predicted_work { "prefix-aware" } else { "prefix-aware-v1" }
     }
 
     fn pick(&self, request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick {
@@ -73,8 +83,13 @@ impl Policy for PrefixAware {
         Pick {
             index: best,
             reason: format!(
-                "{} of {blocks} prompt blocks cached, queue {} + running {} + in flight {}, cost {best_cost:.1}",
-                c.prefix_blocks, c.load.queue_depth, c.load.running_sequences, c.in_flight
+                "{} of {blocks} prompt blocks cached, {} prefill blocks waiting, queue {} + running {} + in flight {}, \
+                 cost {best_cost:.1}",
+                c.prefix_blocks,
+                c.load.queued_prefill_blocks + c.in_flight_blocks,
+                c.load.queue_depth,
+                c.load.running_sequences,
+                c.in_flight
             ),
         }
     }

@@ -383,6 +383,9 @@ fn a_hot_prefix_leaves_its_worker_when_the_prefill_waiting_there_costs_more_than
     // Its report says 20 blocks of prompts wait there (one running sequence): 2 + 20 + 4 = 26 against 10.
     w.report_prefill("w1", 0, 1, 20);
     assert_eq!(w.route(&r, &policy).unwrap().worker_id, id("w2"));
+    // The v1 cost saw only the sequence: 2 + 4 = 6 against 10, and the request queued behind the 20 blocks.
+    let v1 = policy_by_name("prefix-aware-v1").unwrap();
+    assert_eq!(w.route(&r, v1.as_ref()).unwrap().worker_id, id("w1"));
     // The same from routes this orchestrator handed out since the last report: a burst of a new 10-block document
     // goes where it is not queued behind itself.
     let mut w = World::new();
@@ -394,4 +397,24 @@ fn a_hot_prefix_leaves_its_worker_when_the_prefill_waiting_there_costs_more_than
     w.load.routed(&first.worker_id, w.now, uncached);
     let second = w.route(&doc, &policy).unwrap();
     assert_ne!(second.worker_id, first.worker_id, "the second waits behind the first's 10 blocks there");
+    assert_eq!(w.route(&doc, v1.as_ref()).unwrap().worker_id, first.worker_id, "v1 piles the burst up");
+}
+
+#[test]
+fn a_prompt_routed_to_a_worker_counts_as_cached_there_before_its_events_arrive() {
+    let mut w = World::new();
+    w.worker("w1", "m", 1, ComputePool::Cpu);
+    w.worker("w2", "m", 1, ComputePool::Cpu);
+    let policy = PrefixAware::default();
+    let doc = |i: u64| RouteRequest { block_hashes: (100..110).chain([200 + i]).collect(), ..req("m") };
+    let first = w.route(&doc(0), &policy).unwrap();
+    let other = if first.worker_id == id("w1") { "w2" } else { "w1" };
+    // Its report has covered the route (one running sequence), its KV events have not come yet.
+    w.report(first.worker_id.as_str(), 0, 1);
+    w.report(other, 0, 0);
+    // Unpredicted: 11 blocks + 4 there against 11 elsewhere, so the next question about the document recomputes it.
+    assert_eq!(w.route(&doc(1), &policy).unwrap().worker_id, id(other));
+    // Predicted (what the orchestrator records with each route): 1 + 4 against 11; it follows its document.
+    w.load.predict_cached(&first.worker_id, "m", &doc(0).block_hashes, w.now);
+    assert_eq!(w.route(&doc(1), &policy).unwrap().worker_id, first.worker_id);
 }

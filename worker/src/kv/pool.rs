@@ -215,15 +215,10 @@ impl BlockPool {
     /// (`zl_common::block_hash::cache_salt`), so it finds, and later offers, only blocks of the same scope.
     pub fn start_salted(&mut self, prompt: &[u32], salt: Option<BlockHash>) -> SeqBlocks {
         let mut seq = SeqBlocks { parent: salt, root: salt, ..SeqBlocks::default() };
-        let shareable = prompt.len().saturating_sub(1) / self.block_size;
-        for chunk in prompt.chunks_exact(self.block_size).take(shareable) {
-            self.lookups += 1;
-            let hash = chain_hash(seq.parent, chunk);
-            let Some(&id) = self.index.get(&hash) else { break };
-            if self.blocks[id as usize].tokens.as_deref() != Some(chunk) {
-                break; // a hash collision: not the same prefix
-            }
-            self.hits += 1;
+        let (matched, shareable) = self.cached_run(prompt, salt);
+        self.lookups += (matched.len() + usize::from(matched.len() < shareable)) as u64;
+        self.hits += matched.len() as u64;
+        for (id, hash) in matched {
             self.pin(id);
             seq.blocks.push(id);
             seq.parent = Some(hash);
@@ -232,6 +227,29 @@ impl BlockPool {
         seq.reserved = seq.len;
         seq.cached_tokens = seq.len;
         seq
+    }
+
+    /// Leading tokens of `prompt` (in scope `salt`) that [`KvPool::start_salted`] would find cached now. Reads only.
+    pub fn cached_prefix_tokens(&self, prompt: &[u32], salt: Option<BlockHash>) -> usize {
+        self.cached_run(prompt, salt).0.len() * self.block_size
+    }
+
+    /// The cached blocks (and their chained hashes) of `prompt`'s leading full blocks, all but the last token's,
+    /// and how many blocks could have been.
+    fn cached_run(&self, prompt: &[u32], salt: Option<BlockHash>) -> (Vec<(BlockId, BlockHash)>, usize) {
+        let shareable = prompt.len().saturating_sub(1) / self.block_size;
+        let mut parent = salt;
+        let mut run = Vec::new();
+        for chunk in prompt.chunks_exact(self.block_size).take(shareable) {
+            let hash = chain_hash(parent, chunk);
+            let Some(&id) = self.index.get(&hash) else { break };
+            if self.blocks[id as usize].tokens.as_deref() != Some(chunk) {
+                break; // a hash collision: not the same prefix
+            }
+            run.push((id, hash));
+            parent = Some(hash);
+        }
+        (run, shareable)
     }
 
     fn take_block(&mut self) -> BlockId {

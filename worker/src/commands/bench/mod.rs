@@ -3,8 +3,10 @@
 //! overlap` asks for text that repeats the prompt (an edit of a given text) and runs every level without and with
 //! predictive streaming, printing the speed-up and the draft acceptance rate. `--workload json` asks for JSON and runs
 //! every level free and then constrained by a JSON Schema, printing the constrained rate against the free one and
-//! the grammar engine's time per token mask (p50, p99).
+//! the grammar engine's time per token mask (p50, p99). After the levels: the memory-bandwidth ceiling (a read of a
+//! weights-sized buffer with the same threads) and one sequence's decode rate as a fraction of it.
 
+mod bandwidth;
 mod json;
 
 use std::collections::HashSet;
@@ -131,6 +133,22 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     }
     if let Some(g) = &grammars {
         json::mask_times(g, &outputs)?;
+    }
+    let weights = core.model().llama.weight_bytes_by_format().values().sum::<usize>();
+    let ceiling = bandwidth::measure(weights);
+    print!(
+        "bandwidth ceiling: {:.1} GB/s read over the weights' {:.1} MiB: {:.1} tok/s at one sequence",
+        ceiling.gb_per_s,
+        weights as f64 / f64::from(1u32 << 20),
+        ceiling.tokens_per_s
+    );
+    match args.concurrency.iter().position(|&c| c == 1) {
+        Some(slot) => {
+            let mut r = rates[slot * modes.len()].clone();
+            r.sort_by(f64::total_cmp);
+            println!("; decode at c=1 is {:.0}% of it", 100.0 * r[r.len() / 2] / ceiling.tokens_per_s);
+        }
+        None => println!(),
     }
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS: {rss:.0} MiB");
