@@ -3,8 +3,9 @@
 //! cheaper. Cost, in blocks of work (lower is better):
 //!
 //! ```text
-//! cost = prefill_weight * (prompt_blocks - cached_prefix_blocks + queued_prefill_blocks + in_flight_blocks)
+//! cost = prefill_weight * (own * (prompt_blocks - cached_prefix_blocks) + queued_prefill_blocks + in_flight_blocks)
 //!      + load_weight * (queue_depth + running_sequences + in_flight)
+//! own = 2 where prompt work is waiting (queued prefill or in-flight blocks), else 1
 //! ```
 //!
 //! `prompt_blocks` is the number of full blocks in the prompt (the request's block hashes); the cached prefix is
@@ -57,9 +58,12 @@ impl PrefixAware {
         }
         // Prompt work waiting there (reported, and routed since the report) delays this prompt's as much.
         let waiting_prefill = f64::from(c.load.queued_prefill_blocks) + f64::from(c.in_flight_blocks);
+        // Recomputing on a worker that has prompt work waiting takes compute its other requests wait for: there
+        // the request's own blocks count twice, so a prefix moves only to a worker with room ("sticky until
+        // saturated"), not from one busy worker to another.
+        let own = if waiting_prefill > 0.0 { 2.0 * new_blocks } else { new_blocks };
         let (running, waiting) = c.sequences();
-        self.prefill_weight * (new_blocks + waiting_prefill)
-            + self.load_weight * (f64::from(waiting) + f64::from(running))
+        self.prefill_weight * (own + waiting_prefill) + self.load_weight * (f64::from(waiting) + f64::from(running))
     }
 }
 

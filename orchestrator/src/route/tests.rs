@@ -386,6 +386,14 @@ fn a_hot_prefix_leaves_its_worker_when_the_prefill_waiting_there_costs_more_than
     // The v1 cost saw only the sequence: 2 + 4 = 6 against 10, and the request queued behind the 20 blocks.
     let v1 = policy_by_name("prefix-aware-v1").unwrap();
     assert_eq!(w.route(&r, v1.as_ref()).unwrap().worker_id, id("w1"));
+    // But not to a worker that is busy too: there its own 10 blocks count twice (they take compute its own queue
+    // waits for). w1: 2 * 2 + 20 + 4 = 28; w2 with 10 blocks waiting: 2 * 10 + 10 = 30 (it would be 20 if counted
+    // once), so the request stays with its prefix.
+    w.report_prefill("w2", 0, 0, 10);
+    assert_eq!(w.route(&r, &policy).unwrap().worker_id, id("w1"));
+    w.report_prefill("w2", 0, 0, 7);
+    assert_eq!(w.route(&r, &policy).unwrap().worker_id, id("w2"), "27 against 28: the queue there is short enough");
+    w.report_prefill("w2", 0, 0, 0);
     // The same from routes this orchestrator handed out since the last report: a burst of a new 10-block document
     // goes where it is not queued behind itself.
     let mut w = World::new();
