@@ -117,6 +117,9 @@ struct Seq {
     /// Blocks of that pool it may hold at once (0 without one).
     window_commitment: usize,
     cached_prompt_tokens: usize,
+    /// While it waits: the prompt tokens its cache scope held cached when it arrived (or was scoped), which its
+    /// admission will most likely find; not prefill work to wait behind. Looked up once, not per step.
+    expected_cached: usize,
     /// Prompt plus output tokens at most, as admitted: drafts never take a sequence past it.
     max_total: usize,
     /// Draft tokens per step at most (0: no speculation).
@@ -225,7 +228,7 @@ impl Scheduler {
             .values()
             .map(|s| {
                 // A sequence not admitted yet will find its cached prefix: only the rest is work.
-                let done = if s.blocks.is_none() { self.pool.cached_prefix_tokens(&s.tokens, s.salt) } else { 0 };
+                let done = if s.blocks.is_none() { s.expected_cached } else { 0 };
                 s.tokens.len() - s.computed.max(done)
             })
             .filter(|&left| left > 1)
@@ -261,6 +264,7 @@ impl Scheduler {
         }
         let prompt_len = prompt.len();
         let max_total = prompt_len + max_tokens;
+        let expected_cached = self.pool.cached_prefix_tokens(&prompt, None);
         let window_commitment = self.window.as_ref().map_or(0, |w| w.commitment(max_total));
         if let Some(w) = &self.window
             && window_commitment > w.total()
@@ -275,6 +279,7 @@ impl Scheduler {
             window_blocks: None,
             window_commitment,
             cached_prompt_tokens: 0,
+            expected_cached,
             max_total,
             max_draft: 0,
             gate: Default::default(),
@@ -295,8 +300,10 @@ impl Scheduler {
     /// Put a queued sequence in a cache scope (`salt`, from `zl_common::block_hash::cache_salt`): it reuses and
     /// offers prefix blocks only within that scope. Before it is admitted; without a call it is unsalted.
     pub fn salt(&mut self, id: SeqId, salt: Option<u64>) {
-        if let Some(seq) = self.seqs.get_mut(&id) {
+        let expected = self.seqs.get(&id).map(|s| self.pool.cached_prefix_tokens(&s.tokens, salt));
+        if let (Some(seq), Some(expected)) = (self.seqs.get_mut(&id), expected) {
             seq.salt = salt;
+            seq.expected_cached = expected;
         }
     }
 
