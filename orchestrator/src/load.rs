@@ -62,6 +62,9 @@ struct Soft {
     /// prefill runs), with when they were routed: a burst sharing a new prefix finds it where its first request
     /// went, rather than recomputing it elsewhere before the worker's events arrive.
     predicted: FxHashMap<(u64, u64), Instant>,
+    /// The predictions in the order they were made (a block predicted again appears twice; the map has its
+    /// newest time), so expiry looks only at the oldest ones instead of the whole map on every route.
+    predicted_order: std::collections::VecDeque<(Instant, (u64, u64))>,
 }
 
 /// A report received this long after a route counts it (the route's answer, the frontend's call to the worker and
@@ -133,6 +136,7 @@ impl LoadView {
                     held: self.discovered.as_ref().is_some_and(|d| d.get(id) == Some(&false)),
                     routed: Default::default(),
                     predicted: FxHashMap::default(),
+                    predicted_order: Default::default(),
                 });
                 self.by_id.insert(id.clone(), slot);
                 self.generation = next_generation();
@@ -197,6 +201,7 @@ impl LoadView {
             if soft.blocks.contains(&key) || soft.blocks.len() + soft.predicted.len() >= cap {
                 continue;
             }
+            soft.predicted_order.push_back((now, key));
             if soft.predicted.insert(key, now).is_none() {
                 added.push(key);
             }
@@ -210,13 +215,17 @@ impl LoadView {
     fn expire_predictions(&mut self, slot: u32, now: Instant) {
         let Some(Some(soft)) = self.slots.get_mut(slot as usize) else { return };
         let mut gone = Vec::new();
-        soft.predicted.retain(|key, at| {
-            let keep = *at + PREDICTION_KEPT_FOR > now;
-            if !keep {
-                gone.push(*key);
+        while let Some(&(at, key)) = soft.predicted_order.front() {
+            if at + PREDICTION_KEPT_FOR > now {
+                break;
             }
-            keep
-        });
+            soft.predicted_order.pop_front();
+            // Gone only if this was its newest prediction and no event has confirmed or removed it since.
+            if soft.predicted.get(&key) == Some(&at) {
+                soft.predicted.remove(&key);
+                gone.push(key);
+            }
+        }
         for key in gone {
             self.unindex(key, slot);
         }
