@@ -380,7 +380,8 @@ fn a_hot_prefix_leaves_its_worker_when_the_prefill_waiting_there_costs_more_than
     let policy = PrefixAware::default();
     // Idle, w1 holds 8 of 10 blocks: 2 against 10.
     assert_eq!(w.route(&r, &policy).unwrap().worker_id, id("w1"));
-    // Its report says 20 blocks of prompts wait there (one running sequence): 2 + 20 + 4 = 26 against 10.
+    // Its report says 20 blocks of prompts wait there (one running sequence): 2 * 2 + 20 + 4 = 28 against 10 (its
+    // own blocks count twice on a worker with prompt work waiting).
     w.report_prefill("w1", 0, 1, 20);
     assert_eq!(w.route(&r, &policy).unwrap().worker_id, id("w2"));
     // The v1 cost saw only the sequence: 2 + 4 = 6 against 10, and the request queued behind the 20 blocks.
