@@ -16,9 +16,14 @@ pub(crate) struct Ceiling {
     pub(crate) tokens_per_s: f64,
 }
 
-/// The best of a few reads of a `bytes`-sized buffer (after one that faults its pages in).
+/// Buffers larger than this are not needed to measure main-memory bandwidth (far past every cache), and a
+/// weights-sized copy of a large model could exhaust the memory the model itself needs.
+const MAX_BUFFER: usize = 1 << 30;
+
+/// The best of a few reads of a `bytes`-sized buffer (at most [`MAX_BUFFER`]; after one read that faults its
+/// pages in), and the ceiling for `bytes` of weights.
 pub(crate) fn measure(bytes: usize) -> Ceiling {
-    let words = (bytes / 8).max(1 << 16);
+    let words = (bytes.min(MAX_BUFFER) / 8).max(1 << 16);
     let buf: Vec<u64> = (0..words as u64).map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15)).collect();
     let chunk = words.div_ceil(rayon::current_num_threads() * 4).max(1024);
     let mut best = f64::INFINITY;
