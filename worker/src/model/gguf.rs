@@ -164,7 +164,7 @@ fn from_bytes(name: &str, dtype: GgmlDType, rows: usize, cols: usize, data: &[u8
         GgmlDType::Q5_1 => blocks(BlockFormat::Q5_1),
         GgmlDType::Q2K => blocks(BlockFormat::Q2K),
         GgmlDType::Q3K => blocks(BlockFormat::Q3K),
-        GgmlDType::Q4K => blocks(BlockFormat::Q4K),
+        GgmlDType::Q4K => Weight::from_q4_k(rows, cols, data).map_err(bad),
         GgmlDType::Q5K => blocks(BlockFormat::Q5K),
         GgmlDType::Q6K => blocks(BlockFormat::Q6K),
         GgmlDType::F16 => half(false),

@@ -120,13 +120,20 @@ impl BlockFormat {
     /// and `m` (`elems() / 16` each), so that value `e` is `s[e / 16] * q[e] + m[e / 16]`.
     #[inline(always)]
     pub(super) fn decode(self, b: &[u8], q: &mut [i8], s: &mut [f32], m: &mut [f32]) {
-        let half = |at: usize| f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]));
+        self.quants(b, q);
+        self.scales(b, s, m);
+    }
+
+    /// One block's integers into `q` (`elems()` values): [`BlockFormat::decode`]'s first half (the SIMD levels
+    /// decode them their own way, to the same values).
+    #[inline(always)]
+    fn quants(self, b: &[u8], q: &mut [i8]) {
         match self {
             BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q5_1 => {
-                let (d, min, qh, qs) = match self {
-                    BlockFormat::Q4_0 => (half(0), 0.0, 0, &b[2..18]),
-                    BlockFormat::Q5_0 => (half(0), 0.0, u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..22]),
-                    _ => (half(0), half(2), u32::from_le_bytes([b[4], b[5], b[6], b[7]]), &b[8..24]),
+                let (qh, qs) = match self {
+                    BlockFormat::Q4_0 => (0, &b[2..18]),
+                    BlockFormat::Q5_0 => (u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..22]),
+                    _ => (u32::from_le_bytes([b[4], b[5], b[6], b[7]]), &b[8..24]),
                 };
                 let offset = match self {
                     BlockFormat::Q4_0 => 8,
@@ -139,12 +146,9 @@ impl BlockFormat {
                     q[j] = lo as i8 - offset;
                     q[j + 16] = hi as i8 - offset;
                 }
-                s[..2].fill(d);
-                m[..2].fill(min);
             }
             BlockFormat::Q2K => {
-                let (scales, qs) = (&b[0..16], &b[16..80]);
-                let (d, dmin) = (half(80), half(82));
+                let qs = &b[16..80];
                 for n in 0..2 {
                     for j in 0..4 {
                         for l in 0..32 {
@@ -152,14 +156,9 @@ impl BlockFormat {
                         }
                     }
                 }
-                for (i, &sc) in scales.iter().enumerate() {
-                    s[i] = d * f32::from(sc & 0x0f);
-                    m[i] = -(dmin * f32::from(sc >> 4));
-                }
             }
             BlockFormat::Q3K => {
-                let (hmask, qs, packed) = (&b[0..32], &b[32..96], &b[96..108]);
-                let d = half(108);
+                let (hmask, qs) = (&b[0..32], &b[32..96]);
                 for n in 0..2 {
                     for j in 0..4 {
                         let bit = 1u8 << (n * 4 + j);
@@ -169,17 +168,8 @@ impl BlockFormat {
                         }
                     }
                 }
-                for (i, si) in s[..16].iter_mut().enumerate() {
-                    // Scale i: its low four bits from byte i % 8 (low nibble for i < 8), its high two bits from
-                    // byte 8 + i % 4 at bit 2 * (i / 4).
-                    let low = if i < 8 { packed[i] & 0x0f } else { packed[i - 8] >> 4 };
-                    let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-                    *si = d * f32::from(i16::from(low | (high << 4)) - 32);
-                }
-                m[..16].fill(0.0);
             }
             BlockFormat::Q4K | BlockFormat::Q5K => {
-                let (d, dmin, packed) = (half(0), half(2), &b[4..16]);
                 let (qh, qs) =
                     if self == BlockFormat::Q5K { (&b[16..48], &b[48..176]) } else { (&[0u8; 32][..], &b[16..144]) };
                 for j in 0..4 {
@@ -191,22 +181,9 @@ impl BlockFormat {
                         q[j * 64 + 32 + l] = hi as i8;
                     }
                 }
-                for i in 0..8 {
-                    let (sc, mn) = if i < 4 {
-                        (packed[i] & 63, packed[i + 4] & 63)
-                    } else {
-                        (
-                            (packed[i + 4] & 0x0f) | ((packed[i - 4] >> 6) << 4),
-                            (packed[i + 4] >> 4) | ((packed[i] >> 6) << 4),
-                        )
-                    };
-                    s[2 * i..2 * i + 2].fill(d * f32::from(sc));
-                    m[2 * i..2 * i + 2].fill(-(dmin * f32::from(mn)));
-                }
             }
             BlockFormat::Q6K => {
-                let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
-                let d = half(208);
+                let (ql, qh) = (&b[0..128], &b[128..192]);
                 for n in 0..2 {
                     for l in 0..32 {
                         let (l0, l1, h) = (ql[n * 64 + l], ql[n * 64 + 32 + l], qh[n * 32 + l]);
@@ -217,7 +194,49 @@ impl BlockFormat {
                         q[at + 96] = ((l1 >> 4) | (((h >> 6) & 3) << 4)) as i8 - 32;
                     }
                 }
-                for (si, &sc) in s[..16].iter_mut().zip(scales) {
+            }
+        }
+    }
+
+    /// One block's scale and minimum per 16 values into `s` and `m` (`elems() / 16` each): [`BlockFormat::decode`]'s
+    /// second half, which every level shares.
+    #[inline(always)]
+    pub(super) fn scales(self, b: &[u8], s: &mut [f32], m: &mut [f32]) {
+        let half = |at: usize| f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]));
+        match self {
+            BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q5_1 => {
+                s[..2].fill(half(0));
+                m[..2].fill(if self == BlockFormat::Q5_1 { half(2) } else { 0.0 });
+            }
+            BlockFormat::Q2K => {
+                let (d, dmin) = (half(80), half(82));
+                for (i, &sc) in b[0..16].iter().enumerate() {
+                    s[i] = d * f32::from(sc & 0x0f);
+                    m[i] = -(dmin * f32::from(sc >> 4));
+                }
+            }
+            BlockFormat::Q3K => {
+                let (packed, d) = (&b[96..108], half(108));
+                for (i, si) in s[..16].iter_mut().enumerate() {
+                    // Scale i: its low four bits from byte i % 8 (low nibble for i < 8), its high two bits from
+                    // byte 8 + i % 4 at bit 2 * (i / 4).
+                    let low = if i < 8 { packed[i] & 0x0f } else { packed[i - 8] >> 4 };
+                    let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+                    *si = d * f32::from(i16::from(low | (high << 4)) - 32);
+                }
+                m[..16].fill(0.0);
+            }
+            BlockFormat::Q4K | BlockFormat::Q5K => {
+                let (d, dmin) = (half(0), half(2));
+                for i in 0..8 {
+                    let (sc, mn) = k_scale_min(&b[4..16], i);
+                    s[2 * i..2 * i + 2].fill(d * f32::from(sc));
+                    m[2 * i..2 * i + 2].fill(-(dmin * f32::from(mn)));
+                }
+            }
+            BlockFormat::Q6K => {
+                let d = half(208);
+                for (si, &sc) in s[..16].iter_mut().zip(&b[192..208]) {
                     *si = d * f32::from(sc as i8);
                 }
                 m[..16].fill(0.0);
@@ -237,6 +256,16 @@ impl BlockFormat {
                 *o = s[e / SUB] * f32::from(q[e]) + m[e / SUB];
             }
         }
+    }
+}
+
+/// Block `i`'s (0..8) 6-bit scale and minimum from a Q4_K or Q5_K super-block's 12 packed bytes.
+#[inline(always)]
+pub(super) fn k_scale_min(packed: &[u8], i: usize) -> (u8, u8) {
+    if i < 4 {
+        (packed[i] & 63, packed[i + 4] & 63)
+    } else {
+        ((packed[i + 4] & 0x0f) | ((packed[i - 4] >> 6) << 4), (packed[i + 4] >> 4) | ((packed[i] >> 6) << 4))
     }
 }
 
@@ -265,14 +294,44 @@ pub(super) fn tile_s_at(b: usize, h: usize, j: usize) -> usize {
 }
 
 impl TileBuf {
-    /// Unpack tile `t` (features `8t..8t + 8`; those past `rows` are zero) of a `rows x cols` matrix.
+    /// Unpack tile `t` (features `8t..8t + 8`; those past `rows` are zero) of a `rows x cols` matrix: the
+    /// reference the SIMD levels' unpacking matches byte for byte.
     #[inline(always)]
     pub(super) fn unpack(&mut self, format: BlockFormat, raw: &[u8], rows: usize, cols: usize, t: usize) {
+        let features = self.unpack_scales(format, raw, rows, cols, t);
+        let blocks_per_block = format.elems() / QK;
+        let mut q = [0i8; 256];
+        for j in 0..features {
+            for (sb, block) in feature_blocks(format, raw, cols, t * TILE + j).enumerate() {
+                format.quants(block, &mut q);
+                for k in 0..blocks_per_block {
+                    let b = sb * blocks_per_block + k;
+                    let src: &[i8; QK] = q[k * QK..(k + 1) * QK].try_into().expect("a block is 32 values");
+                    let dst: &mut [i8; 256] = (&mut self.q[b * 256..(b + 1) * 256]).try_into().expect("256 bytes");
+                    for chunk in 0..QK / 4 {
+                        dst[chunk * 32 + j * 4..chunk * 32 + j * 4 + 4].copy_from_slice(&src[chunk * 4..chunk * 4 + 4]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The part of [`TileBuf::unpack`] every level shares: the buffer sized for tile `t` (zeroed where the tile is
+    /// a matrix's last, partial one), and every feature's scales and minimums written. Returns the tile's number
+    /// of features (at most [`TILE`]); the quants are left to the caller.
+    #[inline(always)]
+    pub(super) fn unpack_scales(
+        &mut self,
+        format: BlockFormat,
+        raw: &[u8],
+        rows: usize,
+        cols: usize,
+        t: usize,
+    ) -> usize {
         let bpr = cols / QK;
-        let (elems, bytes) = (format.elems(), format.bytes());
-        let (per_row, blocks_per_block) = (cols / elems * bytes, elems / QK);
-        // Every entry of the features the matrix has is written below; only a last, partial tile's padding
-        // features need zeros (and only when the buffer is new or was last used for a full tile: zeroed always).
+        let blocks_per_block = format.elems() / QK;
+        // Every entry of the features the matrix has is written; only a last, partial tile's padding features
+        // need zeros (and only when the buffer is new or was last used for a full tile: zeroed always).
         self.q.resize(bpr * 256, 0);
         self.s.resize(bpr * HALVES * TILE, 0.0);
         self.m.resize(bpr * HALVES * TILE, 0.0);
@@ -282,28 +341,33 @@ impl TileBuf {
             self.s.fill(0.0);
             self.m.fill(0.0);
         }
-        let mut q = [0i8; 256];
         let (mut s, mut m) = ([0f32; 16], [0f32; 16]);
         for j in 0..features {
-            let c = t * TILE + j;
-            for (sb, block) in raw[c * per_row..(c + 1) * per_row].chunks_exact(bytes).enumerate() {
-                format.decode(block, &mut q, &mut s, &mut m);
+            for (sb, block) in feature_blocks(format, raw, cols, t * TILE + j).enumerate() {
+                format.scales(block, &mut s, &mut m);
                 for k in 0..blocks_per_block {
-                    let b = sb * blocks_per_block + k;
-                    let src: &[i8; QK] = q[k * QK..(k + 1) * QK].try_into().expect("a block is 32 values");
-                    let dst: &mut [i8; 256] = (&mut self.q[b * 256..(b + 1) * 256]).try_into().expect("256 bytes");
-                    for chunk in 0..QK / 4 {
-                        dst[chunk * 32 + j * 4..chunk * 32 + j * 4 + 4].copy_from_slice(&src[chunk * 4..chunk * 4 + 4]);
-                    }
                     for h in 0..HALVES {
-                        let at = tile_s_at(b, h, j);
+                        let at = tile_s_at(sb * blocks_per_block + k, h, j);
                         self.s[at] = s[k * HALVES + h];
                         self.m[at] = m[k * HALVES + h];
                     }
                 }
             }
         }
+        features
     }
+}
+
+/// Output feature `c`'s blocks (super-blocks for the K-quants) in a row-major matrix of `cols` values per row.
+#[inline(always)]
+pub(super) fn feature_blocks(
+    format: BlockFormat,
+    raw: &[u8],
+    cols: usize,
+    c: usize,
+) -> std::slice::ChunksExact<'_, u8> {
+    let per_row = cols / format.elems() * format.bytes();
+    raw[c * per_row..(c + 1) * per_row].chunks_exact(format.bytes())
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use half::{bf16 as Bf16, f16};
 
-use super::blocks::{BlockFormat, f16_to_f32};
+use super::blocks::{BlockFormat, f16_to_f32, k_scale_min};
 use super::{Input, QK};
 
 /// A weight matrix of `rows` (output features) by `cols` (input features), stored row-major.
@@ -38,6 +38,27 @@ pub enum Weight {
         /// Quants, 256 per tile and block, as eight 32-byte chunks: bytes `4j..4j + 4` of chunk `k` are elements
         /// `4k..4k + 4` of feature `j`'s block.
         qs: Vec<i8>,
+    },
+    /// GGUF Q4_K repacked for a kernel that reads it directly: per block of 32, `x = d * sc * q - dmin * mn` with
+    /// 4-bit `q`, 6-bit `sc` and `mn`, and `d` and `dmin` per super-block of 256 (f16 in the file, exact in f32).
+    /// The nibbles tiled as Q4_1's (low nibbles elements 0..16, high ones 16..32), so the kernel unpacks nothing
+    /// per step; 152 bytes per 256 values and feature where the file has 144. Computes what [`Weight::Blocks`]
+    /// computes for the same file, bit for bit.
+    Q4K {
+        /// Output features.
+        rows: usize,
+        /// Input features (a multiple of 256).
+        cols: usize,
+        /// Super-block scales, `[tile][super-block][feature in tile]`.
+        d: Vec<f32>,
+        /// Super-block minimum scales, laid out as `d`.
+        dmin: Vec<f32>,
+        /// Block scales, `[tile][block][feature in tile]`.
+        sc: Vec<u8>,
+        /// Block minimums, laid out as `sc`.
+        mn: Vec<u8>,
+        /// Nibbles, laid out as Q4_1's `qs`.
+        qs: Vec<u8>,
     },
     /// A GGUF block format ([`BlockFormat`]) kept as the file stores it: row-major blocks, unpacked one tile at
     /// a time by the kernels.
@@ -163,6 +184,41 @@ impl Weight {
         Ok(Weight::Q8_0 { rows, cols, d, qs })
     }
 
+    /// Parse raw GGUF Q4_K super-blocks (144 bytes each: f16 d and dmin, 12 bytes of packed 6-bit scales and
+    /// minimums, 128 bytes of nibbles) into [`Weight::Q4K`].
+    pub fn from_q4_k(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
+        // The shape's checks, without keeping the copy.
+        let format = BlockFormat::Q4K;
+        let err = |problem: String| WeightError { format: format.name(), rows, cols, problem };
+        if !cols.is_multiple_of(format.elems()) {
+            return Err(err(format!("input features are not a multiple of {}", format.elems())));
+        }
+        if raw.len() != rows * cols / format.elems() * format.bytes() {
+            return Err(err(format!("{} bytes, expected {}", raw.len(), rows * cols / 256 * 144)));
+        }
+        let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
+        let mut d = vec![0f32; tiles * bpr / 8 * TILE];
+        let mut dmin = vec![0f32; d.len()];
+        let mut sc = vec![0u8; tiles * bpr * TILE];
+        let mut mn = vec![0u8; sc.len()];
+        let mut qs = vec![0u8; tiles * bpr * 128];
+        for (i, block) in raw.chunks_exact(144).enumerate() {
+            let (c, sb) = (i / (bpr / 8), i % (bpr / 8));
+            d[tile_scale(bpr / 8, c, sb)] = f16_at(block, 0);
+            dmin[tile_scale(bpr / 8, c, sb)] = f16_at(block, 2);
+            for k in 0..8 {
+                let b = sb * 8 + k;
+                (sc[tile_scale(bpr, c, b)], mn[tile_scale(bpr, c, b)]) = k_scale_min(&block[4..16], k);
+                // Block k's values are group k / 2's 32 bytes, low nibbles for even k, high for odd.
+                let nib = |e: usize| (block[16 + (k / 2) * 32 + e] >> (4 * (k % 2))) & 0x0f;
+                for e in 0..16 {
+                    qs[q4_1_byte(bpr, c, b, e)] = nib(e) | (nib(e + 16) << 4);
+                }
+            }
+        }
+        Ok(Weight::Q4K { rows, cols, d, dmin, sc, mn, qs })
+    }
+
     /// Keep raw GGUF blocks of `format` (checked against the shape).
     pub fn from_blocks(format: BlockFormat, rows: usize, cols: usize, raw: Vec<u8>) -> Result<Weight, WeightError> {
         let err = |problem: String| WeightError { format: format.name(), rows, cols, problem };
@@ -198,6 +254,7 @@ impl Weight {
         match self {
             Weight::Q4_1 { rows, .. }
             | Weight::Q8_0 { rows, .. }
+            | Weight::Q4K { rows, .. }
             | Weight::Blocks { rows, .. }
             | Weight::Half { rows, .. }
             | Weight::F32 { rows, .. } => *rows,
@@ -209,6 +266,7 @@ impl Weight {
         match self {
             Weight::Q4_1 { cols, .. }
             | Weight::Q8_0 { cols, .. }
+            | Weight::Q4K { cols, .. }
             | Weight::Blocks { cols, .. }
             | Weight::Half { cols, .. }
             | Weight::F32 { cols, .. } => *cols,
@@ -237,6 +295,20 @@ impl Weight {
                     }
                 }
             }
+            Weight::Q4K { cols, d, dmin, sc, mn, qs, .. } => {
+                // `BlockFormat::row`'s arithmetic: `s * q + m`, with `s = d * sc` and `m = -(dmin * mn)`.
+                let bpr = cols / QK;
+                for b in 0..bpr {
+                    let (at, sb) = (tile_scale(bpr, r, b), tile_scale(bpr / 8, r, b / 8));
+                    let s = d[sb] * f32::from(sc[at]);
+                    let m = -(dmin[sb] * f32::from(mn[at]));
+                    for j in 0..16 {
+                        let q = qs[q4_1_byte(bpr, r, b, j)];
+                        out[b * QK + j] = s * f32::from(q & 0x0f) + m;
+                        out[b * QK + j + 16] = s * f32::from(q >> 4) + m;
+                    }
+                }
+            }
             Weight::Blocks { format, cols, raw, .. } => format.row(raw, *cols, r, out),
             Weight::Half { bf16, cols, w, .. } => widen_half(*bf16, &w[r * cols..(r + 1) * cols], out),
             Weight::F32 { cols, w, .. } => out.copy_from_slice(&w[r * cols..(r + 1) * cols]),
@@ -248,6 +320,7 @@ impl Weight {
         match self {
             Weight::Q4_1 { .. } => "Q4_1",
             Weight::Q8_0 { .. } => "Q8_0",
+            Weight::Q4K { .. } => "Q4_K",
             Weight::Blocks { format, .. } => format.name(),
             Weight::Half { bf16: true, .. } => "BF16",
             Weight::Half { bf16: false, .. } => "F16",
@@ -260,6 +333,7 @@ impl Weight {
         match self {
             Weight::Q4_1 { d, m, qs, .. } => 4 * (d.len() + m.len()) + qs.len(),
             Weight::Q8_0 { d, qs, .. } => 4 * d.len() + qs.len(),
+            Weight::Q4K { d, dmin, sc, mn, qs, .. } => 4 * (d.len() + dmin.len()) + sc.len() + mn.len() + qs.len(),
             Weight::Blocks { raw, .. } => raw.len(),
             Weight::Half { w, .. } => 2 * w.len(),
             Weight::F32 { w, .. } => 4 * w.len(),

@@ -1,5 +1,4 @@
-//! The block formats' kernel in AVX2: each tile unpacked once ([`TileBuf`], shared safe code compiled here with
-//! AVX2) for every batch row, then [`super::avx2`]'s Q8_0 tile product per 16-value half, with the half's scale and
+//! The block formats' kernel in AVX2: each tile unpacked once ([`TileBuf`], by `unpack.rs`) for every batch row, then [`super::avx2`]'s Q8_0 tile product per 16-value half, with the half's scale and
 //! minimum: `columns_blocks`' reference operations in its order.
 
 use std::arch::x86_64::*;
@@ -10,6 +9,7 @@ use super::super::quant::{QuantizedRows, XBlock};
 use super::super::weight::{TILE, Weight};
 use super::avx2::{PICK_A_HIGH, PICK_B_HIGH, chunk_sums, shuffle};
 use super::simd::{load8f, row_blocks, tile_row_groups};
+use super::unpack::unpack_avx2;
 
 /// [`super::super::portable::columns_blocks`] in AVX2.
 #[target_feature(enable = "avx2,fma")]
@@ -19,7 +19,7 @@ pub(super) fn columns_blocks_avx2(weight: &Weight, xq: &QuantizedRows, c0: usize
     let end = c0 + out[0].len();
     for t in c0 / TILE..end.div_ceil(TILE) {
         // Unpacked once, read by every group of rows while it sits in L1.
-        buf.unpack(*format, raw, *rows, *cols, t);
+        unpack_avx2(&mut buf, *format, raw, *rows, *cols, t);
         let min = format.has_min();
         tile_row_groups(out, c0, t, |n, r, acc| by_rows!(n, block_rows(&buf, min, xq, r, acc)));
     }

@@ -10,6 +10,7 @@ mod simd;
 mod attention;
 mod avx2;
 mod blocks;
+mod unpack;
 
 use super::attention::AttentionShape;
 use super::isa::Isa;

@@ -22,6 +22,22 @@ pub(super) fn load32(bytes: &[i8]) -> __m256i {
     unsafe { _mm256_loadu_si256(bytes.as_ptr().cast()) }
 }
 
+/// 16 bytes as a vector. The slice index bounds-checks the read.
+#[inline(always)]
+pub(super) fn load16u(bytes: &[u8]) -> __m128i {
+    let bytes = &bytes[..16];
+    // SAFETY: `bytes` holds 16 readable bytes and the load is unaligned.
+    unsafe { _mm_loadu_si128(bytes.as_ptr().cast()) }
+}
+
+/// A vector stored as 32 bytes. The slice index bounds-checks the write.
+#[inline(always)]
+pub(super) fn store32(bytes: &mut [i8], v: __m256i) {
+    let bytes = &mut bytes[..32];
+    // SAFETY: `bytes` holds 32 writable bytes and the store is unaligned.
+    unsafe { _mm256_storeu_si256(bytes.as_mut_ptr().cast(), v) }
+}
+
 /// Eight f32s as a vector. The slice index bounds-checks the read.
 #[inline(always)]
 pub(super) fn load8f(values: &[f32]) -> __m256 {
