@@ -87,10 +87,14 @@ fn main() {
                 block[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
             }
         }
-        if format == BlockFormat::Q4K {
-            // As the loader keeps it (tiled), and as the other block formats run (unpacked per step).
-            let w = Weight::from_q4_k(rows, cols, &raw).expect("Q4_K weight");
-            matmul("Q4_K (tiled, as loaded)", &w, &sizes, &mut rng);
+        // Q4_K and Q6_K as the loader keeps them (tiled), and as the other block formats run (unpacked per step).
+        let tiled = match format {
+            BlockFormat::Q4K => Some(Weight::from_q4_k(rows, cols, &raw).expect("Q4_K weight")),
+            BlockFormat::Q6K => Some(Weight::from_q6_k(rows, cols, &raw).expect("Q6_K weight")),
+            _ => None,
+        };
+        if let Some(w) = tiled {
+            matmul(&format!("{} (tiled, as loaded)", format.name()), &w, &sizes, &mut rng);
         }
         let w = Weight::from_blocks(format, rows, cols, raw).expect("block weight");
         matmul(format.name(), &w, &sizes, &mut rng);

@@ -166,7 +166,7 @@ fn from_bytes(name: &str, dtype: GgmlDType, rows: usize, cols: usize, data: &[u8
         GgmlDType::Q3K => blocks(BlockFormat::Q3K),
         GgmlDType::Q4K => Weight::from_q4_k(rows, cols, data).map_err(bad),
         GgmlDType::Q5K => blocks(BlockFormat::Q5K),
-        GgmlDType::Q6K => blocks(BlockFormat::Q6K),
+        GgmlDType::Q6K => Weight::from_q6_k(rows, cols, data).map_err(bad),
         GgmlDType::F16 => half(false),
         GgmlDType::BF16 => half(true),
         other => Err(unsupported_type(name, &format!("{other:?}"))),

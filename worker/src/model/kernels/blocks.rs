@@ -127,7 +127,7 @@ impl BlockFormat {
     /// One block's integers into `q` (`elems()` values): [`BlockFormat::decode`]'s first half (the SIMD levels
     /// decode them their own way, to the same values).
     #[inline(always)]
-    fn quants(self, b: &[u8], q: &mut [i8]) {
+    pub(super) fn quants(self, b: &[u8], q: &mut [i8]) {
         match self {
             BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q5_1 => {
                 let (qh, qs) = match self {

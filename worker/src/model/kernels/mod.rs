@@ -93,7 +93,11 @@ impl<'a> Input<'a> {
             }
             let xq = match weight {
                 Weight::F32 { .. } | Weight::Half { .. } => None,
-                Weight::Q4_1 { .. } | Weight::Q8_0 { .. } | Weight::Q4K { .. } | Weight::Blocks { .. } => {
+                Weight::Q4_1 { .. }
+                | Weight::Q8_0 { .. }
+                | Weight::Q4K { .. }
+                | Weight::Q6K { .. }
+                | Weight::Blocks { .. } => {
                     Some(self.quantized.get_or_init(|| QuantizedRows::quantize(x, cols, group_quantizer())))
                 }
             };

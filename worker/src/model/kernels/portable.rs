@@ -66,6 +66,25 @@ pub(super) fn columns_int(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &
                     }
                     acc
                 }
+                Weight::Q6K { .. } => {
+                    // `columns_blocks`' Q6_K arithmetic: per half, the integer sum times `d * sc` times the
+                    // activations' scale (no minimum).
+                    let mut acc = 0f32;
+                    for b in 0..bpr {
+                        let x = &xq.blocks[xq.index(r, b)];
+                        for h in 0..HALVES {
+                            let mut isum = 0i32;
+                            let mut s = 0f32;
+                            for i in h * SUB..(h + 1) * SUB {
+                                let q;
+                                (s, q) = weight.q6_k_at(c, b, i);
+                                isum += i32::from(q) * i32::from(x.q[i]);
+                            }
+                            acc = (isum as f32).mul_add(s * x.d, acc);
+                        }
+                    }
+                    acc
+                }
                 Weight::Blocks { .. } => unreachable!("block formats use columns_blocks"),
                 Weight::F32 { .. } | Weight::Half { .. } => unreachable!("float weights use the float kernel"),
             };

@@ -4,7 +4,7 @@
 
 use half::{bf16 as Bf16, f16};
 
-use super::blocks::{BlockFormat, f16_to_f32, k_scale_min};
+use super::blocks::{BlockFormat, HALVES, f16_to_f32, k_scale_min};
 use super::{Input, QK};
 
 /// A weight matrix of `rows` (output features) by `cols` (input features), stored row-major.
@@ -59,6 +59,26 @@ pub enum Weight {
         mn: Vec<u8>,
         /// Nibbles, laid out as Q4_1's `qs`.
         qs: Vec<u8>,
+    },
+    /// GGUF Q6_K repacked for a kernel that reads it directly: `x = d * sc * (q - 32)` with 6-bit `q`, an 8-bit
+    /// signed `sc` per 16 values and `d` per super-block of 256 (f16 in the file, exact in f32). Each value's low
+    /// four bits tiled as Q4_1's nibbles; its high two in a plane shared by two blocks, byte for byte where the
+    /// nibbles are (bits 0-1 and 2-3 the first block's low and high nibble's values, 4-5 and 6-7 the second's).
+    /// 212 bytes per 256 values and feature where the file has 210. Computes what [`Weight::Blocks`] computes for
+    /// the same file, bit for bit.
+    Q6K {
+        /// Output features.
+        rows: usize,
+        /// Input features (a multiple of 256).
+        cols: usize,
+        /// Super-block scales, `[tile][super-block][feature in tile]`.
+        d: Vec<f32>,
+        /// Scales per 16 values, `[tile][block][half][feature in tile]`.
+        sc: Vec<i8>,
+        /// Low four bits, laid out as Q4_1's `qs`.
+        ql: Vec<u8>,
+        /// High two bits, laid out as Q4_1's `qs` for half as many blocks (block `b` in entry `b / 2`).
+        qh: Vec<u8>,
     },
     /// A GGUF block format ([`BlockFormat`]) kept as the file stores it: row-major blocks, unpacked one tile at
     /// a time by the kernels.
@@ -148,6 +168,19 @@ fn check_blocks(
     Ok(blocks)
 }
 
+/// Check that `raw` holds exactly the `rows x cols` blocks of `format`.
+fn check_super_blocks(format: BlockFormat, rows: usize, cols: usize, raw: &[u8]) -> Result<(), WeightError> {
+    let err = |problem: String| WeightError { format: format.name(), rows, cols, problem };
+    if !cols.is_multiple_of(format.elems()) {
+        return Err(err(format!("input features are not a multiple of {}", format.elems())));
+    }
+    let expected = rows * cols / format.elems() * format.bytes();
+    if raw.len() != expected {
+        return Err(err(format!("{} bytes, expected {expected}", raw.len())));
+    }
+    Ok(())
+}
+
 impl Weight {
     /// Parse raw GGUF Q4_1 blocks (20 bytes each: f16 d, f16 m, 16 bytes of nibbles).
     pub fn from_q4_1(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
@@ -187,15 +220,7 @@ impl Weight {
     /// Parse raw GGUF Q4_K super-blocks (144 bytes each: f16 d and dmin, 12 bytes of packed 6-bit scales and
     /// minimums, 128 bytes of nibbles) into [`Weight::Q4K`].
     pub fn from_q4_k(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
-        // The shape's checks, without keeping the copy.
-        let format = BlockFormat::Q4K;
-        let err = |problem: String| WeightError { format: format.name(), rows, cols, problem };
-        if !cols.is_multiple_of(format.elems()) {
-            return Err(err(format!("input features are not a multiple of {}", format.elems())));
-        }
-        if raw.len() != rows * cols / format.elems() * format.bytes() {
-            return Err(err(format!("{} bytes, expected {}", raw.len(), rows * cols / 256 * 144)));
-        }
+        check_super_blocks(BlockFormat::Q4K, rows, cols, raw)?;
         let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
         let mut d = vec![0f32; tiles * bpr / 8 * TILE];
         let mut dmin = vec![0f32; d.len()];
@@ -219,16 +244,39 @@ impl Weight {
         Ok(Weight::Q4K { rows, cols, d, dmin, sc, mn, qs })
     }
 
+    /// Parse raw GGUF Q6_K super-blocks (210 bytes each: 128 bytes of low nibbles, 64 of high bit pairs, 16
+    /// signed scales, f16 d) into [`Weight::Q6K`].
+    pub fn from_q6_k(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
+        let format = BlockFormat::Q6K;
+        check_super_blocks(format, rows, cols, raw)?;
+        let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
+        let mut d = vec![0f32; tiles * bpr / 8 * TILE];
+        let mut sc = vec![0i8; tiles * bpr * HALVES * TILE];
+        let mut ql = vec![0u8; tiles * bpr * 128];
+        let mut qh = vec![0u8; tiles * bpr / 2 * 128];
+        let mut q = [0i8; 256];
+        for (i, block) in raw.chunks_exact(format.bytes()).enumerate() {
+            let (c, sb) = (i / (bpr / 8), i % (bpr / 8));
+            d[tile_scale(bpr / 8, c, sb)] = f16_at(block, 208);
+            format.quants(block, &mut q);
+            for k in 0..8 {
+                let b = sb * 8 + k;
+                for h in 0..HALVES {
+                    sc[tile_scale(bpr * HALVES, c, b * HALVES + h)] = block[192 + k * HALVES + h] as i8;
+                }
+                let u = |e: usize| (q[k * QK + e] + 32) as u8;
+                for e in 0..16 {
+                    ql[q4_1_byte(bpr, c, b, e)] = (u(e) & 0x0f) | ((u(e + 16) & 0x0f) << 4);
+                    qh[q4_1_byte(bpr / 2, c, b / 2, e)] |= ((u(e) >> 4) | ((u(e + 16) >> 4) << 2)) << (4 * (b % 2));
+                }
+            }
+        }
+        Ok(Weight::Q6K { rows, cols, d, sc, ql, qh })
+    }
+
     /// Keep raw GGUF blocks of `format` (checked against the shape).
     pub fn from_blocks(format: BlockFormat, rows: usize, cols: usize, raw: Vec<u8>) -> Result<Weight, WeightError> {
-        let err = |problem: String| WeightError { format: format.name(), rows, cols, problem };
-        if !cols.is_multiple_of(format.elems()) {
-            return Err(err(format!("input features are not a multiple of {}", format.elems())));
-        }
-        let expected = rows * cols / format.elems() * format.bytes();
-        if raw.len() != expected {
-            return Err(err(format!("{} bytes, expected {expected}", raw.len())));
-        }
+        check_super_blocks(format, rows, cols, &raw)?;
         Ok(Weight::Blocks { format, rows, cols, raw })
     }
 
@@ -255,6 +303,7 @@ impl Weight {
             Weight::Q4_1 { rows, .. }
             | Weight::Q8_0 { rows, .. }
             | Weight::Q4K { rows, .. }
+            | Weight::Q6K { rows, .. }
             | Weight::Blocks { rows, .. }
             | Weight::Half { rows, .. }
             | Weight::F32 { rows, .. } => *rows,
@@ -267,6 +316,7 @@ impl Weight {
             Weight::Q4_1 { cols, .. }
             | Weight::Q8_0 { cols, .. }
             | Weight::Q4K { cols, .. }
+            | Weight::Q6K { cols, .. }
             | Weight::Blocks { cols, .. }
             | Weight::Half { cols, .. }
             | Weight::F32 { cols, .. } => *cols,
@@ -309,6 +359,15 @@ impl Weight {
                     }
                 }
             }
+            Weight::Q6K { cols, .. } => {
+                let bpr = cols / QK;
+                for b in 0..bpr {
+                    for (i, o) in out[b * QK..(b + 1) * QK].iter_mut().enumerate() {
+                        let (s, q) = self.q6_k_at(r, b, i);
+                        *o = s * f32::from(q) + 0.0;
+                    }
+                }
+            }
             Weight::Blocks { format, cols, raw, .. } => format.row(raw, *cols, r, out),
             Weight::Half { bf16, cols, w, .. } => widen_half(*bf16, &w[r * cols..(r + 1) * cols], out),
             Weight::F32 { cols, w, .. } => out.copy_from_slice(&w[r * cols..(r + 1) * cols]),
@@ -321,6 +380,7 @@ impl Weight {
             Weight::Q4_1 { .. } => "Q4_1",
             Weight::Q8_0 { .. } => "Q8_0",
             Weight::Q4K { .. } => "Q4_K",
+            Weight::Q6K { .. } => "Q6_K",
             Weight::Blocks { format, .. } => format.name(),
             Weight::Half { bf16: true, .. } => "BF16",
             Weight::Half { bf16: false, .. } => "F16",
@@ -334,10 +394,24 @@ impl Weight {
             Weight::Q4_1 { d, m, qs, .. } => 4 * (d.len() + m.len()) + qs.len(),
             Weight::Q8_0 { d, qs, .. } => 4 * d.len() + qs.len(),
             Weight::Q4K { d, dmin, sc, mn, qs, .. } => 4 * (d.len() + dmin.len()) + sc.len() + mn.len() + qs.len(),
+            Weight::Q6K { d, sc, ql, qh, .. } => 4 * d.len() + sc.len() + ql.len() + qh.len(),
             Weight::Blocks { raw, .. } => raw.len(),
             Weight::Half { w, .. } => 2 * w.len(),
             Weight::F32 { w, .. } => 4 * w.len(),
         }
+    }
+
+    /// Element `i` (0..32) of feature `c`'s block `b` of a [`Weight::Q6K`]: its scale `d * sc` and its signed
+    /// 6-bit integer. The reference kernel and [`Weight::row`] read values through it.
+    #[inline(always)]
+    pub(super) fn q6_k_at(&self, c: usize, b: usize, i: usize) -> (f32, i8) {
+        let Weight::Q6K { cols, d, sc, ql, qh, .. } = self else { unreachable!("Q6_K only") };
+        let bpr = cols / QK;
+        let (e, h) = (i % 16, i / 16);
+        let low = (ql[q4_1_byte(bpr, c, b, e)] >> (4 * h)) & 0x0f;
+        let high = (qh[q4_1_byte(bpr / 2, c, b / 2, e)] >> (4 * (b % 2) + 2 * h)) & 3;
+        let s = d[tile_scale(bpr / 8, c, b / 8)] * f32::from(sc[tile_scale(bpr * HALVES, c, b * HALVES + h)]);
+        (s, (low | (high << 4)) as i8 - 32)
     }
 
     /// `out[r * rows + c] = x[r * cols ..] · W[c]` for `n` rows of `x`.

@@ -77,6 +77,7 @@ fn tile_rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: u
     let rows = match weight {
         Weight::Q4_1 { .. } => q4_1_tile::<R>(weight, xq, t, r),
         Weight::Q4K { .. } => q4k_tile::<R>(weight, xq, t, r),
+        Weight::Q6K { .. } => q6k_tile::<R>(weight, xq, t, r),
         _ => q8_0_tile::<R>(weight, xq, t, r),
     };
     acc[..R].copy_from_slice(&rows);
@@ -202,6 +203,63 @@ fn q4k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: us
         }
     }
     acc
+}
+
+/// [`q4k_tile`] for Q6_K ([`Weight::Q6K`]): per half, the low nibbles as Q4_K's and the high bit pairs from
+/// their plane at the same byte positions, joined and offset by 32 once for all rows; each row's i32 sums times
+/// `d * sc` (the half's signed scales widened for all eight features) times the activations' scale as one fused
+/// multiply-add: `columns_int`'s Q6_K reference, in its order.
+#[target_feature(enable = "avx2,fma")]
+fn q6k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
+    let Weight::Q6K { cols, d, sc, ql, qh, .. } = weight else { unreachable!("Q6_K only") };
+    let bpr = cols / QK;
+    let (low4, three, offset) = (_mm256_set1_epi16(0x0f), _mm256_set1_epi16(3), _mm256_set1_epi16(32));
+    let (pick_a, pick_b) = (shuffle(&PICK_A), shuffle(&PICK_B));
+    let mut acc = [_mm256_setzero_ps(); R];
+    let (ql, qh) = (tile(ql, t, bpr * 128), tile(qh, t, bpr / 2 * 128));
+    let (sc, d) = (tile(sc, t, bpr * HALVES * TILE), tile(d, t, bpr / 8 * TILE));
+    let (xs, stride) = row_blocks::<R>(xq, r);
+    for b in 0..bpr {
+        let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+        let (q, hq) = (&ql[b * 128..], &qh[b / 2 * 128..]);
+        let dv = load8f(&d[b / 8 * TILE..]);
+        for h in 0..HALVES {
+            let s = _mm256_mul_ps(dv, widen8_signed(&sc[(b * HALVES + h) * TILE..]));
+            let shift = _mm_cvtsi32_si128((4 * (b % 2) + 2 * h) as i32);
+            let mut s32 = [_mm256_setzero_si256(); R];
+            for k in 0..4 {
+                let (v, hv) = (load32u(&q[k * 32..]), load32u(&hq[k * 32..]));
+                let join = |pick: __m256i| {
+                    let nib = _mm256_shuffle_epi8(v, pick);
+                    let nib = if h == 0 { _mm256_and_si256(nib, low4) } else { _mm256_srli_epi16::<4>(nib) };
+                    let high = _mm256_and_si256(_mm256_srl_epi16(_mm256_shuffle_epi8(hv, pick), shift), three);
+                    _mm256_sub_epi16(_mm256_or_si256(nib, _mm256_slli_epi16::<4>(high)), offset)
+                };
+                let w = [join(pick_a), join(pick_b)];
+                for i in 0..R {
+                    let p = _mm256_add_epi32(
+                        _mm256_madd_epi16(w[0], broadcast2(&x[i], 8 * h + 2 * k)),
+                        _mm256_madd_epi16(w[1], broadcast2(&x[i], 8 * h + 2 * k + 1)),
+                    );
+                    s32[i] = _mm256_add_epi32(s32[i], p);
+                }
+            }
+            for i in 0..R {
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]), _mm256_mul_ps(s, _mm256_set1_ps(x[i].d)), acc[i]);
+            }
+        }
+    }
+    acc
+}
+
+/// Eight signed bytes as eight f32s (exact).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn widen8_signed(bytes: &[i8]) -> __m256 {
+    let bytes = &bytes[..8];
+    // SAFETY: `bytes` holds 8 readable bytes and the load is unaligned.
+    let v = unsafe { _mm_loadl_epi64(bytes.as_ptr().cast()) };
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
 }
 
 /// Eight bytes as eight f32s (exact).
