@@ -159,9 +159,9 @@ fn from_bytes(name: &str, dtype: GgmlDType, rows: usize, cols: usize, data: &[u8
     match dtype {
         GgmlDType::Q4_1 => Weight::from_q4_1(rows, cols, data).map_err(bad),
         GgmlDType::Q8_0 => Weight::from_q8_0(rows, cols, data).map_err(bad),
-        GgmlDType::Q4_0 => blocks(BlockFormat::Q4_0),
-        GgmlDType::Q5_0 => blocks(BlockFormat::Q5_0),
-        GgmlDType::Q5_1 => blocks(BlockFormat::Q5_1),
+        GgmlDType::Q4_0 => Weight::from_legacy(BlockFormat::Q4_0, rows, cols, data).map_err(bad),
+        GgmlDType::Q5_0 => Weight::from_legacy(BlockFormat::Q5_0, rows, cols, data).map_err(bad),
+        GgmlDType::Q5_1 => Weight::from_legacy(BlockFormat::Q5_1, rows, cols, data).map_err(bad),
         GgmlDType::Q2K => blocks(BlockFormat::Q2K),
         GgmlDType::Q3K => blocks(BlockFormat::Q3K),
         GgmlDType::Q4K => Weight::from_q4_k(rows, cols, data).map_err(bad),

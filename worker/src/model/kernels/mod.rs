@@ -97,6 +97,7 @@ impl<'a> Input<'a> {
                 | Weight::Q8_0 { .. }
                 | Weight::Q4K { .. }
                 | Weight::Q6K { .. }
+                | Weight::Legacy { .. }
                 | Weight::Blocks { .. } => {
                     Some(self.quantized.get_or_init(|| QuantizedRows::quantize(x, cols, group_quantizer())))
                 }

@@ -85,6 +85,27 @@ pub(super) fn columns_int(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &
                     }
                     acc
                 }
+                Weight::Legacy { format, .. } => {
+                    // `columns_blocks`' arithmetic for these formats: per half, the integer sum times `d`, and for
+                    // Q5_1 the activations' half sum times `m`, each times the activations' scale.
+                    let mut acc = 0f32;
+                    for b in 0..bpr {
+                        let x = &xq.blocks[xq.index(r, b)];
+                        for h in 0..HALVES {
+                            let (mut isum, mut s, mut m) = (0i32, 0f32, 0f32);
+                            for i in h * SUB..(h + 1) * SUB {
+                                let q;
+                                (s, q, m) = weight.legacy_at(c, b, i);
+                                isum += i32::from(q) * i32::from(x.q[i]);
+                            }
+                            acc = (isum as f32).mul_add(s * x.d, acc);
+                            if format.has_min() {
+                                acc = (xq.isums[(r * bpr + b) * HALVES + h] as f32).mul_add(m * x.d, acc);
+                            }
+                        }
+                    }
+                    acc
+                }
                 Weight::Blocks { .. } => unreachable!("block formats use columns_blocks"),
                 Weight::F32 { .. } | Weight::Half { .. } => unreachable!("float weights use the float kernel"),
             };

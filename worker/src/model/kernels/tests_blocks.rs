@@ -123,55 +123,70 @@ fn block_format_kernels_agree_bit_for_bit_at_every_level_and_batch_size() {
 }
 
 #[test]
-fn repacked_k_quants_compute_what_the_file_blocks_compute_bit_for_bit() {
-    // 37 features: a last tile of five; 512 inputs: two super-blocks.
-    let (rows, cols) = (37, 512);
+fn repacked_formats_compute_what_the_file_blocks_compute_bit_for_bit() {
     let mut seed = 11;
     type Repack = fn(usize, usize, &[u8]) -> Result<Weight, WeightError>;
-    let repacks: [(BlockFormat, Repack, usize); 2] =
-        [(BlockFormat::Q4K, Weight::from_q4_k, 152), (BlockFormat::Q6K, Weight::from_q6_k, 212)];
+    // Each with its bytes per 256 values and feature.
+    let repacks: [(BlockFormat, Repack, usize); 5] = [
+        (BlockFormat::Q4K, Weight::from_q4_k, 152),
+        (BlockFormat::Q6K, Weight::from_q6_k, 212),
+        (BlockFormat::Q4_0, |r, c, raw| Weight::from_legacy(BlockFormat::Q4_0, r, c, raw), 144),
+        (BlockFormat::Q5_0, |r, c, raw| Weight::from_legacy(BlockFormat::Q5_0, r, c, raw), 176),
+        (BlockFormat::Q5_1, |r, c, raw| Weight::from_legacy(BlockFormat::Q5_1, r, c, raw), 192),
+    ];
+    // 37 features: a last tile of five; 512 inputs: two super-blocks (576: 18 blocks, a last, partial group of
+    // four in the fifth-bit plane; legacy formats only).
     for (format, repack, bytes) in repacks {
-        let name = format.name();
-        let raw = random_blocks(format, rows, cols, &mut seed);
-        let blocks = Weight::from_blocks(format, rows, cols, raw.clone()).unwrap();
-        let tiled = repack(rows, cols, &raw).unwrap();
-        assert!(!matches!(tiled, Weight::Blocks { .. }) && tiled.format_name() == name);
-        // Five tiles of two super-blocks, padding features included.
-        assert_eq!(tiled.memory_bytes(), 5 * 8 * 2 * bytes, "{name}");
-        let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
-        for r in 0..rows {
-            blocks.row(r, &mut a);
-            tiled.row(r, &mut b);
-            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&a), bits(&b), "{name} row {r}");
-        }
-        let x = activations(16, cols, &mut seed);
-        let mut batched = vec![0f32; 16 * rows];
-        tiled.matmul(&x, 16, &mut batched);
-        for n in [1, 3, 9, 16] {
-            let xq = QuantizedRows::quantize(&x[..n * cols], cols, group_quantizer());
-            let run = |kernel: &dyn Fn(&mut [&mut [f32]])| {
-                let mut vals = vec![0f32; n * rows];
-                kernel(&mut vals.chunks_mut(rows).collect::<Vec<_>>());
-                vals
-            };
-            let reference = run(&|out| columns_blocks(&blocks, &xq, 0, out));
-            assert_eq!(run(&|out| columns_int(&tiled, &xq, 0, out)), reference, "{name} portable, {n} rows");
-            assert_eq!(batched[..n * rows], reference, "{name}: {n} rows alone vs in a batch of 16");
-            #[cfg(target_arch = "x86_64")]
-            for isa in Isa::ALL.into_iter().filter(|&isa| isa >= Isa::Avx2 && isa <= Isa::detected()) {
-                assert_eq!(run(&|out| x86::columns_int(isa, &tiled, &xq, 0, out)), reference, "{name} {isa:?}, {n}");
-                let split = run(&|out| {
-                    let mut parts: (Vec<&mut [f32]>, Vec<&mut [f32]>) =
-                        out.iter_mut().map(|row| row.split_at_mut(3)).unzip();
-                    x86::columns_int(isa, &tiled, &xq, 0, &mut parts.0);
-                    x86::columns_int(isa, &tiled, &xq, 3, &mut parts.1);
-                });
-                assert_eq!(split, reference, "{name} {isa:?} split, {n} rows");
+        for cols in [512, 576].into_iter().filter(|c| c % format.elems() == 0) {
+            let rows = 37;
+            let name = format.name();
+            let raw = random_blocks(format, rows, cols, &mut seed);
+            let blocks = Weight::from_blocks(format, rows, cols, raw.clone()).unwrap();
+            let tiled = repack(rows, cols, &raw).unwrap();
+            assert!(!matches!(tiled, Weight::Blocks { .. }) && tiled.format_name() == name);
+            // Five tiles of two super-blocks, padding features included.
+            if cols == 512 {
+                assert_eq!(tiled.memory_bytes(), 5 * 8 * 2 * bytes, "{name}");
             }
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in 0..rows {
+                blocks.row(r, &mut a);
+                tiled.row(r, &mut b);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{name} row {r}");
+            }
+            let x = activations(16, cols, &mut seed);
+            let mut batched = vec![0f32; 16 * rows];
+            tiled.matmul(&x, 16, &mut batched);
+            for n in [1, 3, 9, 16] {
+                let xq = QuantizedRows::quantize(&x[..n * cols], cols, group_quantizer());
+                let run = |kernel: &dyn Fn(&mut [&mut [f32]])| {
+                    let mut vals = vec![0f32; n * rows];
+                    kernel(&mut vals.chunks_mut(rows).collect::<Vec<_>>());
+                    vals
+                };
+                let reference = run(&|out| columns_blocks(&blocks, &xq, 0, out));
+                assert_eq!(run(&|out| columns_int(&tiled, &xq, 0, out)), reference, "{name} portable, {n} rows");
+                assert_eq!(batched[..n * rows], reference, "{name}: {n} rows alone vs in a batch of 16");
+                #[cfg(target_arch = "x86_64")]
+                for isa in Isa::ALL.into_iter().filter(|&isa| isa >= Isa::Avx2 && isa <= Isa::detected()) {
+                    assert_eq!(
+                        run(&|out| x86::columns_int(isa, &tiled, &xq, 0, out)),
+                        reference,
+                        "{name} {isa:?}, {n}"
+                    );
+                    let split = run(&|out| {
+                        let mut parts: (Vec<&mut [f32]>, Vec<&mut [f32]>) =
+                            out.iter_mut().map(|row| row.split_at_mut(3)).unzip();
+                        x86::columns_int(isa, &tiled, &xq, 0, &mut parts.0);
+                        x86::columns_int(isa, &tiled, &xq, 3, &mut parts.1);
+                    });
+                    assert_eq!(split, reference, "{name} {isa:?} split, {n} rows");
+                }
+            }
+            assert!(repack(rows, cols + 16, &raw).is_err(), "{name}: not a multiple of its block");
+            assert!(repack(rows, cols, &raw[1..]).is_err(), "{name}: short");
         }
-        assert!(repack(rows, 256 + 32, &raw).is_err(), "{name}: not a multiple of 256");
-        assert!(repack(rows, cols, &raw[1..]).is_err(), "{name}: short");
     }
 }
 

@@ -80,6 +80,29 @@ pub enum Weight {
         /// High two bits, laid out as Q4_1's `qs` for half as many blocks (block `b` in entry `b / 2`).
         qh: Vec<u8>,
     },
+    /// GGUF Q4_0, Q5_0 and Q5_1 (llama.cpp's "legacy" 32-value blocks) repacked for a kernel that reads them
+    /// directly: `x = d * (q - offset) + m` (offset 8, 16 and 0; `m` only in Q5_1). The nibbles tiled as Q4_1's
+    /// (the files' own convention: low nibbles elements 0..16, high ones 16..32); the fifth bits in a plane shared
+    /// by four blocks, byte for byte where the nibbles are (bits `2 * (b % 4)` and `2 * (b % 4) + 1` block `b`'s
+    /// low and high nibble's); `d` and `m` kept as the file's f16. As many bytes as the file. Computes what
+    /// [`Weight::Blocks`] computes for the same file, bit for bit.
+    Legacy {
+        /// Q4_0, Q5_0 or Q5_1.
+        format: BlockFormat,
+        /// Output features.
+        rows: usize,
+        /// Input features (a multiple of 32).
+        cols: usize,
+        /// Scales' f16 bits, `[tile][block][feature in tile]`.
+        d: Vec<u16>,
+        /// Minimums' f16 bits (Q5_1; empty otherwise), laid out as `d`.
+        m: Vec<u16>,
+        /// Nibbles, laid out as Q4_1's `qs`.
+        qs: Vec<u8>,
+        /// Fifth bits (Q5_0 and Q5_1; empty for Q4_0), laid out as Q4_1's `qs` for a quarter as many blocks
+        /// (rounded up): block `b` in entry `b / 4`.
+        qh: Vec<u8>,
+    },
     /// A GGUF block format ([`BlockFormat`]) kept as the file stores it: row-major blocks, unpacked one tile at
     /// a time by the kernels.
     Blocks {
@@ -274,6 +297,43 @@ impl Weight {
         Ok(Weight::Q6K { rows, cols, d, sc, ql, qh })
     }
 
+    /// Parse raw GGUF Q4_0, Q5_0 or Q5_1 blocks into [`Weight::Legacy`] (any other format: the blocks as they are).
+    pub fn from_legacy(format: BlockFormat, rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
+        let (high, min) = match format {
+            BlockFormat::Q4_0 => (false, false),
+            BlockFormat::Q5_0 => (true, false),
+            BlockFormat::Q5_1 => (true, true),
+            _ => return Weight::from_blocks(format, rows, cols, raw.to_vec()),
+        };
+        check_super_blocks(format, rows, cols, raw)?;
+        let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
+        let mut d = vec![0u16; tiles * bpr * TILE];
+        let mut m = vec![0u16; if min { d.len() } else { 0 }];
+        let mut qs = vec![0u8; tiles * bpr * 128];
+        let mut qh = vec![0u8; if high { tiles * bpr.div_ceil(4) * 128 } else { 0 }];
+        let half = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+        for (i, block) in raw.chunks_exact(format.bytes()).enumerate() {
+            let (c, b) = (i / bpr, i % bpr);
+            d[tile_scale(bpr, c, b)] = half(block, 0);
+            if min {
+                m[tile_scale(bpr, c, b)] = half(block, 2);
+            }
+            let (bits, nibbles) = match format {
+                BlockFormat::Q4_0 => (0, &block[2..18]),
+                BlockFormat::Q5_0 => (u32::from_le_bytes([block[2], block[3], block[4], block[5]]), &block[6..22]),
+                _ => (u32::from_le_bytes([block[4], block[5], block[6], block[7]]), &block[8..24]),
+            };
+            for (e, &byte) in nibbles.iter().enumerate() {
+                qs[q4_1_byte(bpr, c, b, e)] = byte;
+                if high {
+                    let pair = ((bits >> e) & 1) | (((bits >> (e + 16)) & 1) << 1);
+                    qh[q4_1_byte(bpr.div_ceil(4), c, b / 4, e)] |= (pair as u8) << (2 * (b % 4));
+                }
+            }
+        }
+        Ok(Weight::Legacy { format, rows, cols, d, m, qs, qh })
+    }
+
     /// Keep raw GGUF blocks of `format` (checked against the shape).
     pub fn from_blocks(format: BlockFormat, rows: usize, cols: usize, raw: Vec<u8>) -> Result<Weight, WeightError> {
         check_super_blocks(format, rows, cols, &raw)?;
@@ -304,6 +364,7 @@ impl Weight {
             | Weight::Q8_0 { rows, .. }
             | Weight::Q4K { rows, .. }
             | Weight::Q6K { rows, .. }
+            | Weight::Legacy { rows, .. }
             | Weight::Blocks { rows, .. }
             | Weight::Half { rows, .. }
             | Weight::F32 { rows, .. } => *rows,
@@ -317,6 +378,7 @@ impl Weight {
             | Weight::Q8_0 { cols, .. }
             | Weight::Q4K { cols, .. }
             | Weight::Q6K { cols, .. }
+            | Weight::Legacy { cols, .. }
             | Weight::Blocks { cols, .. }
             | Weight::Half { cols, .. }
             | Weight::F32 { cols, .. } => *cols,
@@ -368,6 +430,14 @@ impl Weight {
                     }
                 }
             }
+            Weight::Legacy { cols, .. } => {
+                for b in 0..cols / QK {
+                    for (i, o) in out[b * QK..(b + 1) * QK].iter_mut().enumerate() {
+                        let (s, q, m) = self.legacy_at(r, b, i);
+                        *o = s * f32::from(q) + m;
+                    }
+                }
+            }
             Weight::Blocks { format, cols, raw, .. } => format.row(raw, *cols, r, out),
             Weight::Half { bf16, cols, w, .. } => widen_half(*bf16, &w[r * cols..(r + 1) * cols], out),
             Weight::F32 { cols, w, .. } => out.copy_from_slice(&w[r * cols..(r + 1) * cols]),
@@ -381,6 +451,7 @@ impl Weight {
             Weight::Q8_0 { .. } => "Q8_0",
             Weight::Q4K { .. } => "Q4_K",
             Weight::Q6K { .. } => "Q6_K",
+            Weight::Legacy { format, .. } => format.name(),
             Weight::Blocks { format, .. } => format.name(),
             Weight::Half { bf16: true, .. } => "BF16",
             Weight::Half { bf16: false, .. } => "F16",
@@ -395,6 +466,7 @@ impl Weight {
             Weight::Q8_0 { d, qs, .. } => 4 * d.len() + qs.len(),
             Weight::Q4K { d, dmin, sc, mn, qs, .. } => 4 * (d.len() + dmin.len()) + sc.len() + mn.len() + qs.len(),
             Weight::Q6K { d, sc, ql, qh, .. } => 4 * d.len() + sc.len() + ql.len() + qh.len(),
+            Weight::Legacy { d, m, qs, qh, .. } => 2 * (d.len() + m.len()) + qs.len() + qh.len(),
             Weight::Blocks { raw, .. } => raw.len(),
             Weight::Half { w, .. } => 2 * w.len(),
             Weight::F32 { w, .. } => 4 * w.len(),
@@ -412,6 +484,29 @@ impl Weight {
         let high = (qh[q4_1_byte(bpr / 2, c, b / 2, e)] >> (4 * (b % 2) + 2 * h)) & 3;
         let s = d[tile_scale(bpr / 8, c, b / 8)] * f32::from(sc[tile_scale(bpr * HALVES, c, b * HALVES + h)]);
         (s, (low | (high << 4)) as i8 - 32)
+    }
+
+    /// Element `i` (0..32) of feature `c`'s block `b` of a [`Weight::Legacy`]: its scale, its integer (offset
+    /// applied) and its block's minimum (zero but in Q5_1). The reference kernel and [`Weight::row`] read values
+    /// through it.
+    #[inline(always)]
+    pub(super) fn legacy_at(&self, c: usize, b: usize, i: usize) -> (f32, i8, f32) {
+        let Weight::Legacy { format, cols, d, m, qs, qh, .. } = self else { unreachable!("legacy formats only") };
+        let bpr = cols / QK;
+        let (e, h) = (i % 16, i / 16);
+        let low = (qs[q4_1_byte(bpr, c, b, e)] >> (4 * h)) & 0x0f;
+        let high = match qh.is_empty() {
+            true => 0,
+            false => (qh[q4_1_byte(bpr.div_ceil(4), c, b / 4, e)] >> (2 * (b % 4) + h)) & 1,
+        };
+        let offset = match format {
+            BlockFormat::Q4_0 => 8,
+            BlockFormat::Q5_0 => 16,
+            _ => 0,
+        };
+        let at = tile_scale(bpr, c, b);
+        let min = if m.is_empty() { 0.0 } else { f16_to_f32(m[at]) };
+        (f16_to_f32(d[at]), (low | (high << 4)) as i8 - offset, min)
     }
 
     /// `out[r * rows + c] = x[r * cols ..] · W[c]` for `n` rows of `x`.

@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::super::QK;
-use super::super::blocks::HALVES;
+use super::super::blocks::{BlockFormat, HALVES};
 use super::super::math::finish_sum;
 use super::super::quant::{QMAX, QuantizedRows, XBlock};
 use super::super::weight::TILE;
@@ -55,8 +55,8 @@ pub(super) fn quantize_group_avx2(x: &[f32], cols: usize, blocks: &mut [XBlock],
 }
 
 /// The tiled integer kernels: for each tile of eight output features, a few batch rows at a time sweep the
-/// blocks.
-#[target_feature(enable = "avx2,fma")]
+/// blocks. (F16C for the legacy formats' f16 scales: the AVX2 level has it.)
+#[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn tiled_columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
     // Tile by tile: its weights come from memory once and stay in L1 for every group of rows.
     for t in c0 / TILE..(c0 + out[0].len()).div_ceil(TILE) {
@@ -65,19 +65,20 @@ pub(super) fn tiled_columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out:
 }
 
 /// Tile `t` for every batch row, a few rows at a time.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 fn one_tile(weight: &Weight, xq: &QuantizedRows, t: usize, c0: usize, out: &mut [&mut [f32]]) {
     tile_row_groups(out, c0, t, |rows, r, acc| by_rows!(rows, tile_rows(weight, xq, t, r, acc)));
 }
 
 /// Tile `t` for batch rows `r..r + R` into `acc[..R]`.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn tile_rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize, acc: &mut [__m256]) {
     let rows = match weight {
         Weight::Q4_1 { .. } => q4_1_tile::<R>(weight, xq, t, r),
         Weight::Q4K { .. } => q4k_tile::<R>(weight, xq, t, r),
         Weight::Q6K { .. } => q6k_tile::<R>(weight, xq, t, r),
+        Weight::Legacy { .. } => legacy_tile::<R>(weight, xq, t, r),
         _ => q8_0_tile::<R>(weight, xq, t, r),
     };
     acc[..R].copy_from_slice(&rows);
@@ -250,6 +251,78 @@ fn q6k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: us
         }
     }
     acc
+}
+
+/// [`q6k_tile`] for Q4_0, Q5_0 and Q5_1 ([`Weight::Legacy`]): per half, the nibbles, the fifth bits from their
+/// plane at the same byte positions, the offset, once for all rows; each row's i32 sums times `d` (f16, widened
+/// exactly) times the activations' scale, and for Q5_1 the activations' half sums times `m` the same way:
+/// `columns_int`'s reference, in its order.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn legacy_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
+    let Weight::Legacy { format, cols, d, m, qs, qh, .. } = weight else { unreachable!("legacy formats only") };
+    let bpr = cols / QK;
+    let (high, min) = (!qh.is_empty(), !m.is_empty());
+    let offset = _mm256_set1_epi16(match format {
+        BlockFormat::Q4_0 => 8,
+        BlockFormat::Q5_0 => 16,
+        _ => 0,
+    });
+    let (low4, one) = (_mm256_set1_epi16(0x0f), _mm256_set1_epi16(1));
+    let (pick_a, pick_b) = (shuffle(&PICK_A), shuffle(&PICK_B));
+    let mut acc = [_mm256_setzero_ps(); R];
+    let qs = tile(qs, t, bpr * 128);
+    let qh = if high { tile(qh, t, bpr.div_ceil(4) * 128) } else { &[] };
+    let d = tile(d, t, bpr * TILE);
+    let m = if min { tile(m, t, bpr * TILE) } else { &[] };
+    let (xs, stride) = row_blocks::<R>(xq, r);
+    let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
+    for (b, q) in qs.chunks_exact(128).enumerate() {
+        let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+        let dv = load8h(&d[b * TILE..]);
+        for h in 0..HALVES {
+            let shift = _mm_cvtsi32_si128((2 * (b % 4) + h) as i32);
+            let mut s32 = [_mm256_setzero_si256(); R];
+            for k in 0..4 {
+                let v = load32u(&q[k * 32..]);
+                let join = |pick: __m256i| {
+                    let nib = _mm256_shuffle_epi8(v, pick);
+                    let mut w = if h == 0 { _mm256_and_si256(nib, low4) } else { _mm256_srli_epi16::<4>(nib) };
+                    if high {
+                        let hv = _mm256_shuffle_epi8(load32u(&qh[b / 4 * 128 + k * 32..]), pick);
+                        let bit = _mm256_and_si256(_mm256_srl_epi16(hv, shift), one);
+                        w = _mm256_or_si256(w, _mm256_slli_epi16::<4>(bit));
+                    }
+                    _mm256_sub_epi16(w, offset)
+                };
+                let w = [join(pick_a), join(pick_b)];
+                for i in 0..R {
+                    let p = _mm256_add_epi32(
+                        _mm256_madd_epi16(w[0], broadcast2(&x[i], 8 * h + 2 * k)),
+                        _mm256_madd_epi16(w[1], broadcast2(&x[i], 8 * h + 2 * k + 1)),
+                    );
+                    s32[i] = _mm256_add_epi32(s32[i], p);
+                }
+            }
+            for i in 0..R {
+                let xd = _mm256_set1_ps(x[i].d);
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]), _mm256_mul_ps(dv, xd), acc[i]);
+                if min {
+                    let xsum = _mm256_set1_ps(isums[(i * bpr + b) * HALVES + h] as f32);
+                    acc[i] = _mm256_fmadd_ps(xsum, _mm256_mul_ps(load8h(&m[b * TILE..]), xd), acc[i]);
+                }
+            }
+        }
+    }
+    acc
+}
+
+/// Eight f16s' bits as eight f32s (exact).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn load8h(bits: &[u16]) -> __m256 {
+    let bits = &bits[..8];
+    // SAFETY: `bits` holds 16 readable bytes and the load is unaligned.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(bits.as_ptr().cast()) })
 }
 
 /// Eight signed bytes as eight f32s (exact).
