@@ -78,7 +78,10 @@ fn tile_rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: u
         Weight::Q4_1 { .. } => q4_1_tile::<R>(weight, xq, t, r),
         Weight::Q4K { .. } => q4k_tile::<R>(weight, xq, t, r),
         Weight::Q6K { .. } => q6k_tile::<R>(weight, xq, t, r),
-        Weight::Legacy { .. } => legacy_tile::<R>(weight, xq, t, r),
+        // The fifth bits and the minimum as constants: each format's loop without their branches.
+        Weight::Legacy { format: BlockFormat::Q4_0, .. } => legacy_tile::<R, false, false>(weight, xq, t, r),
+        Weight::Legacy { format: BlockFormat::Q5_0, .. } => legacy_tile::<R, true, false>(weight, xq, t, r),
+        Weight::Legacy { .. } => legacy_tile::<R, true, true>(weight, xq, t, r),
         _ => q8_0_tile::<R>(weight, xq, t, r),
     };
     acc[..R].copy_from_slice(&rows);
@@ -214,8 +217,8 @@ fn q4k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: us
 fn q6k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
     let Weight::Q6K { cols, d, sc, ql, qh, .. } = weight else { unreachable!("Q6_K only") };
     let bpr = cols / QK;
-    let (low4, three, offset) = (_mm256_set1_epi16(0x0f), _mm256_set1_epi16(3), _mm256_set1_epi16(32));
-    let (pick_a, pick_b) = (shuffle(&PICK_A), shuffle(&PICK_B));
+    let (low4, three, offset) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
+    let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
     let mut acc = [_mm256_setzero_ps(); R];
     let (ql, qh) = (tile(ql, t, bpr * 128), tile(qh, t, bpr / 2 * 128));
     let (sc, d) = (tile(sc, t, bpr * HALVES * TILE), tile(d, t, bpr / 8 * TILE));
@@ -229,14 +232,11 @@ fn q6k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: us
             let shift = _mm_cvtsi32_si128((4 * (b % 2) + 2 * h) as i32);
             let mut s32 = [_mm256_setzero_si256(); R];
             for k in 0..4 {
+                // In bytes (the chunk's 32 values of this half), then widened to 16-bit pairs.
                 let (v, hv) = (load32u(&q[k * 32..]), load32u(&hq[k * 32..]));
-                let join = |pick: __m256i| {
-                    let nib = _mm256_shuffle_epi8(v, pick);
-                    let nib = if h == 0 { _mm256_and_si256(nib, low4) } else { _mm256_srli_epi16::<4>(nib) };
-                    let high = _mm256_and_si256(_mm256_srl_epi16(_mm256_shuffle_epi8(hv, pick), shift), three);
-                    _mm256_sub_epi16(_mm256_or_si256(nib, _mm256_slli_epi16::<4>(high)), offset)
-                };
-                let w = [join(pick_a), join(pick_b)];
+                let nib = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4);
+                let high = _mm256_and_si256(_mm256_srl_epi16(hv, shift), three);
+                let w = widen_bytes(_mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16::<4>(high)), offset), picks);
                 for i in 0..R {
                     let p = _mm256_add_epi32(
                         _mm256_madd_epi16(w[0], broadcast2(&x[i], 8 * h + 2 * k)),
@@ -258,17 +258,23 @@ fn q6k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: us
 /// exactly) times the activations' scale, and for Q5_1 the activations' half sums times `m` the same way:
 /// `columns_int`'s reference, in its order.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn legacy_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
+fn legacy_tile<const R: usize, const HIGH: bool, const MIN: bool>(
+    weight: &Weight,
+    xq: &QuantizedRows,
+    t: usize,
+    r: usize,
+) -> [__m256; R] {
     let Weight::Legacy { format, cols, d, m, qs, qh, .. } = weight else { unreachable!("legacy formats only") };
     let bpr = cols / QK;
-    let (high, min) = (!qh.is_empty(), !m.is_empty());
-    let offset = _mm256_set1_epi16(match format {
+    let (high, min) = (HIGH, MIN);
+    assert_eq!((high, min), (!qh.is_empty(), !m.is_empty()), "{format:?}'s planes");
+    let offset = _mm256_set1_epi8(match format {
         BlockFormat::Q4_0 => 8,
         BlockFormat::Q5_0 => 16,
         _ => 0,
     });
-    let (low4, one) = (_mm256_set1_epi16(0x0f), _mm256_set1_epi16(1));
-    let (pick_a, pick_b) = (shuffle(&PICK_A), shuffle(&PICK_B));
+    let (low4, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+    let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
     let mut acc = [_mm256_setzero_ps(); R];
     let qs = tile(qs, t, bpr * 128);
     let qh = if high { tile(qh, t, bpr.div_ceil(4) * 128) } else { &[] };
@@ -283,18 +289,14 @@ fn legacy_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r:
             let shift = _mm_cvtsi32_si128((2 * (b % 4) + h) as i32);
             let mut s32 = [_mm256_setzero_si256(); R];
             for k in 0..4 {
+                // In bytes (the chunk's 32 values of this half), then widened to 16-bit pairs.
                 let v = load32u(&q[k * 32..]);
-                let join = |pick: __m256i| {
-                    let nib = _mm256_shuffle_epi8(v, pick);
-                    let mut w = if h == 0 { _mm256_and_si256(nib, low4) } else { _mm256_srli_epi16::<4>(nib) };
-                    if high {
-                        let hv = _mm256_shuffle_epi8(load32u(&qh[b / 4 * 128 + k * 32..]), pick);
-                        let bit = _mm256_and_si256(_mm256_srl_epi16(hv, shift), one);
-                        w = _mm256_or_si256(w, _mm256_slli_epi16::<4>(bit));
-                    }
-                    _mm256_sub_epi16(w, offset)
-                };
-                let w = [join(pick_a), join(pick_b)];
+                let mut w8 = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4);
+                if high {
+                    let bit = _mm256_and_si256(_mm256_srl_epi16(load32u(&qh[b / 4 * 128 + k * 32..]), shift), one);
+                    w8 = _mm256_or_si256(w8, _mm256_slli_epi16::<4>(bit));
+                }
+                let w = widen_bytes(_mm256_sub_epi8(w8, offset), picks);
                 for i in 0..R {
                     let p = _mm256_add_epi32(
                         _mm256_madd_epi16(w[0], broadcast2(&x[i], 8 * h + 2 * k)),
@@ -314,6 +316,14 @@ fn legacy_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r:
         }
     }
     acc
+}
+
+/// A chunk's 32 signed bytes (elements `4k..4k + 4` of each of eight features) as the two vectors of 16-bit
+/// pairs the pair products take (activation pairs `2k` and `2k + 1`), sign-extended: `chunk_sums`' widening.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn widen_bytes(w8: __m256i, (pick_a, pick_b): (__m256i, __m256i)) -> [__m256i; 2] {
+    [_mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w8, pick_a)), _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w8, pick_b))]
 }
 
 /// Eight f16s' bits as eight f32s (exact).
