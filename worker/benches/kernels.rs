@@ -2,7 +2,9 @@
 //! model's FFN up shape; the other block formats, F16 and BF16 at its FFN down shape, whose inputs are a multiple of
 //! the K-quants' 256) at several batch sizes, and attention of one query row (the default model's heads) over several context lengths.
 //! `cargo bench -p zl-worker --bench kernels` (`ZL_KERNEL_BATCHES=1,16` picks the batch sizes, `ZL_KERNEL_ISA=avx2`
-//! a lower instruction set than the CPU's).
+//! a lower instruction set than the CPU's, `ZL_KERNEL_FORMATS=Q4_K-tiled,Q8_0` the weight formats by the names
+//! printed). Q4_0, Q5_0, Q5_1, Q4_K and Q6_K run twice: as the loader keeps them (`-tiled`: repacked for kernels
+//! that read them directly) and unpacked per step from the file's blocks.
 
 use std::time::Instant;
 use zl_worker::model::kernels::{AttentionShape, BlockFormat, Isa, Weight, attention};
@@ -36,6 +38,9 @@ fn best_of_five(iters: usize, mut f: impl FnMut()) -> f64 {
 }
 
 fn matmul(name: &str, w: &Weight, sizes: &[usize], rng: &mut Lcg) {
+    if std::env::var("ZL_KERNEL_FORMATS").is_ok_and(|only| !only.split(',').any(|f| f == name)) {
+        return;
+    }
     let (rows, cols) = (w.rows(), w.cols());
     println!("{name} {rows}x{cols}");
     let mut base = 0.0;
@@ -97,7 +102,7 @@ fn main() {
             _ => None,
         };
         if let Some(w) = tiled {
-            matmul(&format!("{} (tiled, as loaded)", format.name()), &w, &sizes, &mut rng);
+            matmul(&format!("{}-tiled", format.name()), &w, &sizes, &mut rng);
         }
         let w = Weight::from_blocks(format, rows, cols, raw).expect("block weight");
         matmul(format.name(), &w, &sizes, &mut rng);
@@ -111,6 +116,9 @@ fn main() {
 
     let shape = AttentionShape::new(9, 3, 64);
     let kvd = shape.kv_heads * shape.head_dim;
+    if std::env::var("ZL_KERNEL_FORMATS").is_ok_and(|only| !only.split(',').any(|f| f == "attention")) {
+        return;
+    }
     println!("attention, {} heads over {} KV heads of {}", shape.heads, shape.kv_heads, shape.head_dim);
     for n in [32usize, 160, 1024] {
         let f16s =

@@ -2,24 +2,28 @@
 //! `mod.rs` dispatches on it, the SIMD code asserts it.
 
 /// The instruction set the kernels run on: the best this CPU has, or a lower one named by the environment variable
-/// `ZL_KERNEL_ISA` (`portable` or `avx2`; for comparisons and tests). Every level computes the same bits: only
+/// `ZL_KERNEL_ISA` (`portable`, `avx2` or `avx512`; for comparisons and tests). Every level computes the same bits: only
 /// the speed changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     /// Plain Rust, any CPU.
     Portable,
-    /// AVX2, FMA and F16C (x86-64 since 2013-2015; AVX-512 CPUs run this level too).
+    /// AVX2, FMA and F16C (x86-64 since 2013-2015).
     Avx2,
+    /// AVX2's, and AVX-512 F, BW, VL and VNNI (Intel since Cascade Lake and Ice Lake, AMD since Zen 4): the
+    /// integer kernels' pair products as `vpdpwssd`. The other kernels run their AVX2 code.
+    Avx512,
 }
 
 impl Isa {
-    pub(super) const ALL: [Isa; 2] = [Isa::Portable, Isa::Avx2];
+    pub(super) const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
 
     /// The name `ZL_KERNEL_ISA` takes.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
         }
     }
 
@@ -31,11 +35,24 @@ impl Isa {
             {
                 use std::arch::is_x86_feature_detected as has;
                 if has!("avx2") && has!("fma") && has!("f16c") {
-                    return Isa::Avx2;
+                    let vnni = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
+                    return if vnni { Isa::Avx512 } else { Isa::Avx2 };
                 }
             }
             Isa::Portable
         })
+    }
+
+    /// The SIMD levels a bit-for-bit test checks against the portable code: those this CPU runs (the others
+    /// named on stderr as skipped, so a run on an older machine says what it did not check).
+    #[cfg(test)]
+    pub(super) fn simd_levels_here() -> Vec<Isa> {
+        let (here, skipped): (Vec<Isa>, Vec<Isa>) =
+            Isa::ALL.into_iter().filter(|&isa| isa >= Isa::Avx2).partition(|&isa| isa <= Isa::detected());
+        for isa in skipped {
+            eprintln!("skipped: the {} kernels (this CPU does not have them)", isa.name());
+        }
+        here
     }
 
     /// The level in use: [`Isa::detected`], lowered by `ZL_KERNEL_ISA` (a level above the CPU's, or an unknown

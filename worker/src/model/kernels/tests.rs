@@ -109,7 +109,7 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
             let reference = run(&|out| columns_int(&weight, &xq, 0, out));
             assert_eq!(run(&|out| columns(&weight, &x, Some(&xq), 0, out)), reference);
             #[cfg(target_arch = "x86_64")]
-            for isa in Isa::ALL.into_iter().filter(|&isa| isa >= Isa::Avx2 && isa <= Isa::detected()) {
+            for isa in Isa::simd_levels_here() {
                 // All columns, then in two parts split after one tile (so pairs of tiles start on an odd one),
                 // as a task would.
                 assert_eq!(run(&|out| x86::columns_int(isa, &weight, &xq, 0, out)), reference, "{isa:?}");

@@ -107,7 +107,7 @@ fn block_format_kernels_agree_bit_for_bit_at_every_level_and_batch_size() {
             let reference = run(&|out| columns_blocks(&weight, &xq, 0, out));
             assert_eq!(reference, batched[..n * rows], "{}: {n} rows alone vs in a batch of 16", format.name());
             #[cfg(target_arch = "x86_64")]
-            for isa in Isa::ALL.into_iter().filter(|&isa| isa >= Isa::Avx2 && isa <= Isa::detected()) {
+            for isa in Isa::simd_levels_here() {
                 assert_eq!(run(&|out| x86::columns_blocks(isa, &weight, &xq, 0, out)), reference, "{isa:?}");
                 // From a column inside the first tile, as a task split would start.
                 let split = run(&|out| {
@@ -169,7 +169,7 @@ fn repacked_formats_compute_what_the_file_blocks_compute_bit_for_bit() {
                 assert_eq!(run(&|out| columns_int(&tiled, &xq, 0, out)), reference, "{name} portable, {n} rows");
                 assert_eq!(batched[..n * rows], reference, "{name}: {n} rows alone vs in a batch of 16");
                 #[cfg(target_arch = "x86_64")]
-                for isa in Isa::ALL.into_iter().filter(|&isa| isa >= Isa::Avx2 && isa <= Isa::detected()) {
+                for isa in Isa::simd_levels_here() {
                     assert_eq!(
                         run(&|out| x86::columns_int(isa, &tiled, &xq, 0, out)),
                         reference,

@@ -4,12 +4,15 @@
 //! file is the safe boundary; `simd.rs` holds the helpers every level shares, and each level's kernels live in a
 //! file of their own.
 
-// `simd` first: its `by_rows!` must be in textual scope for the levels' files.
+// `simd` and `tiles` first: their `by_rows!` and `tile_kernels!` must be in textual scope for the levels' files.
 #[macro_use]
 mod simd;
+#[macro_use]
+mod tiles;
 mod attention;
 mod avx2;
-mod blocks;
+mod avx512;
+mod quantize;
 mod unpack;
 
 use super::attention::AttentionShape;
@@ -50,19 +53,29 @@ pub(super) fn attention(
 /// [`super::quant::quantize_group`] in AVX2.
 pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
     // SAFETY: the caller checked `available()`, so the CPU has AVX2, FMA and F16C.
-    unsafe { avx2::quantize_group_avx2(x, cols, blocks, sums) }
+    unsafe { quantize::quantize_group_avx2(x, cols, blocks, sums) }
 }
 
 /// The integer kernel at level `isa` (at least AVX2; the caller checked the CPU has it).
 pub(super) fn columns_int(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
     assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
     // SAFETY: the assertion checked that the CPU has the level's features.
-    unsafe { avx2::tiled_columns(weight, xq, c0, out) }
+    unsafe {
+        match isa {
+            Isa::Avx512 => avx512::tiled_columns(weight, xq, c0, out),
+            _ => avx2::tiled_columns(weight, xq, c0, out),
+        }
+    }
 }
 
 /// The block formats' kernel at level `isa` (at least AVX2; the caller checked the CPU has it).
 pub(super) fn columns_blocks(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
     assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
     // SAFETY: the assertion checked that the CPU has the level's features.
-    unsafe { blocks::columns_blocks_avx2(weight, xq, c0, out) }
+    unsafe {
+        match isa {
+            Isa::Avx512 => avx512::columns_blocks(weight, xq, c0, out),
+            _ => avx2::columns_blocks(weight, xq, c0, out),
+        }
+    }
 }

@@ -138,3 +138,57 @@ pub(super) fn broadcast2(x: &XBlock, p: usize) -> __m256i {
 pub(super) fn tile<T>(v: &[T], t: usize, len: usize) -> &[T] {
     &v[t * len..(t + 1) * len]
 }
+
+/// Byte shuffles that pick, in each 128-bit half (four features of four bytes), every feature's bytes `0, 1`
+/// (`PICK_A`) or `2, 3` (`PICK_B`) into the low byte of a 16-bit lane (the high byte zero); `_HIGH` into the high
+/// byte (the low byte zero), for sign extension by an arithmetic shift.
+pub(super) const PICK_A: [i8; 16] = [0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13, -1];
+pub(super) const PICK_B: [i8; 16] = [2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15, -1];
+pub(super) const PICK_A_HIGH: [i8; 16] = [-1, 0, -1, 1, -1, 4, -1, 5, -1, 8, -1, 9, -1, 12, -1, 13];
+pub(super) const PICK_B_HIGH: [i8; 16] = [-1, 2, -1, 3, -1, 6, -1, 7, -1, 10, -1, 11, -1, 14, -1, 15];
+
+/// A byte shuffle applied to both 128-bit halves.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) fn shuffle(pick: &[i8; 16]) -> __m256i {
+    // SAFETY: `pick` is 16 readable bytes and the load is unaligned.
+    let half = unsafe { _mm_loadu_si128(pick.as_ptr().cast()) };
+    _mm256_broadcastsi128_si256(half)
+}
+
+/// A chunk's 32 signed bytes (elements `4k..4k + 4` of each of eight features) as the two vectors of 16-bit
+/// pairs the pair products take (activation pairs `2k` and `2k + 1`), sign-extended: `chunk_sums`' widening.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn widen_bytes(w8: __m256i, (pick_a, pick_b): (__m256i, __m256i)) -> [__m256i; 2] {
+    [_mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w8, pick_a)), _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(w8, pick_b))]
+}
+
+/// Eight f16s' bits as eight f32s (exact).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(super) fn load8h(bits: &[u16]) -> __m256 {
+    let bits = &bits[..8];
+    // SAFETY: `bits` holds 16 readable bytes and the load is unaligned.
+    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(bits.as_ptr().cast()) })
+}
+
+/// Eight signed bytes as eight f32s (exact).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn widen8_signed(bytes: &[i8]) -> __m256 {
+    let bytes = &bytes[..8];
+    // SAFETY: `bytes` holds 8 readable bytes and the load is unaligned.
+    let v = unsafe { _mm_loadl_epi64(bytes.as_ptr().cast()) };
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+}
+
+/// Eight bytes as eight f32s (exact).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn widen8(bytes: &[u8]) -> __m256 {
+    let bytes = &bytes[..8];
+    // SAFETY: `bytes` holds 8 readable bytes and the load is unaligned.
+    let v = unsafe { _mm_loadl_epi64(bytes.as_ptr().cast()) };
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
+}

@@ -1,0 +1,376 @@
+//! The tiled integer kernels of every x86 level, written once: `tile_kernels!` expands them into a level's module
+//! compiled with that level's target features, and with its 16-bit pair product (`vpmaddwd` and adds in AVX2,
+//! `vpdpwssd` with AVX-512 VNNI: exact integer sums either way, so every level computes the same bits). Eight
+//! output features per vector, up to eight batch rows per pass; each format's kernel the portable reference's
+//! operations in its order.
+
+/// The tile kernels compiled with `$features` (a `target_feature` list that includes AVX2, FMA and F16C), the pair
+/// product `$pairs::<R>(s, w0, x0, w1, x1)` = `s + w0 · x0 + w1 · x1` in 16-bit pairs summed to i32 lanes.
+macro_rules! tile_kernels {
+    ($features:literal, $pairs:ident) => {
+        use std::arch::x86_64::*;
+
+        use super::super::QK;
+        use super::super::blocks::{BlockFormat, HALVES, TileBuf, tile_s_at};
+        use super::super::quant::{QuantizedRows, XBlock};
+        use super::super::weight::{TILE, Weight};
+        use super::simd::{
+            PICK_A, PICK_A_HIGH, PICK_B, PICK_B_HIGH, broadcast2, load8f, load8h, load32, load32u, row_blocks, shuffle,
+            tile, tile_row_groups, widen_bytes, widen8, widen8_signed,
+        };
+        use super::unpack::unpack_avx2;
+
+        /// The tiled integer kernels: for each tile of eight output features, a few batch rows at a time sweep the
+        /// blocks. (F16C for the legacy formats' f16 scales: the AVX2 level has it.)
+        #[target_feature(enable = $features)]
+        pub(super) fn tiled_columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+            // Tile by tile: its weights come from memory once and stay in L1 for every group of rows.
+            for t in c0 / TILE..(c0 + out[0].len()).div_ceil(TILE) {
+                one_tile(weight, xq, t, c0, out);
+            }
+        }
+
+        /// Tile `t` for every batch row, a few rows at a time.
+        #[target_feature(enable = $features)]
+        fn one_tile(weight: &Weight, xq: &QuantizedRows, t: usize, c0: usize, out: &mut [&mut [f32]]) {
+            tile_row_groups(out, c0, t, |rows, r, acc| by_rows!(rows, tile_rows(weight, xq, t, r, acc)));
+        }
+
+        /// Tile `t` for batch rows `r..r + R` into `acc[..R]`.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn tile_rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize, acc: &mut [__m256]) {
+            let rows = match weight {
+                Weight::Q4_1 { .. } => q4_1_tile::<R>(weight, xq, t, r),
+                Weight::Q4K { .. } => q4k_tile::<R>(weight, xq, t, r),
+                Weight::Q6K { .. } => q6k_tile::<R>(weight, xq, t, r),
+                // The fifth bits and the minimum as constants: each format's loop without their branches.
+                Weight::Legacy { format: BlockFormat::Q4_0, .. } => legacy_tile::<R, false, false>(weight, xq, t, r),
+                Weight::Legacy { format: BlockFormat::Q5_0, .. } => legacy_tile::<R, true, false>(weight, xq, t, r),
+                Weight::Legacy { .. } => legacy_tile::<R, true, true>(weight, xq, t, r),
+                _ => q8_0_tile::<R>(weight, xq, t, r),
+            };
+            acc[..R].copy_from_slice(&rows);
+        }
+
+        /// Tile `t`'s eight features for batch rows `r..r + R` (row `r + i` in lane vector `i`). Per block, a chunk of four
+        /// elements of all eight features at a time, widened once for all rows to 16-bit pairs (each 32-bit lane a
+        /// feature's two elements); each row's pair products with its two activation quants broadcast to all lanes
+        /// (`vpmaddwd`) summed in i32 (exact: at most 32 * 15 * 32767 per block); then per row the scales and the
+        /// minimum term as fused multiply-adds: the operations of `columns_int`'s Q4_1 reference, in its order, whatever
+        /// `R` is. (The integer sum is exact in any order.)
+        #[target_feature(enable = $features)]
+        fn q4_1_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
+            let Weight::Q4_1 { cols, d, m, qs, .. } = weight else { unreachable!("Q4_1 only") };
+            let bpr = cols / QK;
+            let low4 = _mm256_set1_epi16(0x0f);
+            let (pick_a, pick_b) = (shuffle(&PICK_A), shuffle(&PICK_B));
+            let mut acc = [_mm256_setzero_ps(); R];
+            let qs = tile(qs, t, bpr * 128);
+            let (d, m) = (tile(d, t, bpr * TILE), tile(m, t, bpr * TILE));
+            let (xs, stride) = row_blocks::<R>(xq, r);
+            let sums = &xq.sums[r * bpr..(r + R) * bpr];
+            for (b, ((q, dv), mv)) in
+                qs.chunks_exact(128).zip(d.chunks_exact(TILE)).zip(m.chunks_exact(TILE)).enumerate()
+            {
+                let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+                let mut s = [_mm256_setzero_si256(); R];
+                // Chunk k holds elements 4k..4k + 4 (low nibbles) and 16 + 4k.. (high nibbles) of every feature: as
+                // pairs, activation pairs 2k and 2k + 1 (low) and 8 + 2k and 9 + 2k (high).
+                for k in 0..4 {
+                    let v = load32u(&q[k * 32..]);
+                    let (a, b) = (_mm256_shuffle_epi8(v, pick_a), _mm256_shuffle_epi8(v, pick_b));
+                    let w = [
+                        _mm256_and_si256(a, low4),
+                        _mm256_and_si256(b, low4),
+                        _mm256_srli_epi16::<4>(a),
+                        _mm256_srli_epi16::<4>(b),
+                    ];
+                    for i in 0..R {
+                        let lo = $pairs::<R>(s[i], w[0], broadcast2(&x[i], 2 * k), w[1], broadcast2(&x[i], 2 * k + 1));
+                        s[i] = $pairs::<R>(lo, w[2], broadcast2(&x[i], 8 + 2 * k), w[3], broadcast2(&x[i], 9 + 2 * k));
+                    }
+                }
+                let (dw, mw) = (load8f(dv), load8f(mv));
+                for i in 0..R {
+                    acc[i] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(dw, _mm256_set1_ps(x[i].d)), acc[i]);
+                    acc[i] = _mm256_fmadd_ps(mw, _mm256_set1_ps(sums[i * bpr + b]), acc[i]);
+                }
+            }
+            acc
+        }
+
+        /// [`q4_1_tile`] for Q4_K ([`Weight::Q4K`]): the same nibbles, one 16-value half at a time (low nibbles, then
+        /// high), each half's i32 sums times `d * sc` and the activations' half sums times `-(dmin * mn)` (the block's
+        /// 6-bit scales widened for all eight features at once), times the activations' scale, as fused multiply-adds:
+        /// `columns_int`'s Q4_K reference, in its order.
+        #[target_feature(enable = $features)]
+        fn q4k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
+            let Weight::Q4K { cols, d, dmin, sc, mn, qs, .. } = weight else { unreachable!("Q4_K only") };
+            let bpr = cols / QK;
+            let low4 = _mm256_set1_epi16(0x0f);
+            let sign = _mm256_set1_ps(-0.0);
+            let (pick_a, pick_b) = (shuffle(&PICK_A), shuffle(&PICK_B));
+            let mut acc = [_mm256_setzero_ps(); R];
+            let qs = tile(qs, t, bpr * 128);
+            let (sc, mn) = (tile(sc, t, bpr * TILE), tile(mn, t, bpr * TILE));
+            let (d, dmin) = (tile(d, t, bpr / 8 * TILE), tile(dmin, t, bpr / 8 * TILE));
+            let (xs, stride) = row_blocks::<R>(xq, r);
+            let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
+            for (b, q) in qs.chunks_exact(128).enumerate() {
+                let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+                let sb = b / 8 * TILE;
+                let s = _mm256_mul_ps(load8f(&d[sb..]), widen8(&sc[b * TILE..]));
+                let m = _mm256_xor_ps(_mm256_mul_ps(load8f(&dmin[sb..]), widen8(&mn[b * TILE..])), sign);
+                for h in 0..HALVES {
+                    let mut s32 = [_mm256_setzero_si256(); R];
+                    // Chunk k: elements 4k..4k + 4 (low nibbles: activation pairs 2k, 2k + 1) or 16 + 4k.. (high: 8 + 2k,
+                    // 9 + 2k) of every feature.
+                    for k in 0..4 {
+                        let v = load32u(&q[k * 32..]);
+                        let (a, c) = (_mm256_shuffle_epi8(v, pick_a), _mm256_shuffle_epi8(v, pick_b));
+                        let w = if h == 0 {
+                            [_mm256_and_si256(a, low4), _mm256_and_si256(c, low4)]
+                        } else {
+                            [_mm256_srli_epi16::<4>(a), _mm256_srli_epi16::<4>(c)]
+                        };
+                        for i in 0..R {
+                            s32[i] = $pairs::<R>(
+                                s32[i],
+                                w[0],
+                                broadcast2(&x[i], 8 * h + 2 * k),
+                                w[1],
+                                broadcast2(&x[i], 8 * h + 2 * k + 1),
+                            );
+                        }
+                    }
+                    for i in 0..R {
+                        let xd = _mm256_set1_ps(x[i].d);
+                        let xsum = _mm256_set1_ps(isums[(i * bpr + b) * HALVES + h] as f32);
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]), _mm256_mul_ps(s, xd), acc[i]);
+                        acc[i] = _mm256_fmadd_ps(xsum, _mm256_mul_ps(m, xd), acc[i]);
+                    }
+                }
+            }
+            acc
+        }
+
+        /// [`q4k_tile`] for Q6_K ([`Weight::Q6K`]): per half, the low nibbles as Q4_K's and the high bit pairs from
+        /// their plane at the same byte positions, joined and offset by 32 once for all rows; each row's i32 sums times
+        /// `d * sc` (the half's signed scales widened for all eight features) times the activations' scale as one fused
+        /// multiply-add: `columns_int`'s Q6_K reference, in its order.
+        #[target_feature(enable = $features)]
+        fn q6k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
+            let Weight::Q6K { cols, d, sc, ql, qh, .. } = weight else { unreachable!("Q6_K only") };
+            let bpr = cols / QK;
+            let (low4, three, offset) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
+            let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
+            let mut acc = [_mm256_setzero_ps(); R];
+            let (ql, qh) = (tile(ql, t, bpr * 128), tile(qh, t, bpr / 2 * 128));
+            let (sc, d) = (tile(sc, t, bpr * HALVES * TILE), tile(d, t, bpr / 8 * TILE));
+            let (xs, stride) = row_blocks::<R>(xq, r);
+            for b in 0..bpr {
+                let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+                let (q, hq) = (&ql[b * 128..], &qh[b / 2 * 128..]);
+                let dv = load8f(&d[b / 8 * TILE..]);
+                for h in 0..HALVES {
+                    let s = _mm256_mul_ps(dv, widen8_signed(&sc[(b * HALVES + h) * TILE..]));
+                    let shift = _mm_cvtsi32_si128((4 * (b % 2) + 2 * h) as i32);
+                    let mut s32 = [_mm256_setzero_si256(); R];
+                    for k in 0..4 {
+                        // In bytes (the chunk's 32 values of this half), then widened to 16-bit pairs.
+                        let (v, hv) = (load32u(&q[k * 32..]), load32u(&hq[k * 32..]));
+                        let nib = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4);
+                        let high = _mm256_and_si256(_mm256_srl_epi16(hv, shift), three);
+                        let w = widen_bytes(
+                            _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16::<4>(high)), offset),
+                            picks,
+                        );
+                        for i in 0..R {
+                            s32[i] = $pairs::<R>(
+                                s32[i],
+                                w[0],
+                                broadcast2(&x[i], 8 * h + 2 * k),
+                                w[1],
+                                broadcast2(&x[i], 8 * h + 2 * k + 1),
+                            );
+                        }
+                    }
+                    for i in 0..R {
+                        acc[i] = _mm256_fmadd_ps(
+                            _mm256_cvtepi32_ps(s32[i]),
+                            _mm256_mul_ps(s, _mm256_set1_ps(x[i].d)),
+                            acc[i],
+                        );
+                    }
+                }
+            }
+            acc
+        }
+
+        /// [`q6k_tile`] for Q4_0, Q5_0 and Q5_1 ([`Weight::Legacy`]): per half, the nibbles, the fifth bits from their
+        /// plane at the same byte positions, the offset, once for all rows; each row's i32 sums times `d` (f16, widened
+        /// exactly) times the activations' scale, and for Q5_1 the activations' half sums times `m` the same way:
+        /// `columns_int`'s reference, in its order.
+        #[target_feature(enable = $features)]
+        fn legacy_tile<const R: usize, const HIGH: bool, const MIN: bool>(
+            weight: &Weight,
+            xq: &QuantizedRows,
+            t: usize,
+            r: usize,
+        ) -> [__m256; R] {
+            let Weight::Legacy { format, cols, d, m, qs, qh, .. } = weight else { unreachable!("legacy formats only") };
+            let bpr = cols / QK;
+            let (high, min) = (HIGH, MIN);
+            assert_eq!((high, min), (!qh.is_empty(), !m.is_empty()), "{format:?}'s planes");
+            let offset = _mm256_set1_epi8(match format {
+                BlockFormat::Q4_0 => 8,
+                BlockFormat::Q5_0 => 16,
+                _ => 0,
+            });
+            let (low4, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+            let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
+            let mut acc = [_mm256_setzero_ps(); R];
+            let qs = tile(qs, t, bpr * 128);
+            let qh = if high { tile(qh, t, bpr.div_ceil(4) * 128) } else { &[] };
+            let d = tile(d, t, bpr * TILE);
+            let m = if min { tile(m, t, bpr * TILE) } else { &[] };
+            let (xs, stride) = row_blocks::<R>(xq, r);
+            let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
+            for (b, q) in qs.chunks_exact(128).enumerate() {
+                let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+                let dv = load8h(&d[b * TILE..]);
+                for h in 0..HALVES {
+                    let shift = _mm_cvtsi32_si128((2 * (b % 4) + h) as i32);
+                    let mut s32 = [_mm256_setzero_si256(); R];
+                    for k in 0..4 {
+                        // In bytes (the chunk's 32 values of this half), then widened to 16-bit pairs.
+                        let v = load32u(&q[k * 32..]);
+                        let mut w8 = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4);
+                        if high {
+                            let bit =
+                                _mm256_and_si256(_mm256_srl_epi16(load32u(&qh[b / 4 * 128 + k * 32..]), shift), one);
+                            w8 = _mm256_or_si256(w8, _mm256_slli_epi16::<4>(bit));
+                        }
+                        let w = widen_bytes(_mm256_sub_epi8(w8, offset), picks);
+                        for i in 0..R {
+                            s32[i] = $pairs::<R>(
+                                s32[i],
+                                w[0],
+                                broadcast2(&x[i], 8 * h + 2 * k),
+                                w[1],
+                                broadcast2(&x[i], 8 * h + 2 * k + 1),
+                            );
+                        }
+                    }
+                    for i in 0..R {
+                        let xd = _mm256_set1_ps(x[i].d);
+                        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]), _mm256_mul_ps(dv, xd), acc[i]);
+                        if min {
+                            let xsum = _mm256_set1_ps(isums[(i * bpr + b) * HALVES + h] as f32);
+                            acc[i] = _mm256_fmadd_ps(xsum, _mm256_mul_ps(load8h(&m[b * TILE..]), xd), acc[i]);
+                        }
+                    }
+                }
+            }
+            acc
+        }
+
+        /// The pair products of chunks `ks` of one block of a Q8_0-layout tile (chunk `k` holds elements `4k..4k + 4` of
+        /// every feature: activation pairs `2k` and `2k + 1`), each sign-extended once for all rows to 16-bit pairs, into
+        /// each row's i32 sums `s` (exact). Shared by Q8_0 (all eight chunks) and the unpacked block formats (four per
+        /// 16-value half).
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn chunk_sums<const R: usize>(
+            q: &[i8],
+            x: &[XBlock; R],
+            ks: std::ops::Range<usize>,
+            (pick_a, pick_b): (__m256i, __m256i),
+            s: &mut [__m256i; R],
+        ) {
+            for k in ks {
+                let v = load32(&q[k * 32..]);
+                let a = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_a));
+                let b = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_b));
+                for i in 0..R {
+                    s[i] = $pairs::<R>(s[i], a, broadcast2(&x[i], 2 * k), b, broadcast2(&x[i], 2 * k + 1));
+                }
+            }
+        }
+
+        /// [`q4_1_tile`] for Q8_0: per block, a chunk of four elements of all eight features at a time, sign-extended once
+        /// for all rows to 16-bit pairs, each row's pair products summed in i32 (exact: at most 32 * 128 * 32767), then
+        /// the scales as one fused multiply-add: `columns_int`'s Q8_0 reference.
+        #[target_feature(enable = $features)]
+        fn q8_0_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
+            let Weight::Q8_0 { cols, d, qs, .. } = weight else { unreachable!("Q8_0 only") };
+            let bpr = cols / QK;
+            let (pick_a, pick_b) = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
+            let mut acc = [_mm256_setzero_ps(); R];
+            let qs = tile(qs, t, bpr * 256);
+            let d = tile(d, t, bpr * TILE);
+            let (xs, stride) = row_blocks::<R>(xq, r);
+            for (b, (q, dv)) in qs.chunks_exact(256).zip(d.chunks_exact(TILE)).enumerate() {
+                let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+                let mut s = [_mm256_setzero_si256(); R];
+                chunk_sums(q, x, 0..8, (pick_a, pick_b), &mut s);
+                let dw = load8f(dv);
+                for i in 0..R {
+                    acc[i] =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(dw, _mm256_set1_ps(x[i].d)), acc[i]);
+                }
+            }
+            acc
+        }
+        /// [`super::super::portable::columns_blocks`] in AVX2.
+        #[target_feature(enable = $features)]
+        pub(super) fn columns_blocks(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+            let Weight::Blocks { format, rows, cols, raw } = weight else { unreachable!("block formats only") };
+            let mut buf = TileBuf::default();
+            let end = c0 + out[0].len();
+            for t in c0 / TILE..end.div_ceil(TILE) {
+                // Unpacked once, read by every group of rows while it sits in L1.
+                unpack_avx2(&mut buf, *format, raw, *rows, *cols, t);
+                let min = format.has_min();
+                tile_row_groups(out, c0, t, |n, r, acc| by_rows!(n, block_rows(&buf, min, xq, r, acc)));
+            }
+        }
+
+        /// The unpacked tile for batch rows `r..r + R` into `acc[..R]`: per block and half, four chunks of four elements
+        /// of all eight features, sign-extended once for all rows to 16-bit pairs, each row's pair products summed in
+        /// i32 (exact: at most 16 * 128 * 32767), then the scale (and the minimum) as fused multiply-adds.
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn block_rows<const R: usize>(buf: &TileBuf, min: bool, xq: &QuantizedRows, r: usize, acc: &mut [__m256]) {
+            let bpr = xq.blocks_per_row;
+            let (pick_a, pick_b) = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
+            let mut a = [_mm256_setzero_ps(); R];
+            let (xs, stride) = row_blocks::<R>(xq, r);
+            let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
+            for (b, q) in buf.q.chunks_exact(8 * 32).enumerate().take(bpr) {
+                let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+                for h in 0..HALVES {
+                    let mut s = [_mm256_setzero_si256(); R];
+                    chunk_sums(q, x, 4 * h..4 * h + 4, (pick_a, pick_b), &mut s);
+                    let at = tile_s_at(b, h, 0);
+                    let sw = load8f(&buf.s[at..]);
+                    for i in 0..R {
+                        a[i] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(sw, _mm256_set1_ps(x[i].d)), a[i]);
+                    }
+                    if min {
+                        let mw = load8f(&buf.m[at..]);
+                        for i in 0..R {
+                            let xs = _mm256_set1_ps(isums[(i * bpr + b) * HALVES + h] as f32);
+                            a[i] = _mm256_fmadd_ps(xs, _mm256_mul_ps(mw, _mm256_set1_ps(x[i].d)), a[i]);
+                        }
+                    }
+                }
+            }
+            debug_assert_eq!(buf.q.len(), bpr * QK * 8);
+            acc[..R].copy_from_slice(&a);
+        }
+    };
+}
