@@ -92,9 +92,10 @@ fn main() {
                 block[at..at + 2].copy_from_slice(&half::f16::from_f32(0.01).to_le_bytes());
             }
         }
-        // Q4_0, Q5_0, Q5_1, Q4_K and Q6_K as the loader keeps them (tiled), and as the other block formats run (unpacked per step).
+        // Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K as the loader keeps them (tiled), and as the other block formats run (unpacked per step).
         let tiled = match format {
             BlockFormat::Q4K => Some(Weight::from_q4_k(rows, cols, &raw).expect("Q4_K weight")),
+            BlockFormat::Q5K => Some(Weight::from_q5_k(rows, cols, &raw).expect("Q5_K weight")),
             BlockFormat::Q6K => Some(Weight::from_q6_k(rows, cols, &raw).expect("Q6_K weight")),
             BlockFormat::Q4_0 | BlockFormat::Q5_0 | BlockFormat::Q5_1 => {
                 Some(Weight::from_legacy(format, rows, cols, &raw).expect("legacy weight"))

@@ -125,12 +125,12 @@ fn a_file_mixing_every_format_loads_each_natively_close_to_the_float_path() {
     assert_eq!(got, want, "each matrix in the file's own format");
     assert!(float.llama.matrices().all(|w| w.format_name() == "F32"));
     // The 16-bit floats and the block formats kept as blocks hold exactly the file's bytes; those repacked for
-    // their kernels (Q4_0, Q5_0, Q5_1, Q4_K, Q6_K) at most 6% more, their last tile of eight features padded.
+    // their kernels (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) at most 6% more, their last tile of eight features padded.
     for (w, (tensor, (rows, cols), ty)) in native.llama.matrices().zip(&plan) {
         let file = |rows: usize| rows * cols / ty.block_size() * ty.type_size();
         match ty {
             GgmlDType::Q4_1 | GgmlDType::Q8_0 | GgmlDType::F32 => {}
-            GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q4K | GgmlDType::Q6K => {
+            GgmlDType::Q4_0 | GgmlDType::Q5_0 | GgmlDType::Q5_1 | GgmlDType::Q4K | GgmlDType::Q5K | GgmlDType::Q6K => {
                 let bound = file(rows.next_multiple_of(8)) as f64 * 1.06;
                 assert!(w.memory_bytes() >= file(*rows) && w.memory_bytes() as f64 <= bound, "{tensor}");
             }

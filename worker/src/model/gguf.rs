@@ -165,7 +165,7 @@ fn from_bytes(name: &str, dtype: GgmlDType, rows: usize, cols: usize, data: &[u8
         GgmlDType::Q2K => blocks(BlockFormat::Q2K),
         GgmlDType::Q3K => blocks(BlockFormat::Q3K),
         GgmlDType::Q4K => Weight::from_q4_k(rows, cols, data).map_err(bad),
-        GgmlDType::Q5K => blocks(BlockFormat::Q5K),
+        GgmlDType::Q5K => Weight::from_q5_k(rows, cols, data).map_err(bad),
         GgmlDType::Q6K => Weight::from_q6_k(rows, cols, data).map_err(bad),
         GgmlDType::F16 => half(false),
         GgmlDType::BF16 => half(true),

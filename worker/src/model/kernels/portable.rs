@@ -44,17 +44,16 @@ pub(super) fn columns_int(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &
                     }
                     acc
                 }
-                Weight::Q4K { d, dmin, sc, mn, qs, .. } => {
-                    // `columns_blocks`' Q4_K arithmetic: per half, the integer sum times `s = d * sc` and the
-                    // activations' half sum times `m = -(dmin * mn)`, each times the activations' scale.
+                Weight::Q4K { d, dmin, sc, mn, .. } => {
+                    // `columns_blocks`' Q4_K and Q5_K arithmetic: per half, the integer sum times `s = d * sc` and
+                    // the activations' half sum times `m = -(dmin * mn)`, each times the activations' scale.
                     let mut acc = 0f32;
                     for b in 0..bpr {
                         let x = &xq.blocks[xq.index(r, b)];
                         let (mut lo, mut hi) = (0i32, 0i32);
                         for j in 0..16 {
-                            let q = qs[q4_1_byte(bpr, c, b, j)];
-                            lo += i32::from(q & 0x0f) * i32::from(x.q[j]);
-                            hi += i32::from(q >> 4) * i32::from(x.q[j + 16]);
+                            lo += i32::from(weight.k_min_at(c, b, j)) * i32::from(x.q[j]);
+                            hi += i32::from(weight.k_min_at(c, b, j + 16)) * i32::from(x.q[j + 16]);
                         }
                         let (at, sb) = (tile_scale(bpr, c, b), tile_scale(bpr / 8, c, b / 8));
                         let s = d[sb] * f32::from(sc[at]);

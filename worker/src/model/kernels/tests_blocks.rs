@@ -127,8 +127,9 @@ fn repacked_formats_compute_what_the_file_blocks_compute_bit_for_bit() {
     let mut seed = 11;
     type Repack = fn(usize, usize, &[u8]) -> Result<Weight, WeightError>;
     // Each with its bytes per 256 values and feature.
-    let repacks: [(BlockFormat, Repack, usize); 5] = [
+    let repacks: [(BlockFormat, Repack, usize); 6] = [
         (BlockFormat::Q4K, Weight::from_q4_k, 152),
+        (BlockFormat::Q5K, Weight::from_q5_k, 184),
         (BlockFormat::Q6K, Weight::from_q6_k, 212),
         (BlockFormat::Q4_0, |r, c, raw| Weight::from_legacy(BlockFormat::Q4_0, r, c, raw), 144),
         (BlockFormat::Q5_0, |r, c, raw| Weight::from_legacy(BlockFormat::Q5_0, r, c, raw), 176),

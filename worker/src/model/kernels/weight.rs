@@ -39,11 +39,12 @@ pub enum Weight {
         /// `4k..4k + 4` of feature `j`'s block.
         qs: Vec<i8>,
     },
-    /// GGUF Q4_K repacked for a kernel that reads it directly: per block of 32, `x = d * sc * q - dmin * mn` with
-    /// 4-bit `q`, 6-bit `sc` and `mn`, and `d` and `dmin` per super-block of 256 (f16 in the file, exact in f32).
-    /// The nibbles tiled as Q4_1's (low nibbles elements 0..16, high ones 16..32), so the kernel unpacks nothing
-    /// per step; 152 bytes per 256 values and feature where the file has 144. Computes what [`Weight::Blocks`]
-    /// computes for the same file, bit for bit.
+    /// GGUF Q4_K or Q5_K repacked for a kernel that reads it directly: per block of 32, `x = d * sc * q - dmin *
+    /// mn` with 4-bit (5-bit) `q`, 6-bit `sc` and `mn`, and `d` and `dmin` per super-block of 256 (f16 in the file,
+    /// exact in f32). The nibbles tiled as Q4_1's (low nibbles elements 0..16, high ones 16..32), Q5_K's fifth
+    /// bits in a plane as [`Weight::Legacy`]'s, so the kernel unpacks nothing per step; 152 (184) bytes per 256
+    /// values and feature where the file has 144 (176). Computes what [`Weight::Blocks`] computes for the same
+    /// file, bit for bit.
     Q4K {
         /// Output features.
         rows: usize,
@@ -59,6 +60,8 @@ pub enum Weight {
         mn: Vec<u8>,
         /// Nibbles, laid out as Q4_1's `qs`.
         qs: Vec<u8>,
+        /// Q5_K's fifth bits, laid out as [`Weight::Legacy`]'s `qh` (empty for Q4_K).
+        qh: Vec<u8>,
     },
     /// GGUF Q6_K repacked for a kernel that reads it directly: `x = d * sc * (q - 32)` with 6-bit `q`, an 8-bit
     /// signed `sc` per 16 values and `d` per super-block of 256 (f16 in the file, exact in f32). Each value's low
@@ -191,6 +194,18 @@ fn check_blocks(
     Ok(blocks)
 }
 
+/// The fifth bits of elements `e` and `16 + e` (0..16) of feature `c`'s block `b` into a fifth-bit plane
+/// ([`Weight::Legacy`]'s `qh`): bits `2 * (b % 4)` and `2 * (b % 4) + 1` of the byte at the nibbles' position.
+fn set_fifth_bits(qh: &mut [u8], bpr: usize, c: usize, b: usize, e: usize, (low, high): (u8, u8)) {
+    qh[q4_1_byte(bpr.div_ceil(4), c, b / 4, e)] |= (low | (high << 1)) << (2 * (b % 4));
+}
+
+/// The fifth bit of element `i` (0..32) of feature `c`'s block `b` in a fifth-bit plane.
+#[inline(always)]
+fn fifth_bit(qh: &[u8], bpr: usize, c: usize, b: usize, i: usize) -> u8 {
+    (qh[q4_1_byte(bpr.div_ceil(4), c, b / 4, i % 16)] >> (2 * (b % 4) + i / 16)) & 1
+}
+
 /// Check that `raw` holds exactly the `rows x cols` blocks of `format`.
 fn check_super_blocks(format: BlockFormat, rows: usize, cols: usize, raw: &[u8]) -> Result<(), WeightError> {
     let err = |problem: String| WeightError { format: format.name(), rows, cols, problem };
@@ -243,28 +258,43 @@ impl Weight {
     /// Parse raw GGUF Q4_K super-blocks (144 bytes each: f16 d and dmin, 12 bytes of packed 6-bit scales and
     /// minimums, 128 bytes of nibbles) into [`Weight::Q4K`].
     pub fn from_q4_k(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
-        check_super_blocks(BlockFormat::Q4K, rows, cols, raw)?;
+        Weight::from_k_min(BlockFormat::Q4K, rows, cols, raw)
+    }
+
+    /// Parse raw GGUF Q5_K super-blocks (176 bytes each: Q4_K's and 32 bytes of fifth bits) into [`Weight::Q4K`].
+    pub fn from_q5_k(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
+        Weight::from_k_min(BlockFormat::Q5K, rows, cols, raw)
+    }
+
+    fn from_k_min(format: BlockFormat, rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
+        check_super_blocks(format, rows, cols, raw)?;
+        let high = format == BlockFormat::Q5K;
         let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
         let mut d = vec![0f32; tiles * bpr / 8 * TILE];
         let mut dmin = vec![0f32; d.len()];
         let mut sc = vec![0u8; tiles * bpr * TILE];
         let mut mn = vec![0u8; sc.len()];
         let mut qs = vec![0u8; tiles * bpr * 128];
-        for (i, block) in raw.chunks_exact(144).enumerate() {
+        let mut qh = vec![0u8; if high { tiles * bpr.div_ceil(4) * 128 } else { 0 }];
+        let mut q = [0i8; 256];
+        for (i, block) in raw.chunks_exact(format.bytes()).enumerate() {
             let (c, sb) = (i / (bpr / 8), i % (bpr / 8));
             d[tile_scale(bpr / 8, c, sb)] = f16_at(block, 0);
             dmin[tile_scale(bpr / 8, c, sb)] = f16_at(block, 2);
+            format.quants(block, &mut q);
             for k in 0..8 {
                 let b = sb * 8 + k;
                 (sc[tile_scale(bpr, c, b)], mn[tile_scale(bpr, c, b)]) = k_scale_min(&block[4..16], k);
-                // Block k's values are group k / 2's 32 bytes, low nibbles for even k, high for odd.
-                let nib = |e: usize| (block[16 + (k / 2) * 32 + e] >> (4 * (k % 2))) & 0x0f;
+                let u = |e: usize| q[k * QK + e] as u8;
                 for e in 0..16 {
-                    qs[q4_1_byte(bpr, c, b, e)] = nib(e) | (nib(e + 16) << 4);
+                    qs[q4_1_byte(bpr, c, b, e)] = (u(e) & 0x0f) | ((u(e + 16) & 0x0f) << 4);
+                    if high {
+                        set_fifth_bits(&mut qh, bpr, c, b, e, (u(e) >> 4, u(e + 16) >> 4));
+                    }
                 }
             }
         }
-        Ok(Weight::Q4K { rows, cols, d, dmin, sc, mn, qs })
+        Ok(Weight::Q4K { rows, cols, d, dmin, sc, mn, qs, qh })
     }
 
     /// Parse raw GGUF Q6_K super-blocks (210 bytes each: 128 bytes of low nibbles, 64 of high bit pairs, 16
@@ -326,8 +356,7 @@ impl Weight {
             for (e, &byte) in nibbles.iter().enumerate() {
                 qs[q4_1_byte(bpr, c, b, e)] = byte;
                 if high {
-                    let pair = ((bits >> e) & 1) | (((bits >> (e + 16)) & 1) << 1);
-                    qh[q4_1_byte(bpr.div_ceil(4), c, b / 4, e)] |= (pair as u8) << (2 * (b % 4));
+                    set_fifth_bits(&mut qh, bpr, c, b, e, (((bits >> e) & 1) as u8, ((bits >> (e + 16)) & 1) as u8));
                 }
             }
         }
@@ -407,17 +436,15 @@ impl Weight {
                     }
                 }
             }
-            Weight::Q4K { cols, d, dmin, sc, mn, qs, .. } => {
+            Weight::Q4K { cols, d, dmin, sc, mn, .. } => {
                 // `BlockFormat::row`'s arithmetic: `s * q + m`, with `s = d * sc` and `m = -(dmin * mn)`.
                 let bpr = cols / QK;
                 for b in 0..bpr {
                     let (at, sb) = (tile_scale(bpr, r, b), tile_scale(bpr / 8, r, b / 8));
                     let s = d[sb] * f32::from(sc[at]);
                     let m = -(dmin[sb] * f32::from(mn[at]));
-                    for j in 0..16 {
-                        let q = qs[q4_1_byte(bpr, r, b, j)];
-                        out[b * QK + j] = s * f32::from(q & 0x0f) + m;
-                        out[b * QK + j + 16] = s * f32::from(q >> 4) + m;
+                    for (i, o) in out[b * QK..(b + 1) * QK].iter_mut().enumerate() {
+                        *o = s * f32::from(self.k_min_at(r, b, i)) + m;
                     }
                 }
             }
@@ -449,7 +476,7 @@ impl Weight {
         match self {
             Weight::Q4_1 { .. } => "Q4_1",
             Weight::Q8_0 { .. } => "Q8_0",
-            Weight::Q4K { .. } => "Q4_K",
+            Weight::Q4K { qh, .. } => ["Q5_K", "Q4_K"][usize::from(qh.is_empty())],
             Weight::Q6K { .. } => "Q6_K",
             Weight::Legacy { format, .. } => format.name(),
             Weight::Blocks { format, .. } => format.name(),
@@ -464,13 +491,24 @@ impl Weight {
         match self {
             Weight::Q4_1 { d, m, qs, .. } => 4 * (d.len() + m.len()) + qs.len(),
             Weight::Q8_0 { d, qs, .. } => 4 * d.len() + qs.len(),
-            Weight::Q4K { d, dmin, sc, mn, qs, .. } => 4 * (d.len() + dmin.len()) + sc.len() + mn.len() + qs.len(),
+            Weight::Q4K { d, dmin, sc, mn, qs, qh, .. } => {
+                4 * (d.len() + dmin.len()) + sc.len() + mn.len() + qs.len() + qh.len()
+            }
             Weight::Q6K { d, sc, ql, qh, .. } => 4 * d.len() + sc.len() + ql.len() + qh.len(),
             Weight::Legacy { d, m, qs, qh, .. } => 2 * (d.len() + m.len()) + qs.len() + qh.len(),
             Weight::Blocks { raw, .. } => raw.len(),
             Weight::Half { w, .. } => 2 * w.len(),
             Weight::F32 { w, .. } => 4 * w.len(),
         }
+    }
+
+    /// Element `i` (0..32) of feature `c`'s block `b` of a [`Weight::Q4K`]: its 4- or 5-bit integer.
+    #[inline(always)]
+    pub(super) fn k_min_at(&self, c: usize, b: usize, i: usize) -> u8 {
+        let Weight::Q4K { cols, qs, qh, .. } = self else { unreachable!("Q4_K and Q5_K only") };
+        let bpr = cols / QK;
+        let low = (qs[q4_1_byte(bpr, c, b, i % 16)] >> (4 * (i / 16))) & 0x0f;
+        low | if qh.is_empty() { 0 } else { fifth_bit(qh, bpr, c, b, i) << 4 }
     }
 
     /// Element `i` (0..32) of feature `c`'s block `b` of a [`Weight::Q6K`]: its scale `d * sc` and its signed
@@ -495,10 +533,7 @@ impl Weight {
         let bpr = cols / QK;
         let (e, h) = (i % 16, i / 16);
         let low = (qs[q4_1_byte(bpr, c, b, e)] >> (4 * h)) & 0x0f;
-        let high = match qh.is_empty() {
-            true => 0,
-            false => (qh[q4_1_byte(bpr.div_ceil(4), c, b / 4, e)] >> (2 * (b % 4) + h)) & 1,
-        };
+        let high = if qh.is_empty() { 0 } else { fifth_bit(qh, bpr, c, b, i) };
         let offset = match format {
             BlockFormat::Q4_0 => 8,
             BlockFormat::Q5_0 => 16,

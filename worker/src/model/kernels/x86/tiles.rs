@@ -42,7 +42,8 @@ macro_rules! tile_kernels {
         fn tile_rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize, acc: &mut [__m256]) {
             let rows = match weight {
                 Weight::Q4_1 { .. } => q4_1_tile::<R>(weight, xq, t, r),
-                Weight::Q4K { .. } => q4k_tile::<R>(weight, xq, t, r),
+                Weight::Q4K { qh, .. } if qh.is_empty() => q4k_tile::<R, false>(weight, xq, t, r),
+                Weight::Q4K { .. } => q4k_tile::<R, true>(weight, xq, t, r),
                 Weight::Q6K { .. } => q6k_tile::<R>(weight, xq, t, r),
                 // The fifth bits and the minimum as constants: each format's loop without their branches.
                 Weight::Legacy { format: BlockFormat::Q4_0, .. } => legacy_tile::<R, false, false>(weight, xq, t, r),
@@ -104,11 +105,21 @@ macro_rules! tile_kernels {
         /// [`q4_1_tile`] for Q4_K ([`Weight::Q4K`]): the same nibbles, one 16-value half at a time (low nibbles, then
         /// high), each half's i32 sums times `d * sc` and the activations' half sums times `-(dmin * mn)` (the block's
         /// 6-bit scales widened for all eight features at once), times the activations' scale, as fused multiply-adds:
-        /// `columns_int`'s Q4_K reference, in its order.
+        /// `columns_int`'s Q4_K reference, in its order. Q5_K (`HIGH`): the nibbles and the fifth bits joined in
+        /// bytes, as [`legacy_tile`] does.
         #[target_feature(enable = $features)]
-        fn q4k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
-            let Weight::Q4K { cols, d, dmin, sc, mn, qs, .. } = weight else { unreachable!("Q4_K only") };
+        fn q4k_tile<const R: usize, const HIGH: bool>(
+            weight: &Weight,
+            xq: &QuantizedRows,
+            t: usize,
+            r: usize,
+        ) -> [__m256; R] {
+            let Weight::Q4K { cols, d, dmin, sc, mn, qs, qh, .. } = weight else { unreachable!("Q4_K, Q5_K only") };
             let bpr = cols / QK;
+            assert_eq!(HIGH, !qh.is_empty(), "the fifth-bit plane");
+            let qh = if HIGH { tile(qh, t, bpr.div_ceil(4) * 128) } else { &[] };
+            let (low4_8, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+            let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
             let low4 = _mm256_set1_epi16(0x0f);
             let sign = _mm256_set1_ps(-0.0);
             let (pick_a, pick_b) = (shuffle(&PICK_A), shuffle(&PICK_B));
@@ -127,13 +138,21 @@ macro_rules! tile_kernels {
                     let mut s32 = [_mm256_setzero_si256(); R];
                     // Chunk k: elements 4k..4k + 4 (low nibbles: activation pairs 2k, 2k + 1) or 16 + 4k.. (high: 8 + 2k,
                     // 9 + 2k) of every feature.
+                    let shift = _mm_cvtsi32_si128((2 * (b % 4) + h) as i32);
                     for k in 0..4 {
                         let v = load32u(&q[k * 32..]);
-                        let (a, c) = (_mm256_shuffle_epi8(v, pick_a), _mm256_shuffle_epi8(v, pick_b));
-                        let w = if h == 0 {
-                            [_mm256_and_si256(a, low4), _mm256_and_si256(c, low4)]
+                        let w = if HIGH {
+                            let nib = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4_8);
+                            let plane = load32u(&qh[b / 4 * 128 + k * 32..]);
+                            let bit = _mm256_and_si256(_mm256_srl_epi16(plane, shift), one);
+                            widen_bytes(_mm256_or_si256(nib, _mm256_slli_epi16::<4>(bit)), picks)
                         } else {
-                            [_mm256_srli_epi16::<4>(a), _mm256_srli_epi16::<4>(c)]
+                            let (a, c) = (_mm256_shuffle_epi8(v, pick_a), _mm256_shuffle_epi8(v, pick_b));
+                            if h == 0 {
+                                [_mm256_and_si256(a, low4), _mm256_and_si256(c, low4)]
+                            } else {
+                                [_mm256_srli_epi16::<4>(a), _mm256_srli_epi16::<4>(c)]
+                            }
                         };
                         for i in 0..R {
                             s32[i] = $pairs::<R>(
