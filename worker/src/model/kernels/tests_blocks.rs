@@ -87,6 +87,32 @@ fn activations(n: usize, cols: usize, seed: &mut u64) -> Vec<f32> {
     x
 }
 
+/// `kernel`'s output for `n` batch rows of `rows` features.
+fn run(n: usize, rows: usize, kernel: &dyn Fn(&mut [&mut [f32]])) -> Vec<f32> {
+    let mut vals = vec![0f32; n * rows];
+    kernel(&mut vals.chunks_mut(rows).collect::<Vec<_>>());
+    vals
+}
+
+/// A level's kernel from output column `c0`.
+#[cfg(target_arch = "x86_64")]
+type LevelKernel<'a> = &'a dyn Fn(Isa, usize, &mut [&mut [f32]]);
+
+/// Every SIMD level this CPU runs gives `reference` bit for bit through `kernel(isa, c0, out)`: the whole output,
+/// and split at column 3 (inside the first tile, as a task split would start).
+#[cfg(target_arch = "x86_64")]
+fn every_level_matches(reference: &[f32], n: usize, rows: usize, what: &str, kernel: LevelKernel<'_>) {
+    for isa in Isa::simd_levels_here() {
+        assert_eq!(run(n, rows, &|out| kernel(isa, 0, out)), reference, "{what} {isa:?}, {n} rows");
+        let split = run(n, rows, &|out| {
+            let mut parts: (Vec<&mut [f32]>, Vec<&mut [f32]>) = out.iter_mut().map(|row| row.split_at_mut(3)).unzip();
+            kernel(isa, 0, &mut parts.0);
+            kernel(isa, 3, &mut parts.1);
+        });
+        assert_eq!(split, reference, "{what} {isa:?} split, {n} rows");
+    }
+}
+
 #[test]
 fn block_format_kernels_agree_bit_for_bit_at_every_level_and_batch_size() {
     // 37 features: a last tile of five; 512 inputs: two super-blocks.
@@ -99,25 +125,12 @@ fn block_format_kernels_agree_bit_for_bit_at_every_level_and_batch_size() {
         weight.matmul(&x, 16, &mut batched);
         for n in [1, 3, 9, 16] {
             let xq = QuantizedRows::quantize(&x[..n * cols], cols, group_quantizer());
-            let run = |kernel: &dyn Fn(&mut [&mut [f32]])| {
-                let mut vals = vec![0f32; n * rows];
-                kernel(&mut vals.chunks_mut(rows).collect::<Vec<_>>());
-                vals
-            };
-            let reference = run(&|out| columns_blocks(&weight, &xq, 0, out));
+            let reference = run(n, rows, &|out| columns_blocks(&weight, &xq, 0, out));
             assert_eq!(reference, batched[..n * rows], "{}: {n} rows alone vs in a batch of 16", format.name());
             #[cfg(target_arch = "x86_64")]
-            for isa in Isa::simd_levels_here() {
-                assert_eq!(run(&|out| x86::columns_blocks(isa, &weight, &xq, 0, out)), reference, "{isa:?}");
-                // From a column inside the first tile, as a task split would start.
-                let split = run(&|out| {
-                    let mut parts: (Vec<&mut [f32]>, Vec<&mut [f32]>) =
-                        out.iter_mut().map(|row| row.split_at_mut(3)).unzip();
-                    x86::columns_blocks(isa, &weight, &xq, 0, &mut parts.0);
-                    x86::columns_blocks(isa, &weight, &xq, 3, &mut parts.1);
-                });
-                assert_eq!(split, reference, "{isa:?} split");
-            }
+            every_level_matches(&reference, n, rows, format.name(), &|isa, c0, out| {
+                x86::columns_blocks(isa, &weight, &xq, c0, out)
+            });
         }
     }
 }
@@ -161,29 +174,13 @@ fn repacked_formats_compute_what_the_file_blocks_compute_bit_for_bit() {
             tiled.matmul(&x, 16, &mut batched);
             for n in [1, 3, 9, 16] {
                 let xq = QuantizedRows::quantize(&x[..n * cols], cols, group_quantizer());
-                let run = |kernel: &dyn Fn(&mut [&mut [f32]])| {
-                    let mut vals = vec![0f32; n * rows];
-                    kernel(&mut vals.chunks_mut(rows).collect::<Vec<_>>());
-                    vals
-                };
-                let reference = run(&|out| columns_blocks(&blocks, &xq, 0, out));
-                assert_eq!(run(&|out| columns_int(&tiled, &xq, 0, out)), reference, "{name} portable, {n} rows");
+                let reference = run(n, rows, &|out| columns_blocks(&blocks, &xq, 0, out));
+                assert_eq!(run(n, rows, &|out| columns_int(&tiled, &xq, 0, out)), reference, "{name} portable, {n}");
                 assert_eq!(batched[..n * rows], reference, "{name}: {n} rows alone vs in a batch of 16");
                 #[cfg(target_arch = "x86_64")]
-                for isa in Isa::simd_levels_here() {
-                    assert_eq!(
-                        run(&|out| x86::columns_int(isa, &tiled, &xq, 0, out)),
-                        reference,
-                        "{name} {isa:?}, {n}"
-                    );
-                    let split = run(&|out| {
-                        let mut parts: (Vec<&mut [f32]>, Vec<&mut [f32]>) =
-                            out.iter_mut().map(|row| row.split_at_mut(3)).unzip();
-                        x86::columns_int(isa, &tiled, &xq, 0, &mut parts.0);
-                        x86::columns_int(isa, &tiled, &xq, 3, &mut parts.1);
-                    });
-                    assert_eq!(split, reference, "{name} {isa:?} split, {n} rows");
-                }
+                every_level_matches(&reference, n, rows, name, &|isa, c0, out| {
+                    x86::columns_int(isa, &tiled, &xq, c0, out)
+                });
             }
             assert!(repack(rows, cols + 16, &raw).is_err(), "{name}: not a multiple of its block");
             assert!(repack(rows, cols, &raw[1..]).is_err(), "{name}: short");

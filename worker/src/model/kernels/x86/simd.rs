@@ -192,3 +192,12 @@ pub(super) fn widen8(bytes: &[u8]) -> __m256 {
     let v = unsafe { _mm_loadl_epi64(bytes.as_ptr().cast()) };
     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
 }
+
+/// Bytes `w8` (values below 16) with bit 4 taken from bit `shift` of the plane's bytes at the same positions (a
+/// fifth-bit plane: the legacy formats' and Q5_K's).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn with_fifth_bit(w8: __m256i, plane: __m256i, shift: __m128i) -> __m256i {
+    let bit = _mm256_and_si256(_mm256_srl_epi16(plane, shift), _mm256_set1_epi8(1));
+    _mm256_or_si256(w8, _mm256_slli_epi16::<4>(bit))
+}

@@ -16,7 +16,7 @@ macro_rules! tile_kernels {
         use super::super::weight::{TILE, Weight};
         use super::simd::{
             PICK_A, PICK_A_HIGH, PICK_B, PICK_B_HIGH, broadcast2, load8f, load8h, load32, load32u, row_blocks, shuffle,
-            tile, tile_row_groups, widen_bytes, widen8, widen8_signed,
+            tile, tile_row_groups, widen_bytes, widen8, widen8_signed, with_fifth_bit,
         };
         use super::unpack::unpack_avx2;
 
@@ -118,7 +118,7 @@ macro_rules! tile_kernels {
             let bpr = cols / QK;
             assert_eq!(HIGH, !qh.is_empty(), "the fifth-bit plane");
             let qh = if HIGH { tile(qh, t, bpr.div_ceil(4) * 128) } else { &[] };
-            let (low4_8, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+            let low4_8 = _mm256_set1_epi8(0x0f);
             let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
             let low4 = _mm256_set1_epi16(0x0f);
             let sign = _mm256_set1_ps(-0.0);
@@ -143,9 +143,7 @@ macro_rules! tile_kernels {
                         let v = load32u(&q[k * 32..]);
                         let w = if HIGH {
                             let nib = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4_8);
-                            let plane = load32u(&qh[b / 4 * 128 + k * 32..]);
-                            let bit = _mm256_and_si256(_mm256_srl_epi16(plane, shift), one);
-                            widen_bytes(_mm256_or_si256(nib, _mm256_slli_epi16::<4>(bit)), picks)
+                            widen_bytes(with_fifth_bit(nib, load32u(&qh[b / 4 * 128 + k * 32..]), shift), picks)
                         } else {
                             let (a, c) = (_mm256_shuffle_epi8(v, pick_a), _mm256_shuffle_epi8(v, pick_b));
                             if h == 0 {
@@ -154,15 +152,7 @@ macro_rules! tile_kernels {
                                 [_mm256_srli_epi16::<4>(a), _mm256_srli_epi16::<4>(c)]
                             }
                         };
-                        for i in 0..R {
-                            s32[i] = $pairs::<R>(
-                                s32[i],
-                                w[0],
-                                broadcast2(&x[i], 8 * h + 2 * k),
-                                w[1],
-                                broadcast2(&x[i], 8 * h + 2 * k + 1),
-                            );
-                        }
+                        chunk_rows(&mut s32, w, x, 4 * h + k);
                     }
                     for i in 0..R {
                         let xd = _mm256_set1_ps(x[i].d);
@@ -206,15 +196,7 @@ macro_rules! tile_kernels {
                             _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16::<4>(high)), offset),
                             picks,
                         );
-                        for i in 0..R {
-                            s32[i] = $pairs::<R>(
-                                s32[i],
-                                w[0],
-                                broadcast2(&x[i], 8 * h + 2 * k),
-                                w[1],
-                                broadcast2(&x[i], 8 * h + 2 * k + 1),
-                            );
-                        }
+                        chunk_rows(&mut s32, w, x, 4 * h + k);
                     }
                     for i in 0..R {
                         acc[i] = _mm256_fmadd_ps(
@@ -248,7 +230,7 @@ macro_rules! tile_kernels {
                 BlockFormat::Q5_0 => 16,
                 _ => 0,
             });
-            let (low4, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+            let low4 = _mm256_set1_epi8(0x0f);
             let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
             let mut acc = [_mm256_setzero_ps(); R];
             let qs = tile(qs, t, bpr * 128);
@@ -268,20 +250,10 @@ macro_rules! tile_kernels {
                         let v = load32u(&q[k * 32..]);
                         let mut w8 = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4);
                         if high {
-                            let bit =
-                                _mm256_and_si256(_mm256_srl_epi16(load32u(&qh[b / 4 * 128 + k * 32..]), shift), one);
-                            w8 = _mm256_or_si256(w8, _mm256_slli_epi16::<4>(bit));
+                            w8 = with_fifth_bit(w8, load32u(&qh[b / 4 * 128 + k * 32..]), shift);
                         }
                         let w = widen_bytes(_mm256_sub_epi8(w8, offset), picks);
-                        for i in 0..R {
-                            s32[i] = $pairs::<R>(
-                                s32[i],
-                                w[0],
-                                broadcast2(&x[i], 8 * h + 2 * k),
-                                w[1],
-                                broadcast2(&x[i], 8 * h + 2 * k + 1),
-                            );
-                        }
+                        chunk_rows(&mut s32, w, x, 4 * h + k);
                     }
                     for i in 0..R {
                         let xd = _mm256_set1_ps(x[i].d);
@@ -294,6 +266,16 @@ macro_rules! tile_kernels {
                 }
             }
             acc
+        }
+
+        /// Each row's pair products of one chunk's two vectors of 16-bit weight pairs `w` with its activation pairs
+        /// `2p` and `2p + 1`, into its i32 sums `s` (exact).
+        #[target_feature(enable = $features)]
+        #[inline]
+        fn chunk_rows<const R: usize>(s: &mut [__m256i; R], w: [__m256i; 2], x: &[XBlock; R], p: usize) {
+            for i in 0..R {
+                s[i] = $pairs::<R>(s[i], w[0], broadcast2(&x[i], 2 * p), w[1], broadcast2(&x[i], 2 * p + 1));
+            }
         }
 
         /// The pair products of chunks `ks` of one block of a Q8_0-layout tile (chunk `k` holds elements `4k..4k + 4` of
@@ -313,9 +295,7 @@ macro_rules! tile_kernels {
                 let v = load32(&q[k * 32..]);
                 let a = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_a));
                 let b = _mm256_srai_epi16::<8>(_mm256_shuffle_epi8(v, pick_b));
-                for i in 0..R {
-                    s[i] = $pairs::<R>(s[i], a, broadcast2(&x[i], 2 * k), b, broadcast2(&x[i], 2 * k + 1));
-                }
+                chunk_rows(s, [a, b], x, k);
             }
         }
 
