@@ -147,7 +147,7 @@ fn column_tasks(rows: usize) -> Vec<(usize, usize)> {
 /// multiply-adds in the same order, so results are identical on every machine); f32 weights run the f32 kernel.
 fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, c0: usize, out: &mut [&mut [f32]]) {
     match (xq, weight) {
-        (None, _) => with_simd(|| columns_float(weight, x, c0, out)),
+        (None, _) => with_simd(|| columns_float(weight, x, c0, out, half_widener())),
         (Some(xq), Weight::Blocks { .. }) => {
             #[cfg(target_arch = "x86_64")]
             if x86::available() {
@@ -175,6 +175,15 @@ pub fn attention(q: &[f32], slots: &[usize], keys: &[u16], values: &[u16], shape
         return x86::attention(q, slots, keys, values, shape, out);
     }
     attention_portable(q, slots, keys, values, shape, out);
+}
+
+/// The 16-bit float widener of the level in use.
+fn half_widener() -> portable::Widen {
+    #[cfg(target_arch = "x86_64")]
+    if x86::available() {
+        return x86::widen_half;
+    }
+    weight::widen_half
 }
 
 /// The row group quantizer of the level in use.

@@ -5,7 +5,7 @@ use super::QK;
 use super::blocks::{HALVES, SUB, TileBuf, tile_q_at, tile_s_at};
 use super::math::dot_f32;
 use super::quant::QuantizedRows;
-use super::weight::{TILE, Weight, q4_1_byte, q8_0_at, tile_scale, widen_half};
+use super::weight::{TILE, Weight, q4_1_byte, q8_0_at, tile_scale};
 
 /// The portable integer kernel (weight quants times 16-bit activation quants); the reference the SIMD kernel must
 /// match bit for bit. Per output, for each block in
@@ -148,10 +148,13 @@ pub(super) fn columns_blocks(weight: &Weight, xq: &QuantizedRows, c0: usize, out
     }
 }
 
-/// The float kernel (f32, f16 and bf16 weights): each weight row widened to f32 (exactly), then eight lanes per
-/// batch row in a fixed order.
+/// Widens 16-bit float bits to f32 (`bf16` or IEEE half), exactly: [`widen_half`] or a SIMD level's copy of it.
+pub(super) type Widen = fn(bool, &[u16], &mut [f32]);
+
+/// The float kernel (f32, f16 and bf16 weights): each weight row widened to f32 (exactly, by `widen`), then eight
+/// lanes per batch row in a fixed order.
 #[inline(always)]
-pub(super) fn columns_float(weight: &Weight, x: &[f32], c0: usize, out: &mut [&mut [f32]]) {
+pub(super) fn columns_float(weight: &Weight, x: &[f32], c0: usize, out: &mut [&mut [f32]], widen: Widen) {
     let cols = weight.cols();
     let mut wide = Vec::new();
     // Weight row outside, batch rows inside: a weight row is read from memory once per step, not once per row.
@@ -161,7 +164,7 @@ pub(super) fn columns_float(weight: &Weight, x: &[f32], c0: usize, out: &mut [&m
             Weight::F32 { w, .. } => &w[c * cols..(c + 1) * cols],
             Weight::Half { bf16, w, .. } => {
                 wide.resize(cols, 0f32);
-                widen_half(*bf16, &w[c * cols..(c + 1) * cols], &mut wide);
+                widen(*bf16, &w[c * cols..(c + 1) * cols], &mut wide);
                 &wide[..]
             }
             _ => unreachable!("quantized weights use the integer kernels"),

@@ -209,7 +209,8 @@ fn block_format_products_match_the_dequantized_f32_kernel() {
 
 #[test]
 fn half_weights_compute_exactly_what_f32_weights_do() {
-    let (rows, cols, n) = (19, 72, 5);
+    // 75 inputs: nine vectors of eight and a tail of three.
+    let (rows, cols, n) = (19, 75, 5);
     let mut seed = 13;
     let values: Vec<f32> = (0..rows * cols).map(|_| (next(&mut seed) % 2001) as f32 / 1000.0 - 1.0).collect();
     let x = activations(n, cols, &mut seed);

@@ -193,6 +193,22 @@ pub(super) fn widen8(bytes: &[u8]) -> __m256 {
     _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
 }
 
+/// IEEE half bits widened to f32 with F16C, eight at a time (exact; the tail by the inline scalar conversion).
+#[target_feature(enable = "avx2,f16c")]
+pub(super) fn widen_f16_f16c(bits: &[u16], out: &mut [f32]) {
+    let out = &mut out[..bits.len()];
+    let mut chunks = bits.chunks_exact(8);
+    for (c, o) in (&mut chunks).zip(out.chunks_exact_mut(8)) {
+        // SAFETY: `c` holds 16 readable bytes and the load is unaligned.
+        let v = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(c.as_ptr().cast()) });
+        store8f(o, v);
+    }
+    let done = bits.len() - chunks.remainder().len();
+    for (o, &h) in out[done..].iter_mut().zip(chunks.remainder()) {
+        *o = super::super::blocks::f16_to_f32(h);
+    }
+}
+
 /// Bytes `w8` (values below 16) with bit 4 taken from bit `shift` of the plane's bytes at the same positions (a
 /// fifth-bit plane: the legacy formats' and Q5_K's).
 #[target_feature(enable = "avx2")]
