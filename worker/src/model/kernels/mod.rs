@@ -8,10 +8,11 @@
 //!   size, the row's place in the batch, or the thread that runs it; so a sequence gets bit-identical logits alone
 //!   or batched, which makes seeded sampling reproducible and the response cache safe.
 //!
-//! Quantized weights stay quantized in memory (GGUF Q4_1 and Q8_0, the formats of the bundled model). Each
-//! activation row is quantized per block of 32 to 16-bit integers on its own, and every block product is an exact
-//! integer dot product, scaled and accumulated in a fixed order (AVX2 where the CPU has it, portable code
-//! otherwise, the same bits at every level). Other formats are dequantized to f32 at load and use the f32 kernel.
+//! Quantized weights stay quantized in memory: Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K repacked at load
+//! into tiles their kernels read directly, Q2_K and Q3_K as the file's blocks (unpacked a tile per step); f16 and
+//! bf16 as 16-bit floats. Each activation row is quantized per block of 32 to 16-bit integers on its own, and every
+//! block product is an exact integer dot product, scaled and accumulated in a fixed order (AVX-512 VNNI or AVX2
+//! where the CPU has it, portable code otherwise, the same bits at every level).
 //! Attention over the f16 KV cache and the `exp` the model needs live here too, under the same rules.
 //!
 //! This file holds every instruction-set dispatch (matmul columns, activation quantization, attention, and
@@ -23,7 +24,8 @@
 //! - `quant.rs`: activations quantized to 16-bit blocks, laid out for the kernels;
 //! - `portable.rs`: the reference matmul kernels every SIMD level must match bit for bit;
 //! - `attention.rs`: the reference attention over the f16 KV cache and the pieces every level shares;
-//! - `x86/`: the AVX2 code, the only place in the worker allowed `unsafe`.
+//! - `blocks.rs`: the GGUF block formats' decoding, the reference the repacked layouts are checked against;
+//! - `x86/`: the SIMD levels (AVX2, AVX-512), the only place in the worker allowed `unsafe`.
 
 mod attention;
 mod blocks;
