@@ -60,9 +60,18 @@ pub const QK: usize = 32;
 /// Output features per tile of the tiled weight layouts (Q4_1, Q8_0, and the block formats' unpacked tiles).
 const TILE: usize = 8;
 
-/// Parallel tasks per pool thread for one matmul: enough that threads finish together, few enough to amortise
-/// scheduling.
+/// Parallel tasks per pool thread for one matmul of a few rows (a decode step of up to [`FEW_ROWS`] sequences):
+/// each task's work is small, so hand-offs weigh more than uneven finishes. Two rather than four: SmolLM2 Q4_K_M
+/// at one sequence 1.05x the tokens/s (`zl-worker bench`, medians of nine alternating rounds, 162.6 against 154.6,
+/// 2 cores; a small effect on a noisy machine), one no better.
+const TASKS_PER_THREAD_FEW: usize = 2;
+
+/// Parallel tasks per pool thread for one matmul of more rows: enough that threads finish together, few enough to
+/// amortise scheduling (two instead cost 3% at 16 sequences, one 12%).
 const TASKS_PER_THREAD: usize = 4;
+
+/// Batch rows up to which a matmul runs [`TASKS_PER_THREAD_FEW`] tasks per thread.
+const FEW_ROWS: usize = 4;
 
 /// Output columns of one task never exceed this (keeps a task's weights within L2).
 const MAX_COLS_PER_TASK: usize = 256;
@@ -106,7 +115,7 @@ impl<'a> Input<'a> {
             };
             // Each task fills a range of output columns for every batch row, written in place: its part of each
             // output row is split off, so tasks never share output memory.
-            let ranges = column_tasks(rows);
+            let ranges = column_tasks(rows, n);
             let first = tasks.len();
             tasks.extend(ranges.iter().map(|&(c0, _)| ColumnTask { weight, xq, c0, out: Vec::with_capacity(n) }));
             for row in out.chunks_exact_mut(rows) {
@@ -131,15 +140,16 @@ struct ColumnTask<'w, 'o> {
     out: Vec<&'o mut [f32]>,
 }
 
-/// Column ranges for parallel tasks: `TASKS_PER_THREAD` per pool thread (more where a task would exceed
-/// `MAX_COLS_PER_TASK`), made of whole units of two [`TILE`]s (the VNNI kernel's step) spread evenly, so the tasks
-/// differ by one unit at most (576 columns on two threads: eight tasks of 64 or 80, four of each). Where the
-/// boundaries fall never changes a result: each output is computed on its own.
-fn column_tasks(rows: usize) -> Vec<(usize, usize)> {
+/// Column ranges for parallel tasks of a matmul over `n` batch rows: `TASKS_PER_THREAD` per pool thread
+/// (`TASKS_PER_THREAD_FEW` for a few rows; more where a task would exceed `MAX_COLS_PER_TASK`), made of whole units
+/// of two [`TILE`]s spread evenly, so the tasks differ by one unit at most (576 columns on two threads: eight tasks
+/// of 64 or 80, four of each). Where the boundaries fall never changes a result: each output is computed on its
+/// own.
+fn column_tasks(rows: usize, n: usize) -> Vec<(usize, usize)> {
     const UNIT: usize = 2 * TILE;
     let units = rows.div_ceil(UNIT);
-    let tasks =
-        (rayon::current_num_threads() * TASKS_PER_THREAD).max(units.div_ceil(MAX_COLS_PER_TASK / UNIT)).min(units);
+    let per_thread = if n <= FEW_ROWS { TASKS_PER_THREAD_FEW } else { TASKS_PER_THREAD };
+    let tasks = (rayon::current_num_threads() * per_thread).max(units.div_ceil(MAX_COLS_PER_TASK / UNIT)).min(units);
     let at = |t: usize| (t * units / tasks * UNIT).min(rows);
     (0..tasks).map(|t| (at(t), at(t + 1))).collect()
 }
