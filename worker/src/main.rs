@@ -18,7 +18,7 @@ use zl_wire::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
 use zl_worker::consul_report::{ReportedEngine, WorkerReport};
 use zl_worker::engine::{EngineCore, EngineHandle};
 use zl_worker::fetch;
-use zl_worker::model::llama::KvStore;
+use zl_worker::model::llama::{KvDtype, KvStore};
 use zl_worker::registration::{DirectDiscovery, Discovery, ReportedModel, run_reporter};
 use zl_worker::scheduler::SchedulerConfig;
 use zl_worker::serve::{ServedModel, Speculation, WorkerService};
@@ -58,6 +58,10 @@ pub(crate) struct ModelArgs {
     /// Tokens per KV block.
     #[arg(long, env = "ZL_KV_BLOCK_SIZE", default_value_t = 16)]
     kv_block_size: usize,
+    /// How the KV cache stores keys and values: f16, or q8 (8-bit blocks of 32 with an f16 scale, 1.88x the
+    /// tokens per MiB; CPU only).
+    #[arg(long, env = "ZL_KV_DTYPE", value_enum, default_value_t = KvDtype::F16)]
+    kv_dtype: KvDtype,
     /// Sequences in the running batch at most.
     #[arg(long, env = "ZL_MAX_RUNNING", default_value_t = 32)]
     max_running: usize,
@@ -192,9 +196,18 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
             speculative_rows: args.speculative_rows,
             ..SchedulerConfig::default()
         };
-        let sizing = KvStore::sizing(model.llama.config(), args.kv_block_size, config.max_running, config.max_item());
+        let cfg = model.llama.config();
+        args.kv_dtype.check(cfg.kv_dim()).map_err(|e| anyhow::anyhow!("{id}: {e}"))?;
+        let sizing = KvStore::sizing(cfg, args.kv_block_size, config.max_running, config.max_item(), args.kv_dtype);
         let layout =
             sizing.layout(budget).map_err(|e| anyhow::anyhow!("--kv-memory-mb {} for {id}: {e}", args.kv_memory_mb))?;
+        eprintln!(
+            "zl-worker: {id}: KV cache {}: {} blocks of {} tokens ({} bytes a token)",
+            args.kv_dtype.name(),
+            layout.blocks,
+            args.kv_block_size,
+            sizing.full_block_bytes / args.kv_block_size.max(1)
+        );
         if let Some(w) = layout.window {
             eprintln!(
                 "zl-worker: {id}: sliding-window layers keep {} blocks of their own ({}-token window), the others {}",

@@ -17,7 +17,7 @@ use common::{gguf_tokens, hf_tokenizer, logits, max_diff, random, write_gguf};
 use zl_worker::device::Device as ZlDevice;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::kv::window::KvLayout;
-use zl_worker::model::llama::KvStore;
+use zl_worker::model::llama::{KvDtype, KvStore};
 use zl_worker::model::{gguf, hf};
 use zl_worker::sampling::Sampling;
 use zl_worker::scheduler::SchedulerConfig;
@@ -487,7 +487,7 @@ fn gemma3_local_layers_keep_only_their_window_and_answer_as_with_every_position_
     let config = SchedulerConfig { max_running: 4, max_step_tokens: 64, prefill_chunk: 8, speculative_rows: 4 };
     let model = gguf::load(&file).unwrap();
     let cfg = model.llama.config().clone();
-    let layout = KvStore::sizing(&cfg, 4, config.max_running, config.max_item()).layout(1 << 20).unwrap();
+    let layout = KvStore::sizing(&cfg, 4, config.max_running, config.max_item(), KvDtype::F16).layout(1 << 20).unwrap();
     // (16 + 8) / 4 + 2 = 8 blocks a sequence, 4 sequences; the global layer gets the rest.
     let window = layout.window.expect("a window shorter than the context is kept apart");
     assert_eq!((window.blocks, window.window), (32, 16));

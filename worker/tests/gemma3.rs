@@ -12,7 +12,7 @@ use zl_worker::device::Device;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::eval::answers;
 use zl_worker::eval::perplexity;
-use zl_worker::model::llama::KvStore;
+use zl_worker::model::llama::{KvDtype, KvStore};
 use zl_worker::model::{Precision, gguf};
 use zl_worker::sampling::Sampling;
 use zl_worker::scheduler::SchedulerConfig;
@@ -92,7 +92,7 @@ fn gemma3_local_layers_hold_their_window_only_past_it_and_answer_as_with_every_p
     let path = model_path();
     let model = gguf::load(&path).unwrap();
     let config = SchedulerConfig::default();
-    let sizing = KvStore::sizing(model.llama.config(), 16, config.max_running, config.max_item());
+    let sizing = KvStore::sizing(model.llama.config(), 16, config.max_running, config.max_item(), KvDtype::F16);
     let layout = sizing.layout(256 << 20).unwrap();
     let window = layout.window.expect("a 512-position window is kept apart");
     assert_eq!(window.window, 512);

@@ -12,6 +12,9 @@ pub enum DeviceError {
     /// A CUDA device in a build without the `cuda` feature.
     #[error("{0} needs a zl-worker built with CUDA support (cargo build --release -p zl-worker --features cuda)")]
     NotBuilt(Device),
+    /// A KV cache type the device's kernels do not have.
+    #[error("--kv-dtype {name} is CPU-only in this build: use --kv-dtype f16 on {1}", name = .0.name())]
+    KvDtype(crate::kv::dtype::KvDtype, Device),
     /// The GPU could not take the model.
     #[cfg(feature = "cuda")]
     #[error(transparent)]
@@ -38,6 +41,10 @@ impl Backend {
     ) -> Result<Backend, DeviceError> {
         match device {
             Device::Cpu => Ok(Backend::Cpu(KvStore::with_layout(model.llama.config(), layout, block_size))),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) if layout.dtype != crate::kv::dtype::KvDtype::F16 => {
+                Err(DeviceError::KvDtype(layout.dtype, device))
+            }
             #[cfg(feature = "cuda")]
             Device::Cuda(n) => {
                 Ok(Backend::Cuda(Box::new(crate::gpu::GpuModel::new(&model.llama, n, layout, block_size)?)))

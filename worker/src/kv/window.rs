@@ -9,6 +9,7 @@
 
 use zl_common::block_hash::BlockHash;
 
+use crate::kv::dtype::KvDtype;
 use crate::kv::pool::{BlockPool, SeqBlocks};
 
 /// How a KV budget is split between the full layers' blocks and the sliding-window layers' blocks.
@@ -18,6 +19,8 @@ pub struct KvLayout {
     pub blocks: usize,
     /// The sliding-window layers' own blocks, when they are kept apart.
     pub window: Option<WindowLayout>,
+    /// How keys and values are stored.
+    pub dtype: KvDtype,
 }
 
 /// The sliding-window layers' part of a [`KvLayout`].
@@ -30,9 +33,15 @@ pub struct WindowLayout {
 }
 
 impl KvLayout {
-    /// Every layer in one pool of `blocks` blocks.
+    /// Every layer in one pool of `blocks` blocks, in f16.
     pub fn full(blocks: usize) -> Self {
-        KvLayout { blocks, window: None }
+        KvLayout { blocks, window: None, dtype: KvDtype::F16 }
+    }
+
+    /// The same blocks stored as `dtype`.
+    #[must_use]
+    pub fn with_dtype(self, dtype: KvDtype) -> Self {
+        KvLayout { dtype, ..self }
     }
 
     /// Blocks a layer has: a sliding-window layer its own pool's, when apart, any other the full pool's.
@@ -59,6 +68,8 @@ pub struct KvSizing {
     pub max_running: usize,
     /// Tokens one step computes for one sequence at most.
     pub max_item: usize,
+    /// How keys and values are stored (the block sizes above are of this type).
+    pub dtype: KvDtype,
 }
 
 impl KvSizing {
@@ -71,7 +82,7 @@ impl KvSizing {
         let Some((local_bytes, window)) = self.window.filter(|&(_, w)| w + self.max_item < self.context) else {
             let per = self.full_block_bytes + self.window.map_or(0, |(b, _)| b);
             let blocks = budget / per.max(1);
-            return if blocks < 2 { Err(too_small(per)) } else { Ok(KvLayout::full(blocks)) };
+            return if blocks < 2 { Err(too_small(per)) } else { Ok(KvLayout::full(blocks).with_dtype(self.dtype)) };
         };
         let per_seq = WindowKv::per_sequence(window, self.max_item, bs);
         let fits = (budget / 2 / (per_seq * local_bytes).max(1)).max(1);
@@ -80,7 +91,7 @@ impl KvSizing {
         if blocks < 2 {
             return Err(too_small(self.full_block_bytes + local_bytes));
         }
-        Ok(KvLayout { blocks, window: Some(WindowLayout { blocks: local, window }) })
+        Ok(KvLayout { blocks, window: Some(WindowLayout { blocks: local, window }), dtype: self.dtype })
     }
 }
 
@@ -178,7 +189,8 @@ mod tests {
     use super::*;
 
     fn sizing(window: Option<(usize, usize)>) -> KvSizing {
-        KvSizing { full_block_bytes: 100, window, context: 4096, block_size: 16, max_running: 4, max_item: 64 }
+        let dtype = KvDtype::F16;
+        KvSizing { full_block_bytes: 100, window, context: 4096, block_size: 16, max_running: 4, max_item: 64, dtype }
     }
 
     #[test]

@@ -9,129 +9,12 @@
 
 use rayon::prelude::*;
 
-use super::kernels::{AttentionShape, Input, Weight, attention, dot_f32, exp_f32, with_simd};
+pub use super::config::{Activation, LlamaConfig, MAX_HEAD_DIM, SlidingWindow};
+use super::kernels::{AttentionShape, Input, Weight, attention_rows, dot_f32, exp_f32, with_simd};
+pub use super::kv_store::{KvDtype, KvStore};
 pub use super::rope::RopeScaling;
 use super::rope::RopeTable;
 use crate::kv::pool::BlockId;
-use crate::kv::window::{KvLayout, KvSizing};
-use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-
-/// The widest attention head supported (Gemma 3 and Qwen3 use 256 and 128).
-pub const MAX_HEAD_DIM: usize = 512;
-
-/// Shape and constants of a Llama-family model.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct LlamaConfig {
-    /// Model width.
-    pub hidden: usize,
-    /// MLP width.
-    pub intermediate: usize,
-    /// Transformer blocks.
-    pub layers: usize,
-    /// Query heads.
-    pub heads: usize,
-    /// Key/value heads (grouped-query attention when fewer than `heads`).
-    pub kv_heads: usize,
-    /// Width of one head.
-    pub head_dim: usize,
-    /// Query-key products times this instead of `1/sqrt(head_dim)` (Gemma 3 27B: `1/sqrt(query_pre_attn_scalar)`).
-    pub attn_scale: Option<f32>,
-    /// RoPE rotates only this many leading dimensions of each head (Phi-4-mini's partial rotary: 96 of 128); `None`
-    /// rotates whole heads.
-    pub rotary_dims: Option<usize>,
-    /// Vocabulary size.
-    pub vocab: usize,
-    /// RMSNorm epsilon.
-    pub rms_eps: f32,
-    /// RoPE base frequency.
-    pub rope_theta: f32,
-    /// Context window in tokens.
-    pub context_length: usize,
-    /// RoPE rotates adjacent pairs (GGUF's layout, whose Q/K weights are permuted for it) rather than the two
-    /// halves of each head (Hugging Face's layout).
-    pub rope_interleaved: bool,
-    /// How RoPE's frequencies are stretched for contexts past the pretraining length.
-    pub rope_scaling: RopeScaling,
-    /// The MLP's gate activation.
-    pub activation: Activation,
-    /// Embeddings multiplied by this (Gemma: the square root of the width); `None` is 1.
-    pub embed_scale: Option<f32>,
-    /// Sliding-window attention (Gemma 3): every layer attends over its last `window` positions only, except each
-    /// `every`-th (layers `every - 1`, `2 * every - 1`, ...), which attends over all; local layers use their own
-    /// RoPE base and no scaling.
-    pub sliding: Option<SlidingWindow>,
-}
-
-/// The MLP's gate activation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Activation {
-    /// SwiGLU (Llama, Qwen).
-    #[default]
-    Silu,
-    /// GeGLU with GELU's tanh approximation (Gemma).
-    GeluTanh,
-}
-
-/// Gemma 3's interleaved local and global attention.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SlidingWindow {
-    /// Positions a local layer attends over, its own included.
-    pub window: usize,
-    /// Every this many layers, one is global (the last of each group).
-    pub every: usize,
-    /// RoPE base of the local layers.
-    pub local_theta: f32,
-}
-
-impl LlamaConfig {
-    /// Whether layer `layer` attends over a sliding window.
-    pub fn is_local(&self, layer: usize) -> bool {
-        self.sliding.is_some_and(|s| !(layer + 1).is_multiple_of(s.every))
-    }
-}
-
-impl LlamaConfig {
-    /// What query-key products are multiplied by.
-    pub fn attention_scale(&self) -> f32 {
-        self.attn_scale.unwrap_or(1.0 / (self.head_dim as f32).sqrt())
-    }
-
-    /// The leading dimensions of each head RoPE rotates.
-    pub fn rotary(&self) -> usize {
-        self.rotary_dims.unwrap_or(self.head_dim)
-    }
-
-    /// Width of all key (or value) heads together.
-    pub fn kv_dim(&self) -> usize {
-        self.kv_heads * self.head_dim
-    }
-
-    /// Check the shape is consistent.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.heads == 0 || self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
-            return Err(format!("{} heads cannot share {} key/value heads", self.heads, self.kv_heads));
-        }
-        if !self.head_dim.is_multiple_of(2) || self.head_dim == 0 {
-            return Err(format!("head width {} must be even", self.head_dim));
-        }
-        if self.layers == 0 || self.hidden == 0 || self.vocab == 0 || self.context_length == 0 {
-            return Err("empty model dimensions".into());
-        }
-        if self.head_dim > MAX_HEAD_DIM {
-            return Err(format!("head width {} is above the {MAX_HEAD_DIM} this build supports", self.head_dim));
-        }
-        let rotary = self.rotary();
-        if rotary == 0 || !rotary.is_multiple_of(2) || rotary > self.head_dim {
-            return Err(format!("RoPE over {rotary} of each head's {} dimensions", self.head_dim));
-        }
-        if let Some(f) = self.rope_scaling.factors()
-            && f.len() != rotary / 2
-        {
-            return Err(format!("{} RoPE frequency factors for {rotary} rotated dimensions", f.len()));
-        }
-        Ok(())
-    }
-}
 
 /// One transformer block's weights.
 #[derive(Debug)]
@@ -177,61 +60,6 @@ pub struct Llama {
     pub(crate) local_rope: Option<RopeTable>,
 }
 
-/// Keys and values of every layer, in fixed-size blocks addressed by `BlockId`, stored as IEEE half precision
-/// (as llama.cpp's default KV cache): half the memory of f32, so twice the tokens per budget and half the bytes
-/// attention reads per step. Rounding is to nearest even, a pure function of the value. (bfloat16, tried first,
-/// keeps too few mantissa bits: the bundled model's greedy answers drifted.)
-#[derive(Debug)]
-pub struct KvStore {
-    block_size: usize,
-    kv_dim: usize,
-    /// f16 bits (plain `u16` so a fresh store is zeroed memory the OS maps lazily).
-    k: Vec<Vec<u16>>,
-    v: Vec<Vec<u16>>,
-}
-
-impl KvStore {
-    /// Storage for `blocks` blocks of `block_size` tokens in every layer.
-    pub fn new(cfg: &LlamaConfig, blocks: usize, block_size: usize) -> Self {
-        Self::with_layout(cfg, &KvLayout::full(blocks), block_size)
-    }
-
-    /// Storage as `layout` splits it: the sliding-window layers' blocks apart when it says so.
-    pub fn with_layout(cfg: &LlamaConfig, layout: &KvLayout, block_size: usize) -> Self {
-        let per_layer = |li: usize| layout.blocks_of(cfg.is_local(li)) * block_size * cfg.kv_dim();
-        KvStore {
-            block_size,
-            kv_dim: cfg.kv_dim(),
-            k: (0..cfg.layers).map(|li| vec![0u16; per_layer(li)]).collect(),
-            v: (0..cfg.layers).map(|li| vec![0u16; per_layer(li)]).collect(),
-        }
-    }
-
-    /// What sizing a KV budget for `cfg` needs: a block's bytes over the full layers and over the sliding-window
-    /// layers (keys and values), and the scheduler's bounds.
-    pub fn sizing(cfg: &LlamaConfig, block_size: usize, max_running: usize, max_item: usize) -> KvSizing {
-        let local = (0..cfg.layers).filter(|&li| cfg.is_local(li)).count();
-        let bytes = |layers: usize| 2 * layers * block_size * cfg.kv_dim() * std::mem::size_of::<u16>();
-        KvSizing {
-            full_block_bytes: bytes(cfg.layers - local),
-            window: cfg.sliding.filter(|_| local > 0).map(|s| (bytes(local), s.window.max(1))),
-            context: cfg.context_length,
-            block_size,
-            max_running,
-            max_item,
-        }
-    }
-
-    /// Bytes the keys and values take.
-    pub fn bytes(&self) -> usize {
-        self.k.iter().chain(&self.v).map(|l| l.len() * std::mem::size_of::<u16>()).sum()
-    }
-
-    fn slot(&self, blocks: &[BlockId], pos: usize) -> usize {
-        (blocks[pos / self.block_size] as usize * self.block_size + pos % self.block_size) * self.kv_dim
-    }
-}
-
 /// One sequence's part of a step.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchItem<'a> {
@@ -247,6 +75,32 @@ pub struct BatchItem<'a> {
     /// Return logits for this many of the item's last tokens (0: none; 1: the last token's, what decoding needs;
     /// more: a speculative step verifying draft tokens, which needs the logits after each of them).
     pub logits: usize,
+}
+
+/// Rows that attend together (`attention_rows`): runs of one item's consecutive rows, at most [`TILE_ROWS`] each,
+/// as ranges of rows.
+pub(crate) fn row_tiles(row_item: &[usize]) -> Vec<(usize, usize)> {
+    let mut tiles = Vec::new();
+    let mut a = 0;
+    for r in 1..=row_item.len() {
+        if r == row_item.len() || row_item[r] != row_item[a] || r - a == TILE_ROWS {
+            tiles.push((a, r));
+            a = r;
+        }
+    }
+    tiles
+}
+
+/// Rows per attention tile: enough that a tile of keys read once serves many rows, few enough that a long
+/// prompt's chunk still splits over every thread and the rows' scores stay small.
+const TILE_ROWS: usize = 16;
+
+#[cfg(test)]
+#[test]
+fn row_tiles_split_runs_of_one_item_at_the_tile_size() {
+    let row_item: Vec<usize> = [vec![0; 35], vec![1], vec![2; 16], vec![3, 3]].concat();
+    assert_eq!(row_tiles(&row_item), [(0, 16), (16, 32), (32, 35), (35, 36), (36, 52), (52, 54)]);
+    assert!(row_tiles(&[]).is_empty());
 }
 
 /// The rows of a step: row r belongs to item `.0[r]`, at position `.1[r]` (the items' tokens one after another).
@@ -433,20 +287,10 @@ impl Llama {
         x.iter_mut().zip(out.iter()).for_each(|(a, b)| *a += b);
     }
 
-    /// The layer's per-head query and key norms (if it has them), RoPE on one row's query and key at position
-    /// `pos`, then the row's key and value as f16 bits into `new` (key first).
+    /// The layer's per-head query and key norms (if it has them), then RoPE on one row's query and key at position
+    /// `pos`.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
-    fn rotate_row(
-        &self,
-        layer: &Layer,
-        local: bool,
-        pos: usize,
-        q: &mut [f32],
-        k: &mut [f32],
-        v: &[f32],
-        new: &mut [u16],
-    ) {
+    fn rotate_row(&self, layer: &Layer, local: bool, pos: usize, q: &mut [f32], k: &mut [f32]) {
         if let Some((qn, kn)) = &layer.qk_norm {
             let hd = self.cfg.head_dim;
             for (x, w) in q.chunks_exact_mut(hd).map(|x| (x, qn)).chain(k.chunks_exact_mut(hd).map(|x| (x, kn))) {
@@ -458,10 +302,6 @@ impl Llama {
         self.rope_table(local).at(pos, &mut cos[..half], &mut sin[..half]);
         self.rope(q, &cos[..half], &sin[..half]);
         self.rope(k, &cos[..half], &sin[..half]);
-        let (kh, vh) = new.split_at_mut(k.len());
-        // Eight at a time with F16C where the CPU has it; the same round-to-nearest-even bits either way.
-        kh.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(k);
-        vh.reinterpret_cast_mut::<half::f16>().convert_from_f32_slice(v);
     }
 
     /// Run one step. Writes the new tokens' keys and values into `kv` and returns the logits each item asked for
@@ -513,8 +353,6 @@ impl Llama {
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
         let mut v = vec![0f32; n * kvd];
-        // Each row's new key and value as f16 bits, before they go to the row's KV slot.
-        let mut kv_new = vec![0u16; n * 2 * kvd];
         let mut attn = vec![0f32; n * qd];
         let mut proj = vec![0f32; n * h];
         let mut gate = vec![0f32; n * cfg.intermediate];
@@ -533,41 +371,50 @@ impl Llama {
                     v[r * kvd..(r + 1) * kvd].iter_mut().zip(bv).for_each(|(a, b)| *a += b);
                 }
             }
-            // Each row's rotation and f16 conversion reads only that row: one parallel pass for large batches.
-            // Then the new keys and values go to their slots.
+            // Each row's rotation reads only that row: one parallel pass for large batches. Then the new keys and
+            // values go to their slots, in the cache's type.
             if n >= PARALLEL_ROWS {
                 let rows = q.par_chunks_mut(qd).zip(k.par_chunks_mut(kvd));
-                let halves = kv_new.par_chunks_mut(2 * kvd).zip(v.par_chunks(kvd));
-                rows.zip(halves).enumerate().for_each(|(r, ((qr, kr), (new, vr)))| {
-                    with_simd(|| self.rotate_row(layer, local, row_pos[r], qr, kr, vr, new));
+                rows.enumerate().for_each(|(r, (qr, kr))| {
+                    with_simd(|| self.rotate_row(layer, local, row_pos[r], qr, kr));
                 });
             } else {
-                let rows = q.chunks_mut(qd).zip(k.chunks_mut(kvd));
-                for (r, ((qr, kr), (new, vr))) in rows.zip(kv_new.chunks_mut(2 * kvd).zip(v.chunks(kvd))).enumerate() {
-                    self.rotate_row(layer, local, row_pos[r], qr, kr, vr, new);
+                for (r, (qr, kr)) in q.chunks_mut(qd).zip(k.chunks_mut(kvd)).enumerate() {
+                    self.rotate_row(layer, local, row_pos[r], qr, kr);
                 }
             }
-            for (r, new) in kv_new.chunks_exact(2 * kvd).enumerate() {
+            for (r, (kr, vr)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
                 let item = &items[row_item[r]];
                 let table = if local && !item.window_blocks.is_empty() { item.window_blocks } else { item.blocks };
                 let slot = kv.slot(table, row_pos[r]);
-                kv.k[li][slot..slot + kvd].copy_from_slice(&new[..kvd]);
-                kv.v[li][slot..slot + kvd].copy_from_slice(&new[kvd..]);
+                kv.write(li, slot, kr, vr);
             }
             let kv_ref: &KvStore = kv;
-            attn.par_chunks_mut(qd).enumerate().for_each(|(r, out)| {
-                let first = if local { (row_pos[r] + 1).saturating_sub(window) } else { 0 };
-                let slots = match (&window_slots[row_item[r]], local) {
-                    (Some((base, slots)), true) => &slots[first - base..=row_pos[r] - base],
-                    _ => &item_slots[row_item[r]][first..=row_pos[r]],
+            let shape =
+                AttentionShape { heads: cfg.heads, kv_heads: cfg.kv_heads, head_dim: hd, scale: cfg.attention_scale() };
+            // Rows of one item attend together, a tile of rows at a time (`attention_rows`).
+            let groups = row_tiles(&row_item);
+            let mut outs = Vec::with_capacity(groups.len());
+            let mut rest = &mut attn[..];
+            for &(a, b) in &groups {
+                let (out, tail) = rest.split_at_mut((b - a) * qd);
+                outs.push(out);
+                rest = tail;
+            }
+            outs.into_par_iter().zip(&groups).for_each(|(out, &(a, b))| {
+                let it = row_item[a];
+                let (base, slots) = match (&window_slots[it], local) {
+                    (Some((base, slots)), true) => (*base, &slots[..]),
+                    _ => (0, &item_slots[it][..]),
                 };
-                let shape = AttentionShape {
-                    heads: cfg.heads,
-                    kv_heads: cfg.kv_heads,
-                    head_dim: hd,
-                    scale: cfg.attention_scale(),
-                };
-                attention(&q[r * qd..(r + 1) * qd], slots, &kv_ref.k[li], &kv_ref.v[li], shape, out);
+                let ranges: Vec<(usize, usize)> = (a..b)
+                    .map(|r| {
+                        let first = if local { (row_pos[r] + 1).saturating_sub(window) } else { 0 };
+                        (first - base, row_pos[r] + 1 - base)
+                    })
+                    .collect();
+                let (keys, values) = kv_ref.layer(li);
+                attention_rows(&q[a * qd..b * qd], slots, &ranges, keys, values, shape, out);
             });
             layer.wo.matmul(&attn, n, &mut proj);
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.0));

@@ -1,10 +1,12 @@
 //! Models: loading (GGUF, Hugging Face safetensors), the Llama-family forward pass and its kernels. Tokenizers and
 //! chat templates are the `zl-text` crate's, shared with the frontend.
 
+pub mod config;
 pub mod gguf;
 pub mod gguf_types;
 pub mod hf;
 pub mod kernels;
+pub mod kv_store;
 pub mod llama;
 pub mod rope;
 

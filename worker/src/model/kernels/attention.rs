@@ -1,5 +1,5 @@
-//! Attention of one query row over the paged f16 KV cache: the reference arithmetic (which the SIMD levels
-//! reproduce bit for bit; `mod.rs` chooses among them) and the pieces every level shares.
+//! Attention of one query row over the paged KV cache (f16, or 8-bit blocks): the reference arithmetic (which the
+//! SIMD levels reproduce bit for bit; `mod.rs` chooses among them) and the pieces every level shares.
 
 use half::f16;
 
@@ -9,6 +9,32 @@ use super::math::{exp_f32, hsum, sum_f32};
 #[inline(always)]
 pub(super) fn widen(b: u16) -> f32 {
     f16::from_bits(b).to_f32()
+}
+
+/// One layer's keys or values in the cache: offsets into it are slots plus the offset in the row.
+#[derive(Clone, Copy, Debug)]
+pub enum KvPlane<'a> {
+    /// f16 bits.
+    F16(&'a [u16]),
+    /// 8-bit values, and the f16 bits of one scale per 32 of them.
+    Q8 {
+        /// The values.
+        q: &'a [i8],
+        /// The scales.
+        d: &'a [u16],
+    },
+}
+
+impl KvPlane<'_> {
+    /// The value at `at` as f32, exactly: the f16 widened, or the 8-bit integer times its block's scale (at most
+    /// 7 + 11 significant bits: the product is exact in f32, so a SIMD level computing it gets the same bits).
+    #[inline(always)]
+    pub(super) fn get(&self, at: usize) -> f32 {
+        match *self {
+            KvPlane::F16(b) => widen(b[at]),
+            KvPlane::Q8 { q, d } => f32::from(q[at]) * widen(d[at / 32]),
+        }
+    }
 }
 
 /// Attention scores of one head, in place, to softmax weights: `exp(s - max)` times the reciprocal of their sum.
@@ -47,8 +73,8 @@ impl AttentionShape {
 pub(super) fn attention_portable(
     q: &[f32],
     slots: &[usize],
-    keys: &[u16],
-    values: &[u16],
+    keys: KvPlane<'_>,
+    values: KvPlane<'_>,
     shape: AttentionShape,
     out: &mut [f32],
 ) {
@@ -59,8 +85,8 @@ pub(super) fn attention_portable(
         let (g, qh) = (h / group, &q[h * hd..(h + 1) * hd]);
         for (wp, &slot) in w.iter_mut().zip(slots) {
             let mut lanes = [0f32; 8];
-            for (i, (&a, &b)) in qh.iter().zip(&keys[slot + g * hd..slot + (g + 1) * hd]).enumerate() {
-                lanes[i % 8] = a.mul_add(widen(b), lanes[i % 8]);
+            for (i, &a) in qh.iter().enumerate() {
+                lanes[i % 8] = a.mul_add(keys.get(slot + g * hd + i), lanes[i % 8]);
             }
             *wp = hsum(&lanes) * scale;
         }
@@ -70,8 +96,8 @@ pub(super) fn attention_portable(
     for (h, oh) in out.chunks_exact_mut(hd).enumerate() {
         let g = h / group;
         for (&wp, &slot) in weights[h * n..(h + 1) * n].iter().zip(slots) {
-            for (o, &v) in oh.iter_mut().zip(&values[slot + g * hd..slot + (g + 1) * hd]) {
-                *o = wp.mul_add(widen(v), *o);
+            for (i, o) in oh.iter_mut().enumerate() {
+                *o = wp.mul_add(values.get(slot + g * hd + i), *o);
             }
         }
     }

@@ -44,7 +44,7 @@ mod x86;
 
 use rayon::prelude::*;
 
-pub use attention::AttentionShape;
+pub use attention::{AttentionShape, KvPlane};
 pub use blocks::BlockFormat;
 pub use isa::Isa;
 pub use math::{dot_f32, exp_f32, sum_f32};
@@ -178,15 +178,42 @@ fn columns(weight: &Weight, x: &[f32], xq: Option<&QuantizedRows>, c0: usize, ou
 }
 
 /// Attention of one query row (all heads, `q` is `heads * head_dim`) over the positions whose keys and values
-/// start at `slots` in one layer's KV storage (f16 bits; each slot holds `kv_heads * head_dim` values; grouped-query
-/// heads share theirs). The arithmetic is [`attention_portable`]'s, in fixed orders that depend only on this row,
+/// start at `slots` in one layer's KV storage (f16, or 8-bit blocks; each slot holds `kv_heads * head_dim` values;
+/// grouped-query heads share theirs). The arithmetic is [`attention_portable`]'s, in fixed orders that depend only on this row,
 /// never on the batch; the SIMD code computes the same bits.
-pub fn attention(q: &[f32], slots: &[usize], keys: &[u16], values: &[u16], shape: AttentionShape, out: &mut [f32]) {
+pub fn attention(
+    q: &[f32],
+    slots: &[usize],
+    keys: KvPlane<'_>,
+    values: KvPlane<'_>,
+    shape: AttentionShape,
+    out: &mut [f32],
+) {
+    attention_rows(q, slots, &[(0, slots.len())], keys, values, shape, out);
+}
+
+/// [`attention`] of several query rows that read one sequence's KV (a prefill chunk's rows): row `i`'s queries
+/// are `q[i * heads * head_dim..]`, its output goes to the same place in `out`, and it attends over
+/// `slots[ranges[i].0..ranges[i].1]`. Every row gets [`attention`]'s result for it alone, bit for bit; the SIMD
+/// levels go through the keys and values a tile at a time for all the rows together (the flash-attention tiling,
+/// with the softmax kept whole), so a long prompt's KV is read from memory once per tile of rows, not once per row.
+pub fn attention_rows(
+    q: &[f32],
+    slots: &[usize],
+    ranges: &[(usize, usize)],
+    keys: KvPlane<'_>,
+    values: KvPlane<'_>,
+    shape: AttentionShape,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
     if x86::available() && shape.head_dim.is_multiple_of(8) {
-        return x86::attention(q, slots, keys, values, shape, out);
+        return x86::attention_rows(q, slots, ranges, keys, values, shape, out);
     }
-    attention_portable(q, slots, keys, values, shape, out);
+    let qd = shape.heads * shape.head_dim;
+    for ((q, out), &(lo, hi)) in q.chunks_exact(qd).zip(out.chunks_exact_mut(qd)).zip(ranges) {
+        attention_portable(q, &slots[lo..hi], keys, values, shape, out);
+    }
 }
 
 /// The 16-bit float widener of the level in use.

@@ -146,8 +146,8 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
             let q: Vec<f32> = (0..shape.heads * shape.head_dim).map(|_| lcg(&mut seed)).collect();
             let slots: Vec<usize> = positions.iter().map(|s| s * kvd).collect();
             let (mut a, mut b) = (vec![0f32; q.len()], vec![0f32; q.len()]);
-            attention(&q, &slots, &keys, &values, shape, &mut a);
-            attention_portable(&q, &slots, &keys, &values, shape, &mut b);
+            attention(&q, &slots, KvPlane::F16(&keys), KvPlane::F16(&values), shape, &mut a);
+            attention_portable(&q, &slots, KvPlane::F16(&keys), KvPlane::F16(&values), shape, &mut b);
             assert_eq!(a, b, "{shape:?}");
             // Attention is a convex combination of the values: each output lies within the values' range.
             assert!(a.iter().all(|v| v.abs() <= 1.0));
@@ -227,9 +227,9 @@ fn attention_matches_a_naive_softmax() {
     let q: Vec<f32> = (0..576).map(|_| rnd()).collect();
     let slots: Vec<usize> = (0..n).map(|p| p * kvd).collect();
     let mut out = vec![0f32; 576];
-    attention(&q, &slots, &keys, &values, shape, &mut out);
+    attention(&q, &slots, KvPlane::F16(&keys), KvPlane::F16(&values), shape, &mut out);
     let mut port = vec![0f32; 576];
-    attention_portable(&q, &slots, &keys, &values, shape, &mut port);
+    attention_portable(&q, &slots, KvPlane::F16(&keys), KvPlane::F16(&values), shape, &mut port);
     for h in 0..9 {
         let g = h / 3;
         let s: Vec<f64> = (0..n)
@@ -248,6 +248,46 @@ fn attention_matches_a_naive_softmax() {
                 "portable h{h} i{i}: {} vs {want}",
                 port[h * 64 + i]
             );
+        }
+    }
+}
+
+#[test]
+fn rows_attending_together_get_each_rows_own_result_bit_for_bit() {
+    let mut seed = 11u64;
+    // 150 positions: two whole tiles and a part. The ranges are a causal chunk's (each row one position more),
+    // a sliding window's (both ends move), rows ending inside and on a tile's edge, and a single position.
+    let chunk: Vec<(usize, usize)> = (0..20).map(|i| (0, 131 + i)).collect();
+    let window: Vec<(usize, usize)> = (0..6).map(|i| (40 + i, 110 + i)).collect();
+    let edges = [(0, 64), (63, 129), (5, 6), (0, 150), (64, 65)];
+    for (heads, kv_heads, head_dim) in [(9, 3, 64), (6, 2, 24), (10, 2, 16), (6, 2, 20)] {
+        let shape = AttentionShape::new(heads, kv_heads, head_dim);
+        let (kvd, qd) = (kv_heads * head_dim, heads * head_dim);
+        let mut halves = || (0..160 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect::<Vec<u16>>();
+        let (keys, values) = (halves(), halves());
+        // 8-bit planes: values over the whole range and small positive scales (every 32 values).
+        let mut bytes = || (0..160 * kvd).map(|_| (lcg(&mut seed) * 127.0) as i8).collect::<Vec<i8>>();
+        let (kq, vq) = (bytes(), bytes());
+        let mut scales = || (0..5 * kvd).map(|_| f16::from_f32(lcg(&mut seed).abs() / 64.0).to_bits()).collect();
+        let (kd, vd): (Vec<u16>, Vec<u16>) = (scales(), scales());
+        let planes = [
+            (KvPlane::F16(&keys), KvPlane::F16(&values)),
+            (KvPlane::Q8 { q: &kq, d: &kd }, KvPlane::Q8 { q: &vq, d: &vd }),
+        ];
+        // Slots out of order, as a paged cache's blocks are.
+        let slots: Vec<usize> = (0..150).map(|p| ((p * 37) % 160) * kvd).collect();
+        for ((keys, values), ranges) in planes.iter().flat_map(|kv| [(kv, &chunk[..]), (kv, &window), (kv, &edges)]) {
+            let (keys, values) = (*keys, *values);
+            let q: Vec<f32> = (0..ranges.len() * qd).map(|_| lcg(&mut seed)).collect();
+            let mut together = vec![0f32; q.len()];
+            attention_rows(&q, &slots, ranges, keys, values, shape, &mut together);
+            for (i, &(lo, hi)) in ranges.iter().enumerate() {
+                let (mut alone, mut reference) = (vec![0f32; qd], vec![0f32; qd]);
+                attention(&q[i * qd..(i + 1) * qd], &slots[lo..hi], keys, values, shape, &mut alone);
+                attention_portable(&q[i * qd..(i + 1) * qd], &slots[lo..hi], keys, values, shape, &mut reference);
+                assert_eq!(together[i * qd..(i + 1) * qd], alone[..], "{shape:?} row {i} of {ranges:?}");
+                assert_eq!(alone, reference, "{shape:?} row {i}");
+            }
         }
     }
 }

@@ -1,84 +1,206 @@
-//! Attention over the f16 KV cache in AVX2, FMA and F16C: [`super::super::attention`]'s arithmetic, the same bits.
+//! Attention over the KV cache (f16, or 8-bit blocks) in AVX2, FMA and F16C: [`super::super::attention`]'s
+//! arithmetic, the same bits.
 
 use std::arch::x86_64::*;
 
-use super::super::attention::{AttentionShape, softmax_weights};
+use super::super::attention::{AttentionShape, KvPlane, softmax_weights};
 use super::super::math::hsum;
 use super::simd::{load8f, store8f};
 
-/// [`super::super::attention`]'s arithmetic (`head_dim` a multiple of 8) with the f16 cache widened by F16C.
-/// Scores: each key chunk is widened once for up to four heads of its group, each head's eight lanes are kept,
-/// and eight positions' lanes are summed at once. Values: per head, four output chunks stay in registers across
-/// all positions.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) fn attention_avx2(
+/// [`super::super::attention_rows`] in AVX2 for either storage (keys and values of one type).
+pub(in super::super) fn attention_rows(
     q: &[f32],
     slots: &[usize],
-    keys: &[u16],
-    values: &[u16],
+    ranges: &[(usize, usize)],
+    keys: KvPlane<'_>,
+    values: KvPlane<'_>,
+    shape: AttentionShape,
+    out: &mut [f32],
+) {
+    // SAFETY (both): the caller checked the CPU has AVX2, FMA and F16C.
+    match (keys, values) {
+        (KvPlane::F16(k), KvPlane::F16(v)) => unsafe {
+            attention_rows_avx2(q, slots, ranges, Half(k), Half(v), shape, out)
+        },
+        (KvPlane::Q8 { q: kq, d: kd }, KvPlane::Q8 { q: vq, d: vd }) => unsafe {
+            attention_rows_avx2(q, slots, ranges, Q8(kq, kd), Q8(vq, vd), shape, out)
+        },
+        _ => unreachable!("keys and values are stored alike"),
+    }
+}
+
+/// Where eight consecutive cache values (from an offset that is a multiple of 8) come from, as f32: exactly
+/// [`KvPlane::get`]'s values.
+trait Source: Copy {
+    fn load8(self, at: usize) -> __m256;
+    /// Ask for the cache lines of `len` values from `at`.
+    fn prefetch(self, at: usize, len: usize);
+}
+
+/// f16 bits, widened by F16C.
+#[derive(Clone, Copy)]
+struct Half<'a>(&'a [u16]);
+
+impl Source for Half<'_> {
+    #[inline(always)]
+    fn load8(self, at: usize) -> __m256 {
+        let b = &self.0[at..at + 8];
+        // SAFETY: `b` holds 8 readable u16s (16 bytes); the load is unaligned; the caller runs with F16C.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().cast())) }
+    }
+
+    #[inline(always)]
+    fn prefetch(self, at: usize, len: usize) {
+        for line in (at..at + len).step_by(32) {
+            prefetch(&self.0[line..]);
+        }
+    }
+}
+
+/// 8-bit values and an f16 scale per 32: each value times its scale (exact in f32).
+#[derive(Clone, Copy)]
+struct Q8<'a>(&'a [i8], &'a [u16]);
+
+impl Source for Q8<'_> {
+    #[inline(always)]
+    fn load8(self, at: usize) -> __m256 {
+        let (b, d) = (&self.0[at..at + 8], self.1[at / 32]);
+        // SAFETY: `b` holds 8 readable bytes; the loads are unaligned; the caller runs with AVX2 and F16C.
+        unsafe {
+            let ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.as_ptr().cast()));
+            let scale = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))));
+            _mm256_mul_ps(_mm256_cvtepi32_ps(ints), scale)
+        }
+    }
+
+    #[inline(always)]
+    fn prefetch(self, at: usize, len: usize) {
+        for line in (at..at + len).step_by(64) {
+            prefetch(&self.0[line..]);
+        }
+        prefetch(&self.1[at / 32..]);
+    }
+}
+
+/// [`super::super::attention_rows`]' arithmetic (`head_dim` a multiple of 8) with the f16 cache widened by F16C.
+/// The rows go through the keys (then the values) one tile of [`TILE`] positions and one KV head at a time, so a
+/// tile read from memory serves every row and head of its group while it sits in the L1 cache (the flash-attention
+/// tiling); each position's score and each output's chain of fused multiply-adds are computed as for a row alone,
+/// so the order changes nothing. Scores: each key chunk is widened once for up to four heads of its group, each
+/// head's eight lanes are kept, and eight positions' lanes are summed at once. Values: per head, four output chunks
+/// stay in registers across a tile's positions.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn attention_rows_avx2<S: Source>(
+    q: &[f32],
+    slots: &[usize],
+    ranges: &[(usize, usize)],
+    keys: S,
+    values: S,
     shape: AttentionShape,
     out: &mut [f32],
 ) {
     let AttentionShape { heads, kv_heads, head_dim: hd, scale } = shape;
-    let (group, n, chunks) = (heads / kv_heads, slots.len(), hd / 8);
-    // weights[h * n + p]: head h, position p; scores first, then softmax weights in place.
-    let mut weights = vec![0f32; heads * n];
+    let (group, chunks, qd) = (heads / kv_heads, hd / 8, heads * hd);
+    // Row i's weights start at `starts[i]`: `[h * n + p]` for head h and its position p (n = its positions);
+    // scores first, then softmax weights in place.
+    let mut starts = Vec::with_capacity(ranges.len() + 1);
+    starts.push(0);
+    for &(lo, hi) in ranges {
+        starts.push(starts.last().copied().unwrap_or(0) + heads * (hi - lo));
+    }
+    let mut weights = vec![0f32; starts[ranges.len()]];
+    let first = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+    let end = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+    // The part of a tile that row i attends over: (its positions' slots, the first one's index in the row, n).
+    let part = |i: usize, t0: usize| {
+        let (lo, hi) = ranges[i];
+        let (a, b) = (t0.max(lo), (t0 + TILE).min(hi));
+        (a < b).then(|| (&slots[a..b], a - lo, hi - lo))
+    };
     for g in 0..kv_heads {
-        for h0 in (g * group..(g + 1) * group).step_by(4) {
-            let key = |slot: usize| &keys[slot + g * hd..slot + (g + 1) * hd];
-            let (q, w) = (&q[h0 * hd..], &mut weights[h0 * n..]);
-            match ((g + 1) * group - h0).min(4) {
-                4 => scores::<4>(q, hd, slots, key, scale, w),
-                3 => scores::<3>(q, hd, slots, key, scale, w),
-                2 => scores::<2>(q, hd, slots, key, scale, w),
-                _ => scores::<1>(q, hd, slots, key, scale, w),
+        let key = Key { keys, at: g * hd, hd };
+        for t0 in (first..end).step_by(TILE) {
+            for i in 0..ranges.len() {
+                let Some((tile, p0, n)) = part(i, t0) else { continue };
+                for h0 in (g * group..(g + 1) * group).step_by(4) {
+                    let q = &q[i * qd + h0 * hd..];
+                    let w = &mut weights[starts[i] + h0 * n + p0..];
+                    match ((g + 1) * group - h0).min(4) {
+                        4 => scores::<S, 4>(q, hd, tile, key, scale, n, w),
+                        3 => scores::<S, 3>(q, hd, tile, key, scale, n, w),
+                        2 => scores::<S, 2>(q, hd, tile, key, scale, n, w),
+                        _ => scores::<S, 1>(q, hd, tile, key, scale, n, w),
+                    }
+                }
             }
         }
     }
-    for w in weights.chunks_exact_mut(n.max(1)) {
-        softmax_weights(w);
+    for (i, &(lo, hi)) in ranges.iter().enumerate() {
+        for w in weights[starts[i]..starts[i + 1]].chunks_exact_mut((hi - lo).max(1)) {
+            softmax_weights(w);
+        }
     }
     // Values: up to three heads of a group and four chunks at a time, so each widened value chunk serves every
-    // head of the batch and the twelve accumulators stay in registers.
+    // head of the batch and the twelve accumulators stay in registers; they start from (and go back to) `out`
+    // between tiles, which keeps each output's chain of additions whole.
+    out.fill(0.0);
     for g in 0..kv_heads {
-        for h0 in (g * group..(g + 1) * group).step_by(3) {
-            let (batch, w) = (((g + 1) * group - h0).min(3), &weights[h0 * n..]);
-            for c0 in (0..chunks).step_by(4) {
-                let (at, o) = (g * hd + 8 * c0, &mut out[h0 * hd + 8 * c0..]);
-                let v = Values { w, n, slots, values, at, hd };
-                match (batch, (chunks - c0).min(4)) {
-                    (3, 4) => v.sum::<3, 4>(o),
-                    (3, 3) => v.sum::<3, 3>(o),
-                    (3, 2) => v.sum::<3, 2>(o),
-                    (3, _) => v.sum::<3, 1>(o),
-                    (2, 4) => v.sum::<2, 4>(o),
-                    (2, 3) => v.sum::<2, 3>(o),
-                    (2, 2) => v.sum::<2, 2>(o),
-                    (2, _) => v.sum::<2, 1>(o),
-                    (_, 4) => v.sum::<1, 4>(o),
-                    (_, 3) => v.sum::<1, 3>(o),
-                    (_, 2) => v.sum::<1, 2>(o),
-                    (_, _) => v.sum::<1, 1>(o),
+        for t0 in (first..end).step_by(TILE) {
+            for i in 0..ranges.len() {
+                let Some((tile, p0, n)) = part(i, t0) else { continue };
+                for h0 in (g * group..(g + 1) * group).step_by(3) {
+                    let batch = ((g + 1) * group - h0).min(3);
+                    let w = &weights[starts[i] + h0 * n + p0..];
+                    for c0 in (0..chunks).step_by(4) {
+                        let (at, o) = (g * hd + 8 * c0, &mut out[i * qd + h0 * hd + 8 * c0..]);
+                        let v = Values { w, n, slots: tile, values, at, hd };
+                        match (batch, (chunks - c0).min(4)) {
+                            (3, 4) => v.sum::<3, 4>(o),
+                            (3, 3) => v.sum::<3, 3>(o),
+                            (3, 2) => v.sum::<3, 2>(o),
+                            (3, _) => v.sum::<3, 1>(o),
+                            (2, 4) => v.sum::<2, 4>(o),
+                            (2, 3) => v.sum::<2, 3>(o),
+                            (2, 2) => v.sum::<2, 2>(o),
+                            (2, _) => v.sum::<2, 1>(o),
+                            (_, 4) => v.sum::<1, 4>(o),
+                            (_, 3) => v.sum::<1, 3>(o),
+                            (_, 2) => v.sum::<1, 2>(o),
+                            (_, _) => v.sum::<1, 1>(o),
+                        }
+                    }
                 }
             }
         }
     }
 }
 
-/// Scaled scores of `B` consecutive heads (queries in `q`, `hd` each, sharing one KV head whose key at a
-/// slot is `key(slot)`) for every position, into `out[i * n + p]` for head `i`: eight positions at a time, each
-/// head's eight lanes per position kept on the stack and summed together.
+/// Positions per tile: one KV head's keys of a tile (8 KiB at `head_dim` 64) stay in the L1 cache while every
+/// row of the group reads them.
+const TILE: usize = 64;
+
+/// One KV head's keys: `hd` values from `at` in every slot.
+#[derive(Clone, Copy)]
+struct Key<S> {
+    keys: S,
+    at: usize,
+    hd: usize,
+}
+
+/// Scaled scores of `B` consecutive heads (queries in `q`, `hd` each, sharing the KV head `key`) for every
+/// position in `slots`, into `out[i * n + p]` for head `i`: eight positions at a time, each head's eight lanes per
+/// position kept on the stack and summed together.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn scores<'k, const B: usize>(
+fn scores<S: Source, const B: usize>(
     q: &[f32],
     hd: usize,
     slots: &[usize],
-    key: impl Fn(usize) -> &'k [u16],
+    key: Key<S>,
     scale: f32,
+    n: usize,
     out: &mut [f32],
 ) {
-    let n = slots.len();
     // The heads' queries chunk-major (`qt[c * B + i]` is head i's chunk c), so the inner loop runs on fixed-size
     // chunks without bounds checks.
     let mut qt = vec![[0f32; 8]; hd / 8 * B];
@@ -93,16 +215,13 @@ fn scores<'k, const B: usize>(
         let mut pairs = block_slots.chunks_exact(2);
         for (pair, two) in pairs.by_ref().enumerate() {
             let ahead = block * 8 + 2 * pair + AHEAD;
-            if let Some(&far) = slots.get(ahead) {
-                prefetch_key(key(far));
+            for far in slots.iter().skip(ahead).take(2) {
+                key.keys.prefetch(far + key.at, key.hd);
             }
-            if let Some(&far) = slots.get(ahead + 1) {
-                prefetch_key(key(far));
-            }
-            let (k0, k1) = (key(two[0]), key(two[1]));
+            let (k0, k1) = (two[0] + key.at, two[1] + key.at);
             let (mut a0, mut a1) = ([_mm256_setzero_ps(); B], [_mm256_setzero_ps(); B]);
-            for ((c0, c1), qc) in k0.chunks_exact(8).zip(k1.chunks_exact(8)).zip(qt.chunks_exact(B)) {
-                let (c0, c1) = (load8h(c0), load8h(c1));
+            for (c, qc) in qt.chunks_exact(B).enumerate() {
+                let (c0, c1) = (key.keys.load8(k0 + 8 * c), key.keys.load8(k1 + 8 * c));
                 for i in 0..B {
                     let qv = load8f(&qc[i]);
                     a0[i] = _mm256_fmadd_ps(qv, c0, a0[i]);
@@ -117,8 +236,8 @@ fn scores<'k, const B: usize>(
         if let [slot] = *pairs.remainder() {
             let j = block_slots.len() - 1;
             let mut acc = [_mm256_setzero_ps(); B];
-            for (kc, qc) in key(slot).chunks_exact(8).zip(qt.chunks_exact(B)) {
-                let kc = load8h(kc);
+            for (c, qc) in qt.chunks_exact(B).enumerate() {
+                let kc = key.keys.load8(slot + key.at + 8 * c);
                 for (a, qv) in acc.iter_mut().zip(qc) {
                     *a = _mm256_fmadd_ps(load8f(qv), kc, *a);
                 }
@@ -134,36 +253,40 @@ fn scores<'k, const B: usize>(
     }
 }
 
-/// The weighted sum of values for a batch of heads of one group: head `i`'s weights are `w[i * n..]`, its
-/// value chunks start at `at` in every slot, and its output at `i * hd` of the output slice.
-struct Values<'a> {
+/// The weighted sum of values for a batch of heads of one group over the positions in `slots`: head `i`'s weights
+/// are `w[i * n..]`, its value chunks start at `at` in every slot, and its output at `i * hd` of the output slice.
+struct Values<'a, S> {
     w: &'a [f32],
     n: usize,
     slots: &'a [usize],
-    values: &'a [u16],
+    values: S,
     at: usize,
     hd: usize,
 }
 
-impl Values<'_> {
-    /// `W` chunks of eight output values for `B` heads: `Σ_p w[p] * value_p` in position order, each widened
-    /// chunk used by all `B` heads, the sums held in registers across all positions.
+impl<S: Source> Values<'_, S> {
+    /// `W` chunks of eight output values for `B` heads: `w[p] * value_p` added to them in position order, each
+    /// widened chunk used by all `B` heads, the sums held in registers across the positions.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn sum<const B: usize, const W: usize>(&self, out: &mut [f32]) {
         let Values { w, n, slots, values, at, hd } = *self;
         let mut acc = [[_mm256_setzero_ps(); W]; B];
+        for (i, a) in acc.iter_mut().enumerate() {
+            for (c, v) in a.iter_mut().enumerate() {
+                *v = load8f(&out[i * hd + 8 * c..]);
+            }
+        }
         for (p, &slot) in slots.iter().enumerate() {
             if let Some(&far) = slots.get(p + AHEAD) {
-                prefetch(&values[far + at..]);
+                values.prefetch(far + at, 8 * W);
             }
-            let value = values[slot + at..slot + at + 8 * W].chunks_exact(8);
             let mut wv = [_mm256_setzero_ps(); B];
             for (i, v) in wv.iter_mut().enumerate() {
                 *v = _mm256_set1_ps(w[i * n + p]);
             }
-            for (c, v) in value.enumerate() {
-                let vc = load8h(v);
+            for c in 0..W {
+                let vc = values.load8(slot + at + 8 * c);
                 for (a, &wi) in acc.iter_mut().zip(&wv) {
                     a[c] = _mm256_fmadd_ps(wi, vc, a[c]);
                 }
@@ -199,27 +322,10 @@ fn scores8(lanes: &[f32], scale: f32, out: &mut [f32]) {
 /// from memory (the weights pushed them out of the caches since the last step).
 const AHEAD: usize = 8;
 
-/// Prefetch every cache line of one key (or value) head.
-#[inline(always)]
-fn prefetch_key(key: &[u16]) {
-    for line in (0..key.len()).step_by(32) {
-        prefetch(&key[line..]);
-    }
-}
-
 /// A hint to bring the cache line holding `at[0]` into the caches. The slice index bounds-checks the address.
 #[inline(always)]
-fn prefetch(at: &[u16]) {
-    let p: *const u16 = &at[0];
+fn prefetch<T>(at: &[T]) {
+    let p: *const T = &at[0];
     // SAFETY: a prefetch never faults and reads nothing the program sees; `p` is a valid address anyway.
     unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
-}
-
-/// Eight f16 values as f32.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn load8h(b: &[u16]) -> __m256 {
-    let b = &b[..8];
-    // SAFETY: `b` holds 8 readable u16s (16 bytes); the load is unaligned.
-    _mm256_cvtph_ps(unsafe { _mm_loadu_si128(b.as_ptr().cast()) })
 }

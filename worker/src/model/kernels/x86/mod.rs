@@ -15,7 +15,6 @@ mod avx512;
 mod quantize;
 mod unpack;
 
-use super::attention::AttentionShape;
 use super::isa::Isa;
 use super::quant::{QuantizedRows, XBlock};
 use super::weight::Weight;
@@ -37,18 +36,8 @@ fn run_avx2<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
-/// [`super::attention`] in AVX2 (`head_dim` a multiple of 8).
-pub(super) fn attention(
-    q: &[f32],
-    slots: &[usize],
-    keys: &[u16],
-    values: &[u16],
-    shape: AttentionShape,
-    out: &mut [f32],
-) {
-    // SAFETY: the caller checked `available()`, so the CPU has AVX2, FMA and F16C.
-    unsafe { attention::attention_avx2(q, slots, keys, values, shape, out) }
-}
+/// [`super::attention_rows`] in AVX2 (`head_dim` a multiple of 8; the caller checked `available()`).
+pub(super) use attention::attention_rows;
 
 /// [`super::weight::widen_half`] with F16C for IEEE halves (a call per eight values in the `half` crate's slice
 /// conversion cost F16 weights a third of their speed at one row).

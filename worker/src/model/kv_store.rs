@@ -1,0 +1,183 @@
+//! The CPU's KV cache storage: keys and values of every layer in fixed-size blocks addressed by `BlockId`, as IEEE
+//! half precision (`f16`, llama.cpp's default) or as 8-bit blocks (`q8`: 32 values share one f16 scale, llama.cpp's
+//! `q8_0` cache type), 1.88x the tokens per byte.
+//!
+//! A value's slot is its offset in a layer's plane, the same for both types; an 8-bit plane keeps its scales apart,
+//! one per 32 values (`slot / 32`), so a token's row must be whole blocks: the width of a row of keys
+//! (`kv_heads * head_dim`) a multiple of 32, which every released model meets (head sizes 64, 128, 256).
+//! Rounding is a pure function of the row either way: to nearest even for f16, and for q8 the scale is the block's
+//! largest magnitude / 127 rounded to f16, each value `round(x / scale)`.
+
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+
+use super::config::LlamaConfig;
+use super::kernels::KvPlane;
+pub use crate::kv::dtype::{KvDtype, Q8_BLOCK};
+use crate::kv::pool::BlockId;
+use crate::kv::window::{KvLayout, KvSizing};
+
+/// One layer's keys or values.
+#[derive(Debug)]
+enum Plane {
+    /// f16 bits (plain `u16` so a fresh store is zeroed memory the OS maps lazily).
+    F16(Vec<u16>),
+    /// 8-bit values and one f16 scale (bits) per 32 of them.
+    Q8 { q: Vec<i8>, d: Vec<u16> },
+}
+
+impl Plane {
+    fn new(dtype: KvDtype, values: usize) -> Self {
+        match dtype {
+            KvDtype::F16 => Plane::F16(vec![0; values]),
+            KvDtype::Q8 => Plane::Q8 { q: vec![0; values], d: vec![0; values.div_ceil(Q8_BLOCK)] },
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Plane::F16(b) => 2 * b.len(),
+            Plane::Q8 { q, d } => q.len() + 2 * d.len(),
+        }
+    }
+
+    /// Store `row` at `slot`.
+    fn write(&mut self, slot: usize, row: &[f32]) {
+        match self {
+            Plane::F16(b) => b[slot..slot + row.len()].reinterpret_cast_mut::<f16>().convert_from_f32_slice(row),
+            Plane::Q8 { q, d } => {
+                let (q, d) = (&mut q[slot..slot + row.len()], &mut d[slot / Q8_BLOCK..]);
+                for ((x, q), d) in row.chunks(Q8_BLOCK).zip(q.chunks_mut(Q8_BLOCK)).zip(d.iter_mut()) {
+                    *d = quantize_q8(x, q);
+                }
+            }
+        }
+    }
+
+    fn view(&self) -> KvPlane<'_> {
+        match self {
+            Plane::F16(b) => KvPlane::F16(b),
+            Plane::Q8 { q, d } => KvPlane::Q8 { q, d },
+        }
+    }
+}
+
+/// One block of up to 32 values to 8 bits: returns the scale's f16 bits (largest magnitude / 127, rounded to f16)
+/// and writes each value as `round(x / scale)`, ties away from zero.
+pub fn quantize_q8(x: &[f32], q: &mut [i8]) -> u16 {
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = f16::from_f32(amax / 127.0);
+    let inv = if d.to_f32() > 0.0 { 1.0 / d.to_f32() } else { 0.0 };
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    d.to_bits()
+}
+
+/// Keys and values of every layer, in fixed-size blocks addressed by `BlockId`, as `KvDtype` says. (bfloat16,
+/// tried first, keeps too few mantissa bits: the bundled model's greedy answers drifted.)
+#[derive(Debug)]
+pub struct KvStore {
+    block_size: usize,
+    kv_dim: usize,
+    dtype: KvDtype,
+    k: Vec<Plane>,
+    v: Vec<Plane>,
+}
+
+impl KvStore {
+    /// f16 storage for `blocks` blocks of `block_size` tokens in every layer.
+    pub fn new(cfg: &LlamaConfig, blocks: usize, block_size: usize) -> Self {
+        Self::with_layout(cfg, &KvLayout::full(blocks), block_size)
+    }
+
+    /// Storage as `layout` says: its type, and the sliding-window layers' blocks apart when it says so. The
+    /// caller checked the type suits the model ([`KvDtype::check`]).
+    pub fn with_layout(cfg: &LlamaConfig, layout: &KvLayout, block_size: usize) -> Self {
+        let dtype = layout.dtype;
+        let per_layer = |li: usize| layout.blocks_of(cfg.is_local(li)) * block_size * cfg.kv_dim();
+        KvStore {
+            block_size,
+            kv_dim: cfg.kv_dim(),
+            dtype,
+            k: (0..cfg.layers).map(|li| Plane::new(dtype, per_layer(li))).collect(),
+            v: (0..cfg.layers).map(|li| Plane::new(dtype, per_layer(li))).collect(),
+        }
+    }
+
+    /// What sizing a KV budget for `cfg` needs: a block's bytes (of `dtype`) over the full layers and over the
+    /// sliding-window layers (keys and values), and the scheduler's bounds.
+    pub fn sizing(
+        cfg: &LlamaConfig,
+        block_size: usize,
+        max_running: usize,
+        max_item: usize,
+        dtype: KvDtype,
+    ) -> KvSizing {
+        let local = (0..cfg.layers).filter(|&li| cfg.is_local(li)).count();
+        let bytes = |layers: usize| 2 * layers * block_size * dtype.bytes(cfg.kv_dim());
+        KvSizing {
+            full_block_bytes: bytes(cfg.layers - local),
+            window: cfg.sliding.filter(|_| local > 0).map(|s| (bytes(local), s.window.max(1))),
+            context: cfg.context_length,
+            block_size,
+            max_running,
+            max_item,
+            dtype,
+        }
+    }
+
+    /// Bytes the keys and values take.
+    pub fn bytes(&self) -> usize {
+        self.k.iter().chain(&self.v).map(Plane::bytes).sum()
+    }
+
+    /// How it stores them.
+    pub fn dtype(&self) -> KvDtype {
+        self.dtype
+    }
+
+    /// Where position `pos` of a sequence with block table `blocks` lives in every layer's plane.
+    pub(crate) fn slot(&self, blocks: &[BlockId], pos: usize) -> usize {
+        (blocks[pos / self.block_size] as usize * self.block_size + pos % self.block_size) * self.kv_dim
+    }
+
+    /// Store one token's key and value rows (`kv_dim` each) of layer `li` at `slot`.
+    pub(crate) fn write(&mut self, li: usize, slot: usize, key: &[f32], value: &[f32]) {
+        self.k[li].write(slot, key);
+        self.v[li].write(slot, value);
+    }
+
+    /// Layer `li`'s keys and values, for attention.
+    pub(crate) fn layer(&self, li: usize) -> (KvPlane<'_>, KvPlane<'_>) {
+        (self.k[li].view(), self.v[li].view())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q8_blocks_hold_values_within_half_a_step_of_their_scale() {
+        let x: Vec<f32> = (0..32).map(|i| ((i * 7) % 13) as f32 * 0.37 - 2.0).collect();
+        let mut q = [0i8; 32];
+        let d = f16::from_bits(quantize_q8(&x, &mut q)).to_f32();
+        assert!((d - 2.44 / 127.0).abs() < 1e-4, "scale {d}");
+        for (&v, &q) in x.iter().zip(&q) {
+            assert!((v - q as f32 * d).abs() <= d / 2.0 + 1e-6, "{v} as {q}");
+        }
+        // All zeros: scale 0, values 0 (no division by zero).
+        assert_eq!(quantize_q8(&[0.0; 32], &mut q), 0);
+        assert!(q.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn q8_takes_34_bytes_per_32_values_and_needs_whole_blocks_per_row() {
+        assert_eq!(KvDtype::Q8.bytes(192), 204);
+        assert_eq!(KvDtype::F16.bytes(192), 384);
+        assert!(KvDtype::Q8.check(192).is_ok());
+        assert!(KvDtype::Q8.check(72).unwrap_err().contains("--kv-dtype f16"));
+        assert!(KvDtype::F16.check(72).is_ok());
+    }
+}
