@@ -20,6 +20,8 @@ fn worker_meta(models: usize) -> WorkerMeta {
         kv_blocks_free: 1400,
         kv_blocks_cached: 12,
         kv_fragmentation: 0.125,
+        kv_dtype: "f16".into(),
+        kv_bytes_per_token: 23_040,
         memory_total_bytes: 512 << 20,
         memory_free_bytes: 480 << 20,
         max_running: 32,

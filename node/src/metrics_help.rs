@@ -110,6 +110,10 @@ pub const HELP: &[(&str, &str)] = &[
     ("zl_worker_kv_blocks_free", "Free KV-cache blocks"),
     ("zl_worker_kv_blocks_total", "KV-cache blocks in all"),
     ("zl_worker_kv_blocks_used", "KV-cache blocks used by running sequences"),
+    (
+        "zl_worker_kv_bytes_per_token",
+        "Bytes one token's keys and values take across the layers, by model and KV dtype (f16, q8)",
+    ),
     ("zl_worker_kv_fragmentation_ratio", "Share of allocated KV-cache slots left unused in partly filled blocks"),
     ("zl_worker_output_tokens_total", "Output tokens generated"),
     ("zl_worker_prefill_tokens_total", "Prompt tokens prefilled (cached prefixes excluded)"),

@@ -36,6 +36,10 @@ pub struct WorkerReport {
     pub max_running: u32,
     /// The KV budget in bytes (shared equally by the models).
     pub kv_budget_bytes: u64,
+    /// How the KV cache stores keys and values (`f16`, `q8`).
+    pub kv_dtype: String,
+    /// Bytes one token's keys and values take (the largest over the models).
+    pub kv_bytes_per_token: u64,
 }
 
 /// Totals over the models.
@@ -95,6 +99,8 @@ impl WorkerReport {
             kv_blocks_free: t.free,
             kv_blocks_cached: t.cached,
             kv_fragmentation: t.fragmentation,
+            kv_dtype: self.kv_dtype.clone(),
+            kv_bytes_per_token: self.kv_bytes_per_token,
             memory_total_bytes: t.memory_total.unwrap_or(self.kv_budget_bytes),
             memory_free_bytes: t.memory_free,
             max_running: self.max_running,

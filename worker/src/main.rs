@@ -206,7 +206,7 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
             args.kv_dtype.name(),
             layout.blocks,
             args.kv_block_size,
-            sizing.full_block_bytes / args.kv_block_size.max(1)
+            KvStore::bytes_per_token(cfg, args.kv_dtype)
         );
         if let Some(w) = layout.window {
             eprintln!(
@@ -269,8 +269,13 @@ async fn serve(args: ServeArgs) -> Result<()> {
     // Which CPU kernels run (the same results on each; only the speed differs), for dashboards comparing nodes.
     metrics::gauge!("zl_worker_cpu_kernels", "isa" => zl_worker::model::kernels::Isa::current().name()).set(1.0);
     let mut served = Vec::new();
+    let mut kv_bytes_per_token = 0;
     for loaded in load(&args.model)? {
         let cfg = loaded.core.model().llama.config().clone();
+        let per_token = KvStore::bytes_per_token(&cfg, args.model.kv_dtype) as u64;
+        kv_bytes_per_token = kv_bytes_per_token.max(per_token);
+        let labels = [("model", loaded.id.clone()), ("dtype", args.model.kv_dtype.name().to_owned())];
+        metrics::gauge!("zl_worker_kv_bytes_per_token", &labels).set(per_token as f64);
         let tokenizer = Arc::new(loaded.core.model().tokenizer.clone());
         let family = loaded.core.model().family.clone();
         let weights_bytes = loaded.core.model().llama.weight_bytes_by_format().values().sum::<usize>() as u64;
@@ -333,6 +338,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         region: args.region.region.clone(),
         max_running: args.model.max_running as u32,
         kv_budget_bytes: (args.model.kv_memory_mb as u64) << 20,
+        kv_dtype: args.model.kv_dtype.name().to_owned(),
+        kv_bytes_per_token,
     };
     let service = Arc::new(WorkerService::new(served));
     let server = Server::spawn(args.listen, &identity, zl_worker::rpc_settings(), service.clone())?;

@@ -53,7 +53,7 @@ fn gemma3_q4_k_m_loads_in_its_own_formats_and_scores_as_llama_cpp_does() {
     let tokens = model.tokenizer.encode(std::str::from_utf8(text).unwrap()).unwrap();
     let bos = gguf::bos_token(&path).unwrap();
     assert_eq!(bos, Some(2));
-    let p = perplexity(&model.llama, &tokens, 512, bos).unwrap();
+    let p = perplexity(&model.llama, &tokens, 512, bos, KvDtype::F16).unwrap();
     let ratio = p.value / LLAMA_CPP_PERPLEXITY;
     assert!((ratio - 1.0).abs() < 0.01, "perplexity {} against llama.cpp's {LLAMA_CPP_PERPLEXITY}", p.value);
 }

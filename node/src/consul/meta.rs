@@ -9,6 +9,7 @@
 //! | `version`, `device`, `region` | strings (cut to 512 bytes) |
 //! | `kv_blocks_total`, `kv_blocks_free`, `kv_blocks_cached` | integers |
 //! | `kv_fragmentation` | ratio, three decimals |
+//! | `kv_dtype`, `kv_bytes_per_token` | how the KV cache stores keys and values (`f16`, `q8`) and what one token of them takes (absent from older workers) |
 //! | `memory_total_bytes`, `memory_free_bytes` | integers: VRAM on a GPU, the KV budget on a CPU |
 //! | `max_running` | integer |
 //! | `models` | how many models the worker serves |
@@ -31,7 +32,7 @@ pub const MAX_VALUE_LEN: usize = 512;
 pub const SHA_PREFIX: usize = 12;
 
 /// The keys every worker's Meta has; `models_N` and `models_omitted` share what remains of [`MAX_KEYS`].
-const FIXED_KEYS: [&str; 11] = [
+const FIXED_KEYS: [&str; 13] = [
     "version",
     "device",
     "region",
@@ -39,6 +40,8 @@ const FIXED_KEYS: [&str; 11] = [
     "kv_blocks_free",
     "kv_blocks_cached",
     "kv_fragmentation",
+    "kv_dtype",
+    "kv_bytes_per_token",
     "memory_total_bytes",
     "memory_free_bytes",
     "max_running",
@@ -73,6 +76,10 @@ pub struct WorkerMeta {
     pub kv_blocks_cached: u64,
     /// KV fragmentation ratio, 0 to 1.
     pub kv_fragmentation: f32,
+    /// How the KV cache stores keys and values: `f16` or `q8` (empty: not reported).
+    pub kv_dtype: String,
+    /// Bytes one token's keys and values take across the layers (0: not reported).
+    pub kv_bytes_per_token: u64,
     /// Memory for the model and KV: VRAM on a GPU, the KV budget on a CPU, bytes.
     pub memory_total_bytes: u64,
     /// Of which free, bytes.
@@ -100,6 +107,8 @@ impl WorkerMeta {
         put("kv_blocks_free", self.kv_blocks_free.to_string());
         put("kv_blocks_cached", self.kv_blocks_cached.to_string());
         put("kv_fragmentation", format!("{:.3}", self.kv_fragmentation.clamp(0.0, 1.0)));
+        put("kv_dtype", cut(&self.kv_dtype));
+        put("kv_bytes_per_token", self.kv_bytes_per_token.to_string());
         put("memory_total_bytes", self.memory_total_bytes.to_string());
         put("memory_free_bytes", self.memory_free_bytes.to_string());
         put("max_running", self.max_running.to_string());
@@ -170,6 +179,8 @@ impl WorkerMeta {
             kv_fragmentation: fragmentation
                 .parse()
                 .map_err(|_| MetaError(format!("kv_fragmentation is not a number: {fragmentation:?}")))?,
+            kv_dtype: text("kv_dtype"),
+            kv_bytes_per_token: if meta.contains_key("kv_bytes_per_token") { num("kv_bytes_per_token")? } else { 0 },
             memory_total_bytes: num("memory_total_bytes")?,
             memory_free_bytes: num("memory_free_bytes")?,
             max_running: u32::try_from(num("max_running")?).map_err(|_| MetaError("max_running too large".into()))?,
@@ -188,6 +199,8 @@ impl WorkerMeta {
             || self.region != before.region
             || self.models != before.models
             || self.kv_blocks_total != before.kv_blocks_total
+            || self.kv_dtype != before.kv_dtype
+            || self.kv_bytes_per_token != before.kv_bytes_per_token
             || self.memory_total_bytes != before.memory_total_bytes
             || self.max_running != before.max_running
             || moved(self.kv_blocks_free, before.kv_blocks_free)
@@ -275,6 +288,8 @@ mod tests {
             kv_blocks_free: 600,
             kv_blocks_cached: 100,
             kv_fragmentation: 0.25,
+            kv_dtype: "q8".into(),
+            kv_bytes_per_token: 12_240,
             memory_total_bytes: 512 << 20,
             memory_free_bytes: 300 << 20,
             max_running: 32,
@@ -302,6 +317,7 @@ mod tests {
             assert_eq!(a.weights_bytes, b.weights_bytes);
         }
         assert_eq!((back.kv_blocks_free, back.max_running, back.kv_fragmentation), (600, 32, 0.25));
+        assert_eq!((back.kv_dtype.as_str(), back.kv_bytes_per_token), ("q8", 12_240));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use zl_worker::eval::reference::{LlamaCpp, divergence, llama_perplexity_binary};
 use zl_worker::eval::{answers, perplexity};
 use zl_worker::fetch;
 use zl_worker::model::kernels::Isa;
+use zl_worker::model::llama::KvDtype;
 use zl_worker::model::{Precision, gguf, load_with};
 
 /// `zl-worker eval` arguments.
@@ -37,6 +38,9 @@ pub(crate) struct EvalArgs {
     /// `ZL_LLAMA_PERPLEXITY`, `.tools/llama.cpp/bin/` or the PATH; `scripts/llama-cpp` builds it).
     #[arg(long, value_parser = ["llama.cpp"])]
     reference: Option<String>,
+    /// How the scratch KV cache stores keys and values (`f16` or `q8`), as the worker's `--kv-dtype`.
+    #[arg(long, value_enum, default_value_t = KvDtype::F16)]
+    kv_dtype: KvDtype,
     /// Longest answer to a question, in tokens.
     #[arg(long, default_value_t = 32)]
     max_tokens: usize,
@@ -59,7 +63,8 @@ pub(crate) fn run(args: &EvalArgs) -> Result<()> {
 fn score(args: &EvalArgs, path: &Path, text_path: &Path) -> Result<()> {
     let text = std::fs::read_to_string(text_path).with_context(|| format!("reading {}", text_path.display()))?;
     let bos = if path.is_dir() { None } else { gguf::bos_token(path)? };
-    let mut precisions = vec![(Precision::Native, format!("native ({} kernels)", Isa::current().name()))];
+    let kv = args.kv_dtype.name();
+    let mut precisions = vec![(Precision::Native, format!("native ({} kernels, {kv} KV)", Isa::current().name()))];
     if args.float {
         precisions.push((Precision::Float, "float reference".to_owned()));
     }
@@ -73,7 +78,7 @@ fn score(args: &EvalArgs, path: &Path, text_path: &Path) -> Result<()> {
         println!("{name}: weights in memory: {}{resident}", model.llama.weights_summary());
         let tokens = model.tokenizer.encode(&text)?;
         let started = Instant::now();
-        let Some(p) = perplexity(&model.llama, &tokens, args.context, bos) else {
+        let Some(p) = perplexity(&model.llama, &tokens, args.context, bos, args.kv_dtype) else {
             bail!("the text has {} tokens, fewer than one chunk of {}", tokens.len(), args.context);
         };
         println!(

@@ -4,7 +4,8 @@
 //! `exp(mean negative log-likelihood)` of the scored tokens; lower is better.
 
 use crate::kv::pool::BlockId;
-use crate::model::llama::{BatchItem, KvStore, Llama};
+use crate::kv::window::KvLayout;
+use crate::model::llama::{BatchItem, KvDtype, KvStore, Llama};
 
 /// Tokens per KV block of the scratch cache.
 const BLOCK: usize = 16;
@@ -30,13 +31,14 @@ fn log_prob(logits: &[f32], token: u32) -> f64 {
 /// Perplexity of `model` over `tokens` the way llama.cpp's `perplexity` computes it: the text's tokens (after
 /// `bos`, when the model has one) in chunks of `context`, each chunk's first token replaced by `bos`, each chunk
 /// run from an empty cache in one prefill, and every token of its second half but the first scored from the
-/// logits of the position before it. `None` when the text is shorter than one chunk.
-pub fn perplexity(model: &Llama, tokens: &[u32], context: usize, bos: Option<u32>) -> Option<Perplexity> {
+/// logits of the position before it, keys and values cached as `kv` says. `None` when the text is shorter than one
+/// chunk.
+pub fn perplexity(model: &Llama, tokens: &[u32], context: usize, bos: Option<u32>, kv: KvDtype) -> Option<Perplexity> {
     let context = context.max(4);
     let all: Vec<u32> = bos.into_iter().chain(tokens.iter().copied()).collect();
     let (mut nll, mut scored) = (0f64, 0usize);
     let chunks = all.chunks_exact(context).count();
-    score_chunks(model, all.chunks_exact(context), bos, |_, row, next| {
+    score_chunks(model, all.chunks_exact(context), bos, kv, |_, row, next| {
         nll -= log_prob(row, next);
         scored += 1;
     });
@@ -45,11 +47,12 @@ pub fn perplexity(model: &Llama, tokens: &[u32], context: usize, bos: Option<u32
 
 /// Run each chunk (its first token replaced by `bos`, when given) from an empty cache in one prefill, and hand
 /// `row` the chunk's index, the logits of each scored position (the second half of the chunk but its last token,
-/// in order) and the token after it.
+/// in order) and the token after it. Keys and values are cached as `kv` says.
 pub fn score_chunks<'a>(
     model: &Llama,
     chunks: impl Iterator<Item = &'a [u32]>,
     bos: Option<u32>,
+    kv: KvDtype,
     mut row: impl FnMut(usize, &[f32], u32),
 ) {
     let vocab = model.config().vocab;
@@ -58,8 +61,8 @@ pub fn score_chunks<'a>(
         let context = piece.len();
         if scratch.as_ref().is_none_or(|(len, _, _)| *len != context) {
             let blocks: Vec<BlockId> = (0..context.div_ceil(BLOCK) as BlockId).collect();
-            let kv = KvStore::new(model.config(), blocks.len(), BLOCK);
-            scratch = Some((context, blocks, kv));
+            let layout = KvLayout::full(blocks.len()).with_dtype(kv);
+            scratch = Some((context, blocks, KvStore::with_layout(model.config(), &layout, BLOCK)));
         }
         let (_, blocks, kv) = scratch.as_mut().expect("just made");
         let mut chunk = piece.to_vec();

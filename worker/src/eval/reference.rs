@@ -10,7 +10,7 @@ use std::process::Command;
 
 use super::logits_file::{Divergence, LogitsFileError, read_header, read_row};
 use super::perplexity::score_chunks;
-use crate::model::llama::Llama;
+use crate::model::llama::{KvDtype, Llama};
 
 /// Where to find `llama-perplexity`: `ZL_LLAMA_PERPLEXITY`, else `.tools/llama.cpp/bin/llama-perplexity` under the
 /// working directory when it exists, else `llama-perplexity` on the `PATH`.
@@ -123,7 +123,7 @@ pub fn divergence(model: &Llama, saved: &Path, bos: Option<u32>) -> Result<Diver
             read_row(&mut file, row)?;
         }
         let mut i = 0;
-        score_chunks(model, std::iter::once(chunk), bos, |_, logits, next| {
+        score_chunks(model, std::iter::once(chunk), bos, KvDtype::F16, |_, logits, next| {
             divergence.add(&saved_rows[i * len..(i + 1) * len], logits, next);
             i += 1;
         });

@@ -127,6 +127,11 @@ impl KvStore {
         }
     }
 
+    /// Bytes one token's keys and values take across all layers, stored as `dtype`.
+    pub fn bytes_per_token(cfg: &LlamaConfig, dtype: KvDtype) -> usize {
+        2 * cfg.layers * dtype.bytes(cfg.kv_dim())
+    }
+
     /// Bytes the keys and values take.
     pub fn bytes(&self) -> usize {
         self.k.iter().chain(&self.v).map(Plane::bytes).sum()

@@ -40,7 +40,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value = "stories", value_parser = ["stories", "overlap", "json"])]
     workload: String,
     /// Instead: time the prefill of one prompt of each of these lengths in tokens, alone (e.g. 1024,4096,8192;
-    /// capped one below the context window), as the time to its first token.
+    /// capped below the context window), as the time to its first token, then its decoding of `--max-tokens`
+    /// tokens at that context.
     #[arg(long, value_delimiter = ',')]
     prefill: Vec<usize>,
 }
@@ -69,7 +70,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let core = &mut loaded.core;
     println!("model: {}, CPU kernels: {}", loaded.path.display(), zl_worker::model::kernels::Isa::current().name());
     if !args.prefill.is_empty() {
-        return prefill(core, &args.prefill);
+        return prefill(core, &args.prefill, args.max_tokens);
     }
     println!(
         "{:>11} {:>15} {:>15} {:>9} {:>12} {:>12} {:>11}",
@@ -162,25 +163,34 @@ fn full_batch(steps: &mut [Duration]) -> String {
     format!(" (full-batch step p50 {:.2} ms over {} steps)", percentile(steps, 0.5).as_secs_f64() * 1e3, steps.len())
 }
 
-/// Time the prefill of one prompt of each length, alone: the time to its first token.
-fn prefill(core: &mut zl_worker::engine::EngineCore, lengths: &[usize]) -> Result<()> {
+/// Time the prefill of one prompt of each length, alone: the time to its first token; then the rate of the
+/// `max_tokens - 1` tokens it decodes after that, at that context.
+fn prefill(core: &mut zl_worker::engine::EngineCore, lengths: &[usize], max_tokens: u32) -> Result<()> {
     let tok = &core.model().tokenizer;
     let unit = tok.encode("The orchestrators keep the routing state replicated, so losing one loses nothing. ")?;
     let context = core.model().llama.config().context_length;
-    println!("{:>14} {:>12} {:>15}", "prompt tokens", "TTFT s", "prefill tok/s");
+    println!("{:>14} {:>12} {:>15} {:>15}", "prompt tokens", "TTFT s", "prefill tok/s", "decode tok/s");
     for (i, &asked) in lengths.iter().enumerate() {
-        let n = asked.clamp(1, context - 1);
+        let max_tokens = max_tokens.clamp(1, (context / 2) as u32);
+        let n = asked.clamp(1, context - max_tokens as usize);
         // A different first token per run, so the prefix cache never serves one from another.
         let mut prompt = vec![unit[i % unit.len()]];
         prompt.extend(unit.iter().cycle().take(n - 1));
-        let req = Request::new(prompt, Sampling::greedy(), 1);
-        core.add(1_000_000 + i as u64, req)?;
+        core.add(1_000_000 + i as u64, Request::new(prompt, Sampling::greedy(), max_tokens))?;
         let started = Instant::now();
+        let (mut first, mut decoded) = (None, 0u32);
         while core.has_work() {
-            core.step();
+            let tokens = core.step().iter().filter(|e| matches!(e, Event::Token { .. })).count() as u32;
+            match first {
+                None if tokens > 0 => first = Some(started.elapsed()),
+                None => {}
+                Some(_) => decoded += tokens,
+            }
         }
-        let secs = started.elapsed().as_secs_f64();
-        println!("{n:>14} {secs:>12.2} {:>15.1}", n as f64 / secs);
+        let ttft = first.unwrap_or_else(|| started.elapsed());
+        let decode = started.elapsed().saturating_sub(ttft).as_secs_f64();
+        let rate = if decoded > 0 { format!("{:.1}", f64::from(decoded) / decode) } else { "-".into() };
+        println!("{n:>14} {:>12.2} {:>15.1} {rate:>15}", ttft.as_secs_f64(), n as f64 / ttft.as_secs_f64());
     }
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS: {rss:.0} MiB");
