@@ -401,6 +401,8 @@ impl Llama {
                 outs.push(out);
                 rest = tail;
             }
+            // Fewer tiles than threads (one long sequence decoding): each splits its own work over them.
+            let split = groups.len() < rayon::current_num_threads();
             outs.into_par_iter().zip(&groups).for_each(|(out, &(a, b))| {
                 let it = row_item[a];
                 let (base, slots) = match (&window_slots[it], local) {
@@ -414,7 +416,7 @@ impl Llama {
                     })
                     .collect();
                 let (keys, values) = kv_ref.layer(li);
-                attention_rows(&q[a * qd..b * qd], slots, &ranges, keys, values, shape, out);
+                attention_rows(&q[a * qd..b * qd], slots, &ranges, keys, values, shape, split, out);
             });
             layer.wo.matmul(&attn, n, &mut proj);
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.0));

@@ -3,6 +3,8 @@
 
 use std::arch::x86_64::*;
 
+use rayon::prelude::*;
+
 use super::super::attention::{AttentionShape, KvPlane, softmax_weights};
 use super::super::math::hsum;
 use super::simd::{load8f, store8f};
@@ -15,15 +17,16 @@ pub(in super::super) fn attention_rows(
     keys: KvPlane<'_>,
     values: KvPlane<'_>,
     shape: AttentionShape,
+    split: bool,
     out: &mut [f32],
 ) {
     // SAFETY (both): the caller checked the CPU has AVX2, FMA and F16C.
     match (keys, values) {
         (KvPlane::F16(k), KvPlane::F16(v)) => unsafe {
-            attention_rows_avx2(q, slots, ranges, Half(k), Half(v), shape, out)
+            attention_rows_avx2(q, slots, ranges, Half(k), Half(v), shape, split, out)
         },
         (KvPlane::Q8 { q: kq, d: kd }, KvPlane::Q8 { q: vq, d: vd }) => unsafe {
-            attention_rows_avx2(q, slots, ranges, Q8(kq, kd), Q8(vq, vd), shape, out)
+            attention_rows_avx2(q, slots, ranges, Q8(kq, kd), Q8(vq, vd), shape, split, out)
         },
         _ => unreachable!("keys and values are stored alike"),
     }
@@ -31,7 +34,7 @@ pub(in super::super) fn attention_rows(
 
 /// Where eight consecutive cache values (from an offset that is a multiple of 8) come from, as f32: exactly
 /// [`KvPlane::get`]'s values.
-trait Source: Copy {
+trait Source: Copy + Send {
     fn load8(self, at: usize) -> __m256;
     /// Ask for the cache lines of `len` values from `at`.
     fn prefetch(self, at: usize, len: usize);
@@ -82,21 +85,24 @@ impl Source for Q8<'_> {
     }
 }
 
-/// [`super::super::attention_rows`]' arithmetic (`head_dim` a multiple of 8) with the f16 cache widened by F16C.
-/// The rows go through the keys (then the values) one tile of [`TILE`] positions and one KV head at a time, so a
-/// tile read from memory serves every row and head of its group while it sits in the L1 cache (the flash-attention
-/// tiling); each position's score and each output's chain of fused multiply-adds are computed as for a row alone,
-/// so the order changes nothing. Scores: each key chunk is widened once for up to four heads of its group, each
-/// head's eight lanes are kept, and eight positions' lanes are summed at once. Values: per head, four output chunks
-/// stay in registers across a tile's positions.
+/// [`super::super::attention_rows`]' arithmetic (`head_dim` a multiple of 8) with the cache widened by F16C.
+/// The rows go through the keys (then the values) one tile of [`TILE`] positions at a time, so a tile read from
+/// memory serves every row and head while it sits in the L1 cache (the flash-attention tiling); each position's
+/// score and each output's chain of fused multiply-adds are computed as for a row alone, so the order changes
+/// nothing. With `split`, long ranges split over the threads (flash-decoding, without its rescaling): the scores by tile, the
+/// softmax by row and head, the weighted sums of values by KV head and output chunk, each of them whole in one task.
+/// Scores: each key chunk is widened once for up to four heads of its group, each head's eight lanes are kept, and
+/// eight positions' lanes are summed at once. Values: per head, four output chunks stay in registers across a
+/// tile's positions.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn attention_rows_avx2<S: Source>(
+fn attention_rows_avx2<S: Source + Sync>(
     q: &[f32],
     slots: &[usize],
     ranges: &[(usize, usize)],
     keys: S,
     values: S,
     shape: AttentionShape,
+    split: bool,
     out: &mut [f32],
 ) {
     let AttentionShape { heads, kv_heads, head_dim: hd, scale } = shape;
@@ -111,69 +117,125 @@ fn attention_rows_avx2<S: Source>(
     let mut weights = vec![0f32; starts[ranges.len()]];
     let first = ranges.iter().map(|r| r.0).min().unwrap_or(0);
     let end = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-    // The part of a tile that row i attends over: (its positions' slots, the first one's index in the row, n).
+    let tiles: Vec<usize> = (first..end).step_by(TILE).collect();
+    let parallel = split && tiles.len() >= PARALLEL_TILES && rayon::current_num_threads() > 1;
+    // The part of the tile from `t0` that row i attends over: (its positions' slots, the first one's index in
+    // the row, the row's positions).
     let part = |i: usize, t0: usize| {
         let (lo, hi) = ranges[i];
         let (a, b) = (t0.max(lo), (t0 + TILE).min(hi));
         (a < b).then(|| (&slots[a..b], a - lo, hi - lo))
     };
-    for g in 0..kv_heads {
-        let key = Key { keys, at: g * hd, hd };
-        for t0 in (first..end).step_by(TILE) {
+    // Row i's scores over `tile` into `w`: head h's at `w[h * stride..]`.
+    let tile_scores = |i: usize, tile: &[usize], w: &mut [f32], stride: usize| {
+        for g in 0..kv_heads {
+            let key = Key { keys, at: g * hd, hd };
+            for h0 in (g * group..(g + 1) * group).step_by(4) {
+                let (q, w) = (&q[i * qd + h0 * hd..], &mut w[h0 * stride..]);
+                match ((g + 1) * group - h0).min(4) {
+                    4 => scores::<S, 4>(q, hd, tile, key, scale, stride, w),
+                    3 => scores::<S, 3>(q, hd, tile, key, scale, stride, w),
+                    2 => scores::<S, 2>(q, hd, tile, key, scale, stride, w),
+                    _ => scores::<S, 1>(q, hd, tile, key, scale, stride, w),
+                }
+            }
+        }
+    };
+    if parallel {
+        // Each tile into a buffer of its own (row after row, head after head), then into place.
+        let bufs = tasks(true, tiles.clone(), |t0| {
+            let mut buf = Vec::new();
+            for i in 0..ranges.len() {
+                if let Some((tile, _, _)) = part(i, t0) {
+                    let at = buf.len();
+                    buf.resize(at + heads * tile.len(), 0.0);
+                    tile_scores(i, tile, &mut buf[at..], tile.len());
+                }
+            }
+            buf
+        });
+        for (&t0, buf) in tiles.iter().zip(bufs) {
+            let mut runs = buf.as_slice();
             for i in 0..ranges.len() {
                 let Some((tile, p0, n)) = part(i, t0) else { continue };
-                for h0 in (g * group..(g + 1) * group).step_by(4) {
-                    let q = &q[i * qd + h0 * hd..];
-                    let w = &mut weights[starts[i] + h0 * n + p0..];
-                    match ((g + 1) * group - h0).min(4) {
-                        4 => scores::<S, 4>(q, hd, tile, key, scale, n, w),
-                        3 => scores::<S, 3>(q, hd, tile, key, scale, n, w),
-                        2 => scores::<S, 2>(q, hd, tile, key, scale, n, w),
-                        _ => scores::<S, 1>(q, hd, tile, key, scale, n, w),
-                    }
+                for h in 0..heads {
+                    let (run, rest) = runs.split_at(tile.len());
+                    weights[starts[i] + h * n + p0..][..tile.len()].copy_from_slice(run);
+                    runs = rest;
+                }
+            }
+        }
+    } else {
+        for &t0 in &tiles {
+            for i in 0..ranges.len() {
+                if let Some((tile, p0, n)) = part(i, t0) {
+                    tile_scores(i, tile, &mut weights[starts[i] + p0..], n);
                 }
             }
         }
     }
-    for (i, &(lo, hi)) in ranges.iter().enumerate() {
-        for w in weights[starts[i]..starts[i + 1]].chunks_exact_mut((hi - lo).max(1)) {
-            softmax_weights(w);
-        }
+    let mut runs = Vec::with_capacity(ranges.len() * heads);
+    let mut rest = &mut weights[..];
+    for &(lo, hi) in ranges {
+        let (row, tail) = rest.split_at_mut(heads * (hi - lo));
+        runs.extend(row.chunks_exact_mut((hi - lo).max(1)));
+        rest = tail;
     }
-    // Values: up to three heads of a group and four chunks at a time, so each widened value chunk serves every
-    // head of the batch and the twelve accumulators stay in registers; they start from (and go back to) `out`
-    // between tiles, which keeps each output's chain of additions whole.
-    out.fill(0.0);
-    for g in 0..kv_heads {
-        for t0 in (first..end).step_by(TILE) {
+    tasks(parallel, runs, softmax_weights);
+    // Values, per KV head and four output chunks: up to three heads of the group at a time, so each widened value
+    // chunk serves every head of the batch and the twelve accumulators stay in registers; they start from (and go
+    // back to) the task's output between tiles, which keeps each output's chain of additions whole.
+    let jobs: Vec<(usize, usize)> = (0..kv_heads).flat_map(|g| (0..chunks).step_by(4).map(move |c0| (g, c0))).collect();
+    let sums = tasks(parallel, jobs.clone(), |(g, c0)| {
+        // Row i, head g * group + j: [(i * group + j) * hd + 8 * c0..], the chunks this task computes.
+        let mut local = vec![0f32; ranges.len() * group * hd];
+        for &t0 in &tiles {
             for i in 0..ranges.len() {
                 let Some((tile, p0, n)) = part(i, t0) else { continue };
                 for h0 in (g * group..(g + 1) * group).step_by(3) {
                     let batch = ((g + 1) * group - h0).min(3);
                     let w = &weights[starts[i] + h0 * n + p0..];
-                    for c0 in (0..chunks).step_by(4) {
-                        let (at, o) = (g * hd + 8 * c0, &mut out[i * qd + h0 * hd + 8 * c0..]);
-                        let v = Values { w, n, slots: tile, values, at, hd };
-                        match (batch, (chunks - c0).min(4)) {
-                            (3, 4) => v.sum::<3, 4>(o),
-                            (3, 3) => v.sum::<3, 3>(o),
-                            (3, 2) => v.sum::<3, 2>(o),
-                            (3, _) => v.sum::<3, 1>(o),
-                            (2, 4) => v.sum::<2, 4>(o),
-                            (2, 3) => v.sum::<2, 3>(o),
-                            (2, 2) => v.sum::<2, 2>(o),
-                            (2, _) => v.sum::<2, 1>(o),
-                            (_, 4) => v.sum::<1, 4>(o),
-                            (_, 3) => v.sum::<1, 3>(o),
-                            (_, 2) => v.sum::<1, 2>(o),
-                            (_, _) => v.sum::<1, 1>(o),
-                        }
+                    let o = &mut local[(i * group + h0 - g * group) * hd + 8 * c0..];
+                    let v = Values { w, n, slots: tile, values, at: g * hd + 8 * c0, hd };
+                    match (batch, (chunks - c0).min(4)) {
+                        (3, 4) => v.sum::<3, 4>(o),
+                        (3, 3) => v.sum::<3, 3>(o),
+                        (3, 2) => v.sum::<3, 2>(o),
+                        (3, _) => v.sum::<3, 1>(o),
+                        (2, 4) => v.sum::<2, 4>(o),
+                        (2, 3) => v.sum::<2, 3>(o),
+                        (2, 2) => v.sum::<2, 2>(o),
+                        (2, _) => v.sum::<2, 1>(o),
+                        (_, 4) => v.sum::<1, 4>(o),
+                        (_, 3) => v.sum::<1, 3>(o),
+                        (_, 2) => v.sum::<1, 2>(o),
+                        (_, _) => v.sum::<1, 1>(o),
                     }
                 }
             }
         }
+        local
+    });
+    out.fill(0.0);
+    for ((g, c0), local) in jobs.into_iter().zip(sums) {
+        let width = 8 * (chunks - c0).min(4);
+        for i in 0..ranges.len() {
+            for j in 0..group {
+                let from = (i * group + j) * hd + 8 * c0;
+                let to = i * qd + (g * group + j) * hd + 8 * c0;
+                out[to..to + width].copy_from_slice(&local[from..from + width]);
+            }
+        }
     }
 }
+
+/// `f` over `items`, on the threads when `parallel`, the results in order.
+fn tasks<T: Send, R: Send>(parallel: bool, items: Vec<T>, f: impl Fn(T) -> R + Sync + Send) -> Vec<R> {
+    if parallel { items.into_par_iter().map(f).collect() } else { items.into_iter().map(f).collect() }
+}
+
+/// Tiles from which a call splits its work over the threads.
+const PARALLEL_TILES: usize = 4;
 
 /// Positions per tile: one KV head's keys of a tile (8 KiB at `head_dim` 64) stay in the L1 cache while every
 /// row of the group reads them.
