@@ -18,7 +18,11 @@ pub fn exp_f32(x: f32) -> f32 {
     // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a libm call.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.3, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
+    // The integer n is also the low bits of `t` (an integer conversion of `n` with its range checks would keep
+    // the loop from vectorising).
+    let k = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let mut p = 1.987_569_1e-4;
     p = p * r + 1.398_199_9e-3;
@@ -27,7 +31,7 @@ pub fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let y = (p * r * r + r) + 1.0;
-    y * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    y * f32::from_bits(((k + 127) as u32) << 23)
 }
 
 /// Sum with eight accumulators in a fixed order.

@@ -117,13 +117,16 @@ fn attention_rows_avx2<S: Source + Sync>(
     let mut weights = vec![0f32; starts[ranges.len()]];
     let first = ranges.iter().map(|r| r.0).min().unwrap_or(0);
     let end = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-    let tiles: Vec<usize> = (first..end).step_by(TILE).collect();
-    let parallel = split && tiles.len() >= PARALLEL_TILES && rayon::current_num_threads() > 1;
+    let parallel = split && (end - first).div_ceil(TILE) >= PARALLEL_TILES && rayon::current_num_threads() > 1;
+    // Tiles only where the work splits: on one thread a row's whole range in one pass measured 2-4% faster at
+    // 4k-8k positions (docs/worker.md), the L2 cache holding what a head reads.
+    let tile_len = if parallel { TILE } else { (end - first).max(1) };
+    let tiles: Vec<usize> = (first..end).step_by(tile_len).collect();
     // The part of the tile from `t0` that row i attends over: (its positions' slots, the first one's index in
     // the row, the row's positions).
     let part = |i: usize, t0: usize| {
         let (lo, hi) = ranges[i];
-        let (a, b) = (t0.max(lo), (t0 + TILE).min(hi));
+        let (a, b) = (t0.max(lo), (t0 + tile_len).min(hi));
         (a < b).then(|| (&slots[a..b], a - lo, hi - lo))
     };
     // Row i's scores over `tile` into `w`: head h's at `w[h * stride..]`.
@@ -181,21 +184,21 @@ fn attention_rows_avx2<S: Source + Sync>(
         runs.extend(row.chunks_exact_mut((hi - lo).max(1)));
         rest = tail;
     }
-    tasks(parallel, runs, softmax_weights);
+    // A closure, so the softmax compiles with this function's instruction set.
+    #[allow(clippy::redundant_closure)]
+    tasks(parallel, runs, |w| softmax_weights(w));
     // Values, per KV head and four output chunks: up to three heads of the group at a time, so each widened value
     // chunk serves every head of the batch and the twelve accumulators stay in registers; they start from (and go
-    // back to) the task's output between tiles, which keeps each output's chain of additions whole.
-    let jobs: Vec<(usize, usize)> = (0..kv_heads).flat_map(|g| (0..chunks).step_by(4).map(move |c0| (g, c0))).collect();
-    let sums = tasks(parallel, jobs.clone(), |(g, c0)| {
-        // Row i, head g * group + j: [(i * group + j) * hd + 8 * c0..], the chunks this task computes.
-        let mut local = vec![0f32; ranges.len() * group * hd];
+    // back to) the output between tiles, which keeps each output's chain of additions whole. Into `o`, where row
+    // i's head `g * group + j` is at `i * stride + j * hd` (less `skip` heads' worth).
+    let sums = |g: usize, c0: usize, o: &mut [f32], stride: usize, skip: usize| {
         for &t0 in &tiles {
             for i in 0..ranges.len() {
                 let Some((tile, p0, n)) = part(i, t0) else { continue };
                 for h0 in (g * group..(g + 1) * group).step_by(3) {
                     let batch = ((g + 1) * group - h0).min(3);
                     let w = &weights[starts[i] + h0 * n + p0..];
-                    let o = &mut local[(i * group + h0 - g * group) * hd + 8 * c0..];
+                    let o = &mut o[i * stride + (h0 - skip) * hd + 8 * c0..];
                     let v = Values { w, n, slots: tile, values, at: g * hd + 8 * c0, hd };
                     match (batch, (chunks - c0).min(4)) {
                         (3, 4) => v.sum::<3, 4>(o),
@@ -214,10 +217,23 @@ fn attention_rows_avx2<S: Source + Sync>(
                 }
             }
         }
+    };
+    out.fill(0.0);
+    let jobs: Vec<(usize, usize)> = (0..kv_heads).flat_map(|g| (0..chunks).step_by(4).map(move |c0| (g, c0))).collect();
+    if !parallel {
+        for &(g, c0) in &jobs {
+            sums(g, c0, out, qd, 0);
+        }
+        return;
+    }
+    // Split: each KV head's four chunks into a buffer of their own (row i, head j of the group at
+    // `(i * group + j) * hd`), then into place.
+    let parts = tasks(true, jobs.clone(), |(g, c0)| {
+        let mut local = vec![0f32; ranges.len() * group * hd];
+        sums(g, c0, &mut local, group * hd, g * group);
         local
     });
-    out.fill(0.0);
-    for ((g, c0), local) in jobs.into_iter().zip(sums) {
+    for ((g, c0), local) in jobs.into_iter().zip(parts) {
         let width = 8 * (chunks - c0).min(4);
         for i in 0..ranges.len() {
             for j in 0..group {
