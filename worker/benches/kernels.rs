@@ -7,7 +7,7 @@
 //! that read them directly) and unpacked per step from the file's blocks.
 
 use std::time::Instant;
-use zl_worker::model::kernels::{AttentionShape, BlockFormat, Isa, Weight, attention};
+use zl_worker::model::kernels::{AttentionShape, BlockFormat, Isa, KvPlane, Weight, attention_rows};
 
 /// Deterministic pseudo-random numbers.
 struct Lcg(u64);
@@ -121,15 +121,28 @@ fn main() {
         return;
     }
     println!("attention, {} heads over {} KV heads of {}", shape.heads, shape.kv_heads, shape.head_dim);
-    for n in [32usize, 160, 1024] {
+    for n in [32usize, 160, 1024, 4096] {
         let f16s =
             |rng: &mut Lcg| -> Vec<u16> { (0..n * kvd).map(|_| half::f16::from_f32(rng.unit()).to_bits()).collect() };
         let (keys, values) = (f16s(&mut rng), f16s(&mut rng));
+        // The same values as 8-bit blocks.
+        let bytes = |rng: &mut Lcg| -> Vec<i8> { (0..n * kvd).map(|_| (rng.unit() * 127.0) as i8).collect() };
+        let (kq, vq) = (bytes(&mut rng), bytes(&mut rng));
+        let scales = vec![half::f16::from_f32(1.0 / 127.0).to_bits(); n * kvd / 32];
         let q: Vec<f32> = (0..shape.heads * shape.head_dim).map(|_| rng.unit()).collect();
         let slots: Vec<usize> = (0..n).map(|p| p * kvd).collect();
         let mut out = vec![0f32; q.len()];
-        let per = best_of_five(100_000 / n, || attention(&q, &slots, &keys, &values, shape, &mut out));
         let macs = 2 * shape.heads * shape.head_dim * n;
-        println!("  {n:>5} positions: {:>8.1} us/row, {:>6.1} GMAC/s", per * 1e6, macs as f64 / per / 1e9);
+        let q8 = (KvPlane::Q8 { q: &kq, d: &scales }, KvPlane::Q8 { q: &vq, d: &scales });
+        for (name, (k, v), split) in [
+            ("f16", (KvPlane::F16(&keys), KvPlane::F16(&values)), false),
+            ("q8", q8, false),
+            ("f16, split over the threads", (KvPlane::F16(&keys), KvPlane::F16(&values)), true),
+        ] {
+            let per = best_of_five(100_000 / n, || {
+                attention_rows(&q, &slots, &[(0, n)], (k, v), shape, split, &mut out);
+            });
+            println!("  {n:>5} positions, {name}: {:>8.1} us/row, {:>6.1} GMAC/s", per * 1e6, macs as f64 / per / 1e9);
+        }
     }
 }

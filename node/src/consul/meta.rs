@@ -16,7 +16,7 @@
 //! | `models_0`, `models_1`, ... | the models in order, `ID=SHA:BYTES` entries joined by `,` (SHA: the first 12 hex digits of the weights' SHA-256; BYTES: the model's weights in memory, absent when unknown; `%`, `,`, `=` and bytes outside printable ASCII in IDs as `%XX`), as many per value as fit in 512 bytes |
 //! | `models_omitted` | models that did not fit (only when some did not) |
 //!
-//! So a worker with any number of models registers: the Meta lists as many as fit (about 700 with short ids) and
+//! So a worker with any number of models registers: the Meta lists as many as fit (about 680 with short ids) and
 //! counts the rest, and the service's tags carry every model id.
 
 use std::collections::BTreeMap;
@@ -322,7 +322,7 @@ mod tests {
 
     #[test]
     fn models_that_do_not_fit_are_counted_never_over_the_limits() {
-        // 5,000 models with 200-byte ids: far more than 52 values of 512 bytes hold.
+        // 5,000 models with 200-byte ids: far more than 50 values of 512 bytes hold.
         let meta = worker(5000, 200).encode();
         check(&meta).unwrap();
         assert_eq!(meta.len(), MAX_KEYS);

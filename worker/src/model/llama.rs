@@ -415,8 +415,7 @@ impl Llama {
                         (first - base, row_pos[r] + 1 - base)
                     })
                     .collect();
-                let (keys, values) = kv_ref.layer(li);
-                attention_rows(&q[a * qd..b * qd], slots, &ranges, keys, values, shape, split, out);
+                attention_rows(&q[a * qd..b * qd], slots, &ranges, kv_ref.layer(li), shape, split, out);
             });
             layer.wo.matmul(&attn, n, &mut proj);
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.0));

@@ -189,7 +189,7 @@ pub fn attention(
     shape: AttentionShape,
     out: &mut [f32],
 ) {
-    attention_rows(q, slots, &[(0, slots.len())], keys, values, shape, false, out);
+    attention_rows(q, slots, &[(0, slots.len())], (keys, values), shape, false, out);
 }
 
 /// [`attention`] of several query rows that read one sequence's KV (a prefill chunk's rows): row `i`'s queries
@@ -198,22 +198,22 @@ pub fn attention(
 /// levels go through the keys and values a tile at a time for all the rows together (the flash-attention tiling,
 /// with the softmax kept whole), so a long prompt's KV is read from memory once per tile of rows, not once per row.
 /// With `split` (for a step with fewer row tiles than threads: one long sequence decoding), a long range's work
-/// is spread over the threads, each part still computed whole, so the bits stay the same.
-#[allow(clippy::too_many_arguments)]
+/// is spread over the threads, each part still computed whole, so the bits stay the same. `kv`: the layer's keys
+/// and values.
 pub fn attention_rows(
     q: &[f32],
     slots: &[usize],
     ranges: &[(usize, usize)],
-    keys: KvPlane<'_>,
-    values: KvPlane<'_>,
+    kv: (KvPlane<'_>, KvPlane<'_>),
     shape: AttentionShape,
     split: bool,
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
     if x86::available() && shape.head_dim.is_multiple_of(8) {
-        return x86::attention_rows(q, slots, ranges, keys, values, shape, split, out);
+        return x86::attention_rows(q, slots, ranges, kv, shape, split, out);
     }
+    let (keys, values) = kv;
     let _ = split;
     let qd = shape.heads * shape.head_dim;
     for ((q, out), &(lo, hi)) in q.chunks_exact(qd).zip(out.chunks_exact_mut(qd)).zip(ranges) {

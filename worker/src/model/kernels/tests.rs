@@ -290,9 +290,9 @@ fn rows_attending_together_get_each_rows_own_result_bit_for_bit() {
             let (keys, values) = (*keys, *values);
             let q: Vec<f32> = (0..ranges.len() * qd).map(|_| lcg(&mut seed)).collect();
             let mut together = vec![0f32; q.len()];
-            attention_rows(&q, &slots, ranges, keys, values, shape, false, &mut together);
+            attention_rows(&q, &slots, ranges, (keys, values), shape, false, &mut together);
             let mut split = vec![0f32; q.len()];
-            attention_rows(&q, &slots, ranges, keys, values, shape, true, &mut split);
+            attention_rows(&q, &slots, ranges, (keys, values), shape, true, &mut split);
             assert_eq!(together, split, "{shape:?}: split over the threads");
             for (i, &(lo, hi)) in ranges.iter().enumerate() {
                 let (mut alone, mut reference) = (vec![0f32; qd], vec![0f32; qd]);

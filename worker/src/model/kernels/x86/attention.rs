@@ -14,19 +14,18 @@ pub(in super::super) fn attention_rows(
     q: &[f32],
     slots: &[usize],
     ranges: &[(usize, usize)],
-    keys: KvPlane<'_>,
-    values: KvPlane<'_>,
+    kv: (KvPlane<'_>, KvPlane<'_>),
     shape: AttentionShape,
     split: bool,
     out: &mut [f32],
 ) {
     // SAFETY (both): the caller checked the CPU has AVX2, FMA and F16C.
-    match (keys, values) {
+    match kv {
         (KvPlane::F16(k), KvPlane::F16(v)) => unsafe {
-            attention_rows_avx2(q, slots, ranges, Half(k), Half(v), shape, split, out)
+            attention_rows_avx2(q, slots, ranges, (Half(k), Half(v)), shape, split, out)
         },
         (KvPlane::Q8 { q: kq, d: kd }, KvPlane::Q8 { q: vq, d: vd }) => unsafe {
-            attention_rows_avx2(q, slots, ranges, Q8(kq, kd), Q8(vq, vd), shape, split, out)
+            attention_rows_avx2(q, slots, ranges, (Q8(kq, kd), Q8(vq, vd)), shape, split, out)
         },
         _ => unreachable!("keys and values are stored alike"),
     }
@@ -99,8 +98,7 @@ fn attention_rows_avx2<S: Source + Sync>(
     q: &[f32],
     slots: &[usize],
     ranges: &[(usize, usize)],
-    keys: S,
-    values: S,
+    (keys, values): (S, S),
     shape: AttentionShape,
     split: bool,
     out: &mut [f32],
