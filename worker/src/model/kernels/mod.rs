@@ -13,7 +13,8 @@
 //! bf16 as 16-bit floats. Each activation row is quantized per block of 32 to 16-bit integers on its own, and every
 //! block product is an exact integer dot product, scaled and accumulated in a fixed order (AVX-512 VNNI or AVX2
 //! where the CPU has it, portable code otherwise, the same bits at every level).
-//! Attention over the f16 KV cache and the `exp` the model needs live here too, under the same rules.
+//! Attention over the KV cache (f16 or 8-bit blocks) and the `exp` the model needs live here too, under the same
+//! rules.
 //!
 //! This file holds every instruction-set dispatch (matmul columns, activation quantization, attention, and
 //! [`with_simd`]) and the split of a matmul into parallel column tasks; one file per concern beside it, the way
@@ -23,7 +24,7 @@
 //! - `weight.rs`: the tiled weight formats and their parsing from GGUF blocks;
 //! - `quant.rs`: activations quantized to 16-bit blocks, laid out for the kernels;
 //! - `portable.rs`: the reference matmul kernels every SIMD level must match bit for bit;
-//! - `attention.rs`: the reference attention over the f16 KV cache and the pieces every level shares;
+//! - `attention.rs`: the reference attention over the KV cache (f16 or 8-bit) and the pieces every level shares;
 //! - `blocks.rs`: the GGUF block formats' decoding, the reference the repacked layouts are checked against;
 //! - `x86/`: the SIMD levels (AVX2, AVX-512), the only place in the worker allowed `unsafe`.
 
@@ -209,12 +210,27 @@ pub fn attention_rows(
     split: bool,
     out: &mut [f32],
 ) {
+    attention_rows_at(Isa::current(), q, slots, ranges, kv, shape, split, out);
+}
+
+/// [`attention_rows`] at level `isa` (one the CPU has; every level computes the same bits).
+#[allow(clippy::too_many_arguments)]
+fn attention_rows_at(
+    isa: Isa,
+    q: &[f32],
+    slots: &[usize],
+    ranges: &[(usize, usize)],
+    kv: (KvPlane<'_>, KvPlane<'_>),
+    shape: AttentionShape,
+    split: bool,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
-    if x86::available() && shape.head_dim.is_multiple_of(8) {
-        return x86::attention_rows(q, slots, ranges, kv, shape, split, out);
+    if isa >= Isa::Avx2 && shape.head_dim.is_multiple_of(8) {
+        return x86::attention_rows(isa, q, slots, ranges, kv, shape, split, out);
     }
+    let _ = (isa, split);
     let (keys, values) = kv;
-    let _ = split;
     let qd = shape.heads * shape.head_dim;
     for ((q, out), &(lo, hi)) in q.chunks_exact(qd).zip(out.chunks_exact_mut(qd)).zip(ranges) {
         attention_portable(q, &slots[lo..hi], keys, values, shape, out);

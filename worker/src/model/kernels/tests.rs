@@ -265,35 +265,41 @@ fn attention_matches_a_naive_softmax() {
 #[test]
 fn rows_attending_together_get_each_rows_own_result_bit_for_bit() {
     let mut seed = 11u64;
-    // 300 positions: four whole tiles and a part (enough for a split over the threads). The ranges are a causal chunk's (each row one position more),
+    // 2,100 positions: enough tiles for a split over the threads. The ranges are a causal chunk's (each row one position more),
     // a sliding window's (both ends move), rows ending inside and on a tile's edge, and a single position.
     let chunk: Vec<(usize, usize)> = (0..20).map(|i| (0, 131 + i)).collect();
     let window: Vec<(usize, usize)> = (0..6).map(|i| (40 + i, 110 + i)).collect();
-    let edges = [(0, 64), (63, 129), (5, 6), (0, 300), (64, 65), (10, 290)];
-    for (heads, kv_heads, head_dim) in [(9, 3, 64), (6, 2, 24), (10, 2, 16), (6, 2, 20)] {
+    let edges = [(0, 64), (63, 129), (5, 6), (0, 2100), (64, 65), (10, 2090)];
+    // Head widths 64 and 128 (both levels' widest paths), 16 (one vector of sixteen), 24 (AVX-512 runs the AVX2
+    // code) and 20 (the portable code everywhere).
+    for (heads, kv_heads, head_dim) in [(9, 3, 64), (4, 1, 128), (6, 2, 24), (10, 2, 16), (6, 2, 20)] {
         let shape = AttentionShape::new(heads, kv_heads, head_dim);
         let (kvd, qd) = (kv_heads * head_dim, heads * head_dim);
-        let mut halves = || (0..320 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect::<Vec<u16>>();
+        let mut halves = || (0..2200 * kvd).map(|_| f16::from_f32(lcg(&mut seed)).to_bits()).collect::<Vec<u16>>();
         let (keys, values) = (halves(), halves());
         // 8-bit planes: values over the whole range and small positive scales (every 32 values).
-        let mut bytes = || (0..320 * kvd).map(|_| (lcg(&mut seed) * 127.0) as i8).collect::<Vec<i8>>();
+        let mut bytes = || (0..2200 * kvd).map(|_| (lcg(&mut seed) * 127.0) as i8).collect::<Vec<i8>>();
         let (kq, vq) = (bytes(), bytes());
-        let mut scales = || (0..10 * kvd).map(|_| f16::from_f32(lcg(&mut seed).abs() / 64.0).to_bits()).collect();
+        let mut scales = || (0..69 * kvd).map(|_| f16::from_f32(lcg(&mut seed).abs() / 64.0).to_bits()).collect();
         let (kd, vd): (Vec<u16>, Vec<u16>) = (scales(), scales());
         let planes = [
             (KvPlane::F16(&keys), KvPlane::F16(&values)),
             (KvPlane::Q8 { q: &kq, d: &kd }, KvPlane::Q8 { q: &vq, d: &vd }),
         ];
         // Slots out of order, as a paged cache's blocks are.
-        let slots: Vec<usize> = (0..300).map(|p| ((p * 37) % 320) * kvd).collect();
+        let slots: Vec<usize> = (0..2100).map(|p| ((p * 37) % 2200) * kvd).collect();
         for ((keys, values), ranges) in planes.iter().flat_map(|kv| [(kv, &chunk[..]), (kv, &window), (kv, &edges)]) {
             let (keys, values) = (*keys, *values);
             let q: Vec<f32> = (0..ranges.len() * qd).map(|_| lcg(&mut seed)).collect();
             let mut together = vec![0f32; q.len()];
             attention_rows(&q, &slots, ranges, (keys, values), shape, false, &mut together);
-            let mut split = vec![0f32; q.len()];
-            attention_rows(&q, &slots, ranges, (keys, values), shape, true, &mut split);
-            assert_eq!(together, split, "{shape:?}: split over the threads");
+            for isa in Isa::simd_levels_here() {
+                for split in [false, true] {
+                    let mut at_level = vec![0f32; q.len()];
+                    attention_rows_at(isa, &q, &slots, ranges, (keys, values), shape, split, &mut at_level);
+                    assert_eq!(together, at_level, "{shape:?}: {isa:?}, split over the threads: {split}");
+                }
+            }
             for (i, &(lo, hi)) in ranges.iter().enumerate() {
                 let (mut alone, mut reference) = (vec![0f32; qd], vec![0f32; qd]);
                 attention(&q[i * qd..(i + 1) * qd], &slots[lo..hi], keys, values, shape, &mut alone);

@@ -6,11 +6,17 @@ use std::arch::x86_64::*;
 use rayon::prelude::*;
 
 use super::super::attention::{AttentionShape, KvPlane, softmax_weights};
-use super::super::math::hsum;
+use super::super::isa::Isa;
+use super::attention_parts::{AHEAD, Half, Key, Q8, Source, Values, scores8};
+use super::attention512::{scores_avx512, values_avx512};
 use super::simd::{load8f, store8f};
 
-/// [`super::super::attention_rows`] in AVX2 for either storage (keys and values of one type).
+/// [`super::super::attention_rows`] at level `isa` (AVX2 or AVX-512; the caller checked the CPU has it) for
+/// either storage (keys and values of one type). The AVX-512 level needs head widths that are a multiple of 16
+/// (every released model's); others run the AVX2 level's code, which computes the same bits.
+#[allow(clippy::too_many_arguments)]
 pub(in super::super) fn attention_rows(
+    isa: Isa,
     q: &[f32],
     slots: &[usize],
     ranges: &[(usize, usize)],
@@ -19,68 +25,27 @@ pub(in super::super) fn attention_rows(
     split: bool,
     out: &mut [f32],
 ) {
-    // SAFETY (both): the caller checked the CPU has AVX2, FMA and F16C.
+    assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
+    let wide = isa == Isa::Avx512 && shape.head_dim.is_multiple_of(16);
+    // SAFETY (all four): the assertion checked the CPU has the level's instructions.
     match kv {
-        (KvPlane::F16(k), KvPlane::F16(v)) => unsafe {
-            attention_rows_avx2(q, slots, ranges, (Half(k), Half(v)), shape, split, out)
-        },
-        (KvPlane::Q8 { q: kq, d: kd }, KvPlane::Q8 { q: vq, d: vd }) => unsafe {
-            attention_rows_avx2(q, slots, ranges, (Q8(kq, kd), Q8(vq, vd)), shape, split, out)
-        },
+        (KvPlane::F16(k), KvPlane::F16(v)) => {
+            let kv = (Half(k), Half(v));
+            if wide {
+                unsafe { attention_rows_avx512(q, slots, ranges, kv, shape, split, out) }
+            } else {
+                unsafe { attention_rows_avx2(q, slots, ranges, kv, shape, split, out) }
+            }
+        }
+        (KvPlane::Q8 { q: kq, d: kd }, KvPlane::Q8 { q: vq, d: vd }) => {
+            let kv = (Q8(kq, kd), Q8(vq, vd));
+            if wide {
+                unsafe { attention_rows_avx512(q, slots, ranges, kv, shape, split, out) }
+            } else {
+                unsafe { attention_rows_avx2(q, slots, ranges, kv, shape, split, out) }
+            }
+        }
         _ => unreachable!("keys and values are stored alike"),
-    }
-}
-
-/// Where eight consecutive cache values (from an offset that is a multiple of 8) come from, as f32: exactly
-/// [`KvPlane::get`]'s values.
-trait Source: Copy + Send {
-    fn load8(self, at: usize) -> __m256;
-    /// Ask for the cache lines of `len` values from `at`.
-    fn prefetch(self, at: usize, len: usize);
-}
-
-/// f16 bits, widened by F16C.
-#[derive(Clone, Copy)]
-struct Half<'a>(&'a [u16]);
-
-impl Source for Half<'_> {
-    #[inline(always)]
-    fn load8(self, at: usize) -> __m256 {
-        let b = &self.0[at..at + 8];
-        // SAFETY: `b` holds 8 readable u16s (16 bytes); the load is unaligned; the caller runs with F16C.
-        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().cast())) }
-    }
-
-    #[inline(always)]
-    fn prefetch(self, at: usize, len: usize) {
-        for line in (at..at + len).step_by(32) {
-            prefetch(&self.0[line..]);
-        }
-    }
-}
-
-/// 8-bit values and an f16 scale per 32: each value times its scale (exact in f32).
-#[derive(Clone, Copy)]
-struct Q8<'a>(&'a [i8], &'a [u16]);
-
-impl Source for Q8<'_> {
-    #[inline(always)]
-    fn load8(self, at: usize) -> __m256 {
-        let (b, d) = (&self.0[at..at + 8], self.1[at / 32]);
-        // SAFETY: `b` holds 8 readable bytes; the loads are unaligned; the caller runs with AVX2 and F16C.
-        unsafe {
-            let ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.as_ptr().cast()));
-            let scale = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))));
-            _mm256_mul_ps(_mm256_cvtepi32_ps(ints), scale)
-        }
-    }
-
-    #[inline(always)]
-    fn prefetch(self, at: usize, len: usize) {
-        for line in (at..at + len).step_by(64) {
-            prefetch(&self.0[line..]);
-        }
-        prefetch(&self.1[at / 32..]);
     }
 }
 
@@ -93,153 +58,173 @@ impl Source for Q8<'_> {
 /// Scores: each key chunk is widened once for up to four heads of its group, each head's eight lanes are kept, and
 /// eight positions' lanes are summed at once. Values: per head, four output chunks stay in registers across a
 /// tile's positions.
-#[target_feature(enable = "avx2,fma,f16c")]
-fn attention_rows_avx2<S: Source + Sync>(
-    q: &[f32],
-    slots: &[usize],
-    ranges: &[(usize, usize)],
-    (keys, values): (S, S),
-    shape: AttentionShape,
-    split: bool,
-    out: &mut [f32],
-) {
-    let AttentionShape { heads, kv_heads, head_dim: hd, scale } = shape;
-    let (group, chunks, qd) = (heads / kv_heads, hd / 8, heads * hd);
-    // Row i's weights start at `starts[i]`: `[h * n + p]` for head h and its position p (n = its positions);
-    // scores first, then softmax weights in place.
-    let mut starts = Vec::with_capacity(ranges.len() + 1);
-    starts.push(0);
-    for &(lo, hi) in ranges {
-        starts.push(starts.last().copied().unwrap_or(0) + heads * (hi - lo));
-    }
-    let mut weights = vec![0f32; starts[ranges.len()]];
-    let first = ranges.iter().map(|r| r.0).min().unwrap_or(0);
-    let end = ranges.iter().map(|r| r.1).max().unwrap_or(0);
-    let parallel = split && (end - first).div_ceil(TILE) >= PARALLEL_TILES && rayon::current_num_threads() > 1;
-    // Tiles only where the work splits: on one thread a row's whole range in one pass measured 2-4% faster at
-    // 4k-8k positions (docs/worker.md), the L2 cache holding what a head reads.
-    let tile_len = if parallel { TILE } else { (end - first).max(1) };
-    let tiles: Vec<usize> = (first..end).step_by(tile_len).collect();
-    // The part of the tile from `t0` that row i attends over: (its positions' slots, the first one's index in
-    // the row, the row's positions).
-    let part = |i: usize, t0: usize| {
-        let (lo, hi) = ranges[i];
-        let (a, b) = (t0.max(lo), (t0 + tile_len).min(hi));
-        (a < b).then(|| (&slots[a..b], a - lo, hi - lo))
-    };
-    // Row i's scores over `tile` into `w`: head h's at `w[h * stride..]`.
-    let tile_scores = |i: usize, tile: &[usize], w: &mut [f32], stride: usize| {
-        for g in 0..kv_heads {
-            let key = Key { keys, at: g * hd, hd };
-            for h0 in (g * group..(g + 1) * group).step_by(4) {
-                let (q, w) = (&q[i * qd + h0 * hd..], &mut w[h0 * stride..]);
-                match ((g + 1) * group - h0).min(4) {
-                    4 => scores::<S, 4>(q, hd, tile, key, scale, stride, w),
-                    3 => scores::<S, 3>(q, hd, tile, key, scale, stride, w),
-                    2 => scores::<S, 2>(q, hd, tile, key, scale, stride, w),
-                    _ => scores::<S, 1>(q, hd, tile, key, scale, stride, w),
+macro_rules! rows_level {
+    ($name:ident, $features:literal, $scores:ident, $values:ident, $step:expr) => {
+        #[target_feature(enable = $features)]
+        fn $name<S: Source + Sync>(
+            q: &[f32],
+            slots: &[usize],
+            ranges: &[(usize, usize)],
+            (keys, values): (S, S),
+            shape: AttentionShape,
+            split: bool,
+            out: &mut [f32],
+        ) {
+            let AttentionShape { heads, kv_heads, head_dim: hd, scale } = shape;
+            let (group, chunks, qd) = (heads / kv_heads, hd / 8, heads * hd);
+            // Row i's weights start at `starts[i]`: `[h * n + p]` for head h and its position p (n = its positions);
+            // scores first, then softmax weights in place.
+            let mut starts = Vec::with_capacity(ranges.len() + 1);
+            starts.push(0);
+            for &(lo, hi) in ranges {
+                starts.push(starts.last().copied().unwrap_or(0) + heads * (hi - lo));
+            }
+            let mut weights = vec![0f32; starts[ranges.len()]];
+            let first = ranges.iter().map(|r| r.0).min().unwrap_or(0);
+            let end = ranges.iter().map(|r| r.1).max().unwrap_or(0);
+            let parallel = split && (end - first).div_ceil(TILE) >= PARALLEL_TILES && rayon::current_num_threads() > 1;
+            // Tiles only where the work splits: on one thread a row's whole range in one pass measured 2-4% faster at
+            // 4k-8k positions (docs/worker.md), the L2 cache holding what a head reads.
+            // Split: two tiles per thread (fewer, larger tasks: a 64-position tile is a microsecond or two of work).
+            let threads = rayon::current_num_threads();
+            let tile_len = if parallel {
+                (end - first).div_ceil(2 * threads).next_multiple_of(8).max(TILE)
+            } else {
+                (end - first).max(1)
+            };
+            let tiles: Vec<usize> = (first..end).step_by(tile_len).collect();
+            // The part of the tile from `t0` that row i attends over: (its positions' slots, the first one's index in
+            // the row, the row's positions).
+            let part = |i: usize, t0: usize| {
+                let (lo, hi) = ranges[i];
+                let (a, b) = (t0.max(lo), (t0 + tile_len).min(hi));
+                (a < b).then(|| (&slots[a..b], a - lo, hi - lo))
+            };
+            // Row i's scores over `tile` into `w`: head h's at `w[h * stride..]`.
+            let tile_scores = |i: usize, tile: &[usize], w: &mut [f32], stride: usize| {
+                for g in 0..kv_heads {
+                    let key = Key { keys, at: g * hd, hd };
+                    for h0 in (g * group..(g + 1) * group).step_by(4) {
+                        let (q, w) = (&q[i * qd + h0 * hd..], &mut w[h0 * stride..]);
+                        match ((g + 1) * group - h0).min(4) {
+                            4 => $scores::<S, 4>(q, hd, tile, key, scale, stride, w),
+                            3 => $scores::<S, 3>(q, hd, tile, key, scale, stride, w),
+                            2 => $scores::<S, 2>(q, hd, tile, key, scale, stride, w),
+                            _ => $scores::<S, 1>(q, hd, tile, key, scale, stride, w),
+                        }
+                    }
+                }
+            };
+            if parallel {
+                // Each tile into a buffer of its own (row after row, head after head), then into place.
+                let bufs = tasks(true, tiles.clone(), |t0| {
+                    let mut buf = Vec::new();
+                    for i in 0..ranges.len() {
+                        if let Some((tile, _, _)) = part(i, t0) {
+                            let at = buf.len();
+                            buf.resize(at + heads * tile.len(), 0.0);
+                            tile_scores(i, tile, &mut buf[at..], tile.len());
+                        }
+                    }
+                    buf
+                });
+                for (&t0, buf) in tiles.iter().zip(bufs) {
+                    let mut runs = buf.as_slice();
+                    for i in 0..ranges.len() {
+                        let Some((tile, p0, n)) = part(i, t0) else { continue };
+                        for h in 0..heads {
+                            let (run, rest) = runs.split_at(tile.len());
+                            weights[starts[i] + h * n + p0..][..tile.len()].copy_from_slice(run);
+                            runs = rest;
+                        }
+                    }
+                }
+            } else {
+                for &t0 in &tiles {
+                    for i in 0..ranges.len() {
+                        if let Some((tile, p0, n)) = part(i, t0) {
+                            tile_scores(i, tile, &mut weights[starts[i] + p0..], n);
+                        }
+                    }
                 }
             }
-        }
-    };
-    if parallel {
-        // Each tile into a buffer of its own (row after row, head after head), then into place.
-        let bufs = tasks(true, tiles.clone(), |t0| {
-            let mut buf = Vec::new();
-            for i in 0..ranges.len() {
-                if let Some((tile, _, _)) = part(i, t0) {
-                    let at = buf.len();
-                    buf.resize(at + heads * tile.len(), 0.0);
-                    tile_scores(i, tile, &mut buf[at..], tile.len());
-                }
+            let mut runs = Vec::with_capacity(ranges.len() * heads);
+            let mut rest = &mut weights[..];
+            for &(lo, hi) in ranges {
+                let (row, tail) = rest.split_at_mut(heads * (hi - lo));
+                runs.extend(row.chunks_exact_mut((hi - lo).max(1)));
+                rest = tail;
             }
-            buf
-        });
-        for (&t0, buf) in tiles.iter().zip(bufs) {
-            let mut runs = buf.as_slice();
-            for i in 0..ranges.len() {
-                let Some((tile, p0, n)) = part(i, t0) else { continue };
-                for h in 0..heads {
-                    let (run, rest) = runs.split_at(tile.len());
-                    weights[starts[i] + h * n + p0..][..tile.len()].copy_from_slice(run);
-                    runs = rest;
+            // A closure, so the softmax compiles with this function's instruction set.
+            #[allow(clippy::redundant_closure)]
+            tasks(parallel, runs, |w| softmax_weights(w));
+            // Split with few KV heads: narrower jobs, so that every thread gets some (even widths still).
+            let step = if parallel && kv_heads * chunks.div_ceil($step) < 2 * threads { $step / 2 } else { $step };
+            // Values, per KV head and `step` output chunks: up to three heads of the group at a time, so each widened value
+            // chunk serves every head of the batch and the twelve accumulators stay in registers; they start from (and go
+            // back to) the output between tiles, which keeps each output's chain of additions whole. Into `o`, where row
+            // i's head `g * group + j` is at `i * stride + j * hd` (less `skip` heads' worth).
+            let sums = |g: usize, c0: usize, o: &mut [f32], stride: usize, skip: usize| {
+                for &t0 in &tiles {
+                    for i in 0..ranges.len() {
+                        let Some((tile, p0, n)) = part(i, t0) else { continue };
+                        for h0 in (g * group..(g + 1) * group).step_by(3) {
+                            let batch = ((g + 1) * group - h0).min(3);
+                            let w = &weights[starts[i] + h0 * n + p0..];
+                            let o = &mut o[i * stride + (h0 - skip) * hd + 8 * c0..];
+                            let v = Values { w, n, slots: tile, values, at: g * hd + 8 * c0, hd };
+                            let width = (chunks - c0).min(step);
+                            match batch {
+                                3 => $values::<S, 3>(&v, o, width),
+                                2 => $values::<S, 2>(&v, o, width),
+                                _ => $values::<S, 1>(&v, o, width),
+                            }
+                        }
+                    }
                 }
-            }
-        }
-    } else {
-        for &t0 in &tiles {
-            for i in 0..ranges.len() {
-                if let Some((tile, p0, n)) = part(i, t0) {
-                    tile_scores(i, tile, &mut weights[starts[i] + p0..], n);
+            };
+            out.fill(0.0);
+            let jobs: Vec<(usize, usize)> =
+                (0..kv_heads).flat_map(|g| (0..chunks).step_by(step).map(move |c0| (g, c0))).collect();
+            if !parallel {
+                for &(g, c0) in &jobs {
+                    sums(g, c0, out, qd, 0);
                 }
+                return;
             }
-        }
-    }
-    let mut runs = Vec::with_capacity(ranges.len() * heads);
-    let mut rest = &mut weights[..];
-    for &(lo, hi) in ranges {
-        let (row, tail) = rest.split_at_mut(heads * (hi - lo));
-        runs.extend(row.chunks_exact_mut((hi - lo).max(1)));
-        rest = tail;
-    }
-    // A closure, so the softmax compiles with this function's instruction set.
-    #[allow(clippy::redundant_closure)]
-    tasks(parallel, runs, |w| softmax_weights(w));
-    // Values, per KV head and four output chunks: up to three heads of the group at a time, so each widened value
-    // chunk serves every head of the batch and the twelve accumulators stay in registers; they start from (and go
-    // back to) the output between tiles, which keeps each output's chain of additions whole. Into `o`, where row
-    // i's head `g * group + j` is at `i * stride + j * hd` (less `skip` heads' worth).
-    let sums = |g: usize, c0: usize, o: &mut [f32], stride: usize, skip: usize| {
-        for &t0 in &tiles {
-            for i in 0..ranges.len() {
-                let Some((tile, p0, n)) = part(i, t0) else { continue };
-                for h0 in (g * group..(g + 1) * group).step_by(3) {
-                    let batch = ((g + 1) * group - h0).min(3);
-                    let w = &weights[starts[i] + h0 * n + p0..];
-                    let o = &mut o[i * stride + (h0 - skip) * hd + 8 * c0..];
-                    let v = Values { w, n, slots: tile, values, at: g * hd + 8 * c0, hd };
-                    match (batch, (chunks - c0).min(4)) {
-                        (3, 4) => v.sum::<3, 4>(o),
-                        (3, 3) => v.sum::<3, 3>(o),
-                        (3, 2) => v.sum::<3, 2>(o),
-                        (3, _) => v.sum::<3, 1>(o),
-                        (2, 4) => v.sum::<2, 4>(o),
-                        (2, 3) => v.sum::<2, 3>(o),
-                        (2, 2) => v.sum::<2, 2>(o),
-                        (2, _) => v.sum::<2, 1>(o),
-                        (_, 4) => v.sum::<1, 4>(o),
-                        (_, 3) => v.sum::<1, 3>(o),
-                        (_, 2) => v.sum::<1, 2>(o),
-                        (_, _) => v.sum::<1, 1>(o),
+            // Split: each KV head's four chunks into a buffer of their own (row i, head j of the group at
+            // `(i * group + j) * hd`), then into place.
+            let parts = tasks(true, jobs.clone(), |(g, c0)| {
+                let mut local = vec![0f32; ranges.len() * group * hd];
+                sums(g, c0, &mut local, group * hd, g * group);
+                local
+            });
+            for ((g, c0), local) in jobs.into_iter().zip(parts) {
+                let width = 8 * (chunks - c0).min(step);
+                for i in 0..ranges.len() {
+                    for j in 0..group {
+                        let from = (i * group + j) * hd + 8 * c0;
+                        let to = i * qd + (g * group + j) * hd + 8 * c0;
+                        out[to..to + width].copy_from_slice(&local[from..from + width]);
                     }
                 }
             }
         }
     };
-    out.fill(0.0);
-    let jobs: Vec<(usize, usize)> = (0..kv_heads).flat_map(|g| (0..chunks).step_by(4).map(move |c0| (g, c0))).collect();
-    if !parallel {
-        for &(g, c0) in &jobs {
-            sums(g, c0, out, qd, 0);
-        }
-        return;
-    }
-    // Split: each KV head's four chunks into a buffer of their own (row i, head j of the group at
-    // `(i * group + j) * hd`), then into place.
-    let parts = tasks(true, jobs.clone(), |(g, c0)| {
-        let mut local = vec![0f32; ranges.len() * group * hd];
-        sums(g, c0, &mut local, group * hd, g * group);
-        local
-    });
-    for ((g, c0), local) in jobs.into_iter().zip(parts) {
-        let width = 8 * (chunks - c0).min(4);
-        for i in 0..ranges.len() {
-            for j in 0..group {
-                let from = (i * group + j) * hd + 8 * c0;
-                let to = i * qd + (g * group + j) * hd + 8 * c0;
-                out[to..to + width].copy_from_slice(&local[from..from + width]);
-            }
-        }
+}
+
+rows_level!(attention_rows_avx2, "avx2,fma,f16c", scores, values_avx2, 4);
+rows_level!(attention_rows_avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", scores_avx512, values_avx512, 8);
+
+/// [`Values::sum`] of `width` chunks of eight (at most four).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn values_avx2<S: Source, const B: usize>(v: &Values<'_, S>, o: &mut [f32], width: usize) {
+    match width {
+        4 => v.sum::<B, 4>(o),
+        3 => v.sum::<B, 3>(o),
+        2 => v.sum::<B, 2>(o),
+        _ => v.sum::<B, 1>(o),
     }
 }
 
@@ -254,14 +239,6 @@ const PARALLEL_TILES: usize = 4;
 /// Positions per tile: one KV head's keys of a tile (8 KiB at `head_dim` 64) stay in the L1 cache while every
 /// row of the group reads them.
 const TILE: usize = 64;
-
-/// One KV head's keys: `hd` values from `at` in every slot.
-#[derive(Clone, Copy)]
-struct Key<S> {
-    keys: S,
-    at: usize,
-    hd: usize,
-}
 
 /// Scaled scores of `B` consecutive heads (queries in `q`, `hd` each, sharing the KV head `key`) for every
 /// position in `slots`, into `out[i * n + p]` for head `i`: eight positions at a time, each head's eight lanes per
@@ -329,17 +306,6 @@ fn scores<S: Source, const B: usize>(
     }
 }
 
-/// The weighted sum of values for a batch of heads of one group over the positions in `slots`: head `i`'s weights
-/// are `w[i * n..]`, its value chunks start at `at` in every slot, and its output at `i * hd` of the output slice.
-struct Values<'a, S> {
-    w: &'a [f32],
-    n: usize,
-    slots: &'a [usize],
-    values: S,
-    at: usize,
-    hd: usize,
-}
-
 impl<S: Source> Values<'_, S> {
     /// `W` chunks of eight output values for `B` heads: `w[p] * value_p` added to them in position order, each
     /// widened chunk used by all `B` heads, the sums held in registers across the positions.
@@ -374,34 +340,4 @@ impl<S: Source> Values<'_, S> {
             }
         }
     }
-}
-
-/// Each position's eight lanes summed as [`hsum`], times `scale`: eight positions per pass of
-/// horizontal adds (whose pairings are `hsum`'s tree).
-#[target_feature(enable = "avx2,fma")]
-fn scores8(lanes: &[f32], scale: f32, out: &mut [f32]) {
-    let full = out.len() / 8 * 8;
-    let sc = _mm256_set1_ps(scale);
-    for p in (0..full).step_by(8) {
-        let v = |i: usize| load8f(&lanes[(p + i) * 8..]);
-        let t1 = _mm256_hadd_ps(_mm256_hadd_ps(v(0), v(1)), _mm256_hadd_ps(v(2), v(3)));
-        let t2 = _mm256_hadd_ps(_mm256_hadd_ps(v(4), v(5)), _mm256_hadd_ps(v(6), v(7)));
-        let sum = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(t1, t2), _mm256_permute2f128_ps::<0x31>(t1, t2));
-        store8f(&mut out[p..], _mm256_mul_ps(sum, sc));
-    }
-    for (p, o) in out.iter_mut().enumerate().skip(full) {
-        *o = hsum(lanes[p * 8..p * 8 + 8].try_into().expect("eight lanes")) * scale;
-    }
-}
-
-/// Positions ahead of the one being read whose KV lines are requested early: the KV blocks of a step come
-/// from memory (the weights pushed them out of the caches since the last step).
-const AHEAD: usize = 8;
-
-/// A hint to bring the cache line holding `at[0]` into the caches. The slice index bounds-checks the address.
-#[inline(always)]
-fn prefetch<T>(at: &[T]) {
-    let p: *const T = &at[0];
-    // SAFETY: a prefetch never faults and reads nothing the program sees; `p` is a valid address anyway.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
 }

@@ -1,4 +1,6 @@
-//! The x86-64 SIMD kernels: AVX2 (integer matmul, activation quantization, attention over the f16 KV cache).
+//! The x86-64 SIMD kernels: AVX2 and AVX-512 (integer matmul, activation quantization, attention over the f16 or
+//! 8-bit KV cache: `attention.rs` runs both levels, `attention512.rs` holds AVX-512's inner loops,
+//! `attention_parts.rs` what they share).
 //! Nothing else in the worker needs `unsafe`: only the unaligned loads and stores here, and entering
 //! `#[target_feature]` functions once [`available`] (or an assertion on the level) has checked the CPU, do. This
 //! file is the safe boundary; `simd.rs` holds the helpers every level shares, and each level's kernels live in a
@@ -10,6 +12,8 @@ mod simd;
 #[macro_use]
 mod tiles;
 mod attention;
+mod attention512;
+mod attention_parts;
 mod avx2;
 mod avx512;
 mod quantize;

@@ -1,0 +1,129 @@
+//! What both SIMD levels' attention kernels share: where the cache's values come from ([`Source`]: f16 or 8-bit
+//! blocks), a KV head's keys, a batch of heads' weighted sum of values, the scores' lane sums and prefetching.
+
+use std::arch::x86_64::*;
+
+use super::super::math::hsum;
+use super::simd::{load8f, store8f};
+
+/// Where eight consecutive cache values (from an offset that is a multiple of 8) come from, as f32: exactly
+/// [`KvPlane::get`]'s values.
+pub(super) trait Source: Copy + Send {
+    fn load8(self, at: usize) -> __m256;
+    /// Sixteen values (from a multiple of 16) as f32 (only inside AVX-512 code).
+    fn load16(self, at: usize) -> __m512;
+    /// Ask for the cache lines of `len` values from `at`.
+    fn prefetch(self, at: usize, len: usize);
+}
+
+/// f16 bits, widened by F16C.
+#[derive(Clone, Copy)]
+pub(super) struct Half<'a>(pub(super) &'a [u16]);
+
+impl Source for Half<'_> {
+    #[inline(always)]
+    fn load8(self, at: usize) -> __m256 {
+        let b = &self.0[at..at + 8];
+        // SAFETY: `b` holds 8 readable u16s (16 bytes); the load is unaligned; the caller runs with F16C.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().cast())) }
+    }
+
+    #[inline(always)]
+    fn load16(self, at: usize) -> __m512 {
+        let b = &self.0[at..at + 16];
+        // SAFETY: `b` holds 16 readable u16s (32 bytes); the load is unaligned; the caller runs with AVX-512.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(b.as_ptr().cast())) }
+    }
+
+    #[inline(always)]
+    fn prefetch(self, at: usize, len: usize) {
+        for line in (at..at + len).step_by(32) {
+            prefetch(&self.0[line..]);
+        }
+    }
+}
+
+/// 8-bit values and an f16 scale per 32: each value times its scale (exact in f32).
+#[derive(Clone, Copy)]
+pub(super) struct Q8<'a>(pub(super) &'a [i8], pub(super) &'a [u16]);
+
+impl Source for Q8<'_> {
+    #[inline(always)]
+    fn load8(self, at: usize) -> __m256 {
+        let (b, d) = (&self.0[at..at + 8], self.1[at / 32]);
+        // SAFETY: `b` holds 8 readable bytes; the loads are unaligned; the caller runs with AVX2 and F16C.
+        unsafe {
+            let ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(b.as_ptr().cast()));
+            let scale = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))));
+            _mm256_mul_ps(_mm256_cvtepi32_ps(ints), scale)
+        }
+    }
+
+    #[inline(always)]
+    fn load16(self, at: usize) -> __m512 {
+        let (b, d) = (&self.0[at..at + 16], self.1[at / 32]);
+        // SAFETY: `b` holds 16 readable bytes; the loads are unaligned; the caller runs with AVX-512 and F16C.
+        unsafe {
+            let ints = _mm512_cvtepi8_epi32(_mm_loadu_si128(b.as_ptr().cast()));
+            let scale = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))));
+            _mm512_mul_ps(_mm512_cvtepi32_ps(ints), scale)
+        }
+    }
+
+    #[inline(always)]
+    fn prefetch(self, at: usize, len: usize) {
+        for line in (at..at + len).step_by(64) {
+            prefetch(&self.0[line..]);
+        }
+        prefetch(&self.1[at / 32..]);
+    }
+}
+
+/// One KV head's keys: `hd` values from `at` in every slot.
+#[derive(Clone, Copy)]
+pub(super) struct Key<S> {
+    pub(super) keys: S,
+    pub(super) at: usize,
+    pub(super) hd: usize,
+}
+
+/// The weighted sum of values for a batch of heads of one group over the positions in `slots`: head `i`'s weights
+/// are `w[i * n..]`, its value chunks start at `at` in every slot, and its output at `i * hd` of the output slice.
+pub(super) struct Values<'a, S> {
+    pub(super) w: &'a [f32],
+    pub(super) n: usize,
+    pub(super) slots: &'a [usize],
+    pub(super) values: S,
+    pub(super) at: usize,
+    pub(super) hd: usize,
+}
+
+/// Each position's eight lanes summed as [`hsum`], times `scale`: eight positions per pass of
+/// horizontal adds (whose pairings are `hsum`'s tree).
+#[target_feature(enable = "avx2,fma")]
+pub(super) fn scores8(lanes: &[f32], scale: f32, out: &mut [f32]) {
+    let full = out.len() / 8 * 8;
+    let sc = _mm256_set1_ps(scale);
+    for p in (0..full).step_by(8) {
+        let v = |i: usize| load8f(&lanes[(p + i) * 8..]);
+        let t1 = _mm256_hadd_ps(_mm256_hadd_ps(v(0), v(1)), _mm256_hadd_ps(v(2), v(3)));
+        let t2 = _mm256_hadd_ps(_mm256_hadd_ps(v(4), v(5)), _mm256_hadd_ps(v(6), v(7)));
+        let sum = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(t1, t2), _mm256_permute2f128_ps::<0x31>(t1, t2));
+        store8f(&mut out[p..], _mm256_mul_ps(sum, sc));
+    }
+    for (p, o) in out.iter_mut().enumerate().skip(full) {
+        *o = hsum(lanes[p * 8..p * 8 + 8].try_into().expect("eight lanes")) * scale;
+    }
+}
+
+/// Positions ahead of the one being read whose KV lines are requested early: the KV blocks of a step come
+/// from memory (the weights pushed them out of the caches since the last step).
+pub(super) const AHEAD: usize = 8;
+
+/// A hint to bring the cache line holding `at[0]` into the caches. The slice index bounds-checks the address.
+#[inline(always)]
+pub(super) fn prefetch<T>(at: &[T]) {
+    let p: *const T = &at[0];
+    // SAFETY: a prefetch never faults and reads nothing the program sees; `p` is a valid address anyway.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+}
