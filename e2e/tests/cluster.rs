@@ -283,9 +283,11 @@ fn zl_up_runs_serves_and_stops_the_whole_cluster() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("[stopped]") && out.status.code() == Some(130), "{:?} {err}", out.status);
     wait_kv_freed(&state, baseline);
-    // `zl admin workers` names each worker and the memory its model's weights take there (`... (98 MiB)`).
+    // `zl admin workers` names each worker, its KV cache's type as the worker registered it (`12/1456 f16`) and the
+    // memory its model's weights take there (`... (98 MiB)`).
     let workers = &["admin", "workers"][..];
-    for (args, expect) in [(workers, "worker-0"), (workers, " MiB)"), (&["admin", "members", "list"][..], "leader")] {
+    let listed = [(workers, "worker-0"), (workers, " f16 "), (workers, " MiB)")];
+    for (args, expect) in listed.into_iter().chain([(&["admin", "members", "list"][..], "leader")]) {
         let out = zl(args).wait_with_output().unwrap();
         let said = String::from_utf8_lossy(&out.stdout);
         assert!(

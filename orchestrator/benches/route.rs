@@ -32,6 +32,8 @@ fn world(workers: usize, now: Instant) -> (RoutingState, LoadView) {
             kv_block_size: 16,
             kv_blocks_total: 100_000,
             max_running_sequences: 64,
+            kv_dtype: "f16".into(),
+            kv_bytes_per_token: 0,
         };
         state.apply(i as u64 + 1, &Command::RegisterWorker(spec)).expect("register");
         let report = LoadReport {

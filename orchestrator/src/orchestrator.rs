@@ -258,6 +258,8 @@ impl Orchestrator {
             kv_block_size: r.kv_block_size,
             kv_blocks_total: r.kv_blocks_total,
             max_running_sequences: r.max_running_sequences,
+            kv_dtype: r.kv_dtype.clone(),
+            kv_bytes_per_token: r.kv_bytes_per_token,
         };
         let index = self.commit(&Command::RegisterWorker(spec)).await?;
         write(&self.load).forget(&r.worker_id);

@@ -199,6 +199,8 @@ async fn remote_errors_and_missing_replies_are_typed() {
         kv_block_size: 16,
         kv_blocks_total: 1,
         max_running_sequences: 1,
+        kv_dtype: String::new(),
+        kv_bytes_per_token: 0,
     });
     match client.call(addr, Role::Worker, register).await {
         Err(CallError::Remote(e)) => assert_eq!((e.code, e.message.as_str()), (ErrorCode::NotFound, "no such model")),

@@ -321,6 +321,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
             .filter_map(|m| m.engine.published(false).stats.kv.map(|kv| kv.total as u32))
             .sum(),
         max_running_sequences: args.model.max_running as u32,
+        kv_dtype: args.model.kv_dtype.name().to_owned(),
+        kv_bytes_per_token: u32::try_from(kv_bytes_per_token).unwrap_or(u32::MAX),
     };
     let reported: Vec<ReportedModel> =
         served.iter().map(|m| ReportedModel { id: m.id.clone(), engine: m.engine.clone() }).collect();

@@ -160,6 +160,8 @@ impl pb::admin_server::Admin for AdminService {
                 }),
                 max_running_sequences: v.entry.spec.max_running_sequences,
                 kv_blocks_total: v.entry.spec.kv_blocks_total,
+                kv_dtype: v.entry.spec.kv_dtype.clone(),
+                kv_bytes_per_token: v.entry.spec.kv_bytes_per_token,
             })
             .collect();
         Ok(Response::new(pb::ListWorkersResponse { workers }))

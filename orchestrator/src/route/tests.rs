@@ -43,6 +43,8 @@ impl World {
         let spec = WorkerSpec {
             device_class: pool,
             max_running_sequences: 8,
+            kv_dtype: "f16".into(),
+            kv_bytes_per_token: 0,
             ..crate::state::tests::spec(name, model, version)
         };
         self.apply(Command::RegisterWorker(spec));

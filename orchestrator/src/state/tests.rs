@@ -19,6 +19,8 @@ pub(crate) fn spec(id: &str, model: &str, version: u8) -> WorkerSpec {
         kv_block_size: 16,
         kv_blocks_total: 1000,
         max_running_sequences: 32,
+        kv_dtype: "f16".into(),
+        kv_bytes_per_token: 0,
     }
 }
 

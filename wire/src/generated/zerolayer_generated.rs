@@ -903,6 +903,8 @@ impl<'a> RegisterWorker<'a> {
   pub const VT_KV_BLOCK_SIZE: ::flatbuffers::VOffsetT = 12;
   pub const VT_KV_BLOCKS_TOTAL: ::flatbuffers::VOffsetT = 14;
   pub const VT_MAX_RUNNING_SEQUENCES: ::flatbuffers::VOffsetT = 16;
+  pub const VT_KV_DTYPE: ::flatbuffers::VOffsetT = 18;
+  pub const VT_KV_BYTES_PER_TOKEN: ::flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -914,6 +916,8 @@ impl<'a> RegisterWorker<'a> {
     args: &'args RegisterWorkerArgs<'args>
   ) -> ::flatbuffers::WIPOffset<RegisterWorker<'bldr>> {
     let mut builder = RegisterWorkerBuilder::new(_fbb);
+    builder.add_kv_bytes_per_token(args.kv_bytes_per_token);
+    if let Some(x) = args.kv_dtype { builder.add_kv_dtype(x); }
     builder.add_max_running_sequences(args.max_running_sequences);
     builder.add_kv_blocks_total(args.kv_blocks_total);
     builder.add_kv_block_size(args.kv_block_size);
@@ -981,6 +985,23 @@ impl<'a> RegisterWorker<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(RegisterWorker::VT_MAX_RUNNING_SEQUENCES, Some(0)).unwrap()}
   }
+  /// How its KV cache stores keys and values (protocol 1.7): "f16" or "q8" (empty: not said).
+  #[inline]
+  pub fn kv_dtype(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(RegisterWorker::VT_KV_DTYPE, None)}
+  }
+  /// Bytes one token's keys and values take across the layers, the largest over its models (protocol 1.7; 0: not
+  /// said).
+  #[inline]
+  pub fn kv_bytes_per_token(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(RegisterWorker::VT_KV_BYTES_PER_TOKEN, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for RegisterWorker<'_> {
@@ -996,6 +1017,8 @@ impl ::flatbuffers::Verifiable for RegisterWorker<'_> {
      .visit_field::<u32>("kv_block_size", Self::VT_KV_BLOCK_SIZE, false)?
      .visit_field::<u32>("kv_blocks_total", Self::VT_KV_BLOCKS_TOTAL, false)?
      .visit_field::<u32>("max_running_sequences", Self::VT_MAX_RUNNING_SEQUENCES, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("kv_dtype", Self::VT_KV_DTYPE, false)?
+     .visit_field::<u32>("kv_bytes_per_token", Self::VT_KV_BYTES_PER_TOKEN, false)?
      .finish();
     Ok(())
   }
@@ -1008,6 +1031,8 @@ pub struct RegisterWorkerArgs<'a> {
     pub kv_block_size: u32,
     pub kv_blocks_total: u32,
     pub max_running_sequences: u32,
+    pub kv_dtype: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub kv_bytes_per_token: u32,
 }
 impl<'a> Default for RegisterWorkerArgs<'a> {
   #[inline]
@@ -1020,6 +1045,8 @@ impl<'a> Default for RegisterWorkerArgs<'a> {
       kv_block_size: 0,
       kv_blocks_total: 0,
       max_running_sequences: 0,
+      kv_dtype: None,
+      kv_bytes_per_token: 0,
     }
   }
 }
@@ -1058,6 +1085,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> RegisterWorkerBuilder<'a, 'b,
     self.fbb_.push_slot::<u32>(RegisterWorker::VT_MAX_RUNNING_SEQUENCES, max_running_sequences, 0);
   }
   #[inline]
+  pub fn add_kv_dtype(&mut self, kv_dtype: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(RegisterWorker::VT_KV_DTYPE, kv_dtype);
+  }
+  #[inline]
+  pub fn add_kv_bytes_per_token(&mut self, kv_bytes_per_token: u32) {
+    self.fbb_.push_slot::<u32>(RegisterWorker::VT_KV_BYTES_PER_TOKEN, kv_bytes_per_token, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> RegisterWorkerBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     RegisterWorkerBuilder {
@@ -1085,6 +1120,8 @@ impl ::core::fmt::Debug for RegisterWorker<'_> {
       ds.field("kv_block_size", &self.kv_block_size());
       ds.field("kv_blocks_total", &self.kv_blocks_total());
       ds.field("max_running_sequences", &self.max_running_sequences());
+      ds.field("kv_dtype", &self.kv_dtype());
+      ds.field("kv_bytes_per_token", &self.kv_bytes_per_token());
       ds.finish()
   }
 }

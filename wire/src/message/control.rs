@@ -288,6 +288,10 @@ pub struct RegisterWorker {
     pub kv_blocks_total: u32,
     /// Concurrent sequences before queueing.
     pub max_running_sequences: u32,
+    /// How the KV cache stores keys and values: "f16" or "q8" (empty from workers before 1.7).
+    pub kv_dtype: String,
+    /// Bytes one token's keys and values take (0 from workers before 1.7).
+    pub kv_bytes_per_token: u32,
 }
 
 impl RegisterWorker {
@@ -306,6 +310,9 @@ impl RegisterWorker {
         if self.max_running_sequences == 0 {
             return Err(invalid("RegisterWorker.max_running_sequences", "must be at least 1"));
         }
+        if !matches!(self.kv_dtype.as_str(), "" | "f16" | "q8") {
+            return Err(invalid("RegisterWorker.kv_dtype", "must be f16 or q8"));
+        }
         Ok(())
     }
 
@@ -314,6 +321,7 @@ impl RegisterWorker {
         let endpoint = fbb.create_string(&self.endpoint);
         let models: Vec<_> = self.models.iter().map(|m| m.write(fbb)).collect();
         let models = fbb.create_vector(&models);
+        let kv_dtype = (!self.kv_dtype.is_empty()).then(|| fbb.create_string(&self.kv_dtype));
         fb::RegisterWorker::create(
             fbb,
             &fb::RegisterWorkerArgs {
@@ -324,6 +332,8 @@ impl RegisterWorker {
                 kv_block_size: self.kv_block_size,
                 kv_blocks_total: self.kv_blocks_total,
                 max_running_sequences: self.max_running_sequences,
+                kv_dtype,
+                kv_bytes_per_token: self.kv_bytes_per_token,
             },
         )
     }
@@ -338,6 +348,8 @@ impl RegisterWorker {
             kv_block_size: t.kv_block_size(),
             kv_blocks_total: t.kv_blocks_total(),
             max_running_sequences: t.max_running_sequences(),
+            kv_dtype: t.kv_dtype().unwrap_or_default().to_owned(),
+            kv_bytes_per_token: t.kv_bytes_per_token(),
         };
         msg.check()?;
         Ok(msg)

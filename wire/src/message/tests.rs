@@ -30,6 +30,8 @@ pub(crate) fn samples() -> Vec<Message> {
             kv_block_size: 16,
             kv_blocks_total: 4096,
             max_running_sequences: 32,
+            kv_dtype: "q8".into(),
+            kv_bytes_per_token: 12_240,
         }),
         Message::DeregisterWorker(DeregisterWorker { worker_id: node("worker-0"), reason: "shutdown".into() }),
         Message::Ack(Ack { applied_index: 42, hand_over: true }),

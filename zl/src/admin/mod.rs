@@ -323,7 +323,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
         AdminCommand::Workers => {
             let workers = c.list_workers(pb::ListWorkersRequest {}).await.map_err(call)?.into_inner().workers;
             println!(
-                "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>11} {:>8} {:>13}  models",
+                "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>15} {:>8} {:>13}  models",
                 "WORKER", "ENDPOINT", "POOL", "STATE", "QUEUE", "RUNNING", "KV USED", "TOK/S", "VRAM FREE GB"
             );
             for w in workers {
@@ -340,7 +340,13 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                         (
                             l.queue_depth.to_string(),
                             format!("{}/{}", l.running_sequences, w.max_running_sequences),
-                            format!("{}/{}", l.kv_blocks_used, l.kv_blocks_used + l.kv_blocks_free),
+                            // The blocks and how they store keys and values (f16, q8), where the worker says.
+                            format!(
+                                "{}/{} {}",
+                                l.kv_blocks_used,
+                                l.kv_blocks_used + l.kv_blocks_free,
+                                if w.kv_dtype.is_empty() { "-" } else { w.kv_dtype.as_str() }
+                            ),
                             format!("{:.1}", l.tokens_per_second),
                             if l.vram_total_bytes > 0 {
                                 format!("{:.1}/{:.1}", gb(l.vram_free_bytes), gb(l.vram_total_bytes))
@@ -362,7 +368,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                     })
                     .collect();
                 println!(
-                    "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>11} {:>8} {:>13}  {}",
+                    "{:<20} {:<22} {:<6} {:<9} {:>6} {:>9} {:>15} {:>8} {:>13}  {}",
                     w.id,
                     w.endpoint,
                     w.device_class,
