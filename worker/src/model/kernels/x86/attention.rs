@@ -49,15 +49,14 @@ pub(in super::super) fn attention_rows(
     }
 }
 
-/// [`super::super::attention_rows`]' arithmetic (`head_dim` a multiple of 8) with the cache widened by F16C.
-/// The rows go through the keys (then the values) one tile of [`TILE`] positions at a time, so a tile read from
-/// memory serves every row and head while it sits in the L1 cache (the flash-attention tiling); each position's
-/// score and each output's chain of fused multiply-adds are computed as for a row alone, so the order changes
-/// nothing. With `split`, long ranges split over the threads (flash-decoding, without its rescaling): the scores by tile, the
-/// softmax by row and head, the weighted sums of values by KV head and output chunk, each of them whole in one task.
-/// Scores: each key chunk is widened once for up to four heads of its group, each head's eight lanes are kept, and
-/// eight positions' lanes are summed at once. Values: per head, four output chunks stay in registers across a
-/// tile's positions.
+/// A level's [`super::super::attention_rows`] (`head_dim` a multiple of 8; the AVX-512 level's a multiple of 16):
+/// `$name` compiled with `$features` around that level's inner loops, `$scores` (a batch of heads' scores over a
+/// tile) and `$values` (their weighted sums of values, `$step` chunks of eight per job), so that every closure in it
+/// compiles with the level's instructions. Each position's score and each output's chain of fused multiply-adds are
+/// computed as for a row alone, so the order of the work changes nothing. With `split`, long ranges split over the
+/// threads (flash-decoding, without its rescaling): the scores by tile (the flash-attention tiling, two tiles per
+/// thread), the softmax by row and head, the weighted sums of values by KV head and output chunk, each of them whole
+/// in one task; without, each row's range goes in one pass (faster on one thread, see docs/worker.md).
 macro_rules! rows_level {
     ($name:ident, $features:literal, $scores:ident, $values:ident, $step:expr) => {
         #[target_feature(enable = $features)]
