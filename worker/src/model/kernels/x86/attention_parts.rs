@@ -101,6 +101,7 @@ pub(super) struct Values<'a, S> {
 /// Each position's eight lanes summed as [`hsum`], times `scale`: eight positions per pass of
 /// horizontal adds (whose pairings are `hsum`'s tree).
 #[target_feature(enable = "avx2,fma")]
+#[inline]
 pub(super) fn scores8(lanes: &[f32], scale: f32, out: &mut [f32]) {
     let full = out.len() / 8 * 8;
     let sc = _mm256_set1_ps(scale);
