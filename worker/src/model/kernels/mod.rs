@@ -195,12 +195,11 @@ pub fn attention(
 
 /// [`attention`] of several query rows that read one sequence's KV (a prefill chunk's rows): row `i`'s queries
 /// are `q[i * heads * head_dim..]`, its output goes to the same place in `out`, and it attends over
-/// `slots[ranges[i].0..ranges[i].1]`. Every row gets [`attention`]'s result for it alone, bit for bit; the SIMD
-/// levels go through the keys and values a tile at a time for all the rows together (the flash-attention tiling,
-/// with the softmax kept whole), so a long prompt's KV is read from memory once per tile of rows, not once per row.
-/// With `split` (for a step with fewer row tiles than threads: one long sequence decoding), a long range's work
-/// is spread over the threads, each part still computed whole, so the bits stay the same. `kv`: the layer's keys
-/// and values.
+/// `slots[ranges[i].0..ranges[i].1]`. Every row gets [`attention`]'s result for it alone, bit for bit. With
+/// `split` (for a step with fewer row groups than threads: one long sequence decoding), a long range's work is
+/// spread over the threads in tiles of positions (the flash-attention tiling, with the softmax kept whole), each
+/// part still computed whole, so the bits stay the same; without, each row's range goes in one pass, which measured
+/// faster on one thread (docs/worker.md). `kv`: the layer's keys and values.
 pub fn attention_rows(
     q: &[f32],
     slots: &[usize],
