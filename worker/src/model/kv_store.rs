@@ -13,7 +13,8 @@ use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
 
 use super::config::LlamaConfig;
 use super::kernels::KvPlane;
-pub use crate::kv::dtype::{KvDtype, Q8_BLOCK};
+pub use crate::kv::dtype::KvDtype;
+use crate::kv::dtype::Q8_BLOCK;
 use crate::kv::pool::BlockId;
 use crate::kv::window::{KvLayout, KvSizing};
 
@@ -80,7 +81,6 @@ pub fn quantize_q8(x: &[f32], q: &mut [i8]) -> u16 {
 pub struct KvStore {
     block_size: usize,
     kv_dim: usize,
-    dtype: KvDtype,
     k: Vec<Plane>,
     v: Vec<Plane>,
 }
@@ -99,7 +99,6 @@ impl KvStore {
         KvStore {
             block_size,
             kv_dim: cfg.kv_dim(),
-            dtype,
             k: (0..cfg.layers).map(|li| Plane::new(dtype, per_layer(li))).collect(),
             v: (0..cfg.layers).map(|li| Plane::new(dtype, per_layer(li))).collect(),
         }
@@ -135,11 +134,6 @@ impl KvStore {
     /// Bytes the keys and values take.
     pub fn bytes(&self) -> usize {
         self.k.iter().chain(&self.v).map(Plane::bytes).sum()
-    }
-
-    /// How it stores them.
-    pub fn dtype(&self) -> KvDtype {
-        self.dtype
     }
 
     /// Where position `pos` of a sequence with block table `blocks` lives in every layer's plane.

@@ -235,8 +235,8 @@ fn tasks<T: Send, R: Send>(parallel: bool, items: Vec<T>, f: impl Fn(T) -> R + S
 /// Tiles from which a call splits its work over the threads.
 const PARALLEL_TILES: usize = 4;
 
-/// Positions per tile: one KV head's keys of a tile (8 KiB at `head_dim` 64) stay in the L1 cache while every
-/// row of the group reads them.
+/// Positions per tile at least when a range splits over the threads (two tiles per thread); a range of fewer than
+/// [`PARALLEL_TILES`] of them does not split.
 const TILE: usize = 64;
 
 /// Scaled scores of `B` consecutive heads (queries in `q`, `hd` each, sharing the KV head `key`) for every
