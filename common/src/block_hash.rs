@@ -51,6 +51,13 @@ pub fn cache_salt(scope: &str) -> BlockHash {
     mix(SEED ^ mix(fnv ^ 0x7363_6f70_6500_0001)).max(1) // "scope" v1
 }
 
+/// The salt of a LoRA adapter's requests within the scope `salt` (`None`: unsalted): an adapter's keys and values
+/// differ from the base's for the same tokens, so its prefix blocks are its own. `adapter` names it by content
+/// (its SHA-256's first eight bytes, big-endian). Never 0.
+pub fn adapter_salt(salt: Option<BlockHash>, adapter: u64) -> BlockHash {
+    mix(SEED ^ mix(salt.unwrap_or(0) ^ mix(adapter ^ 0x6164_6170_7465_0001))).max(1) // "adapte" v1
+}
+
 /// [`block_hashes`] of a chain that starts from `salt` (`None`: the unsalted chain every scope shares).
 pub fn salted_block_hashes(tokens: &[u32], block_size: usize, salt: Option<BlockHash>) -> Vec<BlockHash> {
     assert!(block_size > 0, "block size must be positive");
@@ -68,6 +75,17 @@ pub fn salted_block_hashes(tokens: &[u32], block_size: usize, salt: Option<Block
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_adapters_salt_differs_from_its_scope_and_from_other_adapters() {
+        let project = cache_salt("project:a");
+        let scope = Some(project);
+        let all = [project, adapter_salt(scope, 1), adapter_salt(scope, 2), adapter_salt(None, 1)];
+        for (i, a) in all.iter().enumerate() {
+            assert!(all[i + 1..].iter().all(|b| a != b), "{all:?}");
+        }
+        assert_eq!(adapter_salt(scope, 1), adapter_salt(scope, 1));
+    }
 
     #[test]
     fn salted_chains_share_nothing_across_scopes() {

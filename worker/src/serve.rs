@@ -229,6 +229,7 @@ impl WorkerService {
             constraint,
             cache_salt: (g.cache_salt != 0).then_some(g.cache_salt),
             resume: g.resume_tokens,
+            adapter: None,
         };
         let mut generation = model
             .engine

@@ -42,6 +42,7 @@ fn request(engine: &EngineCore, grammars: &zl_grammar::Engine, user: &str, gramm
         constraint: Some(grammars.start(grammar).unwrap()),
         cache_salt: None,
         resume: vec![],
+        adapter: None,
     }
 }
 

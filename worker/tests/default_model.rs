@@ -84,6 +84,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
         constraint: None,
         cache_salt: None,
         resume: vec![],
+        adapter: None,
     };
     let mut alone = engine();
     let req = target(&alone);

@@ -9,12 +9,15 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
-use common::{hf_tokenizer, logits};
+use common::lora::{Update, permute_rows, random_updates, write_gguf_adapter, write_peft};
+use common::{hf_tokenizer, logits, logits_with, max_diff};
 use zl_text::ChatMessage;
 use zl_worker::engine::{EngineCore, Event, Request};
-use zl_worker::model::hf;
 use zl_worker::model::kernels::Weight;
 use zl_worker::model::llama::{Layer, Llama, LlamaConfig};
+use zl_worker::model::lora::Target;
+use zl_worker::model::lora_load::{self, AdapterFormat};
+use zl_worker::model::{Precision, hf, lora_merge};
 use zl_worker::sampling::Sampling;
 
 const HIDDEN: usize = 64;
@@ -214,4 +217,78 @@ fn a_directory_without_weights_is_a_clear_error() {
     }
     let err = hf::load(dir.path()).unwrap_err().to_string();
     assert!(err.contains("no .safetensors files"), "{err}");
+}
+
+#[test]
+fn peft_and_gguf_adapters_apply_alike_over_both_rope_layouts_and_as_merged() {
+    let dir = tempfile::tempdir().unwrap();
+    let vocab = write_model(dir.path());
+    let model = hf::load(dir.path()).unwrap();
+    let twin = interleaved_twin(vocab);
+    let updates = random_updates(model.llama.config(), &Target::ALL, 4, 7, 0.3);
+    let adapters = tempfile::tempdir().unwrap();
+    write_peft(&adapters.path().join("peft"), &updates, 8.0, true);
+    // The GGUF adapter in llama.cpp's Llama layout: Q's and K's B rows permuted as its converter permutes them.
+    let permuted: Vec<Update> = updates
+        .iter()
+        .cloned()
+        .map(|mut u| {
+            match u.target {
+                Target::Q => u.b = permute_rows(&u.b, HEADS, HD, u.rank),
+                Target::K => u.b = permute_rows(&u.b, KV_HEADS, HD, u.rank),
+                _ => {}
+            }
+            u
+        })
+        .collect();
+    write_gguf_adapter(&adapters.path().join("a.gguf"), "llama", &permuted, 8.0);
+    let load = |path: &str, config| {
+        let base = lora_load::Base { config, family: "llama" };
+        lora_load::load(&adapters.path().join(path), base).unwrap()
+    };
+    let peft_hf = load("peft", model.llama.config());
+    assert_eq!((peft_hf.format, peft_hf.adapter.rank(), peft_hf.adapter.targets().len()), (AdapterFormat::Peft, 4, 7));
+    let gguf_hf = load("a.gguf", model.llama.config());
+    assert_eq!(gguf_hf.format, AdapterFormat::Gguf);
+
+    let prompt = model.tokenizer.encode("<|im_start|>user\nthe sea<|im_end|>\n").unwrap();
+    let want = logits_with(&model.llama, Some(&peft_hf.adapter), &prompt);
+    let (moved, _) = max_diff(&want, &logits(&model.llama, &prompt));
+    assert!(moved > 0.1, "the adapter barely changes the logits ({moved})");
+    let check = |name: &str, got: Vec<f32>| {
+        let (diff, scale) = max_diff(&got, &want);
+        assert!(diff < 1e-3 * scale.max(1.0), "{name}: {diff} (logits up to {scale})");
+    };
+    check("gguf adapter, hf base", logits_with(&model.llama, Some(&gguf_hf.adapter), &prompt));
+    check("peft adapter, gguf-layout base", logits_with(&twin, Some(&load("peft", twin.config()).adapter), &prompt));
+    check("gguf adapter, gguf-layout base", logits_with(&twin, Some(&load("a.gguf", twin.config()).adapter), &prompt));
+    // Merged into the float weights: the same logits.
+    let mut merged = hf::load_with(dir.path(), Precision::Float).unwrap().llama;
+    lora_merge::merge(&mut merged, &peft_hf.adapter).unwrap();
+    check("merged", logits(&merged, &prompt));
+    // Merging needs f32 weights (the bf16 MLP of the native load is refused by name).
+    let mut native = hf::load(dir.path()).unwrap().llama;
+    assert!(lora_merge::merge(&mut native, &peft_hf.adapter).unwrap_err().contains("BF16"));
+}
+
+#[test]
+fn an_adapter_for_another_model_or_architecture_is_refused_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    write_model(dir.path());
+    let model = hf::load(dir.path()).unwrap();
+    let cfg = model.llama.config();
+    let adapters = tempfile::tempdir().unwrap();
+    // Made for a wider model.
+    let wide = LlamaConfig { hidden: 2 * HIDDEN, ..cfg.clone() };
+    write_peft(&adapters.path().join("wide"), &random_updates(&wide, &[Target::Q], 2, 1, 0.1), 4.0, false);
+    let base = lora_load::Base { config: cfg, family: "llama" };
+    let err = lora_load::load(&adapters.path().join("wide"), base).unwrap_err().to_string();
+    assert!(err.contains("another model"), "{err}");
+    // A GGUF adapter of another architecture.
+    write_gguf_adapter(&adapters.path().join("q.gguf"), "qwen2", &random_updates(cfg, &[Target::V], 2, 1, 0.1), 4.0);
+    let err = lora_load::load(&adapters.path().join("q.gguf"), base).unwrap_err().to_string();
+    assert!(err.contains("for a qwen2 model, the base is llama"), "{err}");
+    // A directory without the PEFT files.
+    let err = lora_load::load(adapters.path(), base).unwrap_err().to_string();
+    assert!(err.contains("adapter_config.json"), "{err}");
 }

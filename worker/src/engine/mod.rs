@@ -5,4 +5,4 @@ pub mod backend;
 pub mod state;
 
 pub use actor::{EngineGone, EngineHandle, Generation, Published};
-pub use state::{EngineCore, EngineStats, Event, Request, RequestError};
+pub use state::{EngineCore, EngineStats, Event, Request, RequestAdapter, RequestError};

@@ -2,6 +2,7 @@
 //! at a time. The actor (`engine::actor`) owns one of these on a dedicated thread; tests drive it directly.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use rayon::prelude::*;
 
@@ -13,6 +14,7 @@ use crate::kv::pool::BlockPool;
 use crate::kv::window::{KvLayout, WindowKv};
 use crate::model::LoadedModel;
 use crate::model::llama::{BatchItem, KvStore, PARALLEL_ROWS};
+use crate::model::lora::LoraAdapter;
 use crate::sampling::{Sampling, log_softmax_at, sample};
 use crate::scheduler::{AdmitError, Scheduler, SchedulerConfig, SeqId, StepItem};
 use crate::stop::StopMatcher;
@@ -42,6 +44,18 @@ pub struct Request {
     /// Output tokens another worker already produced (a migration; at most `max_tokens`): the sequence continues
     /// after them exactly as that worker would have, and sends only what follows them.
     pub resume: Vec<u32>,
+    /// The LoRA adapter it runs with (`None`: the base model).
+    pub adapter: Option<RequestAdapter>,
+}
+
+/// A LoRA adapter a request runs with.
+#[derive(Clone, Debug)]
+pub struct RequestAdapter {
+    /// Its updates, loaded for this engine's model.
+    pub adapter: Arc<LoraAdapter>,
+    /// Its content key (its SHA-256's first eight bytes, big-endian): its prefix blocks are its own
+    /// (`zl_common::block_hash::adapter_salt`).
+    pub key: u64,
 }
 
 impl Request {
@@ -58,6 +72,7 @@ impl Request {
             constraint: None,
             cache_salt: None,
             resume: vec![],
+            adapter: None,
         }
     }
 }
@@ -126,6 +141,9 @@ pub enum RequestError {
         /// Output limit.
         max_tokens: u32,
     },
+    /// A LoRA adapter on a device whose kernels do not apply them.
+    #[error("LoRA adapters run on the CPU in this build; this worker's model is on a GPU")]
+    AdapterDevice,
 }
 
 /// What one output token did to its sequence.
@@ -149,6 +167,8 @@ struct SeqState {
     constraint: Option<zl_grammar::Constraint>,
     /// Tokens a constrained sequence about to run out must write to end complete.
     closing: std::collections::VecDeque<u32>,
+    /// The LoRA adapter its rows add.
+    adapter: Option<std::sync::Arc<LoraAdapter>>,
 }
 
 /// Why an engine could not start.
@@ -265,6 +285,13 @@ impl EngineCore {
         if req.resume.len() > req.max_tokens as usize {
             return Err(RequestError::Resume { resume: req.resume.len(), max_tokens: req.max_tokens });
         }
+        if req.adapter.is_some() && !matches!(self.backend, Backend::Cpu(_)) {
+            return Err(RequestError::AdapterDevice);
+        }
+        let salt = match &req.adapter {
+            Some(a) => Some(zl_common::block_hash::adapter_salt(req.cache_salt, a.key)),
+            None => req.cache_salt,
+        };
         let prompt_len = req.prompt.len() as u32;
         let speculate = if req.constraint.is_some() { 0 } else { req.speculate };
         let mut st = SeqState {
@@ -279,6 +306,7 @@ impl EngineCore {
             accepted: 0,
             constraint: req.constraint,
             closing: Default::default(),
+            adapter: req.adapter.map(|a| a.adapter),
         };
         // A migration: the tokens already produced go through the sequence's state as they did on the worker that
         // produced them (the sampler's step, the grammar and its closing, the detokenizer, the stop matcher), their
@@ -298,7 +326,7 @@ impl EngineCore {
         let mut tokens = req.prompt;
         tokens.extend(&req.resume);
         self.sched.add(seq, tokens, remaining)?;
-        self.sched.salt(seq, req.cache_salt);
+        self.sched.salt(seq, salt);
         // Constrained requests do not speculate: every draft would need its own mask.
         self.sched.speculate(seq, speculate);
         self.seqs.insert(seq, st);
@@ -347,15 +375,20 @@ impl EngineCore {
             return std::mem::take(&mut self.pending);
         }
         let rows_of = |it: &StepItem| if it.sample { 1 + it.drafts } else { 0 };
+        // Each item's adapter, held apart from the sequences (which sampling then updates).
+        let adapters: Vec<Option<Arc<LoraAdapter>>> =
+            plan.items.iter().map(|it| self.seqs.get(&it.seq).and_then(|s| s.adapter.clone())).collect();
         let items: Vec<BatchItem<'_>> = plan
             .items
             .iter()
-            .map(|it| BatchItem {
+            .zip(&adapters)
+            .map(|(it, adapter)| BatchItem {
                 tokens: &it.tokens,
                 start: it.start,
                 blocks: &it.blocks,
                 window_blocks: &it.window_blocks,
                 logits: rows_of(it),
+                adapter: adapter.as_deref(),
             })
             .collect();
         // Grammar masks depend only on each sequence's own output so far: they are computed while the model runs

@@ -5,7 +5,7 @@
 use zl_text::{ChatMessage, TextTokenizer};
 
 use crate::kv::pool::BlockId;
-use crate::model::llama::{BatchItem, KvStore, Llama};
+use crate::model::llama::{BatchItem, KvStore, Tuned};
 
 /// The questions: short, factual, each with one plain answer.
 pub const QUESTIONS: [&str; 20] = [
@@ -64,7 +64,8 @@ fn argmax(logits: &[f32]) -> u32 {
 /// Greedy continuations of `prompts`, decoded together as one batch (every row is computed as it would be alone:
 /// the kernels are batch-invariant): at most `max_tokens` tokens each, a sequence ending early at one of `stop`
 /// (not included).
-pub fn greedy(model: &Llama, prompts: &[Vec<u32>], max_tokens: usize, stop: &[u32]) -> Vec<Vec<u32>> {
+pub fn greedy<'a>(model: impl Into<Tuned<'a>>, prompts: &[Vec<u32>], max_tokens: usize, stop: &[u32]) -> Vec<Vec<u32>> {
+    let Tuned { llama: model, adapter } = model.into();
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let per = (longest + max_tokens).div_ceil(BLOCK);
     let mut kv = KvStore::new(model.config(), per * prompts.len(), BLOCK);
@@ -74,7 +75,7 @@ pub fn greedy(model: &Llama, prompts: &[Vec<u32>], max_tokens: usize, stop: &[u3
     let items: Vec<BatchItem<'_>> = prompts
         .iter()
         .zip(&blocks)
-        .map(|(p, blocks)| BatchItem { tokens: p, start: 0, blocks, window_blocks: &[], logits: 1 })
+        .map(|(p, blocks)| BatchItem { tokens: p, start: 0, blocks, window_blocks: &[], logits: 1, adapter })
         .collect();
     let mut logits = model.forward(&items, &mut kv);
     let mut out: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
@@ -99,6 +100,7 @@ pub fn greedy(model: &Llama, prompts: &[Vec<u32>], max_tokens: usize, stop: &[u3
                 blocks: &blocks[i],
                 window_blocks: &[],
                 logits: 1,
+                adapter,
             })
             .collect();
         if items.is_empty() {
@@ -141,9 +143,9 @@ impl Comparison {
 }
 
 /// Ask every question under every system prompt on `model` and on `reference` (greedy, `max_tokens` each).
-pub fn compare(
-    model: (&Llama, &TextTokenizer),
-    reference: &Llama,
+pub fn compare<'a>(
+    model: (impl Into<Tuned<'a>>, &TextTokenizer),
+    reference: impl Into<Tuned<'a>>,
     max_tokens: usize,
 ) -> Result<Vec<Comparison>, String> {
     let (llama, tokenizer) = model;

@@ -5,7 +5,7 @@
 
 use crate::kv::pool::BlockId;
 use crate::kv::window::KvLayout;
-use crate::model::llama::{BatchItem, KvDtype, KvStore, Llama};
+use crate::model::llama::{BatchItem, KvDtype, KvStore, Tuned};
 
 /// Tokens per KV block of the scratch cache.
 const BLOCK: usize = 16;
@@ -33,7 +33,13 @@ fn log_prob(logits: &[f32], token: u32) -> f64 {
 /// run from an empty cache in one prefill, and every token of its second half but the first scored from the
 /// logits of the position before it, keys and values cached as `kv` says. `None` when the text is shorter than one
 /// chunk.
-pub fn perplexity(model: &Llama, tokens: &[u32], context: usize, bos: Option<u32>, kv: KvDtype) -> Option<Perplexity> {
+pub fn perplexity<'a>(
+    model: impl Into<Tuned<'a>>,
+    tokens: &[u32],
+    context: usize,
+    bos: Option<u32>,
+    kv: KvDtype,
+) -> Option<Perplexity> {
     let context = context.max(4);
     let all: Vec<u32> = bos.into_iter().chain(tokens.iter().copied()).collect();
     let (mut nll, mut scored) = (0f64, 0usize);
@@ -48,13 +54,14 @@ pub fn perplexity(model: &Llama, tokens: &[u32], context: usize, bos: Option<u32
 /// Run each chunk (its first token replaced by `bos`, when given) from an empty cache in one prefill, and hand
 /// `row` the chunk's index, the logits of each scored position (the second half of the chunk but its last token,
 /// in order) and the token after it. Keys and values are cached as `kv` says.
-pub fn score_chunks<'a>(
-    model: &Llama,
+pub fn score_chunks<'a, 'm>(
+    model: impl Into<Tuned<'m>>,
     chunks: impl Iterator<Item = &'a [u32]>,
     bos: Option<u32>,
     kv: KvDtype,
     mut row: impl FnMut(usize, &[f32], u32),
 ) {
+    let Tuned { llama: model, adapter } = model.into();
     let vocab = model.config().vocab;
     let mut scratch: Option<(usize, Vec<BlockId>, KvStore)> = None;
     for (c, piece) in chunks.enumerate() {
@@ -73,7 +80,8 @@ pub fn score_chunks<'a>(
         // as token by token: every row is computed on its own).
         let first = context / 2;
         let rows = context - 1 - first;
-        let item = BatchItem { tokens: &chunk[..context - 1], start: 0, blocks, window_blocks: &[], logits: rows };
+        let item =
+            BatchItem { tokens: &chunk[..context - 1], start: 0, blocks, window_blocks: &[], logits: rows, adapter };
         let logits = model.forward(&[item], kv);
         for (i, logits) in logits.chunks_exact(vocab).enumerate() {
             row(c, logits, chunk[first + 1 + i]);

@@ -190,7 +190,7 @@ fn unsupported_type(tensor: &str, ty: &str) -> LoadError {
 }
 
 /// Read a GGUF file's header and metadata; a tensor of a type the reader does not know is named with its type.
-fn read_content(path: &Path) -> Result<(Content, BufReader<File>), LoadError> {
+pub(crate) fn read_content(path: &Path) -> Result<(Content, BufReader<File>), LoadError> {
     let io = |e: std::io::Error| LoadError::Io(path.display().to_string(), e);
     let mut file = BufReader::new(File::open(path).map_err(io)?);
     match Content::read(&mut file) {
@@ -206,6 +206,12 @@ fn read_content(path: &Path) -> Result<(Content, BufReader<File>), LoadError> {
             Err(LoadError::Format(format!("not a GGUF file: {e}")))
         }
     }
+}
+
+/// Whether llama.cpp's files of architecture `arch` hold Q and K for adjacent-pair RoPE: its converter permutes
+/// Llama's and Mistral's rows so; Qwen, Gemma and Phi-3 keep NeoX halves.
+pub(crate) fn rope_interleaved(arch: &str) -> bool {
+    !matches!(arch, "qwen2" | "qwen3" | "gemma3" | "phi3")
 }
 
 /// The BOS token a GGUF model's text starts with, as llama.cpp decides it: `tokenizer.ggml.bos_token_id` when
@@ -295,9 +301,7 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
         rms_eps: meta_f32(&content, &key("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
         rope_theta: meta_f32(&content, &key("rope.freq_base")).unwrap_or(10_000.0),
         context_length,
-        // llama.cpp's converter permutes Llama/Mistral Q and K for adjacent-pair RoPE; Qwen, Gemma and Phi-3 keep
-        // NeoX halves.
-        rope_interleaved: !matches!(arch.as_str(), "qwen2" | "qwen3" | "gemma3" | "phi3"),
+        rope_interleaved: rope_interleaved(&arch),
         rope_scaling,
         activation: if gemma { Activation::GeluTanh } else { Activation::Silu },
         embed_scale: gemma.then(|| (hidden as f32).sqrt()),

@@ -10,8 +10,10 @@
 use rayon::prelude::*;
 
 pub use super::config::{Activation, LlamaConfig, MAX_HEAD_DIM, SlidingWindow};
-use super::kernels::{AttentionShape, Input, Weight, attention_rows, dot_f32, exp_f32, with_simd};
+pub(crate) use super::kernels::PARALLEL_ROWS;
+use super::kernels::{AttentionShape, Input, Weight, attention_rows, dot_f32, exp_f32, per_row, with_simd};
 pub use super::kv_store::{KvDtype, KvStore};
+use super::lora::{LoraAdapter, Target, add_updates};
 pub use super::rope::RopeScaling;
 use super::rope::RopeTable;
 use crate::kv::pool::BlockId;
@@ -75,6 +77,23 @@ pub struct BatchItem<'a> {
     /// Return logits for this many of the item's last tokens (0: none; 1: the last token's, what decoding needs;
     /// more: a speculative step verifying draft tokens, which needs the logits after each of them).
     pub logits: usize,
+    /// The LoRA adapter its rows add (`None`: the base alone).
+    pub adapter: Option<&'a LoraAdapter>,
+}
+
+/// A base model and the adapter its rows add (none: the base alone): what the evaluations run.
+#[derive(Clone, Copy, Debug)]
+pub struct Tuned<'a> {
+    /// The base.
+    pub llama: &'a Llama,
+    /// The adapter applied at run time.
+    pub adapter: Option<&'a LoraAdapter>,
+}
+
+impl<'a> From<&'a Llama> for Tuned<'a> {
+    fn from(llama: &'a Llama) -> Self {
+        Tuned { llama, adapter: None }
+    }
 }
 
 /// Rows that attend together (`attention_rows`): runs of one item's consecutive rows, at most [`TILE_ROWS`] each,
@@ -125,20 +144,6 @@ pub(crate) fn logit_rows(items: &[BatchItem<'_>]) -> Vec<usize> {
         rows.extend(end - item.logits.min(item.tokens.len())..end);
     }
     rows
-}
-
-/// Batch rows from which the per-row work (norms, RoPE and the new keys' and values' conversion, the gated
-/// activation, the engine's sampling) is spread over the pool; below it a dispatch costs more than it saves.
-pub(crate) const PARALLEL_ROWS: usize = 4;
-
-/// `f(row, out_row)` for every row of `out` (rows of `width`), in parallel for large batches. Each row is computed
-/// on its own, so splitting never changes a result.
-fn per_row(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
-    if out.len() / width.max(1) >= PARALLEL_ROWS {
-        out.par_chunks_mut(width).enumerate().for_each(|(r, o)| with_simd(|| f(r, o)));
-    } else {
-        out.chunks_mut(width).enumerate().for_each(|(r, o)| f(r, o));
-    }
 }
 
 #[inline]
@@ -349,6 +354,9 @@ impl Llama {
                 })
             })
             .collect();
+        // Each row's adapter: rows add their own adapter's updates after each base matmul.
+        let row_adapter: Vec<Option<&LoraAdapter>> = row_item.iter().map(|&i| items[i].adapter).collect();
+        let lora = |li: usize, x: &[f32], jobs: Vec<(Target, &mut [f32])>| add_updates(&row_adapter, li, x, jobs);
         let mut hbuf = vec![0f32; n * h];
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
@@ -364,6 +372,7 @@ impl Llama {
             let local = cfg.is_local(li);
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.attn_norm, cfg.rms_eps, o));
             Input::new(&hbuf, n).matmul(vec![(&layer.wq, &mut q), (&layer.wk, &mut k), (&layer.wv, &mut v)]);
+            lora(li, &hbuf, vec![(Target::Q, &mut q), (Target::K, &mut k), (Target::V, &mut v)]);
             if let Some((bq, bk, bv)) = &layer.qkv_bias {
                 for r in 0..n {
                     q[r * qd..(r + 1) * qd].iter_mut().zip(bq).for_each(|(a, b)| *a += b);
@@ -418,15 +427,18 @@ impl Llama {
                 attention_rows(&q[a * qd..b * qd], slots, &ranges, kv_ref.layer(li), shape, split, out);
             });
             layer.wo.matmul(&attn, n, &mut proj);
+            lora(li, &attn, vec![(Target::O, &mut proj)]);
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.0));
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.ffn_norm, cfg.rms_eps, o));
             Input::new(&hbuf, n).matmul(vec![(&layer.w_gate, &mut gate), (&layer.w_up, &mut up)]);
+            lora(li, &hbuf, vec![(Target::Gate, &mut gate), (Target::Up, &mut up)]);
             let im = cfg.intermediate;
             let activation = cfg.activation;
             per_row(&mut gate, im, |r, g| {
                 g.iter_mut().zip(&up[r * im..(r + 1) * im]).for_each(|(g, u)| *g = activate(activation, *g) * u)
             });
             layer.w_down.matmul(&gate, n, &mut proj);
+            lora(li, &gate, vec![(Target::Down, &mut proj)]);
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.1));
         }
         // Logits only for the rows each item asked for (its last ones).

@@ -8,6 +8,9 @@ pub mod hf;
 pub mod kernels;
 pub mod kv_store;
 pub mod llama;
+pub mod lora;
+pub mod lora_load;
+pub mod lora_merge;
 pub mod rope;
 
 use kernels::Weight;

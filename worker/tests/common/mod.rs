@@ -12,6 +12,9 @@ use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
 use zl_worker::kv::pool::BlockPool;
 use zl_worker::model::llama::{BatchItem, KvStore, Llama};
+use zl_worker::model::lora::LoraAdapter;
+
+pub(crate) mod lora;
 
 /// Byte-level tokens (GPT-2's alphabet, in byte order) and two specials, as a GGUF vocabulary lists them.
 pub(crate) fn gguf_tokens() -> Vec<String> {
@@ -74,11 +77,16 @@ pub(crate) fn write_gguf(path: &Path, meta: Vec<(&str, Value)>, tensors: &[(Stri
 
 /// The logits of the last of `tokens`, prefilled in one step.
 pub(crate) fn logits(model: &Llama, tokens: &[u32]) -> Vec<f32> {
+    logits_with(model, None, tokens)
+}
+
+/// [`logits`] with `adapter` applied.
+pub(crate) fn logits_with(model: &Llama, adapter: Option<&LoraAdapter>, tokens: &[u32]) -> Vec<f32> {
     let mut kv = KvStore::new(model.config(), 16, 16);
     let mut pool = BlockPool::new(16, 16);
     let mut seq = pool.start(tokens);
     pool.reserve(&mut seq, tokens.len()).unwrap();
-    let item = BatchItem { tokens, start: 0, blocks: seq.table(), window_blocks: &[], logits: 1 };
+    let item = BatchItem { tokens, start: 0, blocks: seq.table(), window_blocks: &[], logits: 1, adapter };
     model.forward(&[item], &mut kv)
 }
 

@@ -3,9 +3,12 @@
 //! overlap` asks for text that repeats the prompt (an edit of a given text) and runs every level without and with
 //! predictive streaming, printing the speed-up and the draft acceptance rate. `--workload json` asks for JSON and runs
 //! every level free and then constrained by a JSON Schema, printing the constrained rate against the free one and
-//! the grammar engine's time per token mask (p50, p99). After the levels: the memory-bandwidth ceiling (a read of a
+//! the grammar engine's time per token mask (p50, p99). `--adapters N` runs every level on the base alone and then
+//! with its requests spread over the base and N LoRA adapters (rank 16, every projection) in one batch, printing
+//! the mixed rate against the base-only one. After the levels: the memory-bandwidth ceiling (a read of a
 //! weights-sized buffer with the same threads) and one sequence's decode rate as a fraction of it.
 
+mod adapters;
 mod bandwidth;
 mod json;
 
@@ -44,6 +47,10 @@ pub(crate) struct BenchArgs {
     /// tokens at that context.
     #[arg(long, value_delimiter = ',')]
     prefill: Vec<usize>,
+    /// Run every level on the base alone and then with request i on adapter i mod (N + 1) (0: the base), N
+    /// synthetic LoRA adapters of rank 16 over every projection.
+    #[arg(long, default_value_t = 0)]
+    adapters: usize,
 }
 
 /// The text the overlap workload asks the model to edit (a few misspellings to correct).
@@ -79,9 +86,11 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     // What each level runs: plain decoding only; without and then with drafts; free and then constrained.
     let json = args.workload == "json";
     let grammars = if json { Some(zl_grammar::Engine::new(&core.model().tokenizer)?) } else { None };
+    let adapters = adapters::synthetic(core.model().llama.config(), args.adapters)?;
     let modes: Vec<Mode> = match args.workload.as_str() {
         "overlap" => vec![Mode::Plain, Mode::Predicted(args.model.speculation().max_draft.max(1))],
         "json" => vec![Mode::Plain, Mode::Constrained],
+        _ if !adapters.is_empty() => vec![Mode::Plain, Mode::Adapters],
         _ => vec![Mode::Plain],
     };
     let mut outputs = Vec::new();
@@ -100,7 +109,8 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                     (Mode::Constrained, Some(g)) => Some((g, json::schema_grammar()?)),
                     _ => None,
                 };
-                let level = Level { no: level_no, c, max_tokens: args.max_tokens, mode, prompts, grammar };
+                let level =
+                    Level { no: level_no, c, max_tokens: args.max_tokens, mode, prompts, grammar, adapters: &adapters };
                 let (rate, out) = run_level(core, &level, &mut base)?;
                 rates[slot * modes.len() + m].push(rate);
                 if mode == Mode::Constrained {
@@ -126,6 +136,7 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                 let tag = match mode {
                     Mode::Predicted(_) => format!("  predicted: {vs_plain:.2}x plain"),
                     Mode::Constrained => format!("  constrained: {vs_plain:.2}x free"),
+                    Mode::Adapters => format!("  adapters: {vs_plain:.2}x base only"),
                     Mode::Plain => String::new(),
                 };
                 println!("{c:>11} {:>15} {rate:>15.1} {:>8.2}x{tag}", "", rate / medians[0]);
@@ -207,6 +218,8 @@ enum Mode {
     Predicted(usize),
     /// Constrained by the JSON workload's schema.
     Constrained,
+    /// Requests spread over the base and the bench's adapters.
+    Adapters,
 }
 
 /// What a level's requests ask.
@@ -230,6 +243,9 @@ struct Level<'a> {
     prompts: Prompts,
     /// The grammar engine and the grammar constrained requests use.
     grammar: Option<(&'a zl_grammar::Engine, String)>,
+    /// The adapters of [`Mode::Adapters`]: request i runs on the base when i mod (their count + 1) is 0, else on
+    /// that adapter.
+    adapters: &'a [zl_worker::engine::RequestAdapter],
 }
 
 /// One concurrency level: `c` greedy requests of `max_tokens` each, run to completion; prints the level's line
@@ -268,6 +284,10 @@ fn run_level(
             },
             cache_salt: None,
             resume: vec![],
+            adapter: match level.mode {
+                Mode::Adapters => (i % (level.adapters.len() + 1)).checked_sub(1).map(|a| level.adapters[a].clone()),
+                _ => None,
+            },
         };
         core.add((level.no * 10_000 + i) as u64, req)?;
     }
@@ -329,6 +349,10 @@ fn run_level(
             format!("  predicted: {accepted} of {drafted} drafts accepted ({rate:.0}%)")
         }
         (Mode::Constrained, _) => format!("  constrained{}", full_batch(&mut full_steps)),
+        (Mode::Adapters, _) => format!("  {} adapters{}", level.adapters.len(), full_batch(&mut full_steps)),
+        (Mode::Plain, Prompts::Stories) if !level.adapters.is_empty() => {
+            format!("  base only{}", full_batch(&mut full_steps))
+        }
         (Mode::Plain, Prompts::Stories) => String::new(),
         (Mode::Plain, Prompts::Edit) => "  plain".to_owned(),
         (Mode::Plain, Prompts::Json) => format!("  free{}", full_batch(&mut full_steps)),

@@ -31,6 +31,7 @@
 mod attention;
 mod blocks;
 mod isa;
+mod low_rank;
 mod math;
 mod portable;
 mod quant;
@@ -48,7 +49,8 @@ use rayon::prelude::*;
 pub use attention::{AttentionShape, KvPlane};
 pub use blocks::BlockFormat;
 pub use isa::Isa;
-pub use math::{dot_f32, exp_f32, sum_f32};
+pub use low_rank::LowRank;
+pub use math::{dot_f32, dot4_f32, exp_f32, sum_f32};
 pub use weight::{Weight, WeightError};
 
 use attention::attention_portable;
@@ -252,6 +254,33 @@ fn group_quantizer() -> QuantizeGroup {
         return x86::quantize_group;
     }
     quantize_group
+}
+
+/// Add a low-rank update (a LoRA adapter's, for one matrix) to each of `rows` (row index into `x`'s rows, that
+/// row's output), at the SIMD level in use; see `low_rank.rs`.
+pub fn low_rank_update(w: LowRank<'_>, x: &[f32], rows: &mut [(usize, &mut [f32])]) {
+    assert!(w.a.len() == w.rank * w.inputs && w.bt.len() == w.rank * w.outputs, "low-rank factor shapes");
+    assert!(rows.iter().all(|(r, o)| (r + 1) * w.inputs <= x.len() && o.len() == w.outputs), "row shapes");
+    #[cfg(target_arch = "x86_64")]
+    if x86::available() {
+        return x86::low_rank_rows(w, x, rows);
+    }
+    low_rank::low_rank_rows(w, x, rows)
+}
+
+/// Batch rows from which the per-row work (norms, RoPE and the new keys' and values' conversion, the gated
+/// activation, adapters' updates, the engine's sampling) is spread over the pool; below it a dispatch costs more
+/// than it saves.
+pub const PARALLEL_ROWS: usize = 4;
+
+/// `f(row, out_row)` for every row of `out` (rows of `width`), in parallel for large batches. Each row is computed
+/// on its own, so splitting never changes a result.
+pub fn per_row(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
+    if out.len() / width.max(1) >= PARALLEL_ROWS {
+        out.par_chunks_mut(width).enumerate().for_each(|(r, o)| with_simd(|| f(r, o)));
+    } else {
+        out.chunks_mut(width).enumerate().for_each(|(r, o)| f(r, o));
+    }
 }
 
 /// Run `f` compiled for AVX2 where the CPU has it (the same IEEE operations either way, as Rust never fuses a

@@ -40,6 +40,17 @@ fn run_avx2<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// [`super::low_rank_update`] in AVX2.
+pub(super) fn low_rank_rows(w: super::LowRank<'_>, x: &[f32], rows: &mut [(usize, &mut [f32])]) {
+    // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
+    unsafe { low_rank_rows_avx2(w, x, rows) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+fn low_rank_rows_avx2(w: super::LowRank<'_>, x: &[f32], rows: &mut [(usize, &mut [f32])]) {
+    super::low_rank::low_rank_rows(w, x, rows)
+}
+
 /// [`super::attention_rows`] in AVX2 (`head_dim` a multiple of 8; the caller checked `available()`).
 pub(super) use attention::attention_rows;
 
