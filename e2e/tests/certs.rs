@@ -81,6 +81,7 @@ async fn issued_certificates_authenticate_a_real_quic_call() {
         excluded_workers: vec![],
         trace_id: String::new(),
         prefer_fallback: false,
+        project: String::new(),
     });
     match client.call(server.local_addr(), Role::Worker, request.clone()).await {
         Err(CallError::Remote(e)) => assert_eq!(e.message, "hello fe-0"),

@@ -29,6 +29,7 @@ fn route_request(model: &str) -> Message {
         excluded_workers: vec![],
         trace_id: String::new(),
         prefer_fallback: false,
+        project: String::new(),
     })
 }
 
@@ -110,6 +111,7 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
         vram_total_bytes: 0,
         vram_free_bytes: 0,
         queued_prefill_blocks: 0,
+        adapters: vec![],
     });
     match as_worker.call(orch_addr, Role::Orchestrator, forged).await {
         Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::PermissionDenied),
@@ -133,6 +135,7 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
         grammar: String::new(),
         cache_salt: 0,
         resume_tokens: vec![],
+        adapter: None,
     });
     let endpoint: SocketAddr = decision.endpoint.parse().unwrap();
     let mut stream = fe.stream(endpoint, Role::Worker, generate).await.unwrap();

@@ -34,6 +34,7 @@ fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
         grammar: String::new(),
         cache_salt: 0,
         resume_tokens: vec![],
+        adapter: None,
     })
 }
 

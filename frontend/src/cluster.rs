@@ -11,7 +11,7 @@ use zl_common::keys::hex;
 use zl_common::sync::{lock, read, write};
 use zl_node::consul::DiscoveryStatus;
 use zl_node::consul::status::StatusView;
-use zl_wire::message::{FrontendGrant, ModelInfo, ProjectQuota, RouteRequest, StateSync};
+use zl_wire::message::{AdapterInfo, FrontendGrant, ModelInfo, ProjectQuota, RouteRequest, StateSync};
 
 use crate::error::{ApiError, ErrorKind};
 use crate::health::{Inputs, Level, Thresholds, assess};
@@ -46,6 +46,8 @@ struct Synced {
     keys: HashMap<String, KeyInfo>,
     projects: HashMap<String, ProjectQuota>,
     models: BTreeMap<String, ModelInfo>,
+    /// Registered LoRA adapters, by name.
+    adapters: BTreeMap<String, AdapterInfo>,
     serving_workers: u32,
     weights: BillingWeights,
     last_ok: Option<Instant>,
@@ -125,6 +127,7 @@ impl Cluster {
             .collect();
         s.projects = sync.projects.into_iter().map(|p| (p.project.clone(), p)).collect();
         s.models = sync.models.into_iter().map(|m| (m.id.clone(), m)).collect();
+        s.adapters = sync.adapters.into_iter().map(|a| (a.name.clone(), a)).collect();
         s.weights = sync
             .billing_weights
             .map(|[input, output, context]| BillingWeights { input, output, context })
@@ -174,6 +177,22 @@ impl Cluster {
     /// The served models, by id.
     pub fn models(&self) -> Vec<ModelInfo> {
         read(&self.synced).models.values().cloned().collect()
+    }
+
+    /// The base model of the adapter a model id names (`NAME` or `BASE:NAME`), whichever project owns it: what
+    /// its prompts are tokenized with. Whether the caller's project may use it is the route's to say.
+    pub fn adapter_base(&self, model: &str) -> Option<String> {
+        let s = read(&self.synced);
+        let a = match model.split_once(':') {
+            Some((base, name)) => s.adapters.get(name).filter(|a| a.base == base)?,
+            None => s.adapters.get(model)?,
+        };
+        Some(a.base.clone())
+    }
+
+    /// The adapters `project` may use, by name.
+    pub fn adapters_for(&self, project: &str) -> Vec<String> {
+        read(&self.synced).adapters.values().filter(|a| a.visible_to(project)).map(|a| a.name.clone()).collect()
     }
 
     /// Whether some worker serves `model` (`None`: not known yet, no sync has succeeded).
@@ -281,6 +300,7 @@ impl Cluster {
             excluded_workers: vec![],
             trace_id: String::new(),
             prefer_fallback: false,
+            project: String::new(),
         };
         let decision = upstream.route(probe).await.map_err(|e| {
             let err = ApiError::from_call(&e, "routing");

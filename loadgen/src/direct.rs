@@ -80,6 +80,7 @@ impl DirectWorker {
                     grammar: String::new(),
                     cache_salt: 0,
                     resume_tokens: vec![],
+                    adapter: None,
                 };
                 rec.request_id = Some(request.request_id.clone());
                 rec.worker = Some(self.endpoint.clone());

@@ -48,6 +48,7 @@ fn world(workers: usize, now: Instant) -> (RoutingState, LoadView) {
             vram_total_bytes: 0,
             vram_free_bytes: 0,
             queued_prefill_blocks: 0,
+            adapters: vec![],
         };
         load.report(report, now);
         // Each worker caches a chain of blocks; chains share their first blocks with neighbours.
@@ -94,6 +95,7 @@ fn main() {
                     excluded_workers: vec![],
                     trace_id: String::new(),
                     prefer_fallback: false,
+                    project: String::new(),
                 };
                 let t = Instant::now();
                 let decision = decide(&state, &load, &request, policy.as_ref(), now, &mut scratch);

@@ -460,6 +460,7 @@ mod tests {
             vram_total_bytes: 0,
             vram_free_bytes: 0,
             queued_prefill_blocks: 0,
+            adapters: vec![],
         }
     }
 

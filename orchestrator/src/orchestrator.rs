@@ -11,8 +11,8 @@ use std::time::Instant;
 
 use zl_common::sync::{read, write};
 use zl_wire::message::{
-    ApiKeyEntry, ErrorCode, FrontendGrant, FrontendReport, KvCacheEvents, LoadReport, ModelInfo, NodeId, ProjectQuota,
-    RegisterWorker, RouteRequest, StateSync, WireError,
+    AdapterInfo, ApiKeyEntry, ErrorCode, FrontendGrant, FrontendReport, KvCacheEvents, LoadReport, ModelInfo, NodeId,
+    ProjectQuota, RegisterWorker, RouteRequest, StateSync, WireError,
 };
 
 use crate::enroll::Enroller;
@@ -513,6 +513,16 @@ impl Orchestrator {
             }
         }
         sync.models = models.into_values().collect();
+        sync.adapters = state
+            .adapters()
+            .all()
+            .map(|a| AdapterInfo {
+                name: a.name.clone(),
+                base: a.base.clone(),
+                project: a.project.clone(),
+                shared: a.shared,
+            })
+            .collect();
         sync
     }
 }

@@ -54,6 +54,7 @@ fn decision(request_id: String) -> RouteDecision {
         reason: "least-loaded".into(),
         decision_nanos: 900,
         orchestrator_id: String::new(),
+        adapter: None,
     }
 }
 
@@ -114,6 +115,7 @@ async fn quic(calls: usize, frames: u32) {
             excluded_workers: vec![],
             trace_id: String::new(),
             prefer_fallback: false,
+            project: String::new(),
         })
     };
     for i in 0..100 {
@@ -143,6 +145,7 @@ async fn quic(calls: usize, frames: u32) {
         grammar: String::new(),
         cache_salt: 0,
         resume_tokens: vec![],
+        adapter: None,
     });
     let started = Instant::now();
     let mut stream = client.stream(addr, Role::Worker, generate).await.unwrap();

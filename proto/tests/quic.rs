@@ -62,6 +62,7 @@ impl Handler for TestHandler {
                     reason: format!("caller {}", ctx.peer.node_id),
                     decision_nanos: 1,
                     orchestrator_id: String::new(),
+                    adapter: None,
                 }))
                 .await
                 .map_err(|e| WireError::new(ErrorCode::Internal, e.to_string())),
@@ -139,6 +140,7 @@ fn route(request_id: &str) -> Message {
         excluded_workers: vec![],
         trace_id: String::new(),
         prefer_fallback: false,
+        project: String::new(),
     })
 }
 
@@ -157,6 +159,7 @@ fn generate(request_id: &str, max_tokens: u32, prompt: Vec<u32>) -> Message {
         grammar: String::new(),
         cache_salt: 0,
         resume_tokens: vec![],
+        adapter: None,
     })
 }
 
@@ -218,6 +221,7 @@ async fn remote_errors_and_missing_replies_are_typed() {
         vram_total_bytes: 0,
         vram_free_bytes: 0,
         queued_prefill_blocks: 0,
+        adapters: vec![],
     });
     match client.call(addr, Role::Worker, report).await {
         Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::Internal),

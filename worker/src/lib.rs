@@ -5,9 +5,10 @@
 //! [`sampling`] (seeded, batch-invariant token choice) and [`stop`] (stop sequences across token boundaries).
 //! [`model`] loads weights (GGUF, safetensors) and runs the forward pass on the CPU kernels; [`engine`] is the
 //! actor that owns a model, its KV cache and the scheduler and steps them; [`serve`] is the QUIC face;
-//! [`registration`] registers with the orchestrators; [`fetch`] brings the bundled default model; [`speculate`] drafts
+//! [`adapters`] keeps the LoRA adapters requests name; [`registration`] registers with the orchestrators; [`fetch`] brings the bundled default model; [`speculate`] drafts
 //! tokens for predictive streaming; [`eval`] measures quality (perplexity, the question set against the float path).
 
+pub mod adapters;
 pub mod consul_report;
 pub mod device;
 pub mod engine;

@@ -15,6 +15,7 @@ use zl_node::discovery::{Backend, OrchestratorArgs};
 use zl_node::status::Readiness;
 use zl_proto::quic::{Client, Server};
 use zl_wire::message::{ComputePool, ModelInfo, NodeId, RegisterWorker, Role};
+use zl_worker::adapters::{AdapterCache, AdapterSettings};
 use zl_worker::consul_report::{ReportedEngine, WorkerReport};
 use zl_worker::engine::{EngineCore, EngineHandle};
 use zl_worker::fetch;
@@ -126,6 +127,14 @@ struct ServeArgs {
     /// How often load and KV events go to the orchestrators.
     #[arg(long, env = "ZL_REPORT_INTERVAL_MS", default_value_t = 250)]
     report_interval_ms: u64,
+    /// Serve LoRA adapters read from this directory (the chart's shared adapter volume): a request's adapter
+    /// path must lie inside it. Unset: requests naming an adapter are refused.
+    #[arg(long, env = "ZL_ADAPTER_ROOT")]
+    adapter_root: Option<PathBuf>,
+    /// LoRA adapters kept loaded at most; to load another, the least recently used idle one is evicted (one that
+    /// running requests use never is).
+    #[arg(long, env = "ZL_MAX_ADAPTERS", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    max_adapters: u64,
     /// On shutdown (SIGTERM), how long running requests may take to finish here; those still running then are
     /// handed over: frontends resume each on another worker after the tokens it has (migration), so none fails.
     #[arg(long, env = "ZL_DRAIN_TIMEOUT_S", default_value_t = 30)]
@@ -293,6 +302,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
             engine,
             kv_block_size: args.model.kv_block_size as u32,
             speculation: args.model.speculation(),
+            config: cfg.clone(),
         });
     }
     let ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
@@ -343,7 +353,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
         kv_dtype: args.model.kv_dtype.name().to_owned(),
         kv_bytes_per_token,
     };
-    let service = Arc::new(WorkerService::new(served));
+    let adapters = Arc::new(AdapterCache::new(AdapterSettings {
+        root: args.adapter_root.clone(),
+        max: args.max_adapters as usize,
+    }));
+    let service = Arc::new(WorkerService::new(served, adapters.clone()));
     let server = Server::spawn(args.listen, &identity, zl_worker::rpc_settings(), service.clone())?;
     let discovery = Arc::new(DirectDiscovery::new(Client::new(&identity, zl_worker::rpc_settings())?, vec![]));
     let resolver = {
@@ -394,7 +408,9 @@ async fn serve(args: ServeArgs) -> Result<()> {
         let discovery = discovery.clone();
         let interval = Duration::from_millis(args.report_interval_ms);
         let registration = registration.clone();
-        tokio::spawn(async move { run_reporter(&*discovery, registration, reported, interval, stop_rx).await })
+        tokio::spawn(
+            async move { run_reporter(&*discovery, registration, reported, adapters, interval, stop_rx).await },
+        )
     });
     eprintln!(
         "zl-worker: serving {} on {} (metrics on http://{}/metrics){}",

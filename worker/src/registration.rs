@@ -249,6 +249,7 @@ pub fn load_report(worker: &NodeId, sequence: u64, published: &[Published]) -> L
         vram_total_bytes: 0,
         vram_free_bytes: 0,
         queued_prefill_blocks: 0,
+        adapters: vec![],
     };
     // Models on one GPU see the same device memory: the first one's figures speak for the worker.
     if let Some((free, total)) = published.iter().find_map(|p| p.stats.device_memory) {
@@ -315,6 +316,7 @@ pub async fn run_reporter<D: Discovery>(
     discovery: &D,
     registration: RegisterWorker,
     models: Vec<ReportedModel>,
+    adapters: std::sync::Arc<crate::adapters::AdapterCache>,
     interval: Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -337,7 +339,10 @@ pub async fn run_reporter<D: Discovery>(
         }
         let published: Vec<Published> = models.iter().map(|m| m.engine.published(true)).collect();
         let worker = &registration.worker_id;
-        let load = load_report(worker, load_seq.fetch_add(1, Ordering::Relaxed) + 1, &published);
+        let load = LoadReport {
+            adapters: adapters.resident(),
+            ..load_report(worker, load_seq.fetch_add(1, Ordering::Relaxed) + 1, &published)
+        };
         let kv: Vec<KvCacheEvents> = models
             .iter()
             .zip(&published)

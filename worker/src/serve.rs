@@ -12,7 +12,9 @@ use zl_wire::message::{
     ErrorCode, Finish, GenerateRequest, Message, ModelCard, Prompt, StopReason, TokenChunk, Usage, WireError,
 };
 
+use crate::adapters::{AdapterCache, ForModel};
 use crate::engine::{EngineHandle, Event, Request, RequestError};
+use crate::model::llama::LlamaConfig;
 use crate::sampling::Sampling;
 use zl_text::TextTokenizer;
 
@@ -39,6 +41,8 @@ pub struct ServedModel {
     pub kv_block_size: u32,
     /// Predictive streaming settings.
     pub speculation: Speculation,
+    /// Its shape, which adapters are checked against.
+    pub config: LlamaConfig,
 }
 
 /// A worker's predictive-streaming settings.
@@ -93,11 +97,13 @@ pub struct WorkerService {
     /// which frontends answer by resuming each on another worker (migration).
     handover: tokio::sync::watch::Sender<bool>,
     seeds: AtomicU64,
+    /// The LoRA adapters requests name.
+    adapters: Arc<AdapterCache>,
 }
 
 impl WorkerService {
-    /// Serve these models.
-    pub fn new(models: Vec<ServedModel>) -> Self {
+    /// Serve these models, with these adapters.
+    pub fn new(models: Vec<ServedModel>, adapters: Arc<AdapterCache>) -> Self {
         let seed0 =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
         WorkerService {
@@ -108,6 +114,7 @@ impl WorkerService {
             asked: AtomicBool::new(false),
             handover: tokio::sync::watch::Sender::new(false),
             seeds: AtomicU64::new(seed0),
+            adapters,
         }
     }
 
@@ -213,6 +220,14 @@ impl WorkerService {
                 Some(compiled.map_err(|e| WireError::new(ErrorCode::InvalidRequest, format!("grammar: {e}")))?)
             }
         };
+        // The adapter, loaded on its first use here (its file checked against the registry's SHA-256).
+        let adapter = match &g.adapter {
+            Some(r) => {
+                let base = ForModel { id: &model.id, config: &model.config, family: &model.family };
+                Some(self.adapters.get(base, r).await?)
+            }
+            None => None,
+        };
         let seed = g.sampling.seed.unwrap_or_else(|| self.seeds.fetch_add(0x9e37_79b9, Ordering::Relaxed));
         let req = Request {
             prompt,
@@ -229,7 +244,7 @@ impl WorkerService {
             constraint,
             cache_salt: (g.cache_salt != 0).then_some(g.cache_salt),
             resume: g.resume_tokens,
-            adapter: None,
+            adapter,
         };
         let mut generation = model
             .engine

@@ -126,6 +126,7 @@ impl Migration {
             let request = GenerateRequest {
                 model: decision.model.clone(),
                 resume_tokens: tokens.clone(),
+                adapter: decision.adapter.clone(),
                 ..self.request.clone()
             };
             match open(gateway, &decision.endpoint, &decision.worker_id, request).await {

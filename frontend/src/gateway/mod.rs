@@ -223,6 +223,8 @@ pub struct Prepared {
     pub billing_text: String,
     /// Ask the orchestrators for the model's fallback chain first (degraded).
     pub prefer_fallback: bool,
+    /// The caller's project (set when the request starts), for the adapters it may use.
+    pub project: String,
 }
 
 impl Gateway {
@@ -356,7 +358,9 @@ impl Gateway {
                 self.config.max_prompt_bytes
             )));
         }
-        let card = self.cluster.card(self.upstream.as_ref(), &req.model, request_id).await?;
+        // An adapter's prompts are its base model's.
+        let card_model = self.cluster.adapter_base(&req.model).unwrap_or_else(|| req.model.clone());
+        let card = self.cluster.card(self.upstream.as_ref(), &card_model, request_id).await?;
         fits_in_bytes(&card, bytes)?;
         let card_for_work = card.clone();
         let (req, prompt, tokens, billing_text) = self
@@ -405,13 +409,15 @@ impl Gateway {
             stream,
             session_id: user,
             prefer_fallback: false,
+            project: String::new(),
         })
     }
 
     /// Count a request's prompt tokens with the model's own tokenizer and template.
     pub async fn count_tokens(&self, req: GenRequest, request_id: &str) -> Result<usize, ApiError> {
         let bytes = prompt_bytes(&req);
-        let card = self.cluster.card(self.upstream.as_ref(), &req.model, request_id).await?;
+        let card_model = self.cluster.adapter_base(&req.model).unwrap_or_else(|| req.model.clone());
+        let card = self.cluster.card(self.upstream.as_ref(), &card_model, request_id).await?;
         fits_in_bytes(&card, bytes)?;
         self.off_thread(move || tokenize(&card, &req).map(|(_, tokens)| tokens.len())).await
     }
@@ -470,6 +476,7 @@ impl Gateway {
         self.degrade(key, &mut p).map_err(|e| Failure::known(e, self.rate_figures(key)))?;
         // The text the billing signals read: its weight goes into the route, and the final unit reads it too.
         let billing_input = std::mem::take(&mut p.billing_text);
+        p.project.clone_from(&key.project);
         let scope = self.cluster.cache_scope(&key.project);
         // The key of what this request would be answered with: by the version the card names (a hit was stored by
         // it), and, once routed, by the version the route actually serves (what a miss is stored under).
@@ -490,7 +497,10 @@ impl Gateway {
             .key()
         };
         let input_sha256 = key_for(&p.card.model, &p.card.weights);
-        let cacheable = (p.sampling.temperature == 0.0 || p.sampling.seed.is_some()) && lock(&self.cache).enabled();
+        // Answers through an adapter are not cached yet (the response cache keys the base model's version only).
+        let cacheable = (p.sampling.temperature == 0.0 || p.sampling.seed.is_some())
+            && lock(&self.cache).enabled()
+            && self.cluster.adapter_base(&p.model).is_none();
         let cache_key = (cacheable && !opts.bypass_cache).then_some(input_sha256);
         let (limits, quota) = self.limits_for(key);
         let input_tokens = p.tokens.len() as u32;
@@ -564,7 +574,8 @@ impl Gateway {
         let cache_key = cache_key.map(|_| input_sha256);
         let route_ms = route_time.as_secs_f64() * 1e3;
         let meta = Meta {
-            model: decision.model.clone(),
+            // The model as the client named it when it runs through an adapter (the base is in the route reason).
+            model: if decision.adapter.is_some() { p.model.clone() } else { decision.model.clone() },
             input_tokens,
             worker: decision.worker_id.to_string(),
             pool: decision.compute_pool.name(),
@@ -631,6 +642,7 @@ impl Gateway {
             excluded_workers: Vec::new(),
             trace_id: opts.traceparent.clone(),
             prefer_fallback: p.prefer_fallback,
+            project: p.project.clone(),
         };
         let template = GenerateRequest {
             request_id: request_id.to_owned(),
@@ -646,6 +658,7 @@ impl Gateway {
             grammar: p.grammar.clone(),
             cache_salt: salt,
             resume_tokens: vec![],
+            adapter: None,
         };
         loop {
             attempt += 1;
@@ -658,7 +671,11 @@ impl Gateway {
             route_time += t0.elapsed();
             metrics::histogram!("zl_frontend_route_seconds").record(t0.elapsed().as_secs_f64());
             tracing::debug!(worker = %decision.worker_id, route_ms = t0.elapsed().as_secs_f64() * 1e3, "routed");
-            let request = GenerateRequest { model: decision.model.clone(), ..template.clone() };
+            let request = GenerateRequest {
+                model: decision.model.clone(),
+                adapter: decision.adapter.clone(),
+                ..template.clone()
+            };
             let opened = migration::open_on(self, &decision.endpoint, &decision.worker_id, request, !p.stream)
                 .await
                 .and_then(|opened| {

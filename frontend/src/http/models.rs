@@ -59,15 +59,18 @@ pub(super) async fn list_models(
 ) -> Response {
     let rid = request_id(&req);
     let format = models_format(req.headers());
-    let rate = match app.gateway.authenticate(req.headers()) {
-        Ok(key) => app.gateway.rate_figures(&key),
+    let (rate, project) = match app.gateway.authenticate(req.headers()) {
+        Ok(key) => (app.gateway.rate_figures(&key), key.project),
         Err(e) => return error_response(&app, format, &rid, &e.into()),
     };
     let Ok(Query(params)) = query else {
         let e = ApiError::invalid("the query string is malformed");
         return error_response(&app, format, &rid, &Failure::known(e, rate));
     };
-    let ids: Vec<String> = app.gateway.cluster().models().into_iter().map(|m| m.id).collect();
+    // The served models, then the adapters the key's project may use.
+    let cluster = app.gateway.cluster();
+    let mut ids: Vec<String> = cluster.models().into_iter().map(|m| m.id).collect();
+    ids.extend(cluster.adapters_for(&project));
     let body = match format {
         ErrorFormat::OpenAi => {
             json!({"object": "list", "data": ids.iter().map(|id| model_object(format, id)).collect::<Vec<_>>()})
@@ -98,11 +101,12 @@ pub(super) async fn list_models(
 pub(super) async fn get_model(State(app): State<App>, Path(id): Path<String>, req: Request) -> Response {
     let rid = request_id(&req);
     let format = models_format(req.headers());
-    let rate = match app.gateway.authenticate(req.headers()) {
-        Ok(key) => app.gateway.rate_figures(&key),
+    let (rate, project) = match app.gateway.authenticate(req.headers()) {
+        Ok(key) => (app.gateway.rate_figures(&key), key.project),
         Err(e) => return error_response(&app, format, &rid, &e.into()),
     };
-    if !app.gateway.cluster().models().iter().any(|m| m.id == id) {
+    let cluster = app.gateway.cluster();
+    if !cluster.models().iter().any(|m| m.id == id) && !cluster.adapters_for(&project).contains(&id) {
         return error_response(&app, format, &rid, &Failure::known(app.gateway.cluster().not_found(&id), rate));
     }
     let mut resp = axum::Json(model_object(format, &id)).into_response();

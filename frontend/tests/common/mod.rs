@@ -159,6 +159,7 @@ impl Upstream for Fake {
                 reason: "test".into(),
                 decision_nanos: 1000,
                 orchestrator_id: String::new(),
+                adapter: None,
             })
         })
     }
@@ -266,6 +267,7 @@ pub fn sync_state(index: u64) -> StateSync {
         }],
         serving_workers: 1,
         billing_weights: None,
+        adapters: vec![],
     }
 }
 

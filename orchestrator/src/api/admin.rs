@@ -16,7 +16,7 @@ use zl_wire::message::{ComputePool, NodeId};
 use super::ledger;
 use crate::orchestrator::{Orchestrator, unix_ms};
 use crate::raft::{CommitError, command_status};
-use crate::state::{ApiKey, Command, PoolThresholds, Quota};
+use crate::state::{AdapterSpec, ApiKey, Command, PoolThresholds, Quota};
 
 /// The admin service of one orchestrator.
 #[derive(Debug, Clone)]
@@ -172,6 +172,58 @@ impl pb::admin_server::Admin for AdminService {
         let r = req.into_inner();
         self.write(&by, Command::SetDrain { id: node_id(&r.worker_id)?, draining: r.draining, migrate: r.migrate })
             .await
+    }
+
+    async fn add_adapter(&self, req: Request<pb::AdapterInfo>) -> Result<Response<pb::WriteResponse>, Status> {
+        let by = admin_id(&req)?;
+        let r = req.into_inner();
+        let spec = AdapterSpec {
+            name: r.name,
+            base: r.base,
+            path: r.path,
+            sha256: r.sha256.to_ascii_lowercase(),
+            project: r.project,
+            shared: r.shared,
+        };
+        self.write(&by, Command::AddAdapter(spec)).await
+    }
+
+    async fn remove_adapter(
+        &self,
+        req: Request<pb::RemoveAdapterRequest>,
+    ) -> Result<Response<pb::WriteResponse>, Status> {
+        let by = admin_id(&req)?;
+        let r = req.into_inner();
+        self.write(&by, Command::RemoveAdapter { name: r.name }).await
+    }
+
+    async fn list_adapters(
+        &self,
+        req: Request<pb::ListAdaptersRequest>,
+    ) -> Result<Response<pb::ListAdaptersResponse>, Status> {
+        require_admin(&req)?;
+        self.node.read_barrier().await.map_err(status)?;
+        let specs: Vec<AdapterSpec> = self.node.with_state(|s| s.adapters().all().cloned().collect());
+        // Where each is loaded, as the healthy workers' last reports say.
+        let mut resident: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for v in self.node.worker_views(Instant::now()).into_iter().filter(|v| v.healthy) {
+            for name in v.load.iter().flat_map(|(l, _)| &l.adapters) {
+                resident.entry(name.clone()).or_default().push(v.entry.spec.id.to_string());
+            }
+        }
+        let adapters = specs
+            .into_iter()
+            .map(|a| pb::AdapterInfo {
+                resident_on: resident.get(&a.name).cloned().unwrap_or_default(),
+                name: a.name,
+                base: a.base,
+                path: a.path,
+                sha256: a.sha256,
+                project: a.project,
+                shared: a.shared,
+            })
+            .collect();
+        Ok(Response::new(pb::ListAdaptersResponse { adapters }))
     }
 
     async fn set_alias(&self, req: Request<pb::SetAliasRequest>) -> Result<Response<pb::WriteResponse>, Status> {

@@ -21,7 +21,7 @@ mod session_affinity;
 use std::time::Instant;
 
 use zl_common::billing::predicted_billing_unit;
-use zl_wire::message::{ComputePool, LoadReport, RouteDecision, RouteHint, RouteRequest};
+use zl_wire::message::{AdapterRef, ComputePool, LoadReport, RouteDecision, RouteHint, RouteRequest};
 
 use crate::hash::{FxHashMap, stable_hash};
 use crate::load::LoadView;
@@ -235,9 +235,14 @@ pub fn decide(
     now: Instant,
     scratch: &mut Scratch,
 ) -> Result<(RouteDecision, u32), RouteError> {
-    let resolved = state.resolve_alias(&request.model).to_owned();
+    // A model id that names an adapter the project may use runs on its base (never a fallback: the adapter is
+    // that base's).
+    let adapter = state.adapters().resolve(&request.model, &request.project);
+    let resolved = state.resolve_alias(adapter.map_or(&request.model, |a| &a.base)).to_owned();
     let mut chain = vec![resolved.clone()];
-    chain.extend(state.fallback(&resolved).iter().map(|m| state.resolve_alias(m).to_owned()));
+    if adapter.is_none() {
+        chain.extend(state.fallback(&resolved).iter().map(|m| state.resolve_alias(m).to_owned()));
+    }
     if request.prefer_fallback && chain.len() > 1 {
         // Degraded: the fallbacks first, the model itself last.
         chain.rotate_left(1);
@@ -294,9 +299,14 @@ pub fn decide(
                 if in_pool.is_empty() {
                     continue;
                 }
+                let residence = adapter.map(|a| prefer_resident(&mut in_pool, &a.name));
                 let pick = policy.pick(request, &in_pool);
                 let chosen = in_pool[pick.index];
                 let mut reason = format!("{}: {}; pool {} (cost {cost:.2})", policy.name(), pick.reason, pool.name());
+                if let (Some(a), Some(resident)) = (adapter, residence) {
+                    let how = if resident { "resident" } else { "loads there (cold)" };
+                    reason.push_str(&format!("; adapter {} {how}", a.name));
+                }
                 if *model != resolved {
                     let why = if request.prefer_fallback { " (preferred: the frontend is degraded)" } else { "" };
                     reason.push_str(&format!("; fallback from {resolved}{why}"));
@@ -313,6 +323,11 @@ pub fn decide(
                     reason,
                     decision_nanos: 0,
                     orchestrator_id: String::new(),
+                    adapter: adapter.map(|a| AdapterRef {
+                        name: a.name.clone(),
+                        path: a.path.clone(),
+                        sha256: sha_bytes(&a.sha256),
+                    }),
                 };
                 return Ok((decision, uncached));
             }
@@ -325,6 +340,18 @@ pub fn decide(
         return Err(RouteError::Saturated(request.model.clone()));
     }
     Err(RouteError::NoWorker(request.model.clone()))
+}
+
+/// Keep only the candidates where adapter `name` is resident, when one of them can start the request now (nothing
+/// waiting there): an adapter sticks to where it is loaded until that queues, then spreads (loading it costs a
+/// worker a read and a check of its file). Returns whether the candidates left hold it.
+fn prefer_resident(candidates: &mut Vec<Candidate<'_>>, name: &str) -> bool {
+    let holds = |c: &Candidate<'_>| c.load.adapters.iter().any(|a| a == name);
+    if candidates.iter().any(|c| holds(c) && c.sequences().1 == 0) {
+        candidates.retain(holds);
+        return true;
+    }
+    candidates.iter().all(holds)
 }
 
 /// Hex SHA-256 (as stored in the state) to bytes; zeros if malformed (never, for stored values).

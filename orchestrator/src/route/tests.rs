@@ -71,6 +71,7 @@ impl World {
                 vram_total_bytes: 0,
                 vram_free_bytes: 0,
                 queued_prefill_blocks: prefill_blocks,
+                adapters: vec![],
             },
             self.now,
         );
@@ -107,6 +108,7 @@ fn req(model: &str) -> RouteRequest {
         excluded_workers: vec![],
         trace_id: String::new(),
         prefer_fallback: false,
+        project: String::new(),
     }
 }
 

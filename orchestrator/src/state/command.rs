@@ -28,6 +28,33 @@ pub struct EnrollEntry {
     pub renewal: bool,
 }
 
+/// One registered adapter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdapterSpec {
+    /// Its name, as clients ask for it (no `:`, which separates `BASE:NAME`).
+    pub name: String,
+    /// The model id it applies to.
+    pub base: String,
+    /// Where workers read it: a PEFT directory or a GGUF adapter file, relative to their adapter root or absolute
+    /// inside it.
+    pub path: String,
+    /// SHA-256 (lowercase hex) of its weights file.
+    pub sha256: String,
+    /// The project that owns it; empty: every project may use it.
+    #[serde(default)]
+    pub project: String,
+    /// Usable by every project although owned by one.
+    #[serde(default)]
+    pub shared: bool,
+}
+
+impl AdapterSpec {
+    /// Whether `project` may use it.
+    pub fn visible_to(&self, project: &str) -> bool {
+        self.project.is_empty() || self.shared || self.project == project
+    }
+}
+
 /// A change to the routing state.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -174,6 +201,13 @@ pub enum Command {
     },
     /// A node enrolled for a certificate of its own, or renewed it (`state/enrolled.rs`).
     Enroll(EnrollEntry),
+    /// Register a LoRA adapter (`zl admin adapters add`).
+    AddAdapter(AdapterSpec),
+    /// Remove a LoRA adapter.
+    RemoveAdapter {
+        /// Its name.
+        name: String,
+    },
     /// A frontend's report: usage, budget leases, audit head; `now_ms` is the proposer's clock.
     FrontendReport {
         /// The frontend (from its certificate).
@@ -206,6 +240,8 @@ impl Command {
             | Command::ShredDataKey { project } => project.clone(),
             Command::ResetAuditHead { frontend, .. } | Command::FrontendReport { frontend, .. } => frontend.clone(),
             Command::Enroll(e) => format!("{}/{}", e.role, e.node_id),
+            Command::AddAdapter(a) => a.name.clone(),
+            Command::RemoveAdapter { name } => name.clone(),
             Command::Admin { command, .. } => command.subject(),
             Command::SetBillingWeights(_) | Command::SetPoolThresholds(_) | Command::AdminRead { .. } => String::new(),
         }
@@ -237,6 +273,8 @@ impl Command {
             Command::FrontendReport { .. } => "frontend_report",
             Command::ResetAuditHead { .. } => "reset_audit_head",
             Command::Enroll(_) => "enroll",
+            Command::AddAdapter(_) => "add_adapter",
+            Command::RemoveAdapter { .. } => "remove_adapter",
             Command::Admin { command, .. } => command.kind(),
             Command::AdminRead { .. } => "admin_read",
         }

@@ -9,6 +9,7 @@
 //! What is here is what every orchestrator must agree on: who may serve what, how model names resolve, keys and
 //! quotas, and the billing and pool policy. Load is soft state and lives in [`crate::load`].
 
+mod adapters;
 mod admin_log;
 mod command;
 mod enrolled;
@@ -21,8 +22,9 @@ use zl_wire::message::{ComputePool, NodeId};
 
 use crate::ledger::Ledger;
 
+pub use adapters::{Adapters, MAX_ADAPTERS};
 pub use admin_log::{ADMIN_LOG_ENTRIES, AdminEntry, AdminLog};
-pub use command::{Command, CommandError, EnrollEntry};
+pub use command::{AdapterSpec, Command, CommandError, EnrollEntry};
 pub use enrolled::{Enrolled, Enrollment, MAX_ENROLLED};
 
 use command::{check_name, check_regions, check_secret_hash, check_sha, invalid};
@@ -178,6 +180,9 @@ pub struct RoutingState {
     /// Nodes that enrolled for a certificate of their own.
     #[serde(default)]
     enrolled: Enrolled,
+    /// Registered LoRA adapters.
+    #[serde(default)]
+    adapters: Adapters,
     billing_weights: BillingWeights,
     pool_thresholds: PoolThresholds,
     #[serde(default)]
@@ -438,6 +443,11 @@ impl RoutingState {
                     return Err(CommandError::NotFound(format!("an audit head of frontend {frontend}")));
                 }
             }
+            Command::AddAdapter(spec) => {
+                let taken = self.index.by_model.contains_key(&spec.name) || self.aliases.contains_key(&spec.name);
+                self.adapters.add(spec, taken)?;
+            }
+            Command::RemoveAdapter { name } => self.adapters.remove(name)?,
             Command::Enroll(e) => {
                 let taken = match e.role.as_str() {
                     "worker" => self.workers.keys().any(|w| w.as_str() == e.node_id),
@@ -633,6 +643,11 @@ impl RoutingState {
     /// The nodes that enrolled.
     pub fn enrolled(&self) -> &Enrolled {
         &self.enrolled
+    }
+
+    /// The registered LoRA adapters.
+    pub fn adapters(&self) -> &Adapters {
+        &self.adapters
     }
 }
 

@@ -1125,6 +1125,145 @@ impl ::core::fmt::Debug for RegisterWorker<'_> {
       ds.finish()
   }
 }
+pub enum AdapterRefOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A LoRA adapter a request runs with (protocol 1.8): what the registry (`zl admin adapters add`) holds of it.
+pub struct AdapterRef<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for AdapterRef<'a> {
+  type Inner = AdapterRef<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> AdapterRef<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PATH: ::flatbuffers::VOffsetT = 6;
+  pub const VT_SHA256: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    AdapterRef { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args AdapterRefArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<AdapterRef<'bldr>> {
+    let mut builder = AdapterRefBuilder::new(_fbb);
+    if let Some(x) = args.sha256 { builder.add_sha256(x); }
+    if let Some(x) = args.path { builder.add_path(x); }
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.finish()
+  }
+
+
+  /// Its registered name (1 to 256 bytes), e.g. "support-bot".
+  #[inline]
+  pub fn name(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AdapterRef::VT_NAME, None).unwrap()}
+  }
+  /// Where workers read it: a PEFT directory or a GGUF adapter file, on a volume every worker of the base mounts
+  /// (1 to 4096 bytes).
+  #[inline]
+  pub fn path(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AdapterRef::VT_PATH, None).unwrap()}
+  }
+  /// SHA-256 of its weights file (adapter_model.safetensors, or the .gguf), exactly 32 bytes: a worker refuses
+  /// files that do not match.
+  #[inline]
+  pub fn sha256(&self) -> ::flatbuffers::Vector<'a, u8> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(AdapterRef::VT_SHA256, None).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for AdapterRef<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("path", Self::VT_PATH, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("sha256", Self::VT_SHA256, true)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct AdapterRefArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub path: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub sha256: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for AdapterRefArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    AdapterRefArgs {
+      name: None, // required field
+      path: None, // required field
+      sha256: None, // required field
+    }
+  }
+}
+
+pub struct AdapterRefBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AdapterRefBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AdapterRef::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_path(&mut self, path: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AdapterRef::VT_PATH, path);
+  }
+  #[inline]
+  pub fn add_sha256(&mut self, sha256: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AdapterRef::VT_SHA256, sha256);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AdapterRefBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    AdapterRefBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<AdapterRef<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, AdapterRef::VT_NAME,"name");
+    self.fbb_.required(o, AdapterRef::VT_PATH,"path");
+    self.fbb_.required(o, AdapterRef::VT_SHA256,"sha256");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for AdapterRef<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("AdapterRef");
+      ds.field("name", &self.name());
+      ds.field("path", &self.path());
+      ds.field("sha256", &self.sha256());
+      ds.finish()
+  }
+}
 pub enum DeregisterWorkerOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -1386,6 +1525,7 @@ impl<'a> LoadReport<'a> {
   pub const VT_VRAM_TOTAL_BYTES: ::flatbuffers::VOffsetT = 20;
   pub const VT_VRAM_FREE_BYTES: ::flatbuffers::VOffsetT = 22;
   pub const VT_QUEUED_PREFILL_BLOCKS: ::flatbuffers::VOffsetT = 24;
+  pub const VT_ADAPTERS: ::flatbuffers::VOffsetT = 26;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1400,6 +1540,7 @@ impl<'a> LoadReport<'a> {
     builder.add_vram_free_bytes(args.vram_free_bytes);
     builder.add_vram_total_bytes(args.vram_total_bytes);
     builder.add_sequence(args.sequence);
+    if let Some(x) = args.adapters { builder.add_adapters(x); }
     builder.add_queued_prefill_blocks(args.queued_prefill_blocks);
     builder.add_tokens_per_second(args.tokens_per_second);
     builder.add_fragmentation_ratio(args.fragmentation_ratio);
@@ -1499,6 +1640,15 @@ impl<'a> LoadReport<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(LoadReport::VT_QUEUED_PREFILL_BLOCKS, Some(0)).unwrap()}
   }
+  /// LoRA adapters loaded on the worker now, by registered name (protocol 1.8; at most 1024): the router prefers
+  /// a worker where a request's adapter is resident.
+  #[inline]
+  pub fn adapters(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>(LoadReport::VT_ADAPTERS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for LoadReport<'_> {
@@ -1518,6 +1668,7 @@ impl ::flatbuffers::Verifiable for LoadReport<'_> {
      .visit_field::<u64>("vram_total_bytes", Self::VT_VRAM_TOTAL_BYTES, false)?
      .visit_field::<u64>("vram_free_bytes", Self::VT_VRAM_FREE_BYTES, false)?
      .visit_field::<u32>("queued_prefill_blocks", Self::VT_QUEUED_PREFILL_BLOCKS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("adapters", Self::VT_ADAPTERS, false)?
      .finish();
     Ok(())
   }
@@ -1534,6 +1685,7 @@ pub struct LoadReportArgs<'a> {
     pub vram_total_bytes: u64,
     pub vram_free_bytes: u64,
     pub queued_prefill_blocks: u32,
+    pub adapters: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
 }
 impl<'a> Default for LoadReportArgs<'a> {
   #[inline]
@@ -1550,6 +1702,7 @@ impl<'a> Default for LoadReportArgs<'a> {
       vram_total_bytes: 0,
       vram_free_bytes: 0,
       queued_prefill_blocks: 0,
+      adapters: None,
     }
   }
 }
@@ -1604,6 +1757,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> LoadReportBuilder<'a, 'b, A> 
     self.fbb_.push_slot::<u32>(LoadReport::VT_QUEUED_PREFILL_BLOCKS, queued_prefill_blocks, 0);
   }
   #[inline]
+  pub fn add_adapters(&mut self, adapters: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<&'b  str>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(LoadReport::VT_ADAPTERS, adapters);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> LoadReportBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     LoadReportBuilder {
@@ -1633,6 +1790,7 @@ impl ::core::fmt::Debug for LoadReport<'_> {
       ds.field("vram_total_bytes", &self.vram_total_bytes());
       ds.field("vram_free_bytes", &self.vram_free_bytes());
       ds.field("queued_prefill_blocks", &self.queued_prefill_blocks());
+      ds.field("adapters", &self.adapters());
       ds.finish()
   }
 }
@@ -1853,6 +2011,7 @@ impl<'a> RouteRequest<'a> {
   pub const VT_EXCLUDED_WORKERS: ::flatbuffers::VOffsetT = 20;
   pub const VT_TRACE_ID: ::flatbuffers::VOffsetT = 22;
   pub const VT_PREFER_FALLBACK: ::flatbuffers::VOffsetT = 24;
+  pub const VT_PROJECT: ::flatbuffers::VOffsetT = 26;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1864,6 +2023,7 @@ impl<'a> RouteRequest<'a> {
     args: &'args RouteRequestArgs<'args>
   ) -> ::flatbuffers::WIPOffset<RouteRequest<'bldr>> {
     let mut builder = RouteRequestBuilder::new(_fbb);
+    if let Some(x) = args.project { builder.add_project(x); }
     if let Some(x) = args.trace_id { builder.add_trace_id(x); }
     if let Some(x) = args.excluded_workers { builder.add_excluded_workers(x); }
     builder.add_input_semantic_weight(args.input_semantic_weight);
@@ -1967,6 +2127,14 @@ impl<'a> RouteRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(RouteRequest::VT_PREFER_FALLBACK, Some(false)).unwrap()}
   }
+  /// The caller's project (protocol 1.8), for the adapters it may use; empty: only shared ones.
+  #[inline]
+  pub fn project(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(RouteRequest::VT_PROJECT, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for RouteRequest<'_> {
@@ -1986,6 +2154,7 @@ impl ::flatbuffers::Verifiable for RouteRequest<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<&'_ str>>>>("excluded_workers", Self::VT_EXCLUDED_WORKERS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("trace_id", Self::VT_TRACE_ID, false)?
      .visit_field::<bool>("prefer_fallback", Self::VT_PREFER_FALLBACK, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, false)?
      .finish();
     Ok(())
   }
@@ -2002,6 +2171,7 @@ pub struct RouteRequestArgs<'a> {
     pub excluded_workers: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<&'a str>>>>,
     pub trace_id: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub prefer_fallback: bool,
+    pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for RouteRequestArgs<'a> {
   #[inline]
@@ -2018,6 +2188,7 @@ impl<'a> Default for RouteRequestArgs<'a> {
       excluded_workers: None,
       trace_id: None,
       prefer_fallback: false,
+      project: None,
     }
   }
 }
@@ -2072,6 +2243,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> RouteRequestBuilder<'a, 'b, A
     self.fbb_.push_slot::<bool>(RouteRequest::VT_PREFER_FALLBACK, prefer_fallback, false);
   }
   #[inline]
+  pub fn add_project(&mut self, project: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(RouteRequest::VT_PROJECT, project);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> RouteRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     RouteRequestBuilder {
@@ -2102,6 +2277,7 @@ impl ::core::fmt::Debug for RouteRequest<'_> {
       ds.field("excluded_workers", &self.excluded_workers());
       ds.field("trace_id", &self.trace_id());
       ds.field("prefer_fallback", &self.prefer_fallback());
+      ds.field("project", &self.project());
       ds.finish()
   }
 }
@@ -2132,6 +2308,7 @@ impl<'a> RouteDecision<'a> {
   pub const VT_REASON: ::flatbuffers::VOffsetT = 18;
   pub const VT_DECISION_NANOS: ::flatbuffers::VOffsetT = 20;
   pub const VT_ORCHESTRATOR_ID: ::flatbuffers::VOffsetT = 22;
+  pub const VT_ADAPTER: ::flatbuffers::VOffsetT = 24;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2144,6 +2321,7 @@ impl<'a> RouteDecision<'a> {
   ) -> ::flatbuffers::WIPOffset<RouteDecision<'bldr>> {
     let mut builder = RouteDecisionBuilder::new(_fbb);
     builder.add_decision_nanos(args.decision_nanos);
+    if let Some(x) = args.adapter { builder.add_adapter(x); }
     if let Some(x) = args.orchestrator_id { builder.add_orchestrator_id(x); }
     if let Some(x) = args.reason { builder.add_reason(x); }
     builder.add_predicted_billing_unit(args.predicted_billing_unit);
@@ -2234,6 +2412,14 @@ impl<'a> RouteDecision<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(RouteDecision::VT_ORCHESTRATOR_ID, None)}
   }
+  /// The LoRA adapter the request runs with, when its model id names one (protocol 1.8): `model` is then its base.
+  #[inline]
+  pub fn adapter(&self) -> Option<AdapterRef<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<AdapterRef>>(RouteDecision::VT_ADAPTER, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for RouteDecision<'_> {
@@ -2252,6 +2438,7 @@ impl ::flatbuffers::Verifiable for RouteDecision<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("reason", Self::VT_REASON, false)?
      .visit_field::<u64>("decision_nanos", Self::VT_DECISION_NANOS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("orchestrator_id", Self::VT_ORCHESTRATOR_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<AdapterRef>>("adapter", Self::VT_ADAPTER, false)?
      .finish();
     Ok(())
   }
@@ -2267,6 +2454,7 @@ pub struct RouteDecisionArgs<'a> {
     pub reason: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub decision_nanos: u64,
     pub orchestrator_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub adapter: Option<::flatbuffers::WIPOffset<AdapterRef<'a>>>,
 }
 impl<'a> Default for RouteDecisionArgs<'a> {
   #[inline]
@@ -2282,6 +2470,7 @@ impl<'a> Default for RouteDecisionArgs<'a> {
       reason: None,
       decision_nanos: 0,
       orchestrator_id: None,
+      adapter: None,
     }
   }
 }
@@ -2332,6 +2521,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> RouteDecisionBuilder<'a, 'b, 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(RouteDecision::VT_ORCHESTRATOR_ID, orchestrator_id);
   }
   #[inline]
+  pub fn add_adapter(&mut self, adapter: ::flatbuffers::WIPOffset<AdapterRef<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<AdapterRef>>(RouteDecision::VT_ADAPTER, adapter);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> RouteDecisionBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     RouteDecisionBuilder {
@@ -2364,6 +2557,7 @@ impl ::core::fmt::Debug for RouteDecision<'_> {
       ds.field("reason", &self.reason());
       ds.field("decision_nanos", &self.decision_nanos());
       ds.field("orchestrator_id", &self.orchestrator_id());
+      ds.field("adapter", &self.adapter());
       ds.finish()
   }
 }
@@ -2550,6 +2744,7 @@ impl<'a> GenerateRequest<'a> {
   pub const VT_GRAMMAR: ::flatbuffers::VOffsetT = 26;
   pub const VT_CACHE_SALT: ::flatbuffers::VOffsetT = 28;
   pub const VT_RESUME_TOKENS: ::flatbuffers::VOffsetT = 30;
+  pub const VT_ADAPTER: ::flatbuffers::VOffsetT = 32;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2562,6 +2757,7 @@ impl<'a> GenerateRequest<'a> {
   ) -> ::flatbuffers::WIPOffset<GenerateRequest<'bldr>> {
     let mut builder = GenerateRequestBuilder::new(_fbb);
     builder.add_cache_salt(args.cache_salt);
+    if let Some(x) = args.adapter { builder.add_adapter(x); }
     if let Some(x) = args.resume_tokens { builder.add_resume_tokens(x); }
     if let Some(x) = args.grammar { builder.add_grammar(x); }
     if let Some(x) = args.stop_sequences { builder.add_stop_sequences(x); }
@@ -2698,6 +2894,15 @@ impl<'a> GenerateRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(GenerateRequest::VT_RESUME_TOKENS, None)}
   }
+  /// A LoRA adapter over `model` (protocol 1.8): the worker loads it from its path on first use (checking its
+  /// SHA-256) and adds its updates to this request's rows only.
+  #[inline]
+  pub fn adapter(&self) -> Option<AdapterRef<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<AdapterRef>>(GenerateRequest::VT_ADAPTER, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
@@ -2720,6 +2925,7 @@ impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("grammar", Self::VT_GRAMMAR, false)?
      .visit_field::<u64>("cache_salt", Self::VT_CACHE_SALT, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("resume_tokens", Self::VT_RESUME_TOKENS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<AdapterRef>>("adapter", Self::VT_ADAPTER, false)?
      .finish();
     Ok(())
   }
@@ -2739,6 +2945,7 @@ pub struct GenerateRequestArgs<'a> {
     pub grammar: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub cache_salt: u64,
     pub resume_tokens: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub adapter: Option<::flatbuffers::WIPOffset<AdapterRef<'a>>>,
 }
 impl<'a> Default for GenerateRequestArgs<'a> {
   #[inline]
@@ -2758,6 +2965,7 @@ impl<'a> Default for GenerateRequestArgs<'a> {
       grammar: None,
       cache_salt: 0,
       resume_tokens: None,
+      adapter: None,
     }
   }
 }
@@ -2824,6 +3032,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GenerateRequestBuilder<'a, 'b
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GenerateRequest::VT_RESUME_TOKENS, resume_tokens);
   }
   #[inline]
+  pub fn add_adapter(&mut self, adapter: ::flatbuffers::WIPOffset<AdapterRef<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<AdapterRef>>(GenerateRequest::VT_ADAPTER, adapter);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GenerateRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GenerateRequestBuilder {
@@ -2857,6 +3069,7 @@ impl ::core::fmt::Debug for GenerateRequest<'_> {
       ds.field("grammar", &self.grammar());
       ds.field("cache_salt", &self.cache_salt());
       ds.field("resume_tokens", &self.resume_tokens());
+      ds.field("adapter", &self.adapter());
       ds.finish()
   }
 }
@@ -4434,6 +4647,160 @@ impl ::core::fmt::Debug for ProjectQuota<'_> {
       ds.finish()
   }
 }
+pub enum AdapterInfoOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// A registered LoRA adapter as frontends see it (protocol 1.8): served as the model ids NAME and BASE:NAME to the
+/// projects that may use it.
+pub struct AdapterInfo<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for AdapterInfo<'a> {
+  type Inner = AdapterInfo<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> AdapterInfo<'a> {
+  pub const VT_NAME: ::flatbuffers::VOffsetT = 4;
+  pub const VT_BASE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_PROJECT: ::flatbuffers::VOffsetT = 8;
+  pub const VT_SHARED: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    AdapterInfo { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args AdapterInfoArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<AdapterInfo<'bldr>> {
+    let mut builder = AdapterInfoBuilder::new(_fbb);
+    if let Some(x) = args.project { builder.add_project(x); }
+    if let Some(x) = args.base { builder.add_base(x); }
+    if let Some(x) = args.name { builder.add_name(x); }
+    builder.add_shared(args.shared);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn name(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AdapterInfo::VT_NAME, None).unwrap()}
+  }
+  /// The model id it applies to.
+  #[inline]
+  pub fn base(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AdapterInfo::VT_BASE, None).unwrap()}
+  }
+  /// The project that owns it; empty: every project may use it.
+  #[inline]
+  pub fn project(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(AdapterInfo::VT_PROJECT, None)}
+  }
+  /// Usable by every project although owned by one.
+  #[inline]
+  pub fn shared(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(AdapterInfo::VT_SHARED, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for AdapterInfo<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("base", Self::VT_BASE, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, false)?
+     .visit_field::<bool>("shared", Self::VT_SHARED, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct AdapterInfoArgs<'a> {
+    pub name: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub base: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub shared: bool,
+}
+impl<'a> Default for AdapterInfoArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    AdapterInfoArgs {
+      name: None, // required field
+      base: None, // required field
+      project: None,
+      shared: false,
+    }
+  }
+}
+
+pub struct AdapterInfoBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AdapterInfoBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_name(&mut self, name: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AdapterInfo::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_base(&mut self, base: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AdapterInfo::VT_BASE, base);
+  }
+  #[inline]
+  pub fn add_project(&mut self, project: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AdapterInfo::VT_PROJECT, project);
+  }
+  #[inline]
+  pub fn add_shared(&mut self, shared: bool) {
+    self.fbb_.push_slot::<bool>(AdapterInfo::VT_SHARED, shared, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AdapterInfoBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    AdapterInfoBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<AdapterInfo<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, AdapterInfo::VT_NAME,"name");
+    self.fbb_.required(o, AdapterInfo::VT_BASE,"base");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for AdapterInfo<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("AdapterInfo");
+      ds.field("name", &self.name());
+      ds.field("base", &self.base());
+      ds.field("project", &self.project());
+      ds.field("shared", &self.shared());
+      ds.finish()
+  }
+}
 pub enum StateSyncOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -4458,6 +4825,7 @@ impl<'a> StateSync<'a> {
   pub const VT_MODELS: ::flatbuffers::VOffsetT = 12;
   pub const VT_SERVING_WORKERS: ::flatbuffers::VOffsetT = 14;
   pub const VT_BILLING_WEIGHTS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_ADAPTERS: ::flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -4470,6 +4838,7 @@ impl<'a> StateSync<'a> {
   ) -> ::flatbuffers::WIPOffset<StateSync<'bldr>> {
     let mut builder = StateSyncBuilder::new(_fbb);
     builder.add_applied_index(args.applied_index);
+    if let Some(x) = args.adapters { builder.add_adapters(x); }
     if let Some(x) = args.billing_weights { builder.add_billing_weights(x); }
     builder.add_serving_workers(args.serving_workers);
     if let Some(x) = args.models { builder.add_models(x); }
@@ -4534,6 +4903,14 @@ impl<'a> StateSync<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, f32>>>(StateSync::VT_BILLING_WEIGHTS, None)}
   }
+  /// Registered LoRA adapters (protocol 1.8).
+  #[inline]
+  pub fn adapters(&self) -> Option<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<AdapterInfo<'a>>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<AdapterInfo>>>>(StateSync::VT_ADAPTERS, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for StateSync<'_> {
@@ -4549,6 +4926,7 @@ impl ::flatbuffers::Verifiable for StateSync<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<ModelInfo>>>>("models", Self::VT_MODELS, false)?
      .visit_field::<u32>("serving_workers", Self::VT_SERVING_WORKERS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, f32>>>("billing_weights", Self::VT_BILLING_WEIGHTS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<AdapterInfo>>>>("adapters", Self::VT_ADAPTERS, false)?
      .finish();
     Ok(())
   }
@@ -4561,6 +4939,7 @@ pub struct StateSyncArgs<'a> {
     pub models: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<ModelInfo<'a>>>>>,
     pub serving_workers: u32,
     pub billing_weights: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, f32>>>,
+    pub adapters: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<AdapterInfo<'a>>>>>,
 }
 impl<'a> Default for StateSyncArgs<'a> {
   #[inline]
@@ -4573,6 +4952,7 @@ impl<'a> Default for StateSyncArgs<'a> {
       models: None,
       serving_workers: 0,
       billing_weights: None,
+      adapters: None,
     }
   }
 }
@@ -4611,6 +4991,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> StateSyncBuilder<'a, 'b, A> {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(StateSync::VT_BILLING_WEIGHTS, billing_weights);
   }
   #[inline]
+  pub fn add_adapters(&mut self, adapters: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<AdapterInfo<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(StateSync::VT_ADAPTERS, adapters);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> StateSyncBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     StateSyncBuilder {
@@ -4635,6 +5019,7 @@ impl ::core::fmt::Debug for StateSync<'_> {
       ds.field("models", &self.models());
       ds.field("serving_workers", &self.serving_workers());
       ds.field("billing_weights", &self.billing_weights());
+      ds.field("adapters", &self.adapters());
       ds.finish()
   }
 }

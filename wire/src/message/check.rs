@@ -5,6 +5,10 @@ use super::MessageError;
 
 /// Longest model id, request id or alias, in bytes.
 pub const MAX_ID_LEN: usize = 256;
+/// Longest file path (an adapter's), in bytes.
+pub const MAX_PATH_LEN: usize = 4096;
+/// Most adapters a load report may list.
+pub const MAX_ADAPTERS: usize = 1024;
 /// Longest node id (a DNS label).
 pub const MAX_NODE_ID_LEN: usize = 63;
 /// Longest free-text reason or explanation, in bytes.

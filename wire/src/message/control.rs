@@ -434,6 +434,8 @@ pub struct LoadReport {
     pub vram_free_bytes: u64,
     /// KV blocks of prompt tokens admitted but not computed yet (0 from workers before protocol 1.6).
     pub queued_prefill_blocks: u32,
+    /// LoRA adapters resident now, by registered name (protocol 1.8).
+    pub adapters: Vec<String>,
 }
 
 impl LoadReport {
@@ -443,11 +445,14 @@ impl LoadReport {
         if self.vram_free_bytes > self.vram_total_bytes {
             return Err(invalid("LoadReport.vram_free_bytes", "more free than in all"));
         }
-        Ok(())
+        check::count("LoadReport.adapters", self.adapters.len(), check::MAX_ADAPTERS)?;
+        self.adapters.iter().try_for_each(|a| check::id("LoadReport.adapters", a))
     }
 
     pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::LoadReport<'b>> {
         let worker_id = fbb.create_string(self.worker_id.as_str());
+        let adapters: Vec<_> = self.adapters.iter().map(|a| fbb.create_string(a)).collect();
+        let adapters = (!adapters.is_empty()).then(|| fbb.create_vector(&adapters));
         fb::LoadReport::create(
             fbb,
             &fb::LoadReportArgs {
@@ -462,6 +467,7 @@ impl LoadReport {
                 vram_total_bytes: self.vram_total_bytes,
                 vram_free_bytes: self.vram_free_bytes,
                 queued_prefill_blocks: self.queued_prefill_blocks,
+                adapters,
             },
         )
     }
@@ -479,6 +485,11 @@ impl LoadReport {
             vram_total_bytes: t.vram_total_bytes(),
             vram_free_bytes: t.vram_free_bytes(),
             queued_prefill_blocks: t.queued_prefill_blocks(),
+            adapters: {
+                let list = t.adapters().unwrap_or_default();
+                check::count("LoadReport.adapters", list.len(), check::MAX_ADAPTERS)?;
+                list.iter().map(str::to_owned).collect()
+            },
         };
         msg.check()?;
         Ok(msg)

@@ -4,6 +4,7 @@
 
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
 
+use super::adapters::AdapterRef;
 use super::check::{self, invalid};
 use super::{MessageError, fb};
 
@@ -93,6 +94,8 @@ pub struct GenerateRequest {
     /// them exactly as that worker would have. At most `max_tokens` (all of them: only the finish was lost); empty
     /// for a fresh request.
     pub resume_tokens: Vec<u32>,
+    /// A LoRA adapter over `model` (protocol 1.8): the worker loads it on first use and applies it to this request.
+    pub adapter: Option<AdapterRef>,
 }
 
 impl GenerateRequest {
@@ -136,6 +139,9 @@ impl GenerateRequest {
                 format!("{} bytes; at most {} are allowed", self.grammar.len(), check::MAX_GRAMMAR_LEN),
             ));
         }
+        if let Some(a) = &self.adapter {
+            a.check("GenerateRequest.adapter")?;
+        }
         Ok(())
     }
 
@@ -152,6 +158,7 @@ impl GenerateRequest {
         let stops = fbb.create_vector(&stops);
         let grammar = (!self.grammar.is_empty()).then(|| fbb.create_string(&self.grammar));
         let resume_tokens = (!self.resume_tokens.is_empty()).then(|| fbb.create_vector(&self.resume_tokens));
+        let adapter = self.adapter.as_ref().map(|a| a.write(fbb));
         fb::GenerateRequest::create(
             fbb,
             &fb::GenerateRequestArgs {
@@ -169,6 +176,7 @@ impl GenerateRequest {
                 grammar,
                 cache_salt: self.cache_salt,
                 resume_tokens,
+                adapter,
             },
         )
     }
@@ -200,6 +208,7 @@ impl GenerateRequest {
             grammar: t.grammar().unwrap_or_default().to_owned(),
             cache_salt: t.cache_salt(),
             resume_tokens: t.resume_tokens().map(|v| v.iter().collect()).unwrap_or_default(),
+            adapter: AdapterRef::read("GenerateRequest.adapter", t.adapter())?,
         };
         msg.check()?;
         Ok(msg)

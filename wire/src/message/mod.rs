@@ -4,6 +4,7 @@
 //! into an owned value and checks every field (ranges, lengths, required values). Encoding runs the same checks so
 //! a peer never sends what the other side must refuse. Nothing downstream re-checks wire input.
 
+mod adapters;
 pub(crate) mod check;
 mod control;
 mod enroll;
@@ -19,9 +20,10 @@ use flatbuffers::{FlatBufferBuilder, VerifierOptions};
 use crate::frame::{self, FrameError, FrameKind, RawFrame};
 use crate::generated::zl::wire as fb;
 
+pub use adapters::{AdapterInfo, AdapterRef};
 pub use check::{
-    MAX_ERROR_MESSAGE_LEN, MAX_EXCLUDED_WORKERS, MAX_GRAMMAR_LEN, MAX_ID_LEN, MAX_MODELS, MAX_NODE_ID_LEN,
-    MAX_REASON_LEN, MAX_STOP_SEQUENCE_LEN, MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
+    MAX_ADAPTERS, MAX_ERROR_MESSAGE_LEN, MAX_EXCLUDED_WORKERS, MAX_GRAMMAR_LEN, MAX_ID_LEN, MAX_MODELS,
+    MAX_NODE_ID_LEN, MAX_PATH_LEN, MAX_REASON_LEN, MAX_STOP_SEQUENCE_LEN, MAX_STOP_SEQUENCES, MAX_TEMPERATURE,
 };
 pub use control::{
     Ack, ComputePool, DeregisterWorker, Handshake, KvCacheEvents, LoadReport, ModelInfo, NodeId, RegisterWorker, Role,

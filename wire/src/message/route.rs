@@ -4,6 +4,7 @@
 
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
 
+use super::adapters::AdapterRef;
 use super::check::{self, invalid};
 use super::control::{ComputePool, NodeId};
 use super::{MessageError, fb};
@@ -64,6 +65,8 @@ pub struct RouteRequest {
     pub trace_id: String,
     /// Try the model's fallback chain before the model itself (the frontend asks this while degraded).
     pub prefer_fallback: bool,
+    /// The caller's project, for the adapters it may use (protocol 1.8); empty: only shared ones.
+    pub project: String,
 }
 
 impl RouteRequest {
@@ -75,6 +78,7 @@ impl RouteRequest {
         }
         check::range("RouteRequest.input_semantic_weight", self.input_semantic_weight, 0.0, 1.0)?;
         check::text("RouteRequest.trace_id", &self.trace_id, 0, check::MAX_ID_LEN)?;
+        check::text("RouteRequest.project", &self.project, 0, check::MAX_ID_LEN)?;
         check::count("RouteRequest.excluded_workers", self.excluded_workers.len(), check::MAX_EXCLUDED_WORKERS)
     }
 
@@ -86,6 +90,7 @@ impl RouteRequest {
         let excluded: Vec<_> = self.excluded_workers.iter().map(|w| fbb.create_string(w.as_str())).collect();
         let excluded = fbb.create_vector(&excluded);
         let trace_id = (!self.trace_id.is_empty()).then(|| fbb.create_string(&self.trace_id));
+        let project = (!self.project.is_empty()).then(|| fbb.create_string(&self.project));
         fb::RouteRequest::create(
             fbb,
             &fb::RouteRequestArgs {
@@ -100,6 +105,7 @@ impl RouteRequest {
                 excluded_workers: Some(excluded),
                 trace_id,
                 prefer_fallback: self.prefer_fallback,
+                project,
             },
         )
     }
@@ -122,6 +128,7 @@ impl RouteRequest {
                 .collect::<Result<_, _>>()?,
             trace_id: t.trace_id().unwrap_or_default().to_owned(),
             prefer_fallback: t.prefer_fallback(),
+            project: t.project().unwrap_or_default().to_owned(),
         };
         msg.check()?;
         Ok(msg)
@@ -151,6 +158,8 @@ pub struct RouteDecision {
     pub decision_nanos: u64,
     /// Node id of the orchestrator that decided; empty when unknown.
     pub orchestrator_id: String,
+    /// The LoRA adapter the request runs with when its model id names one (`model` is then its base).
+    pub adapter: Option<AdapterRef>,
 }
 
 impl RouteDecision {
@@ -160,7 +169,11 @@ impl RouteDecision {
         check::id("RouteDecision.model", &self.model)?;
         check::range("RouteDecision.predicted_billing_unit", self.predicted_billing_unit, 0.0, 1.0)?;
         check::text("RouteDecision.reason", &self.reason, 0, check::MAX_REASON_LEN)?;
-        check::text("RouteDecision.orchestrator_id", &self.orchestrator_id, 0, check::MAX_NODE_ID_LEN)
+        check::text("RouteDecision.orchestrator_id", &self.orchestrator_id, 0, check::MAX_NODE_ID_LEN)?;
+        match &self.adapter {
+            Some(a) => a.check("RouteDecision.adapter"),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn write<'b>(&self, fbb: &mut FlatBufferBuilder<'b>) -> WIPOffset<fb::RouteDecision<'b>> {
@@ -171,6 +184,7 @@ impl RouteDecision {
         let sha = fbb.create_vector(&self.weights_sha256);
         let reason = fbb.create_string(&self.reason);
         let orchestrator_id = (!self.orchestrator_id.is_empty()).then(|| fbb.create_string(&self.orchestrator_id));
+        let adapter = self.adapter.as_ref().map(|a| a.write(fbb));
         fb::RouteDecision::create(
             fbb,
             &fb::RouteDecisionArgs {
@@ -184,6 +198,7 @@ impl RouteDecision {
                 reason: Some(reason),
                 decision_nanos: self.decision_nanos,
                 orchestrator_id,
+                adapter,
             },
         )
     }
@@ -200,6 +215,7 @@ impl RouteDecision {
             reason: t.reason().unwrap_or_default().to_owned(),
             decision_nanos: t.decision_nanos(),
             orchestrator_id: t.orchestrator_id().unwrap_or_default().to_owned(),
+            adapter: AdapterRef::read("RouteDecision.adapter", t.adapter())?,
         };
         msg.check()?;
         Ok(msg)

@@ -3,6 +3,7 @@
 
 use flatbuffers::{FlatBufferBuilder, WIPOffset};
 
+use super::adapters::AdapterInfo;
 use super::check::{self, invalid};
 use super::control::ModelInfo;
 use super::{MessageError, fb};
@@ -257,6 +258,8 @@ pub struct StateSync {
     pub serving_workers: u32,
     /// Billing-unit weights (input, output, context); `None` for the defaults.
     pub billing_weights: Option<[f32; 3]>,
+    /// Registered LoRA adapters (protocol 1.8).
+    pub adapters: Vec<AdapterInfo>,
 }
 
 impl StateSync {
@@ -264,6 +267,8 @@ impl StateSync {
         check::count("StateSync.keys", self.keys.len(), MAX_SYNC_ITEMS)?;
         check::count("StateSync.projects", self.projects.len(), MAX_SYNC_ITEMS)?;
         check::count("StateSync.models", self.models.len(), MAX_SYNC_ITEMS)?;
+        check::count("StateSync.adapters", self.adapters.len(), MAX_SYNC_ITEMS)?;
+        self.adapters.iter().try_for_each(AdapterInfo::check)?;
         for key in &self.keys {
             key.check()?;
         }
@@ -357,6 +362,8 @@ impl StateSync {
         let models: Vec<_> = self.models.iter().map(|m| m.write(fbb)).collect();
         let models = fbb.create_vector(&models);
         let weights = self.billing_weights.map(|w| fbb.create_vector(&w));
+        let adapters: Vec<_> = self.adapters.iter().map(|a| a.write(fbb)).collect();
+        let adapters = (!adapters.is_empty()).then(|| fbb.create_vector(&adapters));
         fb::StateSync::create(
             fbb,
             &fb::StateSyncArgs {
@@ -367,6 +374,7 @@ impl StateSync {
                 models: Some(models),
                 serving_workers: self.serving_workers,
                 billing_weights: weights,
+                adapters,
             },
         )
     }
@@ -378,7 +386,10 @@ impl StateSync {
         check::count("StateSync.keys", keys.len(), MAX_SYNC_ITEMS)?;
         check::count("StateSync.projects", projects.len(), MAX_SYNC_ITEMS)?;
         check::count("StateSync.models", models.len(), MAX_SYNC_ITEMS)?;
+        let adapters = t.adapters().unwrap_or_default();
+        check::count("StateSync.adapters", adapters.len(), MAX_SYNC_ITEMS)?;
         let msg = StateSync {
+            adapters: adapters.iter().map(AdapterInfo::read).collect::<Result<_, _>>()?,
             applied_index: t.applied_index(),
             unchanged: t.unchanged(),
             keys: keys

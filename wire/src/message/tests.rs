@@ -47,6 +47,7 @@ pub(crate) fn samples() -> Vec<Message> {
             vram_total_bytes: 150_754_820_096,
             vram_free_bytes: 98_000_000_000,
             queued_prefill_blocks: 0,
+            adapters: vec![],
         }),
         Message::KvCacheEvents(KvCacheEvents {
             worker_id: node("worker-0"),
@@ -68,6 +69,7 @@ pub(crate) fn samples() -> Vec<Message> {
             excluded_workers: vec![node("worker-3")],
             trace_id: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
             prefer_fallback: false,
+            project: String::new(),
         }),
         Message::RouteDecision(RouteDecision {
             request_id: "req_01".into(),
@@ -80,6 +82,7 @@ pub(crate) fn samples() -> Vec<Message> {
             reason: "least-loaded: queue 0".into(),
             decision_nanos: 1800,
             orchestrator_id: String::new(),
+            adapter: None,
         }),
         Message::GenerateRequest(GenerateRequest {
             request_id: "req_01".into(),
@@ -95,6 +98,7 @@ pub(crate) fn samples() -> Vec<Message> {
             grammar: "start: \"a\"".into(),
             cache_salt: 7,
             resume_tokens: vec![5, 6],
+            adapter: None,
         }),
         Message::GenerateRequest(GenerateRequest {
             request_id: "req_02".into(),
@@ -110,6 +114,7 @@ pub(crate) fn samples() -> Vec<Message> {
             grammar: String::new(),
             cache_salt: 0,
             resume_tokens: vec![],
+            adapter: None,
         }),
         Message::TokenChunk(TokenChunk {
             token_ids: vec![504, 3],
@@ -182,6 +187,7 @@ pub(crate) fn samples() -> Vec<Message> {
             }],
             serving_workers: 1,
             billing_weights: Some([0.3, 0.5, 0.2]),
+            adapters: vec![],
         }),
         Message::FrontendReport(FrontendReport {
             report_seq: 7,

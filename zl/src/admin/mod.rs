@@ -1,6 +1,7 @@
 //! `zl admin`: the operator admin API of an orchestrator (`schemas/admin.proto`), over gRPC with the admin's
 //! certificate from the cluster CA.
 
+mod adapters;
 mod ledger;
 mod members;
 
@@ -118,6 +119,9 @@ pub(crate) enum AdminCommand {
     /// API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// LoRA adapters served over the models (docs/adapters.md).
+    #[command(subcommand)]
+    Adapters(adapters::AdaptersCommand),
     /// Set the billing-unit weights, each in [0, 1].
     BillingWeights {
         /// Weight of the input's semantic weight.
@@ -320,6 +324,7 @@ async fn run_async(args: AdminArgs) -> Result<()> {
         return Ok(done);
     }
     match args.command {
+        AdminCommand::Adapters(command) => adapters::run(&mut c, command).await?,
         AdminCommand::Workers => {
             let workers = c.list_workers(pb::ListWorkersRequest {}).await.map_err(call)?.into_inner().workers;
             println!(
