@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use zl_e2e::{request, wait_for_key, zl, zl_up};
+use zl_e2e::{metric_sum, metrics, request, wait_for_key, zl, zl_up};
 
 const KEY: &str = "sk-zl-adapters-test-key-0123456789";
 const KEY_A: &str = "sk-zl-adapters-alpha-0123456789abcd";
@@ -76,8 +76,13 @@ fn write_adapter(dir: &Path, seed: u64) -> String {
 
 /// Ask greedily through `model` with `key`: (status, answer text, worker).
 fn ask(http: SocketAddr, key: &str, model: &str, max_tokens: u32) -> (u16, String, String) {
+    ask_about(http, key, model, max_tokens, "Who wrote Romeo and Juliet?")
+}
+
+/// [`ask`] a given question.
+fn ask_about(http: SocketAddr, key: &str, model: &str, max_tokens: u32, question: &str) -> (u16, String, String) {
     let body = serde_json::json!({"model": model, "max_tokens": max_tokens, "temperature": 0,
-        "messages": [{"role": "user", "content": "Who wrote Romeo and Juliet?"}]})
+        "messages": [{"role": "user", "content": question}]})
     .to_string();
     let r = request(http, "POST", "/v1/messages", &[("x-api-key", key)], &body).expect("the frontend answers");
     let text = serde_json::from_str::<serde_json::Value>(&r.body)
@@ -157,11 +162,17 @@ fn adapters_are_served_routed_to_where_they_live_evicted_removed_and_kept_privat
     assert_eq!(status, 400, "a file that does not match its SHA-256 is refused: {body}");
     assert!(body.contains("SHA-256"), "{body}");
 
-    // Routed to where it is resident.
+    // Routed to where it is resident: the same question (its answer unchanged), and other questions, which the
+    // base's routing would spread over both workers.
     wait_resident(&data, "a1", &w1);
-    for _ in 0..3 {
-        let (status, again, w) = ask(http, KEY_A, &format!("{model}:a1"), 16);
-        assert_eq!((status, again.as_str(), w.as_str()), (200, a1_answer.as_str(), w1.as_str()));
+    let (status, again, w) = ask(http, KEY_A, &format!("{model}:a1"), 16);
+    assert_eq!((status, again.as_str(), w.as_str()), (200, a1_answer.as_str(), w1.as_str()));
+    let spread: std::collections::HashSet<String> =
+        (0..8).map(|i| ask_about(http, KEY_A, &model, 2, &format!("Question {i}: name a colour.")).2).collect();
+    assert_eq!(spread.len(), 2, "the base's requests should use both workers");
+    for i in 0..8 {
+        let (status, _, w) = ask_about(http, KEY_A, "a1", 2, &format!("Question {i}: name a colour."));
+        assert_eq!((status, w.as_str()), (200, w1.as_str()), "question {i} went elsewhere");
     }
 
     // Both SDKs, through the shared adapters.
@@ -170,7 +181,7 @@ fn adapters_are_served_routed_to_where_they_live_evicted_removed_and_kept_privat
         r#"
 import anthropic, openai
 a = anthropic.Anthropic(base_url="{url}", api_key="{KEY_B}")
-m = a.messages.create(model="a2", max_tokens=8, temperature=0, messages=[{{"role": "user", "content": "Hi"}}])
+m = a.messages.create(model="a2", max_tokens=8, messages=[{{"role": "user", "content": "Hi"}}])
 print("anthropic", m.model, len(m.content[0].text) > 0)
 o = openai.OpenAI(base_url="{url}/v1", api_key="{KEY_B}")
 c = o.chat.completions.create(model="a3", max_tokens=8, temperature=0, messages=[{{"role": "user", "content": "Hi"}}])
@@ -194,6 +205,15 @@ print("openai", c.model, len(c.choices[0].message.content) > 0)
         .map(|w| w.split(',').count())
         .sum();
     assert!(loaded <= 2, "more adapters resident than two workers of --max-adapters 1 hold:\n{list}");
+    let workers = state["workers"].as_array().unwrap();
+    let sum = |name: &str| -> f64 {
+        workers
+            .iter()
+            .map(|w| metric_sum(&metrics(w["metrics"].as_str().unwrap().parse().unwrap()).unwrap_or_default(), name))
+            .sum()
+    };
+    assert!(sum("zl_worker_adapter_evictions_total") >= 1.0, "no adapter was evicted");
+    assert!(sum("zl_worker_adapter_loads_total") >= 4.0, "a1, a2, a3 and a1 again are loads");
 
     // Removed while a request runs on it: that request finishes; the next is refused.
     let long = std::thread::spawn(move || ask(http, KEY_A, "a1", 200));

@@ -12,7 +12,7 @@ use super::command::{AdapterSpec, CommandError, check_name, check_sha, invalid};
 pub const MAX_ADAPTERS: usize = 4096;
 
 /// Longest adapter path, in bytes.
-pub const MAX_PATH: usize = 4096;
+pub(super) const MAX_PATH: usize = 4096;
 
 /// Check a registration's fields.
 fn check(spec: &AdapterSpec) -> Result<(), CommandError> {
