@@ -58,6 +58,11 @@ pub fn adapter_salt(salt: Option<BlockHash>, adapter: u64) -> BlockHash {
     mix(SEED ^ mix(salt.unwrap_or(0) ^ mix(adapter ^ 0x6164_6170_7465_0001))).max(1) // "adapte" v1
 }
 
+/// An adapter's content key for [`adapter_salt`]: its weights file's SHA-256's first eight bytes, big-endian.
+pub fn adapter_key(sha256: &[u8; 32]) -> u64 {
+    u64::from_be_bytes([sha256[0], sha256[1], sha256[2], sha256[3], sha256[4], sha256[5], sha256[6], sha256[7]])
+}
+
 /// [`block_hashes`] of a chain that starts from `salt` (`None`: the unsalted chain every scope shares).
 pub fn salted_block_hashes(tokens: &[u32], block_size: usize, salt: Option<BlockHash>) -> Vec<BlockHash> {
     assert!(block_size > 0, "block size must be positive");

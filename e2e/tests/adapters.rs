@@ -74,7 +74,7 @@ fn write_adapter(dir: &Path, seed: u64) -> String {
     String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap().to_owned()
 }
 
-/// Ask greedily through `model` with `key`: (status, answer text, worker).
+/// Ask greedily through `model` with `key`, past the response cache: (status, answer text, worker).
 fn ask(http: SocketAddr, key: &str, model: &str, max_tokens: u32) -> (u16, String, String) {
     ask_about(http, key, model, max_tokens, "Who wrote Romeo and Juliet?")
 }
@@ -84,7 +84,9 @@ fn ask_about(http: SocketAddr, key: &str, model: &str, max_tokens: u32, question
     let body = serde_json::json!({"model": model, "max_tokens": max_tokens, "temperature": 0,
         "messages": [{"role": "user", "content": question}]})
     .to_string();
-    let r = request(http, "POST", "/v1/messages", &[("x-api-key", key)], &body).expect("the frontend answers");
+    // Past the response cache: every answer here is computed (its worker is the point).
+    let headers = [("x-api-key", key), ("x-zl-cache", "bypass")];
+    let r = request(http, "POST", "/v1/messages", &headers, &body).expect("the frontend answers");
     let text = serde_json::from_str::<serde_json::Value>(&r.body)
         .ok()
         .and_then(|j| j["content"][0]["text"].as_str().map(str::to_owned))
@@ -158,6 +160,17 @@ fn adapters_are_served_routed_to_where_they_live_evicted_removed_and_kept_privat
     let (status, a1_answer, w1) = ask(http, KEY_A, "a1", 16);
     assert_eq!(status, 200, "{a1_answer}");
     assert_ne!(a1_answer, base_answer, "the adapter changed nothing");
+    // The audit record names the adapter and its version.
+    let chain = Path::new(state["audit_dir"].as_str().unwrap()).join("frontend-0");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let named = format!("\"adapter\":\"a1\",\"adapter_sha256\":\"{}\"", shas[0]);
+    while !std::fs::read_dir(&chain)
+        .map(|d| d.flatten().any(|f| std::fs::read_to_string(f.path()).unwrap_or_default().contains(&named)))
+        .unwrap_or(false)
+    {
+        assert!(Instant::now() < deadline, "no audit record names {named}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let (status, body, _) = ask(http, KEY_A, "bad", 8);
     assert_eq!(status, 400, "a file that does not match its SHA-256 is refused: {body}");
     assert!(body.contains("SHA-256"), "{body}");

@@ -179,15 +179,15 @@ impl Cluster {
         read(&self.synced).models.values().cloned().collect()
     }
 
-    /// The base model of the adapter a model id names (`NAME` or `BASE:NAME`), whichever project owns it: what
-    /// its prompts are tokenized with. Whether the caller's project may use it is the route's to say.
-    pub fn adapter_base(&self, model: &str) -> Option<String> {
+    /// The adapter a model id names (`NAME` or `BASE:NAME`), whichever project owns it: its base is what its
+    /// prompts are tokenized with. Whether the caller's project may use it is the route's to say.
+    pub fn adapter(&self, model: &str) -> Option<AdapterInfo> {
         let s = read(&self.synced);
         let a = match model.split_once(':') {
             Some((base, name)) => s.adapters.get(name).filter(|a| a.base == base)?,
             None => s.adapters.get(model)?,
         };
-        Some(a.base.clone())
+        Some(a.clone())
     }
 
     /// The adapters `project` may use, by name.

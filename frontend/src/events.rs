@@ -57,6 +57,8 @@ pub struct Meta {
     /// The seed the worker samples with: the client's, or one the frontend drew (every request runs seeded, so
     /// another worker can continue it exactly). `None` for a cache hit.
     pub seed: Option<u64>,
+    /// The LoRA adapter it ran with: (name, SHA-256 hex of its weights file).
+    pub adapter: Option<(String, String)>,
 }
 
 /// One event of a generation.

@@ -521,6 +521,7 @@ impl Orchestrator {
                 base: a.base.clone(),
                 project: a.project.clone(),
                 shared: a.shared,
+                sha256: route::sha_bytes(&a.sha256),
             })
             .collect();
         sync

@@ -76,7 +76,7 @@ impl AdapterCache {
 
     /// The adapter `r` names for `model`: resident, or loaded now (off the async threads) and kept.
     pub async fn get(self: &Arc<Self>, model: ForModel<'_>, r: &AdapterRef) -> Result<RequestAdapter, WireError> {
-        let key = u64::from_be_bytes(r.sha256[..8].try_into().unwrap_or_default());
+        let key = zl_common::block_hash::adapter_key(&r.sha256);
         if let Some(adapter) = self.lookup(model.id, r) {
             metrics::counter!("zl_worker_adapter_requests_total", "result" => "resident").increment(1);
             return Ok(RequestAdapter { adapter, key });

@@ -89,6 +89,12 @@ pub struct AuditRecord {
     /// refusals (and in records written before it was recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// The LoRA adapter it ran with, and the SHA-256 (hex) of the adapter's weights file; empty without one.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub adapter: String,
+    /// See `adapter`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub adapter_sha256: String,
     /// Workers the request moved to, in order, when the one before failed mid-answer (`worker` is the first).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub migrated_to: Vec<String>,

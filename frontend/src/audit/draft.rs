@@ -83,6 +83,10 @@ impl Draft {
         r.input_sha256 = hex(&meta.input_sha256);
         r.worker = meta.worker.clone();
         r.seed = meta.seed;
+        if let Some((name, sha)) = &meta.adapter {
+            r.adapter.clone_from(name);
+            r.adapter_sha256.clone_from(sha);
+        }
         r.orchestrator = meta.orchestrator.clone();
         r.input_tokens = meta.input_tokens;
         r.route_ms = meta.route_ms;

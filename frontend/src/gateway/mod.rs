@@ -15,12 +15,14 @@ use std::time::{Duration, Instant};
 use axum::http::HeaderMap;
 use zl_client::prompt::OfferedTools;
 use zl_common::billing;
+use zl_common::block_hash::adapter_key;
 use zl_common::keys::hex;
 use zl_common::sync::lock;
 use zl_proto::CallError;
 use zl_text::ChatMessage;
 use zl_wire::message::{
-    ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteHint, RouteRequest, SamplingParams,
+    AdapterInfo, ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteHint, RouteRequest,
+    SamplingParams,
 };
 
 use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
@@ -225,6 +227,8 @@ pub struct Prepared {
     pub prefer_fallback: bool,
     /// The caller's project (set when the request starts), for the adapters it may use.
     pub project: String,
+    /// The adapter its model id names, as last synced (set when the request starts).
+    pub adapter: Option<AdapterInfo>,
 }
 
 impl Gateway {
@@ -359,7 +363,7 @@ impl Gateway {
             )));
         }
         // An adapter's prompts are its base model's.
-        let card_model = self.cluster.adapter_base(&req.model).unwrap_or_else(|| req.model.clone());
+        let card_model = self.cluster.adapter(&req.model).map_or_else(|| req.model.clone(), |a| a.base);
         let card = self.cluster.card(self.upstream.as_ref(), &card_model, request_id).await?;
         fits_in_bytes(&card, bytes)?;
         let card_for_work = card.clone();
@@ -410,13 +414,14 @@ impl Gateway {
             session_id: user,
             prefer_fallback: false,
             project: String::new(),
+            adapter: None,
         })
     }
 
     /// Count a request's prompt tokens with the model's own tokenizer and template.
     pub async fn count_tokens(&self, req: GenRequest, request_id: &str) -> Result<usize, ApiError> {
         let bytes = prompt_bytes(&req);
-        let card_model = self.cluster.adapter_base(&req.model).unwrap_or_else(|| req.model.clone());
+        let card_model = self.cluster.adapter(&req.model).map_or_else(|| req.model.clone(), |a| a.base);
         let card = self.cluster.card(self.upstream.as_ref(), &card_model, request_id).await?;
         fits_in_bytes(&card, bytes)?;
         self.off_thread(move || tokenize(&card, &req).map(|(_, tokens)| tokens.len())).await
@@ -496,11 +501,15 @@ impl Gateway {
             }
             .key()
         };
-        let input_sha256 = key_for(&p.card.model, &p.card.weights);
-        // Answers through an adapter are not cached yet (the response cache keys the base model's version only).
-        let cacheable = (p.sampling.temperature == 0.0 || p.sampling.seed.is_some())
-            && lock(&self.cache).enabled()
-            && self.cluster.adapter_base(&p.model).is_none();
+        // An adapter's answers are its own: keyed by its name and version beside the base's.
+        let versioned = |model: &str, weights: &str, adapter: Option<(&str, &[u8; 32])>| match adapter {
+            Some((name, sha)) => key_for(&format!("{model}+{name}"), &format!("{weights}+{}", hex(sha))),
+            None => key_for(model, weights),
+        };
+        p.adapter = self.cluster.adapter(&p.model);
+        let synced_adapter = p.adapter.as_ref().map(|a| (a.name.as_str(), &a.sha256));
+        let input_sha256 = versioned(&p.card.model, &p.card.weights, synced_adapter);
+        let cacheable = (p.sampling.temperature == 0.0 || p.sampling.seed.is_some()) && lock(&self.cache).enabled();
         let cache_key = (cacheable && !opts.bypass_cache).then_some(input_sha256);
         let (limits, quota) = self.limits_for(key);
         let input_tokens = p.tokens.len() as u32;
@@ -542,6 +551,7 @@ impl Gateway {
                 input_sha256,
                 orchestrator: String::new(),
                 seed: None,
+                adapter: p.adapter.as_ref().map(|a| (a.name.clone(), hex(&a.sha256))),
             };
             let mut events: VecDeque<GenEvent> = hit.deltas.iter().cloned().map(GenEvent::Delta).collect();
             events.push_back(GenEvent::Finish(hit.finish.clone()));
@@ -566,11 +576,13 @@ impl Gateway {
         // A canary or a pin change may serve another version than the card's: its answer is stored, and audited,
         // as that version's.
         let served_weights = hex(&decision.weights_sha256);
-        let input_sha256 = if decision.model == p.card.model && served_weights == p.card.weights {
-            input_sha256
-        } else {
-            key_for(&decision.model, &served_weights)
-        };
+        let served_adapter = decision.adapter.as_ref().map(|a| (a.name.as_str(), &a.sha256));
+        let input_sha256 =
+            if decision.model == p.card.model && served_weights == p.card.weights && served_adapter == synced_adapter {
+                input_sha256
+            } else {
+                versioned(&decision.model, &served_weights, served_adapter)
+            };
         let cache_key = cache_key.map(|_| input_sha256);
         let route_ms = route_time.as_secs_f64() * 1e3;
         let meta = Meta {
@@ -588,6 +600,7 @@ impl Gateway {
             input_sha256,
             orchestrator: decision.orchestrator_id.clone(),
             seed: Some(seed),
+            adapter: decision.adapter.as_ref().map(|a| (a.name.clone(), hex(&a.sha256))),
         };
         let live = Live {
             worker: decision.worker_id,
@@ -624,8 +637,16 @@ impl Gateway {
         let input_semantic_weight = billing::input_semantic_weight(billing_input);
         // Salted with the request's cache scope, as the worker salts its prefix blocks: prefix-aware routing finds
         // this scope's cached prefixes, and no other scope's.
-        let block_hashes =
-            zl_common::block_hash::salted_block_hashes(&p.tokens, p.card.kv_block_size.max(1) as usize, Some(salt));
+        // An adapter's prefixes chain from its own salt within the scope, as the worker stores them.
+        let chain_salt = match &p.adapter {
+            Some(a) => zl_common::block_hash::adapter_salt(Some(salt), adapter_key(&a.sha256)),
+            None => salt,
+        };
+        let block_hashes = zl_common::block_hash::salted_block_hashes(
+            &p.tokens,
+            p.card.kv_block_size.max(1) as usize,
+            Some(chain_salt),
+        );
         // Workers this frontend just saw die stay out of its routes until the orchestrators notice too.
         let mut excluded: Vec<NodeId> = lock(&self.suspects).excluded(Instant::now());
         let mut attempt = 0;

@@ -431,3 +431,55 @@ fn a_prompt_routed_to_a_worker_counts_as_cached_there_before_its_events_arrive()
     w.load.predict_cached(&first.worker_id, "m", &doc(0).block_hashes, w.now);
     assert_eq!(w.route(&doc(1), &policy).unwrap().worker_id, first.worker_id);
 }
+
+#[test]
+fn an_adapter_routes_to_its_base_where_it_is_resident_until_that_queues_and_only_for_its_projects() {
+    let mut w = World::new();
+    w.worker("w1", "m", 1, ComputePool::Cpu);
+    w.worker("w2", "m", 1, ComputePool::Cpu);
+    let spec = crate::state::AdapterSpec {
+        name: "tuned".into(),
+        base: "m".into(),
+        path: "tuned".into(),
+        sha256: sha(7),
+        project: "acme".into(),
+        shared: false,
+    };
+    w.apply(Command::AddAdapter(spec));
+    let ask = |project: &str, model: &str| RouteRequest { project: project.into(), ..req(model) };
+    // Another project: no such model.
+    assert_eq!(w.route(&ask("beta", "tuned"), &LeastLoaded), Err(RouteError::UnknownModel("tuned".into())));
+    // Cold everywhere: the base's workers, the adapter in the decision.
+    let d = w.route(&ask("acme", "m:tuned"), &LeastLoaded).unwrap();
+    assert_eq!(d.model, "m");
+    let a = d.adapter.clone().unwrap();
+    assert_eq!((a.name.as_str(), a.path.as_str(), a.sha256), ("tuned", "tuned", [7; 32]));
+    assert!(d.reason.contains("adapter tuned loads there (cold)"), "{}", d.reason);
+    // Resident on w2, which is busier than w1 but has nothing queued: w2.
+    w.seq += 1;
+    let resident = |queue: u32, seq: u64| LoadReport {
+        worker_id: id("w2"),
+        sequence: seq,
+        queue_depth: queue,
+        running_sequences: 3,
+        kv_blocks_used: 0,
+        kv_blocks_free: 1000,
+        fragmentation_ratio: 0.0,
+        tokens_per_second: 0.0,
+        vram_total_bytes: 0,
+        vram_free_bytes: 0,
+        queued_prefill_blocks: 0,
+        adapters: vec!["tuned".into()],
+    };
+    w.load.report(resident(0, w.seq), w.now);
+    let d = w.route(&ask("acme", "tuned"), &LeastLoaded).unwrap();
+    assert_eq!(d.worker_id, id("w2"));
+    assert!(d.reason.contains("adapter tuned resident"), "{}", d.reason);
+    // The base alone still goes to the less loaded w1.
+    assert_eq!(w.route(&ask("acme", "m"), &LeastLoaded).unwrap().worker_id, id("w1"));
+    // Once w2 queues, the adapter spreads: least-loaded picks w1, where it will load.
+    w.seq += 1;
+    w.load.report(resident(2, w.seq), w.now);
+    let d = w.route(&ask("acme", "tuned"), &LeastLoaded).unwrap();
+    assert_eq!(d.worker_id, id("w1"));
+}

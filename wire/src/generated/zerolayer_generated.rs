@@ -4669,6 +4669,7 @@ impl<'a> AdapterInfo<'a> {
   pub const VT_BASE: ::flatbuffers::VOffsetT = 6;
   pub const VT_PROJECT: ::flatbuffers::VOffsetT = 8;
   pub const VT_SHARED: ::flatbuffers::VOffsetT = 10;
+  pub const VT_SHA256: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -4680,6 +4681,7 @@ impl<'a> AdapterInfo<'a> {
     args: &'args AdapterInfoArgs<'args>
   ) -> ::flatbuffers::WIPOffset<AdapterInfo<'bldr>> {
     let mut builder = AdapterInfoBuilder::new(_fbb);
+    if let Some(x) = args.sha256 { builder.add_sha256(x); }
     if let Some(x) = args.project { builder.add_project(x); }
     if let Some(x) = args.base { builder.add_base(x); }
     if let Some(x) = args.name { builder.add_name(x); }
@@ -4719,6 +4721,14 @@ impl<'a> AdapterInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(AdapterInfo::VT_SHARED, Some(false)).unwrap()}
   }
+  /// SHA-256 of its weights file, 32 bytes: with the name, what its answers and its cached prefixes are keyed by.
+  #[inline]
+  pub fn sha256(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(AdapterInfo::VT_SHA256, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for AdapterInfo<'_> {
@@ -4731,6 +4741,7 @@ impl ::flatbuffers::Verifiable for AdapterInfo<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("base", Self::VT_BASE, true)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, false)?
      .visit_field::<bool>("shared", Self::VT_SHARED, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("sha256", Self::VT_SHA256, false)?
      .finish();
     Ok(())
   }
@@ -4740,6 +4751,7 @@ pub struct AdapterInfoArgs<'a> {
     pub base: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub shared: bool,
+    pub sha256: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
 }
 impl<'a> Default for AdapterInfoArgs<'a> {
   #[inline]
@@ -4749,6 +4761,7 @@ impl<'a> Default for AdapterInfoArgs<'a> {
       base: None, // required field
       project: None,
       shared: false,
+      sha256: None,
     }
   }
 }
@@ -4775,6 +4788,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AdapterInfoBuilder<'a, 'b, A>
     self.fbb_.push_slot::<bool>(AdapterInfo::VT_SHARED, shared, false);
   }
   #[inline]
+  pub fn add_sha256(&mut self, sha256: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(AdapterInfo::VT_SHA256, sha256);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AdapterInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     AdapterInfoBuilder {
@@ -4798,6 +4815,7 @@ impl ::core::fmt::Debug for AdapterInfo<'_> {
       ds.field("base", &self.base());
       ds.field("project", &self.project());
       ds.field("shared", &self.shared());
+      ds.field("sha256", &self.sha256());
       ds.finish()
   }
 }

@@ -53,6 +53,8 @@ pub struct AdapterInfo {
     pub project: String,
     /// Usable by every project although owned by one.
     pub shared: bool,
+    /// SHA-256 of its weights file.
+    pub sha256: [u8; 32],
 }
 
 impl AdapterInfo {
@@ -71,9 +73,16 @@ impl AdapterInfo {
         let name = fbb.create_string(&self.name);
         let base = fbb.create_string(&self.base);
         let project = (!self.project.is_empty()).then(|| fbb.create_string(&self.project));
+        let sha256 = fbb.create_vector(&self.sha256);
         fb::AdapterInfo::create(
             fbb,
-            &fb::AdapterInfoArgs { name: Some(name), base: Some(base), project, shared: self.shared },
+            &fb::AdapterInfoArgs {
+                name: Some(name),
+                base: Some(base),
+                project,
+                shared: self.shared,
+                sha256: Some(sha256),
+            },
         )
     }
 
@@ -83,6 +92,10 @@ impl AdapterInfo {
             base: t.base().to_owned(),
             project: t.project().unwrap_or_default().to_owned(),
             shared: t.shared(),
+            sha256: match t.sha256() {
+                Some(v) => check::sha256("AdapterInfo.sha256", v.bytes())?,
+                None => return Err(super::check::invalid("AdapterInfo.sha256", "is missing")),
+            },
         };
         info.check()?;
         Ok(info)
