@@ -25,4 +25,4 @@ pub use tiers::{
     start_frontend, start_frontend_args, start_orchestrator, start_orchestrator_at, start_tiers, start_worker,
     start_worker_args, wait_for_key, wait_up, zl_up,
 };
-pub use up::{pids, read_state, wait_restarted};
+pub use up::{pids, read_state, up_admin, up_projects, wait_restarted};

@@ -36,3 +36,22 @@ pub fn wait_restarted(data: &std::path::Path, name: &str, old: u32) -> u32 {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// `zl admin ARGS` against the `zl up` cluster in `data` (must succeed); its standard output.
+pub fn up_admin(data: &std::path::Path, args: &[&str]) -> String {
+    let mut all = vec!["admin", "--data-dir", data.to_str().expect("a UTF-8 path")];
+    all.extend_from_slice(args);
+    let out = crate::process::zl(&all);
+    assert!(out.status.success(), "zl admin {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Create `projects` in the `zl up` cluster in `data`, each with its key (project, key id, secret), and wait until
+/// the frontend at `http` takes each key.
+pub fn up_projects(data: &std::path::Path, http: std::net::SocketAddr, projects: &[(&str, &str, &str)]) {
+    for (project, key_id, key) in projects {
+        up_admin(data, &["project", project]);
+        up_admin(data, &["keys", "create", key_id, "--project", project, "--secret", key]);
+        crate::tiers::wait_for_key(http, key);
+    }
+}

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use zl_e2e::{metric_sum, metrics, request, wait_for_key, zl, zl_up};
+use zl_e2e::{metric_sum, metrics, request, up_admin, up_projects, zl_up};
 
 const KEY: &str = "sk-zl-adapters-test-key-0123456789";
 const KEY_A: &str = "sk-zl-adapters-alpha-0123456789abcd";
@@ -21,14 +21,6 @@ const KEY_B: &str = "sk-zl-adapters-beta-0123456789abcde";
 const LAYERS: usize = 30;
 const HIDDEN: usize = 576;
 const KV: usize = 192;
-
-fn admin(data: &Path, args: &[&str]) -> String {
-    let mut all = vec!["admin", "--data-dir", data.to_str().unwrap()];
-    all.extend_from_slice(args);
-    let out = zl(&all);
-    assert!(out.status.success(), "zl admin {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
 
 /// A PEFT adapter of rank 8 over every layer's Q and V projections, values from `seed`, in `dir`; returns the
 /// SHA-256 of its weights file.
@@ -114,7 +106,7 @@ fn wait_listed(http: SocketAddr, key: &str, model: &str, present: bool) {
 fn wait_resident(data: &Path, name: &str, worker: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let list = admin(data, &["adapters", "list"]);
+        let list = up_admin(data, &["adapters", "list"]);
         if list.lines().any(|l| l.starts_with(&format!("{name} ")) && l.contains(worker)) {
             return;
         }
@@ -132,22 +124,18 @@ fn adapters_are_served_routed_to_where_they_live_evicted_removed_and_kept_privat
     let (_up, http, state) = zl_up(dir.path(), "data", KEY, &["--workers", "2"], &env);
     let data = dir.path().join("data");
     let model = state["model"].as_str().unwrap().to_owned();
-    for (project, key_id, key) in [("alpha", "ka", KEY_A), ("beta", "kb", KEY_B)] {
-        admin(&data, &["project", project]);
-        admin(&data, &["keys", "create", key_id, "--project", project, "--secret", key]);
-        wait_for_key(http, key);
-    }
+    up_projects(&data, http, &[("alpha", "ka", KEY_A), ("beta", "kb", KEY_B)]);
     // a1 is alpha's own; a2 and a3 every project's.
-    admin(
+    up_admin(
         &data,
         &["adapters", "add", "a1", "--base", &model, "--path", "a1", "--sha256", &shas[0], "--project", "alpha"],
     );
     for (i, sha) in shas.iter().enumerate().skip(1) {
         let (name, path) = (format!("a{}", i + 1), format!("a{}", i + 1));
-        admin(&data, &["adapters", "add", &name, "--base", &model, "--path", &path, "--sha256", sha]);
+        up_admin(&data, &["adapters", "add", &name, "--base", &model, "--path", &path, "--sha256", sha]);
     }
     // A wrong checksum is registered (the registry cannot read the volume) but refused by the worker.
-    admin(&data, &["adapters", "add", "bad", "--base", &model, "--path", "a1", "--sha256", &"0".repeat(64)]);
+    up_admin(&data, &["adapters", "add", "bad", "--base", &model, "--path", "a1", "--sha256", &"0".repeat(64)]);
     wait_listed(http, KEY_A, "a1", true);
     wait_listed(http, KEY_B, "a3", true);
     assert!(!listed(http, KEY_B).contains(&"a1".to_owned()), "beta sees alpha's adapter");
@@ -209,7 +197,7 @@ print("openai", c.model, len(c.choices[0].message.content) > 0)
     // Three adapters on two workers holding one each: some were evicted; a1 loads again and answers as before.
     let (status, again, _) = ask(http, KEY_A, "a1", 16);
     assert_eq!((status, again.as_str()), (200, a1_answer.as_str()));
-    let list = admin(&data, &["adapters", "list"]);
+    let list = up_admin(&data, &["adapters", "list"]);
     let loaded: usize = list
         .lines()
         .skip(1)
@@ -231,7 +219,7 @@ print("openai", c.model, len(c.choices[0].message.content) > 0)
     // Removed while a request runs on it: that request finishes; the next is refused.
     let long = std::thread::spawn(move || ask(http, KEY_A, "a1", 200));
     std::thread::sleep(Duration::from_millis(300));
-    admin(&data, &["adapters", "remove", "a1"]);
+    up_admin(&data, &["adapters", "remove", "a1"]);
     let (status, text, _) = long.join().unwrap();
     assert_eq!(status, 200, "{text}");
     wait_listed(http, KEY_A, "a1", false);

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use zl_e2e::{request, zl, zl_up};
+use zl_e2e::{request, up_admin, zl, zl_up};
 
 const KEY: &str = "sk-zl-audit-test-key-0123456789abcd";
 const SECRET_KEY: &str = "sk-zl-audit-secret-project-key-0123";
@@ -27,13 +27,6 @@ fn audit(data: &Path, args: &[&str]) -> (bool, String) {
     let out = zl(&all);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     (out.status.success(), text)
-}
-
-fn admin(data: &Path, args: &[&str]) {
-    let mut all = vec!["admin", "--data-dir", data.to_str().unwrap()];
-    all.extend_from_slice(args);
-    let out = zl(&all);
-    assert!(out.status.success(), "zl admin {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -120,9 +113,9 @@ fn the_chain_verifies_after_traffic_and_catches_every_tampering() {
     assert!(ok, "{text}");
 
     // Content logging: sealed under the project's key, readable with it, unreadable once it is shredded.
-    admin(&data, &["project", "secret"]);
-    admin(&data, &["keys", "create", "ks", "--project", "secret", "--secret", SECRET_KEY]);
-    admin(&data, &["content-logging", "secret", "on"]);
+    up_admin(&data, &["project", "secret"]);
+    up_admin(&data, &["keys", "create", "ks", "--project", "secret", "--secret", SECRET_KEY]);
+    up_admin(&data, &["content-logging", "secret", "on"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     let sealed_rid = loop {
         let r = ask(http, SECRET_KEY, model, PROMPT);
@@ -147,7 +140,7 @@ fn the_chain_verifies_after_traffic_and_catches_every_tampering() {
     assert!(open["content"]["input"].as_str().unwrap().contains("tangerine-47"), "{open}");
     assert!(!open["content"]["output"].as_str().unwrap().is_empty());
 
-    admin(&data, &["content-logging", "secret", "shred"]);
+    up_admin(&data, &["content-logging", "secret", "shred"]);
     let (ok, text) = audit(&data, &["export", chain.to_str().unwrap(), "--project", "secret", "--decrypt"]);
     assert!(ok, "{text}");
     let shredded = line(&text);
@@ -267,7 +260,7 @@ fn verify_cannot_be_fooled_and_a_lost_chain_is_not_silently_restarted() {
     let written = zl_node_segments(&chain).iter().map(|(_, p)| std::fs::read(p).unwrap().len()).sum::<usize>();
     assert_eq!(written, 0, "nothing was written to a new chain meanwhile");
 
-    admin(&data, &["audit-reset", "frontend-0"]);
+    up_admin(&data, &["audit-reset", "frontend-0"]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while try_ask(http, &model, "hello again").is_none_or(|r| r.status != 200) {
         assert!(Instant::now() < deadline, "the frontend never served again after the reset");

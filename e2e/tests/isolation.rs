@@ -6,21 +6,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use zl_e2e::{request, wait_for_key, zl, zl_up};
+use zl_e2e::{request, up_admin, up_projects, zl_up};
 
 const KEY: &str = "sk-zl-isolation-test-key-0123456789";
 const KEY_A: &str = "sk-zl-isolation-alpha-0123456789abc";
 const KEY_B: &str = "sk-zl-isolation-beta-0123456789abcd";
-
-fn admin(data: &Path, args: &[&str]) {
-    let mut all = vec!["admin", "--data-dir", data.to_str().unwrap()];
-    all.extend_from_slice(args);
-    let out = zl(&all);
-    assert!(out.status.success(), "zl admin {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
 
 /// A's confidential document: a system prompt of a few hundred tokens.
 fn document() -> String {
@@ -53,11 +45,7 @@ fn projects_share_no_cache_unless_an_admin_groups_them() {
     let (_up, http, state) = zl_up(dir.path(), "data", KEY, &[], &[]);
     let data = dir.path().join("data");
     let model = state["model"].as_str().unwrap().to_owned();
-    for (project, key_id, key) in [("alpha", "ka", KEY_A), ("beta", "kb", KEY_B)] {
-        admin(&data, &["project", project]);
-        admin(&data, &["keys", "create", key_id, "--project", project, "--secret", key]);
-        wait_for_key(http, key);
-    }
+    up_projects(&data, http, &[("alpha", "ka", KEY_A), ("beta", "kb", KEY_B)]);
 
     // A's own traffic: its prompt's prefix blocks are cached on the worker, its greedy answer in the frontend.
     let (cache, _) = ask(http, &model, KEY_A, "When does the merger close?");
@@ -77,8 +65,8 @@ fn projects_share_no_cache_unless_an_admin_groups_them() {
     assert_eq!(ask(http, &model, KEY_A, "When does the merger close?").0, "hit", "A's own answer");
 
     // An admin puts both projects in one cache group: they share both caches from then on.
-    admin(&data, &["cache-group", "alpha", "partners"]);
-    admin(&data, &["cache-group", "beta", "partners"]);
+    up_admin(&data, &["cache-group", "alpha", "partners"]);
+    up_admin(&data, &["cache-group", "beta", "partners"]);
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut n = 0;
     loop {

@@ -57,6 +57,11 @@ impl World {
 
     /// A report with `prefill_blocks` of prompt work waiting.
     fn report_prefill(&mut self, name: &str, queue: u32, running: u32, prefill_blocks: u32) {
+        self.report_with(name, queue, running, prefill_blocks, &[]);
+    }
+
+    /// A report with prompt work waiting and `adapters` resident.
+    fn report_with(&mut self, name: &str, queue: u32, running: u32, prefill_blocks: u32, adapters: &[&str]) {
         self.seq += 1;
         self.load.report(
             LoadReport {
@@ -71,7 +76,7 @@ impl World {
                 vram_total_bytes: 0,
                 vram_free_bytes: 0,
                 queued_prefill_blocks: prefill_blocks,
-                adapters: vec![],
+                adapters: adapters.iter().map(|a| a.to_string()).collect(),
             },
             self.now,
         );
@@ -456,30 +461,14 @@ fn an_adapter_routes_to_its_base_where_it_is_resident_until_that_queues_and_only
     assert_eq!((a.name.as_str(), a.path.as_str(), a.sha256), ("tuned", "tuned", [7; 32]));
     assert!(d.reason.contains("adapter tuned loads there (cold)"), "{}", d.reason);
     // Resident on w2, which is busier than w1 but has nothing queued: w2.
-    w.seq += 1;
-    let resident = |queue: u32, seq: u64| LoadReport {
-        worker_id: id("w2"),
-        sequence: seq,
-        queue_depth: queue,
-        running_sequences: 3,
-        kv_blocks_used: 0,
-        kv_blocks_free: 1000,
-        fragmentation_ratio: 0.0,
-        tokens_per_second: 0.0,
-        vram_total_bytes: 0,
-        vram_free_bytes: 0,
-        queued_prefill_blocks: 0,
-        adapters: vec!["tuned".into()],
-    };
-    w.load.report(resident(0, w.seq), w.now);
+    w.report_with("w2", 0, 3, 0, &["tuned"]);
     let d = w.route(&ask("acme", "tuned"), &LeastLoaded).unwrap();
     assert_eq!(d.worker_id, id("w2"));
     assert!(d.reason.contains("adapter tuned resident"), "{}", d.reason);
     // The base alone still goes to the less loaded w1.
     assert_eq!(w.route(&ask("acme", "m"), &LeastLoaded).unwrap().worker_id, id("w1"));
     // Once w2 queues, the adapter spreads: least-loaded picks w1, where it will load.
-    w.seq += 1;
-    w.load.report(resident(2, w.seq), w.now);
+    w.report_with("w2", 2, 3, 0, &["tuned"]);
     let d = w.route(&ask("acme", "tuned"), &LeastLoaded).unwrap();
     assert_eq!(d.worker_id, id("w1"));
 }

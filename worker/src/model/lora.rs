@@ -284,15 +284,7 @@ const GROUP_ROWS: usize = 8;
 mod tests {
     use super::*;
 
-    fn values(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
+    use super::super::kernels::test_values as values;
 
     #[test]
     fn a_rows_update_is_the_scaled_product_of_b_and_a() {

@@ -54,19 +54,23 @@ pub(super) fn low_rank_rows(w: LowRank<'_>, x: &[f32], rows: &mut [(usize, &mut 
     }
 }
 
+/// Fixed-seed values in [-0.5, 0.5), for tests.
+#[cfg(test)]
+pub(crate) fn test_values(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn values(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                ((s >> 40) as f32 / (1u64 << 24) as f32) - 0.5
-            })
-            .collect()
-    }
+    use test_values as values;
 
     #[test]
     fn four_dot_products_at_once_give_each_ones_bits_alone() {

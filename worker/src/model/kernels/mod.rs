@@ -50,6 +50,8 @@ pub use attention::{AttentionShape, KvPlane};
 pub use blocks::BlockFormat;
 pub use isa::Isa;
 pub use low_rank::LowRank;
+#[cfg(test)]
+pub(crate) use low_rank::test_values;
 pub use math::{dot_f32, dot4_f32, exp_f32, sum_f32};
 pub use weight::{Weight, WeightError};
 
