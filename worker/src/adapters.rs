@@ -1,6 +1,6 @@
 //! The LoRA adapters a worker holds: each loaded on a request's first use from the path the registry gives (inside
 //! `--adapter-root`, its weights file's SHA-256 checked against the registry's), at most `--max-adapters`
-//! resident. To make room the least recently used idle adapter goes; one that running sequences use (they hold
+//! resident within `--adapter-memory-mb`. To make room the least recently used idle adapter goes; one that running sequences use (they hold
 //! its `Arc`) never does, so the cache may stay above its cap until they finish.
 
 use std::path::{Path, PathBuf};
@@ -22,6 +22,8 @@ pub struct AdapterSettings {
     pub root: Option<PathBuf>,
     /// Adapters resident at most (idle ones beyond it are evicted, least recently used first).
     pub max: usize,
+    /// Bytes their updates may take at most (likewise; 0: no limit).
+    pub max_bytes: usize,
 }
 
 struct Entry {
@@ -137,7 +139,11 @@ impl AdapterCache {
             adapter: adapter.clone(),
             last_used: *clock,
         });
-        while entries.len() > self.settings.max.max(1) {
+        let over = |entries: &[Entry]| {
+            let bytes: usize = entries.iter().map(|e| e.adapter.memory_bytes()).sum();
+            entries.len() > self.settings.max.max(1) || (self.settings.max_bytes > 0 && bytes > self.settings.max_bytes)
+        };
+        while over(entries) {
             // Only the cache holds an idle adapter (the caller's copy is `adapter`, excluded as the newest).
             let idle = entries
                 .iter()

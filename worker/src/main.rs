@@ -135,6 +135,10 @@ struct ServeArgs {
     /// running requests use never is).
     #[arg(long, env = "ZL_MAX_ADAPTERS", default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
     max_adapters: u64,
+    /// Memory the loaded adapters' updates may take, in MiB (0: no limit beyond --max-adapters); idle ones are
+    /// evicted, least recently used first, to stay within it.
+    #[arg(long, env = "ZL_ADAPTER_MEMORY_MB", default_value_t = 0)]
+    adapter_memory_mb: u64,
     /// On shutdown (SIGTERM), how long running requests may take to finish here; those still running then are
     /// handed over: frontends resume each on another worker after the tokens it has (migration), so none fails.
     #[arg(long, env = "ZL_DRAIN_TIMEOUT_S", default_value_t = 30)]
@@ -356,6 +360,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let adapters = Arc::new(AdapterCache::new(AdapterSettings {
         root: args.adapter_root.clone(),
         max: args.max_adapters as usize,
+        max_bytes: (args.adapter_memory_mb as usize) << 20,
     }));
     let service = Arc::new(WorkerService::new(served, adapters.clone()));
     let server = Server::spawn(args.listen, &identity, zl_worker::rpc_settings(), service.clone())?;

@@ -1,5 +1,5 @@
 //! A worker's adapter cache: loads on first use under the adapter root (SHA-256 checked), keeps at most
-//! `--max-adapters`, evicts the least recently used idle one, never one a running sequence holds, and refuses
+//! `--max-adapters` (and `--adapter-memory-mb`), evicts the least recently used idle one, never one a running sequence holds, and refuses
 //! paths outside the root.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -44,7 +44,7 @@ async fn adapters_load_once_evict_the_idle_least_recently_used_and_stay_inside_t
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     let refs: Vec<AdapterRef> = (0..3).map(|i| adapter(&root, &format!("a{i}"), i)).collect();
-    let cache = Arc::new(AdapterCache::new(AdapterSettings { root: Some(root.clone()), max: 2 }));
+    let cache = Arc::new(AdapterCache::new(AdapterSettings { root: Some(root.clone()), max: 2, max_bytes: 0 }));
     let cfg = config();
     let base = ForModel { id: "m", config: &cfg, family: "llama" };
 
@@ -74,7 +74,14 @@ async fn adapters_load_once_evict_the_idle_least_recently_used_and_stay_inside_t
     let wide = LlamaConfig { hidden: 64, ..config() };
     let other = ForModel { id: "m2", config: &wide, family: "llama" };
     assert!(cache.get(other, &refs[0]).await.unwrap_err().message.contains("another model"));
+    // A memory cap of one adapter's size keeps one, however many the count allows.
+    let one = cache.get(base, &refs[1]).await.unwrap().adapter.memory_bytes();
+    let small = Arc::new(AdapterCache::new(AdapterSettings { root: Some(root.clone()), max: 8, max_bytes: one }));
+    for r in &refs {
+        small.get(base, r).await.unwrap();
+    }
+    assert_eq!(small.resident(), ["a2"]);
     // Without a root, nothing is served.
-    let none = Arc::new(AdapterCache::new(AdapterSettings { root: None, max: 2 }));
+    let none = Arc::new(AdapterCache::new(AdapterSettings { root: None, max: 2, max_bytes: 0 }));
     assert!(none.get(base, &refs[0]).await.unwrap_err().message.contains("--adapter-root"));
 }

@@ -7,6 +7,9 @@
 mod admission;
 mod generation;
 mod migration;
+mod options;
+
+pub use options::RequestOptions;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -21,8 +24,7 @@ use zl_common::sync::lock;
 use zl_proto::CallError;
 use zl_text::ChatMessage;
 use zl_wire::message::{
-    AdapterInfo, ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteHint, RouteRequest,
-    SamplingParams,
+    AdapterInfo, ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteRequest, SamplingParams,
 };
 
 use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
@@ -118,62 +120,6 @@ pub struct GenRequest {
     pub tools: crate::tools::ToolUse,
     /// The grammar the answer must match (built and checked from `tools` when the request was parsed).
     pub grammar: Option<String>,
-}
-
-/// Options that come from request headers rather than the body.
-#[derive(Clone, Debug, Default)]
-pub struct RequestOptions {
-    /// `x-zl-cache: bypass`.
-    pub bypass_cache: bool,
-    /// `x-zl-route-hint`.
-    pub hint: RouteHint,
-    /// `x-zl-streaming-predicted: true|false`: predictive streaming asked for or refused; absent, the worker's
-    /// default.
-    pub streaming_predicted: Option<bool>,
-    /// W3C `traceparent` of this frontend's span (the HTTP layer sets it), carried to the orchestrator and the
-    /// worker; empty for none.
-    pub traceparent: String,
-}
-
-impl RequestOptions {
-    /// Read them from headers.
-    pub fn from_headers(headers: &HeaderMap) -> Result<Self, ApiError> {
-        let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-        let bypass_cache = match text("x-zl-cache") {
-            None => false,
-            Some(v) if v.eq_ignore_ascii_case("bypass") => true,
-            Some(v) => {
-                return Err(ApiError::invalid(format!("x-zl-cache: {v:?} is not a request value; use \"bypass\"")));
-            }
-        };
-        let hint = match text("x-zl-route-hint") {
-            None => RouteHint::None,
-            Some("low-latency") => RouteHint::LowLatency,
-            Some("low-cost") => RouteHint::LowCost,
-            Some(v) => {
-                return Err(ApiError::invalid(format!(
-                    "x-zl-route-hint: {v:?} must be \"low-latency\" or \"low-cost\""
-                )));
-            }
-        };
-        let streaming_predicted = match text("x-zl-streaming-predicted") {
-            None => None,
-            Some(v) if v.eq_ignore_ascii_case("true") => Some(true),
-            Some(v) if v.eq_ignore_ascii_case("false") => Some(false),
-            Some(v) => {
-                return Err(ApiError::invalid(format!(
-                    "x-zl-streaming-predicted: {v:?} must be \"true\" or \"false\""
-                )));
-            }
-        };
-        let traceparent = text("traceparent").filter(|t| zl_common::trace::TraceContext::parse(t).is_some());
-        Ok(RequestOptions {
-            bypass_cache,
-            hint,
-            streaming_predicted,
-            traceparent: traceparent.unwrap_or_default().to_owned(),
-        })
-    }
 }
 
 /// The frontend's shared state.
