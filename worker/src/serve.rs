@@ -99,6 +99,25 @@ pub struct WorkerService {
     seeds: AtomicU64,
     /// The LoRA adapters requests name.
     adapters: Arc<AdapterCache>,
+    /// Generate calls in progress: a sequence the engine has finished may still have its last chunks and finish
+    /// to send, and a drain waits for those too.
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+/// Counts one generate call in progress while it lives.
+struct CallInProgress(Arc<std::sync::atomic::AtomicUsize>);
+
+impl CallInProgress {
+    fn new(calls: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        calls.fetch_add(1, Ordering::SeqCst);
+        CallInProgress(calls.clone())
+    }
+}
+
+impl Drop for CallInProgress {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl WorkerService {
@@ -115,6 +134,7 @@ impl WorkerService {
             handover: tokio::sync::watch::Sender::new(false),
             seeds: AtomicU64::new(seed0),
             adapters,
+            calls: Default::default(),
         }
     }
 
@@ -151,12 +171,13 @@ impl WorkerService {
         self.draining.load(Ordering::SeqCst)
     }
 
-    /// Whether any model has requests waiting or running.
+    /// Whether any model has requests waiting or running, or a generate call is still sending its answer.
     pub fn busy(&self) -> bool {
-        self.models.values().any(|m| {
-            let stats = m.engine.published(false).stats;
-            stats.waiting + stats.running > 0
-        })
+        self.calls.load(Ordering::SeqCst) > 0
+            || self.models.values().any(|m| {
+                let stats = m.engine.published(false).stats;
+                stats.waiting + stats.running > 0
+            })
     }
 
     /// The served models.
@@ -179,6 +200,7 @@ impl WorkerService {
     }
 
     async fn generate(&self, g: GenerateRequest, out: &mut Responder) -> Result<(), WireError> {
+        let _in_progress = CallInProgress::new(&self.calls);
         if self.draining.load(Ordering::SeqCst) {
             return Err(WireError::new(ErrorCode::Unavailable, "the worker is draining"));
         }
