@@ -166,6 +166,8 @@ fn adapters_are_served_routed_to_where_they_live_evicted_removed_and_kept_privat
     // Routed to where it is resident: the same question (its answer unchanged), and other questions, which the
     // base's routing would spread over both workers.
     wait_resident(&data, "a1", &w1);
+    let workers = up_admin(&data, &["workers"]);
+    assert!(workers.contains("adapters loaded: a1"), "zl admin workers does not show a1 loaded:\n{workers}");
     let (status, again, w) = ask(http, KEY_A, &format!("{model}:a1"), 16);
     assert_eq!((status, again.as_str(), w.as_str()), (200, a1_answer.as_str(), w1.as_str()));
     let spread: std::collections::HashSet<String> =

@@ -99,18 +99,7 @@ fn bf16_round(v: &[f32]) -> Vec<f32> {
 /// The same network with GGUF's Q/K row order and adjacent-pair RoPE.
 fn interleaved_twin(vocab: usize) -> Llama {
     let mut w: HashMap<String, Vec<f32>> = weights(vocab).into_iter().map(|(n, _, v)| (n, v)).collect();
-    let permute = |m: &[f32], heads: usize| {
-        let mut out = vec![0f32; m.len()];
-        for h in 0..heads {
-            for i in 0..HD / 2 {
-                for (new, old) in [(2 * i, i), (2 * i + 1, i + HD / 2)] {
-                    let (dst, src) = ((h * HD + new) * HIDDEN, (h * HD + old) * HIDDEN);
-                    out[dst..dst + HIDDEN].copy_from_slice(&m[src..src + HIDDEN]);
-                }
-            }
-        }
-        out
-    };
+    let permute = |m: &[f32], heads: usize| permute_rows(m, heads, HD, HIDDEN);
     let f = |rows, cols, v: Vec<f32>| Weight::from_f32(rows, cols, v).unwrap();
     let mut layers = Vec::new();
     for i in 0..LAYERS {

@@ -157,6 +157,7 @@ impl pb::admin_server::Admin for AdminService {
                     report_age_ms: age.as_millis() as u64,
                     vram_total_bytes: l.vram_total_bytes,
                     vram_free_bytes: l.vram_free_bytes,
+                    adapters: l.adapters,
                 }),
                 max_running_sequences: v.entry.spec.max_running_sequences,
                 kv_blocks_total: v.entry.spec.kv_blocks_total,

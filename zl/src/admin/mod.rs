@@ -385,6 +385,9 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                     vram,
                     models.join(", ")
                 );
+                if let Some(load) = w.load.as_ref().filter(|l| !l.adapters.is_empty()) {
+                    println!("{:<20} adapters loaded: {}", "", load.adapters.join(", "));
+                }
             }
         }
         AdminCommand::Drain { worker, migrate } => written(
