@@ -173,7 +173,7 @@ pub struct Prepared {
     pub prefer_fallback: bool,
     /// The caller's project (set when the request starts), for the adapters it may use.
     pub project: String,
-    /// The adapter its model id names, as last synced (set when the request starts).
+    /// The adapter its model id names, as last synced.
     pub adapter: Option<AdapterInfo>,
 }
 
@@ -309,8 +309,9 @@ impl Gateway {
             )));
         }
         // An adapter's prompts are its base model's.
-        let card_model = self.cluster.adapter(&req.model).map_or_else(|| req.model.clone(), |a| a.base);
-        let card = self.cluster.card(self.upstream.as_ref(), &card_model, request_id).await?;
+        let adapter = self.cluster.adapter(&req.model);
+        let card_model = adapter.as_ref().map_or(&req.model, |a| &a.base);
+        let card = self.cluster.card(self.upstream.as_ref(), card_model, request_id).await?;
         fits_in_bytes(&card, bytes)?;
         let card_for_work = card.clone();
         let (req, prompt, tokens, billing_text) = self
@@ -360,7 +361,7 @@ impl Gateway {
             session_id: user,
             prefer_fallback: false,
             project: String::new(),
-            adapter: None,
+            adapter,
         })
     }
 
@@ -452,7 +453,6 @@ impl Gateway {
             Some((name, sha)) => key_for(&format!("{model}+{name}"), &format!("{weights}+{}", hex(sha))),
             None => key_for(model, weights),
         };
-        p.adapter = self.cluster.adapter(&p.model);
         let synced_adapter = p.adapter.as_ref().map(|a| (a.name.as_str(), &a.sha256));
         let input_sha256 = versioned(&p.card.model, &p.card.weights, synced_adapter);
         let cacheable = (p.sampling.temperature == 0.0 || p.sampling.seed.is_some()) && lock(&self.cache).enabled();

@@ -356,6 +356,7 @@ impl Llama {
             .collect();
         // Each row's adapter: rows add their own adapter's updates after each base matmul.
         let row_adapter: Vec<Option<&LoraAdapter>> = row_item.iter().map(|&i| items[i].adapter).collect();
+        let adapted = row_adapter.iter().any(Option::is_some);
         let lora = |li: usize, x: &[f32], jobs: Vec<(Target, &mut [f32])>| add_updates(&row_adapter, li, x, jobs);
         let mut hbuf = vec![0f32; n * h];
         let mut q = vec![0f32; n * qd];
@@ -372,7 +373,9 @@ impl Llama {
             let local = cfg.is_local(li);
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.attn_norm, cfg.rms_eps, o));
             Input::new(&hbuf, n).matmul(vec![(&layer.wq, &mut q), (&layer.wk, &mut k), (&layer.wv, &mut v)]);
-            lora(li, &hbuf, vec![(Target::Q, &mut q), (Target::K, &mut k), (Target::V, &mut v)]);
+            if adapted {
+                lora(li, &hbuf, vec![(Target::Q, &mut q), (Target::K, &mut k), (Target::V, &mut v)]);
+            }
             if let Some((bq, bk, bv)) = &layer.qkv_bias {
                 for r in 0..n {
                     q[r * qd..(r + 1) * qd].iter_mut().zip(bq).for_each(|(a, b)| *a += b);
@@ -427,18 +430,24 @@ impl Llama {
                 attention_rows(&q[a * qd..b * qd], slots, &ranges, kv_ref.layer(li), shape, split, out);
             });
             layer.wo.matmul(&attn, n, &mut proj);
-            lora(li, &attn, vec![(Target::O, &mut proj)]);
+            if adapted {
+                lora(li, &attn, vec![(Target::O, &mut proj)]);
+            }
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.0));
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.ffn_norm, cfg.rms_eps, o));
             Input::new(&hbuf, n).matmul(vec![(&layer.w_gate, &mut gate), (&layer.w_up, &mut up)]);
-            lora(li, &hbuf, vec![(Target::Gate, &mut gate), (Target::Up, &mut up)]);
+            if adapted {
+                lora(li, &hbuf, vec![(Target::Gate, &mut gate), (Target::Up, &mut up)]);
+            }
             let im = cfg.intermediate;
             let activation = cfg.activation;
             per_row(&mut gate, im, |r, g| {
                 g.iter_mut().zip(&up[r * im..(r + 1) * im]).for_each(|(g, u)| *g = activate(activation, *g) * u)
             });
             layer.w_down.matmul(&gate, n, &mut proj);
-            lora(li, &gate, vec![(Target::Down, &mut proj)]);
+            if adapted {
+                lora(li, &gate, vec![(Target::Down, &mut proj)]);
+            }
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.1));
         }
         // Logits only for the rows each item asked for (its last ones).

@@ -154,13 +154,44 @@ fn tensor_values(t: &candle_core::Tensor, name: &str) -> Result<(Vec<f32>, Vec<u
     Ok((values, t.dims().to_vec()))
 }
 
-/// Pair up `A`s and `B`s per (layer, target) into an adapter for `cfg`: `scale(target, module, rank)` gives each
-/// update's scale.
-type Halves = HashMap<(usize, Target), (Option<(Vec<f32>, Vec<usize>)>, Option<(Vec<f32>, Vec<usize>)>, String)>;
+/// One update's factors as read (values and dimensions), and the module they belong to.
+struct Factors {
+    a: Option<(Vec<f32>, Vec<usize>)>,
+    b: Option<(Vec<f32>, Vec<usize>)>,
+    module: String,
+}
 
+/// The factors read so far, by (layer, target).
+#[derive(Default)]
+struct Halves(HashMap<(usize, Target), Factors>);
+
+impl Halves {
+    /// Keep tensor `t` (`name`) as `A` or (`is_b`) `B` of `module`'s update.
+    fn put(
+        &mut self,
+        (layer, target): (usize, Target),
+        is_b: bool,
+        module: &str,
+        t: &candle_core::Tensor,
+        name: &str,
+    ) -> Result<(), LoadError> {
+        let values = Some(tensor_values(t, name)?);
+        let f =
+            self.0.entry((layer, target)).or_insert_with(|| Factors { a: None, b: None, module: module.to_owned() });
+        if is_b {
+            f.b = values
+        } else {
+            f.a = values
+        }
+        Ok(())
+    }
+}
+
+/// Pair up `A`s and `B`s per (layer, target) into an adapter for `cfg`: `scale(module, rank)` gives each update's
+/// scale.
 fn assemble(halves: Halves, cfg: &LlamaConfig, scale: impl Fn(&str, usize) -> f32) -> Result<LoraAdapter, LoadError> {
     let mut layers: Vec<[Option<LoraPair>; 7]> = (0..cfg.layers).map(|_| Default::default()).collect();
-    for ((layer, target), (a, b, module)) in halves {
+    for ((layer, target), Factors { a, b, module }) in halves.0 {
         let (Some((a, a_dims)), Some((b, b_dims))) = (a, b) else {
             return Err(LoadError::Format(format!("{module}: lora_A and lora_B must both be present")));
         };
@@ -205,12 +236,10 @@ fn peft(dir: &Path, base: Base<'_>) -> Result<LoraAdapter, LoadError> {
     }
     let tensors = candle_core::safetensors::load(&weights, &Device::Cpu)
         .map_err(|e| LoadError::Format(format!("{}: {e}", weights.display())))?;
-    let mut halves: Halves = HashMap::new();
+    let mut halves = Halves::default();
     for (name, t) in &tensors {
         let (layer, target, is_b, module) = peft_tensor(name)?;
-        let entry = halves.entry((layer, target)).or_insert((None, None, module));
-        let values = Some(tensor_values(t, name)?);
-        if is_b { entry.1 = values } else { entry.0 = values }
+        halves.put((layer, target), is_b, &module, t, name)?;
     }
     let mut adapter = assemble(halves, base.config, |module, rank| config.scale(module, rank))?;
     // PEFT adapters hold Hugging Face's layout of Q and K.
@@ -243,7 +272,7 @@ fn gguf(path: &Path, base: Base<'_>) -> Result<LoraAdapter, LoadError> {
         Some(Value::F64(a)) => *a as f32,
         _ => 0.0,
     };
-    let mut halves: Halves = HashMap::new();
+    let mut halves = Halves::default();
     let names: Vec<String> = content.tensor_infos.keys().cloned().collect();
     for name in names {
         let unsupported = || {
@@ -265,9 +294,7 @@ fn gguf(path: &Path, base: Base<'_>) -> Result<LoraAdapter, LoadError> {
             .tensor(&mut file, &name, &Device::Cpu)
             .and_then(|q| q.dequantize(&Device::Cpu))
             .map_err(|e| LoadError::Format(format!("{name}: {e}")))?;
-        let entry = halves.entry((layer, target)).or_insert((None, None, module.to_string()));
-        let values = Some(tensor_values(&t, &name)?);
-        if is_b { entry.1 = values } else { entry.0 = values }
+        halves.put((layer, target), is_b, module, &t, &name)?;
     }
     let mut adapter = assemble(halves, base.config, |_, rank| if alpha == 0.0 { 1.0 } else { alpha / rank as f32 })?;
     let (file_layout, base_layout) = (rope_interleaved(&arch), base.config.rope_interleaved);
