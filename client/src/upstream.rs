@@ -84,6 +84,13 @@ const ORCHESTRATOR_TIMEOUT: Duration = Duration::from_millis(800);
 /// Per-call deadline for reports (a Raft commit).
 const REPORT_TIMEOUT: Duration = Duration::from_secs(3);
 
+/// When every orchestrator failed and at least one of them answered "ask another" (it has just started and not
+/// heard from the workers, or is joining its group), the group is changing under a rolling restart or a scale-out:
+/// the round is tried again after these pauses, so a request outlives a moment when no replica is ready. Rounds
+/// where none answered (all down) fail at once, as before.
+const ROUND_PAUSES: [Duration; 3] =
+    [Duration::from_millis(250), Duration::from_millis(500), Duration::from_millis(1000)];
+
 /// The real tiers over QUIC.
 pub struct QuicUpstream {
     client: Client,
@@ -136,35 +143,55 @@ impl QuicUpstream {
         read(&self.orchestrators).clone()
     }
 
-    /// A unary call to the orchestrators: each is tried once, starting with the next in turn.
+    /// A unary call to the orchestrators: each is tried once, starting with the next in turn (and the round again,
+    /// a few times, while one answers that it is not ready yet: [`ROUND_PAUSES`]).
     async fn orchestrator_call(&self, request: Message) -> Result<Message, CallError> {
         self.orchestrator_call_within(ORCHESTRATOR_TIMEOUT, request).await
     }
 
     async fn orchestrator_call_within(&self, timeout: Duration, request: Message) -> Result<Message, CallError> {
+        let mut pauses = ROUND_PAUSES.iter();
+        loop {
+            let (result, answered_unavailable) = self.orchestrator_round(timeout, &request).await;
+            match (result, pauses.next()) {
+                (Err(_), Some(&pause)) if answered_unavailable => {
+                    tracing::debug!(?pause, "no orchestrator is ready (one asked to ask another); asking again");
+                    metrics::counter!("zl_frontend_orchestrator_rounds_retried_total").increment(1);
+                    tokio::time::sleep(pause).await;
+                }
+                (result, _) => return result,
+            }
+        }
+    }
+
+    /// Each orchestrator tried once, starting with the next in turn; also whether one of them answered
+    /// `Unavailable` (alive, not ready yet).
+    async fn orchestrator_round(&self, timeout: Duration, request: &Message) -> (Result<Message, CallError>, bool) {
         let orchestrators = self.orchestrators();
         let n = orchestrators.len();
         if n == 0 {
-            return Err(CallError::Remote(WireError::new(
+            let none = WireError::new(
                 ErrorCode::Unavailable,
                 "no orchestrator is known (none configured, or discovery has found none passing)",
-            )));
+            );
+            return (Err(CallError::Remote(none)), false);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut last = None;
+        let (mut last, mut answered_unavailable) = (None, false);
         for i in 0..n {
             let to = orchestrators[(start + i) % n];
             match self.client.call_within(timeout, to, Role::Orchestrator, request.clone()).await {
-                Ok(reply) => return Ok(reply),
+                Ok(reply) => return (Ok(reply), false),
                 Err(e) if try_next_orchestrator(&e) => {
                     tracing::debug!(orchestrator = %to, error = %e, "orchestrator unavailable; trying the next");
                     metrics::counter!("zl_frontend_orchestrator_failovers_total").increment(1);
+                    answered_unavailable |= matches!(&e, CallError::Remote(w) if w.code == ErrorCode::Unavailable);
                     last = Some(e);
                 }
-                Err(e) => return Err(e),
+                Err(e) => return (Err(e), false),
             }
         }
-        Err(last.unwrap_or_else(|| CallError::deadline_exceeded("orchestrators")))
+        (Err(last.unwrap_or_else(|| CallError::deadline_exceeded("orchestrators"))), answered_unavailable)
     }
 }
 

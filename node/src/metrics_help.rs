@@ -39,6 +39,10 @@ pub const HELP: &[(&str, &str)] = &[
     ("zl_frontend_migration_seconds", "Time from a worker's failure to the next worker's first frame, seconds"),
     ("zl_frontend_migrations_total", "Requests moved to another worker mid-answer, by cause"),
     ("zl_frontend_orchestrator_failovers_total", "Calls moved to another orchestrator after one failed"),
+    (
+        "zl_frontend_orchestrator_rounds_retried_total",
+        "Orchestrator calls asked of every orchestrator again because one answered it was not ready yet",
+    ),
     ("zl_frontend_output_tokens_total", "Output tokens sent to clients, by model"),
     (
         "zl_frontend_peers_refused_total",
