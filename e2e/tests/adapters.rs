@@ -159,6 +159,23 @@ fn adapters_are_served_routed_to_where_they_live_evicted_removed_and_kept_privat
         assert!(Instant::now() < deadline, "no audit record names {named}");
         std::thread::sleep(Duration::from_millis(100));
     }
+    // And the usage ledger bills it per adapter version, beside the key's row (frontends report about once a
+    // second).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let usage: serde_json::Value =
+            serde_json::from_str(&up_admin(&data, &["usage", "--project", "alpha", "--json"])).unwrap();
+        let billed =
+            usage["adapters"].as_array().unwrap().iter().any(|r| {
+                r["adapter"] == "a1" && r["sha256"] == shas[0].as_str() && r["requests"].as_u64().unwrap() >= 1
+            });
+        if billed {
+            assert!(usage["usage"].as_array().unwrap().iter().any(|r| r["key_id"] == "ka"), "{usage}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "no usage row names adapter a1: {usage}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
     let (status, body, _) = ask(http, KEY_A, "bad", 8);
     assert_eq!(status, 400, "a file that does not match its SHA-256 is refused: {body}");
     assert!(body.contains("SHA-256"), "{body}");

@@ -32,6 +32,8 @@ fn worker_meta(models: usize) -> WorkerMeta {
                 weights_bytes: 0,
             })
             .collect(),
+        // As many adapters as fit, some left out: Consul takes the Meta as encoded.
+        adapters: (0..40).map(|i| format!("tenant-{i}-support-adapter")).collect(),
     }
 }
 
@@ -64,6 +66,9 @@ fn consul_accepts_a_workers_registration_and_shows_its_meta_and_health() {
     assert_eq!(seen.models.len(), 70);
     assert_eq!((seen.kv_blocks_total, seen.kv_fragmentation), (1456, 0.125));
     assert_eq!(seen.models[69].id, "org-69/model-69-instruct");
+    assert_eq!(seen.adapters[..], meta.adapters[..seen.adapters.len()], "the adapters that fit, in order");
+    assert!(seen.adapters.len() >= 15, "{} adapters fit", seen.adapters.len());
+    assert_eq!(all[0].meta["adapters_omitted"].parse::<usize>().unwrap() + seen.adapters.len(), 40);
 
     // A worker registers once it serves: its check starts passing.
     let passing = format!("/v1/health/service/{WORKER_SERVICE}?passing");

@@ -40,6 +40,8 @@ pub struct WorkerReport {
     pub kv_dtype: String,
     /// Bytes one token's keys and values take (the largest over the models).
     pub kv_bytes_per_token: u64,
+    /// The LoRA adapters it holds.
+    pub adapters: std::sync::Arc<crate::adapters::AdapterCache>,
 }
 
 /// Totals over the models.
@@ -109,6 +111,7 @@ impl WorkerReport {
                 .iter()
                 .map(|m| ModelEntry { id: m.id.clone(), sha256: m.sha256.clone(), weights_bytes: m.weights_bytes })
                 .collect(),
+            adapters: self.adapters.resident(),
         }
     }
 

@@ -340,6 +340,11 @@ async fn serve(args: ServeArgs) -> Result<()> {
     };
     let reported: Vec<ReportedModel> =
         served.iter().map(|m| ReportedModel { id: m.id.clone(), engine: m.engine.clone() }).collect();
+    let adapters = Arc::new(AdapterCache::new(AdapterSettings {
+        root: args.adapter_root.clone(),
+        max: args.max_adapters as usize,
+        max_bytes: (args.adapter_memory_mb as usize) << 20,
+    }));
     let report = WorkerReport {
         models: served
             .iter()
@@ -356,12 +361,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
         kv_budget_bytes: (args.model.kv_memory_mb as u64) << 20,
         kv_dtype: args.model.kv_dtype.name().to_owned(),
         kv_bytes_per_token,
+        adapters: adapters.clone(),
     };
-    let adapters = Arc::new(AdapterCache::new(AdapterSettings {
-        root: args.adapter_root.clone(),
-        max: args.max_adapters as usize,
-        max_bytes: (args.adapter_memory_mb as usize) << 20,
-    }));
     let service = Arc::new(WorkerService::new(served, adapters.clone()));
     let server = Server::spawn(args.listen, &identity, zl_worker::rpc_settings(), service.clone())?;
     let discovery = Arc::new(DirectDiscovery::new(Client::new(&identity, zl_worker::rpc_settings())?, vec![]));

@@ -471,6 +471,8 @@ impl Gateway {
                 key_id: key.key_id.clone(),
                 project: key.project.clone(),
                 input_tokens: u64::from(input_tokens),
+                // Billed to the adapter as synced (a cached answer is that version's); a route names what served.
+                adapter: p.adapter.as_ref().map(|a| (a.name.clone(), a.sha256)),
                 ..Spent::default()
             },
             started: false,
@@ -519,6 +521,7 @@ impl Gateway {
                 Err(e) => return Err(Failure::known(e, rate)),
             };
         settle.started = true;
+        settle.spent.adapter = decision.adapter.as_ref().map(|a| (a.name.clone(), a.sha256));
         // A canary or a pin change may serve another version than the card's: its answer is stored, and audited,
         // as that version's.
         let served_weights = hex(&decision.weights_sha256);

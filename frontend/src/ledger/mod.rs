@@ -104,13 +104,18 @@ pub struct Spent {
     pub output_tokens: u64,
     /// Billing units times 1000.
     pub milli_units: u64,
+    /// The LoRA adapter it ran on and its weights' SHA-256 (none: the base model).
+    pub adapter: Option<(String, [u8; 32])>,
 }
+
+/// What usage is counted by: hour, key, project and adapter (name and SHA-256).
+type UsageKey = (u64, String, String, Option<(String, [u8; 32])>);
 
 /// Usage and budgets of this frontend.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    /// (hour, key, project) -> usage not yet reported.
-    pending: BTreeMap<(u64, String, String), UsageDelta>,
+    /// (hour, key, project, adapter) -> usage not yet reported.
+    pending: BTreeMap<UsageKey, UsageDelta>,
     /// The report being sent (resent unchanged until it is acknowledged).
     sending: Option<FrontendReport>,
     last_seq: u64,
@@ -197,10 +202,13 @@ impl Ledger {
     /// A request ended: count its usage and settle its hold.
     pub fn settle(&mut self, spent: &Spent, hold: Option<&Hold>, now: u64) {
         let hour = now - now % 3600;
-        let u = self.pending.entry((hour, spent.key_id.clone(), spent.project.clone())).or_insert_with(|| UsageDelta {
+        let key = (hour, spent.key_id.clone(), spent.project.clone(), spent.adapter.clone());
+        let u = self.pending.entry(key).or_insert_with(|| UsageDelta {
             hour,
             key_id: spent.key_id.clone(),
             project: spent.project.clone(),
+            adapter: spent.adapter.as_ref().map(|a| a.0.clone()).unwrap_or_default(),
+            adapter_sha256: spent.adapter.as_ref().map(|a| a.1),
             ..UsageDelta::default()
         });
         u.requests += 1;

@@ -23,7 +23,7 @@ fn grant(allotment: u64, spent: u64) -> FrontendGrant {
 }
 
 fn spent(input: u64, output: u64) -> Spent {
-    Spent { key_id: "k".into(), project: "acme".into(), input_tokens: input, output_tokens: output, milli_units: 0 }
+    Spent { key_id: "k".into(), project: "acme".into(), input_tokens: input, output_tokens: output, ..Spent::default() }
 }
 
 #[test]
@@ -169,4 +169,23 @@ fn an_idle_frontend_returns_its_lease_and_forgets_the_project() {
     // Long idle: no longer reported at all.
     l.granted(grant(50, 50));
     assert!(l.report(None, (NOW + FORGET_IDLE_S + 1) * 1000, 5000).asks.is_empty());
+}
+
+#[test]
+fn usage_on_an_adapter_is_its_own_row_naming_the_adapter_and_its_version() {
+    let mut l = Ledger::new(0.1, 0);
+    let on = |name: &str, sha: u8| Spent { adapter: Some((name.into(), [sha; 32])), ..spent(10, 5) };
+    l.settle(&spent(1, 1), None, NOW);
+    l.settle(&on("support-bot", 1), None, NOW);
+    l.settle(&on("support-bot", 1), None, NOW);
+    l.settle(&on("support-bot", 2), None, NOW);
+    let r = l.report(None, NOW * 1000, 5000);
+    let rows: Vec<(&str, Option<[u8; 32]>, u64, u64)> =
+        r.usage.iter().map(|u| (u.adapter.as_str(), u.adapter_sha256, u.requests, u.input_tokens)).collect();
+    assert_eq!(
+        rows,
+        [("", None, 1, 1), ("support-bot", Some([1; 32]), 2, 20), ("support-bot", Some([2; 32]), 1, 10)],
+        "the base, and each version of the adapter apart"
+    );
+    assert!(r.usage.iter().all(|u| u.key_id == "k" && u.project == "acme"));
 }

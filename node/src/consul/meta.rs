@@ -15,6 +15,8 @@
 //! | `models` | how many models the worker serves |
 //! | `models_0`, `models_1`, ... | the models in order, `ID=SHA:BYTES` entries joined by `,` (SHA: the first 12 hex digits of the weights' SHA-256; BYTES: the model's weights in memory, absent when unknown; `%`, `,`, `=` and bytes outside printable ASCII in IDs as `%XX`), as many per value as fit in 512 bytes |
 //! | `models_omitted` | models that did not fit (only when some did not) |
+//! | `adapters` | the LoRA adapters loaded now (sorted by name), names escaped as model ids and joined by `,`, as many as fit in 512 bytes (absent when none is loaded) |
+//! | `adapters_omitted` | loaded adapters that did not fit (only when some did not) |
 //!
 //! So a worker with any number of models registers: the Meta lists as many as fit (about 680 with short ids) and
 //! counts the rest, and the service's tags carry every model id.
@@ -31,8 +33,8 @@ pub const MAX_VALUE_LEN: usize = 512;
 /// Hex digits of a model's weights SHA-256 kept in Meta.
 pub const SHA_PREFIX: usize = 12;
 
-/// The keys every worker's Meta has; `models_N` and `models_omitted` share what remains of [`MAX_KEYS`].
-const FIXED_KEYS: [&str; 13] = [
+/// The keys a worker's Meta may have besides `models_N`, which share what remains of [`MAX_KEYS`].
+const FIXED_KEYS: [&str; 16] = [
     "version",
     "device",
     "region",
@@ -46,6 +48,9 @@ const FIXED_KEYS: [&str; 13] = [
     "memory_free_bytes",
     "max_running",
     "models",
+    "models_omitted",
+    "adapters",
+    "adapters_omitted",
 ];
 
 /// One served model.
@@ -88,6 +93,8 @@ pub struct WorkerMeta {
     pub max_running: u32,
     /// Served models, in order.
     pub models: Vec<ModelEntry>,
+    /// LoRA adapters loaded now (names; those that fit in Meta when decoded).
+    pub adapters: Vec<String>,
 }
 
 /// A Meta map that breaks one of Consul's limits, or a worker Meta that cannot be read.
@@ -113,8 +120,26 @@ impl WorkerMeta {
         put("memory_free_bytes", self.memory_free_bytes.to_string());
         put("max_running", self.max_running.to_string());
         put("models", self.models.len().to_string());
-        // One key stays free for `models_omitted`.
-        let slots = MAX_KEYS - FIXED_KEYS.len() - 1;
+        let (mut adapters, mut left_out) = (String::new(), 0usize);
+        for name in &self.adapters {
+            let name = escape(name);
+            let sep = usize::from(!adapters.is_empty());
+            if adapters.len() + sep + name.len() > MAX_VALUE_LEN {
+                left_out += 1;
+                continue;
+            }
+            if sep == 1 {
+                adapters.push(',');
+            }
+            adapters.push_str(&name);
+        }
+        if !adapters.is_empty() {
+            put("adapters", adapters);
+        }
+        if left_out > 0 {
+            put("adapters_omitted", left_out.to_string());
+        }
+        let slots = MAX_KEYS - FIXED_KEYS.len();
         let (mut values, mut current, mut omitted) = (Vec::<String>::new(), String::new(), 0usize);
         for model in &self.models {
             let entry = entry(model);
@@ -185,6 +210,10 @@ impl WorkerMeta {
             memory_free_bytes: num("memory_free_bytes")?,
             max_running: u32::try_from(num("max_running")?).map_err(|_| MetaError("max_running too large".into()))?,
             models,
+            adapters: match meta.get("adapters") {
+                Some(v) => v.split(',').map(unescape).collect::<Result<_, _>>()?,
+                None => Vec::new(),
+            },
         })
     }
 
@@ -198,6 +227,7 @@ impl WorkerMeta {
             || self.device != before.device
             || self.region != before.region
             || self.models != before.models
+            || self.adapters != before.adapters
             || self.kv_blocks_total != before.kv_blocks_total
             || self.kv_dtype != before.kv_dtype
             || self.kv_bytes_per_token != before.kv_bytes_per_token
@@ -233,18 +263,24 @@ pub fn check(meta: &BTreeMap<String, String>) -> Result<(), MetaError> {
 
 /// `ID=SHA:BYTES` (`ID=SHA` when the size is unknown) with the id escaped.
 fn entry(model: &ModelEntry) -> String {
-    let mut out = String::with_capacity(model.id.len() + 1 + SHA_PREFIX);
-    for b in model.id.bytes() {
+    let mut out = escape(&model.id);
+    out.push('=');
+    out.extend(model.sha256.chars().filter(char::is_ascii_hexdigit).take(SHA_PREFIX));
+    if model.weights_bytes > 0 {
+        let _ = write!(out, ":{}", model.weights_bytes);
+    }
+    out
+}
+
+/// An id with `%`, `,`, `=` and bytes outside printable ASCII as `%XX`.
+fn escape(id: &str) -> String {
+    let mut out = String::with_capacity(id.len() + 1 + SHA_PREFIX);
+    for b in id.bytes() {
         if (b.is_ascii_graphic() || b == b' ') && !matches!(b, b'%' | b',' | b'=') {
             out.push(char::from(b));
         } else {
             let _ = write!(out, "%{b:02X}");
         }
-    }
-    out.push('=');
-    out.extend(model.sha256.chars().filter(char::is_ascii_hexdigit).take(SHA_PREFIX));
-    if model.weights_bytes > 0 {
-        let _ = write!(out, ":{}", model.weights_bytes);
     }
     out
 }
@@ -300,6 +336,7 @@ mod tests {
                     weights_bytes: i as u64 * 1_000_003,
                 })
                 .collect(),
+            adapters: vec!["support-bot".into(), "a,b".into()],
         }
     }
 
@@ -318,16 +355,25 @@ mod tests {
         }
         assert_eq!((back.kv_blocks_free, back.max_running, back.kv_fragmentation), (600, 32, 0.25));
         assert_eq!((back.kv_dtype.as_str(), back.kv_bytes_per_token), ("q8", 12_240));
+        assert_eq!((meta["adapters"].as_str(), back.adapters), ("support-bot,a%2Cb", w.adapters));
+        let none = WorkerMeta { adapters: vec![], ..w };
+        assert!(
+            !none.encode().contains_key("adapters") && WorkerMeta::decode(&none.encode()).unwrap().adapters.is_empty()
+        );
     }
 
     #[test]
     fn models_that_do_not_fit_are_counted_never_over_the_limits() {
-        // 5,000 models with 200-byte ids: far more than 50 values of 512 bytes hold.
-        let meta = worker(5000, 200).encode();
+        // 5,000 models with 200-byte ids: far more than 48 values of 512 bytes hold; and 100 adapters of 40 bytes.
+        let mut w = worker(5000, 200);
+        w.adapters = (0..100).map(|i| format!("{i:0>40}")).collect();
+        let meta = w.encode();
         check(&meta).unwrap();
         assert_eq!(meta.len(), MAX_KEYS);
-        let listed = WorkerMeta::decode(&meta).unwrap().models.len();
-        assert_eq!(listed + meta["models_omitted"].parse::<usize>().unwrap(), 5000);
+        let back = WorkerMeta::decode(&meta).unwrap();
+        assert_eq!(back.models.len() + meta["models_omitted"].parse::<usize>().unwrap(), 5000);
+        assert_eq!((back.adapters.len(), meta["adapters_omitted"].as_str()), (12, "88"));
+        assert_eq!(back.adapters[..], w.adapters[..12]);
         // An id too long for any value on its own is counted too.
         let mut w = worker(1, 4);
         w.models.push(ModelEntry { id: "x".repeat(600), sha256: "ab".into(), weights_bytes: 0 });
@@ -382,6 +428,9 @@ mod tests {
         let mut now = before.clone();
         now.models.pop();
         assert!(now.differs_materially(&before));
+        let mut now = before.clone();
+        now.adapters.reverse();
+        assert!(now.differs_materially(&before), "an adapter loaded or evicted");
         let mut now = before.clone();
         now.kv_fragmentation = 0.4;
         assert!(now.differs_materially(&before));

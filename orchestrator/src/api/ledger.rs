@@ -84,6 +84,20 @@ pub fn usage(ledger: &Ledger, r: &pb::GetUsageRequest, now_s: u64) -> pb::GetUsa
             units: u.milli_units as f64 / MILLI,
         })
         .collect();
+    let adapters = ledger
+        .adapter_usage_rows(r.since, project)
+        .into_iter()
+        .map(|(hour, p, adapter, sha, u)| pb::AdapterUsageRow {
+            hour,
+            project: p.to_owned(),
+            adapter: adapter.to_owned(),
+            sha256: sha.to_owned(),
+            requests: u.requests,
+            input_tokens: u.input_tokens,
+            output_tokens: u.output_tokens,
+            units: u.milli_units as f64 / MILLI,
+        })
+        .collect();
     let budgets = ledger
         .budgets
         .iter()
@@ -103,7 +117,7 @@ pub fn usage(ledger: &Ledger, r: &pb::GetUsageRequest, now_s: u64) -> pb::GetUsa
             }
         })
         .collect();
-    pb::GetUsageResponse { rows, budgets }
+    pb::GetUsageResponse { rows, budgets, adapters }
 }
 
 /// The `ListAuditHeads` answer.

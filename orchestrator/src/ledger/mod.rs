@@ -61,6 +61,14 @@ fn rows(hour: &BTreeMap<String, BTreeMap<String, Usage>>) -> usize {
     hour.values().map(BTreeMap::len).sum()
 }
 
+/// One hour of adapter usage: project -> adapter -> SHA-256 of its weights (hex) -> usage.
+pub type AdapterHour = BTreeMap<String, BTreeMap<String, BTreeMap<String, Usage>>>;
+
+/// Adapter usage rows in one hour of `Ledger::adapter_usage`.
+fn adapter_rows(hour: &AdapterHour) -> usize {
+    hour.values().map(|adapters| adapters.values().map(BTreeMap::len).sum::<usize>()).sum()
+}
+
 /// A project's budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BudgetSpec {
@@ -136,9 +144,13 @@ pub struct DataKey {
 pub struct Ledger {
     /// hour (unix s) -> project -> key -> usage.
     pub usage: BTreeMap<u64, BTreeMap<String, BTreeMap<String, Usage>>>,
-    /// Rows in `usage` (kept as rows come and go; recounted on restore).
+    /// Rows in `usage` and `adapter_usage` (kept as rows come and go; recounted on restore).
     #[serde(default)]
     pub row_count: usize,
+    /// Requests on LoRA adapters, as well as in `usage`: hour (unix s) -> project -> adapter -> SHA-256 of its
+    /// weights (hex) -> usage (protocol 1.9's usage rows; absent in older snapshots).
+    #[serde(default)]
+    pub adapter_usage: BTreeMap<u64, AdapterHour>,
     /// Budgets by project.
     pub budgets: BTreeMap<String, BudgetSpec>,
     /// Current period by project.
@@ -178,6 +190,20 @@ impl Ledger {
                     self.row_count += 1;
                 }
                 keys.entry(u.key_id.clone()).or_default().add(&add);
+                if !u.adapter.is_empty() {
+                    let versions = self
+                        .adapter_usage
+                        .entry(u.hour)
+                        .or_default()
+                        .entry(u.project.clone())
+                        .or_default()
+                        .entry(u.adapter.clone())
+                        .or_default();
+                    if !versions.contains_key(&u.adapter_sha256) {
+                        self.row_count += 1;
+                    }
+                    versions.entry(u.adapter_sha256.clone()).or_default().add(&add);
+                }
             }
             self.report_seqs.insert(frontend.to_owned(), r.report_seq);
         }
@@ -231,11 +257,21 @@ impl Ledger {
                 self.row_count -= rows(&gone);
             }
         }
+        // Adapter rows go with their hour (each came with a key's row in the same hour).
+        let first_kept = self.usage.first_key_value().map_or(u64::MAX, |(&h, _)| h);
+        while let Some((&hour, _)) = self.adapter_usage.first_key_value()
+            && hour < first_kept
+        {
+            if let Some(gone) = self.adapter_usage.remove(&hour) {
+                self.row_count -= adapter_rows(&gone);
+            }
+        }
     }
 
     /// Count the usage rows afresh (after a restore).
     pub fn recount(&mut self) {
-        self.row_count = self.usage.values().map(rows).sum();
+        self.row_count =
+            self.usage.values().map(rows).sum::<usize>() + self.adapter_usage.values().map(adapter_rows).sum::<usize>();
     }
 
     /// A frontend's grants for the budgets of `projects` (those it asked about).
@@ -294,6 +330,20 @@ impl Ledger {
             shredded.push(key.key_id.clone());
         }
         Some(key.key_id)
+    }
+
+    /// Adapter usage rows from hour `since` (unix s), optionally of one project: (hour, project, adapter, SHA-256
+    /// hex, usage).
+    pub fn adapter_usage_rows(&self, since: u64, project: Option<&str>) -> Vec<(u64, &str, &str, &str, Usage)> {
+        let mut out = Vec::new();
+        for (hour, projects) in self.adapter_usage.range(since - since % 3600..) {
+            for (p, adapters) in projects.iter().filter(|(p, _)| project.is_none_or(|want| want == p.as_str())) {
+                for (name, versions) in adapters {
+                    out.extend(versions.iter().map(|(sha, u)| (*hour, p.as_str(), name.as_str(), sha.as_str(), *u)));
+                }
+            }
+        }
+        out
     }
 
     /// Usage rows from hour `since` (unix s), optionally of one project: (hour, project, key, usage).

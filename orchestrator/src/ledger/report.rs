@@ -26,6 +26,12 @@ pub struct UsageEntry {
     pub output_tokens: u64,
     /// Billing units times 1000.
     pub milli_units: u64,
+    /// The LoRA adapter the requests ran on (protocol 1.9; empty: the base, and absent from older entries).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub adapter: String,
+    /// SHA-256 of the adapter's weights file, hex (empty exactly when `adapter` is).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub adapter_sha256: String,
 }
 
 /// A frontend's cumulative position in one project's budget period.
@@ -94,8 +100,29 @@ impl From<FrontendReport> for ReportEntry {
 
 impl From<UsageDelta> for UsageEntry {
     fn from(u: UsageDelta) -> Self {
-        let UsageDelta { hour, key_id, project, requests, input_tokens, output_tokens, milli_units } = u;
-        UsageEntry { hour, key_id, project, requests, input_tokens, output_tokens, milli_units }
+        let UsageDelta {
+            hour,
+            key_id,
+            project,
+            requests,
+            input_tokens,
+            output_tokens,
+            milli_units,
+            adapter,
+            adapter_sha256,
+        } = u;
+        let adapter_sha256 = adapter_sha256.map(|h| zl_common::keys::hex(&h)).unwrap_or_default();
+        UsageEntry {
+            hour,
+            key_id,
+            project,
+            requests,
+            input_tokens,
+            output_tokens,
+            milli_units,
+            adapter,
+            adapter_sha256,
+        }
     }
 }
 
@@ -137,6 +164,7 @@ mod tests {
                 input_tokens: 10,
                 output_tokens: 5,
                 milli_units: 700,
+                ..UsageDelta::default()
             }],
             asks: vec![BudgetAsk { project: "p".into(), period_start: 0, used: 15, target: 100 }],
             audit_seq: 9,

@@ -89,6 +89,7 @@ fn usage_is_summed_once_per_report_and_heads_only_advance() {
         input_tokens: 10,
         output_tokens: 5,
         milli_units: 300,
+        ..UsageEntry::default()
     };
     let mut r = ReportEntry { report_seq: 1, usage: vec![u], ..ReportEntry::default() };
     r.audit_seq = 5;
@@ -113,4 +114,41 @@ fn usage_is_summed_once_per_report_and_heads_only_advance() {
     l.set_data_key("p", DataKey { key_id: "dk_1".into(), key: "00".repeat(32) });
     assert_eq!(l.shred("p").as_deref(), Some("dk_1"));
     assert_eq!(l.shredded["p"], ["dk_1"]);
+}
+
+#[test]
+fn requests_on_an_adapter_count_per_key_and_per_adapter_version() {
+    let mut l = Ledger::default();
+    let hour = 1_767_225_600;
+    let row = |adapter: &str, sha: &str, requests: u64| UsageEntry {
+        hour,
+        key_id: "k".into(),
+        project: "p".into(),
+        requests,
+        input_tokens: 10 * requests,
+        output_tokens: 2 * requests,
+        milli_units: 100 * requests,
+        adapter: adapter.into(),
+        adapter_sha256: sha.into(),
+    };
+    let usage = vec![row("", "", 1), row("bot", "aa", 2), row("bot", "bb", 3), row("bot", "aa", 4)];
+    l.report("fe", T0, &ReportEntry { report_seq: 1, usage, ..ReportEntry::default() });
+    let keys = l.usage_rows(0, None);
+    assert_eq!((keys.len(), keys[0].3.requests, keys[0].3.input_tokens), (1, 10, 100), "the key counts all of them");
+    let adapters: Vec<(&str, &str, u64, u64)> = l
+        .adapter_usage_rows(0, Some("p"))
+        .into_iter()
+        .map(|(_, _, a, s, u)| (a, s, u.requests, u.milli_units))
+        .collect();
+    assert_eq!(adapters, [("bot", "aa", 6, 600), ("bot", "bb", 3, 300)], "each version of the adapter its own row");
+    assert!(l.adapter_usage_rows(0, Some("other")).is_empty());
+    assert_eq!(l.row_count, 3);
+    let mut restored = l.clone();
+    restored.row_count = 0;
+    restored.recount();
+    assert_eq!(restored.row_count, 3, "recounted after a restore");
+    // Old hours leave with their adapter rows.
+    let later = T0 + (USAGE_HOURS + 2) * 3_600_000;
+    l.report("fe", later, &ReportEntry { report_seq: 2, ..ReportEntry::default() });
+    assert_eq!((l.usage.len(), l.adapter_usage.len(), l.row_count), (0, 0, 0));
 }

@@ -5065,6 +5065,8 @@ impl<'a> UsageDelta<'a> {
   pub const VT_INPUT_TOKENS: ::flatbuffers::VOffsetT = 12;
   pub const VT_OUTPUT_TOKENS: ::flatbuffers::VOffsetT = 14;
   pub const VT_MILLI_UNITS: ::flatbuffers::VOffsetT = 16;
+  pub const VT_ADAPTER: ::flatbuffers::VOffsetT = 18;
+  pub const VT_ADAPTER_SHA256: ::flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -5081,6 +5083,8 @@ impl<'a> UsageDelta<'a> {
     builder.add_input_tokens(args.input_tokens);
     builder.add_requests(args.requests);
     builder.add_hour(args.hour);
+    if let Some(x) = args.adapter_sha256 { builder.add_adapter_sha256(x); }
+    if let Some(x) = args.adapter { builder.add_adapter(x); }
     if let Some(x) = args.project { builder.add_project(x); }
     if let Some(x) = args.key_id { builder.add_key_id(x); }
     builder.finish()
@@ -5138,6 +5142,22 @@ impl<'a> UsageDelta<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(UsageDelta::VT_MILLI_UNITS, Some(0)).unwrap()}
   }
+  /// The LoRA adapter these requests ran on (protocol 1.9; empty or absent: the base model) and the SHA-256 of
+  /// its weights file (32 bytes, given exactly when `adapter` is).
+  #[inline]
+  pub fn adapter(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(UsageDelta::VT_ADAPTER, None)}
+  }
+  #[inline]
+  pub fn adapter_sha256(&self) -> Option<::flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u8>>>(UsageDelta::VT_ADAPTER_SHA256, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for UsageDelta<'_> {
@@ -5153,6 +5173,8 @@ impl ::flatbuffers::Verifiable for UsageDelta<'_> {
      .visit_field::<u64>("input_tokens", Self::VT_INPUT_TOKENS, false)?
      .visit_field::<u64>("output_tokens", Self::VT_OUTPUT_TOKENS, false)?
      .visit_field::<u64>("milli_units", Self::VT_MILLI_UNITS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("adapter", Self::VT_ADAPTER, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u8>>>("adapter_sha256", Self::VT_ADAPTER_SHA256, false)?
      .finish();
     Ok(())
   }
@@ -5165,6 +5187,8 @@ pub struct UsageDeltaArgs<'a> {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub milli_units: u64,
+    pub adapter: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub adapter_sha256: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u8>>>,
 }
 impl<'a> Default for UsageDeltaArgs<'a> {
   #[inline]
@@ -5177,6 +5201,8 @@ impl<'a> Default for UsageDeltaArgs<'a> {
       input_tokens: 0,
       output_tokens: 0,
       milli_units: 0,
+      adapter: None,
+      adapter_sha256: None,
     }
   }
 }
@@ -5215,6 +5241,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> UsageDeltaBuilder<'a, 'b, A> 
     self.fbb_.push_slot::<u64>(UsageDelta::VT_MILLI_UNITS, milli_units, 0);
   }
   #[inline]
+  pub fn add_adapter(&mut self, adapter: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UsageDelta::VT_ADAPTER, adapter);
+  }
+  #[inline]
+  pub fn add_adapter_sha256(&mut self, adapter_sha256: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(UsageDelta::VT_ADAPTER_SHA256, adapter_sha256);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> UsageDeltaBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     UsageDeltaBuilder {
@@ -5241,6 +5275,8 @@ impl ::core::fmt::Debug for UsageDelta<'_> {
       ds.field("input_tokens", &self.input_tokens());
       ds.field("output_tokens", &self.output_tokens());
       ds.field("milli_units", &self.milli_units());
+      ds.field("adapter", &self.adapter());
+      ds.field("adapter_sha256", &self.adapter_sha256());
       ds.finish()
   }
 }

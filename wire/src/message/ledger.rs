@@ -26,6 +26,10 @@ pub struct UsageDelta {
     pub output_tokens: u64,
     /// Billing units times 1000.
     pub milli_units: u64,
+    /// The adapter the requests ran on (empty: the base model; protocol 1.9).
+    pub adapter: String,
+    /// SHA-256 of the adapter's weights file (given exactly when `adapter` is).
+    pub adapter_sha256: Option<[u8; 32]>,
 }
 
 /// A frontend's cumulative position in one project's budget period.
@@ -137,6 +141,12 @@ impl FrontendReport {
             if u.hour % 3600 != 0 {
                 return Err(invalid("UsageDelta.hour", "must be the start of an hour"));
             }
+            if !u.adapter.is_empty() {
+                check::id("UsageDelta.adapter", &u.adapter)?;
+            }
+            if u.adapter.is_empty() == u.adapter_sha256.is_some() {
+                return Err(invalid("UsageDelta.adapter_sha256", "given exactly when adapter is"));
+            }
         }
         for a in &self.asks {
             check::id("BudgetAsk.project", &a.project)?;
@@ -164,6 +174,8 @@ impl FrontendReport {
             .map(|u| {
                 let key_id = fbb.create_string(&u.key_id);
                 let project = fbb.create_string(&u.project);
+                let adapter = (!u.adapter.is_empty()).then(|| fbb.create_string(&u.adapter));
+                let adapter_sha256 = u.adapter_sha256.map(|h| fbb.create_vector(&h));
                 fb::UsageDelta::create(
                     fbb,
                     &fb::UsageDeltaArgs {
@@ -174,6 +186,8 @@ impl FrontendReport {
                         input_tokens: u.input_tokens,
                         output_tokens: u.output_tokens,
                         milli_units: u.milli_units,
+                        adapter,
+                        adapter_sha256,
                     },
                 )
             })
@@ -235,16 +249,23 @@ impl FrontendReport {
             report_seq: t.report_seq(),
             usage: usage
                 .iter()
-                .map(|u| UsageDelta {
-                    hour: u.hour(),
-                    key_id: u.key_id().to_owned(),
-                    project: u.project().to_owned(),
-                    requests: u.requests(),
-                    input_tokens: u.input_tokens(),
-                    output_tokens: u.output_tokens(),
-                    milli_units: u.milli_units(),
+                .map(|u| {
+                    Ok(UsageDelta {
+                        hour: u.hour(),
+                        key_id: u.key_id().to_owned(),
+                        project: u.project().to_owned(),
+                        requests: u.requests(),
+                        input_tokens: u.input_tokens(),
+                        output_tokens: u.output_tokens(),
+                        milli_units: u.milli_units(),
+                        adapter: u.adapter().unwrap_or_default().to_owned(),
+                        adapter_sha256: match u.adapter_sha256() {
+                            None => None,
+                            Some(h) => Some(check::sha256("UsageDelta.adapter_sha256", h.bytes())?),
+                        },
+                    })
                 })
-                .collect(),
+                .collect::<Result<_, MessageError>>()?,
             asks: asks
                 .iter()
                 .map(|a| BudgetAsk {

@@ -191,15 +191,29 @@ pub(crate) fn samples() -> Vec<Message> {
         }),
         Message::FrontendReport(FrontendReport {
             report_seq: 7,
-            usage: vec![UsageDelta {
-                hour: 3600 * 500_000,
-                key_id: "key-1".into(),
-                project: "default".into(),
-                requests: 3,
-                input_tokens: 40,
-                output_tokens: 12,
-                milli_units: 450,
-            }],
+            usage: vec![
+                UsageDelta {
+                    hour: 3600 * 500_000,
+                    key_id: "key-1".into(),
+                    project: "default".into(),
+                    requests: 3,
+                    input_tokens: 40,
+                    output_tokens: 12,
+                    milli_units: 450,
+                    ..UsageDelta::default()
+                },
+                UsageDelta {
+                    hour: 3600 * 500_000,
+                    key_id: "key-1".into(),
+                    project: "default".into(),
+                    requests: 1,
+                    input_tokens: 9,
+                    output_tokens: 4,
+                    milli_units: 120,
+                    adapter: "support-bot".into(),
+                    adapter_sha256: Some([7; 32]),
+                },
+            ],
             asks: vec![BudgetAsk { project: "default".into(), period_start: 86_400, used: 10, target: 1010 }],
             audit_seq: 9,
             audit_hash: Some([4; 32]),

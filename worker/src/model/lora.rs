@@ -79,20 +79,35 @@ impl Target {
     }
 }
 
-/// One matrix's low-rank update.
+/// One matrix's low-rank update, its factors held as IEEE halves (half the bytes a step reads; the widening is
+/// exact and the arithmetic f32).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoraPair {
     rank: usize,
     inputs: usize,
     outputs: usize,
     /// `A`: `rank` rows of `inputs`.
-    a: Vec<f32>,
+    a: Vec<u16>,
     /// `B`'s columns times the scale: `rank` rows of `outputs` (so a row's update is a sum of whole rows).
-    bt: Vec<f32>,
+    bt: Vec<u16>,
+}
+
+/// The largest finite IEEE half.
+const HALF_MAX: f32 = 65504.0;
+
+/// `v` rounded to the nearest IEEE half's bits.
+fn half_bits(v: f32) -> u16 {
+    half::f16::from_f32(v).to_bits()
+}
+
+/// An IEEE half's value.
+fn half_value(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
 }
 
 impl LoraPair {
-    /// The update `scale * B A` from `A` (`rank` rows of `inputs`, row-major) and `B` (`outputs` rows of `rank`).
+    /// The update `scale * B A` from `A` (`rank` rows of `inputs`, row-major) and `B` (`outputs` rows of `rank`),
+    /// rounded to halves (`B` after the scale); a value beyond a half's range is refused.
     pub fn new(a: &[f32], b: &[f32], inputs: usize, outputs: usize, scale: f32) -> Result<LoraPair, String> {
         if inputs == 0 || !a.len().is_multiple_of(inputs) {
             return Err(format!("A has {} values, not whole rows of {inputs}", a.len()));
@@ -113,7 +128,11 @@ impl LoraPair {
                 bt[k * outputs + j] = b[j * rank + k] * scale;
             }
         }
-        Ok(LoraPair { rank, inputs, outputs, a: a.to_vec(), bt })
+        if let Some(v) = a.iter().chain(&bt).find(|v| v.abs() > HALF_MAX) {
+            return Err(format!("a factor value ({v}, after the scale) is beyond a 16-bit float's range"));
+        }
+        let halves = |v: &[f32]| v.iter().map(|&v| half_bits(v)).collect();
+        Ok(LoraPair { rank, inputs, outputs, a: halves(a), bt: halves(&bt) })
     }
 
     /// The rank.
@@ -128,7 +147,7 @@ impl LoraPair {
 
     /// Bytes held.
     pub fn memory_bytes(&self) -> usize {
-        (self.a.len() + self.bt.len()) * 4
+        (self.a.len() + self.bt.len()) * 2
     }
 
     /// `out += scale * B (A x)` for each of `rows` (row index into `x`'s rows of `inputs`, its output):
@@ -141,8 +160,9 @@ impl LoraPair {
     /// Add the update's row `j` (`scale * (B A)[j]`, one value per input) to `row`: merging into a float weight.
     pub fn add_delta_row(&self, j: usize, row: &mut [f32]) {
         for k in 0..self.rank {
-            let c = self.bt[k * self.outputs + j];
-            row.iter_mut().zip(&self.a[k * self.inputs..(k + 1) * self.inputs]).for_each(|(w, &a)| *w += c * a);
+            let c = half_value(self.bt[k * self.outputs + j]);
+            let a = &self.a[k * self.inputs..(k + 1) * self.inputs];
+            row.iter_mut().zip(a).for_each(|(w, &a)| *w += c * half_value(a));
         }
     }
 
@@ -289,7 +309,9 @@ mod tests {
     #[test]
     fn a_rows_update_is_the_scaled_product_of_b_and_a() {
         let (inputs, outputs, rank) = (40, 24, 3);
-        let (a, b, x) = (values(1, rank * inputs), values(2, outputs * rank), values(3, inputs));
+        // Factors a half holds exactly (and a scale of 2 keeps them so), so the halves change nothing.
+        let halves = |v: Vec<f32>| v.into_iter().map(|v| half_value(half_bits(v))).collect::<Vec<f32>>();
+        let (a, b, x) = (halves(values(1, rank * inputs)), halves(values(2, outputs * rank)), values(3, inputs));
         let pair = LoraPair::new(&a, &b, inputs, outputs, 2.0).unwrap();
         assert_eq!((pair.rank(), pair.shape()), (rank, (outputs, inputs)));
         let mut out = vec![1.0f32; outputs];
@@ -331,6 +353,7 @@ mod tests {
         assert!(LoraPair::new(&[0.0; 8], &[0.0; 9], 4, 4, 1.0).unwrap_err().contains("expected 4x2"));
         assert!(LoraPair::new(&[f32::NAN; 8], &[0.0; 8], 4, 4, 1.0).unwrap_err().contains("finite"));
         assert!(LoraPair::new(&[], &[], 4, 4, 1.0).unwrap_err().contains("rank 0"));
+        assert!(LoraPair::new(&[1.0; 4], &[1.0; 4], 4, 4, 7e4).unwrap_err().contains("16-bit float's range"));
     }
 
     #[test]
@@ -340,7 +363,8 @@ mod tests {
         let mut p = LoraPair::new(&[1.0], &b, 1, 8, 1.0).unwrap();
         let original = p.clone();
         p.permute_heads(2, 4, true);
-        assert_eq!(p.bt, [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
+        let bt: Vec<f32> = p.bt.iter().map(|&h| half_value(h)).collect();
+        assert_eq!(bt, [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
         p.permute_heads(2, 4, false);
         assert_eq!(p, original);
     }

@@ -42,7 +42,17 @@ pub(crate) async fn run(c: &mut Client, command: &AdminCommand) -> Result<Option
                             "resets_at": b.resets_at, "resets_at_utc": rfc3339(b.resets_at)})
                     })
                     .collect();
-                println!("{}", serde_json::json!({"usage": rows, "budgets": budgets}));
+                let adapters: Vec<_> = r
+                    .adapters
+                    .iter()
+                    .map(|u| {
+                        serde_json::json!({"hour": u.hour, "hour_utc": rfc3339(u.hour), "project": u.project,
+                            "adapter": u.adapter, "sha256": u.sha256,
+                            "requests": u.requests, "input_tokens": u.input_tokens,
+                            "output_tokens": u.output_tokens, "units": u.units})
+                    })
+                    .collect();
+                println!("{}", serde_json::json!({"usage": rows, "budgets": budgets, "adapters": adapters}));
                 return Ok(Some(()));
             }
             println!(
@@ -55,6 +65,25 @@ pub(crate) async fn run(c: &mut Client, command: &AdminCommand) -> Result<Option
                     rfc3339(u.hour),
                     u.project,
                     u.key_id,
+                    u.requests,
+                    u.input_tokens,
+                    u.output_tokens,
+                    u.units
+                );
+            }
+            if !r.adapters.is_empty() {
+                println!(
+                    "\n{:<20} {:<16} {:<24} {:<14} {:>9} {:>12} {:>12} {:>10}",
+                    "HOUR (UTC)", "PROJECT", "ADAPTER", "SHA-256", "REQUESTS", "INPUT TOK", "OUTPUT TOK", "UNITS"
+                );
+            }
+            for u in &r.adapters {
+                println!(
+                    "{:<20} {:<16} {:<24} {:<14} {:>9} {:>12} {:>12} {:>10.3}",
+                    rfc3339(u.hour),
+                    u.project,
+                    u.adapter,
+                    format!("{}...", &u.sha256[..u.sha256.len().min(12)]),
                     u.requests,
                     u.input_tokens,
                     u.output_tokens,

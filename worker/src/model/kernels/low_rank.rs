@@ -2,18 +2,20 @@
 //! (`B'` being `B` times the adapter's scale, stored by columns). Each row of `A` and column of `B'` is read once
 //! for all the rows (punica's SGMV shape: an adapter's weights read once per step, not once per row), and every
 //! row's own operations, in their order, are the same however many rows come together: the same bits alone and in
-//! any batch.
+//! any batch. The factors are IEEE halves (as llama.cpp's GGUF adapters and vLLM's model-dtype adapters hold them:
+//! half the bytes to read per step), widened exactly; all arithmetic is f32.
 
+use super::blocks::f16_to_f32;
 use super::math::{dot_f32, dot4_f32};
 
-/// A low-rank update's factors: `a` is `rank` rows of `inputs`, `bt` `rank` rows of `outputs` (the scaled
-/// columns of `B`).
+/// A low-rank update's factors, as IEEE half bits: `a` is `rank` rows of `inputs`, `bt` `rank` rows of `outputs`
+/// (the scaled columns of `B`).
 #[derive(Clone, Copy, Debug)]
 pub struct LowRank<'a> {
     /// `A`, row-major.
-    pub a: &'a [f32],
+    pub a: &'a [u16],
     /// `B`'s columns times the scale, one after another.
-    pub bt: &'a [f32],
+    pub bt: &'a [u16],
     /// Its rank.
     pub rank: usize,
     /// Input features.
@@ -25,14 +27,15 @@ pub struct LowRank<'a> {
 /// Add `w`'s update to each of `rows` (row index into `x`'s rows of `inputs`, that row's output): `rank` dot
 /// products per row (four at a time, each as [`dot_f32`] computes it alone), then the scaled columns of `B` added
 /// in order.
-#[inline(always)]
 pub(super) fn low_rank_rows(w: LowRank<'_>, x: &[f32], rows: &mut [(usize, &mut [f32])]) {
     let (rank, inputs) = (w.rank, w.inputs);
+    let widen = |bits: &[u16]| bits.iter().map(|&h| f16_to_f32(h)).collect::<Vec<f32>>();
+    let (a, bt) = (widen(w.a), widen(w.bt));
     let mut t = vec![0f32; rows.len() * rank];
     let input = |r: usize| &x[r * inputs..(r + 1) * inputs];
     // Every (row of A, batch row) pair, A's rows outermost (each read once while in cache).
     let pairs: Vec<(usize, usize)> = (0..rank).flat_map(|k| (0..rows.len()).map(move |i| (k, i))).collect();
-    let a_row = |k: usize| &w.a[k * inputs..(k + 1) * inputs];
+    let a_row = |k: usize| &a[k * inputs..(k + 1) * inputs];
     let mut fours = pairs.chunks_exact(4);
     for four in &mut fours {
         let dots = dot4_f32(
@@ -46,12 +49,18 @@ pub(super) fn low_rank_rows(w: LowRank<'_>, x: &[f32], rows: &mut [(usize, &mut 
     for &(k, i) in fours.remainder() {
         t[i * rank + k] = dot_f32(a_row(k), input(rows[i].0));
     }
-    for (k, column) in w.bt.chunks_exact(w.outputs).enumerate() {
+    for (k, column) in bt.chunks_exact(w.outputs).enumerate() {
         for (i, (_, out)) in rows.iter_mut().enumerate() {
             let c = t[i * rank + k];
             out.iter_mut().zip(column).for_each(|(o, &b)| *o += c * b);
         }
     }
+}
+
+/// `values` rounded to IEEE half bits (nearest, ties to even).
+#[cfg(test)]
+fn to_half_bits(values: &[f32]) -> Vec<u16> {
+    values.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect()
 }
 
 /// Fixed-seed values in [-0.5, 0.5), for tests.
@@ -86,15 +95,25 @@ mod tests {
 
     #[test]
     fn the_simd_level_adds_the_portable_codes_bits() {
-        let (rank, inputs, outputs) = (5, 72, 40);
-        let (a, bt, x) = (values(1, rank * inputs), values(2, rank * outputs), values(3, 7 * inputs));
-        let w = LowRank { a: &a, bt: &bt, rank, inputs, outputs };
-        let mut portable = vec![0.25f32; 7 * outputs];
-        let mut rows: Vec<(usize, &mut [f32])> = portable.chunks_exact_mut(outputs).enumerate().collect();
-        low_rank_rows(w, &x, &mut rows);
-        let mut level = vec![0.25f32; 7 * outputs];
-        let mut rows: Vec<(usize, &mut [f32])> = level.chunks_exact_mut(outputs).enumerate().collect();
-        super::super::low_rank_update(w, &x, &mut rows);
-        assert_eq!(portable, level, "at {}", super::super::Isa::current().name());
+        // Whole vectors and tails on both sides, one to eight rows (the four-row groups and their remainders).
+        for (rank, inputs, outputs) in [(5, 72, 40), (16, 64, 104), (3, 75, 45), (1, 8, 7)] {
+            for n in 1..=8 {
+                let (a, bt) = (to_half_bits(&values(1, rank * inputs)), to_half_bits(&values(2, rank * outputs)));
+                let x = values(3, 9 * inputs);
+                let w = LowRank { a: &a, bt: &bt, rank, inputs, outputs };
+                // Rows out of order and not from the start, as a task's group is.
+                let picked = |i: usize| (i * 5 + 1) % 9;
+                let mut portable = vec![0.25f32; n * outputs];
+                let mut rows: Vec<(usize, &mut [f32])> =
+                    portable.chunks_exact_mut(outputs).enumerate().map(|(i, o)| (picked(i), o)).collect();
+                low_rank_rows(w, &x, &mut rows);
+                let mut level = vec![0.25f32; n * outputs];
+                let mut rows: Vec<(usize, &mut [f32])> =
+                    level.chunks_exact_mut(outputs).enumerate().map(|(i, o)| (picked(i), o)).collect();
+                super::super::low_rank_update(w, &x, &mut rows);
+                let isa = super::super::Isa::current().name();
+                assert_eq!(portable, level, "rank {rank}, {inputs} -> {outputs}, {n} rows at {isa}");
+            }
+        }
     }
 }

@@ -16,6 +16,7 @@ mod attention512;
 mod attention_parts;
 mod avx2;
 mod avx512;
+mod low_rank;
 mod quantize;
 mod unpack;
 
@@ -43,12 +44,7 @@ fn run_avx2<T>(f: impl FnOnce() -> T) -> T {
 /// [`super::low_rank_update`] in AVX2.
 pub(super) fn low_rank_rows(w: super::LowRank<'_>, x: &[f32], rows: &mut [(usize, &mut [f32])]) {
     // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.
-    unsafe { low_rank_rows_avx2(w, x, rows) }
-}
-
-#[target_feature(enable = "avx2,fma")]
-fn low_rank_rows_avx2(w: super::LowRank<'_>, x: &[f32], rows: &mut [(usize, &mut [f32])]) {
-    super::low_rank::low_rank_rows(w, x, rows)
+    unsafe { low_rank::low_rank_rows_avx2(w, x, rows) }
 }
 
 /// [`super::attention_rows`] in AVX2 (`head_dim` a multiple of 8; the caller checked `available()`).
