@@ -47,20 +47,7 @@ impl Handler for Orchestrator {
 }
 
 fn route() -> RouteRequest {
-    RouteRequest {
-        request_id: "r".into(),
-        model: "m".into(),
-        prompt_tokens: 5,
-        max_tokens: 5,
-        block_hashes: vec![],
-        session_id: None,
-        hint: Default::default(),
-        input_semantic_weight: 0.5,
-        excluded_workers: vec![],
-        trace_id: String::new(),
-        prefer_fallback: false,
-        project: String::new(),
-    }
+    RouteRequest { request_id: "r".into(), model: "m".into(), prompt_tokens: 5, max_tokens: 5, ..Default::default() }
 }
 
 /// Two orchestrators that refuse their first `refusals` routes each with `code`; their call counters.

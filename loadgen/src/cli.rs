@@ -160,6 +160,10 @@ pub struct RunArgs {
     /// shared-prefix: Zipf exponent of the groups' popularity (0: all alike; 1: a few hot tenants).
     #[arg(long, default_value_t = 0.0)]
     group_zipf: f64,
+    /// shared-prefix: each group's requests name model PREFIX followed by the group's number (`tenant-0`,
+    /// `tenant-1`, ...: tenants each with their own LoRA adapter over the served base) instead of --model.
+    #[arg(long, value_name = "PREFIX")]
+    group_models: Option<String>,
     /// multi-turn: user turns per conversation.
     #[arg(long, default_value_t = 4)]
     turns: u32,
@@ -328,6 +332,7 @@ fn workload(args: &RunArgs) -> Result<Workload> {
                 groups: args.groups,
                 prefix: Length::parse(&args.prefix_tokens).context("--prefix-tokens")?,
                 zipf: args.group_zipf,
+                models: args.group_models.clone(),
             }
         }
         WorkloadKind::MultiTurn => {

@@ -8,7 +8,8 @@ use serde_json::Value;
 use crate::workload::{Session, Turn};
 
 /// Read a JSONL file of requests: each line an object with `messages` (`[{"role", "content"}]`, the last one the
-/// user's) and optionally `system` and `max_tokens`, or just `prompt` (one user message); or a trace's line
+/// user's) and optionally `system`, `max_tokens` and `model` (instead of the run's), or just `prompt` (one user
+/// message); or a trace's line
 /// (Mooncake's format: `timestamp`, `input_length`, `output_length`, `hash_ids` of `block_tokens`-token blocks;
 /// see [`crate::trace`]). Blank lines are skipped.
 pub fn read_jsonl(path: &Path, block_tokens: u32) -> Result<Vec<Session>> {
@@ -48,7 +49,8 @@ pub fn parse_jsonl(text: &str, block_tokens: u32) -> Result<Vec<Session>> {
             bail!("{}: role {:?} (system goes in \"system\")", at(), t.role);
         }
         let user_turns = vec![last.content];
-        sessions.push(Session { id: 0, system, history, user_turns, max_tokens, group: None, arrival_s: None });
+        let model = v.get("model").and_then(Value::as_str).map(str::to_owned);
+        sessions.push(Session { id: 0, system, history, user_turns, max_tokens, group: None, arrival_s: None, model });
     }
     if sessions.is_empty() {
         bail!("no requests");

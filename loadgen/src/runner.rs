@@ -83,7 +83,7 @@ impl Level {
             }
             messages.push(Turn { role: "user".into(), content: text.clone() });
             let ask = Ask {
-                model: &self.plan.model,
+                model: session.model.as_deref().unwrap_or(&self.plan.model),
                 system: session.system.as_deref(),
                 messages: &messages,
                 max_tokens: session.max_tokens,

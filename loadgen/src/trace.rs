@@ -138,6 +138,7 @@ pub fn session_of(line: &TraceLine, block_tokens: u32) -> Result<Session> {
         max_tokens: line.output_length,
         group: None,
         arrival_s: Some(line.timestamp as f64 / 1e3),
+        model: None,
     })
 }
 

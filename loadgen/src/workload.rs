@@ -245,6 +245,8 @@ pub struct Session {
     pub group: Option<u32>,
     /// When it arrives, in seconds from the start (a trace's line).
     pub arrival_s: Option<f64>,
+    /// The model its requests name, when not the run's (a shared-prefix group's own: a tenant's LoRA adapter).
+    pub model: Option<String>,
 }
 
 /// A length distribution: a normal around `mean` with `std_dev`, clamped to `[1, 8 * mean + 1]`.
@@ -292,6 +294,9 @@ pub enum Kind {
         prefix: Length,
         /// Zipf exponent of the groups' popularity (0: all alike; 1: the first twice as busy as the second).
         zipf: f64,
+        /// Each group's requests name model `models` followed by the group's number (tenants each with their own
+        /// fine-tune, a LoRA adapter over the served base); none: the run's model.
+        models: Option<String>,
     },
     /// Conversations of `turns` user turns whose history grows.
     MultiTurn {
@@ -362,14 +367,22 @@ impl Workload {
     pub fn session(&self, id: u64) -> Session {
         let mut rng = SplitMix::for_item(self.seed, id);
         let max_tokens = self.output.sample(&mut rng);
-        let mut session =
-            Session { id, system: None, history: vec![], user_turns: vec![], max_tokens, group: None, arrival_s: None };
+        let mut session = Session {
+            id,
+            system: None,
+            history: vec![],
+            user_turns: vec![],
+            max_tokens,
+            group: None,
+            arrival_s: None,
+            model: None,
+        };
         match &self.kind {
             Kind::Synthetic => {
                 let n = self.input.sample(&mut rng);
                 session.user_turns.push(question(&mut rng, n));
             }
-            Kind::SharedPrefix { groups, prefix, zipf } => {
+            Kind::SharedPrefix { groups, prefix, zipf, models } => {
                 let group = if *zipf == 0.0 {
                     rng.below(u64::from(*groups)) as u32
                 } else {
@@ -383,6 +396,7 @@ impl Workload {
                     words(&mut doc_rng, len)
                 ));
                 session.group = Some(group);
+                session.model = models.as_ref().map(|m| format!("{m}{group}"));
                 let n = self.input.sample(&mut rng);
                 session.user_turns.push(question(&mut rng, n));
             }
@@ -429,11 +443,12 @@ impl Workload {
         );
         match &self.kind {
             Kind::Synthetic => format!("synthetic: {io}, seed {}", self.seed),
-            Kind::SharedPrefix { groups, prefix, zipf } => format!(
-                "shared-prefix: {groups} groups{} with {}±{}-word prefixes, {io}, seed {}",
+            Kind::SharedPrefix { groups, prefix, zipf, models } => format!(
+                "shared-prefix: {groups} groups{} with {}±{}-word prefixes{}, {io}, seed {}",
                 if *zipf == 0.0 { String::new() } else { format!(" (Zipf {zipf})") },
                 prefix.mean,
                 prefix.std_dev,
+                models.as_ref().map_or(String::new(), |m| format!(", each group on model {m}N")),
                 self.seed
             ),
             Kind::MultiTurn { turns } => {
@@ -469,8 +484,24 @@ pub(crate) mod tests {
 
     #[test]
     fn shared_prefix_groups_share_their_document() {
-        let w = wl(Kind::SharedPrefix { groups: 3, prefix: Length { mean: 200, std_dev: 0 }, zipf: 0.0 });
+        let w = wl(Kind::SharedPrefix { groups: 3, prefix: Length { mean: 200, std_dev: 0 }, zipf: 0.0, models: None });
         let sessions: Vec<_> = (0..60).map(|i| w.session(i)).collect();
+        assert!(sessions.iter().all(|s| s.model.is_none()));
+        // With a model per group: the same sessions, each naming its group's model.
+        let per_group = Workload {
+            kind: Kind::SharedPrefix {
+                groups: 3,
+                prefix: Length { mean: 200, std_dev: 0 },
+                zipf: 0.0,
+                models: Some("tenant-".into()),
+            },
+            ..w.clone()
+        };
+        for s in &sessions {
+            let t = per_group.session(s.id);
+            assert_eq!(t.model, Some(format!("tenant-{}", s.group.unwrap())));
+            assert_eq!(Session { model: None, ..t }, *s);
+        }
         for g in 0..3 {
             let docs: Vec<_> = sessions.iter().filter(|s| s.group == Some(g)).map(|s| s.system.clone()).collect();
             assert!(docs.len() > 5, "group {g} drawn {} times", docs.len());
@@ -516,7 +547,7 @@ pub(crate) mod tests {
         for (got, want) in n.iter().zip(expect) {
             assert!((f64::from(*got) / want - 1.0).abs() < 0.05, "{n:?}");
         }
-        let w = wl(Kind::SharedPrefix { groups: 4, prefix: Length { mean: 5, std_dev: 0 }, zipf: 1.0 });
+        let w = wl(Kind::SharedPrefix { groups: 4, prefix: Length { mean: 5, std_dev: 0 }, zipf: 1.0, models: None });
         let zeros = (0..2000).filter(|&i| w.session(i).group == Some(0)).count();
         assert!((860..1060).contains(&zeros), "{zeros}");
     }

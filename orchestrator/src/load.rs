@@ -58,6 +58,10 @@ struct Soft {
     /// When this orchestrator routed requests to it that its newest report may not count yet (in-flight), oldest
     /// first, each with the prompt blocks it will have to compute there.
     routed: std::collections::VecDeque<(Instant, u32)>,
+    /// LoRA adapters (their [`crate::hash::stable_hash`]) this orchestrator routed requests for to it, with when:
+    /// the worker loads one when the request arrives, so it counts as resident there for
+    /// [`ROUTE_FORGOTTEN_AFTER`] whatever the reports say meanwhile (a burst for a cold adapter loads it once).
+    adapters_routed: std::collections::VecDeque<(Instant, u64)>,
     /// Blocks of prompts routed to it that no KV event has reported yet (predicted to be cached there once their
     /// prefill runs), with when they were routed: a burst sharing a new prefix finds it where its first request
     /// went, rather than recomputing it elsewhere before the worker's events arrive.
@@ -81,6 +85,9 @@ pub const PREDICTION_KEPT_FOR: std::time::Duration = std::time::Duration::from_s
 
 /// In-flight routes held per worker at most (a burst beyond it saturates the worker anyway).
 const MAX_ROUTED: usize = 4096;
+
+/// Adapters remembered as routed per worker at most (more than a worker keeps loaded).
+const MAX_ADAPTERS_ROUTED: usize = 64;
 
 /// The load view.
 #[derive(Debug, Default)]
@@ -135,6 +142,7 @@ impl LoadView {
                     blocks: FxHashSet::default(),
                     held: self.discovered.as_ref().is_some_and(|d| d.get(id) == Some(&false)),
                     routed: Default::default(),
+                    adapters_routed: Default::default(),
                     predicted: FxHashMap::default(),
                     predicted_order: Default::default(),
                 });
@@ -184,6 +192,24 @@ impl LoadView {
             soft.routed.pop_front();
         }
         soft.routed.push_back((now, prefill_blocks));
+    }
+
+    /// This orchestrator routed a request on the adapter whose name hashes to `adapter` to `worker` at `now`.
+    pub fn routed_adapter(&mut self, worker: &NodeId, adapter: u64, now: Instant) {
+        let Some(&slot) = self.by_id.get(worker) else { return };
+        let Some(soft) = self.slots[slot as usize].as_mut() else { return };
+        soft.adapters_routed.retain(|&(at, a)| at + ROUTE_FORGOTTEN_AFTER > now && a != adapter);
+        if soft.adapters_routed.len() >= MAX_ADAPTERS_ROUTED {
+            soft.adapters_routed.pop_front();
+        }
+        soft.adapters_routed.push_back((now, adapter));
+    }
+
+    /// Whether this orchestrator routed a request on `adapter` to the worker in `slot` within
+    /// [`ROUTE_FORGOTTEN_AFTER`] of `now` (it is loading there, or loaded).
+    pub fn adapter_routed(&self, slot: u32, adapter: u64, now: Instant) -> bool {
+        let Some(Some(soft)) = self.slots.get(slot as usize) else { return false };
+        soft.adapters_routed.iter().any(|&(at, a)| a == adapter && at + ROUTE_FORGOTTEN_AFTER > now)
     }
 
     /// This orchestrator routed a prompt of `model` with these chained block `hashes` to `worker` at `now`: its blocks

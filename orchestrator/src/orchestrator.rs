@@ -182,6 +182,9 @@ impl Orchestrator {
             let mut load = write(&self.load);
             load.routed(&d.worker_id, started, *uncached);
             load.predict_cached(&d.worker_id, &d.model, &request.block_hashes, started);
+            if let Some(a) = &d.adapter {
+                load.routed_adapter(&d.worker_id, crate::hash::stable_hash(&a.name), started);
+            }
         }
         let result = result.map(|(d, _)| d);
         let elapsed = started.elapsed();

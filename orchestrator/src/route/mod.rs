@@ -49,6 +49,38 @@ pub struct Candidate<'a> {
     pub in_flight_blocks: u32,
     /// [`stable_hash`] of its id.
     pub id_hash: u64,
+    /// Whether the request's LoRA adapter is there.
+    pub adapter: AdapterFit,
+}
+
+/// Where a request's LoRA adapter stands on a candidate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdapterFit {
+    /// The request names no adapter.
+    None,
+    /// Loaded there (its report lists it).
+    Resident,
+    /// A request on it was routed there since: loading, or loaded.
+    Routed,
+    /// Not there: the worker would read and check its file first (a cold load).
+    Cold,
+}
+
+impl AdapterFit {
+    /// Whether the adapter is (or is being) loaded there.
+    pub fn warm(self) -> bool {
+        matches!(self, AdapterFit::Resident | AdapterFit::Routed)
+    }
+
+    /// The route reason's words for it.
+    fn describe(self) -> &'static str {
+        match self {
+            AdapterFit::None => "",
+            AdapterFit::Resident => "resident",
+            AdapterFit::Routed => "loading there (routed since its last report)",
+            AdapterFit::Cold => "loads there (cold)",
+        }
+    }
 }
 
 impl Candidate<'_> {
@@ -80,6 +112,11 @@ pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
     /// The choice.
     fn pick(&self, request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick;
+    /// Whether its choice weighs a cold adapter load against the candidates' other costs; otherwise requests on an
+    /// adapter are kept to the workers that hold it while one of them can start at once.
+    fn weighs_adapters(&self) -> bool {
+        false
+    }
 }
 
 /// The candidate with the lowest score, and that score; ties go to the earlier (lower worker id) candidate.
@@ -286,6 +323,12 @@ pub fn decide(
                     }
                     let prefix_blocks = scratch.overlap.get(&slot).copied().unwrap_or(0);
                     let id_hash = index.id_hashes[wi];
+                    let fit = match adapter {
+                        None => AdapterFit::None,
+                        Some(a) if report.adapters.contains(&a.name) => AdapterFit::Resident,
+                        Some(a) if load.adapter_routed(slot, stable_hash(&a.name), now) => AdapterFit::Routed,
+                        Some(_) => AdapterFit::Cold,
+                    };
                     in_pool.push(Candidate {
                         worker,
                         model: mv,
@@ -294,18 +337,20 @@ pub fn decide(
                         in_flight,
                         in_flight_blocks,
                         id_hash,
+                        adapter: fit,
                     });
                 }
                 if in_pool.is_empty() {
                     continue;
                 }
-                let residence = adapter.map(|a| prefer_resident(&mut in_pool, &a.name));
+                if adapter.is_some() && !policy.weighs_adapters() {
+                    prefer_resident(&mut in_pool);
+                }
                 let pick = policy.pick(request, &in_pool);
                 let chosen = in_pool[pick.index];
                 let mut reason = format!("{}: {}; pool {} (cost {cost:.2})", policy.name(), pick.reason, pool.name());
-                if let (Some(a), Some(resident)) = (adapter, residence) {
-                    let how = if resident { "resident" } else { "loads there (cold)" };
-                    reason.push_str(&format!("; adapter {} {how}", a.name));
+                if let Some(a) = adapter {
+                    reason.push_str(&format!("; adapter {} {}", a.name, chosen.adapter.describe()));
                 }
                 if *model != resolved {
                     let why = if request.prefer_fallback { " (preferred: the frontend is degraded)" } else { "" };
@@ -342,16 +387,13 @@ pub fn decide(
     Err(RouteError::NoWorker(request.model.clone()))
 }
 
-/// Keep only the candidates where adapter `name` is resident, when one of them can start the request now (nothing
-/// waiting there): an adapter sticks to where it is loaded until that queues, then spreads (loading it costs a
-/// worker a read and a check of its file). Returns whether the candidates left hold it.
-fn prefer_resident(candidates: &mut Vec<Candidate<'_>>, name: &str) -> bool {
-    let holds = |c: &Candidate<'_>| c.load.adapters.iter().any(|a| a == name);
-    if candidates.iter().any(|c| holds(c) && c.sequences().1 == 0) {
-        candidates.retain(holds);
-        return true;
+/// Keep only the candidates where the request's adapter is (or is being) loaded, when one of them can start the
+/// request now (nothing waiting there): an adapter sticks to where it is loaded until that queues, then spreads
+/// (loading it costs a worker a read and a check of its file). For policies that do not weigh a cold load.
+fn prefer_resident(candidates: &mut Vec<Candidate<'_>>) {
+    if candidates.iter().any(|c| c.adapter.warm() && c.sequences().1 == 0) {
+        candidates.retain(|c| c.adapter.warm());
     }
-    candidates.iter().all(holds)
 }
 
 /// Hex SHA-256 (as stored in the state) to bytes; zeros if malformed (never, for stored values).

@@ -437,8 +437,8 @@ fn a_prompt_routed_to_a_worker_counts_as_cached_there_before_its_events_arrive()
     assert_eq!(w.route(&doc(1), &policy).unwrap().worker_id, first.worker_id);
 }
 
-#[test]
-fn an_adapter_routes_to_its_base_where_it_is_resident_until_that_queues_and_only_for_its_projects() {
+/// Two workers of `m` and adapter `tuned` over it, owned by project acme.
+fn adapter_world() -> World {
     let mut w = World::new();
     w.worker("w1", "m", 1, ComputePool::Cpu);
     w.worker("w2", "m", 1, ComputePool::Cpu);
@@ -451,6 +451,44 @@ fn an_adapter_routes_to_its_base_where_it_is_resident_until_that_queues_and_only
         shared: false,
     };
     w.apply(Command::AddAdapter(spec));
+    w
+}
+
+#[test]
+fn prefix_aware_weighs_a_cold_adapter_load_against_queued_work_and_counts_routed_loads() {
+    let mut w = adapter_world();
+    let policy = PrefixAware::default();
+    let ask = RouteRequest { project: "acme".into(), ..req("tuned") };
+    // Resident on w2 with two sequences running (cost 2 x 4 = 8) against an idle w1 where it is cold (16): w2.
+    w.report_with("w2", 0, 2, 0, &["tuned"]);
+    let d = w.route(&ask, &policy).unwrap();
+    assert_eq!(d.worker_id, id("w2"));
+    assert!(d.reason.contains("cost 8.0") && d.reason.contains("adapter tuned resident"), "{}", d.reason);
+    // Five running there (20) outweigh a load on w1 (16): the adapter spreads to w1, though nothing queues on w2
+    // (least-loaded would still be kept to w2).
+    w.report_with("w2", 0, 5, 0, &["tuned"]);
+    let d = w.route(&ask, &policy).unwrap();
+    assert_eq!(d.worker_id, id("w1"));
+    assert!(d.reason.contains("cost 16.0") && d.reason.contains("loads there (cold)"), "{}", d.reason);
+    assert_eq!(w.route(&ask, &LeastLoaded).unwrap().worker_id, id("w2"));
+    // A request on it routed to w1: until reports cover it, w1 counts as loading it (no second cold load), for
+    // two seconds whatever the reports say meanwhile.
+    w.load.routed_adapter(&id("w1"), crate::hash::stable_hash("tuned"), w.now);
+    w.report_with("w1", 0, 4, 0, &[]);
+    let d = w.route(&ask, &policy).unwrap();
+    assert_eq!(d.worker_id, id("w1"), "{}", d.reason);
+    assert!(d.reason.contains("cost 16.0") && d.reason.contains("loading there"), "{}", d.reason);
+    w.now += crate::load::ROUTE_FORGOTTEN_AFTER;
+    w.report_with("w1", 0, 4, 0, &[]);
+    w.report_with("w2", 0, 5, 0, &["tuned"]);
+    assert_eq!(w.route(&ask, &policy).unwrap().worker_id, id("w2"), "forgotten: cold on w1 again (16 + 16 > 20)");
+    // The base's requests never pay for an adapter.
+    assert_eq!(w.route(&req("m"), &policy).unwrap().worker_id, id("w1"));
+}
+
+#[test]
+fn an_adapter_routes_to_its_base_where_it_is_resident_until_that_queues_and_only_for_its_projects() {
+    let mut w = adapter_world();
     let ask = |project: &str, model: &str| RouteRequest { project: project.into(), ..req(model) };
     // Another project: no such model.
     assert_eq!(w.route(&ask("beta", "tuned"), &LeastLoaded), Err(RouteError::UnknownModel("tuned".into())));

@@ -41,7 +41,7 @@ impl RouteHint {
 }
 
 /// Where should this request run?
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct RouteRequest {
     /// Client-visible request id.
     pub request_id: String,
