@@ -275,6 +275,8 @@ impl WorkerService {
             .map_err(|_| WireError::new(ErrorCode::Unavailable, "the engine has stopped"))?
             .map_err(|e| match e {
                 RequestError::ContextLength { .. } => WireError::new(ErrorCode::ContextLengthExceeded, e.to_string()),
+                // Not the request's fault: another (CPU) worker can serve it, and the frontend tries one.
+                RequestError::AdapterDevice => WireError::new(ErrorCode::Unavailable, e.to_string()),
                 other => WireError::new(ErrorCode::InvalidRequest, other.to_string()),
             })?;
         let send_err = |e: zl_proto::CallError| WireError::new(ErrorCode::Cancelled, e.to_string());

@@ -308,6 +308,10 @@ pub fn decide(
                     if worker.spec.device_class != pool || worker.draining {
                         continue;
                     }
+                    // Adapters run on the CPU kernels: a GPU or hybrid worker would refuse the request.
+                    if adapter.is_some() && pool != ComputePool::Cpu {
+                        continue;
+                    }
                     let mv = &worker.spec.models[mi];
                     if version.as_ref().is_some_and(|v| *v != mv.weights_sha256)
                         || request.excluded_workers.contains(&worker.spec.id)

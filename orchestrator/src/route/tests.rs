@@ -487,6 +487,30 @@ fn prefix_aware_weighs_a_cold_adapter_load_against_queued_work_and_counts_routed
 }
 
 #[test]
+fn requests_on_an_adapter_go_only_to_cpu_workers_whose_kernels_apply_it() {
+    let mut w = World::new();
+    w.worker("g1", "m", 1, ComputePool::Gpu);
+    let spec = crate::state::AdapterSpec {
+        name: "tuned".into(),
+        base: "m".into(),
+        path: "tuned".into(),
+        sha256: sha(7),
+        project: String::new(),
+        shared: false,
+    };
+    w.apply(Command::AddAdapter(spec));
+    let ask = RouteRequest { hint: RouteHint::LowLatency, ..req("tuned") };
+    // The base on a GPU only: no worker can apply the adapter.
+    assert_eq!(w.route(&ask, &PrefixAware::default()), Err(RouteError::NoWorker("tuned".into())));
+    w.worker("c1", "m", 1, ComputePool::Cpu);
+    for policy in [&PrefixAware::default() as &dyn Policy, &LeastLoaded, &RoundRobin::default()] {
+        assert_eq!(w.route(&ask, policy).unwrap().worker_id, id("c1"), "{}", policy.name());
+        let base = RouteRequest { hint: RouteHint::LowLatency, ..req("m") };
+        assert_eq!(w.route(&base, policy).unwrap().worker_id, id("g1"), "the base still prefers the GPU");
+    }
+}
+
+#[test]
 fn an_adapter_routes_to_its_base_where_it_is_resident_until_that_queues_and_only_for_its_projects() {
     let mut w = adapter_world();
     let ask = |project: &str, model: &str| RouteRequest { project: project.into(), ..req(model) };
