@@ -112,11 +112,6 @@ pub trait Policy: Send + Sync {
     fn name(&self) -> &'static str;
     /// The choice.
     fn pick(&self, request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick;
-    /// Whether its choice weighs a cold adapter load against the candidates' other costs; otherwise requests on an
-    /// adapter are kept to the workers that hold it while one of them can start at once.
-    fn weighs_adapters(&self) -> bool {
-        false
-    }
 }
 
 /// The candidate with the lowest score, and that score; ties go to the earlier (lower worker id) candidate.
@@ -347,7 +342,7 @@ pub fn decide(
                 if in_pool.is_empty() {
                     continue;
                 }
-                if adapter.is_some() && !policy.weighs_adapters() {
+                if adapter.is_some() {
                     prefer_resident(&mut in_pool);
                 }
                 let pick = policy.pick(request, &in_pool);
@@ -393,7 +388,8 @@ pub fn decide(
 
 /// Keep only the candidates where the request's adapter is (or is being) loaded, when one of them can start the
 /// request now (nothing waiting there): an adapter sticks to where it is loaded until that queues, then spreads
-/// (loading it costs a worker a read and a check of its file). For policies that do not weigh a cold load.
+/// (loading it costs a worker a read and a check of its file; `prefix-aware` then weighs that load against the
+/// work queued where it is loaded).
 fn prefer_resident(candidates: &mut Vec<Candidate<'_>>) {
     if candidates.iter().any(|c| c.adapter.warm() && c.sequences().1 == 0) {
         candidates.retain(|c| c.adapter.warm());

@@ -9,12 +9,13 @@
 //! own = 2 where prompt work is waiting (queued prefill or in-flight blocks), else 1
 //! ```
 //!
-//! A request on a LoRA adapter prefers the workers that hold it (or were just sent a request on it, so it is
-//! loading there) by `adapter_load_weight` blocks (default 16: reading and checking a rank-16 adapter's file,
-//! about 0.1 s on the bundled model's CPU worker, is about as long as 16 blocks of its prefill, and the load takes
-//! one of the worker's `--max-adapters` places from another adapter). So a hot adapter stays where it is loaded
-//! until queued work there outweighs a load elsewhere, and then it lives on two workers: sticky until saturated,
-//! as prefixes are.
+//! A request on a LoRA adapter goes to the workers that hold it (or were just sent a request on it, so it is
+//! loading there) while one of them has nothing queued (`route::decide`, for every policy). Once they queue, every
+//! worker of the base is a candidate and a cold one pays `adapter_load_weight` blocks (default 16: the load takes
+//! one of the worker's `--max-adapters` places from another adapter, which then loads again where it is next used,
+//! besides reading and checking the file). So a hot adapter leaves the workers that hold it only when the work
+//! queued there outweighs a load elsewhere, and then it lives on two workers: sticky until saturated, as prefixes
+//! are.
 //!
 //! `prompt_blocks` is the number of full blocks in the prompt (the request's block hashes); the cached prefix is
 //! what the worker's KV events say it holds. The prompt work already waiting there (its report's
@@ -85,9 +86,6 @@ impl Policy for PrefixAware {
         if self.predicted_work { "prefix-aware" } else { "prefix-aware-v1" }
     }
 
-    fn weighs_adapters(&self) -> bool {
-        self.predicted_work
-    }
 
     fn pick(&self, request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick {
         let blocks = request.block_hashes.len();

@@ -459,18 +459,21 @@ fn prefix_aware_weighs_a_cold_adapter_load_against_queued_work_and_counts_routed
     let mut w = adapter_world();
     let policy = PrefixAware::default();
     let ask = RouteRequest { project: "acme".into(), ..req("tuned") };
-    // Resident on w2 with two sequences running (cost 2 x 4 = 8) against an idle w1 where it is cold (16): w2.
-    w.report_with("w2", 0, 2, 0, &["tuned"]);
+    // Resident on w2, busy but with nothing queued: kept there however many run (every policy).
+    w.report_with("w2", 0, 7, 0, &["tuned"]);
     let d = w.route(&ask, &policy).unwrap();
     assert_eq!(d.worker_id, id("w2"));
-    assert!(d.reason.contains("cost 8.0") && d.reason.contains("adapter tuned resident"), "{}", d.reason);
-    // Five running there (20) outweigh a load on w1 (16): the adapter spreads to w1, though nothing queues on w2
-    // (least-loaded would still be kept to w2).
-    w.report_with("w2", 0, 5, 0, &["tuned"]);
+    assert!(d.reason.contains("cost 28.0") && d.reason.contains("adapter tuned resident"), "{}", d.reason);
+    // Queued there: every worker is a candidate. One queued and one running (8) against a load on an idle w1
+    // (16): still w2.
+    w.report_with("w2", 1, 1, 0, &["tuned"]);
+    let d = w.route(&ask, &policy).unwrap();
+    assert_eq!(d.worker_id, id("w2"), "{}", d.reason);
+    // One queued and five running (24) outweigh the load (16): the adapter spreads to w1.
+    w.report_with("w2", 1, 5, 0, &["tuned"]);
     let d = w.route(&ask, &policy).unwrap();
     assert_eq!(d.worker_id, id("w1"));
     assert!(d.reason.contains("cost 16.0") && d.reason.contains("loads there (cold)"), "{}", d.reason);
-    assert_eq!(w.route(&ask, &LeastLoaded).unwrap().worker_id, id("w2"));
     // A request on it routed to w1: until reports cover it, w1 counts as loading it (no second cold load), for
     // two seconds whatever the reports say meanwhile.
     w.load.routed_adapter(&id("w1"), crate::hash::stable_hash("tuned"), w.now);
@@ -480,8 +483,8 @@ fn prefix_aware_weighs_a_cold_adapter_load_against_queued_work_and_counts_routed
     assert!(d.reason.contains("cost 16.0") && d.reason.contains("loading there"), "{}", d.reason);
     w.now += crate::load::ROUTE_FORGOTTEN_AFTER;
     w.report_with("w1", 0, 4, 0, &[]);
-    w.report_with("w2", 0, 5, 0, &["tuned"]);
-    assert_eq!(w.route(&ask, &policy).unwrap().worker_id, id("w2"), "forgotten: cold on w1 again (16 + 16 > 20)");
+    w.report_with("w2", 1, 5, 0, &["tuned"]);
+    assert_eq!(w.route(&ask, &policy).unwrap().worker_id, id("w2"), "forgotten: cold on w1 again (16 + 16 > 24)");
     // The base's requests never pay for an adapter.
     assert_eq!(w.route(&req("m"), &policy).unwrap().worker_id, id("w1"));
 }
