@@ -86,7 +86,6 @@ impl Policy for PrefixAware {
         if self.predicted_work { "prefix-aware" } else { "prefix-aware-v1" }
     }
 
-
     fn pick(&self, request: &RouteRequest, candidates: &[Candidate<'_>]) -> Pick {
         let blocks = request.block_hashes.len();
         let key = request.block_hashes.first().copied().unwrap_or_else(|| stable_hash(&request.request_id));
