@@ -437,20 +437,25 @@ fn a_prompt_routed_to_a_worker_counts_as_cached_there_before_its_events_arrive()
     assert_eq!(w.route(&doc(1), &policy).unwrap().worker_id, first.worker_id);
 }
 
-/// Two workers of `m` and adapter `tuned` over it, owned by project acme.
-fn adapter_world() -> World {
-    let mut w = World::new();
-    w.worker("w1", "m", 1, ComputePool::Cpu);
-    w.worker("w2", "m", 1, ComputePool::Cpu);
+/// Adapter `tuned` over `m`, owned by `project` (empty: every project's).
+fn add_tuned(w: &mut World, project: &str) {
     let spec = crate::state::AdapterSpec {
         name: "tuned".into(),
         base: "m".into(),
         path: "tuned".into(),
         sha256: sha(7),
-        project: "acme".into(),
+        project: project.into(),
         shared: false,
     };
     w.apply(Command::AddAdapter(spec));
+}
+
+/// Two workers of `m` and adapter `tuned` over it, owned by project acme.
+fn adapter_world() -> World {
+    let mut w = World::new();
+    w.worker("w1", "m", 1, ComputePool::Cpu);
+    w.worker("w2", "m", 1, ComputePool::Cpu);
+    add_tuned(&mut w, "acme");
     w
 }
 
@@ -493,15 +498,7 @@ fn prefix_aware_weighs_a_cold_adapter_load_against_queued_work_and_counts_routed
 fn requests_on_an_adapter_go_only_to_cpu_workers_whose_kernels_apply_it() {
     let mut w = World::new();
     w.worker("g1", "m", 1, ComputePool::Gpu);
-    let spec = crate::state::AdapterSpec {
-        name: "tuned".into(),
-        base: "m".into(),
-        path: "tuned".into(),
-        sha256: sha(7),
-        project: String::new(),
-        shared: false,
-    };
-    w.apply(Command::AddAdapter(spec));
+    add_tuned(&mut w, "");
     let ask = RouteRequest { hint: RouteHint::LowLatency, ..req("tuned") };
     // The base on a GPU only: no worker can apply the adapter.
     assert_eq!(w.route(&ask, &PrefixAware::default()), Err(RouteError::NoWorker("tuned".into())));
