@@ -84,10 +84,11 @@ const ORCHESTRATOR_TIMEOUT: Duration = Duration::from_millis(800);
 /// Per-call deadline for reports (a Raft commit).
 const REPORT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// When every orchestrator failed and at least one of them answered "ask another" (it has just started and not
-/// heard from the workers, or is joining its group), the group is changing under a rolling restart or a scale-out:
-/// the round is tried again after these pauses, so a request outlives a moment when no replica is ready. Rounds
-/// where none answered (all down) fail at once, as before.
+/// When every orchestrator failed to route and at least one of them answered "ask another" (it has just started
+/// and not heard from the workers, or is joining its group), the group is changing under a rolling restart or a
+/// scale-out: the round is tried again after these pauses, so a client's request outlives a moment when no replica
+/// is ready. Rounds where none answered (all down) fail at once, as before. Only routes wait so: syncs and reports
+/// run in loops that try again on their own schedule (held up here, a fresh frontend's first grant came late).
 const ROUND_PAUSES: [Duration; 3] =
     [Duration::from_millis(250), Duration::from_millis(500), Duration::from_millis(1000)];
 
@@ -143,13 +144,15 @@ impl QuicUpstream {
         read(&self.orchestrators).clone()
     }
 
-    /// A unary call to the orchestrators: each is tried once, starting with the next in turn (and the round again,
-    /// a few times, while one answers that it is not ready yet: [`ROUND_PAUSES`]).
+    /// A unary call to the orchestrators: each is tried once, starting with the next in turn.
     async fn orchestrator_call(&self, request: Message) -> Result<Message, CallError> {
-        self.orchestrator_call_within(ORCHESTRATOR_TIMEOUT, request).await
+        self.orchestrator_round(ORCHESTRATOR_TIMEOUT, &request).await.0
     }
 
-    async fn orchestrator_call_within(&self, timeout: Duration, request: Message) -> Result<Message, CallError> {
+    /// [`Self::orchestrator_call`], and the round again, a few times, while one answers that it is not ready yet
+    /// ([`ROUND_PAUSES`]).
+    async fn patient_orchestrator_call(&self, request: Message) -> Result<Message, CallError> {
+        let timeout = ORCHESTRATOR_TIMEOUT;
         let mut pauses = ROUND_PAUSES.iter();
         loop {
             let (result, answered_unavailable) = self.orchestrator_round(timeout, &request).await;
@@ -202,7 +205,7 @@ fn unexpected(what: &str, got: &Message) -> CallError {
 impl Upstream for QuicUpstream {
     fn route(&self, request: RouteRequest) -> BoxFuture<'_, Result<RouteDecision, CallError>> {
         Box::pin(async move {
-            match self.orchestrator_call(Message::RouteRequest(request)).await? {
+            match self.patient_orchestrator_call(Message::RouteRequest(request)).await? {
                 Message::RouteDecision(d) => Ok(d),
                 other => Err(unexpected("a route decision", &other)),
             }
@@ -221,7 +224,7 @@ impl Upstream for QuicUpstream {
     fn report(&self, report: FrontendReport) -> BoxFuture<'_, Result<FrontendGrant, CallError>> {
         Box::pin(async move {
             // A report is a Raft write: more time than a route, still well under the report interval's worth.
-            match self.orchestrator_call_within(REPORT_TIMEOUT, Message::FrontendReport(report)).await? {
+            match self.orchestrator_round(REPORT_TIMEOUT, &Message::FrontendReport(report)).await.0? {
                 Message::FrontendGrant(g) => Ok(g),
                 other => Err(unexpected("a frontend grant", &other)),
             }
