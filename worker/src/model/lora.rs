@@ -8,7 +8,7 @@
 use super::config::LlamaConfig;
 use rayon::prelude::*;
 
-use super::kernels::{LowRank, low_rank_update};
+use super::kernels::{LowRank, f16_to_f32, low_rank_update, to_half_bits};
 
 /// The largest rank accepted (PEFT's published adapters go up to 256).
 pub const MAX_RANK: usize = 512;
@@ -95,16 +95,6 @@ pub struct LoraPair {
 /// The largest finite IEEE half.
 const HALF_MAX: f32 = 65504.0;
 
-/// `v` rounded to the nearest IEEE half's bits.
-fn half_bits(v: f32) -> u16 {
-    half::f16::from_f32(v).to_bits()
-}
-
-/// An IEEE half's value.
-fn half_value(bits: u16) -> f32 {
-    half::f16::from_bits(bits).to_f32()
-}
-
 impl LoraPair {
     /// The update `scale * B A` from `A` (`rank` rows of `inputs`, row-major) and `B` (`outputs` rows of `rank`),
     /// rounded to halves (`B` after the scale); a value beyond a half's range is refused.
@@ -131,8 +121,7 @@ impl LoraPair {
         if let Some(v) = a.iter().chain(&bt).find(|v| v.abs() > HALF_MAX) {
             return Err(format!("a factor value ({v}, after the scale) is beyond a 16-bit float's range"));
         }
-        let halves = |v: &[f32]| v.iter().map(|&v| half_bits(v)).collect();
-        Ok(LoraPair { rank, inputs, outputs, a: halves(a), bt: halves(&bt) })
+        Ok(LoraPair { rank, inputs, outputs, a: to_half_bits(a), bt: to_half_bits(&bt) })
     }
 
     /// The rank.
@@ -160,9 +149,9 @@ impl LoraPair {
     /// Add the update's row `j` (`scale * (B A)[j]`, one value per input) to `row`: merging into a float weight.
     pub fn add_delta_row(&self, j: usize, row: &mut [f32]) {
         for k in 0..self.rank {
-            let c = half_value(self.bt[k * self.outputs + j]);
+            let c = f16_to_f32(self.bt[k * self.outputs + j]);
             let a = &self.a[k * self.inputs..(k + 1) * self.inputs];
-            row.iter_mut().zip(a).for_each(|(w, &a)| *w += c * half_value(a));
+            row.iter_mut().zip(a).for_each(|(w, &a)| *w += c * f16_to_f32(a));
         }
     }
 
@@ -310,7 +299,7 @@ mod tests {
     fn a_rows_update_is_the_scaled_product_of_b_and_a() {
         let (inputs, outputs, rank) = (40, 24, 3);
         // Factors a half holds exactly (and a scale of 2 keeps them so), so the halves change nothing.
-        let halves = |v: Vec<f32>| v.into_iter().map(|v| half_value(half_bits(v))).collect::<Vec<f32>>();
+        let halves = |v: Vec<f32>| to_half_bits(&v).into_iter().map(f16_to_f32).collect::<Vec<f32>>();
         let (a, b, x) = (halves(values(1, rank * inputs)), halves(values(2, outputs * rank)), values(3, inputs));
         let pair = LoraPair::new(&a, &b, inputs, outputs, 2.0).unwrap();
         assert_eq!((pair.rank(), pair.shape()), (rank, (outputs, inputs)));
@@ -363,7 +352,7 @@ mod tests {
         let mut p = LoraPair::new(&[1.0], &b, 1, 8, 1.0).unwrap();
         let original = p.clone();
         p.permute_heads(2, 4, true);
-        let bt: Vec<f32> = p.bt.iter().map(|&h| half_value(h)).collect();
+        let bt: Vec<f32> = p.bt.iter().map(|&h| f16_to_f32(h)).collect();
         assert_eq!(bt, [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
         p.permute_heads(2, 4, false);
         assert_eq!(p, original);

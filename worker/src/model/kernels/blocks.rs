@@ -16,7 +16,7 @@ pub(super) const HALVES: usize = QK / SUB;
 /// An IEEE half's bits as f32, exactly, inline (the `half` crate's conversion is a call and a CPU-feature check
 /// per value, which cost the block kernels half their time at one row).
 #[inline(always)]
-pub(super) fn f16_to_f32(h: u16) -> f32 {
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
     let sign = u32::from(h & 0x8000) << 16;
     let (exp, man) = (u32::from((h >> 10) & 0x1f), u32::from(h & 0x3ff));
     match exp {

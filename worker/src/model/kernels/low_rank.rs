@@ -57,9 +57,8 @@ pub(super) fn low_rank_rows(w: LowRank<'_>, x: &[f32], rows: &mut [(usize, &mut 
     }
 }
 
-/// `values` rounded to IEEE half bits (nearest, ties to even).
-#[cfg(test)]
-fn to_half_bits(values: &[f32]) -> Vec<u16> {
+/// `values` rounded to IEEE half bits (nearest, ties to even): how [`LowRank`] factors are made.
+pub fn to_half_bits(values: &[f32]) -> Vec<u16> {
     values.iter().map(|&v| half::f16::from_f32(v).to_bits()).collect()
 }
 

@@ -48,10 +48,11 @@ use rayon::prelude::*;
 
 pub use attention::{AttentionShape, KvPlane};
 pub use blocks::BlockFormat;
+pub(crate) use blocks::f16_to_f32;
 pub use isa::Isa;
-pub use low_rank::LowRank;
 #[cfg(test)]
 pub(crate) use low_rank::test_values;
+pub use low_rank::{LowRank, to_half_bits};
 pub use math::{dot_f32, dot4_f32, exp_f32, sum_f32};
 pub use weight::{Weight, WeightError};
 
