@@ -7,11 +7,9 @@
 //! Every per-row operation (norms, RoPE, attention, activation) reads only its own row, in a fixed order, so the
 //! result for a sequence does not depend on what else is in the batch. No IO; weights arrive already loaded.
 
-use rayon::prelude::*;
-
 pub use super::config::{Activation, LlamaConfig, MAX_HEAD_DIM, SlidingWindow};
 pub(crate) use super::kernels::PARALLEL_ROWS;
-use super::kernels::{AttentionShape, Input, Weight, attention_rows, dot_f32, exp_f32, per_row, with_simd};
+use super::kernels::{AttentionShape, Input, Weight, attention_rows, dot_f32, exp_f32, per_row, team, with_simd};
 pub use super::kv_store::{KvDtype, KvStore};
 use super::lora::{LoraAdapter, Target, add_updates};
 pub use super::rope::RopeScaling;
@@ -315,7 +313,7 @@ impl Llama {
     pub fn forward(&self, items: &[BatchItem<'_>], kv: &mut KvStore) -> Vec<f32> {
         // On a pool thread: the serial parts between parallel kernels then share the cores with the pool's other
         // threads instead of competing with them from outside the pool.
-        rayon::scope(|_| with_simd(|| self.forward_inner(items, kv)))
+        team::scope(|| with_simd(|| self.forward_inner(items, kv)))
     }
 
     #[inline(always)]
@@ -386,10 +384,8 @@ impl Llama {
             // Each row's rotation reads only that row: one parallel pass for large batches. Then the new keys and
             // values go to their slots, in the cache's type.
             if n >= PARALLEL_ROWS {
-                let rows = q.par_chunks_mut(qd).zip(k.par_chunks_mut(kvd));
-                rows.enumerate().for_each(|(r, (qr, kr))| {
-                    with_simd(|| self.rotate_row(layer, local, row_pos[r], qr, kr));
-                });
+                let rows = q.chunks_mut(qd).zip(k.chunks_mut(kvd)).enumerate().collect();
+                team::for_each(rows, |(r, (qr, kr))| with_simd(|| self.rotate_row(layer, local, row_pos[r], qr, kr)));
             } else {
                 for (r, (qr, kr)) in q.chunks_mut(qd).zip(k.chunks_mut(kvd)).enumerate() {
                     self.rotate_row(layer, local, row_pos[r], qr, kr);
@@ -413,9 +409,10 @@ impl Llama {
                 outs.push(out);
                 rest = tail;
             }
-            // Fewer tiles than threads (one long sequence decoding): each splits its own work over them.
+            // Fewer tiles than threads (one long sequence decoding): each splits its own work over the threads, one
+            // tile after another (a region inside a task would run on its thread alone).
             let split = groups.len() < rayon::current_num_threads();
-            outs.into_par_iter().zip(&groups).for_each(|(out, &(a, b))| {
+            let tile = |(out, &(a, b)): (&mut [f32], &(usize, usize))| {
                 let it = row_item[a];
                 let (base, slots) = match (&window_slots[it], local) {
                     (Some((base, slots)), true) => (*base, &slots[..]),
@@ -428,7 +425,12 @@ impl Llama {
                     })
                     .collect();
                 attention_rows(&q[a * qd..b * qd], slots, &ranges, kv_ref.layer(li), shape, split, out);
-            });
+            };
+            if split {
+                outs.into_iter().zip(&groups).for_each(tile);
+            } else {
+                team::for_each(outs.into_iter().zip(&groups).collect(), tile);
+            }
             layer.wo.matmul(&attn, n, &mut proj);
             if adapted {
                 lora(li, &attn, vec![(Target::O, &mut proj)]);

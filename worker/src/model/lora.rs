@@ -6,9 +6,8 @@
 //! files) is `lora_load`'s; merging into a float model (the reference) is `lora_merge`'s.
 
 use super::config::LlamaConfig;
-use rayon::prelude::*;
 
-use super::kernels::{LowRank, f16_to_f32, low_rank_update, to_half_bits};
+use super::kernels::{LowRank, f16_to_f32, low_rank_update, team, to_half_bits};
 
 /// The largest rank accepted (PEFT's published adapters go up to 256).
 pub const MAX_RANK: usize = 512;
@@ -275,11 +274,7 @@ pub(crate) fn add_updates(rows: &[Option<&LoraAdapter>], layer: usize, x: &[f32]
             }
         }
     }
-    if tasks.len() > 1 {
-        tasks.into_par_iter().for_each(|(p, mut group)| p.add_to_rows(x, &mut group));
-    } else {
-        tasks.into_iter().for_each(|(p, mut group)| p.add_to_rows(x, &mut group));
-    }
+    team::for_each(tasks, |(p, mut group)| p.add_to_rows(x, &mut group));
 }
 
 /// Output rows of one task: (row index, the row).

@@ -26,6 +26,7 @@
 //! - `portable.rs`: the reference matmul kernels every SIMD level must match bit for bit;
 //! - `attention.rs`: the reference attention over the KV cache (f16 or 8-bit) and the pieces every level shares;
 //! - `blocks.rs`: the GGUF block formats' decoding, the reference the repacked layouts are checked against;
+//! - `team.rs`: the forward step's fork-join (the pool's threads polling for the next parallel region);
 //! - `x86/`: the SIMD levels (AVX2, AVX-512), the only place in the worker allowed `unsafe`.
 
 mod attention;
@@ -35,6 +36,8 @@ mod low_rank;
 mod math;
 mod portable;
 mod quant;
+#[allow(unsafe_code)] // lends the leader's closure to its helpers for one region (see the file's SAFETY notes)
+pub mod team;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
@@ -43,8 +46,6 @@ mod weight;
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod x86;
-
-use rayon::prelude::*;
 
 pub use attention::{AttentionShape, KvPlane};
 pub use blocks::BlockFormat;
@@ -133,7 +134,7 @@ impl<'a> Input<'a> {
                 }
             }
         }
-        tasks.into_par_iter().for_each(|mut t| columns(t.weight, x, t.xq, t.c0, &mut t.out));
+        team::for_each(tasks, |mut t| columns(t.weight, x, t.xq, t.c0, &mut t.out));
     }
 }
 
@@ -280,7 +281,7 @@ pub const PARALLEL_ROWS: usize = 4;
 /// on its own, so splitting never changes a result.
 pub fn per_row(out: &mut [f32], width: usize, f: impl Fn(usize, &mut [f32]) + Sync) {
     if out.len() / width.max(1) >= PARALLEL_ROWS {
-        out.par_chunks_mut(width).enumerate().for_each(|(r, o)| with_simd(|| f(r, o)));
+        team::for_each(out.chunks_mut(width).enumerate().collect(), |(r, o)| with_simd(|| f(r, o)));
     } else {
         out.chunks_mut(width).enumerate().for_each(|(r, o)| f(r, o));
     }

@@ -5,8 +5,6 @@
 //! answers agreed with the float reference path on about 13 of 20 questions, with 16 bits on all of them (see
 //! docs/worker.md, "Quality"). Products stay exact integer sums, so every level still computes the same bits.
 
-use rayon::prelude::*;
-
 use super::QK;
 use super::blocks::{HALVES, SUB};
 use super::math::sum_f32;
@@ -96,21 +94,23 @@ impl QuantizedRows {
             rows,
             blocks_per_row: bpr,
         };
-        out.blocks
-            .par_chunks_mut(ROW_GROUP * bpr)
-            .zip(out.sums.par_chunks_mut(ROW_GROUP * bpr))
-            .zip(x.par_chunks(ROW_GROUP * cols))
-            .zip(out.isums.par_chunks_mut(ROW_GROUP * bpr * HALVES))
-            .for_each(|(((blocks, sums), x), isums)| {
-                group(x, cols, blocks, sums);
-                // Exact integer sums: the same at every level, so computed here once for all of them.
-                let rows = x.len() / cols;
-                for (i, isum) in isums.iter_mut().enumerate() {
-                    let (r, b, h) = (i / (bpr * HALVES), i / HALVES % bpr, i % HALVES);
-                    let q = &blocks[b * rows + r].q[h * SUB..(h + 1) * SUB];
-                    *isum = q.iter().map(|&v| i32::from(v)).sum();
-                }
-            });
+        let groups: Vec<_> = out
+            .blocks
+            .chunks_mut(ROW_GROUP * bpr)
+            .zip(out.sums.chunks_mut(ROW_GROUP * bpr))
+            .zip(x.chunks(ROW_GROUP * cols))
+            .zip(out.isums.chunks_mut(ROW_GROUP * bpr * HALVES))
+            .collect();
+        super::team::for_each(groups, |(((blocks, sums), x), isums)| {
+            group(x, cols, blocks, sums);
+            // Exact integer sums: the same at every level, so computed here once for all of them.
+            let rows = x.len() / cols;
+            for (i, isum) in isums.iter_mut().enumerate() {
+                let (r, b, h) = (i / (bpr * HALVES), i / HALVES % bpr, i % HALVES);
+                let q = &blocks[b * rows + r].q[h * SUB..(h + 1) * SUB];
+                *isum = q.iter().map(|&v| i32::from(v)).sum();
+            }
+        });
         out
     }
 

@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use rayon::prelude::*;
+use super::super::team;
 
 use super::super::attention::{AttentionShape, KvPlane, softmax_weights};
 use super::super::isa::Isa;
@@ -229,7 +229,7 @@ fn values_avx2<S: Source, const B: usize>(v: &Values<'_, S>, o: &mut [f32], widt
 
 /// `f` over `items`, on the threads when `parallel`, the results in order.
 fn tasks<T: Send, R: Send>(parallel: bool, items: Vec<T>, f: impl Fn(T) -> R + Sync + Send) -> Vec<R> {
-    if parallel { items.into_par_iter().map(f).collect() } else { items.into_iter().map(f).collect() }
+    if parallel { team::map(items, f) } else { items.into_iter().map(f).collect() }
 }
 
 /// Tiles from which a call splits its work over the threads.
