@@ -13,10 +13,13 @@ pub enum Isa {
     /// AVX2's, and AVX-512 F, BW, VL and VNNI (Intel since Cascade Lake and Ice Lake, AMD since Zen 4): the
     /// integer kernels' pair products as `vpdpwssd`. The other kernels run their AVX2 code.
     Avx512,
+    /// AVX-512's, and AMX-TILE and AMX-INT8 (Intel since Sapphire Rapids) where the operating system grants the
+    /// process the tile state: Q8_0 and Q4_1 matmuls of eight batch rows or more on the tile unit (`x86/amx.rs`).
+    Amx,
 }
 
 impl Isa {
-    pub(super) const ALL: [Isa; 3] = [Isa::Portable, Isa::Avx2, Isa::Avx512];
+    pub(super) const ALL: [Isa; 4] = [Isa::Portable, Isa::Avx2, Isa::Avx512, Isa::Amx];
 
     /// The name `ZL_KERNEL_ISA` takes.
     pub fn name(self) -> &'static str {
@@ -24,6 +27,7 @@ impl Isa {
             Isa::Portable => "portable",
             Isa::Avx2 => "avx2",
             Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
         }
     }
 
@@ -36,7 +40,14 @@ impl Isa {
                 use std::arch::is_x86_feature_detected as has;
                 if has!("avx2") && has!("fma") && has!("f16c") {
                     let vnni = has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512vnni");
-                    return if vnni { Isa::Avx512 } else { Isa::Avx2 };
+                    let amx = vnni && has!("avx512dq") && amx_granted();
+                    return if amx {
+                        Isa::Amx
+                    } else if vnni {
+                        Isa::Avx512
+                    } else {
+                        Isa::Avx2
+                    };
                 }
             }
             Isa::Portable
@@ -75,4 +86,25 @@ impl Isa {
             }
         })
     }
+}
+
+/// Whether the CPU has AMX-TILE and AMX-INT8 (CPUID leaf 7: EDX bits 24 and 25) and Linux lets this process use
+/// the tile state: it keeps it off until a process asks (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`),
+/// asked here once; a refusal (an older kernel, a hypervisor without it) leaves the AVX-512 level.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+fn amx_granted() -> bool {
+    let leaf7 = std::arch::x86_64::__cpuid_count(7, 0);
+    if (leaf7.edx >> 24) & 3 != 3 || !cfg!(target_os = "linux") {
+        return false;
+    }
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    unsafe extern "C" {
+        fn syscall(number: i64, ...) -> i64;
+    }
+    // SAFETY: glibc's `syscall` with `arch_prctl`'s documented request: it changes only which state the kernel lets
+    // this process use, and reports a refusal by its return value.
+    unsafe { syscall(SYS_ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
 }

@@ -64,6 +64,9 @@ impl XBlock {
     }
 }
 
+/// Rows per group of [`QuantizedRows::byte_planes`] (the tile unit's 16 rows).
+pub(super) const PLANE_ROWS: usize = 16;
+
 /// Batch rows the SIMD kernel runs together; the quantized activations are laid out in groups of this many rows.
 pub(super) const ROW_GROUP: usize = 8;
 
@@ -79,6 +82,8 @@ pub(super) struct QuantizedRows {
     pub(super) isums: Vec<i32>,
     pub(super) rows: usize,
     pub(super) blocks_per_row: usize,
+    /// [`QuantizedRows::byte_planes`], made on first use.
+    planes: std::sync::OnceLock<Vec<u8>>,
 }
 
 impl QuantizedRows {
@@ -93,6 +98,7 @@ impl QuantizedRows {
             isums: vec![0i32; rows * bpr * HALVES],
             rows,
             blocks_per_row: bpr,
+            planes: std::sync::OnceLock::new(),
         };
         let groups: Vec<_> = out
             .blocks
@@ -112,6 +118,26 @@ impl QuantizedRows {
             }
         });
         out
+    }
+
+    /// Each quant split into its bytes, `q = 256 * hi + lo` (`lo` unsigned, `hi` signed), for the 8-bit tile unit:
+    /// per group of [`PLANE_ROWS`] rows (the last padded with zero rows) and block, the rows' 32 low bytes, then
+    /// their 32 high bytes (`[group][block][lo, hi][row][element]`). Made once per batch, on first use.
+    pub(super) fn byte_planes(&self) -> &[u8] {
+        self.planes.get_or_init(|| {
+            let (bpr, g) = (self.blocks_per_row, PLANE_ROWS);
+            let mut planes = vec![0u8; self.rows.div_ceil(g) * bpr * 2 * g * QK];
+            for r in 0..self.rows {
+                for b in 0..bpr {
+                    let at = ((r / g * bpr + b) * 2 * g + r % g) * QK;
+                    for (e, &q) in self.blocks[self.index(r, b)].q.iter().enumerate() {
+                        planes[at + e] = q as u8;
+                        planes[at + g * QK + e] = (q >> 8) as u8;
+                    }
+                }
+            }
+            planes
+        })
     }
 
     /// Where block `b` of row `r` is stored.

@@ -26,7 +26,7 @@ pub(in super::super) fn attention_rows(
     out: &mut [f32],
 ) {
     assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
-    let wide = isa == Isa::Avx512 && shape.head_dim.is_multiple_of(16);
+    let wide = isa >= Isa::Avx512 && shape.head_dim.is_multiple_of(16);
     // SAFETY (all four): the assertion checked the CPU has the level's instructions.
     match kv {
         (KvPlane::F16(k), KvPlane::F16(v)) => {

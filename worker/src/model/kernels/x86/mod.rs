@@ -1,4 +1,4 @@
-//! The x86-64 SIMD kernels: AVX2 and AVX-512 (integer matmul, activation quantization, attention over the f16 or
+//! The x86-64 SIMD kernels: AVX2, AVX-512 and AMX (integer matmul, activation quantization, attention over the f16 or
 //! 8-bit KV cache: `attention.rs` runs both levels, `attention512.rs` holds AVX-512's inner loops,
 //! `attention_parts.rs` what they share).
 //! Nothing else in the worker needs `unsafe`: only the unaligned loads and stores here, and entering
@@ -11,6 +11,7 @@
 mod simd;
 #[macro_use]
 mod tiles;
+mod amx;
 mod attention;
 mod attention512;
 mod attention_parts;
@@ -66,13 +67,20 @@ pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums
     unsafe { quantize::quantize_group_avx2(x, cols, blocks, sums) }
 }
 
+/// Whether [`columns_int`] at level `isa` runs `weight` on the tile unit for `rows` batch rows (its callers then
+/// make the activations' byte planes before their parallel tasks: `QuantizedRows::byte_planes`).
+pub(super) fn on_tiles(isa: Isa, weight: &Weight, rows: usize) -> bool {
+    isa == Isa::Amx && rows >= amx::MIN_ROWS && amx::serves(weight)
+}
+
 /// The integer kernel at level `isa` (at least AVX2; the caller checked the CPU has it).
 pub(super) fn columns_int(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
     assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
     // SAFETY: the assertion checked that the CPU has the level's features.
     unsafe {
         match isa {
-            Isa::Avx512 => avx512::tiled_columns(weight, xq, c0, out),
+            Isa::Amx if on_tiles(isa, weight, out.len()) => amx::columns(weight, xq, c0, out),
+            Isa::Avx512 | Isa::Amx => avx512::tiled_columns(weight, xq, c0, out),
             _ => avx2::tiled_columns(weight, xq, c0, out),
         }
     }
@@ -84,7 +92,7 @@ pub(super) fn columns_blocks(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: 
     // SAFETY: the assertion checked that the CPU has the level's features.
     unsafe {
         match isa {
-            Isa::Avx512 => avx512::columns_blocks(weight, xq, c0, out),
+            Isa::Avx512 | Isa::Amx => avx512::columns_blocks(weight, xq, c0, out),
             _ => avx2::columns_blocks(weight, xq, c0, out),
         }
     }
