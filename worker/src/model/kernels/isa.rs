@@ -14,7 +14,7 @@ pub enum Isa {
     /// integer kernels' pair products as `vpdpwssd`. The other kernels run their AVX2 code.
     Avx512,
     /// AVX-512's, and AMX-TILE and AMX-INT8 (Intel since Sapphire Rapids) where the operating system grants the
-    /// process the tile state: Q8_0 and Q4_1 matmuls of eight batch rows or more on the tile unit (`x86/amx.rs`).
+    /// process the tile state: the repacked formats' matmuls of 16 batch rows or more on the tile unit (`x86/amx.rs`).
     Amx,
 }
 

@@ -1,19 +1,20 @@
-//! The AMX level: Q8_0 and Q4_1 block products on the tile unit (Intel AMX-INT8, Sapphire Rapids and later), for
-//! batches of [`MIN_ROWS`] rows or more; the rest of the level is AVX-512's.
+//! The AMX level: the repacked formats' block products on the tile unit (Intel AMX-INT8, Sapphire Rapids and
+//! later), for batches of [`MIN_ROWS`] rows or more; the rest of the level is AVX-512's.
 //!
 //! AMX multiplies 8-bit integers only, and the activations are 16-bit (docs/worker.md, "Quality"). Each quant is
 //! split exactly into its bytes, `q = 256 * hi + lo` (`hi` signed, `lo` unsigned: `QuantizedRows::byte_planes`), so
-//! a block's product is `256 * (hi · w) + (lo · w)`: `tdpbssd` for the high bytes, `tdpbusd` for the low ones, each
-//! an exact i32 sum over the block's 32 elements for 16 rows and 16 features at once, combined exactly. The weights'
-//! tiled layout (four elements of each of eight features per 32 bytes) is the tile unit's "VNNI" layout of its B
-//! operand; two tiles go side by side into one B tile per call (Q8_0 copied, Q4_1's nibbles split into bytes), for
-//! every group of 16 rows; four tiles (32 features) a step, so two products are in flight per activation load.
-//! The scales are then applied as AVX-512's `q8_0_tile`/`q4_1_tile` apply them, the same operations in the same
-//! order per output, two tiles to a vector: the same bits (`tests::simd_and_portable_kernels_agree_bit_for_bit`
-//! runs this level where the CPU has it, at 16 to 40 rows).
+//! a product is `256 * (hi · w) + (lo · w)`: `tdpbssd` for the high bytes, `tdpbusd` for the low ones, each an
+//! exact i32 sum for 16 rows and 16 features at once, combined exactly; over a whole block of 32 (Q8_0, Q4_1) or
+//! each 16-value half (Q4_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, whose scales or minimums are per half), with a tile
+//! configuration for each. The weights' tiled layout (four elements of each of eight features per 32 bytes) is the
+//! tile unit's "VNNI" layout of its B operand: each call turns the blocks it reads into their signed or unsigned
+//! byte values (the ones the AVX-512 kernels widen to 16 bits), two tiles side by side per B tile, once for every
+//! group of 16 rows; four tiles (32 features) a step, so two products are in flight per activation load. The scales
+//! are then applied as each AVX-512 kernel applies them, the same operations in the same order per output, two
+//! tiles to a vector: the same bits (the bit-for-bit tests run this level where the CPU has it, at 16 to 40 rows).
 //!
 //! Measured (`zl-worker bench`, SmolLM2 Q4_1, 2 threads, this level against AVX-512's): decode of 16 sequences
-//! 1.14-1.18x, prefill of a 512-token prompt 1.31x. A call unpacks the weights it reads, which costs as much as
+//! 1.14-1.18x, prefill of a 512-token prompt 1.31x. A call converts the weights it reads, which costs as much as
 //! 16 rows' products at 16 rows; below [`MIN_ROWS`] the AVX-512 kernels stay ahead.
 
 use std::arch::asm;
@@ -21,23 +22,31 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::super::QK;
+use super::super::blocks::{BlockFormat, HALVES};
 use super::super::quant::{PLANE_ROWS as GROUP, QuantizedRows};
 use super::super::weight::{TILE, Weight};
-use super::simd::{load8f, store_features, tile};
+use super::simd::{load8f, load8h, load32u, store_features, tile, widen8, widen8_signed, with_fifth_bit};
 
 /// Batch rows from which the tile unit serves a matmul (below, AVX-512's kernels: the unit computes 16 rows whatever
 /// the batch, and the weights' bytes cost the same per call however few rows use them; at 8 rows the tile unit was
 /// 0.8x AVX-512, at 12 even).
 pub(super) const MIN_ROWS: usize = 16;
 
-/// Whether the tile unit serves `weight`'s format.
+/// Whether the tile unit serves `weight`'s format: every repacked one (Q8_0, Q4_1; Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and
+/// Q6_K by 16-value halves). Q2_K and Q3_K, unpacked per step from the file's blocks, stay on AVX-512.
 pub(super) fn serves(weight: &Weight) -> bool {
-    matches!(weight, Weight::Q8_0 { .. } | Weight::Q4_1 { .. })
+    matches!(weight, Weight::Q8_0 { .. } | Weight::Q4_1 { .. } | Weight::Legacy { .. } | Weight::Q4K { .. } | Weight::Q6K { .. })
 }
 
-/// The tile configuration (palette 1): `tmm0`/`tmm1` the activations' low and high bytes (16 rows of 32), `tmm2` and
-/// `tmm3` the block of two pairs of weight tiles (8 rows of four elements of 16 features each), `tmm4`..`tmm7` the
-/// products (16 rows of 16 i32: the first pair's with the low and the high bytes, then the second pair's).
+/// Products per block: Q8_0 and Q4_1 scale a whole block's sum, the other formats each 16-value half's.
+fn parts(weight: &Weight) -> usize {
+    if matches!(weight, Weight::Q8_0 { .. } | Weight::Q4_1 { .. }) { 1 } else { HALVES }
+}
+
+/// A tile configuration (palette 1): `tmm0`/`tmm1` the activations' low and high bytes (16 rows of a block's 32
+/// bytes, or a half's 16), `tmm2` and `tmm3` two pairs of weight tiles side by side (8 rows of four elements of 16
+/// features, or 4 rows for a half), `tmm4`..`tmm7` the products (16 rows of 16 i32: the first pair's with the low
+/// and the high bytes, then the second pair's).
 #[repr(C, align(64))]
 struct Config {
     palette: u8,
@@ -47,53 +56,74 @@ struct Config {
     rows: [u8; 16],
 }
 
-const CONFIG: Config = {
+/// The configuration for products over `k` bytes of each row (32: whole blocks; 16: halves).
+const fn config(k: usize) -> Config {
     let mut c = Config { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
     let mut i = 0;
     while i < 8 {
-        c.colsb[i] = if i < 2 { 32 } else { 64 };
-        c.rows[i] = if i == 2 || i == 3 { 8 } else { GROUP as u8 };
+        c.colsb[i] = if i < 2 { k as u16 } else { 64 };
+        c.rows[i] = if i == 2 || i == 3 { (k / 4) as u8 } else { GROUP as u8 };
         i += 1;
     }
     c
-};
+}
+
+const CONFIGS: [Config; 2] = [config(QK), config(QK / HALVES)];
 
 thread_local! {
-    /// Whether this thread's tile unit holds [`CONFIG`] (the configuration is per thread and survives switches).
-    static CONFIGURED: Cell<bool> = const { Cell::new(false) };
+    /// Which of [`CONFIGS`] this thread's tile unit holds, plus one (0: none yet); the configuration is per thread
+    /// and survives switches.
+    static LOADED: Cell<usize> = const { Cell::new(0) };
 }
 
 /// A buffer the tile unit stores to or loads from.
 #[repr(C, align(64))]
 struct Buf<const N: usize>([u8; N]);
 
-/// Output features `c0..c0 + out[r].len()` of every batch row `r` (Q8_0 or Q4_1; [`serves`]).
+/// How a part's i32 sums become floats beside the scale: Q4_1's block minimum times the activations' f32 block
+/// sum; Q5_1's and the K-quants' half minimum times the activations' scale, times their exact half sum.
+#[derive(Clone, Copy)]
+enum Min {
+    None,
+    Sum(__m512),
+    Scaled(__m512),
+}
+
+/// Output features `c0..c0 + out[r].len()` of every batch row `r` ([`serves`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq")]
 pub(super) fn columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
-    if !CONFIGURED.with(Cell::get) {
-        // SAFETY: `CONFIG` is a valid palette-1 configuration of 64 aligned bytes; the caller checked the CPU has
-        // AMX and the process has the permission (`Isa::detected`).
-        unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
-        CONFIGURED.with(|c| c.set(true));
+    let parts = parts(weight);
+    let which = if parts == 1 { 0 } else { 1 };
+    if LOADED.with(Cell::get) != which + 1 {
+        // SAFETY: each of `CONFIGS` is a valid palette-1 configuration of 64 aligned bytes; the caller checked the
+        // CPU has AMX and the process has the permission (`Isa::detected`).
+        unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIGS[which], options(nostack, readonly)) };
+        LOADED.with(|l| l.set(which + 1));
     }
     let (bpr, n) = (xq.blocks_per_row, out.len());
-    let groups = n.div_ceil(GROUP);
+    let (groups, steps) = (n.div_ceil(GROUP), bpr * parts);
     let planes = xq.byte_planes();
-    // Each row's block scales and (Q4_1) block sums, `[group][block][row]`, zero for the padding rows.
-    let (mut xd, mut xs) = (vec![0f32; groups * bpr * GROUP], vec![0f32; groups * bpr * GROUP]);
+    // Each row's block scales and the sums its minimum term takes (Q4_1: the block's f32 sum; the others: each
+    // half's exact integer sum), `[group][block][part][row]`, zero for the padding rows.
+    let (mut xd, mut xs) = (vec![0f32; groups * bpr * GROUP], vec![0f32; groups * steps * GROUP]);
     for r in 0..n {
         for b in 0..bpr {
-            let at = (r / GROUP * bpr + b) * GROUP + r % GROUP;
-            xd[at] = xq.blocks[xq.index(r, b)].d;
-            xs[at] = xq.sums[r * bpr + b];
+            xd[(r / GROUP * bpr + b) * GROUP + r % GROUP] = xq.blocks[xq.index(r, b)].d;
+            for p in 0..parts {
+                xs[((r / GROUP * bpr + b) * parts + p) * GROUP + r % GROUP] = if parts == 1 {
+                    xq.sums[r * bpr + b]
+                } else {
+                    xq.isums[(r * bpr + b) * HALVES + p] as f32
+                };
+            }
         }
     }
     let (first, end) = (c0 / TILE, (c0 + out[0].len()).div_ceil(TILE));
     // Four tiles' blocks as two B tiles: per block 2 x 8 rows of 64 bytes (tiles `t`, `t + 1`; then `t + 2`,
-    // `t + 3`), zero where the range has fewer tiles.
+    // `t + 3`; a half's rows are 4 of them), zero where the range has fewer tiles.
     let mut w = vec![0u8; bpr * QUAD_BYTES];
-    // Products of two blocks in flight: block `b`'s go to half `b % 2` while block `b - 1`'s are scaled from the
-    // other, so the out-of-order core overlaps the scaling with the tile unit's latency.
+    // Products of two steps in flight: step `j`'s go to half `j % 2` while step `j - 1`'s are scaled from the other,
+    // so the out-of-order core overlaps the scaling with the tile unit's latency.
     let mut c = Box::new(Buf::<{ 2 * PRODUCTS }>([0; 2 * PRODUCTS]));
     let mut t = first;
     while t < end {
@@ -101,41 +131,23 @@ pub(super) fn columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut 
         if tiles < 4 {
             w.fill(0);
         }
-        let (d, m) = match weight {
-            Weight::Q8_0 { d, qs, .. } => {
-                for u in 0..tiles {
-                    for (b, q) in tile(qs, t + u, bpr * 256).chunks_exact(256).enumerate() {
-                        side_by_side(q.as_ptr().cast(), &mut w[b * QUAD_BYTES + u / 2 * 512 + u % 2 * 32..]);
-                    }
-                }
-                (d, None)
+        for u in 0..tiles {
+            for b in 0..bpr {
+                weight_bytes(weight, bpr, t + u, b, &mut w[b * QUAD_BYTES + u / 2 * 512 + u % 2 * 32..]);
             }
-            Weight::Q4_1 { d, m, qs, .. } => {
-                for u in 0..tiles {
-                    for (b, q) in tile(qs, t + u, bpr * 128).chunks_exact(128).enumerate() {
-                        nibble_bytes(q, &mut w[b * QUAD_BYTES + u / 2 * 512 + u % 2 * 32..]);
-                    }
-                }
-                (d, Some(m))
-            }
-            _ => unreachable!("the tile unit serves Q8_0 and Q4_1"),
-        };
-        // Two tiles' scales (and minimums) of block `b` in one vector (features 0..8, then 8..16), from tile `u`.
-        let both = |v: &[f32], b: usize, u: usize| {
-            let one = |u: usize| {
-                if u < tiles { load8f(&tile(v, t + u, bpr * TILE)[b * TILE..]) } else { _mm256_setzero_ps() }
-            };
-            _mm512_insertf32x8::<1>(_mm512_castps256_ps512(one(u)), one(u + 1))
-        };
+        }
         for g in 0..groups {
             let mut acc = [[_mm512_setzero_ps(); 2]; GROUP];
-            for b in 0..=bpr {
-                if b < bpr {
-                    let a = planes[(g * bpr + b) * 2 * GROUP * QK..].as_ptr();
-                    let (w, c) = (w[b * QUAD_BYTES..].as_ptr(), c.0[b % 2 * PRODUCTS..].as_mut_ptr());
-                    // SAFETY: the tile loads read 16 rows of 32 bytes (the planes' group and block: low, then high
-                    // bytes) and 2 x 8 rows of 64 (the block's B tiles); the stores write 4 x 16 rows of 64 bytes
-                    // into this block's half of `c`; this thread loaded the configuration.
+            for j in 0..=steps {
+                if j < steps {
+                    let (b, p) = (j / parts, j % parts);
+                    let a = planes[(g * bpr + b) * 2 * GROUP * QK + p * (QK / HALVES)..].as_ptr();
+                    let w = w[b * QUAD_BYTES + p * 4 * 64..].as_ptr();
+                    let c = c.0[j % 2 * PRODUCTS..].as_mut_ptr();
+                    // SAFETY: the tile loads read 16 rows of 32 or 16 bytes at a 32-byte stride (the planes' group
+                    // and block: low, then high bytes) and 2 x 8 or 4 rows of 64 (the step's B tiles); the stores
+                    // write 4 x 16 rows of 64 bytes into this step's half of `c`; this thread loaded the
+                    // configuration for this format.
                     unsafe {
                         asm!(
                             "tileloadd tmm0, [{a} + {s32}*1]",
@@ -168,16 +180,16 @@ pub(super) fn columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut 
                         );
                     }
                 }
-                let Some(b) = b.checked_sub(1) else { continue };
-                let c = &c.0[b % 2 * PRODUCTS..];
-                let at = (g * bpr + b) * GROUP;
-                let (xd, xs) = (&xd[at..at + GROUP], &xs[at..at + GROUP]);
+                let Some(j) = j.checked_sub(1) else { continue };
+                let (b, p) = (j / parts, j % parts);
+                let c = &c.0[j % 2 * PRODUCTS..];
+                let xd = &xd[(g * bpr + b) * GROUP..][..GROUP];
+                let xs = &xs[(g * steps + j) * GROUP..][..GROUP];
                 for (h, u) in [0, 2].into_iter().enumerate() {
                     if u >= tiles {
                         break;
                     }
-                    let dw = both(d, b, u);
-                    let mw = m.map(|m| both(m, b, u));
+                    let (scale, min) = scales(weight, bpr, t, tiles, u, b, p);
                     let c = &c[2 * h * GROUP * 64..];
                     for i in 0..GROUP {
                         // SAFETY: row i of each product is 64 readable bytes inside `c`.
@@ -188,10 +200,13 @@ pub(super) fn columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut 
                             )
                         };
                         let s = _mm512_add_epi32(_mm512_slli_epi32::<8>(hi), lo);
+                        let xd = _mm512_set1_ps(xd[i]);
                         let a = &mut acc[i][h];
-                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[i])), *a);
-                        if let Some(mw) = mw {
-                            *a = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[i]), *a);
+                        *a = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(scale, xd), *a);
+                        match min {
+                            Min::None => {}
+                            Min::Sum(m) => *a = _mm512_fmadd_ps(m, _mm512_set1_ps(xs[i]), *a),
+                            Min::Scaled(m) => *a = _mm512_fmadd_ps(_mm512_set1_ps(xs[i]), _mm512_mul_ps(m, xd), *a),
                         }
                     }
                 }
@@ -212,39 +227,122 @@ pub(super) fn columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut 
 
 /// Bytes of one block's two B tiles.
 const QUAD_BYTES: usize = 2 * 512;
-/// Bytes of one block's four products (16 rows of 64 bytes each).
+/// Bytes of one step's four products (16 rows of 64 bytes each).
 const PRODUCTS: usize = 4 * GROUP * 64;
 
-/// One Q8_0 tile block's 8 rows of 32 bytes (`q`, 256 readable bytes) as its half of a B tile (rows at a 64-byte
-/// stride from `to`).
+/// Tile `t`'s block `b` as bytes into its half of a B tile: 8 rows of 32 bytes at a 64-byte stride from `to`, row
+/// `k` elements `4k..4k + 4` of each of the eight features (so rows `4h..4h + 4` are half `h`): the values each
+/// AVX-512 kernel widens to 16 bits, in the same bytes.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn side_by_side(q: *const u8, to: &mut [u8]) {
+fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) {
     assert!(to.len() >= 7 * 64 + 32, "the B rows");
-    for k in 0..8 {
-        // SAFETY: the caller passes a block of 256 bytes; `to` holds eight rows of 32 at a 64-byte stride.
-        unsafe {
-            let v = _mm256_loadu_si256(q.add(k * 32).cast());
-            _mm256_storeu_si256(to[k * 64..].as_mut_ptr().cast(), v);
+    let mut row = |k: usize, v: __m256i| {
+        // SAFETY: row `k` (at most 7) is 32 writable bytes of `to` (asserted).
+        unsafe { _mm256_storeu_si256(to[k * 64..].as_mut_ptr().cast(), v) }
+    };
+    let low4 = _mm256_set1_epi8(0x0f);
+    // The nibbles of chunk `k`: low for half 0, high for half 1.
+    let nibble = |v: __m256i, h: usize| _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4);
+    let shift = |s: usize| _mm_cvtsi32_si128(s as i32);
+    match weight {
+        Weight::Q8_0 { qs, .. } => {
+            let q = &tile(qs, t, bpr * 256)[b * 256..][..256];
+            for k in 0..8 {
+                // SAFETY: chunk k is 32 readable bytes of `q`.
+                row(k, unsafe { _mm256_loadu_si256(q[k * 32..].as_ptr().cast()) });
+            }
         }
+        Weight::Q4_1 { qs, .. } | Weight::Q4K { qs, .. } if !has_fifth(weight) => {
+            let q = &tile(qs, t, bpr * 128)[b * 128..];
+            for h in 0..HALVES {
+                for k in 0..4 {
+                    row(4 * h + k, nibble(load32u(&q[k * 32..]), h));
+                }
+            }
+        }
+        Weight::Q4K { qs, qh, .. } => {
+            let (q, qh) = (&tile(qs, t, bpr * 128)[b * 128..], tile(qh, t, bpr.div_ceil(4) * 128));
+            for h in 0..HALVES {
+                for k in 0..4 {
+                    let plane = load32u(&qh[b / 4 * 128 + k * 32..]);
+                    row(4 * h + k, with_fifth_bit(nibble(load32u(&q[k * 32..]), h), plane, shift(2 * (b % 4) + h)));
+                }
+            }
+        }
+        Weight::Legacy { format, qs, qh, .. } => {
+            let offset = _mm256_set1_epi8(match format {
+                BlockFormat::Q4_0 => 8,
+                BlockFormat::Q5_0 => 16,
+                _ => 0,
+            });
+            let q = &tile(qs, t, bpr * 128)[b * 128..];
+            let qh = if qh.is_empty() { &[][..] } else { tile(qh, t, bpr.div_ceil(4) * 128) };
+            for h in 0..HALVES {
+                for k in 0..4 {
+                    let mut w8 = nibble(load32u(&q[k * 32..]), h);
+                    if !qh.is_empty() {
+                        w8 = with_fifth_bit(w8, load32u(&qh[b / 4 * 128 + k * 32..]), shift(2 * (b % 4) + h));
+                    }
+                    row(4 * h + k, _mm256_sub_epi8(w8, offset));
+                }
+            }
+        }
+        Weight::Q6K { ql, qh, .. } => {
+            let (three, offset) = (_mm256_set1_epi8(3), _mm256_set1_epi8(32));
+            let (q, hq) = (&tile(ql, t, bpr * 128)[b * 128..], &tile(qh, t, bpr / 2 * 128)[b / 2 * 128..]);
+            for h in 0..HALVES {
+                for k in 0..4 {
+                    let high = _mm256_and_si256(_mm256_srl_epi16(load32u(&hq[k * 32..]), shift(4 * (b % 2) + 2 * h)), three);
+                    let v = _mm256_or_si256(nibble(load32u(&q[k * 32..]), h), _mm256_slli_epi16::<4>(high));
+                    row(4 * h + k, _mm256_sub_epi8(v, offset));
+                }
+            }
+        }
+        _ => unreachable!("the tile unit serves the repacked formats"),
     }
 }
 
-/// One Q4_1 tile block's 128 bytes of nibbles as its half of a B tile (8 rows at a 64-byte stride from `to`): chunk
-/// `k`'s low nibbles are elements `4k..4k + 4` of each feature (row `k`), its high nibbles elements `16 + 4k..`
-/// (row `4 + k`).
-#[target_feature(enable = "avx2")]
+/// Whether a Q4_K-layout weight is Q5_K (its fifth-bit plane).
+fn has_fifth(weight: &Weight) -> bool {
+    matches!(weight, Weight::Q4K { qh, .. } if !qh.is_empty())
+}
+
+/// The scale (and minimum) vectors of part `p` of block `b` for tiles `t + u` and `t + u + 1` (zero past `tiles`):
+/// per tile, the AVX-512 kernel's vectors for the same block and half, computed by the same operations.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512dq")]
 #[inline]
-fn nibble_bytes(q: &[u8], to: &mut [u8]) {
-    assert!(q.len() >= 128 && to.len() >= 7 * 64 + 32, "a block and its B rows");
-    let low4 = _mm256_set1_epi8(0x0f);
-    for k in 0..4 {
-        // SAFETY: `q` holds four chunks of 32 bytes; `to` eight rows of 32 at a 64-byte stride (asserted).
-        unsafe {
-            let v = _mm256_loadu_si256(q[k * 32..].as_ptr().cast());
-            _mm256_storeu_si256(to[k * 64..].as_mut_ptr().cast(), _mm256_and_si256(v, low4));
-            let high = _mm256_and_si256(_mm256_srli_epi16::<4>(v), low4);
-            _mm256_storeu_si256(to[(4 + k) * 64..].as_mut_ptr().cast(), high);
+fn scales(weight: &Weight, bpr: usize, t: usize, tiles: usize, u: usize, b: usize, p: usize) -> (__m512, Min) {
+    let sign = _mm256_set1_ps(-0.0);
+    let per_tile = |u: usize| -> (__m256, Option<__m256>) {
+        let f = |v: &[f32], per: usize, at: usize| load8f(&tile(v, t + u, per * TILE)[at * TILE..]);
+        match weight {
+            Weight::Q8_0 { d, .. } => (f(d, bpr, b), None),
+            Weight::Q4_1 { d, m, .. } => (f(d, bpr, b), Some(f(m, bpr, b))),
+            Weight::Legacy { d, m, .. } => {
+                let h = |v: &[u16]| load8h(&tile(v, t + u, bpr * TILE)[b * TILE..]);
+                (h(d), (!m.is_empty()).then(|| h(m)))
+            }
+            Weight::Q4K { d, dmin, sc, mn, .. } => {
+                let byte = |v: &[u8]| widen8(&tile(v, t + u, bpr * TILE)[b * TILE..]);
+                let s = _mm256_mul_ps(f(d, bpr / 8, b / 8), byte(sc));
+                (s, Some(_mm256_xor_ps(_mm256_mul_ps(f(dmin, bpr / 8, b / 8), byte(mn)), sign)))
+            }
+            Weight::Q6K { d, sc, .. } => {
+                let sc = widen8_signed(&tile(sc, t + u, bpr * HALVES * TILE)[(b * HALVES + p) * TILE..]);
+                (_mm256_mul_ps(f(d, bpr / 8, b / 8), sc), None)
+            }
+            _ => unreachable!("the tile unit serves the repacked formats"),
         }
-    }
+    };
+    let zero = _mm256_setzero_ps();
+    let (s0, m0) = if u < tiles { per_tile(u) } else { (zero, None) };
+    let (s1, m1) = if u + 1 < tiles { per_tile(u + 1) } else { (zero, m0.map(|_| zero)) };
+    let join = |a: __m256, b: __m256| _mm512_insertf32x8::<1>(_mm512_castps256_ps512(a), b);
+    let min = match (m0, m1) {
+        (Some(a), Some(b)) if matches!(weight, Weight::Q4_1 { .. }) => Min::Sum(join(a, b)),
+        (Some(a), Some(b)) => Min::Scaled(join(a, b)),
+        _ => Min::None,
+    };
+    (join(s0, s1), min)
 }
