@@ -169,15 +169,16 @@ fn repacked_formats_compute_what_the_file_blocks_compute_bit_for_bit() {
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&a), bits(&b), "{name} row {r}");
             }
-            // Up to 33 rows: the AMX level's tiles of 16 rows, a full and a partial one.
-            let x = activations(33, cols, &mut seed);
-            let mut batched = vec![0f32; 33 * rows];
-            tiled.matmul(&x, 33, &mut batched);
-            for n in [1, 3, 9, 16, 33] {
+            // Up to 70 rows: the AMX level's tiles of 16 rows from 64 (`x86::amx::MIN_ROWS_HALVES`), the last one
+            // partial.
+            let x = activations(70, cols, &mut seed);
+            let mut batched = vec![0f32; 70 * rows];
+            tiled.matmul(&x, 70, &mut batched);
+            for n in [1, 3, 9, 16, 70] {
                 let xq = QuantizedRows::quantize(&x[..n * cols], cols, group_quantizer());
                 let reference = run(n, rows, &|out| columns_blocks(&blocks, &xq, 0, out));
                 assert_eq!(run(n, rows, &|out| columns_int(&tiled, &xq, 0, out)), reference, "{name} portable, {n}");
-                assert_eq!(batched[..n * rows], reference, "{name}: {n} rows alone vs in a batch of 33");
+                assert_eq!(batched[..n * rows], reference, "{name}: {n} rows alone vs in a batch of 70");
                 #[cfg(target_arch = "x86_64")]
                 every_level_matches(&reference, n, rows, name, &|isa, c0, out| {
                     x86::columns_int(isa, &tiled, &xq, c0, out)

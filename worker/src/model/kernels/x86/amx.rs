@@ -1,5 +1,6 @@
 //! The AMX level: the repacked formats' block products on the tile unit (Intel AMX-INT8, Sapphire Rapids and
-//! later), for batches of [`MIN_ROWS`] rows or more; the rest of the level is AVX-512's.
+//! later), for batches of [`MIN_ROWS`] rows or more ([`MIN_ROWS_HALVES`] for the formats scaled per half); the rest
+//! of the level is AVX-512's.
 //!
 //! AMX multiplies 8-bit integers only, and the activations are 16-bit (docs/worker.md, "Quality"). Each quant is
 //! split exactly into its bytes, `q = 256 * hi + lo` (`hi` signed, `lo` unsigned: `QuantizedRows::byte_planes`), so
@@ -27,15 +28,25 @@ use super::super::quant::{PLANE_ROWS as GROUP, QuantizedRows};
 use super::super::weight::{TILE, Weight};
 use super::simd::{load8f, load8h, load32u, store_features, tile, widen8, widen8_signed, with_fifth_bit};
 
-/// Batch rows from which the tile unit serves a matmul (below, AVX-512's kernels: the unit computes 16 rows whatever
-/// the batch, and the weights' bytes cost the same per call however few rows use them; at 8 rows the tile unit was
-/// 0.8x AVX-512, at 12 even).
+/// Batch rows from which the tile unit serves Q8_0 and Q4_1 (below, AVX-512's kernels: the unit computes 16 rows
+/// whatever the batch, and the weights' bytes cost the same per call however few rows use them; at 8 rows the tile
+/// unit was 0.8x AVX-512, at 12 even).
 pub(super) const MIN_ROWS: usize = 16;
 
-/// Whether the tile unit serves `weight`'s format: every repacked one (Q8_0, Q4_1; Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and
-/// Q6_K by 16-value halves). Q2_K and Q3_K, unpacked per step from the file's blocks, stay on AVX-512.
-pub(super) fn serves(weight: &Weight) -> bool {
-    matches!(weight, Weight::Q8_0 { .. } | Weight::Q4_1 { .. } | Weight::Legacy { .. } | Weight::Q4K { .. } | Weight::Q6K { .. })
+/// Batch rows from which it serves the formats scaled per half: twice the steps of the tile unit's latency chain
+/// per block (each step reuses all eight tile registers), so it lost at 16 rows (0.8-0.95x AVX-512) and gained
+/// from 64 (1.0-1.3x; 1.0-1.25x at 256).
+pub(super) const MIN_ROWS_HALVES: usize = 64;
+
+/// Whether the tile unit serves `weight` for `rows` batch rows: the repacked formats (Q8_0, Q4_1; Q4_0, Q5_0, Q5_1,
+/// Q4_K, Q5_K and Q6_K by 16-value halves) from their [`MIN_ROWS`] or [`MIN_ROWS_HALVES`]. Q2_K and Q3_K, unpacked
+/// per step from the file's blocks, stay on AVX-512.
+pub(super) fn serves(weight: &Weight, rows: usize) -> bool {
+    match weight {
+        Weight::Q8_0 { .. } | Weight::Q4_1 { .. } => rows >= MIN_ROWS,
+        Weight::Legacy { .. } | Weight::Q4K { .. } | Weight::Q6K { .. } => rows >= MIN_ROWS_HALVES,
+        _ => false,
+    }
 }
 
 /// Products per block: Q8_0 and Q4_1 scale a whole block's sum, the other formats each 16-value half's.
@@ -110,11 +121,8 @@ pub(super) fn columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut 
         for b in 0..bpr {
             xd[(r / GROUP * bpr + b) * GROUP + r % GROUP] = xq.blocks[xq.index(r, b)].d;
             for p in 0..parts {
-                xs[((r / GROUP * bpr + b) * parts + p) * GROUP + r % GROUP] = if parts == 1 {
-                    xq.sums[r * bpr + b]
-                } else {
-                    xq.isums[(r * bpr + b) * HALVES + p] as f32
-                };
+                xs[((r / GROUP * bpr + b) * parts + p) * GROUP + r % GROUP] =
+                    if parts == 1 { xq.sums[r * bpr + b] } else { xq.isums[(r * bpr + b) * HALVES + p] as f32 };
             }
         }
     }
@@ -293,7 +301,8 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
             let (q, hq) = (&tile(ql, t, bpr * 128)[b * 128..], &tile(qh, t, bpr / 2 * 128)[b / 2 * 128..]);
             for h in 0..HALVES {
                 for k in 0..4 {
-                    let high = _mm256_and_si256(_mm256_srl_epi16(load32u(&hq[k * 32..]), shift(4 * (b % 2) + 2 * h)), three);
+                    let high =
+                        _mm256_and_si256(_mm256_srl_epi16(load32u(&hq[k * 32..]), shift(4 * (b % 2) + 2 * h)), three);
                     let v = _mm256_or_si256(nibble(load32u(&q[k * 32..]), h), _mm256_slli_epi16::<4>(high));
                     row(4 * h + k, _mm256_sub_epi8(v, offset));
                 }

@@ -70,7 +70,7 @@ pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums
 /// Whether [`columns_int`] at level `isa` runs `weight` on the tile unit for `rows` batch rows (its callers then
 /// make the activations' byte planes before their parallel tasks: `QuantizedRows::byte_planes`).
 pub(super) fn on_tiles(isa: Isa, weight: &Weight, rows: usize) -> bool {
-    isa == Isa::Amx && rows >= amx::MIN_ROWS && amx::serves(weight)
+    isa == Isa::Amx && amx::serves(weight, rows)
 }
 
 /// The integer kernel at level `isa` (at least AVX2; the caller checked the CPU has it).
