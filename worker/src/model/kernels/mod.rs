@@ -67,11 +67,12 @@ pub const QK: usize = 32;
 /// Output features per tile of the tiled weight layouts (Q4_1, Q8_0, and the block formats' unpacked tiles).
 const TILE: usize = 8;
 
-/// Parallel tasks per pool thread for one matmul of a few rows (a decode step of up to [`FEW_ROWS`] sequences):
-/// each task's work is small, so hand-offs weigh more than uneven finishes. Two rather than four: SmolLM2 Q4_K_M
-/// at one sequence 1.05x the tokens/s (`zl-worker bench`, medians of nine alternating rounds, 162.6 against 154.6,
-/// 2 cores; a small effect on a noisy machine), one no better.
-const TASKS_PER_THREAD_FEW: usize = 2;
+/// Parallel tasks per pool thread for one matmul of a few rows (a decode step of up to [`FEW_ROWS`] sequences).
+/// Under rayon two beat four (hand-offs weighed more than uneven finishes: SmolLM2 Q4_K_M at one sequence 1.05x,
+/// medians of nine alternating rounds); with the step's team a task is claimed by an atomic add, and four beat two:
+/// medians of alternating rounds on an Intel Xeon, 2 threads, `zl-worker bench --concurrency 1`: Q4_1 152 against
+/// 148 tok/s (five rounds, four ahead in each), Q4_K_M 140 against 139 (three); eight no better.
+const TASKS_PER_THREAD_FEW: usize = 4;
 
 /// Parallel tasks per pool thread for one matmul of more rows: enough that threads finish together, few enough to
 /// amortise scheduling (two instead cost 3% at 16 sequences, one 12%).
