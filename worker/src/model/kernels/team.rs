@@ -217,7 +217,7 @@ impl Team {
             if epoch != seen {
                 return epoch;
             }
-            if waited.start.elapsed() < PARK_AFTER {
+            if !waited.long {
                 waited.pause();
                 continue;
             }
@@ -250,21 +250,24 @@ impl Team {
     }
 }
 
-/// A short wait: `pause` for [`SPIN_FOR`], then yield the core between looks.
+/// A short wait: `pause` for [`SPIN_FOR`], then yield the core between looks; `long` once it has lasted
+/// [`PARK_AFTER`].
 struct Wait {
     start: Instant,
     rounds: u32,
     yielding: bool,
+    long: bool,
 }
 
 impl Wait {
     fn new() -> Self {
-        Wait { start: Instant::now(), rounds: 0, yielding: false }
+        Wait { start: Instant::now(), rounds: 0, yielding: false, long: false }
     }
 
     fn pause(&mut self) {
         if self.yielding {
             thread::yield_now();
+            self.long = self.start.elapsed() >= PARK_AFTER;
             return;
         }
         std::hint::spin_loop();
