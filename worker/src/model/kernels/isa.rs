@@ -2,8 +2,8 @@
 //! `mod.rs` dispatches on it, the SIMD code asserts it.
 
 /// The instruction set the kernels run on: the best this CPU has, or a lower one named by the environment variable
-/// `ZL_KERNEL_ISA` (`portable`, `avx2` or `avx512`; for comparisons and tests). Every level computes the same bits: only
-/// the speed changes.
+/// `ZL_KERNEL_ISA` (`portable`, `avx2`, `avx512` or `amx`; for comparisons and tests). Every level computes the same
+/// bits: only the speed changes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Isa {
     /// Plain Rust, any CPU.
