@@ -11,8 +11,8 @@
 //! Quantized weights stay quantized in memory: Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K repacked at load
 //! into tiles their kernels read directly, Q2_K and Q3_K as the file's blocks (unpacked a tile per step); f16 and
 //! bf16 as 16-bit floats. Each activation row is quantized per block of 32 to 16-bit integers on its own, and every
-//! block product is an exact integer dot product, scaled and accumulated in a fixed order (AVX-512 VNNI or AVX2
-//! where the CPU has it, portable code otherwise, the same bits at every level).
+//! block product is an exact integer dot product, scaled and accumulated in a fixed order (the AMX tile unit,
+//! AVX-512 VNNI or AVX2 where the CPU has it, portable code otherwise, the same bits at every level).
 //! Attention over the KV cache (f16 or 8-bit blocks) and the `exp` the model needs live here too, under the same
 //! rules.
 //!
@@ -27,7 +27,8 @@
 //! - `attention.rs`: the reference attention over the KV cache (f16 or 8-bit) and the pieces every level shares;
 //! - `blocks.rs`: the GGUF block formats' decoding, the reference the repacked layouts are checked against;
 //! - `team.rs`: the forward step's fork-join (the pool's threads polling for the next parallel region);
-//! - `x86/`: the SIMD levels (AVX2, AVX-512), the only place in the worker allowed `unsafe`.
+//! - `x86/`: the SIMD levels (AVX2, AVX-512, AMX), where the worker's `unsafe` lives (besides `team.rs`'s lending
+//!   of a closure and `isa.rs`'s request for the AMX state).
 
 mod attention;
 mod blocks;
