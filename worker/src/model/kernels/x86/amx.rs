@@ -12,7 +12,7 @@
 //! byte values (the ones the AVX-512 kernels widen to 16 bits), two tiles side by side per B tile, once for every
 //! group of 16 rows; four tiles (32 features) a step, so two products are in flight per activation load. The scales
 //! are then applied as each AVX-512 kernel applies them, the same operations in the same order per output, two
-//! tiles to a vector: the same bits (the bit-for-bit tests run this level where the CPU has it, at 16 to 40 rows).
+//! tiles to a vector: the same bits (the bit-for-bit tests run this level where the CPU has it, at 16 to 70 rows).
 //!
 //! Measured (`zl-worker bench`, SmolLM2 Q4_1, 2 threads, this level against AVX-512's): decode of 16 sequences
 //! 1.14-1.18x, prefill of a 512-token prompt 1.31x. A call converts the weights it reads, which costs as much as
@@ -26,7 +26,10 @@ use super::super::QK;
 use super::super::blocks::{BlockFormat, HALVES};
 use super::super::quant::{PLANE_ROWS as GROUP, QuantizedRows};
 use super::super::weight::{TILE, Weight};
-use super::simd::{load8f, load8h, load32u, store_features, tile, widen8, widen8_signed, with_fifth_bit};
+use super::simd::{
+    half_nibbles, legacy_bytes, load8f, load8h, load32u, q6k_bytes, store_features, tile, widen8, widen8_signed,
+    with_fifth_bit,
+};
 
 /// Batch rows from which the tile unit serves Q8_0 and Q4_1 (below, AVX-512's kernels: the unit computes 16 rows
 /// whatever the batch, and the weights' bytes cost the same per call however few rows use them; at 8 rows the tile
@@ -249,9 +252,6 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
         // SAFETY: row `k` (at most 7) is 32 writable bytes of `to` (asserted).
         unsafe { _mm256_storeu_si256(to[k * 64..].as_mut_ptr().cast(), v) }
     };
-    let low4 = _mm256_set1_epi8(0x0f);
-    // The nibbles of chunk `k`: low for half 0, high for half 1.
-    let nibble = |v: __m256i, h: usize| _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4);
     let shift = |s: usize| _mm_cvtsi32_si128(s as i32);
     match weight {
         Weight::Q8_0 { qs, .. } => {
@@ -265,7 +265,7 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
             let q = &tile(qs, t, bpr * 128)[b * 128..];
             for h in 0..HALVES {
                 for k in 0..4 {
-                    row(4 * h + k, nibble(load32u(&q[k * 32..]), h));
+                    row(4 * h + k, half_nibbles(load32u(&q[k * 32..]), h));
                 }
             }
         }
@@ -274,7 +274,10 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
             for h in 0..HALVES {
                 for k in 0..4 {
                     let plane = load32u(&qh[b / 4 * 128 + k * 32..]);
-                    row(4 * h + k, with_fifth_bit(nibble(load32u(&q[k * 32..]), h), plane, shift(2 * (b % 4) + h)));
+                    row(
+                        4 * h + k,
+                        with_fifth_bit(half_nibbles(load32u(&q[k * 32..]), h), plane, shift(2 * (b % 4) + h)),
+                    );
                 }
             }
         }
@@ -288,23 +291,17 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
             let qh = if qh.is_empty() { &[][..] } else { tile(qh, t, bpr.div_ceil(4) * 128) };
             for h in 0..HALVES {
                 for k in 0..4 {
-                    let mut w8 = nibble(load32u(&q[k * 32..]), h);
-                    if !qh.is_empty() {
-                        w8 = with_fifth_bit(w8, load32u(&qh[b / 4 * 128 + k * 32..]), shift(2 * (b % 4) + h));
-                    }
-                    row(4 * h + k, _mm256_sub_epi8(w8, offset));
+                    let plane = (!qh.is_empty()).then(|| load32u(&qh[b / 4 * 128 + k * 32..]));
+                    row(4 * h + k, legacy_bytes(load32u(&q[k * 32..]), plane, h, shift(2 * (b % 4) + h), offset));
                 }
             }
         }
         Weight::Q6K { ql, qh, .. } => {
-            let (three, offset) = (_mm256_set1_epi8(3), _mm256_set1_epi8(32));
             let (q, hq) = (&tile(ql, t, bpr * 128)[b * 128..], &tile(qh, t, bpr / 2 * 128)[b / 2 * 128..]);
             for h in 0..HALVES {
                 for k in 0..4 {
-                    let high =
-                        _mm256_and_si256(_mm256_srl_epi16(load32u(&hq[k * 32..]), shift(4 * (b % 2) + 2 * h)), three);
-                    let v = _mm256_or_si256(nibble(load32u(&q[k * 32..]), h), _mm256_slli_epi16::<4>(high));
-                    row(4 * h + k, _mm256_sub_epi8(v, offset));
+                    let (v, hv) = (load32u(&q[k * 32..]), load32u(&hq[k * 32..]));
+                    row(4 * h + k, q6k_bytes(v, hv, h, shift(4 * (b % 2) + 2 * h)));
                 }
             }
         }

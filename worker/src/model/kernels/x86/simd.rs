@@ -217,3 +217,29 @@ pub(super) fn with_fifth_bit(w8: __m256i, plane: __m256i, shift: __m128i) -> __m
     let bit = _mm256_and_si256(_mm256_srl_epi16(plane, shift), _mm256_set1_epi8(1));
     _mm256_or_si256(w8, _mm256_slli_epi16::<4>(bit))
 }
+
+/// Half `h`'s nibbles of a 32-byte chunk of a nibble layout (Q4_1's, the legacy formats', Q4_K's, Q6_K's low
+/// bits) as bytes: the low nibbles for half 0, the high ones for half 1.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn half_nibbles(v: __m256i, h: usize) -> __m256i {
+    _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, _mm256_set1_epi8(0x0f))
+}
+
+/// Half `h` of a legacy-format chunk (Q4_0, Q5_0, Q5_1) as the signed byte values its kernels multiply: the
+/// nibbles, the fifth bits from `plane` at `shift` where the format has them, less the format's `offset`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn legacy_bytes(v: __m256i, plane: Option<__m256i>, h: usize, shift: __m128i, offset: __m256i) -> __m256i {
+    let w8 = half_nibbles(v, h);
+    _mm256_sub_epi8(plane.map_or(w8, |plane| with_fifth_bit(w8, plane, shift)), offset)
+}
+
+/// Half `h` of a Q6_K chunk as signed bytes: the nibbles of `v` joined with their high bit pairs from `hv` at
+/// `shift`, less 32.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn q6k_bytes(v: __m256i, hv: __m256i, h: usize, shift: __m128i) -> __m256i {
+    let high = _mm256_and_si256(_mm256_srl_epi16(hv, shift), _mm256_set1_epi8(3));
+    _mm256_sub_epi8(_mm256_or_si256(half_nibbles(v, h), _mm256_slli_epi16::<4>(high)), _mm256_set1_epi8(32))
+}

@@ -15,8 +15,9 @@ macro_rules! tile_kernels {
         use super::super::quant::{QuantizedRows, XBlock};
         use super::super::weight::{TILE, Weight};
         use super::simd::{
-            PICK_A, PICK_A_HIGH, PICK_B, PICK_B_HIGH, broadcast2, load8f, load8h, load32, load32u, row_blocks, shuffle,
-            tile, tile_row_groups, widen_bytes, widen8, widen8_signed, with_fifth_bit,
+            PICK_A, PICK_A_HIGH, PICK_B, PICK_B_HIGH, broadcast2, half_nibbles, legacy_bytes, load8f, load8h, load32,
+            load32u, q6k_bytes, row_blocks, shuffle, tile, tile_row_groups, widen_bytes, widen8, widen8_signed,
+            with_fifth_bit,
         };
         use super::unpack::unpack_avx2;
 
@@ -118,7 +119,6 @@ macro_rules! tile_kernels {
             let bpr = cols / QK;
             assert_eq!(HIGH, !qh.is_empty(), "the fifth-bit plane");
             let qh = if HIGH { tile(qh, t, bpr.div_ceil(4) * 128) } else { &[] };
-            let low4_8 = _mm256_set1_epi8(0x0f);
             let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
             let low4 = _mm256_set1_epi16(0x0f);
             let sign = _mm256_set1_ps(-0.0);
@@ -142,8 +142,8 @@ macro_rules! tile_kernels {
                     for k in 0..4 {
                         let v = load32u(&q[k * 32..]);
                         let w = if HIGH {
-                            let nib = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4_8);
-                            widen_bytes(with_fifth_bit(nib, load32u(&qh[b / 4 * 128 + k * 32..]), shift), picks)
+                            let plane = load32u(&qh[b / 4 * 128 + k * 32..]);
+                            widen_bytes(with_fifth_bit(half_nibbles(v, h), plane, shift), picks)
                         } else {
                             let (a, c) = (_mm256_shuffle_epi8(v, pick_a), _mm256_shuffle_epi8(v, pick_b));
                             if h == 0 {
@@ -173,7 +173,6 @@ macro_rules! tile_kernels {
         fn q6k_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize) -> [__m256; R] {
             let Weight::Q6K { cols, d, sc, ql, qh, .. } = weight else { unreachable!("Q6_K only") };
             let bpr = cols / QK;
-            let (low4, three, offset) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(3), _mm256_set1_epi8(32));
             let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
             let mut acc = [_mm256_setzero_ps(); R];
             let (ql, qh) = (tile(ql, t, bpr * 128), tile(qh, t, bpr / 2 * 128));
@@ -190,12 +189,7 @@ macro_rules! tile_kernels {
                     for k in 0..4 {
                         // In bytes (the chunk's 32 values of this half), then widened to 16-bit pairs.
                         let (v, hv) = (load32u(&q[k * 32..]), load32u(&hq[k * 32..]));
-                        let nib = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4);
-                        let high = _mm256_and_si256(_mm256_srl_epi16(hv, shift), three);
-                        let w = widen_bytes(
-                            _mm256_sub_epi8(_mm256_or_si256(nib, _mm256_slli_epi16::<4>(high)), offset),
-                            picks,
-                        );
+                        let w = widen_bytes(q6k_bytes(v, hv, h, shift), picks);
                         chunk_rows(&mut s32, w, x, 4 * h + k);
                     }
                     for i in 0..R {
@@ -230,7 +224,6 @@ macro_rules! tile_kernels {
                 BlockFormat::Q5_0 => 16,
                 _ => 0,
             });
-            let low4 = _mm256_set1_epi8(0x0f);
             let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
             let mut acc = [_mm256_setzero_ps(); R];
             let qs = tile(qs, t, bpr * 128);
@@ -248,11 +241,8 @@ macro_rules! tile_kernels {
                     for k in 0..4 {
                         // In bytes (the chunk's 32 values of this half), then widened to 16-bit pairs.
                         let v = load32u(&q[k * 32..]);
-                        let mut w8 = _mm256_and_si256(if h == 0 { v } else { _mm256_srli_epi16::<4>(v) }, low4);
-                        if high {
-                            w8 = with_fifth_bit(w8, load32u(&qh[b / 4 * 128 + k * 32..]), shift);
-                        }
-                        let w = widen_bytes(_mm256_sub_epi8(w8, offset), picks);
+                        let plane = high.then(|| load32u(&qh[b / 4 * 128 + k * 32..]));
+                        let w = widen_bytes(legacy_bytes(v, plane, h, shift, offset), picks);
                         chunk_rows(&mut s32, w, x, 4 * h + k);
                     }
                     for i in 0..R {
