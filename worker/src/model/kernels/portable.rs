@@ -2,7 +2,7 @@
 //! the SIMD levels in `x86/` reproduce bit for bit.
 
 use super::QK;
-use super::blocks::{HALVES, SUB, TileBuf, tile_q_at, tile_s_at};
+use super::blocks::{HALVES, SUB, TileBuf, f16_to_f32, tile_q_at, tile_s_at};
 use super::math::dot_f32;
 use super::quant::QuantizedRows;
 use super::weight::{TILE, Weight, q4_1_byte, q8_0_at, tile_scale};
@@ -27,8 +27,8 @@ pub(super) fn columns_int(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &
                                 i32::from(q & 0x0f) * i32::from(x.q[j]) + i32::from(q >> 4) * i32::from(x.q[j + 16]);
                         }
                         let at = tile_scale(bpr, c, b);
-                        acc = (isum as f32).mul_add(d[at] * x.d, acc);
-                        acc = m[at].mul_add(xq.sums[r * bpr + b], acc);
+                        acc = (isum as f32).mul_add(f16_to_f32(d[at]) * x.d, acc);
+                        acc = f16_to_f32(m[at]).mul_add(xq.sums[r * bpr + b], acc);
                     }
                     acc
                 }
@@ -40,7 +40,7 @@ pub(super) fn columns_int(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &
                         for (e, &xe) in x.q.iter().enumerate() {
                             isum += i32::from(qs[q8_0_at(bpr, c, b, e)]) * i32::from(xe);
                         }
-                        acc = (isum as f32).mul_add(d[tile_scale(bpr, c, b)] * x.d, acc);
+                        acc = (isum as f32).mul_add(f16_to_f32(d[tile_scale(bpr, c, b)]) * x.d, acc);
                     }
                     acc
                 }

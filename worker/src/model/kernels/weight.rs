@@ -18,10 +18,10 @@ pub enum Weight {
         rows: usize,
         /// Input features (a multiple of 32).
         cols: usize,
-        /// Scales, `[tile][block][feature in tile]`.
-        d: Vec<f32>,
-        /// Minimums, laid out as `d`.
-        m: Vec<f32>,
+        /// Scales' f16 bits (the file's, widened exactly by the kernels), `[tile][block][feature in tile]`.
+        d: Vec<u16>,
+        /// Minimums' f16 bits, laid out as `d`.
+        m: Vec<u16>,
         /// Packed nibbles, 128 bytes per tile and block, as four 32-byte chunks: bytes `4j..4j + 4` of chunk `k`
         /// are bytes `4k..4k + 4` of feature `j`'s GGUF block (low nibbles are elements `4k..4k + 4`, high nibbles
         /// elements `16 + 4k..16 + 4k + 4`).
@@ -33,8 +33,8 @@ pub enum Weight {
         rows: usize,
         /// Input features (a multiple of 32).
         cols: usize,
-        /// Scales, `[tile][block][feature in tile]`.
-        d: Vec<f32>,
+        /// Scales' f16 bits, `[tile][block][feature in tile]`.
+        d: Vec<u16>,
         /// Quants, 256 per tile and block, as eight 32-byte chunks: bytes `4j..4j + 4` of chunk `k` are elements
         /// `4k..4k + 4` of feature `j`'s block.
         qs: Vec<i8>,
@@ -170,8 +170,13 @@ pub(super) fn tile_scale(blocks_per_row: usize, c: usize, b: usize) -> usize {
     ((c / TILE) * blocks_per_row + b) * TILE + c % TILE
 }
 
+/// The f16 bits at `at`.
+fn half_at(bytes: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([bytes[at], bytes[at + 1]])
+}
+
 fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
+    f16_to_f32(half_at(bytes, at))
 }
 
 /// Check that `raw` holds exactly the `rows x cols` blocks of a block format of `block_bytes` bytes per 32
@@ -224,13 +229,13 @@ impl Weight {
     pub fn from_q4_1(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
         check_blocks("Q4_1", rows, cols, raw, 20)?;
         let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
-        let mut d = vec![0f32; tiles * bpr * TILE];
-        let mut m = vec![0f32; tiles * bpr * TILE];
+        let mut d = vec![0u16; tiles * bpr * TILE];
+        let mut m = vec![0u16; tiles * bpr * TILE];
         let mut qs = vec![0u8; tiles * bpr * 128];
         for (i, block) in raw.chunks_exact(20).enumerate() {
             let (c, b) = (i / bpr, i % bpr);
-            d[tile_scale(bpr, c, b)] = f16_at(block, 0);
-            m[tile_scale(bpr, c, b)] = f16_at(block, 2);
+            d[tile_scale(bpr, c, b)] = half_at(block, 0);
+            m[tile_scale(bpr, c, b)] = half_at(block, 2);
             for (k, four) in block[4..20].chunks_exact(4).enumerate() {
                 let at = q4_1_byte(bpr, c, b, 4 * k);
                 qs[at..at + 4].copy_from_slice(four);
@@ -243,11 +248,11 @@ impl Weight {
     pub fn from_q8_0(rows: usize, cols: usize, raw: &[u8]) -> Result<Weight, WeightError> {
         check_blocks("Q8_0", rows, cols, raw, 34)?;
         let (bpr, tiles) = (cols / QK, rows.div_ceil(TILE));
-        let mut d = vec![0f32; tiles * bpr * TILE];
+        let mut d = vec![0u16; tiles * bpr * TILE];
         let mut qs = vec![0i8; tiles * bpr * 256];
         for (i, block) in raw.chunks_exact(34).enumerate() {
             let (c, b) = (i / bpr, i % bpr);
-            d[tile_scale(bpr, c, b)] = f16_at(block, 0);
+            d[tile_scale(bpr, c, b)] = half_at(block, 0);
             for (e, &q) in block[2..34].iter().enumerate() {
                 qs[q8_0_at(bpr, c, b, e)] = q as i8;
             }
@@ -420,7 +425,8 @@ impl Weight {
             Weight::Q4_1 { cols, d, m, qs, .. } => {
                 let bpr = cols / QK;
                 for b in 0..bpr {
-                    let (scale, min) = (d[tile_scale(bpr, r, b)], m[tile_scale(bpr, r, b)]);
+                    let at = tile_scale(bpr, r, b);
+                    let (scale, min) = (f16_to_f32(d[at]), f16_to_f32(m[at]));
                     for j in 0..16 {
                         let q = qs[q4_1_byte(bpr, r, b, j)];
                         out[b * QK + j] = scale * f32::from(q & 0x0f) + min;
@@ -431,8 +437,9 @@ impl Weight {
             Weight::Q8_0 { cols, d, qs, .. } => {
                 let bpr = cols / QK;
                 for b in 0..bpr {
+                    let scale = f16_to_f32(d[tile_scale(bpr, r, b)]);
                     for j in 0..QK {
-                        out[b * QK + j] = d[tile_scale(bpr, r, b)] * f32::from(qs[q8_0_at(bpr, r, b, j)]);
+                        out[b * QK + j] = scale * f32::from(qs[q8_0_at(bpr, r, b, j)]);
                     }
                 }
             }
@@ -489,8 +496,8 @@ impl Weight {
     /// Bytes the weight holds in memory.
     pub fn memory_bytes(&self) -> usize {
         match self {
-            Weight::Q4_1 { d, m, qs, .. } => 4 * (d.len() + m.len()) + qs.len(),
-            Weight::Q8_0 { d, qs, .. } => 4 * d.len() + qs.len(),
+            Weight::Q4_1 { d, m, qs, .. } => 2 * (d.len() + m.len()) + qs.len(),
+            Weight::Q8_0 { d, qs, .. } => 2 * d.len() + qs.len(),
             Weight::Q4K { d, dmin, sc, mn, qs, qh, .. } => {
                 4 * (d.len() + dmin.len()) + sc.len() + mn.len() + qs.len() + qh.len()
             }

@@ -322,13 +322,11 @@ fn scales(weight: &Weight, bpr: usize, t: usize, tiles: usize, u: usize, b: usiz
     let sign = _mm256_set1_ps(-0.0);
     let per_tile = |u: usize| -> (__m256, Option<__m256>) {
         let f = |v: &[f32], per: usize, at: usize| load8f(&tile(v, t + u, per * TILE)[at * TILE..]);
+        let h = |v: &[u16]| load8h(&tile(v, t + u, bpr * TILE)[b * TILE..]);
         match weight {
-            Weight::Q8_0 { d, .. } => (f(d, bpr, b), None),
-            Weight::Q4_1 { d, m, .. } => (f(d, bpr, b), Some(f(m, bpr, b))),
-            Weight::Legacy { d, m, .. } => {
-                let h = |v: &[u16]| load8h(&tile(v, t + u, bpr * TILE)[b * TILE..]);
-                (h(d), (!m.is_empty()).then(|| h(m)))
-            }
+            Weight::Q8_0 { d, .. } => (h(d), None),
+            Weight::Q4_1 { d, m, .. } => (h(d), Some(h(m))),
+            Weight::Legacy { d, m, .. } => (h(d), (!m.is_empty()).then(|| h(m))),
             Weight::Q4K { d, dmin, sc, mn, .. } => {
                 let byte = |v: &[u8]| widen8(&tile(v, t + u, bpr * TILE)[b * TILE..]);
                 let s = _mm256_mul_ps(f(d, bpr / 8, b / 8), byte(sc));

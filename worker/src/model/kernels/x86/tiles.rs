@@ -93,7 +93,7 @@ macro_rules! tile_kernels {
                         s[i] = $pairs::<R>(lo, w[2], broadcast2(&x[i], 8 + 2 * k), w[3], broadcast2(&x[i], 9 + 2 * k));
                     }
                 }
-                let (dw, mw) = (load8f(dv), load8f(mv));
+                let (dw, mw) = (load8h(dv), load8h(mv));
                 for i in 0..R {
                     acc[i] =
                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(dw, _mm256_set1_ps(x[i].d)), acc[i]);
@@ -305,7 +305,7 @@ macro_rules! tile_kernels {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
                 let mut s = [_mm256_setzero_si256(); R];
                 chunk_sums(q, x, 0..8, (pick_a, pick_b), &mut s);
-                let dw = load8f(dv);
+                let dw = load8h(dv);
                 for i in 0..R {
                     acc[i] =
                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_mul_ps(dw, _mm256_set1_ps(x[i].d)), acc[i]);
