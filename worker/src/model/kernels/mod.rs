@@ -122,12 +122,9 @@ impl<'a> Input<'a> {
                     Some(self.quantized.get_or_init(|| QuantizedRows::quantize(x, cols, group_quantizer())))
                 }
             };
-            // The tile unit's byte planes made here, once, not by the first task while the others wait.
             #[cfg(target_arch = "x86_64")]
-            if let Some(xq) = xq
-                && x86::on_tiles(Isa::current(), weight, n)
-            {
-                xq.byte_planes();
+            if let Some(xq) = xq {
+                x86::prepare(Isa::current(), weight, xq);
             }
             // Each task fills a range of output columns for every batch row, written in place: its part of each
             // output row is split off, so tasks never share output memory.

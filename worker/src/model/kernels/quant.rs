@@ -67,6 +67,13 @@ impl XBlock {
 /// Rows per group of [`QuantizedRows::byte_planes`] (the tile unit's 16 rows).
 pub(super) const PLANE_ROWS: usize = 16;
 
+/// Where row `r`'s block `b` starts in [`QuantizedRows::byte_planes`] (`bpr` blocks per row): its 32 low bytes,
+/// and [`PLANE_ROWS`] `* 32` bytes further its 32 high bytes.
+#[inline(always)]
+pub(super) fn plane_at(bpr: usize, r: usize, b: usize) -> usize {
+    ((r / PLANE_ROWS * bpr + b) * 2 * PLANE_ROWS + r % PLANE_ROWS) * QK
+}
+
 /// Batch rows the SIMD kernel runs together; the quantized activations are laid out in groups of this many rows.
 pub(super) const ROW_GROUP: usize = 8;
 
@@ -84,6 +91,8 @@ pub(super) struct QuantizedRows {
     pub(super) blocks_per_row: usize,
     /// [`QuantizedRows::byte_planes`], made on first use.
     planes: std::sync::OnceLock<Vec<u8>>,
+    /// [`QuantizedRows::high_sums`], made on first use.
+    high_sums: std::sync::OnceLock<Vec<i32>>,
 }
 
 impl QuantizedRows {
@@ -99,6 +108,7 @@ impl QuantizedRows {
             rows,
             blocks_per_row: bpr,
             planes: std::sync::OnceLock::new(),
+            high_sums: std::sync::OnceLock::new(),
         };
         let groups: Vec<_> = out
             .blocks
@@ -120,23 +130,40 @@ impl QuantizedRows {
         out
     }
 
-    /// Each quant split into its bytes, `q = 256 * hi + lo` (`lo` unsigned, `hi` signed), for the 8-bit tile unit:
-    /// per group of [`PLANE_ROWS`] rows (the last padded with zero rows) and block, the rows' 32 low bytes, then
-    /// their 32 high bytes (`[group][block][lo, hi][row][element]`). Made once per batch, on first use.
+    /// Each quant split into its bytes, `q = 256 * hi + lo` (`lo` unsigned, `hi` signed), for the 8-bit products
+    /// (the tile unit's, AVX-512 VNNI's): per group of [`PLANE_ROWS`] rows (the last padded with zero rows) and
+    /// block, the rows' 32 low bytes, then their 32 high bytes (`[group][block][lo, hi][row][element]`: row `r`'s
+    /// block `b` at [`plane_at`]). Made once per batch, on first use.
     pub(super) fn byte_planes(&self) -> &[u8] {
         self.planes.get_or_init(|| {
-            let (bpr, g) = (self.blocks_per_row, PLANE_ROWS);
-            let mut planes = vec![0u8; self.rows.div_ceil(g) * bpr * 2 * g * QK];
-            for r in 0..self.rows {
-                for b in 0..bpr {
-                    let at = ((r / g * bpr + b) * 2 * g + r % g) * QK;
-                    for (e, &q) in self.blocks[self.index(r, b)].q.iter().enumerate() {
-                        planes[at + e] = q as u8;
-                        planes[at + g * QK + e] = (q >> 8) as u8;
+            let bpr = self.blocks_per_row;
+            let group = bpr * 2 * PLANE_ROWS * QK;
+            let mut bytes = vec![0u8; self.rows.div_ceil(PLANE_ROWS) * group];
+            // A group of rows per task (a prompt's are hundreds of rows).
+            super::team::for_each(bytes.chunks_mut(group).enumerate().collect(), |(g, planes)| {
+                for r in g * PLANE_ROWS..((g + 1) * PLANE_ROWS).min(self.rows) {
+                    for b in 0..bpr {
+                        let at = plane_at(bpr, r, b) - g * group;
+                        let (lo, hi) = planes[at..].split_at_mut(PLANE_ROWS * QK);
+                        for ((lo, hi), &q) in lo.iter_mut().zip(hi.iter_mut()).zip(&self.blocks[self.index(r, b)].q) {
+                            *lo = q as u8;
+                            *hi = (q >> 8) as u8;
+                        }
                     }
                 }
-            }
-            planes
+            });
+            bytes
+        })
+    }
+
+    /// Each block's sum of its quants' high bytes (`[row][block]`): a signed weight's product with the high bytes
+    /// is taken as `(w + 128) · hi - 128 * sum(hi)`. Made on first use.
+    pub(super) fn high_sums(&self) -> &[i32] {
+        self.high_sums.get_or_init(|| {
+            let bpr = self.blocks_per_row;
+            (0..self.rows * bpr)
+                .map(|i| self.blocks[self.index(i / bpr, i % bpr)].q.iter().map(|&q| i32::from(q >> 8)).sum())
+                .collect()
         })
     }
 

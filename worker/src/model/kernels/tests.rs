@@ -91,7 +91,7 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
     for weight in
         [Weight::from_q4_1(rows, cols, &q4_1_raw(&w)).unwrap(), Weight::from_q8_0(rows, cols, &q8_0_raw(&w)).unwrap()]
     {
-        for n in [1, 3, 4, 9, 16, 17, 40] {
+        for n in [1, 2, 3, 4, 9, 16, 17, 40] {
             let mut x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut seed) * 3.0).collect();
             // An all-zero block, a negative zero, and a block whose scale is exactly 1 and whose other values
             // are halves (the rounding's ties).

@@ -27,8 +27,8 @@ use super::super::blocks::{BlockFormat, HALVES};
 use super::super::quant::{PLANE_ROWS as GROUP, QuantizedRows};
 use super::super::weight::{TILE, Weight};
 use super::simd::{
-    half_nibbles, legacy_bytes, load8f, load8h, load32u, q6k_bytes, store_features, tile, widen8, widen8_signed,
-    with_fifth_bit,
+    half_nibbles, legacy_bytes, load8f, load8h, load32u, prefetch, q6k_bytes, store_features, tile, widen8,
+    widen8_signed, with_fifth_bit,
 };
 
 /// Batch rows from which the tile unit serves Q8_0 and Q4_1 (below, AVX-512's kernels: the unit computes 16 rows
@@ -256,6 +256,7 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
     match weight {
         Weight::Q8_0 { qs, .. } => {
             let q = &tile(qs, t, bpr * 256)[b * 256..][..256];
+            prefetch(q, 256);
             for k in 0..8 {
                 // SAFETY: chunk k is 32 readable bytes of `q`.
                 row(k, unsafe { _mm256_loadu_si256(q[k * 32..].as_ptr().cast()) });
@@ -263,6 +264,7 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
         }
         Weight::Q4_1 { qs, .. } | Weight::Q4K { qs, .. } if !has_fifth(weight) => {
             let q = &tile(qs, t, bpr * 128)[b * 128..];
+            prefetch(q, 128);
             for h in 0..HALVES {
                 for k in 0..4 {
                     row(4 * h + k, half_nibbles(load32u(&q[k * 32..]), h));
@@ -271,6 +273,7 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
         }
         Weight::Q4K { qs, qh, .. } => {
             let (q, qh) = (&tile(qs, t, bpr * 128)[b * 128..], tile(qh, t, bpr.div_ceil(4) * 128));
+            (prefetch(q, 128), prefetch(&qh[b * 32..], 32));
             for h in 0..HALVES {
                 for k in 0..4 {
                     let plane = load32u(&qh[b / 4 * 128 + k * 32..]);
@@ -289,6 +292,10 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
             });
             let q = &tile(qs, t, bpr * 128)[b * 128..];
             let qh = if qh.is_empty() { &[][..] } else { tile(qh, t, bpr.div_ceil(4) * 128) };
+            prefetch(q, 128);
+            if !qh.is_empty() {
+                prefetch(&qh[b * 32..], 32);
+            }
             for h in 0..HALVES {
                 for k in 0..4 {
                     let plane = (!qh.is_empty()).then(|| load32u(&qh[b / 4 * 128 + k * 32..]));
@@ -298,6 +305,7 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
         }
         Weight::Q6K { ql, qh, .. } => {
             let (q, hq) = (&tile(ql, t, bpr * 128)[b * 128..], &tile(qh, t, bpr / 2 * 128)[b / 2 * 128..]);
+            (prefetch(q, 128), prefetch(&tile(qh, t, bpr / 2 * 128)[b * 64..], 64));
             for h in 0..HALVES {
                 for k in 0..4 {
                     let (v, hv) = (load32u(&q[k * 32..]), load32u(&hq[k * 32..]));

@@ -19,6 +19,7 @@ mod attention512;
 mod attention_parts;
 mod avx2;
 mod avx512;
+mod bytes;
 mod low_rank;
 mod quantize;
 mod unpack;
@@ -69,10 +70,17 @@ pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums
     unsafe { quantize::quantize_group_avx2(x, cols, blocks, sums) }
 }
 
-/// Whether [`columns_int`] at level `isa` runs `weight` on the tile unit for `rows` batch rows (its callers then
-/// make the activations' byte planes before their parallel tasks: `QuantizedRows::byte_planes`).
-pub(super) fn on_tiles(isa: Isa, weight: &Weight, rows: usize) -> bool {
-    isa == Isa::Amx && amx::serves(weight, rows)
+/// Make what [`columns_int`] at level `isa` reads of `xq` besides its blocks, if it takes `weight`'s products in
+/// bytes (on the tile unit, or with AVX-512 VNNI's byte products): the activations' byte planes, and their high
+/// bytes' sums for a signed format. Its callers call this before their parallel tasks, so that no task makes them
+/// while the others wait.
+pub(super) fn prepare(isa: Isa, weight: &Weight, xq: &QuantizedRows) {
+    if (isa == Isa::Amx && amx::serves(weight, xq.rows)) || (isa >= Isa::Avx512 && bytes::serves(weight, xq.rows)) {
+        xq.byte_planes();
+    }
+    if isa >= Isa::Avx512 && bytes::serves(weight, xq.rows) && bytes::signed(weight) {
+        xq.high_sums();
+    }
 }
 
 /// The integer kernel at level `isa` (at least AVX2; the caller checked the CPU has it).
@@ -81,7 +89,8 @@ pub(super) fn columns_int(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usi
     // SAFETY: the assertion checked that the CPU has the level's features.
     unsafe {
         match isa {
-            Isa::Amx if on_tiles(isa, weight, out.len()) => amx::columns(weight, xq, c0, out),
+            Isa::Amx if amx::serves(weight, out.len()) => amx::columns(weight, xq, c0, out),
+            Isa::Avx512 | Isa::Amx if bytes::serves(weight, out.len()) => bytes::columns(weight, xq, c0, out),
             Isa::Avx512 | Isa::Amx => avx512::tiled_columns(weight, xq, c0, out),
             _ => avx2::tiled_columns(weight, xq, c0, out),
         }

@@ -46,6 +46,23 @@ pub(super) fn load8f(values: &[f32]) -> __m256 {
     unsafe { _mm256_loadu_ps(values.as_ptr()) }
 }
 
+/// Blocks ahead of the one a tile kernel reads that it hints its weights into L1 ([`prefetch`]). A tile's blocks
+/// are one sequential stream per array, and tiles follow each other, but this machine's hardware prefetchers left
+/// one-sequence decode waiting on the weights: hinted 32 blocks ahead (4 KiB of Q4_1 nibbles) it decoded 1.5x as
+/// fast (`zl-worker bench`, SmolLM2 Q4_1; 8, 16, 64 blocks ahead: 1.2x, 1.3x, 1.45x).
+pub(super) const AHEAD_BLOCKS: usize = 32;
+
+/// A hint to fetch into L1 the block [`AHEAD_BLOCKS`] blocks past the start of `stream` (`block` bytes each): every
+/// cache line it covers. A hint past the end of the array does nothing.
+#[inline(always)]
+pub(super) fn prefetch<T>(stream: &[T], block: usize) {
+    let at = stream.as_ptr().cast::<i8>().wrapping_add(AHEAD_BLOCKS * block);
+    for line in 0..block.div_ceil(64) {
+        // SAFETY: a prefetch hint accesses no memory (an address outside the array is not an error).
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line)) };
+    }
+}
+
 /// 32 bytes as a vector. The slice index bounds-checks the read.
 #[inline(always)]
 pub(super) fn load32u(bytes: &[u8]) -> __m256i {

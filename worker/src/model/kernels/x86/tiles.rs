@@ -16,8 +16,8 @@ macro_rules! tile_kernels {
         use super::super::weight::{TILE, Weight};
         use super::simd::{
             PICK_A, PICK_A_HIGH, PICK_B, PICK_B_HIGH, broadcast2, half_nibbles, legacy_bytes, load8f, load8h, load32,
-            load32u, q6k_bytes, row_blocks, shuffle, tile, tile_row_groups, widen_bytes, widen8, widen8_signed,
-            with_fifth_bit,
+            load32u, prefetch, q6k_bytes, row_blocks, shuffle, tile, tile_row_groups, widen_bytes, widen8,
+            widen8_signed, with_fifth_bit,
         };
         use super::unpack::unpack_avx2;
 
@@ -76,6 +76,7 @@ macro_rules! tile_kernels {
                 qs.chunks_exact(128).zip(d.chunks_exact(TILE)).zip(m.chunks_exact(TILE)).enumerate()
             {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+                (prefetch(q, 128), prefetch(dv, 2 * TILE), prefetch(mv, 2 * TILE));
                 let mut s = [_mm256_setzero_si256(); R];
                 // Chunk k holds elements 4k..4k + 4 (low nibbles) and 16 + 4k.. (high nibbles) of every feature: as
                 // pairs, activation pairs 2k and 2k + 1 (low) and 8 + 2k and 9 + 2k (high).
@@ -131,6 +132,10 @@ macro_rules! tile_kernels {
             let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
             for (b, q) in qs.chunks_exact(128).enumerate() {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+                (prefetch(q, 128), prefetch(&sc[b * TILE..], TILE), prefetch(&mn[b * TILE..], TILE));
+                if HIGH {
+                    prefetch(&qh[b * 32..], 32);
+                }
                 let sb = b / 8 * TILE;
                 let s = _mm256_mul_ps(load8f(&d[sb..]), widen8(&sc[b * TILE..]));
                 let m = _mm256_xor_ps(_mm256_mul_ps(load8f(&dmin[sb..]), widen8(&mn[b * TILE..])), sign);
@@ -181,6 +186,7 @@ macro_rules! tile_kernels {
             for b in 0..bpr {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
                 let (q, hq) = (&ql[b * 128..], &qh[b / 2 * 128..]);
+                (prefetch(q, 128), prefetch(&qh[b * 64..], 64), prefetch(&sc[b * HALVES * TILE..], HALVES * TILE));
                 let dv = load8f(&d[b / 8 * TILE..]);
                 for h in 0..HALVES {
                     let s = _mm256_mul_ps(dv, widen8_signed(&sc[(b * HALVES + h) * TILE..]));
@@ -234,6 +240,13 @@ macro_rules! tile_kernels {
             let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
             for (b, q) in qs.chunks_exact(128).enumerate() {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+                (prefetch(q, 128), prefetch(&d[b * TILE..], 2 * TILE));
+                if high {
+                    prefetch(&qh[b * 32..], 32);
+                }
+                if min {
+                    prefetch(&m[b * TILE..], 2 * TILE);
+                }
                 let dv = load8h(&d[b * TILE..]);
                 for h in 0..HALVES {
                     let shift = _mm_cvtsi32_si128((2 * (b % 4) + h) as i32);
@@ -303,6 +316,7 @@ macro_rules! tile_kernels {
             let (xs, stride) = row_blocks::<R>(xq, r);
             for (b, (q, dv)) in qs.chunks_exact(256).zip(d.chunks_exact(TILE)).enumerate() {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
+                (prefetch(q, 256), prefetch(dv, 2 * TILE));
                 let mut s = [_mm256_setzero_si256(); R];
                 chunk_sums(q, x, 0..8, (pick_a, pick_b), &mut s);
                 let dw = load8h(dv);
