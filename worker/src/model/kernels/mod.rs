@@ -72,8 +72,10 @@ const TILE: usize = 8;
 /// Under rayon two beat four (hand-offs weighed more than uneven finishes: SmolLM2 Q4_K_M at one sequence 1.05x,
 /// medians of nine alternating rounds); with the step's team a task is claimed by an atomic add, and four beat two:
 /// medians of alternating rounds on an Intel Xeon, 2 threads, `zl-worker bench --concurrency 1`: Q4_1 152 against
-/// 148 tok/s (five rounds, four ahead in each), Q4_K_M 140 against 139 (three); eight no better.
-const TASKS_PER_THREAD_FEW: usize = 4;
+/// 148 tok/s (five rounds, four ahead in each), Q4_K_M 140 against 139 (three); eight no better. Since the kernels
+/// hint their weights ahead (each task's stream starts cold), two again: Q4_1 at one sequence 1.03x four, 1.13x
+/// eight, 1.3x sixteen (three alternating rounds each), at four sequences 1.04x four.
+const TASKS_PER_THREAD_FEW: usize = 2;
 
 /// Parallel tasks per pool thread for one matmul of more rows: enough that threads finish together, few enough to
 /// amortise scheduling (two instead cost 3% at 16 sequences, one 12%).
@@ -264,6 +266,16 @@ fn group_quantizer() -> QuantizeGroup {
         return x86::quantize_group;
     }
     quantize_group
+}
+
+/// A hint to fetch into the first-level cache the line `ahead` bytes past the start of `v` (the kernels hint their
+/// weights this way; `zl-worker bench`'s bandwidth ceiling reads with it too). Nothing on other architectures.
+#[inline]
+pub fn prefetch_ahead<T>(v: &[T], ahead: usize) {
+    #[cfg(target_arch = "x86_64")]
+    x86::prefetch_at(v, ahead);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (v, ahead);
 }
 
 /// Add a low-rank update (a LoRA adapter's, for one matrix) to each of `rows` (row index into `x`'s rows, that

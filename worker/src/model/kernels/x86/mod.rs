@@ -45,6 +45,11 @@ fn run_avx2<T>(f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// [`super::prefetch_ahead`] on x86-64 (SSE's `prefetcht0`, which every x86-64 CPU has).
+pub(super) fn prefetch_at<T>(v: &[T], ahead: usize) {
+    simd::prefetch_at(v, ahead)
+}
+
 /// [`super::low_rank_update`] in AVX2.
 pub(super) fn low_rank_rows(w: super::LowRank<'_>, x: &[f32], rows: &mut [(usize, &mut [f32])]) {
     // SAFETY: the caller checked `available()`, so the CPU has AVX2 and FMA.

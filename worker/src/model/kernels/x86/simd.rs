@@ -56,11 +56,16 @@ pub(super) const AHEAD_BLOCKS: usize = 32;
 /// cache line it covers. A hint past the end of the array does nothing.
 #[inline(always)]
 pub(super) fn prefetch<T>(stream: &[T], block: usize) {
-    let at = stream.as_ptr().cast::<i8>().wrapping_add(AHEAD_BLOCKS * block);
     for line in 0..block.div_ceil(64) {
-        // SAFETY: a prefetch hint accesses no memory (an address outside the array is not an error).
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(64 * line)) };
+        prefetch_at(stream, AHEAD_BLOCKS * block + 64 * line);
     }
+}
+
+/// A hint to fetch into L1 the cache line `ahead` bytes past the start of `v` (nothing past the end of memory).
+#[inline(always)]
+pub(super) fn prefetch_at<T>(v: &[T], ahead: usize) {
+    // SAFETY: a prefetch hint accesses no memory (an address outside the array is not an error).
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(v.as_ptr().cast::<i8>().wrapping_add(ahead)) };
 }
 
 /// 32 bytes as a vector. The slice index bounds-checks the read.
