@@ -15,7 +15,7 @@
 //! never changes a result: every task computes its own outputs (the kernels' batch invariance).
 
 use std::any::Any;
-use std::cell::Cell;
+use std::cell::{Cell, UnsafeCell};
 use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, RwLock, RwLockWriteGuard};
@@ -122,16 +122,33 @@ pub fn map<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync + Send) ->
     // SAFETY: `LEADING` is set only inside `scope`, whose team outlives the call to `f` that reached here.
     #[allow(unsafe_code)]
     let team = unsafe { &*leading };
-    let inputs: Vec<Mutex<Option<T>>> = items.into_iter().map(|t| Mutex::new(Some(t))).collect();
-    let outputs: Vec<Mutex<Option<R>>> = inputs.iter().map(|_| Mutex::new(None)).collect();
-    team.run(inputs.len(), &|i| {
-        let item = inputs[i].lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(item) = item {
-            *outputs[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(f(item));
+    let slots = Slots(items.into_iter().map(|t| UnsafeCell::new((Some(t), None))).collect());
+    team.run(slots.0.len(), &|i| {
+        // SAFETY: task `i` is claimed once (`Team::work`), so this is the only reference to its slot (`Slots`).
+        #[allow(unsafe_code)]
+        let slot = unsafe { &mut *slots.slot(i) };
+        if let Some(item) = slot.0.take() {
+            slot.1 = Some(f(item));
         }
     });
-    outputs.into_iter().map(|o| o.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every task ran")).collect()
+    slots.0.into_iter().map(|s| s.into_inner().1.expect("every task ran")).collect()
 }
+
+/// Each task's item, then its result. Task `i` alone touches slot `i` during the region (each index is claimed
+/// once, by the shared counter in `Team::work`); the leader wrote the items before posting the region and reads the
+/// results after every task is done (`done` counted with release, read with acquire ordering). A panicking task
+/// leaves its slot half done, and the leader then raises the panic instead of reading them.
+struct Slots<T, R>(Vec<UnsafeCell<(Option<T>, Option<R>)>>);
+
+impl<T, R> Slots<T, R> {
+    fn slot(&self, i: usize) -> *mut (Option<T>, Option<R>) {
+        self.0[i].get()
+    }
+}
+
+// SAFETY: no two threads touch one slot at once (above), and items and results are `Send`.
+#[allow(unsafe_code)]
+unsafe impl<T: Send, R: Send> Sync for Slots<T, R> {}
 
 /// `f` for each of `items`, in parallel as [`map`].
 pub fn for_each<T: Send>(items: Vec<T>, f: impl Fn(T) + Sync + Send) {
