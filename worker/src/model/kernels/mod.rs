@@ -28,7 +28,7 @@
 //! - `blocks.rs`: the GGUF block formats' decoding, the reference the repacked layouts are checked against;
 //! - `team.rs`: the forward step's fork-join (the pool's threads polling for the next parallel region);
 //! - `x86/`: the SIMD levels (AVX2, AVX-512, AMX), where the worker's `unsafe` lives (besides `team.rs`'s lending
-//!   of a closure and `isa.rs`'s request for the AMX state).
+//!   of a closure and of each task's slot, and `isa.rs`'s request for the AMX state).
 
 mod attention;
 mod blocks;
@@ -37,7 +37,7 @@ mod low_rank;
 mod math;
 mod portable;
 mod quant;
-#[allow(unsafe_code)] // lends the leader's closure to its helpers for one region (see the file's SAFETY notes)
+#[allow(unsafe_code)] // lends the leader's closure and each task's slot to its helpers for one region (SAFETY notes)
 pub mod team;
 #[cfg(test)]
 mod tests;

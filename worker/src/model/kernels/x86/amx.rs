@@ -273,7 +273,8 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
         }
         Weight::Q4K { qs, qh, .. } => {
             let (q, qh) = (&tile(qs, t, bpr * 128)[b * 128..], tile(qh, t, bpr.div_ceil(4) * 128));
-            (prefetch(q, 128), prefetch(&qh[b * 32..], 32));
+            prefetch(q, 128);
+            prefetch(&qh[b * 32..], 32);
             for h in 0..HALVES {
                 for k in 0..4 {
                     let plane = load32u(&qh[b / 4 * 128 + k * 32..]);
@@ -305,7 +306,8 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
         }
         Weight::Q6K { ql, qh, .. } => {
             let (q, hq) = (&tile(ql, t, bpr * 128)[b * 128..], &tile(qh, t, bpr / 2 * 128)[b / 2 * 128..]);
-            (prefetch(q, 128), prefetch(&tile(qh, t, bpr / 2 * 128)[b * 64..], 64));
+            prefetch(q, 128);
+            prefetch(&tile(qh, t, bpr / 2 * 128)[b * 64..], 64);
             for h in 0..HALVES {
                 for k in 0..4 {
                     let (v, hv) = (load32u(&q[k * 32..]), load32u(&hq[k * 32..]));

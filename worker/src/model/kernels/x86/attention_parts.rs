@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 
 use super::super::math::hsum;
-use super::simd::{load8f, store8f};
+use super::simd::{load8f, prefetch_at, store8f};
 
 /// Where eight consecutive cache values (from an offset that is a multiple of 8) come from, as f32: exactly
 /// [`KvPlane::get`]'s values.
@@ -124,7 +124,5 @@ pub(super) const AHEAD: usize = 8;
 /// A hint to bring the cache line holding `at[0]` into the caches. The slice index bounds-checks the address.
 #[inline(always)]
 pub(super) fn prefetch<T>(at: &[T]) {
-    let p: *const T = &at[0];
-    // SAFETY: a prefetch never faults and reads nothing the program sees; `p` is a valid address anyway.
-    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.cast()) };
+    prefetch_at(&at[..1], 0);
 }

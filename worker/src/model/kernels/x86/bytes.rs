@@ -125,7 +125,8 @@ fn q4_1_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, planes: &[u8],
     for b in 0..bpr {
         let q = &qs[b * 128..(b + 1) * 128];
         prefetch(q, 128);
-        (prefetch(&d[b * TILE..], 2 * TILE), prefetch(&m[b * TILE..], 2 * TILE));
+        prefetch(&d[b * TILE..], 2 * TILE);
+        prefetch(&m[b * TILE..], 2 * TILE);
         let x = rows_bytes::<R>(planes, bpr, r, b);
         // Two accumulators each for the high and low bytes: shorter chains of `vpdpbusd`.
         let (mut hi, mut lo) = ([[_mm256_setzero_si256(); 2]; R], [[_mm256_setzero_si256(); 2]; R]);
@@ -167,7 +168,8 @@ fn q8_0_tile<const R: usize>(weight: &Weight, xq: &QuantizedRows, p: Planes<'_>,
     let (xs, stride) = row_blocks::<R>(xq, r);
     for b in 0..bpr {
         let q = &qs[b * 256..(b + 1) * 256];
-        (prefetch(q, 256), prefetch(&d[b * TILE..], 2 * TILE));
+        prefetch(q, 256);
+        prefetch(&d[b * TILE..], 2 * TILE);
         let x = rows_bytes::<R>(planes, bpr, r, b);
         let (mut hi, mut lo) = ([[_mm256_setzero_si256(); 2]; R], [[_mm256_setzero_si256(); 2]; R]);
         for k in 0..8 {

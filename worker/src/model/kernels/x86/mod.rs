@@ -1,12 +1,12 @@
 //! The x86-64 SIMD kernels: AVX2, AVX-512 and AMX (integer matmul, activation quantization, attention over the f16 or
 //! 8-bit KV cache: `attention.rs` runs both levels, `attention512.rs` holds AVX-512's inner loops,
 //! `attention_parts.rs` what they share).
-//! Nearly nothing else in the worker needs `unsafe` (`team.rs` lends a step's closure to the pool's threads for one
-//! region, `isa.rs` asks Linux for the AMX tile state): the unaligned loads and stores here, the tile unit's
-//! instructions (`amx.rs`), and entering `#[target_feature]` functions once [`available`] (or an assertion on the
-//! level) has checked the CPU, do. This
-//! file is the safe boundary; `simd.rs` holds the helpers every level shares, and each level's kernels live in a
-//! file of their own.
+//! Nearly nothing else in the worker needs `unsafe` (`team.rs` lends a step's closure and each task's slot to the
+//! pool's threads for one region, `isa.rs` asks Linux for the AMX tile state): the unaligned loads and stores here,
+//! the prefetch hints, the tile unit's instructions (`amx.rs`), and entering `#[target_feature]` functions once
+//! [`available`] (or an assertion on the level) has checked the CPU, do. This file is the safe boundary; `simd.rs`
+//! holds the helpers every level shares, and each level's kernels live in a file of their own (`bytes.rs`: AVX-512
+//! VNNI's byte products for one or two rows).
 
 // `simd` and `tiles` first: their `by_rows!` and `tile_kernels!` must be in textual scope for the levels' files.
 #[macro_use]

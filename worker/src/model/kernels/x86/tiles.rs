@@ -76,7 +76,9 @@ macro_rules! tile_kernels {
                 qs.chunks_exact(128).zip(d.chunks_exact(TILE)).zip(m.chunks_exact(TILE)).enumerate()
             {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
-                (prefetch(q, 128), prefetch(dv, 2 * TILE), prefetch(mv, 2 * TILE));
+                prefetch(q, 128);
+                prefetch(dv, 2 * TILE);
+                prefetch(mv, 2 * TILE);
                 let mut s = [_mm256_setzero_si256(); R];
                 // Chunk k holds elements 4k..4k + 4 (low nibbles) and 16 + 4k.. (high nibbles) of every feature: as
                 // pairs, activation pairs 2k and 2k + 1 (low) and 8 + 2k and 9 + 2k (high).
@@ -132,7 +134,9 @@ macro_rules! tile_kernels {
             let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
             for (b, q) in qs.chunks_exact(128).enumerate() {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
-                (prefetch(q, 128), prefetch(&sc[b * TILE..], TILE), prefetch(&mn[b * TILE..], TILE));
+                prefetch(q, 128);
+                prefetch(&sc[b * TILE..], TILE);
+                prefetch(&mn[b * TILE..], TILE);
                 if HIGH {
                     prefetch(&qh[b * 32..], 32);
                 }
@@ -186,7 +190,9 @@ macro_rules! tile_kernels {
             for b in 0..bpr {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
                 let (q, hq) = (&ql[b * 128..], &qh[b / 2 * 128..]);
-                (prefetch(q, 128), prefetch(&qh[b * 64..], 64), prefetch(&sc[b * HALVES * TILE..], HALVES * TILE));
+                prefetch(q, 128);
+                prefetch(&qh[b * 64..], 64);
+                prefetch(&sc[b * HALVES * TILE..], HALVES * TILE);
                 let dv = load8f(&d[b / 8 * TILE..]);
                 for h in 0..HALVES {
                     let s = _mm256_mul_ps(dv, widen8_signed(&sc[(b * HALVES + h) * TILE..]));
@@ -240,7 +246,8 @@ macro_rules! tile_kernels {
             let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
             for (b, q) in qs.chunks_exact(128).enumerate() {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
-                (prefetch(q, 128), prefetch(&d[b * TILE..], 2 * TILE));
+                prefetch(q, 128);
+                prefetch(&d[b * TILE..], 2 * TILE);
                 if high {
                     prefetch(&qh[b * 32..], 32);
                 }
@@ -316,7 +323,8 @@ macro_rules! tile_kernels {
             let (xs, stride) = row_blocks::<R>(xq, r);
             for (b, (q, dv)) in qs.chunks_exact(256).zip(d.chunks_exact(TILE)).enumerate() {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
-                (prefetch(q, 256), prefetch(dv, 2 * TILE));
+                prefetch(q, 256);
+                prefetch(dv, 2 * TILE);
                 let mut s = [_mm256_setzero_si256(); R];
                 chunk_sums(q, x, 0..8, (pick_a, pick_b), &mut s);
                 let dw = load8h(dv);
