@@ -125,16 +125,27 @@ fn a_worker_killed_under_load_costs_its_requests_seconds_and_new_requests_nothin
         }
     }
 
-    // Every stream the dead worker was serving ended with an error event within 3 s of the kill.
-    for _ in 0..on_victim {
+    // Every stream the dead worker was serving ended with an error event within 3 s of the kill. A story on the
+    // survivor may come to its end meanwhile (its text is fixed, not its length in seconds: faster kernels finish
+    // it sooner), and then it ends whole.
+    let mut ended_on_victim = 0;
+    for _ in 0..6 {
+        if ended_on_victim == on_victim {
+            break;
+        }
         let end = ended_rx.recv_timeout(Duration::from_secs(30)).expect("a stream on the dead worker ended");
-        assert_eq!(end.worker, victim_id, "a stream on the survivor ended early: {}", end.rest);
+        if end.worker != victim_id {
+            assert!(end.rest.contains("message_stop"), "a stream on the survivor was cut: {}", end.rest);
+            continue;
+        }
+        ended_on_victim += 1;
         let took = end.ended.duration_since(killed_at);
         eprintln!("a stream on the dead worker ended {took:?} after the kill");
         assert!(took <= Duration::from_secs(3), "a stream on the dead worker ended {took:?} after the kill");
         assert!(end.rest.contains("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":"), "{}", end.rest);
         assert!(!end.rest.contains("message_stop"), "{}", end.rest);
     }
+    assert_eq!(ended_on_victim, on_victim, "every stream on the dead worker ended");
 
     // From a second after the kill on, nothing is routed to the dead worker: no request needs a retry.
     std::thread::sleep((killed_at + Duration::from_millis(1200)).saturating_duration_since(Instant::now()));
