@@ -21,8 +21,8 @@ fn body(max_tokens: u32, stream: bool, temperature: f32, content: &str) -> Strin
     .to_string()
 }
 
-/// A long, seeded story: the same text on every run (sampling is seeded and batch-invariant), so whether it is
-/// still streaming when the worker dies never depends on luck.
+/// A long, seeded story: the same text on every run (sampling is seeded and batch-invariant), hundreds of tokens, so
+/// that it is still streaming when the worker dies a moment after every story's first text never depends on luck.
 fn story(i: u32) -> String {
     serde_json::json!({
         "model": MODEL, "max_tokens": 1500, "stream": true, "temperature": 0.7, "seed": 7 + i,

@@ -48,8 +48,8 @@ pub(super) fn load8f(values: &[f32]) -> __m256 {
 
 /// Blocks ahead of the one a tile kernel reads that it hints its weights into L1 ([`prefetch`]). A tile's blocks
 /// are one sequential stream per array, and tiles follow each other, but this machine's hardware prefetchers left
-/// one-sequence decode waiting on the weights: hinted 32 blocks ahead (4 KiB of Q4_1 nibbles) it decoded 1.5x as
-/// fast (`zl-worker bench`, SmolLM2 Q4_1; 8, 16, 64 blocks ahead: 1.2x, 1.3x, 1.45x).
+/// one-sequence decode waiting on the weights: hinted 32 blocks ahead (4 KiB of Q4_1 nibbles) it decoded about 1.5x
+/// as fast (`zl-worker bench`, SmolLM2 Q4_1: 4, 8, 16, 32, 64 blocks ahead 1.18x, 1.28x, 1.45x, 1.47x, 1.49x).
 pub(super) const AHEAD_BLOCKS: usize = 32;
 
 /// A hint to fetch into L1 the block [`AHEAD_BLOCKS`] blocks past the start of `stream` (`block` bytes each): every
