@@ -9,9 +9,10 @@
 //! kernels sum, and the scales are then applied by the same operations in the same order: the same bits (the
 //! bit-for-bit tests run this level at one and two rows).
 //!
-//! At one sequence the 16-bit kernel was bound by its instructions, not by memory: keeping the scales as f16
-//! (a seventh fewer bytes read) left one-sequence decode where it was. At one row this kernel spends 7 (Q4_1)
-//! and 3 (Q8_0) vector instructions (other than loads) per 32 weight bytes where the 16-bit one spends 12 and 7.
+//! At one sequence the 16-bit kernel waited on its weight loads (keeping the scales as f16, a seventh fewer bytes
+//! read, left one-sequence decode where it was; hinting the weights ahead, `simd.rs`'s `prefetch`, gave 1.5x) and
+//! on its instructions: at one row this kernel spends 7 (Q4_1) and 3 (Q8_0) vector instructions (other than loads)
+//! per 32 weight bytes where the 16-bit one spends 12 and 7.
 
 use std::arch::x86_64::*;
 
@@ -23,7 +24,8 @@ use super::simd::{load8h, load32, load32u, prefetch, row_blocks, tile, tile_row_
 /// Batch rows up to which the byte products serve Q8_0 (one row for Q4_1). Each row's products take twice the
 /// activation loads of the 16-bit kernel's (high and low bytes), which share each chunk's widening among the rows:
 /// `zl-worker bench` measured 1.05x (Q4_1) and 1.10x (Q8_0) at one sequence, 1.07x (Q8_0) and 0.94x (Q4_1) at
-/// two, 0.83-0.91x at three.
+/// two, 0.83-0.91x at three; with the weights hinted ahead, Q4_1 at two and three rows 0.98-1.03x (left out: no
+/// gain), Q8_0 at three 0.91-0.96x.
 pub(super) const MAX_ROWS: usize = 2;
 
 /// Whether [`columns`] serves `weight` for `rows` batch rows.
