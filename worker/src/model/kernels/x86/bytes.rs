@@ -17,9 +17,9 @@
 use std::arch::x86_64::*;
 
 use super::super::QK;
-use super::super::quant::{PLANE_ROWS, QuantizedRows, plane_at};
+use super::super::quant::QuantizedRows;
 use super::super::weight::{TILE, Weight};
-use super::simd::{load8h, load32, load32u, prefetch, row_blocks, tile, tile_row_groups};
+use super::simd::{broadcast4, load8h, load32, load32u, prefetch, row_blocks, rows_bytes, tile, tile_row_groups};
 
 /// Batch rows up to which the byte products serve Q8_0 (one row for Q4_1). Each row's products take twice the
 /// activation loads of the 16-bit kernel's (high and low bytes), which share each chunk's widening among the rows:
@@ -73,34 +73,6 @@ fn tile_rows<const R: usize>(
         _ => q8_0_tile::<R>(weight, xq, p, t, r),
     };
     acc[..R].copy_from_slice(&rows);
-}
-
-/// Row `r`'s block `b`: its 32 low bytes and its 32 high bytes.
-#[inline(always)]
-fn row_bytes(planes: &[u8], bpr: usize, r: usize, b: usize) -> (&[u8; QK], &[u8; QK]) {
-    let at = plane_at(bpr, r, b);
-    let lo = planes[at..at + QK].try_into().expect("32 bytes");
-    let hi = planes[at + PLANE_ROWS * QK..at + (PLANE_ROWS + 1) * QK].try_into().expect("32 bytes");
-    (lo, hi)
-}
-
-/// [`row_bytes`] of rows `r..r + R`.
-#[inline(always)]
-fn rows_bytes<const R: usize>(planes: &[u8], bpr: usize, r: usize, b: usize) -> [(&[u8; QK], &[u8; QK]); R] {
-    let mut x = [row_bytes(planes, bpr, r, b); R];
-    for (i, x) in x.iter_mut().enumerate().skip(1) {
-        *x = row_bytes(planes, bpr, r + i, b);
-    }
-    x
-}
-
-/// Bytes `at..at + 4` in every 32-bit lane.
-#[inline(always)]
-fn broadcast4(bytes: &[u8; QK], at: usize) -> __m256i {
-    let four = &bytes[at..at + 4];
-    // SAFETY: `four` is 4 readable bytes and the read is unaligned; only called from this file's kernels, which run
-    // where the CPU has AVX-512 VNNI.
-    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(four.as_ptr().cast::<i32>())) }
 }
 
 /// `256 * hi + lo`, each the sum of two accumulators (exact i32: at most 32 * 255 * 255 per block).

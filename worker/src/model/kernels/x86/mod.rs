@@ -6,7 +6,7 @@
 //! the prefetch hints, the tile unit's instructions (`amx.rs`), and entering `#[target_feature]` functions once
 //! [`available`] (or an assertion on the level) has checked the CPU, do. This file is the safe boundary; `simd.rs`
 //! holds the helpers every level shares, and each level's kernels live in a file of their own (`bytes.rs`: AVX-512
-//! VNNI's byte products for one or two rows).
+//! VNNI's byte products for one or two rows; `bytes_avx2.rs`: AVX2's for one row of the legacy formats).
 
 // `simd` and `tiles` first: their `by_rows!` and `tile_kernels!` must be in textual scope for the levels' files.
 #[macro_use]
@@ -20,6 +20,7 @@ mod attention_parts;
 mod avx2;
 mod avx512;
 mod bytes;
+mod bytes_avx2;
 mod low_rank;
 mod quantize;
 mod unpack;
@@ -80,7 +81,10 @@ pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums
 /// bytes' sums for a signed format. Its callers call this before their parallel tasks, so that no task makes them
 /// while the others wait.
 pub(super) fn prepare(isa: Isa, weight: &Weight, xq: &QuantizedRows) {
-    if (isa == Isa::Amx && amx::serves(weight, xq.rows)) || (isa >= Isa::Avx512 && bytes::serves(weight, xq.rows)) {
+    if (isa == Isa::Amx && amx::serves(weight, xq.rows))
+        || (isa >= Isa::Avx512 && bytes::serves(weight, xq.rows))
+        || (isa == Isa::Avx2 && bytes_avx2::serves(weight, xq.rows))
+    {
         xq.byte_planes();
     }
     if isa >= Isa::Avx512 && bytes::serves(weight, xq.rows) && bytes::signed(weight) {
@@ -97,6 +101,7 @@ pub(super) fn columns_int(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usi
             Isa::Amx if amx::serves(weight, out.len()) => amx::columns(weight, xq, c0, out),
             Isa::Avx512 | Isa::Amx if bytes::serves(weight, out.len()) => bytes::columns(weight, xq, c0, out),
             Isa::Avx512 | Isa::Amx => avx512::tiled_columns(weight, xq, c0, out),
+            _ if bytes_avx2::serves(weight, out.len()) => bytes_avx2::columns(weight, xq, c0, out),
             _ => avx2::tiled_columns(weight, xq, c0, out),
         }
     }

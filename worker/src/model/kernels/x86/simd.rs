@@ -3,8 +3,9 @@
 
 use std::arch::x86_64::*;
 
+use super::super::QK;
 use super::super::TILE;
-use super::super::quant::{QuantizedRows, ROW_GROUP, XBlock};
+use super::super::quant::{PLANE_ROWS, QuantizedRows, ROW_GROUP, XBlock, plane_at};
 
 /// Eight f32s stored. The slice index bounds-checks the write.
 #[inline(always)]
@@ -58,6 +59,21 @@ pub(super) const AHEAD_BLOCKS: usize = 32;
 pub(super) fn prefetch<T>(stream: &[T], block: usize) {
     for line in 0..block.div_ceil(64) {
         prefetch_at(stream, AHEAD_BLOCKS * block + 64 * line);
+    }
+}
+
+/// [`prefetch`] of block `b` of a legacy-format tile (Q4_0, Q5_0, Q5_1): its nibbles `q` (the block's own 128
+/// bytes), its f16 scales `d`, and the fifth-bit plane `qh` and the minimums `m` where the format has them (empty
+/// where not).
+#[inline(always)]
+pub(super) fn prefetch_legacy(b: usize, q: &[u8], d: &[u16], qh: &[u8], m: &[u16]) {
+    prefetch(q, 128);
+    prefetch(&d[b * TILE..], 2 * TILE);
+    if !qh.is_empty() {
+        prefetch(&qh[b * 32..], 32);
+    }
+    if !m.is_empty() {
+        prefetch(&m[b * TILE..], 2 * TILE);
     }
 }
 
@@ -153,6 +169,34 @@ pub(super) fn broadcast2(x: &XBlock, p: usize) -> __m256i {
     // which run where `available()` said the CPU has it. One broadcast load, where assembling the word from two
     // 16-bit loads costs the kernel's inner loop three more instructions per pair.
     unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(pair.as_ptr().cast::<i32>())) }
+}
+
+/// Row `r`'s block `b`: its 32 low bytes and its 32 high bytes.
+#[inline(always)]
+pub(super) fn row_bytes(planes: &[u8], bpr: usize, r: usize, b: usize) -> (&[u8; QK], &[u8; QK]) {
+    let at = plane_at(bpr, r, b);
+    let lo = planes[at..at + QK].try_into().expect("32 bytes");
+    let hi = planes[at + PLANE_ROWS * QK..at + (PLANE_ROWS + 1) * QK].try_into().expect("32 bytes");
+    (lo, hi)
+}
+
+/// [`row_bytes`] of rows `r..r + R`.
+#[inline(always)]
+pub(super) fn rows_bytes<const R: usize>(planes: &[u8], bpr: usize, r: usize, b: usize) -> [(&[u8; QK], &[u8; QK]); R] {
+    let mut x = [row_bytes(planes, bpr, r, b); R];
+    for (i, x) in x.iter_mut().enumerate().skip(1) {
+        *x = row_bytes(planes, bpr, r + i, b);
+    }
+    x
+}
+
+/// Bytes `at..at + 4` in every 32-bit lane.
+#[inline(always)]
+pub(super) fn broadcast4(bytes: &[u8; QK], at: usize) -> __m256i {
+    let four = &bytes[at..at + 4];
+    // SAFETY: `four` is 4 readable bytes and the read is unaligned; only called from the byte-product kernels
+    // (`bytes.rs`, `bytes_avx2.rs`), which run where the CPU has AVX2 at least.
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(four.as_ptr().cast::<i32>())) }
 }
 
 /// Tile `t`'s part of a tiled array holding `len` entries per tile.

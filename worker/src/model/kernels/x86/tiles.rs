@@ -16,8 +16,8 @@ macro_rules! tile_kernels {
         use super::super::weight::{TILE, Weight};
         use super::simd::{
             PICK_A, PICK_A_HIGH, PICK_B, PICK_B_HIGH, broadcast2, half_nibbles, legacy_bytes, load8f, load8h, load32,
-            load32u, prefetch, q6k_bytes, row_blocks, shuffle, tile, tile_row_groups, widen_bytes, widen8,
-            widen8_signed, with_fifth_bit,
+            load32u, prefetch, prefetch_legacy, q6k_bytes, row_blocks, shuffle, tile, tile_row_groups, widen_bytes,
+            widen8, widen8_signed, with_fifth_bit,
         };
         use super::unpack::unpack_avx2;
 
@@ -246,14 +246,7 @@ macro_rules! tile_kernels {
             let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
             for (b, q) in qs.chunks_exact(128).enumerate() {
                 let x: &[XBlock; R] = xs[b * stride..b * stride + R].try_into().expect("R blocks");
-                prefetch(q, 128);
-                prefetch(&d[b * TILE..], 2 * TILE);
-                if high {
-                    prefetch(&qh[b * 32..], 32);
-                }
-                if min {
-                    prefetch(&m[b * TILE..], 2 * TILE);
-                }
+                prefetch_legacy(b, q, d, qh, m);
                 let dv = load8h(&d[b * TILE..]);
                 for h in 0..HALVES {
                     let shift = _mm_cvtsi32_si128((2 * (b % 4) + h) as i32);
