@@ -271,9 +271,12 @@ fn scores<S: Source, const B: usize>(
                 key.keys.prefetch(far + key.at, key.hd);
             }
             let (k0, k1) = (two[0] + key.at, two[1] + key.at);
+            key.keys.check(k0, hd);
+            key.keys.check(k1, hd);
             let (mut a0, mut a1) = ([_mm256_setzero_ps(); B], [_mm256_setzero_ps(); B]);
             for (c, qc) in qt.chunks_exact(B).enumerate() {
-                let (c0, c1) = (key.keys.load8(k0 + 8 * c), key.keys.load8(k1 + 8 * c));
+                // SAFETY: chunk c < hd / 8 (qt's chunks), inside the runs of hd values checked above.
+                let (c0, c1) = unsafe { (key.keys.load8_unchecked(k0 + 8 * c), key.keys.load8_unchecked(k1 + 8 * c)) };
                 for i in 0..B {
                     let qv = load8f(&qc[i]);
                     a0[i] = _mm256_fmadd_ps(qv, c0, a0[i]);
@@ -288,8 +291,10 @@ fn scores<S: Source, const B: usize>(
         if let [slot] = *pairs.remainder() {
             let j = block_slots.len() - 1;
             let mut acc = [_mm256_setzero_ps(); B];
+            key.keys.check(slot + key.at, hd);
             for (c, qc) in qt.chunks_exact(B).enumerate() {
-                let kc = key.keys.load8(slot + key.at + 8 * c);
+                // SAFETY: chunk c < hd / 8, inside the run checked above.
+                let kc = unsafe { key.keys.load8_unchecked(slot + key.at + 8 * c) };
                 for (a, qv) in acc.iter_mut().zip(qc) {
                     *a = _mm256_fmadd_ps(load8f(qv), kc, *a);
                 }
@@ -318,16 +323,21 @@ impl<S: Source> Values<'_, S> {
                 *v = load8f(&out[i * hd + 8 * c..]);
             }
         }
+        // Every head's weights for every position, checked once for the loop's reads below.
+        assert!(slots.len() <= n && w.len() >= (B - 1) * n + slots.len(), "weights for {B} heads");
         for (p, &slot) in slots.iter().enumerate() {
             if let Some(&far) = slots.get(p + AHEAD) {
                 values.prefetch(far + at, 8 * W);
             }
             let mut wv = [_mm256_setzero_ps(); B];
             for (i, v) in wv.iter_mut().enumerate() {
-                *v = _mm256_set1_ps(w[i * n + p]);
+                // SAFETY: i < B and p < slots.len(), so i * n + p is inside the weights checked above.
+                *v = _mm256_set1_ps(unsafe { *w.get_unchecked(i * n + p) });
             }
+            values.check(slot + at, 8 * W);
             for c in 0..W {
-                let vc = values.load8(slot + at + 8 * c);
+                // SAFETY: c < W, inside the run of 8 * W values checked above.
+                let vc = unsafe { values.load8_unchecked(slot + at + 8 * c) };
                 for (a, &wi) in acc.iter_mut().zip(&wv) {
                     a[c] = _mm256_fmadd_ps(wi, vc, a[c]);
                 }

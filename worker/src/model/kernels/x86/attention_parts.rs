@@ -12,7 +12,16 @@ pub(super) trait Source: Copy + Send {
     fn load8(self, at: usize) -> __m256;
     /// Sixteen values (from a multiple of 16) as f32 (only inside AVX-512 code).
     fn load16(self, at: usize) -> __m512;
-    /// Ask for the cache lines of `len` values from `at`.
+    /// Panics unless the `len` values from `at` (and for 8-bit blocks their scales) lie in the plane: one check for
+    /// a run of chunks that [`Source::load8_unchecked`] then reads.
+    fn check(self, at: usize, len: usize);
+    /// [`Source::load8`] without its bounds check (the inner loops' checks and their address arithmetic were half
+    /// their instructions).
+    ///
+    /// # Safety
+    /// The eight values from `at` lie in a run that [`Source::check`] passed.
+    unsafe fn load8_unchecked(self, at: usize) -> __m256;
+    /// Ask for the cache lines of `len` values from `at` (a hint: no check, no fault, whatever the address).
     fn prefetch(self, at: usize, len: usize);
 }
 
@@ -29,6 +38,17 @@ impl Source for Half<'_> {
     }
 
     #[inline(always)]
+    fn check(self, at: usize, len: usize) {
+        let _ = &self.0[at..at + len];
+    }
+
+    #[inline(always)]
+    unsafe fn load8_unchecked(self, at: usize) -> __m256 {
+        // SAFETY: the caller's run holds the 16 bytes from `at`; the load is unaligned; the caller runs with F16C.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(self.0.as_ptr().add(at).cast())) }
+    }
+
+    #[inline(always)]
     fn load16(self, at: usize) -> __m512 {
         let b = &self.0[at..at + 16];
         // SAFETY: `b` holds 16 readable u16s (32 bytes); the load is unaligned; the caller runs with AVX-512.
@@ -38,7 +58,7 @@ impl Source for Half<'_> {
     #[inline(always)]
     fn prefetch(self, at: usize, len: usize) {
         for line in (at..at + len).step_by(32) {
-            prefetch(&self.0[line..]);
+            prefetch_at(self.0, 2 * line);
         }
     }
 }
@@ -60,6 +80,23 @@ impl Source for Q8<'_> {
     }
 
     #[inline(always)]
+    fn check(self, at: usize, len: usize) {
+        let _ = (&self.0[at..at + len], &self.1[at / 32..(at + len).div_ceil(32)]);
+    }
+
+    #[inline(always)]
+    unsafe fn load8_unchecked(self, at: usize) -> __m256 {
+        // SAFETY: the caller's run holds the 8 bytes from `at` and their scale; the loads are unaligned; the caller
+        // runs with AVX2 and F16C.
+        unsafe {
+            let d = *self.1.get_unchecked(at / 32);
+            let ints = _mm256_cvtepi8_epi32(_mm_loadl_epi64(self.0.as_ptr().add(at).cast()));
+            let scale = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))));
+            _mm256_mul_ps(_mm256_cvtepi32_ps(ints), scale)
+        }
+    }
+
+    #[inline(always)]
     fn load16(self, at: usize) -> __m512 {
         let (b, d) = (&self.0[at..at + 16], self.1[at / 32]);
         // SAFETY: `b` holds 16 readable bytes; the loads are unaligned; the caller runs with AVX-512 and F16C.
@@ -73,9 +110,9 @@ impl Source for Q8<'_> {
     #[inline(always)]
     fn prefetch(self, at: usize, len: usize) {
         for line in (at..at + len).step_by(64) {
-            prefetch(&self.0[line..]);
+            prefetch_at(self.0, line);
         }
-        prefetch(&self.1[at / 32..]);
+        prefetch_at(self.1, 2 * (at / 32));
     }
 }
 
@@ -120,9 +157,3 @@ pub(super) fn scores8(lanes: &[f32], scale: f32, out: &mut [f32]) {
 /// Positions ahead of the one being read whose KV lines are requested early: the KV blocks of a step come
 /// from memory (the weights pushed them out of the caches since the last step).
 pub(super) const AHEAD: usize = 8;
-
-/// A hint to bring the cache line holding `at[0]` into the caches. The slice index bounds-checks the address.
-#[inline(always)]
-pub(super) fn prefetch<T>(at: &[T]) {
-    prefetch_at(&at[..1], 0);
-}
