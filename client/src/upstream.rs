@@ -187,8 +187,16 @@ impl QuicUpstream {
                 Ok(reply) => return (Ok(reply), false),
                 Err(e) if try_next_orchestrator(&e) => {
                     tracing::debug!(orchestrator = %to, error = %e, "orchestrator unavailable; trying the next");
-                    metrics::counter!("zl_frontend_orchestrator_failovers_total").increment(1);
-                    answered_unavailable |= matches!(&e, CallError::Remote(w) if w.code == ErrorCode::Unavailable);
+                    // An orchestrator that answers it is not ready yet (joining its group, or just started and not
+                    // yet heard from every worker) is alive and did its job: counted apart from the failures
+                    // (no connection, a lost one, a missed deadline), which is what an SRE alerts on.
+                    let not_ready = matches!(&e, CallError::Remote(w) if w.code == ErrorCode::Unavailable);
+                    if not_ready {
+                        metrics::counter!("zl_frontend_orchestrator_not_ready_total").increment(1);
+                    } else {
+                        metrics::counter!("zl_frontend_orchestrator_failovers_total").increment(1);
+                    }
+                    answered_unavailable |= not_ready;
                     last = Some(e);
                 }
                 Err(e) => return (Err(e), false),

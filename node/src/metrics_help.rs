@@ -38,7 +38,14 @@ pub const HELP: &[(&str, &str)] = &[
     ("zl_frontend_migrated_tokens_total", "Output tokens a migrated request resumed after (prefilled again, unbilled)"),
     ("zl_frontend_migration_seconds", "Time from a worker's failure to the next worker's first frame, seconds"),
     ("zl_frontend_migrations_total", "Requests moved to another worker mid-answer, by cause"),
-    ("zl_frontend_orchestrator_failovers_total", "Calls moved to another orchestrator after one failed"),
+    (
+        "zl_frontend_orchestrator_failovers_total",
+        "Calls moved to another orchestrator after one failed (no connection, a lost one, or past its deadline)",
+    ),
+    (
+        "zl_frontend_orchestrator_not_ready_total",
+        "Calls moved to another orchestrator because one answered it was not ready yet (joining, or just started)",
+    ),
     (
         "zl_frontend_orchestrator_rounds_retried_total",
         "Orchestrator calls asked of every orchestrator again because one answered it was not ready yet",
