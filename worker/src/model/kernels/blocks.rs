@@ -111,6 +111,16 @@ impl BlockFormat {
         }
     }
 
+    /// What a legacy format takes off its unsigned quants (Q4_0's nibbles 8, Q5_0's five bits 16; Q5_1 has a
+    /// minimum instead, and the other formats none): its quants are `u - offset`.
+    pub(super) fn offset(self) -> i8 {
+        match self {
+            BlockFormat::Q4_0 => 8,
+            BlockFormat::Q5_0 => 16,
+            _ => 0,
+        }
+    }
+
     /// Whether values carry an additive minimum (`x = s * q + m` with `m` not zero).
     pub(super) fn has_min(self) -> bool {
         matches!(self, BlockFormat::Q5_1 | BlockFormat::Q2K | BlockFormat::Q4K | BlockFormat::Q5K)
@@ -135,11 +145,7 @@ impl BlockFormat {
                     BlockFormat::Q5_0 => (u32::from_le_bytes([b[2], b[3], b[4], b[5]]), &b[6..22]),
                     _ => (u32::from_le_bytes([b[4], b[5], b[6], b[7]]), &b[8..24]),
                 };
-                let offset = match self {
-                    BlockFormat::Q4_0 => 8,
-                    BlockFormat::Q5_0 => 16,
-                    _ => 0,
-                };
+                let offset = self.offset();
                 for j in 0..16 {
                     let lo = (qs[j] & 0x0f) | ((((qh >> j) & 1) as u8) << 4);
                     let hi = (qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);

@@ -541,11 +541,7 @@ impl Weight {
         let (e, h) = (i % 16, i / 16);
         let low = (qs[q4_1_byte(bpr, c, b, e)] >> (4 * h)) & 0x0f;
         let high = if qh.is_empty() { 0 } else { fifth_bit(qh, bpr, c, b, i) };
-        let offset = match format {
-            BlockFormat::Q4_0 => 8,
-            BlockFormat::Q5_0 => 16,
-            _ => 0,
-        };
+        let offset = format.offset();
         let at = tile_scale(bpr, c, b);
         let min = if m.is_empty() { 0.0 } else { f16_to_f32(m[at]) };
         (f16_to_f32(d[at]), (low | (high << 4)) as i8 - offset, min)

@@ -23,7 +23,7 @@ use std::arch::x86_64::*;
 use std::cell::Cell;
 
 use super::super::QK;
-use super::super::blocks::{BlockFormat, HALVES};
+use super::super::blocks::HALVES;
 use super::super::quant::{PLANE_ROWS as GROUP, QuantizedRows};
 use super::super::weight::{TILE, Weight};
 use super::simd::{
@@ -286,11 +286,7 @@ fn weight_bytes(weight: &Weight, bpr: usize, t: usize, b: usize, to: &mut [u8]) 
             }
         }
         Weight::Legacy { format, qs, qh, .. } => {
-            let offset = _mm256_set1_epi8(match format {
-                BlockFormat::Q4_0 => 8,
-                BlockFormat::Q5_0 => 16,
-                _ => 0,
-            });
+            let offset = _mm256_set1_epi8(format.offset());
             let q = &tile(qs, t, bpr * 128)[b * 128..];
             let qh = if qh.is_empty() { &[][..] } else { tile(qh, t, bpr.div_ceil(4) * 128) };
             prefetch(q, 128);

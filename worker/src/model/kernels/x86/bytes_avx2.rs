@@ -68,11 +68,7 @@ fn legacy_tile<const HIGH: bool, const MIN: bool>(
     let Weight::Legacy { format, cols, d, m, qs, qh, .. } = weight else { unreachable!("legacy formats only") };
     let bpr = cols / QK;
     assert_eq!((HIGH, MIN), (!qh.is_empty(), !m.is_empty()), "{format:?}'s planes");
-    let offset = match format {
-        BlockFormat::Q4_0 => 8,
-        BlockFormat::Q5_0 => 16,
-        _ => 0,
-    };
+    let offset = i32::from(format.offset());
     let (ones, shift8) = (_mm256_set1_epi16(1), _mm256_set1_epi16(256));
     let mut acc = _mm256_setzero_ps();
     let qs = tile(qs, t, bpr * 128);

@@ -231,11 +231,7 @@ macro_rules! tile_kernels {
             let bpr = cols / QK;
             let (high, min) = (HIGH, MIN);
             assert_eq!((high, min), (!qh.is_empty(), !m.is_empty()), "{format:?}'s planes");
-            let offset = _mm256_set1_epi8(match format {
-                BlockFormat::Q4_0 => 8,
-                BlockFormat::Q5_0 => 16,
-                _ => 0,
-            });
+            let offset = _mm256_set1_epi8(format.offset());
             let picks = (shuffle(&PICK_A_HIGH), shuffle(&PICK_B_HIGH));
             let mut acc = [_mm256_setzero_ps(); R];
             let qs = tile(qs, t, bpr * 128);
