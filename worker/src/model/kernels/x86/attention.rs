@@ -312,7 +312,8 @@ fn scores<S: Source, const B: usize>(
 
 impl<S: Source> Values<'_, S> {
     /// `W` chunks of eight output values for `B` heads: `w[p] * value_p` added to them in position order, each
-    /// widened chunk used by all `B` heads, the sums held in registers across the positions.
+    /// widened chunk used by all `B` heads, the sums held in registers across the positions (over f16 values each
+    /// weight broadcast from memory at each use, [`Source::WEIGHTS_FROM_MEMORY`], so that they fit).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn sum<const B: usize, const W: usize>(&self, out: &mut [f32]) {
@@ -329,16 +330,18 @@ impl<S: Source> Values<'_, S> {
             if let Some(&far) = slots.get(p + AHEAD) {
                 values.prefetch(far + at, 8 * W);
             }
-            let mut wv = [_mm256_setzero_ps(); B];
-            for (i, v) in wv.iter_mut().enumerate() {
-                // SAFETY: i < B and p < slots.len(), so i * n + p is inside the weights checked above.
-                *v = _mm256_set1_ps(unsafe { *w.get_unchecked(i * n + p) });
-            }
+            // SAFETY (both): i < B and p < slots.len(), so i * n + p is inside the weights checked above.
+            let weight = |i: usize| unsafe { w.as_ptr().add(i * n + p) };
+            let held: [__m256; B] = std::array::from_fn(|i| {
+                if S::WEIGHTS_FROM_MEMORY { _mm256_setzero_ps() } else { _mm256_set1_ps(unsafe { *weight(i) }) }
+            });
             values.check(slot + at, 8 * W);
             for c in 0..W {
                 // SAFETY: c < W, inside the run of 8 * W values checked above.
                 let vc = unsafe { values.load8_unchecked(slot + at + 8 * c) };
-                for (a, &wi) in acc.iter_mut().zip(&wv) {
+                for (i, a) in acc.iter_mut().enumerate() {
+                    // SAFETY: `weight(i)` is readable (above).
+                    let wi = if S::WEIGHTS_FROM_MEMORY { unsafe { broadcast_f32(weight(i)) } } else { held[i] };
                     a[c] = _mm256_fmadd_ps(wi, vc, a[c]);
                 }
             }
@@ -349,4 +352,27 @@ impl<S: Source> Values<'_, S> {
             }
         }
     }
+}
+
+/// `*p` in every lane, broadcast from memory at each use (`vbroadcastss ymm, m32`: a load, no shuffle). Held in
+/// registers, a batch's three weights and its twelve sums need sixteen, one more than the loop has besides its value
+/// chunk, and LLVM spilled two sums to the stack on every position's chain of additions.
+///
+/// # Safety
+/// `p` points to a readable f32.
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn broadcast_f32(p: *const f32) -> __m256 {
+    let v: __m256;
+    // SAFETY: the caller's `p` is readable; the instruction writes only `v`, and the function has AVX2. Not `pure`:
+    // LLVM must not merge the loads into one register again.
+    unsafe {
+        std::arch::asm!(
+            "vbroadcastss {v}, dword ptr [{p}]",
+            v = out(ymm_reg) v,
+            p = in(reg) p,
+            options(readonly, nostack, preserves_flags),
+        );
+    }
+    v
 }

@@ -9,6 +9,10 @@ use super::simd::{load8f, prefetch_at, store8f};
 /// Where eight consecutive cache values (from an offset that is a multiple of 8) come from, as f32: exactly
 /// [`KvPlane::get`]'s values.
 pub(super) trait Source: Copy + Send {
+    /// Whether the AVX2 values loop broadcasts its weights from memory at each use rather than holding them in
+    /// registers: f16 values (one instruction a chunk) leave too few registers for both, 8-bit blocks (four, and a
+    /// scale) measured better holding them.
+    const WEIGHTS_FROM_MEMORY: bool;
     fn load8(self, at: usize) -> __m256;
     /// Sixteen values (from a multiple of 16) as f32 (only inside AVX-512 code).
     fn load16(self, at: usize) -> __m512;
@@ -30,6 +34,8 @@ pub(super) trait Source: Copy + Send {
 pub(super) struct Half<'a>(pub(super) &'a [u16]);
 
 impl Source for Half<'_> {
+    const WEIGHTS_FROM_MEMORY: bool = true;
+
     #[inline(always)]
     fn load8(self, at: usize) -> __m256 {
         let b = &self.0[at..at + 8];
@@ -57,8 +63,10 @@ impl Source for Half<'_> {
 
     #[inline(always)]
     fn prefetch(self, at: usize, len: usize) {
-        for line in (at..at + len).step_by(32) {
-            prefetch_at(self.0, 2 * line);
+        // A count of lines fixed by `len` (a constant at every call), not a range's: the range's step count and
+        // overflow checks were a tenth of the values loop's instructions per position.
+        for line in 0..len.div_ceil(32) {
+            prefetch_at(self.0, 2 * (at + 32 * line));
         }
     }
 }
@@ -68,6 +76,8 @@ impl Source for Half<'_> {
 pub(super) struct Q8<'a>(pub(super) &'a [i8], pub(super) &'a [u16]);
 
 impl Source for Q8<'_> {
+    const WEIGHTS_FROM_MEMORY: bool = false;
+
     #[inline(always)]
     fn load8(self, at: usize) -> __m256 {
         let (b, d) = (&self.0[at..at + 8], self.1[at / 32]);
@@ -109,8 +119,8 @@ impl Source for Q8<'_> {
 
     #[inline(always)]
     fn prefetch(self, at: usize, len: usize) {
-        for line in (at..at + len).step_by(64) {
-            prefetch_at(self.0, line);
+        for line in 0..len.div_ceil(64) {
+            prefetch_at(self.0, at + 64 * line);
         }
         prefetch_at(self.1, 2 * (at / 32));
     }
