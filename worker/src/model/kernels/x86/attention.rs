@@ -330,18 +330,17 @@ impl<S: Source> Values<'_, S> {
             if let Some(&far) = slots.get(p + AHEAD) {
                 values.prefetch(far + at, 8 * W);
             }
-            // SAFETY (both): i < B and p < slots.len(), so i * n + p is inside the weights checked above.
-            let weight = |i: usize| unsafe { w.as_ptr().add(i * n + p) };
-            let held: [__m256; B] = std::array::from_fn(|i| {
-                if S::WEIGHTS_FROM_MEMORY { _mm256_setzero_ps() } else { _mm256_set1_ps(unsafe { *weight(i) }) }
-            });
             values.check(slot + at, 8 * W);
             for c in 0..W {
                 // SAFETY: c < W, inside the run of 8 * W values checked above.
                 let vc = unsafe { values.load8_unchecked(slot + at + 8 * c) };
                 for (i, a) in acc.iter_mut().enumerate() {
-                    // SAFETY: `weight(i)` is readable (above).
-                    let wi = if S::WEIGHTS_FROM_MEMORY { unsafe { broadcast_f32(weight(i)) } } else { held[i] };
+                    // SAFETY: i < B and p < slots.len(), so i * n + p is inside the weights checked above.
+                    let weight = unsafe { w.as_ptr().add(i * n + p) };
+                    // Held in a register across the chunks (LLVM merges the plain loads), or loaded at each use.
+                    // SAFETY: `weight` is readable (above).
+                    let wi =
+                        unsafe { if S::WEIGHTS_FROM_MEMORY { broadcast_f32(weight) } else { _mm256_set1_ps(*weight) } };
                     a[c] = _mm256_fmadd_ps(wi, vc, a[c]);
                 }
             }
