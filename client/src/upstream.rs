@@ -84,11 +84,14 @@ const ORCHESTRATOR_TIMEOUT: Duration = Duration::from_millis(800);
 /// Per-call deadline for reports (a Raft commit).
 const REPORT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// When every orchestrator failed to route and at least one of them answered "ask another" (it has just started
-/// and not heard from the workers, or is joining its group), the group is changing under a rolling restart or a
-/// scale-out: the round is tried again after these pauses, so a client's request outlives a moment when no replica
-/// is ready. Rounds where none answered (all down) fail at once, as before. Only routes wait so: syncs and reports
-/// run in loops that try again on their own schedule (held up here, a fresh frontend's first grant came late).
+/// When every orchestrator failed to route and at least one of them is alive (it answered "ask another": it has just
+/// started and not heard from the workers, or is joining its group; or its connection stood and it missed the
+/// deadline or dropped the call: restarting, or starved on a loaded machine), the group is changing under a rolling
+/// restart or a scale-out: the round is tried again after these pauses, so a client's request outlives a moment when
+/// no replica answers in time. Rounds where none could even be reached (all down) fail at once, as before. Only
+/// routes wait so: syncs and reports run in loops that try again on their own schedule (held up here, a fresh
+/// frontend's first grant came late). (In CI, a route failed once in a few runs of the e2e test that rolls the chart's
+/// orchestrators: every orchestrator of one round missed its deadline while one was down.)
 const ROUND_PAUSES: [Duration; 3] =
     [Duration::from_millis(250), Duration::from_millis(500), Duration::from_millis(1000)];
 
@@ -149,16 +152,19 @@ impl QuicUpstream {
         self.orchestrator_round(ORCHESTRATOR_TIMEOUT, &request).await.0
     }
 
-    /// [`Self::orchestrator_call`], and the round again, a few times, while one answers that it is not ready yet
+    /// [`Self::orchestrator_call`], and the round again, a few times, while one of them is alive but did not route
     /// ([`ROUND_PAUSES`]).
     async fn patient_orchestrator_call(&self, request: Message) -> Result<Message, CallError> {
         let timeout = ORCHESTRATOR_TIMEOUT;
         let mut pauses = ROUND_PAUSES.iter();
         loop {
-            let (result, answered_unavailable) = self.orchestrator_round(timeout, &request).await;
+            let (result, one_alive) = self.orchestrator_round(timeout, &request).await;
             match (result, pauses.next()) {
-                (Err(_), Some(&pause)) if answered_unavailable => {
-                    tracing::debug!(?pause, "no orchestrator is ready (one asked to ask another); asking again");
+                (Err(_), Some(&pause)) if one_alive => {
+                    tracing::debug!(
+                        ?pause,
+                        "no orchestrator routed (one is alive but not ready or slow); asking again"
+                    );
                     metrics::counter!("zl_frontend_orchestrator_rounds_retried_total").increment(1);
                     tokio::time::sleep(pause).await;
                 }
@@ -167,8 +173,8 @@ impl QuicUpstream {
         }
     }
 
-    /// Each orchestrator tried once, starting with the next in turn; also whether one of them answered
-    /// `Unavailable` (alive, not ready yet).
+    /// Each orchestrator tried once, starting with the next in turn; also whether one of them is alive: it answered
+    /// `Unavailable` (not ready yet), or was reached and then missed the deadline or lost the call.
     async fn orchestrator_round(&self, timeout: Duration, request: &Message) -> (Result<Message, CallError>, bool) {
         let orchestrators = self.orchestrators();
         let n = orchestrators.len();
@@ -180,7 +186,7 @@ impl QuicUpstream {
             return (Err(CallError::Remote(none)), false);
         }
         let start = self.next.fetch_add(1, Ordering::Relaxed);
-        let (mut last, mut answered_unavailable) = (None, false);
+        let (mut last, mut one_alive) = (None, false);
         for i in 0..n {
             let to = orchestrators[(start + i) % n];
             match self.client.call_within(timeout, to, Role::Orchestrator, request.clone()).await {
@@ -196,13 +202,13 @@ impl QuicUpstream {
                     } else {
                         metrics::counter!("zl_frontend_orchestrator_failovers_total").increment(1);
                     }
-                    answered_unavailable |= not_ready;
+                    one_alive |= !matches!(e, CallError::Connect { .. });
                     last = Some(e);
                 }
                 Err(e) => return (Err(e), false),
             }
         }
-        (Err(last.unwrap_or_else(|| CallError::deadline_exceeded("orchestrators"))), answered_unavailable)
+        (Err(last.unwrap_or_else(|| CallError::deadline_exceeded("orchestrators"))), one_alive)
     }
 }
 
