@@ -7,29 +7,37 @@ pub(super) fn hsum(a: &[f32; 8]) -> f32 {
     ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))
 }
 
+/// [`exp_f32`]'s constants: the inputs' range, `log2(e)`, `ln(2)` in two parts, the rounding constant and the
+/// polynomial's coefficients, highest first (the SIMD levels' `exp` computes its operations with them in its order).
+pub(super) mod exp {
+    pub(in super::super) const MIN: f32 = -87.3;
+    pub(in super::super) const MAX: f32 = 88.0;
+    pub(in super::super) const LOG2E: f32 = std::f32::consts::LOG2_E;
+    pub(in super::super) const LN2_HI: f32 = 0.693_359_4;
+    pub(in super::super) const LN2_LO: f32 = -2.121_944_4e-4;
+    /// Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a libm call.
+    pub(in super::super) const ROUND: f32 = 12_582_912.0;
+    pub(in super::super) const POLY: [f32; 6] =
+        [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+}
+
 /// `e^x` in f32 from IEEE arithmetic only (Cephes' range reduction and polynomial, within 2 ulp of the true value
 /// for normal results), so it vectorises inside loops and gives the same bits on every machine, unlike libm's
 /// `expf`. Inputs are clamped to [-87.3, 88.0]: below, the result is about 1e-38 instead of a denormal or zero.
 #[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer without a libm call.
-    const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.3, 88.0);
+    use exp::{LN2_HI, LN2_LO, LOG2E, POLY, ROUND};
+    let x = x.clamp(exp::MIN, exp::MAX);
     let t = x * LOG2E + ROUND;
     let n = t - ROUND;
     // The integer n is also the low bits of `t` (an integer conversion of `n` with its range checks would keep
     // the loop from vectorising).
     let k = t.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
     let r = (x - n * LN2_HI) - n * LN2_LO;
-    let mut p = 1.987_569_1e-4;
-    p = p * r + 1.398_199_9e-3;
-    p = p * r + 8.333_452e-3;
-    p = p * r + 4.166_579_6e-2;
-    p = p * r + 1.666_666_5e-1;
-    p = p * r + 0.5;
+    let mut p = POLY[0];
+    for c in &POLY[1..] {
+        p = p * r + c;
+    }
     let y = (p * r * r + r) + 1.0;
     y * f32::from_bits(((k + 127) as u32) << 23)
 }

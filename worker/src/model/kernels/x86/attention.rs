@@ -5,11 +5,12 @@ use std::arch::x86_64::*;
 
 use super::super::team;
 
-use super::super::attention::{AttentionShape, KvPlane, softmax_weights};
+use super::super::attention::{AttentionShape, KvPlane};
 use super::super::isa::Isa;
 use super::attention_parts::{AHEAD, Half, Key, Q8, Source, Values, scores8};
 use super::attention512::{scores_avx512, values_avx512};
 use super::simd::{load8f, store8f};
+use super::softmax::softmax_avx2;
 
 /// [`super::super::attention_rows`] at level `isa` (AVX2 or AVX-512; the caller checked the CPU has it) for
 /// either storage (keys and values of one type). The AVX-512 level needs head widths that are a multiple of 16
@@ -51,14 +52,14 @@ pub(in super::super) fn attention_rows(
 
 /// A level's [`super::super::attention_rows`] (`head_dim` a multiple of 8; the AVX-512 level's a multiple of 16):
 /// `$name` compiled with `$features` around that level's inner loops, `$scores` (a batch of heads' scores over a
-/// tile) and `$values` (their weighted sums of values, `$step` chunks of eight per job), so that every closure in it
+/// tile; `$pair` the same for two rows) and `$values` (their weighted sums of values, `$step` chunks of eight per job), so that every closure in it
 /// compiles with the level's instructions. Each position's score and each output's chain of fused multiply-adds are
 /// computed as for a row alone, so the order of the work changes nothing. With `split`, long ranges split over the
 /// threads (flash-decoding, without its rescaling): the scores by tile (the flash-attention tiling, two tiles per
 /// thread), the softmax by row and head, the weighted sums of values by KV head and output chunk, each of them whole
 /// in one task; without, each row's range goes in one pass (faster on one thread, see docs/worker.md).
 macro_rules! rows_level {
-    ($name:ident, $features:literal, $scores:ident, $values:ident, $step:expr) => {
+    ($name:ident, $features:literal, $scores:ident, $pair:ident, $values:ident, $step:expr) => {
         #[target_feature(enable = $features)]
         fn $name<S: Source + Sync>(
             q: &[f32],
@@ -114,6 +115,32 @@ macro_rules! rows_level {
                     }
                 }
             };
+            // The positions of the tile from `t0` that rows i and i + 1 both attend to (the same slots), where their
+            // heads' scores go two rows at a time: at most three heads per KV head, so that twelve chains fit the
+            // registers.
+            let shared = |i: usize, t0: usize| {
+                let ((lo0, hi0), (lo1, hi1)) = (ranges[i], *ranges.get(i + 1)?);
+                let (a, b) = (t0.max(lo0).max(lo1), (t0 + tile_len).min(hi0).min(hi1));
+                (group <= 3 && a < b).then_some((a, b))
+            };
+            // Rows i and i + 1's scores over `tile`, the slots from index `a` of both rows' ranges.
+            let pair_scores = |i: usize, tile: &[usize], a: usize, weights: &mut [f32]| {
+                let ((lo0, hi0), (lo1, hi1)) = (ranges[i], ranges[i + 1]);
+                let n = [hi0 - lo0, hi1 - lo1];
+                let (w0, w1) = weights.split_at_mut(starts[i + 1]);
+                let (w0, w1) = (&mut w0[starts[i] + a - lo0..], &mut w1[a - lo1..]);
+                for g in 0..kv_heads {
+                    let key = Key { keys, at: g * hd, hd };
+                    let h0 = g * group;
+                    let q = [&q[i * qd + h0 * hd..], &q[(i + 1) * qd + h0 * hd..]];
+                    let w = [&mut w0[h0 * n[0]..], &mut w1[h0 * n[1]..]];
+                    match group {
+                        3 => $pair::<S, 3>(q, hd, tile, key, scale, n, w),
+                        2 => $pair::<S, 2>(q, hd, tile, key, scale, n, w),
+                        _ => $pair::<S, 1>(q, hd, tile, key, scale, n, w),
+                    }
+                }
+            };
             if parallel {
                 // Each tile into a buffer of its own (row after row, head after head), then into place.
                 let bufs = tasks(true, tiles.clone(), |t0| {
@@ -140,10 +167,28 @@ macro_rules! rows_level {
                 }
             } else {
                 for &t0 in &tiles {
-                    for i in 0..ranges.len() {
-                        if let Some((tile, p0, n)) = part(i, t0) {
-                            tile_scores(i, tile, &mut weights[starts[i] + p0..], n);
+                    let mut i = 0;
+                    while i < ranges.len() {
+                        // Rows i and i + 1 over the positions both attend to (one sequence's prefill rows) together,
+                        // then each row's other positions alone.
+                        let Some((a, b)) = shared(i, t0) else {
+                            if let Some((tile, p0, n)) = part(i, t0) {
+                                tile_scores(i, tile, &mut weights[starts[i] + p0..], n);
+                            }
+                            i += 1;
+                            continue;
+                        };
+                        pair_scores(i, &slots[a..b], a, &mut weights);
+                        for r in [i, i + 1] {
+                            let (lo, hi) = ranges[r];
+                            let (ra, rb) = (t0.max(lo), (t0 + tile_len).min(hi));
+                            for (x, y) in [(ra, a), (b, rb)] {
+                                if x < y {
+                                    tile_scores(r, &slots[x..y], &mut weights[starts[r] + x - lo..], hi - lo);
+                                }
+                            }
                         }
+                        i += 2;
                     }
                 }
             }
@@ -154,9 +199,9 @@ macro_rules! rows_level {
                 runs.extend(row.chunks_exact_mut((hi - lo).max(1)));
                 rest = tail;
             }
-            // A closure, so the softmax compiles with this function's instruction set.
+            // A closure: it takes this function's instruction set, which includes AVX2.
             #[allow(clippy::redundant_closure)]
-            tasks(parallel, runs, |w| softmax_weights(w));
+            tasks(parallel, runs, |w| softmax_avx2(w));
             // Split with few KV heads: narrower jobs, so that every thread gets some (even widths still).
             let step = if parallel && kv_heads * chunks.div_ceil($step) < 2 * threads { $step / 2 } else { $step };
             // Values, per KV head and `step` output chunks: up to three heads of the group at a time, so each widened value
@@ -212,8 +257,15 @@ macro_rules! rows_level {
     };
 }
 
-rows_level!(attention_rows_avx2, "avx2,fma,f16c", scores, values_avx2, 4);
-rows_level!(attention_rows_avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", scores_avx512, values_avx512, 8);
+rows_level!(attention_rows_avx2, "avx2,fma,f16c", scores_avx2, scores_pair_avx2, values_avx2, 4);
+rows_level!(
+    attention_rows_avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
+    scores_avx512,
+    scores_avx512_rows,
+    values_avx512,
+    8
+);
 
 /// [`Values::sum`] of `width` chunks of eight (at most four).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -239,29 +291,32 @@ const PARALLEL_TILES: usize = 4;
 /// [`PARALLEL_TILES`] of them does not split.
 const TILE: usize = 64;
 
-/// Scaled scores of `B` consecutive heads (queries in `q`, `hd` each, sharing the KV head `key`) for every
-/// position in `slots`, into `out[i * n + p]` for head `i`: eight positions at a time, each head's eight lanes per
-/// position kept on the stack and summed together.
+/// Scaled scores of `B` consecutive heads of `R` rows (row r's queries in `q[r]`, `hd` each, sharing the KV head
+/// `key`) for every position in `slots`, into `out[r][i * n[r] + p]` for head `i`: eight positions at a time, each
+/// head's eight lanes per position kept on the stack and summed together. Two rows (one sequence's prefill rows over
+/// the positions they share) widen each key chunk once for both, and their twelve chains of fused multiply-adds
+/// overlap where one row's six waited on the multiply-add latency; each chain is a row's alone, so the same bits.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn scores<S: Source, const B: usize>(
-    q: &[f32],
+fn scores<S: Source, const B: usize, const R: usize>(
+    q: [&[f32]; R],
     hd: usize,
     slots: &[usize],
     key: Key<S>,
     scale: f32,
-    n: usize,
-    out: &mut [f32],
+    n: [usize; R],
+    mut out: [&mut [f32]; R],
 ) {
-    // The heads' queries chunk-major (`qt[c * B + i]` is head i's chunk c), so the inner loop runs on fixed-size
-    // chunks without bounds checks.
-    let mut qt = vec![[0f32; 8]; hd / 8 * B];
-    for (c, qc) in qt.chunks_exact_mut(B).enumerate() {
-        for (i, v) in qc.iter_mut().enumerate() {
-            v.copy_from_slice(&q[i * hd + 8 * c..i * hd + 8 * c + 8]);
+    // The rows' heads' queries chunk-major (`qt[c * R * B + r * B + i]` is row r's head i's chunk c), so the inner
+    // loop runs on fixed-size chunks without bounds checks.
+    let mut qt = vec![[0f32; 8]; hd / 8 * R * B];
+    for (c, qc) in qt.chunks_exact_mut(R * B).enumerate() {
+        for (j, v) in qc.iter_mut().enumerate() {
+            let (r, i) = (j / B, j % B);
+            v.copy_from_slice(&q[r][i * hd + 8 * c..i * hd + 8 * c + 8]);
         }
     }
-    let mut lanes = [[0f32; 64]; B];
+    let mut lanes = [[[0f32; 64]; B]; R];
     for (block, block_slots) in slots.chunks(8).enumerate() {
         // Two positions side by side: their chains of fused multiply-adds are independent, so they overlap.
         let mut pairs = block_slots.chunks_exact(2);
@@ -273,41 +328,100 @@ fn scores<S: Source, const B: usize>(
             let (k0, k1) = (two[0] + key.at, two[1] + key.at);
             key.keys.check(k0, hd);
             key.keys.check(k1, hd);
-            let (mut a0, mut a1) = ([_mm256_setzero_ps(); B], [_mm256_setzero_ps(); B]);
-            for (c, qc) in qt.chunks_exact(B).enumerate() {
+            let (mut a0, mut a1) = ([[_mm256_setzero_ps(); B]; R], [[_mm256_setzero_ps(); B]; R]);
+            for (c, qc) in qt.chunks_exact(R * B).enumerate() {
                 // SAFETY: chunk c < hd / 8 (qt's chunks), inside the runs of hd values checked above.
                 let (c0, c1) = unsafe { (key.keys.load8_unchecked(k0 + 8 * c), key.keys.load8_unchecked(k1 + 8 * c)) };
-                for i in 0..B {
-                    let qv = load8f(&qc[i]);
-                    a0[i] = _mm256_fmadd_ps(qv, c0, a0[i]);
-                    a1[i] = _mm256_fmadd_ps(qv, c1, a1[i]);
+                for r in 0..R {
+                    for i in 0..B {
+                        let qv = load8f(&qc[r * B + i]);
+                        a0[r][i] = _mm256_fmadd_ps(qv, c0, a0[r][i]);
+                        a1[r][i] = _mm256_fmadd_ps(qv, c1, a1[r][i]);
+                    }
                 }
             }
-            for (l, (x0, x1)) in lanes.iter_mut().zip(a0.iter().zip(&a1)) {
-                store8f(&mut l[16 * pair..], *x0);
-                store8f(&mut l[16 * pair + 8..], *x1);
+            for r in 0..R {
+                for (l, (x0, x1)) in lanes[r].iter_mut().zip(a0[r].iter().zip(&a1[r])) {
+                    store8f(&mut l[16 * pair..], *x0);
+                    store8f(&mut l[16 * pair + 8..], *x1);
+                }
             }
         }
         if let [slot] = *pairs.remainder() {
             let j = block_slots.len() - 1;
-            let mut acc = [_mm256_setzero_ps(); B];
+            let mut acc = [[_mm256_setzero_ps(); B]; R];
             key.keys.check(slot + key.at, hd);
-            for (c, qc) in qt.chunks_exact(B).enumerate() {
+            for (c, qc) in qt.chunks_exact(R * B).enumerate() {
                 // SAFETY: chunk c < hd / 8, inside the run checked above.
                 let kc = unsafe { key.keys.load8_unchecked(slot + key.at + 8 * c) };
-                for (a, qv) in acc.iter_mut().zip(qc) {
-                    *a = _mm256_fmadd_ps(load8f(qv), kc, *a);
+                for (r, a) in acc.iter_mut().enumerate() {
+                    for (a, qv) in a.iter_mut().zip(&qc[r * B..(r + 1) * B]) {
+                        *a = _mm256_fmadd_ps(load8f(qv), kc, *a);
+                    }
                 }
             }
             for (l, a) in lanes.iter_mut().zip(&acc) {
-                store8f(&mut l[8 * j..], *a);
+                for (l, a) in l.iter_mut().zip(a) {
+                    store8f(&mut l[8 * j..], *a);
+                }
             }
         }
         let p0 = block * 8;
-        for (i, l) in lanes.iter().enumerate() {
-            scores8(&l[..8 * block_slots.len()], scale, &mut out[i * n + p0..i * n + p0 + block_slots.len()]);
+        for (r, out) in out.iter_mut().enumerate() {
+            for (i, l) in lanes[r].iter().enumerate() {
+                let o = &mut out[i * n[r] + p0..i * n[r] + p0 + block_slots.len()];
+                scores8(&l[..8 * block_slots.len()], scale, o);
+            }
         }
     }
+}
+
+/// [`scores`] of two rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn scores_pair_avx2<S: Source, const B: usize>(
+    q: [&[f32]; 2],
+    hd: usize,
+    slots: &[usize],
+    key: Key<S>,
+    scale: f32,
+    n: [usize; 2],
+    out: [&mut [f32]; 2],
+) {
+    scores::<S, B, 2>(q, hd, slots, key, scale, n, out);
+}
+
+/// The AVX-512 level's scores of two rows: one after the other (its thirty-two registers already hold enough
+/// chains for one row).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+#[inline]
+fn scores_avx512_rows<S: Source, const B: usize>(
+    q: [&[f32]; 2],
+    hd: usize,
+    slots: &[usize],
+    key: Key<S>,
+    scale: f32,
+    n: [usize; 2],
+    out: [&mut [f32]; 2],
+) {
+    for ((q, n), out) in q.into_iter().zip(n).zip(out) {
+        scores_avx512::<S, B>(q, hd, slots, key, scale, n, out);
+    }
+}
+
+/// [`scores`] of one row.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn scores_avx2<S: Source, const B: usize>(
+    q: &[f32],
+    hd: usize,
+    slots: &[usize],
+    key: Key<S>,
+    scale: f32,
+    n: usize,
+    out: &mut [f32],
+) {
+    scores::<S, B, 1>([q], hd, slots, key, scale, [n], [out]);
 }
 
 impl<S: Source> Values<'_, S> {

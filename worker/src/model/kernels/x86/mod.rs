@@ -23,6 +23,7 @@ mod bytes;
 mod bytes_avx2;
 mod low_rank;
 mod quantize;
+mod softmax;
 mod unpack;
 
 use super::isa::Isa;
