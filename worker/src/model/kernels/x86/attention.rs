@@ -51,15 +51,15 @@ pub(in super::super) fn attention_rows(
 }
 
 /// A level's [`super::super::attention_rows`] (`head_dim` a multiple of 8; the AVX-512 level's a multiple of 16):
-/// `$name` compiled with `$features` around that level's inner loops, `$scores` (a batch of heads' scores over a
-/// tile; `$pair` the same for two rows) and `$values` (their weighted sums of values, `$step` chunks of eight per job), so that every closure in it
-/// compiles with the level's instructions. Each position's score and each output's chain of fused multiply-adds are
-/// computed as for a row alone, so the order of the work changes nothing. With `split`, long ranges split over the
-/// threads (flash-decoding, without its rescaling): the scores by tile (the flash-attention tiling, two tiles per
-/// thread), the softmax by row and head, the weighted sums of values by KV head and output chunk, each of them whole
-/// in one task; without, each row's range goes in one pass (faster on one thread, see docs/worker.md).
+/// `$name` compiled with `$features` around that level's inner loops, `$scores` (a batch of heads' scores over a tile,
+/// for one row or two) and `$values` (their weighted sums of values, `$step` chunks of eight per job), so that every
+/// closure in it compiles with the level's instructions. Each position's score and each output's chain of fused
+/// multiply-adds are computed as for a row alone, so the order of the work changes nothing. With `split`, long ranges
+/// split over the threads (flash-decoding, without its rescaling): the scores by tile (the flash-attention tiling, two
+/// tiles per thread), the softmax by row and head, the weighted sums of values by KV head and output chunk, each of
+/// them whole in one task; without, each row's range goes in one pass (faster on one thread, see docs/worker.md).
 macro_rules! rows_level {
-    ($name:ident, $features:literal, $scores:ident, $pair:ident, $values:ident, $step:expr) => {
+    ($name:ident, $features:literal, $scores:ident, $values:ident, $step:expr) => {
         #[target_feature(enable = $features)]
         fn $name<S: Source + Sync>(
             q: &[f32],
@@ -107,10 +107,10 @@ macro_rules! rows_level {
                     for h0 in (g * group..(g + 1) * group).step_by(4) {
                         let (q, w) = (&q[i * qd + h0 * hd..], &mut w[h0 * stride..]);
                         match ((g + 1) * group - h0).min(4) {
-                            4 => $scores::<S, 4>(q, hd, tile, key, scale, stride, w),
-                            3 => $scores::<S, 3>(q, hd, tile, key, scale, stride, w),
-                            2 => $scores::<S, 2>(q, hd, tile, key, scale, stride, w),
-                            _ => $scores::<S, 1>(q, hd, tile, key, scale, stride, w),
+                            4 => $scores::<S, 4, 1>([q], hd, tile, key, scale, [stride], [w]),
+                            3 => $scores::<S, 3, 1>([q], hd, tile, key, scale, [stride], [w]),
+                            2 => $scores::<S, 2, 1>([q], hd, tile, key, scale, [stride], [w]),
+                            _ => $scores::<S, 1, 1>([q], hd, tile, key, scale, [stride], [w]),
                         }
                     }
                 }
@@ -135,9 +135,9 @@ macro_rules! rows_level {
                     let q = [&q[i * qd + h0 * hd..], &q[(i + 1) * qd + h0 * hd..]];
                     let w = [&mut w0[h0 * n[0]..], &mut w1[h0 * n[1]..]];
                     match group {
-                        3 => $pair::<S, 3>(q, hd, tile, key, scale, n, w),
-                        2 => $pair::<S, 2>(q, hd, tile, key, scale, n, w),
-                        _ => $pair::<S, 1>(q, hd, tile, key, scale, n, w),
+                        3 => $scores::<S, 3, 2>(q, hd, tile, key, scale, n, w),
+                        2 => $scores::<S, 2, 2>(q, hd, tile, key, scale, n, w),
+                        _ => $scores::<S, 1, 2>(q, hd, tile, key, scale, n, w),
                     }
                 }
             };
@@ -257,15 +257,8 @@ macro_rules! rows_level {
     };
 }
 
-rows_level!(attention_rows_avx2, "avx2,fma,f16c", scores_avx2, scores_pair_avx2, values_avx2, 4);
-rows_level!(
-    attention_rows_avx512,
-    "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
-    scores_avx512,
-    scores_avx512_rows,
-    values_avx512,
-    8
-);
+rows_level!(attention_rows_avx2, "avx2,fma,f16c", scores, values_avx2, 4);
+rows_level!(attention_rows_avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", scores_avx512_rows, values_avx512, 8);
 
 /// [`Values::sum`] of `width` chunks of eight (at most four).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -376,52 +369,22 @@ fn scores<S: Source, const B: usize, const R: usize>(
     }
 }
 
-/// [`scores`] of two rows.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn scores_pair_avx2<S: Source, const B: usize>(
-    q: [&[f32]; 2],
-    hd: usize,
-    slots: &[usize],
-    key: Key<S>,
-    scale: f32,
-    n: [usize; 2],
-    out: [&mut [f32]; 2],
-) {
-    scores::<S, B, 2>(q, hd, slots, key, scale, n, out);
-}
-
-/// The AVX-512 level's scores of two rows: one after the other (its thirty-two registers already hold enough
-/// chains for one row).
+/// The AVX-512 level's scores of `R` rows ([`scores`]' arguments): one row after the other (its thirty-two
+/// registers already hold enough chains for one).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 #[inline]
-fn scores_avx512_rows<S: Source, const B: usize>(
-    q: [&[f32]; 2],
+fn scores_avx512_rows<S: Source, const B: usize, const R: usize>(
+    q: [&[f32]; R],
     hd: usize,
     slots: &[usize],
     key: Key<S>,
     scale: f32,
-    n: [usize; 2],
-    out: [&mut [f32]; 2],
+    n: [usize; R],
+    out: [&mut [f32]; R],
 ) {
     for ((q, n), out) in q.into_iter().zip(n).zip(out) {
         scores_avx512::<S, B>(q, hd, slots, key, scale, n, out);
     }
-}
-
-/// [`scores`] of one row.
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn scores_avx2<S: Source, const B: usize>(
-    q: &[f32],
-    hd: usize,
-    slots: &[usize],
-    key: Key<S>,
-    scale: f32,
-    n: usize,
-    out: &mut [f32],
-) {
-    scores::<S, B, 1>([q], hd, slots, key, scale, [n], [out]);
 }
 
 impl<S: Source> Values<'_, S> {
