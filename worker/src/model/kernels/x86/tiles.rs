@@ -16,18 +16,125 @@ macro_rules! tile_kernels {
         use super::super::weight::{TILE, Weight};
         use super::simd::{
             PICK_A, PICK_A_HIGH, PICK_B, PICK_B_HIGH, broadcast2, half_nibbles, legacy_bytes, load8f, load8h, load32,
-            load32u, prefetch, prefetch_legacy, q6k_bytes, row_blocks, shuffle, tile, tile_row_groups, widen_bytes,
-            widen8, widen8_signed, with_fifth_bit,
+            load32u, prefetch, prefetch_legacy, q6k_bytes, row_blocks, shuffle, store8f, store32, tile,
+            tile_row_groups, widen_bytes, widen8, widen8_signed, with_fifth_bit,
         };
         use super::unpack::unpack_avx2;
+
+        /// Whether [`tiled_columns`] decodes `weight`'s tiles once for all of `rows` batch rows ([`unpack_tile`])
+        /// rather than once per group of rows: where the formats' decoding costs more than reading its bytes back
+        /// does. Q6_K above 16 rows (kernel bench, 576x1536 on one thread: 1.10x at 24 rows, 1.12x at 32, 1.17x at
+        /// 64, 1.19x at 256; at 16, 1.03-1.08x there but 0.97x in 16-sequence decode, so not there); the fifth-bit
+        /// formats (Q5_0, Q5_1, Q5_K) above 24 (1.03-1.05x at 32, 1.07-1.12x at 64 and 256, even at 24, 0.95x at
+        /// 16); never Q4_0 and Q4_K, whose nibbles widen in as few instructions as bytes do (0.88-0.97x).
+        fn unpacked_once(weight: &Weight, rows: usize) -> bool {
+            match weight {
+                Weight::Q6K { .. } => rows > 16,
+                Weight::Legacy { qh, .. } | Weight::Q4K { qh, .. } => !qh.is_empty() && rows > 24,
+                _ => false,
+            }
+        }
 
         /// The tiled integer kernels: for each tile of eight output features, a few batch rows at a time sweep the
         /// blocks. (F16C for the legacy formats' f16 scales: the AVX2 level has it.)
         #[target_feature(enable = $features)]
         pub(super) fn tiled_columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+            let tiles = c0 / TILE..(c0 + out[0].len()).div_ceil(TILE);
+            // Formats whose values take several instructions to decode, for several groups of rows: each tile decoded
+            // once into bytes, which every group then reads as the unpacked block formats' kernel does
+            // (`block_rows`), instead of decoding them again per group.
+            if unpacked_once(weight, out.len()) {
+                let mut buf = TileBuf::default();
+                for t in tiles {
+                    let min = unpack_tile(&mut buf, weight, t);
+                    tile_row_groups(out, c0, t, |n, r, acc| by_rows!(n, block_rows(&buf, min, xq, r, acc)));
+                }
+                return;
+            }
             // Tile by tile: its weights come from memory once and stay in L1 for every group of rows.
-            for t in c0 / TILE..(c0 + out[0].len()).div_ceil(TILE) {
+            for t in tiles {
                 one_tile(weight, xq, t, c0, out);
+            }
+        }
+
+        /// Tile `t` of Q6_K or a fifth-bit format (Q5_0, Q5_1, Q5_K) as [`TileBuf`] holds the unpacked formats' tiles: each half's values
+        /// as signed bytes (what the format's tile kernel widens, chunk by chunk) and its scale and minimum factors as
+        /// f32, which [`block_rows`] applies with the operations of the format's kernel in its order. Returns whether
+        /// the format has a minimum.
+        #[target_feature(enable = $features)]
+        fn unpack_tile(buf: &mut TileBuf, weight: &Weight, t: usize) -> bool {
+            let bpr = weight.cols() / QK;
+            buf.q.resize(bpr * 8 * QK, 0);
+            buf.s.resize(bpr * HALVES * TILE, 0.0);
+            buf.m.resize(bpr * HALVES * TILE, 0.0);
+            let (s, m) = (buf.s.as_mut_slice(), buf.m.as_mut_slice());
+            let mut put = |b: usize, h: usize, k: usize, bytes: __m256i| {
+                store32(&mut buf.q[b * 8 * QK + (4 * h + k) * 32..], bytes)
+            };
+            match weight {
+                Weight::Q6K { d, sc, ql, qh, .. } => {
+                    let (ql, qh) = (tile(ql, t, bpr * 128), tile(qh, t, bpr / 2 * 128));
+                    let (sc, d) = (tile(sc, t, bpr * HALVES * TILE), tile(d, t, bpr / 8 * TILE));
+                    for b in 0..bpr {
+                        let (q, hq) = (&ql[b * 128..], &qh[b / 2 * 128..]);
+                        let dv = load8f(&d[b / 8 * TILE..]);
+                        for h in 0..HALVES {
+                            store8f(
+                                &mut s[tile_s_at(b, h, 0)..],
+                                _mm256_mul_ps(dv, widen8_signed(&sc[(b * HALVES + h) * TILE..])),
+                            );
+                            let shift = _mm_cvtsi32_si128((4 * (b % 2) + 2 * h) as i32);
+                            for k in 0..4 {
+                                put(b, h, k, q6k_bytes(load32u(&q[k * 32..]), load32u(&hq[k * 32..]), h, shift));
+                            }
+                        }
+                    }
+                    false
+                }
+                // Q5_0 and Q5_1 (the fifth-bit plane; `unpacked_once`).
+                Weight::Legacy { format, d, m: mins, qs, qh, .. } => {
+                    let offset = _mm256_set1_epi8(format.offset());
+                    let (qs, qh) = (tile(qs, t, bpr * 128), tile(qh, t, bpr.div_ceil(4) * 128));
+                    let d = tile(d, t, bpr * TILE);
+                    let mins = if mins.is_empty() { &[][..] } else { tile(mins, t, bpr * TILE) };
+                    for (b, q) in qs.chunks_exact(128).enumerate() {
+                        for h in 0..HALVES {
+                            store8f(&mut s[tile_s_at(b, h, 0)..], load8h(&d[b * TILE..]));
+                            if !mins.is_empty() {
+                                store8f(&mut m[tile_s_at(b, h, 0)..], load8h(&mins[b * TILE..]));
+                            }
+                            let shift = _mm_cvtsi32_si128((2 * (b % 4) + h) as i32);
+                            for k in 0..4 {
+                                let plane = load32u(&qh[b / 4 * 128 + k * 32..]);
+                                put(b, h, k, legacy_bytes(load32u(&q[k * 32..]), Some(plane), h, shift, offset));
+                            }
+                        }
+                    }
+                    !mins.is_empty()
+                }
+                // Q5_K.
+                Weight::Q4K { d, dmin, sc, mn, qs, qh, .. } => {
+                    let sign = _mm256_set1_ps(-0.0);
+                    let (qs, qh) = (tile(qs, t, bpr * 128), tile(qh, t, bpr.div_ceil(4) * 128));
+                    let (sc, mn) = (tile(sc, t, bpr * TILE), tile(mn, t, bpr * TILE));
+                    let (d, dmin) = (tile(d, t, bpr / 8 * TILE), tile(dmin, t, bpr / 8 * TILE));
+                    for (b, q) in qs.chunks_exact(128).enumerate() {
+                        let sb = b / 8 * TILE;
+                        let scale = _mm256_mul_ps(load8f(&d[sb..]), widen8(&sc[b * TILE..]));
+                        let min = _mm256_xor_ps(_mm256_mul_ps(load8f(&dmin[sb..]), widen8(&mn[b * TILE..])), sign);
+                        for h in 0..HALVES {
+                            store8f(&mut s[tile_s_at(b, h, 0)..], scale);
+                            store8f(&mut m[tile_s_at(b, h, 0)..], min);
+                            let shift = _mm_cvtsi32_si128((2 * (b % 4) + h) as i32);
+                            for k in 0..4 {
+                                let plane = load32u(&qh[b / 4 * 128 + k * 32..]);
+                                put(b, h, k, with_fifth_bit(half_nibbles(load32u(&q[k * 32..]), h), plane, shift));
+                            }
+                        }
+                    }
+                    true
+                }
+                _ => unreachable!("only Q6_K and the fifth-bit formats are unpacked per tile"),
             }
         }
 
