@@ -30,6 +30,8 @@ pub struct Held {
     pub reserved: u64,
     /// Worst case of a request refused for want of allotment: asked for with the next report.
     pub wanted: u64,
+    /// `wanted` as the report on its way carried it: its answer settles that want, not one that came later.
+    pub wanted_sent: u64,
     /// A fresh grant did not make room: refuse at once until a grant brings more.
     pub exhausted: bool,
     /// When a request last asked for it (unix s): a lease is held only while requests come.
@@ -57,6 +59,21 @@ impl Held {
         let lease = ((self.limit as f64 * lease_fraction) as u64).max(floor).max(self.wanted);
         let active = now.saturating_sub(self.active_at) <= LEASE_IDLE_S;
         self.used + self.reserved + if active { lease } else { 0 }
+    }
+
+    /// [`Held::target`] for a report being built, noting the want it carries.
+    fn ask(&mut self, lease_fraction: f64, now: u64) -> u64 {
+        self.wanted_sent = self.wanted;
+        self.target(lease_fraction, now)
+    }
+
+    /// The report that carried `wanted_sent` was answered: that want is settled (granted or not), one that grew
+    /// since is asked for with the next report.
+    fn answered(&mut self) {
+        if self.wanted <= self.wanted_sent {
+            self.wanted = 0;
+        }
+        self.wanted_sent = 0;
     }
 
     fn forgettable(&self, now: u64) -> bool {
@@ -266,19 +283,20 @@ impl Ledger {
     fn asks(&mut self, now: u64) -> Vec<BudgetAsk> {
         self.held.retain(|_, h| !h.forgettable(now));
         self.held
-            .iter()
+            .iter_mut()
             .map(|(project, h)| BudgetAsk {
                 project: project.clone(),
                 period_start: h.period_start,
                 used: h.used,
-                target: h.target(self.lease_fraction, now),
+                target: h.ask(self.lease_fraction, now),
             })
             .collect()
     }
 
     /// The orchestrators answered the last report.
     pub fn granted(&mut self, grant: FrontendGrant) {
-        self.sending = None;
+        let asked: Vec<String> =
+            self.sending.take().map_or_else(Vec::new, |r| r.asks.into_iter().map(|a| a.project).collect());
         for g in &grant.grants {
             let Some(h) = self.held.get_mut(&g.project) else { continue };
             if g.period_start != h.period_start {
@@ -292,10 +310,12 @@ impl Ledger {
                 h.exhausted = false;
             }
             h.allotment = g.allotment;
-            h.wanted = 0;
+            h.answered();
         }
-        // Projects whose budget was cleared are no longer held.
-        self.held.retain(|p, _| grant.grants.iter().any(|g| &g.project == p));
+        // Projects whose budget was cleared are no longer held: asked about in the report this answers, and not
+        // granted. One first held while the report was on its way (a request's reservation) is not in it: it is
+        // asked for in the next report, not dropped with what it wants.
+        self.held.retain(|p, _| !asked.contains(p) || grant.grants.iter().any(|g| &g.project == p));
         self.rates_granted(&grant.rate_grants);
         self.signals = Some(grant);
     }

@@ -141,12 +141,12 @@ impl Ledger {
     pub(super) fn rate_asks(&mut self, now: u64) -> Vec<RateAsk> {
         self.rates.retain(|_, h| !h.forgettable(now));
         self.rates
-            .iter()
+            .iter_mut()
             .map(|(bucket, h)| RateAsk {
                 bucket: bucket.clone(),
                 per_minute: h.limit,
                 used: h.used,
-                target: h.target(self.lease_fraction, now),
+                target: h.ask(self.lease_fraction, now),
             })
             .collect()
     }
@@ -159,7 +159,7 @@ impl Ledger {
             }
             h.allotment = g.allotment;
             h.available = g.available;
-            h.wanted = 0;
+            h.answered();
         }
     }
 

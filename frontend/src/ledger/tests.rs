@@ -154,6 +154,45 @@ fn concurrency_slots_are_held_while_requests_run_and_asked_for_as_they_come() {
 }
 
 #[test]
+fn a_project_first_held_while_a_report_is_on_its_way_is_asked_for_in_the_next() {
+    let mut l = Ledger::new(0.1, 0);
+    // A periodic report leaves before the project's first request.
+    let r = l.report(None, NOW * 1000, 5000);
+    assert!(r.asks.is_empty());
+    assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
+    // Its answer cannot hold the project: the project was not in it.
+    l.granted(FrontendGrant::default());
+    assert_eq!(l.held("acme").map(|h| h.wanted), Some(100), "kept with what it wants");
+    let r = l.report(None, NOW * 1000, 5000);
+    assert_eq!(r.asks.len(), 1);
+    assert_eq!(r.asks[0].target, 100);
+    l.granted(grant(100, 0));
+    assert!(l.reserve("acme", budget(1000), 20, 80, NOW).is_ok());
+    // A project asked about and not granted had its budget cleared: no longer held.
+    l.report(None, NOW * 1000, 5000);
+    l.granted(FrontendGrant::default());
+    assert!(l.held("acme").is_none());
+}
+
+#[test]
+fn a_want_that_comes_while_a_report_is_on_its_way_is_asked_for_in_the_next() {
+    let mut l = Ledger::new(0.1, 0);
+    assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
+    l.report(None, NOW * 1000, 5000);
+    l.granted(grant(100, 0));
+    // The next report leaves; then a request wants more than the lease (300 against 100).
+    assert_eq!(l.report(None, NOW * 1000, 5000).asks[0].target, 100);
+    assert_eq!(l.reserve("acme", budget(1000), 100, 200, NOW), Err(Short::Allotment));
+    // That report's answer does not settle the want it did not carry.
+    l.granted(grant(100, 0));
+    assert_eq!(l.report(None, NOW * 1000, 5000).asks[0].target, 300);
+    l.granted(grant(300, 0));
+    assert!(l.reserve("acme", budget(1000), 100, 200, NOW).is_ok());
+    // Carried and answered, the want is settled.
+    assert_eq!(l.held("acme").map(|h| h.wanted), Some(0));
+}
+
+#[test]
 fn an_idle_frontend_returns_its_lease_and_forgets_the_project() {
     let mut l = Ledger::new(0.1, 0);
     assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
