@@ -57,10 +57,10 @@ macro_rules! tile_kernels {
             }
         }
 
-        /// Tile `t` of Q6_K or a fifth-bit format (Q5_0, Q5_1, Q5_K) as [`TileBuf`] holds the unpacked formats' tiles: each half's values
-        /// as signed bytes (what the format's tile kernel widens, chunk by chunk) and its scale and minimum factors as
-        /// f32, which [`block_rows`] applies with the operations of the format's kernel in its order. Returns whether
-        /// the format has a minimum.
+        /// Tile `t` of Q6_K or a fifth-bit format (Q5_0, Q5_1, Q5_K) as [`TileBuf`] holds the unpacked formats'
+        /// tiles: each half's values as signed bytes (what the format's tile kernel widens, chunk by chunk) and its
+        /// scale and minimum factors as f32, which [`block_rows`] applies with the operations of the format's kernel
+        /// in its order. Returns whether the format has a minimum.
         #[target_feature(enable = $features)]
         fn unpack_tile(buf: &mut TileBuf, weight: &Weight, t: usize) -> bool {
             let bpr = weight.cols() / QK;
