@@ -9,7 +9,7 @@
 
 mod rate;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use zl_wire::message::{Budget, BudgetAsk, BudgetMetric, BudgetPeriod, FrontendGrant, FrontendReport, UsageDelta};
 
@@ -295,8 +295,8 @@ impl Ledger {
 
     /// The orchestrators answered the last report.
     pub fn granted(&mut self, grant: FrontendGrant) {
-        let asked: Vec<String> =
-            self.sending.take().map_or_else(Vec::new, |r| r.asks.into_iter().map(|a| a.project).collect());
+        let asked: HashSet<String> =
+            self.sending.take().map_or_else(HashSet::new, |r| r.asks.into_iter().map(|a| a.project).collect());
         for g in &grant.grants {
             let Some(h) = self.held.get_mut(&g.project) else { continue };
             if g.period_start != h.period_start {
@@ -315,7 +315,8 @@ impl Ledger {
         // Projects whose budget was cleared are no longer held: asked about in the report this answers, and not
         // granted. One first held while the report was on its way (a request's reservation) is not in it: it is
         // asked for in the next report, not dropped with what it wants.
-        self.held.retain(|p, _| !asked.contains(p) || grant.grants.iter().any(|g| &g.project == p));
+        let granted: HashSet<&str> = grant.grants.iter().map(|g| g.project.as_str()).collect();
+        self.held.retain(|p, _| !asked.contains(p) || granted.contains(p.as_str()));
         self.rates_granted(&grant.rate_grants);
         self.signals = Some(grant);
     }
