@@ -26,6 +26,16 @@ fn spent(input: u64, output: u64) -> Spent {
     Spent { key_id: "k".into(), project: "acme".into(), input_tokens: input, output_tokens: output, ..Spent::default() }
 }
 
+/// A ledger whose first request for "acme" was refused for want of allotment, and whose next report's answer
+/// leased it 100.
+fn leased() -> Ledger {
+    let mut l = Ledger::new(0.1, 0);
+    assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
+    l.report(None, NOW * 1000, 5000);
+    l.granted(grant(100, 0));
+    l
+}
+
 #[test]
 fn a_request_waits_for_an_allotment_then_fits_and_settles_its_real_cost() {
     let mut l = Ledger::new(0.1, 0);
@@ -176,10 +186,7 @@ fn a_project_first_held_while_a_report_is_on_its_way_is_asked_for_in_the_next() 
 
 #[test]
 fn a_want_that_comes_while_a_report_is_on_its_way_is_asked_for_in_the_next() {
-    let mut l = Ledger::new(0.1, 0);
-    assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
-    l.report(None, NOW * 1000, 5000);
-    l.granted(grant(100, 0));
+    let mut l = leased();
     // The next report leaves; then a request wants more than the lease (300 against 100).
     assert_eq!(l.report(None, NOW * 1000, 5000).asks[0].target, 100);
     assert_eq!(l.reserve("acme", budget(1000), 100, 200, NOW), Err(Short::Allotment));
@@ -194,10 +201,7 @@ fn a_want_that_comes_while_a_report_is_on_its_way_is_asked_for_in_the_next() {
 
 #[test]
 fn an_idle_frontend_returns_its_lease_and_forgets_the_project() {
-    let mut l = Ledger::new(0.1, 0);
-    assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
-    l.report(None, NOW * 1000, 5000);
-    l.granted(grant(100, 0));
+    let mut l = leased();
     let hold = l.reserve("acme", budget(1000), 20, 80, NOW).unwrap();
     l.settle(&spent(20, 30), Some(&hold), NOW);
     // Requests keep coming: the lease is kept.
