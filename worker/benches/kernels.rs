@@ -9,6 +9,7 @@
 //! `ZL_KERNEL_STREAM_MB=256` makes each matmul cycle through copies of its weight holding at least that many MiB, so
 //! that every call reads its weights from memory as a step does.
 
+use std::borrow::Cow;
 use std::time::Instant;
 use zl_worker::model::kernels::{AttentionShape, BlockFormat, Isa, KvPlane, Weight, attention_rows, team};
 
@@ -80,11 +81,11 @@ fn matmul(name: &str, w: &Weight, sizes: &[usize], rng: &mut Lcg) {
     }
 }
 
-/// Copies of `w` holding at least `ZL_KERNEL_STREAM_MB` MiB (just `w` without it).
-fn streamed(w: &Weight) -> Vec<Weight> {
+/// `w` and copies of it, together at least `ZL_KERNEL_STREAM_MB` MiB (just `w` without it).
+fn streamed(w: &Weight) -> Vec<Cow<'_, Weight>> {
     let mib: usize = std::env::var("ZL_KERNEL_STREAM_MB").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     let n = (mib << 20).div_ceil(w.memory_bytes().max(1)).max(1);
-    vec![w.clone(); n]
+    std::iter::once(Cow::Borrowed(w)).chain((1..n).map(|_| Cow::Owned(w.clone()))).collect()
 }
 
 fn main() {
