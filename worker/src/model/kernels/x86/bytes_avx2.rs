@@ -39,17 +39,24 @@ pub(super) fn serves(weight: &Weight, rows: usize) -> bool {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) fn columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
     let Weight::Legacy { format, .. } = weight else { unreachable!("legacy formats only") };
+    // The fifth bits and the minimum as constants: each format's loop without their branches.
+    match format {
+        BlockFormat::Q4_0 => sweep::<false, false>(weight, xq, c0, out),
+        BlockFormat::Q5_0 => sweep::<true, false>(weight, xq, c0, out),
+        _ => sweep::<true, true>(weight, xq, c0, out),
+    }
+}
+
+/// [`columns`] for one format: a function of its own, so that its loop gets the registers to itself (as the tile
+/// kernels' `sweep`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline(never)]
+fn sweep<const HIGH: bool, const MIN: bool>(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
     let planes = xq.byte_planes();
     for t in c0 / TILE..(c0 + out[0].len()).div_ceil(TILE) {
         tile_row_groups(out, c0, t, |rows, r, acc| {
             assert!(rows <= MAX_ROWS, "{rows} rows");
-            // The fifth bits and the minimum as constants: each format's loop without their branches.
-            let row = match format {
-                BlockFormat::Q4_0 => legacy_tile::<false, false>(weight, xq, planes, t, r),
-                BlockFormat::Q5_0 => legacy_tile::<true, false>(weight, xq, planes, t, r),
-                _ => legacy_tile::<true, true>(weight, xq, planes, t, r),
-            };
-            acc[0] = row;
+            acc[0] = legacy_tile::<HIGH, MIN>(weight, xq, planes, t, r);
         });
     }
 }

@@ -99,19 +99,25 @@ pub(super) fn load32u(bytes: &[u8]) -> __m256i {
 pub(super) const TILE_ROWS: usize = 8;
 const _: () = assert!(ROW_GROUP.is_multiple_of(TILE_ROWS), "a pass's rows share a row group");
 
-/// `$f::<R>(args)` for a row count known at run time (1 to [`TILE_ROWS`]): the kernels take it as a constant,
-/// so their per-row registers are fixed arrays.
+/// `$f::<R>(args)` (or `$f::<G, R>(args)`, `G` the function's other generic parameter) for a row count known at
+/// run time (1 to [`TILE_ROWS`]): the kernels take it as a constant, so their per-row registers are fixed arrays.
 macro_rules! by_rows {
     ($rows:expr, $f:ident($($arg:expr),*)) => {
+        by_rows!(@ $rows, $f, [], $($arg),*)
+    };
+    ($rows:expr, $f:ident::<$g:ident>($($arg:expr),*)) => {
+        by_rows!(@ $rows, $f, [$g,], $($arg),*)
+    };
+    (@ $rows:expr, $f:ident, [$($g:ident,)?], $($arg:expr),*) => {
         match $rows {
-            8 => $f::<8>($($arg),*),
-            7 => $f::<7>($($arg),*),
-            6 => $f::<6>($($arg),*),
-            5 => $f::<5>($($arg),*),
-            4 => $f::<4>($($arg),*),
-            3 => $f::<3>($($arg),*),
-            2 => $f::<2>($($arg),*),
-            _ => $f::<1>($($arg),*),
+            8 => $f::<$($g,)? 8>($($arg),*),
+            7 => $f::<$($g,)? 7>($($arg),*),
+            6 => $f::<$($g,)? 6>($($arg),*),
+            5 => $f::<$($g,)? 5>($($arg),*),
+            4 => $f::<$($g,)? 4>($($arg),*),
+            3 => $f::<$($g,)? 3>($($arg),*),
+            2 => $f::<$($g,)? 2>($($arg),*),
+            _ => $f::<$($g,)? 1>($($arg),*),
         }
     };
 }

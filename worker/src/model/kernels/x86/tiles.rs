@@ -52,8 +52,46 @@ macro_rules! tile_kernels {
                 return;
             }
             // Tile by tile: its weights come from memory once and stay in L1 for every group of rows.
+            match weight {
+                Weight::Q4_1 { .. } => sweep::<Q4_1>(weight, xq, tiles, c0, out),
+                Weight::Q4K { qh, .. } if qh.is_empty() => sweep::<Q4_K>(weight, xq, tiles, c0, out),
+                Weight::Q4K { .. } => sweep::<Q5_K>(weight, xq, tiles, c0, out),
+                Weight::Q6K { .. } => sweep::<Q6_K>(weight, xq, tiles, c0, out),
+                Weight::Legacy { format: BlockFormat::Q4_0, .. } => sweep::<Q4_0>(weight, xq, tiles, c0, out),
+                Weight::Legacy { format: BlockFormat::Q5_0, .. } => sweep::<Q5_0>(weight, xq, tiles, c0, out),
+                Weight::Legacy { .. } => sweep::<Q5_1>(weight, xq, tiles, c0, out),
+                _ => sweep::<Q8_0>(weight, xq, tiles, c0, out),
+            }
+        }
+
+        // The format kernels `sweep` takes, one per format (the fifth bits and the minimum as constants: each
+        // format's loop without their branches).
+        const Q4_1: u8 = 0;
+        const Q4_K: u8 = 1;
+        const Q5_K: u8 = 2;
+        const Q6_K: u8 = 3;
+        const Q4_0: u8 = 4;
+        const Q5_0: u8 = 5;
+        const Q5_1: u8 = 6;
+        const Q8_0: u8 = 7;
+
+        /// `tiles` for every batch row with format kernel `F`, a few rows at a time: a function of its own per
+        /// format, so that every build compiles the hot loops alike. With every format's kernel inlined into
+        /// [`tiled_columns`], some builds kept the one-row loop's pointers on the stack, reloading them every block,
+        /// and one-sequence decode ran 10-18% slower than in builds that did not (an unrelated change elsewhere
+        /// flipped it); called per tile instead, each call redid every format's setup. Here the loop holds its
+        /// pointers in registers and nothing is decided per tile but the group's row count.
+        #[target_feature(enable = $features)]
+        #[inline(never)]
+        fn sweep<const F: u8>(
+            weight: &Weight,
+            xq: &QuantizedRows,
+            tiles: std::ops::Range<usize>,
+            c0: usize,
+            out: &mut [&mut [f32]],
+        ) {
             for t in tiles {
-                one_tile(weight, xq, t, c0, out);
+                tile_row_groups(out, c0, t, |rows, r, acc| by_rows!(rows, tile_rows::<F>(weight, xq, t, r, acc)));
             }
         }
 
@@ -138,25 +176,24 @@ macro_rules! tile_kernels {
             }
         }
 
-        /// Tile `t` for every batch row, a few rows at a time.
-        #[target_feature(enable = $features)]
-        fn one_tile(weight: &Weight, xq: &QuantizedRows, t: usize, c0: usize, out: &mut [&mut [f32]]) {
-            tile_row_groups(out, c0, t, |rows, r, acc| by_rows!(rows, tile_rows(weight, xq, t, r, acc)));
-        }
-
-        /// Tile `t` for batch rows `r..r + R` into `acc[..R]`.
+        /// Tile `t` for batch rows `r..r + R` into `acc[..R]`, with format kernel `F` (a constant: one arm).
         #[target_feature(enable = $features)]
         #[inline]
-        fn tile_rows<const R: usize>(weight: &Weight, xq: &QuantizedRows, t: usize, r: usize, acc: &mut [__m256]) {
-            let rows = match weight {
-                Weight::Q4_1 { .. } => q4_1_tile::<R>(weight, xq, t, r),
-                Weight::Q4K { qh, .. } if qh.is_empty() => q4k_tile::<R, false>(weight, xq, t, r),
-                Weight::Q4K { .. } => q4k_tile::<R, true>(weight, xq, t, r),
-                Weight::Q6K { .. } => q6k_tile::<R>(weight, xq, t, r),
-                // The fifth bits and the minimum as constants: each format's loop without their branches.
-                Weight::Legacy { format: BlockFormat::Q4_0, .. } => legacy_tile::<R, false, false>(weight, xq, t, r),
-                Weight::Legacy { format: BlockFormat::Q5_0, .. } => legacy_tile::<R, true, false>(weight, xq, t, r),
-                Weight::Legacy { .. } => legacy_tile::<R, true, true>(weight, xq, t, r),
+        fn tile_rows<const F: u8, const R: usize>(
+            weight: &Weight,
+            xq: &QuantizedRows,
+            t: usize,
+            r: usize,
+            acc: &mut [__m256],
+        ) {
+            let rows = match F {
+                Q4_1 => q4_1_tile::<R>(weight, xq, t, r),
+                Q4_K => q4k_tile::<R, false>(weight, xq, t, r),
+                Q5_K => q4k_tile::<R, true>(weight, xq, t, r),
+                Q6_K => q6k_tile::<R>(weight, xq, t, r),
+                Q4_0 => legacy_tile::<R, false, false>(weight, xq, t, r),
+                Q5_0 => legacy_tile::<R, true, false>(weight, xq, t, r),
+                Q5_1 => legacy_tile::<R, true, true>(weight, xq, t, r),
                 _ => q8_0_tile::<R>(weight, xq, t, r),
             };
             acc[..R].copy_from_slice(&rows);
