@@ -23,7 +23,6 @@ use super::super::quant::QuantizedRows;
 use super::super::weight::{TILE, Weight};
 use super::simd::{
     broadcast4, half_nibbles, load8h, load32u, prefetch_legacy, row_blocks, rows_bytes, tile, tile_row_groups,
-    with_fifth_bit,
 };
 
 /// Batch rows up to which [`columns`] serves the legacy formats. Past one row the 16-bit kernel shares each chunk's
@@ -61,6 +60,14 @@ fn sweep<const HIGH: bool, const MIN: bool>(weight: &Weight, xq: &QuantizedRows,
     }
 }
 
+/// Bytes `n` (values below 16) with bit 4 taken from bit `h` (0 or 1) of the plane's bytes at the same positions.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn fifth_bit_at(n: __m256i, plane: __m256i, h: usize) -> __m256i {
+    let at4 = if h == 0 { _mm256_slli_epi16::<4>(plane) } else { _mm256_slli_epi16::<3>(plane) };
+    _mm256_or_si256(n, _mm256_and_si256(at4, _mm256_set1_epi8(0x10)))
+}
+
 /// `tiles.rs`' `legacy_tile` for one batch row `r` with byte products: per half, each chunk's unsigned weight bytes
 /// times the row's high and low bytes, summed in 16-bit lanes, widened and joined, less the offset's share; then
 /// `legacy_tile`'s scales (and Q5_1's minimum term), in its order.
@@ -89,21 +96,27 @@ fn legacy_tile<const HIGH: bool, const MIN: bool>(
         let [(xl, xh)] = rows_bytes::<1>(planes, bpr, r, b);
         let dv = load8h(&d[b * TILE..]);
         let xd = _mm256_set1_ps(xs[b * stride].d);
-        for h in 0..HALVES {
-            let shift = _mm_cvtsi32_si128((2 * (b % 4) + h) as i32);
-            let mut hi = _mm256_setzero_si256();
-            let mut lo = [_mm256_setzero_si256(); 2];
-            for k in 0..4 {
-                // Chunk k: elements 16h + 4k.. of each feature, as unsigned bytes.
-                let v = half_nibbles(load32u(&q[k * 32..]), h);
-                let u = if HIGH { with_fifth_bit(v, load32u(&qh[b / 4 * 128 + k * 32..]), shift) } else { v };
+        // Both halves' sums, chunk by chunk: each chunk's nibbles and fifth bits are loaded once, the plane moved
+        // once to this block's bits (the halves' fifth bits then at bits 0 and 1).
+        let shift = _mm_cvtsi32_si128((2 * (b % 4)) as i32);
+        let mut hi = [_mm256_setzero_si256(); HALVES];
+        let mut lo = [[_mm256_setzero_si256(); 2]; HALVES];
+        for k in 0..4 {
+            let v = load32u(&q[k * 32..]);
+            let plane = if HIGH { _mm256_srl_epi16(load32u(&qh[b / 4 * 128 + k * 32..]), shift) } else { v };
+            for h in 0..HALVES {
+                // Chunk k of half h: elements 16h + 4k.. of each feature, as unsigned bytes.
+                let n = half_nibbles(v, h);
+                let u = if HIGH { fifth_bit_at(n, plane, h) } else { n };
                 let at = 16 * h + 4 * k;
-                hi = _mm256_add_epi16(hi, _mm256_maddubs_epi16(u, broadcast4(xh, at)));
-                lo[k / 2] = _mm256_add_epi16(lo[k / 2], _mm256_maddubs_epi16(broadcast4(xl, at), u));
+                hi[h] = _mm256_add_epi16(hi[h], _mm256_maddubs_epi16(u, broadcast4(xh, at)));
+                lo[h][k / 2] = _mm256_add_epi16(lo[h][k / 2], _mm256_maddubs_epi16(broadcast4(xl, at), u));
             }
+        }
+        for h in 0..HALVES {
             let isum = isums[b * HALVES + h];
-            let low = _mm256_add_epi32(_mm256_madd_epi16(lo[0], ones), _mm256_madd_epi16(lo[1], ones));
-            let s32 = _mm256_add_epi32(_mm256_madd_epi16(hi, shift8), low);
+            let low = _mm256_add_epi32(_mm256_madd_epi16(lo[h][0], ones), _mm256_madd_epi16(lo[h][1], ones));
+            let s32 = _mm256_add_epi32(_mm256_madd_epi16(hi[h], shift8), low);
             let s32 = _mm256_sub_epi32(s32, _mm256_set1_epi32(offset * isum));
             acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(dv, xd), acc);
             if MIN {
