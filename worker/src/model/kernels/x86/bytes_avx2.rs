@@ -61,6 +61,8 @@ fn sweep<const HIGH: bool, const MIN: bool>(weight: &Weight, xq: &QuantizedRows,
 }
 
 /// Bytes `n` (values below 16) with bit 4 taken from bit `h` (0 or 1) of the plane's bytes at the same positions.
+/// The 16-bit shift carries bits between a lane's two bytes only into bits the mask drops: each byte's bit 4
+/// comes from its own bit `h`.
 #[target_feature(enable = "avx2")]
 #[inline]
 fn fifth_bit_at(n: __m256i, plane: __m256i, h: usize) -> __m256i {
