@@ -52,14 +52,15 @@ pub(in super::super) fn attention_rows(
 
 /// A level's [`super::super::attention_rows`] (`head_dim` a multiple of 8; the AVX-512 level's a multiple of 16):
 /// `$name` compiled with `$features` around that level's inner loops, `$scores` (a batch of heads' scores over a tile,
-/// for one row or two) and `$values` (their weighted sums of values, `$step` chunks of eight per job), so that every
-/// closure in it compiles with the level's instructions. Each position's score and each output's chain of fused
-/// multiply-adds are computed as for a row alone, so the order of the work changes nothing. With `split`, long ranges
+/// for one row or two) and `$values` (their weighted sums of values, `$step` chunks of eight per pass over a row's
+/// positions, `$split_step` per job where the work splits), so that every closure in it compiles with the level's
+/// instructions. Each position's score and each output's chain of fused multiply-adds are computed as for a row
+/// alone, so the order of the work changes nothing. With `split`, long ranges
 /// split over the threads (flash-decoding, without its rescaling): the scores by tile (the flash-attention tiling, two
 /// tiles per thread), the softmax by row and head, the weighted sums of values by KV head and output chunk, each of
 /// them whole in one task; without, each row's range goes in one pass (faster on one thread, see docs/worker.md).
 macro_rules! rows_level {
-    ($name:ident, $features:literal, $scores:ident, $values:ident, $step:expr) => {
+    ($name:ident, $features:literal, $scores:ident, $values:ident, $step:expr, $split_step:expr) => {
         #[target_feature(enable = $features)]
         fn $name<S: Source + Sync>(
             q: &[f32],
@@ -203,9 +204,13 @@ macro_rules! rows_level {
             #[allow(clippy::redundant_closure)]
             tasks(parallel, runs, |w| softmax_avx2(w));
             // Split with few KV heads: narrower jobs, so that every thread gets some (even widths still).
-            let step = if parallel && kv_heads * chunks.div_ceil($step) < 2 * threads { $step / 2 } else { $step };
+            let step = match parallel {
+                false => $step,
+                true if kv_heads * chunks.div_ceil($split_step) < 2 * threads => $split_step / 2,
+                true => $split_step,
+            };
             // Values, per KV head and `step` output chunks: up to three heads of the group at a time, so each widened value
-            // chunk serves every head of the batch and the twelve accumulators stay in registers; they start from (and go
+            // chunk serves every head of the batch and the sums stay in registers; they start from (and go
             // back to) the output between tiles, which keeps each output's chain of additions whole. Into `o`, where row
             // i's head `g * group + j` is at `i * stride + j * hd` (less `skip` heads' worth).
             let sums = |g: usize, c0: usize, o: &mut [f32], stride: usize, skip: usize| {
@@ -257,8 +262,11 @@ macro_rules! rows_level {
     };
 }
 
-rows_level!(attention_rows_avx2, "avx2,fma,f16c", scores, values_avx2, 4);
-rows_level!(attention_rows_avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", scores_avx512_rows, values_avx512, 8);
+// The AVX2 level's passes over a row's positions take three chunks: nine sums and three heads' weights in registers.
+// Split jobs take four (eight chunks evenly over the threads), their weights loaded at each use where the storage
+// asks for it ([`Source::WEIGHTS_FROM_MEMORY`]; see docs/worker.md).
+rows_level!(attention_rows_avx2, "avx2,fma,f16c", scores, values_avx2, 3, 4);
+rows_level!(attention_rows_avx512, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", scores_avx512_rows, values_avx512, 8, 8);
 
 /// [`Values::sum`] of `width` chunks of eight (at most four).
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -389,8 +397,9 @@ fn scores_avx512_rows<S: Source, const B: usize, const R: usize>(
 
 impl<S: Source> Values<'_, S> {
     /// `W` chunks of eight output values for `B` heads: `w[p] * value_p` added to them in position order, each
-    /// widened chunk used by all `B` heads, the sums held in registers across the positions (over f16 values each
-    /// weight broadcast from memory at each use, [`Source::WEIGHTS_FROM_MEMORY`], so that they fit).
+    /// widened chunk used by all `B` heads, the sums and the position's weights held in registers across the
+    /// positions (four chunks over f16 values: each weight broadcast from memory at each use,
+    /// [`Source::WEIGHTS_FROM_MEMORY`], so that the twelve sums fit).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     fn sum<const B: usize, const W: usize>(&self, out: &mut [f32]) {
@@ -415,9 +424,9 @@ impl<S: Source> Values<'_, S> {
                     // SAFETY: i < B and p < slots.len(), so i * n + p is inside the weights checked above.
                     let weight = unsafe { w.as_ptr().add(i * n + p) };
                     // Held in a register across the chunks (LLVM merges the plain loads), or loaded at each use.
+                    let from_memory = W > 3 && S::WEIGHTS_FROM_MEMORY;
                     // SAFETY: `weight` is readable (above).
-                    let wi =
-                        unsafe { if S::WEIGHTS_FROM_MEMORY { broadcast_f32(weight) } else { _mm256_set1_ps(*weight) } };
+                    let wi = unsafe { if from_memory { broadcast_f32(weight) } else { _mm256_set1_ps(*weight) } };
                     a[c] = _mm256_fmadd_ps(wi, vc, a[c]);
                 }
             }

@@ -9,9 +9,9 @@ use super::simd::{load8f, prefetch_at, store8f};
 /// Where eight consecutive cache values (from an offset that is a multiple of 8) come from, as f32: exactly
 /// [`KvPlane::get`]'s values.
 pub(super) trait Source: Copy + Send {
-    /// Whether the AVX2 values loop broadcasts its weights from memory at each use rather than holding them in
-    /// registers: f16 values (one instruction a chunk) leave too few registers for both, 8-bit blocks (four, and a
-    /// scale) measured better holding them.
+    /// Whether the AVX2 values loop's four-chunk passes (split jobs) broadcast their weights from memory at each use
+    /// rather than holding them in registers: f16 values (one instruction a chunk) leave too few registers for both,
+    /// 8-bit blocks (four, and a scale) measured better holding them. Three-chunk passes hold them either way.
     const WEIGHTS_FROM_MEMORY: bool;
     fn load8(self, at: usize) -> __m256;
     /// Sixteen values (from a multiple of 16) as f32 (only inside AVX-512 code).
