@@ -7,7 +7,7 @@ use super::super::team;
 
 use super::super::attention::{AttentionShape, KvPlane};
 use super::super::isa::Isa;
-use super::attention_parts::{AHEAD, Half, Key, Q8, Source, Values, scores8};
+use super::attention_parts::{AHEAD, Half, Key, Q8, Source, Values, pair_scores8};
 use super::attention512::{scores_avx512, values_avx512};
 use super::simd::{load8f, store8f};
 use super::softmax::softmax_avx2;
@@ -341,10 +341,11 @@ fn scores<S: Source, const B: usize, const R: usize>(
                     }
                 }
             }
+            // The pair's lanes added in pairs at once (the first level of each position's tree of sums, as
+            // `pair_scores8` finishes it): half the stores and loads of keeping every position's eight lanes.
             for r in 0..R {
                 for (l, (x0, x1)) in lanes[r].iter_mut().zip(a0[r].iter().zip(&a1[r])) {
-                    store8f(&mut l[16 * pair..], *x0);
-                    store8f(&mut l[16 * pair + 8..], *x1);
+                    store8f(&mut l[8 * pair..], _mm256_hadd_ps(*x0, *x1));
                 }
             }
         }
@@ -361,9 +362,10 @@ fn scores<S: Source, const B: usize, const R: usize>(
                     }
                 }
             }
+            // Its own eight lanes, after the pairs' (`pair_scores8`).
             for (l, a) in lanes.iter_mut().zip(&acc) {
                 for (l, a) in l.iter_mut().zip(a) {
-                    store8f(&mut l[8 * j..], *a);
+                    store8f(&mut l[8 * (j / 2)..], *a);
                 }
             }
         }
@@ -371,7 +373,7 @@ fn scores<S: Source, const B: usize, const R: usize>(
         for (r, out) in out.iter_mut().enumerate() {
             for (i, l) in lanes[r].iter().enumerate() {
                 let o = &mut out[i * n[r] + p0..i * n[r] + p0 + block_slots.len()];
-                scores8(&l[..8 * block_slots.len()], scale, o);
+                pair_scores8(&l[..8 * block_slots.len().div_ceil(2)], scale, o);
             }
         }
     }

@@ -164,6 +164,32 @@ pub(super) fn scores8(lanes: &[f32], scale: f32, out: &mut [f32]) {
     }
 }
 
+/// [`scores8`] of positions whose lanes were added in pairs (`_mm256_hadd_ps` of two positions' lanes, eight values
+/// per pair, `lanes[8 * k..]` for positions `2k` and `2k + 1`; an odd last position's own eight lanes after them):
+/// each position's sum in [`hsum`]'s tree, times `scale`.
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(super) fn pair_scores8(lanes: &[f32], scale: f32, out: &mut [f32]) {
+    if let Ok(out) = <&mut [f32; 8]>::try_from(&mut *out) {
+        let v = |k: usize| load8f(&lanes[8 * k..]);
+        let (t1, t2) = (_mm256_hadd_ps(v(0), v(1)), _mm256_hadd_ps(v(2), v(3)));
+        let sum = _mm256_add_ps(_mm256_permute2f128_ps::<0x20>(t1, t2), _mm256_permute2f128_ps::<0x31>(t1, t2));
+        store8f(out, _mm256_mul_ps(sum, _mm256_set1_ps(scale)));
+        return;
+    }
+    let n = out.len();
+    for (p, o) in out.iter_mut().enumerate() {
+        let l = &lanes[8 * (p / 2)..8 * (p / 2) + 8];
+        *o = if p % 2 == 1 {
+            ((l[2] + l[3]) + (l[6] + l[7])) * scale
+        } else if p + 1 < n {
+            ((l[0] + l[1]) + (l[4] + l[5])) * scale
+        } else {
+            hsum(l.try_into().expect("eight lanes")) * scale
+        };
+    }
+}
+
 /// Positions ahead of the one being read whose KV lines are requested early: the KV blocks of a step come
 /// from memory (the weights pushed them out of the caches since the last step).
 pub(super) const AHEAD: usize = 8;
