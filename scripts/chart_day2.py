@@ -206,3 +206,29 @@ def check_gitops(render_set, fail):
     if yaml.safe_dump_all(first) != yaml.safe_dump_all(second):
         changed = sorted({f"{a['kind']} {a['metadata']['name']}" for a, b in zip(first, second) if a != b})
         fail("gitops", f"two renders with apiKey.existingSecret differ ({', '.join(changed)}): every sync would change them")
+
+
+def check_ca_minting(render_set, fail):
+    """Only a first install's certificate Job may mint the cluster CA: an upgrade's Job and the renewal CronJob
+    that cannot read the CA Secret fail (`--require-ca`), since running nodes trust only the CA they started with."""
+    def certs_args(docs):
+        found = {}
+        for d in docs:
+            name = d["metadata"]["name"]
+            if d["kind"] == "Job" and name.endswith("-certs"):
+                found["job"] = [a for cmd in _commands(d) for a in cmd]
+            if d["kind"] == "CronJob" and name.endswith("-certs-renew"):
+                spec = d["spec"]["jobTemplate"]["spec"]
+                found["cron"] = [a for cmd in _commands({"spec": spec}) for a in cmd]
+        return found
+    install = certs_args(render_set([]))
+    upgrade = certs_args(render_set([], ["--is-upgrade"]))
+    if "job" not in install or "cron" not in install:
+        fail("ca", "the default render has no certificate Job and renewal CronJob")
+        return
+    if "--require-ca" in install["job"]:
+        fail("ca", "the first install's certificate Job cannot mint the cluster CA")
+    if "--require-ca" not in upgrade.get("job", []):
+        fail("ca", "an upgrade's certificate Job may mint a new CA over the running cluster")
+    if "--require-ca" not in install["cron"]:
+        fail("ca", "the renewal CronJob may mint a new CA over the running cluster")

@@ -32,9 +32,10 @@ pub fn server_config(dir: &Path, node_id: &str) -> Result<Arc<rustls::ServerConf
         roots.add(cert.context("the cluster CA certificate")?).context("the cluster CA certificate")?;
     }
     let id = NodeId::new(node_id.to_owned()).map_err(|e| anyhow::anyhow!("--node-id: {e}"))?;
-    let source = CertSource::watching(&files.cert, &files.key, Expect::Node(Role::Orchestrator, id))
+    let roots = Arc::new(roots);
+    let source = CertSource::watching(&files.cert, &files.key, Expect::Node(Role::Orchestrator, id, roots.clone()))
         .with_context(|| format!("loading {}", files.cert.display()))?;
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), zl_tls::provider())
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(roots, zl_tls::provider())
         .build()
         .context("the client certificate verifier")?;
     let mut config = rustls::ServerConfig::builder_with_provider(zl_tls::provider())

@@ -2,14 +2,15 @@
 //! ask a worker for a model card or a generation. [`QuicUpstream`] speaks the RPC (zl-proto) to the real tiers; tests
 //! put a fake behind the same trait to run the HTTP router without sockets.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
 
-use zl_common::sync::{read, write};
+use zl_common::sync::{lock, read, write};
 use zl_proto::CallError;
 use zl_proto::quic::{Client, ResponseStream};
 use zl_wire::message::{
@@ -84,16 +85,34 @@ const ORCHESTRATOR_TIMEOUT: Duration = Duration::from_millis(800);
 /// Per-call deadline for reports (a Raft commit).
 const REPORT_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// When every orchestrator failed to route and at least one of them is alive (it answered "ask another": it has just
-/// started and not heard from the workers, or is joining its group; or its connection stood and it missed the
-/// deadline or dropped the call: restarting, or starved on a loaded machine), the group is changing under a rolling
+/// When every orchestrator failed to route and at least one of them is alive, the group is changing under a rolling
 /// restart or a scale-out: the round is tried again after these pauses, so a client's request outlives a moment when
-/// no replica answers in time. Rounds where none could even be reached (all down) fail at once, as before. Only
-/// routes wait so: syncs and reports run in loops that try again on their own schedule (held up here, a fresh
-/// frontend's first grant came late). (In CI, a route failed once in a few runs of the e2e test that rolls the chart's
-/// orchestrators: every orchestrator of one round missed its deadline while one was down.)
+/// no replica answers in time. Alive means it answered in this round ("ask another": it has just started and not
+/// heard from the workers, or is joining its group), or it answered some call within [`ALIVE_WINDOW`] and now missed
+/// the deadline or dropped the call (restarting, or starved on a loaded machine). Rounds where none is alive (all
+/// down: killed, stopped, unreachable) fail at once with a retryable error. Only routes wait so: syncs and reports
+/// run in loops that try again on their own schedule. (In CI, a route failed once in a few runs of the e2e test that
+/// rolls the chart's orchestrators: every orchestrator of one round missed its deadline while one was down.)
 const ROUND_PAUSES: [Duration; 3] =
     [Duration::from_millis(250), Duration::from_millis(500), Duration::from_millis(1000)];
+
+/// How recent an orchestrator's last answer must be for a missed deadline to count as "alive but slow" rather than
+/// down. Under load routes flow many times a second, and an idle frontend syncs once a second.
+const ALIVE_WINDOW: Duration = Duration::from_secs(2);
+
+/// The per-call deadline for an orchestrator whose last call failed and that has not answered since (a killed or
+/// stopped one): still tried, so it is used again as soon as it is back, but briefly (a live one on loopback or in
+/// a region answers a handshake and a route in tens of milliseconds).
+const SUSPECT_TIMEOUT: Duration = Duration::from_millis(400);
+
+/// What a frontend has seen of one orchestrator.
+#[derive(Clone, Copy, Debug, Default)]
+struct Seen {
+    /// When it last answered anything (a reply or a typed refusal).
+    answered: Option<Instant>,
+    /// Its last call failed (no connection, a lost one, a missed deadline).
+    failed: bool,
+}
 
 /// The real tiers over QUIC.
 pub struct QuicUpstream {
@@ -101,6 +120,7 @@ pub struct QuicUpstream {
     /// Fixed (`--orchestrator`), or the passing ones discovery lists.
     orchestrators: RwLock<Arc<[SocketAddr]>>,
     next: AtomicUsize,
+    seen: Mutex<HashMap<SocketAddr, Seen>>,
 }
 
 impl std::fmt::Debug for QuicUpstream {
@@ -134,7 +154,12 @@ fn try_next_orchestrator(e: &CallError) -> bool {
 impl QuicUpstream {
     /// Call these orchestrators (spreading calls over them) with this client.
     pub fn new(client: Client, orchestrators: Vec<SocketAddr>) -> Self {
-        QuicUpstream { client, orchestrators: RwLock::new(orchestrators.into()), next: AtomicUsize::new(0) }
+        QuicUpstream {
+            client,
+            orchestrators: RwLock::new(orchestrators.into()),
+            next: AtomicUsize::new(0),
+            seen: Mutex::default(),
+        }
     }
 
     /// Call these orchestrators from now on (discovery found a new set).
@@ -189,7 +214,24 @@ impl QuicUpstream {
         let (mut last, mut one_alive) = (None, false);
         for i in 0..n {
             let to = orchestrators[(start + i) % n];
-            match self.client.call_within(timeout, to, Role::Orchestrator, request.clone()).await {
+            let before = lock(&self.seen).get(&to).copied().unwrap_or_default();
+            let deadline = if before.failed { timeout.min(SUSPECT_TIMEOUT) } else { timeout };
+            let result = self.client.call_within(deadline, to, Role::Orchestrator, request.clone()).await;
+            // A missed deadline is spelt as a remote `DeadlineExceeded` too: it is no answer.
+            let answered = match &result {
+                Ok(_) => true,
+                Err(CallError::Remote(w)) => w.code != ErrorCode::DeadlineExceeded,
+                Err(_) => false,
+            };
+            {
+                let mut seen = lock(&self.seen);
+                let entry = seen.entry(to).or_default();
+                entry.failed = !answered;
+                if answered {
+                    entry.answered = Some(Instant::now());
+                }
+            }
+            match result {
                 Ok(reply) => return (Ok(reply), false),
                 Err(e) if try_next_orchestrator(&e) => {
                     tracing::debug!(orchestrator = %to, error = %e, "orchestrator unavailable; trying the next");
@@ -202,7 +244,9 @@ impl QuicUpstream {
                     } else {
                         metrics::counter!("zl_frontend_orchestrator_failovers_total").increment(1);
                     }
-                    one_alive |= !matches!(e, CallError::Connect { .. });
+                    // Alive: it answered now, or answered lately and only missed this deadline.
+                    let lately = before.answered.is_some_and(|t| t.elapsed() < ALIVE_WINDOW);
+                    one_alive |= answered || (lately && !matches!(e, CallError::Connect { .. }));
                     last = Some(e);
                 }
                 Err(e) => return (Err(e), false),

@@ -99,3 +99,24 @@ async fn a_refusal_every_replica_would_repeat_is_not_asked_again() {
     assert!(matches!(&err, CallError::Remote(w) if w.code == ErrorCode::Overloaded), "{err}");
     assert_eq!(total(&counters), 1, "the first orchestrator's typed answer is final");
 }
+
+/// Every orchestrator killed (its port silent): a route fails within about one round of short deadlines, not
+/// after four rounds of full ones (11 s for three before), and the next one faster still.
+#[tokio::test]
+async fn when_every_orchestrator_is_down_a_route_fails_fast() {
+    let (upstream, servers, _counters) = fleet(0, ErrorCode::Unavailable);
+    upstream.route(route()).await.expect("routed while they are up");
+    for server in servers {
+        server.shutdown(Duration::ZERO).await;
+    }
+    // Past the window in which a missed deadline still counts as "alive but slow".
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let started = Instant::now();
+    upstream.route(route()).await.expect_err("every orchestrator is down");
+    let first = started.elapsed();
+    assert!(first < Duration::from_millis(2500), "one round of two 800 ms deadlines at most: {first:?}");
+    let started = Instant::now();
+    upstream.route(route()).await.expect_err("still down");
+    let second = started.elapsed();
+    assert!(second < Duration::from_millis(1200), "suspects get short deadlines: {second:?}");
+}

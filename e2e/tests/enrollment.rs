@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use zl_e2e::{certs, http, start_frontend_args, start_orchestrator, start_worker_args, zl};
+use zl_e2e::{admin, certs, http, start_frontend_args, start_orchestrator, start_worker_args, zl};
 use zl_e2e::{free_tcp, free_udp};
 use zl_node::enroll::{IdentitySource, enroll, identity};
 use zl_proto::quic::{CallError, Client, RpcSettings};
@@ -27,7 +27,7 @@ fn refused(result: Result<Message, CallError>) -> String {
 fn pods_enroll_for_identities_of_their_own_and_cannot_take_over_each_other() {
     let dir = tempfile::tempdir().unwrap();
     let tls = dir.path().join("tls");
-    certs(&tls, &[("orchestrator", "orch-0")]);
+    certs(&tls, &[("orchestrator", "orch-0"), ("admin", "ops")]);
     let t = tls.to_str().unwrap();
     for role in ["worker", "frontend"] {
         assert!(zl(&["certs", "issue", "--ca-dir", t, "--role", role, "--bootstrap"]).status.success());
@@ -111,5 +111,36 @@ fn pods_enroll_for_identities_of_their_own_and_cannot_take_over_each_other() {
         }
         assert!(Instant::now() < metrics_deadline, "the restarted worker never registered again");
         std::thread::sleep(Duration::from_millis(300));
+    }
+
+    // The frontend's pod loses its volume: with its identity gone it cannot enroll its id again (it exits, and
+    // would crash-loop), until an operator forgets the old node; then it enrolls and serves.
+    frontend.terminate(Duration::from_secs(30));
+    std::fs::remove_dir_all(&fdir).unwrap();
+    let (mut lost, _) = start_frontend_args(&tls, FRONTEND, &[orch.quic], &frontend_flags);
+    let status = wait_exit(&mut lost, Duration::from_secs(60));
+    assert!(!status.success(), "a frontend whose id is enrolled already cannot enroll again");
+    let out = admin(&tls, orch.admin, &["forget-node", "frontend", FRONTEND]);
+    assert!(out.contains("may enroll again"), "{out}");
+    let state = admin(&tls, orch.admin, &["state"]);
+    assert!(state.contains("forget_node"), "the admin log records who forgot it: {state}");
+    let (mut back, http_addr) = start_frontend_args(&tls, FRONTEND, &[orch.quic], &frontend_flags);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !zl_e2e::serving(http_addr) {
+        back.assert_running("the re-enrolled zl-frontend");
+        assert!(Instant::now() < deadline, "the forgotten frontend never enrolled again");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    worker.proc.terminate(Duration::from_secs(30));
+}
+
+fn wait_exit(p: &mut zl_e2e::Proc, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = p.0.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the process did not exit within {limit:?}");
+        std::thread::sleep(Duration::from_millis(200));
     }
 }

@@ -258,4 +258,12 @@ fn zl_certs_kube_writes_the_secrets_the_charts_pods_read() {
     assert!(ca_secret["stringData"]["ca.key"].as_str().unwrap().contains("PRIVATE KEY"));
     let admin = by_name("zl-zerolayer-tls-admin").expect("the admin Secret");
     assert!(admin["stringData"]["admin-zl-bootstrap.pem"].as_str().unwrap().contains("CERTIFICATE"));
+    // The upgrade Job or the renewal CronJob run without the CA Secret (it is mounted optional): it fails rather
+    // than mint a new CA over the running cluster, whose nodes would refuse everything it signs.
+    let (empty, w2) = (dir.path().join("no-ca"), dir.path().join("w2"));
+    let paths = ["--ca-from", empty.to_str().unwrap(), "--ca-dir", w2.to_str().unwrap()];
+    let result = zl_e2e::zl(&[&args[..], &paths[..], &["--require-ca"]].concat());
+    assert!(!result.status.success(), "a new CA was minted over a running cluster");
+    assert!(String::from_utf8_lossy(&result.stderr).contains("--require-ca"));
+    assert!(!w2.join("ca.pem").exists());
 }

@@ -263,15 +263,25 @@ impl Cluster {
         self.level(now).0.as_str()
     }
 
-    /// 404 for a model no worker serves, naming the ones served (a typo is the usual cause).
+    /// 404 for a model the cluster does not have, naming the ones it has (a typo is the usual cause). While it
+    /// has none at all (starting, or every worker gone before any registered) nothing can be told apart from a
+    /// typo, and capacity is what is missing: a retryable 529 with `retry-after`.
     pub fn not_found(&self, model: &str) -> ApiError {
         let served: Vec<String> = self.models().into_iter().map(|m| m.id).collect();
-        let message = if served.is_empty() {
-            format!("model: {model} is not served here (no model is being served right now)")
-        } else {
-            format!("model: {model} is not served here; served models: {}", served.join(", "))
-        };
-        ApiError::new(ErrorKind::NotFound, message)
+        if served.is_empty() {
+            metrics::counter!("zl_frontend_no_capacity_total", "reason" => "no_models").increment(1);
+            return ApiError::new(
+                ErrorKind::Overloaded,
+                format!(
+                    "model: {model} cannot be served right now: no worker has registered a model yet; retry shortly"
+                ),
+            )
+            .retry_after(1);
+        }
+        ApiError::new(
+            ErrorKind::NotFound,
+            format!("model: {model} is not served here; served models: {}", served.join(", ")),
+        )
     }
 
     /// The card for `model` (as the client named it: an alias resolves through a route), fetched from a worker

@@ -2,6 +2,8 @@
 //! response headers' content), then its [`GenEvent`]s. Plain values below the gateway: the gateway makes them, the
 //! HTTP layer, the dialects and the audit draft read them without reaching into it.
 
+use std::sync::{Arc, Mutex};
+
 use crate::cache::FinishInfo;
 use crate::limits::RateFigures;
 
@@ -68,4 +70,35 @@ pub enum GenEvent {
     Delta(String),
     /// The end.
     Finish(FinishInfo),
+}
+
+/// What an answer that ended without its finish had delivered (the client left, the worker failed past what
+/// migration could mend, the server shut down): counted, billed and audited all the same.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Delivered {
+    /// Output tokens the worker had sent (capped at the request's `max_tokens`).
+    pub output_tokens: u32,
+    /// The billing unit of the text delivered so far.
+    pub billing_unit: f32,
+    /// Why it ended: `client_disconnected` or `error`.
+    pub stop_reason: &'static str,
+    /// Workers the request moved to before it ended.
+    pub migrated_to: Vec<String>,
+}
+
+/// Where a generation leaves its [`Delivered`] when it ends without a finish; the audit draft reads it when the
+/// response is done (the generation is always dropped before the draft is finished).
+#[derive(Clone, Debug, Default)]
+pub struct Tally(Arc<Mutex<Option<Delivered>>>);
+
+impl Tally {
+    /// Record how the answer ended.
+    pub fn set(&self, delivered: Delivered) {
+        *zl_common::sync::lock(&self.0) = Some(delivered);
+    }
+
+    /// What was delivered, if the answer ended without its finish.
+    pub fn take(&self) -> Option<Delivered> {
+        zl_common::sync::lock(&self.0).take()
+    }
 }

@@ -143,6 +143,7 @@ pub struct RateLimiter {
 pub struct Reservation {
     key: String,
     project: String,
+    input_tokens: u32,
     output_tokens: u32,
     counted_concurrency: bool,
 }
@@ -257,6 +258,7 @@ impl RateLimiter {
         let reservation = Reservation {
             key: key.to_owned(),
             project: project.to_owned(),
+            input_tokens,
             output_tokens: max_tokens,
             counted_concurrency: counted,
         };
@@ -301,6 +303,29 @@ impl RateLimiter {
                 b.refill(b.capacity, now);
                 b.level = (b.level + unused).min(b.capacity);
             }
+            if reservation.counted_concurrency {
+                p.in_flight = p.in_flight.saturating_sub(1);
+            }
+        }
+    }
+
+    /// The request was admitted here but never ran (another limit, a budget or the route refused it): give back
+    /// everything it took, its request and input tokens too. A refusal costs a client none of its allowance.
+    pub fn release(&mut self, reservation: &Reservation, now: Instant) {
+        let give = |slot: &mut Option<Bucket>, amount: f64| {
+            if let Some(b) = slot.as_mut() {
+                b.refill(b.capacity, now);
+                b.level = (b.level + amount).min(b.capacity);
+            }
+        };
+        let (input, output) = (f64::from(reservation.input_tokens), f64::from(reservation.output_tokens));
+        if let Some(state) = self.keys.get_mut(&reservation.key) {
+            give(&mut state.requests, 1.0);
+            give(&mut state.input, input);
+            give(&mut state.output, output);
+        }
+        if let Some(p) = self.projects.get_mut(&reservation.project) {
+            give(&mut p.tokens, input + output);
             if reservation.counted_concurrency {
                 p.in_flight = p.in_flight.saturating_sub(1);
             }

@@ -113,6 +113,10 @@ struct ServeArgs {
     /// Connections served at once; more wait in the kernel's accept queue until one closes.
     #[arg(long, env = "ZL_MAX_CONNECTIONS", default_value_t = 4096)]
     max_connections: usize,
+    /// Connections one client address (an IPv6 /64) may hold at once; more are closed as they arrive (0: no cap;
+    /// raise it behind a proxy that hides client addresses).
+    #[arg(long, env = "ZL_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 256)]
+    max_connections_per_client: usize,
     #[command(flatten)]
     region: zl_node::region::RegionArgs,
     /// Peer regions' frontends, nearest first, as REGION=URL (comma-separated or repeated): where requests this
@@ -190,6 +194,10 @@ struct ServeArgs {
     /// Output tokens held per request for a migration (4 bytes each); a longer answer is not moved.
     #[arg(long, env = "ZL_MIGRATION_MAX_TOKENS", default_value_t = 32_768)]
     migration_max_tokens: usize,
+    /// How long a migration waits, in milliseconds, for a worker to take the request when none can now (a lone
+    /// worker being restarted: `zl up`'s supervisor has it back in about 1.5 s). 0 fails at once.
+    #[arg(long, env = "ZL_MIGRATION_WAIT_MS", default_value_t = 5_000)]
+    migration_wait_ms: u64,
     /// A worker that sends nothing for this long once an answer's tokens have started is treated as failed for
     /// that request (a wedged device; a stopped or dead process is noticed sooner by its connection).
     #[arg(long, env = "ZL_STALL_TIMEOUT_MS", default_value_t = 10_000)]
@@ -392,6 +400,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         degrade: degrade(&args)?.0,
         migration_limit: args.migration_limit,
         migration_max_tokens: args.migration_max_tokens,
+        migration_wait: Duration::from_millis(args.migration_wait_ms),
         stall_timeout: Duration::from_millis(args.stall_timeout_ms.max(1)),
     };
     cluster.set_thresholds(degrade(&args)?.1);
@@ -456,6 +465,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         header_timeout: Duration::from_secs(args.header_timeout_s),
         body_timeout: Duration::from_secs(args.body_timeout_s),
         max_connections: args.max_connections,
+        max_connections_per_client: args.max_connections_per_client,
     };
     let app = App { gateway, body_limit: args.body_limit_mb * 1024 * 1024, edge, spill, audit: audit.clone() };
     let listener = tokio::net::TcpListener::bind(args.http_addr)

@@ -99,3 +99,23 @@ async fn the_audit_record_names_every_worker_and_the_seed_drawn() {
     assert_eq!((r.status, r.output_tokens), (200, 3));
     assert_eq!(r.seed, sent_seed, "the seed the answer was sampled with");
 }
+
+/// The only worker dies mid-answer and comes back (its supervisor restarts it in about 1.5 s): the migration
+/// waits for it, bounded, and the answer goes on there; with no wait it ends with an error event.
+#[tokio::test]
+async fn a_lone_workers_restart_is_waited_for() {
+    let h = common::harness();
+    *h.fake.mode.lock().unwrap() = WorkerMode::LoneWorkerRestarts;
+    let body = text(h.anthropic(hello(json!({"stream": true}))).await).await;
+    assert!(body.contains("message_stop") && !body.contains("event: error"), "{body}");
+    let generates = h.fake.recorded.lock().unwrap().generates.clone();
+    assert_eq!(generates.len(), 2);
+    assert!(generates.iter().all(|(endpoint, _)| endpoint.starts_with("w1")), "the same worker, back");
+    assert_eq!(generates[1].1.resume_tokens.len(), 1, "resumed after the token already sent");
+
+    let config = GatewayConfig { migration_wait: Duration::ZERO, ..GatewayConfig::default() };
+    let h = common::harness_with(config, 1024 * 1024);
+    *h.fake.mode.lock().unwrap() = WorkerMode::LoneWorkerRestarts;
+    let body = text(h.anthropic(hello(json!({"stream": true}))).await).await;
+    assert!(body.contains("event: error"), "{body}");
+}

@@ -156,7 +156,12 @@ async fn an_early_401_keeps_the_connection_usable_or_announces_its_close() {
 
 /// Tight edge limits for the slow-client tests.
 fn tight(max_connections: usize) -> EdgeLimits {
-    EdgeLimits { header_timeout: Duration::from_secs(1), body_timeout: Duration::from_secs(1), max_connections }
+    EdgeLimits {
+        header_timeout: Duration::from_secs(1),
+        body_timeout: Duration::from_secs(1),
+        max_connections,
+        ..EdgeLimits::default()
+    }
 }
 
 /// Read until the server closes the connection (or `within` passes); what it sent, and whether it closed.
@@ -256,4 +261,46 @@ async fn connections_past_the_cap_wait_for_a_free_slot() {
     let served = tokio::time::timeout(Duration::from_secs(4), second.peek(&mut buf)).await;
     assert!(matches!(served, Ok(Ok(n)) if n > 0), "the queued connection was never served");
     assert!(String::from_utf8_lossy(&buf).starts_with("HTTP/1.1 200"));
+}
+
+/// A connection from `source` (any 127/8 address: another client on this machine).
+async fn connect_from(source: &str, addr: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket.connect(addr).await.unwrap()
+}
+
+#[tokio::test]
+async fn one_client_cannot_take_every_connection_slot() {
+    let edge = EdgeLimits {
+        header_timeout: Duration::from_secs(5),
+        body_timeout: Duration::from_secs(5),
+        max_connections: 8,
+        max_connections_per_client: 3,
+    };
+    let (addr, _h, _stop, _task) = start_with(None, edge).await;
+    // One client opens sockets and sends nothing (each would be held until the header deadline).
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect_from("127.0.0.2", addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Its fourth is closed at once, well before the 5 s header deadline.
+    let mut fourth = connect_from("127.0.0.2", addr).await;
+    let (_, closed) = read_until_closed(&mut fourth, Duration::from_millis(1000)).await;
+    assert!(closed, "a client past its cap is turned away at once");
+    // Another client is served meanwhile, and health probes stay prompt.
+    let io = TokioIo::new(connect_from("127.0.0.3", addr).await);
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let started = std::time::Instant::now();
+    assert_eq!(h1.send_request(healthz(Version::HTTP_11)).await.unwrap().status().as_u16(), 200);
+    assert!(started.elapsed() < Duration::from_secs(1));
+    // The first client's slots come back as its connections close.
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let io = TokioIo::new(connect_from("127.0.0.2", addr).await);
+    let (mut again, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    assert_eq!(again.send_request(healthz(Version::HTTP_11)).await.unwrap().status().as_u16(), 200);
 }

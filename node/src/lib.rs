@@ -76,10 +76,24 @@ pub fn keep_fresh(identity: &TlsIdentity) {
     }
 }
 
+/// Buckets of every latency histogram (`*_seconds`): microsecond route decisions to minute-long answers.
+pub const LATENCY_BUCKETS: [f64; 21] = [
+    0.000_01, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// Buckets of the billing unit's histogram, in [0, 1].
+pub const UNIT_BUCKETS: [f64; 10] = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
 /// Record metrics and return the renderer of the Prometheus text ([`status::serve`] serves it on every tier's
-/// internal metrics address). Upkeep (histogram compaction) runs on every render and every 5 s.
+/// internal metrics address). Upkeep runs on every render and every 5 s. Histograms are Prometheus histograms
+/// (`_bucket{le}`, `_sum`, `_count`), which aggregate across pods with `histogram_quantile` (summaries cannot).
 pub fn metrics_renderer() -> Result<std::sync::Arc<dyn Fn() -> String + Send + Sync>> {
+    use metrics_exporter_prometheus::Matcher;
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &LATENCY_BUCKETS)
+        .and_then(|b| b.set_buckets_for_metric(Matcher::Full("zl_frontend_billing_unit".into()), &UNIT_BUCKETS))
+        .context("the metrics' histogram buckets")?
         .install_recorder()
         .context("installing the metrics recorder")?;
     metrics_help::describe_all();

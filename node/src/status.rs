@@ -25,12 +25,28 @@ fn respond(status: StatusCode, content_type: &str, body: String) -> Response<Ful
     response
 }
 
+/// Whether the node's vital tasks run (liveness), in the shape of [`Readiness`].
+pub type Liveness = Readiness;
+
+/// The probes a status endpoint answers.
+#[derive(Clone)]
+pub struct Probes {
+    /// `/readyz`.
+    pub ready: Readiness,
+    /// `/healthz`.
+    pub live: Liveness,
+}
+
 /// The answer to one request.
-fn answer(path: &str, render: &(dyn Fn() -> String + Send + Sync), ready: &Readiness) -> Response<Full<Bytes>> {
+fn answer(path: &str, render: &(dyn Fn() -> String + Send + Sync), probes: &Probes) -> Response<Full<Bytes>> {
     let json = |status: &str, key: &str, text: String| serde_json::json!({ "status": status, key: text }).to_string();
+    let ready = &probes.ready;
     match path {
         "/metrics" => respond(StatusCode::OK, "text/plain; version=0.0.4", render()),
-        "/healthz" => respond(StatusCode::OK, "application/json", json("ok", "process", "serving".into())),
+        "/healthz" => match (probes.live)() {
+            Ok(what) => respond(StatusCode::OK, "application/json", json("ok", "process", what)),
+            Err(why) => respond(StatusCode::SERVICE_UNAVAILABLE, "application/json", json("failed", "reason", why)),
+        },
         "/readyz" => match ready() {
             Ok(what) => respond(StatusCode::OK, "application/json", json("ready", "detail", what)),
             Err(why) => respond(StatusCode::SERVICE_UNAVAILABLE, "application/json", json("not ready", "reason", why)),
@@ -39,8 +55,14 @@ fn answer(path: &str, render: &(dyn Fn() -> String + Send + Sync), ready: &Readi
     }
 }
 
-/// Record metrics and serve `/metrics`, `/healthz` and `/readyz` on `addr` (HTTP/1.1) from now on.
+/// Record metrics and serve `/metrics`, `/healthz` and `/readyz` on `addr` (HTTP/1.1) from now on; alive while
+/// the process serves.
 pub async fn serve(addr: SocketAddr, ready: Readiness) -> Result<()> {
+    serve_probes(addr, Probes { ready, live: Arc::new(|| Ok("serving".into())) }).await
+}
+
+/// [`serve`] with a liveness check of its own.
+pub async fn serve_probes(addr: SocketAddr, probes: Probes) -> Result<()> {
     let render = crate::metrics_renderer()?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -48,10 +70,10 @@ pub async fn serve(addr: SocketAddr, ready: Readiness) -> Result<()> {
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else { continue };
-            let (render, ready) = (render.clone(), ready.clone());
+            let (render, probes) = (render.clone(), probes.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
-                    let response = answer(request.uri().path(), &*render, &ready);
+                    let response = answer(request.uri().path(), &*render, &probes);
                     async move { Ok::<_, Infallible>(response) }
                 });
                 let _ =
@@ -69,12 +91,17 @@ mod tests {
     #[test]
     fn paths_answer_as_probes_expect() {
         let render = || "zl_up 1\n".to_owned();
-        let ready: Readiness = Arc::new(|| Ok("leader 1".into()));
-        let not_ready: Readiness = Arc::new(|| Err("no leader yet".into()));
+        let live: Liveness = Arc::new(|| Ok("serving".into()));
+        let ready = Probes { ready: Arc::new(|| Ok("leader 1".into())), live: live.clone() };
+        let not_ready = Probes { ready: Arc::new(|| Err("no leader yet".into())), live };
         assert_eq!(answer("/metrics", &render, &ready).status(), StatusCode::OK);
         assert_eq!(answer("/healthz", &render, &not_ready).status(), StatusCode::OK, "alive even when not ready");
         assert_eq!(answer("/readyz", &render, &ready).status(), StatusCode::OK);
         assert_eq!(answer("/readyz", &render, &not_ready).status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(answer("/other", &render, &ready).status(), StatusCode::NOT_FOUND);
+        // A vital task died (an orchestrator's Raft task): liveness fails, so the kubelet restarts the process.
+        let dead =
+            Probes { ready: Arc::new(|| Ok("leader 1".into())), live: Arc::new(|| Err("Raft task stopped".into())) };
+        assert_eq!(answer("/healthz", &render, &dead).status(), StatusCode::SERVICE_UNAVAILABLE);
     }
 }

@@ -180,7 +180,19 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         let readiness = readiness.clone();
         Arc::new(move || zl_common::sync::read(&readiness).clone())
     };
-    zl_node::status::serve(args.metrics_addr, probe).await?;
+    // Alive while the Raft task runs: one whose storage failed has left the group for good, and only a restart
+    // (by the kubelet, or `zl up`'s supervisor) brings it back.
+    let raft: Arc<std::sync::OnceLock<zl_orchestrator::raft::driver::Group>> = Arc::default();
+    let live = {
+        let raft = raft.clone();
+        Arc::new(move || match raft.get() {
+            Some(group) if !group.alive() => {
+                Err("the Raft task stopped (storage failed: see zl_raft_fatal_errors_total and the log)".to_owned())
+            }
+            _ => Ok("serving".to_owned()),
+        })
+    };
+    zl_node::status::serve_probes(args.metrics_addr, zl_node::status::Probes { ready: probe, live }).await?;
     let settings = LoadSettings {
         heartbeat_timeout: Duration::from_millis(args.heartbeat_timeout_ms),
         forget_after: Duration::from_secs(args.forget_after_s),
@@ -213,6 +225,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
             .with_context(|| format!("opening the Raft storage in {}", raft_dir(&data_dir).display()))?,
     );
     tracing::info!(raft_id = args.raft_id, ?start, empty, "Raft group opened");
+    let _ = raft.set(node.group().clone());
     {
         let group = node.group().clone();
         tokio::spawn(async move {
@@ -332,11 +345,19 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
         registrar.deregister().await;
     }
     sweeper.abort();
-    // A leader hands over first: writes (forwarded ones included) then wait for no election.
-    node.group().hand_over(Duration::from_secs(3)).await;
+    // Within 3 s of SIGTERM in all (docs/consensus.md): a leader hands over first (writes, forwarded ones included,
+    // then wait for no election), then the admin API and the QUIC server get what is left to finish their calls
+    // (routes and reports take milliseconds; a call still open then fails over to another orchestrator).
+    let stop_by = tokio::time::Instant::now() + Duration::from_secs(3);
+    node.group().hand_over(Duration::from_millis(2000)).await;
     let _ = admin.0.send(());
-    let _ = admin.1.await;
-    server.shutdown(Duration::from_secs(5)).await;
+    let left = |floor: u64| {
+        stop_by.saturating_duration_since(tokio::time::Instant::now()).max(Duration::from_millis(floor)) / 2
+    };
+    if tokio::time::timeout(left(200), admin.1).await.is_err() {
+        tracing::warn!("admin calls still open at shutdown: closed");
+    }
+    server.shutdown(left(200)).await;
     Ok(())
 }
 

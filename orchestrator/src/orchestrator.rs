@@ -126,6 +126,19 @@ impl Orchestrator {
         let enroller = self.enroller.get().ok_or_else(|| {
             WireError::new(ErrorCode::Unavailable, "this orchestrator does not enroll nodes (no --enroll-ca-key)")
         })?;
+        // A worker this node hears from runs now, registered or not (a static one between its registrations): its
+        // id is taken whatever the replicated state says yet.
+        if !renewal && req.role == zl_wire::message::Role::Worker && read(&self.load).latest(&req.node_id).is_some() {
+            metrics::counter!("zl_enrollments_total", "outcome" => "refused").increment(1);
+            tracing::warn!(node = %req.node_id, by = %peer_id, "enrollment refused: a worker with this id is running");
+            return Err(WireError::new(
+                ErrorCode::PermissionDenied,
+                format!(
+                    "enrollment refused: worker {} is running (its load reports reach this orchestrator)",
+                    req.node_id
+                ),
+            ));
+        }
         let (signed, entry) = enroller.sign(req, renewal, unix_ms())?;
         let outcome = if renewal { "renewed" } else { "enrolled" };
         if let Err(e) = self.commit(&Command::Enroll(entry)).await {
@@ -438,8 +451,8 @@ impl Orchestrator {
         Ok(grant)
     }
 
-    /// What frontends cache: keys, quotas and the models some non-draining worker serves (aliases listed under
-    /// their own names). Lists are left out when the caller already holds `known_index`; the count of healthy,
+    /// What frontends cache: keys, quotas and the models some non-draining worker serves or some worker once
+    /// registered (aliases listed under their own names). Lists are left out when the caller already holds `known_index`; the count of healthy,
     /// non-draining workers (soft state) is always current.
     pub fn state_sync(&self, known_index: u64, now: Instant) -> StateSync {
         let state = read(&self.state.0);
@@ -509,6 +522,16 @@ impl Orchestrator {
                     weights_bytes: m.weights_bytes,
                 });
             }
+        }
+        // Models with no serving worker now still exist: their requests get a retryable 529 from routing.
+        for m in state.known_models().values() {
+            models.entry(m.id.clone()).or_insert_with(|| ModelInfo {
+                id: m.id.clone(),
+                weights_sha256: route::sha_bytes(&m.weights_sha256),
+                context_length: m.context_length,
+                family: m.family.clone(),
+                weights_bytes: m.weights_bytes,
+            });
         }
         for alias in state.aliases().keys() {
             if let Some(target) = models.get(state.resolve_alias(alias)).cloned() {

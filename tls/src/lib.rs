@@ -50,6 +50,12 @@ pub enum TlsError {
     /// The client-certificate verifier could not be built.
     #[error("client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// A certificate does not chain to the cluster CA this node trusts (a CA swapped under a running cluster).
+    #[error(
+        "the certificate does not chain to the cluster CA this node trusts ({0}); a new cluster CA must be \
+             rolled out to every node first (docs/kubernetes.md, \"A CA change\")"
+    )]
+    Untrusted(String),
     /// A certificate is not valid for the identity it is used for.
     #[error("certificate is not valid for {expected}: {problem}")]
     Identity {
@@ -192,7 +198,20 @@ impl ClusterCa {
 fn node_params(role: Role, node_id: &NodeId, extra_names: &[String], days: u32) -> Result<CertificateParams, TlsError> {
     let node = node_name(role, node_id);
     let mut names = vec![role_name(role), node.clone()];
-    names.extend(extra_names.iter().cloned());
+    for extra in extra_names {
+        let lower = extra.trim_end_matches('.').to_ascii_lowercase();
+        if lower == CLUSTER_DOMAIN || lower.ends_with(&format!(".{CLUSTER_DOMAIN}")) || lower.contains('*') {
+            return Err(TlsError::Identity {
+                expected: node,
+                problem: format!(
+                    "`{extra}` may not be an extra name: names in {CLUSTER_DOMAIN} are the role and node a \
+                     certificate is issued for (`--role`, `--node-id`), and a wildcard would let one key speak for \
+                     many nodes"
+                ),
+            });
+        }
+        names.push(extra.clone());
+    }
     let mut params = CertificateParams::new(names)?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, node);
@@ -218,44 +237,116 @@ fn certs_from_pem(what: &str, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>
     Ok(certs)
 }
 
-/// Check that `cert` (already chain-verified by rustls) was issued for `role` and `node_id`: it carries the role's
-/// name and the node's own name, spelled out. A wildcard (`*.worker.zl.internal`, the replica certificates of
-/// earlier releases) matches any node id, so every pod holding it could speak for every other: it is refused.
+/// Check that `cert` (already chain-verified by rustls) was issued for `role` and `node_id` ([`identity`]).
 pub fn check_identity(cert: &CertificateDer<'_>, role: Role, node_id: &NodeId) -> Result<(), TlsError> {
-    check_role(cert, role)?;
-    if !node_ids(cert, role).iter().any(|id| id == node_id.as_str()) {
+    let (named_role, id) = identity(cert)?;
+    if named_role != role {
+        return Err(wrong_role(role, named_role));
+    }
+    if id != node_id.as_str() {
         return Err(TlsError::Identity {
             expected: node_name(role, node_id),
-            problem: "the certificate does not name this node (a wildcard or another node's certificate is no \
-                      identity: each node needs a certificate of its own, `zl certs issue` or enrollment)"
-                .into(),
+            problem: format!(
+                "the certificate does not name this node but `{id}` (another node's certificate is no identity: each \
+                 node needs a certificate of its own, `zl certs issue` or enrollment)"
+            ),
         });
     }
     Ok(())
 }
 
-/// The node ids a certificate names for `role` (its `{id}.{role}.zl.internal` names; a wildcard names none). Only for a certificate already verified against the cluster CA and [`check_role`].
-pub fn node_ids(cert: &CertificateDer<'_>, role: Role) -> Vec<String> {
-    let Ok(parsed) = webpki::EndEntityCert::try_from(cert) else { return Vec::new() };
-    let suffix = format!(".{}", role_name(role));
-    parsed
-        .valid_dns_names()
-        .filter_map(|name| name.strip_suffix(suffix.as_str()))
-        .filter(|id| *id != "*" && !id.is_empty() && !id.contains('.'))
-        .map(str::to_owned)
-        .collect()
+/// Check that `chain` (leaf first) chains to `roots`, the cluster CA this node trusts, and is valid now for
+/// `role`'s node `node_id`: what every peer will check of it, checked before it is presented.
+pub fn check_chain(
+    roots: &Arc<RootCertStore>,
+    chain: &[CertificateDer<'static>],
+    role: Role,
+    node_id: &NodeId,
+) -> Result<(), TlsError> {
+    let Some((leaf, intermediates)) = chain.split_first() else {
+        return Err(TlsError::Untrusted("no certificate".into()));
+    };
+    check_identity(leaf, role, node_id)?;
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots.clone(), provider())
+        .build()
+        .map_err(|e| TlsError::Untrusted(e.to_string()))?;
+    let name = ServerName::try_from(node_name(role, node_id)).map_err(|e| TlsError::Untrusted(e.to_string()))?;
+    rustls::client::danger::ServerCertVerifier::verify_server_cert(
+        verifier.as_ref(),
+        leaf,
+        intermediates,
+        &name,
+        &[],
+        rustls_pki_types::UnixTime::now(),
+    )
+    .map_err(|e| TlsError::Untrusted(e.to_string()))?;
+    Ok(())
 }
 
-/// Check that `cert` (already chain-verified) was issued for some node of `role` (it names `{role}.zl.internal`).
+/// The node ids a certificate names for `role`: its one node, when its [`identity`] is of that role. Only for a
+/// certificate already verified against the cluster CA.
+pub fn node_ids(cert: &CertificateDer<'_>, role: Role) -> Vec<String> {
+    match identity(cert) {
+        Ok((r, id)) if r == role => vec![id],
+        _ => Vec::new(),
+    }
+}
+
+/// Check that `cert` (already chain-verified) was issued for a node of `role` ([`identity`]).
 pub fn check_role(cert: &CertificateDer<'_>, role: Role) -> Result<(), TlsError> {
-    let name = role_name(role);
-    let parsed = webpki::EndEntityCert::try_from(cert)
-        .map_err(|e| TlsError::Identity { expected: name.clone(), problem: format!("unparsable certificate: {e}") })?;
-    let server_name = ServerName::try_from(name.as_str())
-        .map_err(|e| TlsError::Identity { expected: name.clone(), problem: e.to_string() })?;
-    parsed
-        .verify_is_valid_for_subject_name(&server_name)
-        .map_err(|e| TlsError::Identity { expected: name.clone(), problem: format!("{e:?}") })
+    match identity(cert)? {
+        (r, _) if r == role => Ok(()),
+        (r, _) => Err(wrong_role(role, r)),
+    }
+}
+
+fn wrong_role(expected: Role, named: Role) -> TlsError {
+    TlsError::Identity { expected: role_name(expected), problem: format!("the certificate was issued for a {named}") }
+}
+
+/// The one role and node id a certificate was issued for, read from its names in the cluster domain: exactly one
+/// role name (`{role}.zl.internal`) and exactly one node name of that role (`{id}.{role}.zl.internal`), spelled
+/// out. A wildcard in the cluster domain (which names every node, or every role) or a second role or node name
+/// makes it no identity at all: only the issuing paths (`zl certs issue`, enrollment, the chart's issuer) write
+/// these names, and they write exactly these two. Names outside the cluster domain (addresses, public host
+/// names) are the certificate's own business.
+pub fn identity(cert: &CertificateDer<'_>) -> Result<(Role, String), TlsError> {
+    let bad =
+        |problem: String| TlsError::Identity { expected: format!("one node of one role ({CLUSTER_DOMAIN})"), problem };
+    let parsed = webpki::EndEntityCert::try_from(cert).map_err(|e| bad(format!("unparsable certificate: {e}")))?;
+    let suffix = format!(".{CLUSTER_DOMAIN}");
+    let (mut roles, mut nodes) = (Vec::new(), Vec::new());
+    for name in parsed.valid_dns_names() {
+        let lower = name.to_ascii_lowercase();
+        let Some(inner) = lower.strip_suffix(suffix.as_str()) else {
+            if lower == CLUSTER_DOMAIN {
+                return Err(bad(format!("it names the cluster domain itself ({name})")));
+            }
+            continue;
+        };
+        if inner.contains('*') {
+            return Err(bad(format!("a wildcard ({name}) names no node: each node needs a certificate of its own")));
+        }
+        match inner.split_once('.') {
+            None => roles.push(Role::from_name(inner).ok_or_else(|| bad(format!("{name} names no role")))?),
+            Some((id, role)) => {
+                let role = Role::from_name(role).ok_or_else(|| bad(format!("{name} names no role")))?;
+                if id.is_empty() || id.contains('.') {
+                    return Err(bad(format!("{name} is no node name")));
+                }
+                nodes.push((role, id.to_owned()));
+            }
+        }
+    }
+    match (roles.as_slice(), nodes.as_slice()) {
+        ([role], [(node_role, id)]) if role == node_role => Ok((*role, id.clone())),
+        ([], _) | (_, []) => Err(bad("it does not name a role and a node".into())),
+        _ => Err(bad(format!(
+            "it names {} role name(s) and {} node name(s); a certificate names exactly one of each, of one role",
+            roles.len(),
+            nodes.len()
+        ))),
+    }
 }
 
 /// This node's TLS identity: the cluster CA to trust, its certificate chain and key, and the role and node id the
@@ -291,9 +382,10 @@ impl TlsIdentity {
         }
         let chain = certs_from_pem("node certificate", cert.cert_pem.as_bytes())?;
         let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).map_err(|e| pem_err("node private key", e))?;
-        check_identity(&chain[0], role, &node_id)?;
+        let roots = Arc::new(roots);
+        check_chain(&roots, &chain, role, &node_id)?;
         let source = Arc::new(reload::CertSource::fixed(reload::certified_key(chain, key.clone_key())?));
-        Ok(TlsIdentity { roots: Arc::new(roots), key, role, node_id, source })
+        Ok(TlsIdentity { roots, key, role, node_id, source })
     }
 
     /// Load from PEM files (production). The certificate and key are read again when their files change
@@ -308,7 +400,7 @@ impl TlsIdentity {
         let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| pem_err(&p.display().to_string(), e));
         let cert = PemPair { cert_pem: read(cert_path)?, key_pem: read(key_path)? };
         let mut identity = Self::from_pem(&read(ca_path)?, &cert, role, node_id.clone())?;
-        let expect = reload::Expect::Node(role, node_id);
+        let expect = reload::Expect::Node(role, node_id, identity.roots.clone());
         identity.source = Arc::new(reload::CertSource::watching(cert_path, key_path, expect)?);
         Ok(identity)
     }
@@ -411,10 +503,10 @@ mod tests {
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &ca.issuer).unwrap();
         let der = cert.der().clone();
-        check_role(&der, Role::Worker).unwrap();
+        assert!(check_role(&der, Role::Worker).is_err(), "a wildcard is refused for its role too");
         assert!(node_ids(&der, Role::Worker).is_empty());
         let err = check_identity(&der, Role::Worker, &id("w0")).unwrap_err();
-        assert!(err.to_string().contains("does not name this node"), "{err}");
+        assert!(err.to_string().contains("wildcard"), "{err}");
         let pair = PemPair { cert_pem: cert.pem(), key_pem: key.serialize_pem() };
         assert!(TlsIdentity::from_pem(ca.cert_pem(), &pair, Role::Worker, id("w0")).is_err());
     }
@@ -449,5 +541,51 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("cluster CA certificate"), "{err}");
         assert!(!format!("{:?}", PemPair { cert_pem: "c".into(), key_pem: "secret".into() }).contains("secret"));
+    }
+
+    /// A certificate signed by the cluster CA with the given DNS names (as a careless or hostile issuer would).
+    fn signed_with_names(ca: &ClusterCa, names: &[&str]) -> CertificateDer<'static> {
+        let mut params = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
+        params.is_ca = IsCa::ExplicitNoCa;
+        let key = KeyPair::generate().unwrap();
+        params.signed_by(&key, &ca.issuer).unwrap().der().clone()
+    }
+
+    #[test]
+    fn a_role_is_one_role_name_and_one_node_name_never_a_wildcard() {
+        let ca = ClusterCa::generate("test CA", 1).unwrap();
+        for names in [
+            // Wildcards match every role's and every node's name.
+            &["*.zl.internal"][..],
+            &["worker.zl.internal", "w1.worker.zl.internal", "*.zl.internal"],
+            &["admin.zl.internal", "*.admin.zl.internal"],
+            // A worker certificate that also names admin.
+            &["worker.zl.internal", "w1.worker.zl.internal", "admin.zl.internal"],
+            // Two nodes, or a node of another role.
+            &["admin.zl.internal", "a1.admin.zl.internal", "a2.admin.zl.internal"],
+            &["admin.zl.internal", "w1.worker.zl.internal"],
+            &["admin.zl.internal"],
+        ] {
+            let der = signed_with_names(&ca, names);
+            for role in Role::ALL {
+                assert!(check_role(&der, role).is_err(), "{names:?} passed as {role}");
+            }
+        }
+        let der = signed_with_names(&ca, &["admin.zl.internal", "ops.admin.zl.internal", "ops.example.com"]);
+        check_role(&der, Role::Admin).unwrap();
+        assert!(check_role(&der, Role::Worker).is_err());
+        assert_eq!(identity(&der).unwrap(), (Role::Admin, "ops".to_owned()));
+    }
+
+    #[test]
+    fn issuing_refuses_extra_names_in_the_cluster_domain_and_wildcards() {
+        let ca = ClusterCa::generate("test CA", 1).unwrap();
+        for extra in
+            ["*.zl.internal", "admin.zl.internal", "x.orchestrator.zl.internal", "zl.internal", "*.example.com"]
+        {
+            let err = ca.issue(Role::Worker, &id("w0"), &[extra.to_owned()], 1).unwrap_err();
+            assert!(err.to_string().contains("may not be an extra name"), "{extra}: {err}");
+        }
+        ca.issue(Role::Worker, &id("w0"), &["w0.example.com".into(), "10.0.0.1".into()], 1).unwrap();
     }
 }

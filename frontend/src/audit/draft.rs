@@ -10,7 +10,7 @@ use zl_common::keys::hex;
 use super::AuditLog;
 use crate::cluster::KeyInfo;
 use crate::error::ApiError;
-use crate::events::{CacheStatus, GenEvent, Meta};
+use crate::events::{CacheStatus, Delivered, GenEvent, Meta};
 
 /// A project's data key for content logging.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +117,15 @@ impl Draft {
                 r.migrated_to.clone_from(&f.migrated_to);
             }
         }
+    }
+
+    /// The answer ended without its finish, after delivering `d` (its usage is billed as it is counted).
+    pub fn delivered(&mut self, d: &Delivered) {
+        let r = &mut self.record;
+        r.output_tokens = d.output_tokens;
+        r.billing_unit = d.billing_unit;
+        r.stop_reason = d.stop_reason.to_owned();
+        r.migrated_to.clone_from(&d.migrated_to);
     }
 
     /// The request failed (before or during the answer).

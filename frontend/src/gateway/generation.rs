@@ -16,6 +16,7 @@ use super::migration::{Fault, Migration};
 use super::{Gateway, GenEvent};
 use crate::cache::FinishInfo;
 use crate::error::ApiError;
+use crate::events::{Delivered, Tally};
 use crate::ledger::Spent;
 use crate::limits::Reservation;
 use crate::upstream::TokenSource;
@@ -36,7 +37,11 @@ pub(super) struct Settle {
 impl Drop for Settle {
     fn drop(&mut self) {
         if let Some(r) = self.reservation.take() {
-            lock(&self.gateway.limiter).settle(&r, self.output_tokens, Instant::now());
+            let mut limiter = lock(&self.gateway.limiter);
+            match self.started {
+                true => limiter.settle(&r, self.output_tokens, Instant::now()),
+                false => limiter.release(&r, Instant::now()),
+            }
         }
         self.spent.output_tokens = u64::from(self.output_tokens);
         let now = crate::ids::unix_now();
@@ -91,7 +96,19 @@ pub struct Generation {
     pub(super) source: Source,
     pub(super) settle: Settle,
     pub(super) live: Option<Live>,
+    /// What it delivered, if it ends without a finish.
+    pub(super) tally: Tally,
 }
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        // Before `settle` (a field, dropped after this) counts the usage.
+        self.end_early(DISCONNECTED);
+    }
+}
+
+/// Why an answer ended early: its client (or the server, shutting down) dropped it.
+const DISCONNECTED: &str = "client_disconnected";
 
 impl std::fmt::Debug for Generation {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -100,6 +117,27 @@ impl std::fmt::Debug for Generation {
 }
 
 impl Generation {
+    /// Where this generation leaves what it delivered if it ends without a finish (for the audit record).
+    pub fn tally(&self) -> Tally {
+        self.tally.clone()
+    }
+
+    /// The answer ends without its finish (`reason`): bill and count what was delivered, from the text and tokens
+    /// the worker sent, exactly as a finish would have.
+    fn end_early(&mut self, reason: &'static str) {
+        let Some(mut live) = self.live.take() else { return };
+        let signals = Signals::measure(&live.billing_input, &live.output);
+        let unit = billing::billing_unit(&self.settle.gateway.cluster.billing_weights(), &signals);
+        self.settle.spent.milli_units = milli(unit);
+        let output_tokens = self.settle.output_tokens;
+        metrics::counter!("zl_frontend_output_tokens_total", "model" => live.model.clone())
+            .increment(u64::from(output_tokens));
+        metrics::counter!("zl_frontend_ended_early_total", "reason" => reason).increment(1);
+        metrics::histogram!("zl_frontend_billing_unit").record(f64::from(unit));
+        let migrated_to = std::mem::take(&mut live.migrated_to);
+        self.tally.set(Delivered { output_tokens, billing_unit: unit, stop_reason: reason, migrated_to });
+    }
+
     /// The next event; `None` after the finish. An error ends the generation. Frames without text (the worker's
     /// admission frame, tokens whose text is still pending) are not events.
     pub async fn next(&mut self) -> Option<Result<GenEvent, ApiError>> {
@@ -210,11 +248,11 @@ impl Generation {
                 Some(Ok(GenEvent::Finish(finish)))
             }
             Ok(other) => {
-                self.live = None;
+                self.end_early(ERROR);
                 Some(Err(ApiError::internal(format!("the worker sent an unexpected {} frame", other.kind()))))
             }
             Err(e) => {
-                self.live = None;
+                self.end_early(ERROR);
                 Some(Err(ApiError::from_call(&e, "the worker failed during the generation")))
             }
         }
@@ -232,6 +270,9 @@ impl Generation {
         Err(ApiError::internal("the generation ended without a finish"))
     }
 }
+
+/// Why an answer ended early: the worker failed and no other could continue it.
+const ERROR: &str = "error";
 
 /// The worker's next frame. Once tokens have started (`started`), silence past `stall` is a failure: the
 /// connection of a stopped process fails on its own within seconds, a wedged device's does not.

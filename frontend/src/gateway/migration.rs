@@ -116,13 +116,7 @@ impl Migration {
                 worker = %failed, cause = fault.cause(), tokens = tokens.len(), attempt = self.count,
                 "the worker failed mid-request; resuming on another"
             );
-            let decision = match gateway.upstream.route(self.route.clone()).await {
-                Ok(d) => d,
-                Err(e) => {
-                    tracing::warn!(error = %e, "no route to resume on");
-                    return None;
-                }
-            };
+            let decision = self.route_within(gateway, started).await?;
             let request = GenerateRequest {
                 model: decision.model.clone(),
                 resume_tokens: tokens.clone(),
@@ -148,6 +142,35 @@ impl Migration {
         None
     }
 }
+
+impl Migration {
+    /// A route to resume on. While none can take the request (`Overloaded`: the only worker died, or every other
+    /// is excluded), ask again every [`WAIT_STEP`] until `--migration-wait` from `started`, no worker excluded: a
+    /// dead worker's replacement (a new process, usually under the same id) is as good as any.
+    async fn route_within(&mut self, gateway: &Gateway, started: Instant) -> Option<zl_wire::message::RouteDecision> {
+        let wait = gateway.config.migration_wait;
+        loop {
+            match gateway.upstream.route(self.route.clone()).await {
+                Ok(d) => return Some(d),
+                Err(CallError::Remote(w))
+                    if w.code == ErrorCode::Overloaded && started.elapsed() + WAIT_STEP < wait =>
+                {
+                    metrics::counter!("zl_frontend_migration_waits_total").increment(1);
+                    tracing::info!(error = %w, "no worker to resume on yet; waiting for one");
+                    self.route.excluded_workers.clear();
+                    tokio::time::sleep(WAIT_STEP).await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "no route to resume on");
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Between two routes of a migration that waits for a worker.
+const WAIT_STEP: Duration = Duration::from_millis(250);
 
 /// Open the generation on `worker` at `endpoint`: its stream and first frame past the admission (a worker that
 /// ends the call without one is taken as lost, so the next is tried).

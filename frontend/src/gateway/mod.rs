@@ -36,7 +36,7 @@ use crate::report::Reporter;
 use crate::suspects::Suspects;
 use crate::upstream::{TokenSource, Upstream};
 
-pub use crate::events::{CacheStatus, GenEvent, Meta};
+pub use crate::events::{CacheStatus, Delivered, GenEvent, Meta, Tally};
 pub use admission::DegradeConfig;
 use admission::Holds;
 pub use generation::Generation;
@@ -68,6 +68,9 @@ pub struct GatewayConfig {
     pub migration_limit: u32,
     /// Output tokens held per request for a migration; a longer answer is not moved.
     pub migration_max_tokens: usize,
+    /// How long a migration waits for a worker when none can take the request (the only worker died and its
+    /// supervisor or the kubelet is restarting it): the answer goes on once one is back (0: fail at once).
+    pub migration_wait: Duration,
     /// A worker that sends nothing for this long once tokens have started is treated as failed for the request.
     pub stall_timeout: Duration,
 }
@@ -86,6 +89,7 @@ impl Default for GatewayConfig {
             degrade: DegradeConfig::default(),
             migration_limit: 2,
             migration_max_tokens: 32_768,
+            migration_wait: Duration::from_secs(5),
             stall_timeout: Duration::from_secs(10),
         }
     }
@@ -503,7 +507,10 @@ impl Gateway {
             };
             let mut events: VecDeque<GenEvent> = hit.deltas.iter().cloned().map(GenEvent::Delta).collect();
             events.push_back(GenEvent::Finish(hit.finish.clone()));
-            return Ok((meta, Generation { source: Source::Replay(events), settle, live: None }));
+            return Ok((
+                meta,
+                Generation { source: Source::Replay(events), settle, live: None, tally: Tally::default() },
+            ));
         }
         let cache_status = match cache_key {
             Some(_) => CacheStatus::Miss,
@@ -567,7 +574,7 @@ impl Gateway {
             migration,
             migrated_to: Vec::new(),
         };
-        Ok((meta, Generation { source: Source::Worker(source), settle, live: Some(live) }))
+        Ok((meta, Generation { source: Source::Worker(source), settle, live: Some(live), tally: Tally::default() }))
     }
 
     /// Route and open the worker stream, reading its first frame; if the worker fails before that, route once
@@ -640,7 +647,12 @@ impl Gateway {
             })?;
             route_time += t0.elapsed();
             metrics::histogram!("zl_frontend_route_seconds").record(t0.elapsed().as_secs_f64());
-            tracing::debug!(worker = %decision.worker_id, route_ms = t0.elapsed().as_secs_f64() * 1e3, "routed");
+            tracing::debug!(
+                worker = %decision.worker_id,
+                route_ms = t0.elapsed().as_secs_f64() * 1e3,
+                reason = %decision.reason,
+                "routed"
+            );
             let request = GenerateRequest {
                 model: decision.model.clone(),
                 adapter: decision.adapter.clone(),

@@ -22,7 +22,7 @@ use crate::cache::FinishInfo;
 use crate::cluster::KeyInfo;
 use crate::dialect::Dialect;
 use crate::error::{ApiError, ErrorFormat, ErrorKind, Failure};
-use crate::gateway::{GenEvent, Generation, Meta, Prepared, RequestOptions};
+use crate::gateway::{GenEvent, Generation, Meta, Prepared, RequestOptions, Tally};
 
 fn record(api: &'static str, model: &str, status: u16, started: Instant) {
     let status = status.to_string();
@@ -40,6 +40,8 @@ struct Recorder {
     status: u16,
     started: Instant,
     audit: Option<Audit>,
+    /// Where the generation leaves what it delivered if it ends without a finish.
+    tally: Option<Tally>,
 }
 
 /// A request's audit record in the making, and the log it goes to.
@@ -57,7 +59,7 @@ impl Recorder {
             }
             _ => None,
         };
-        Recorder { api, model: "-".into(), status: 200, started, audit }
+        Recorder { api, model: "-".into(), status: 200, started, audit, tally: None }
     }
 
     fn event(&mut self, ev: &GenEvent) {
@@ -77,7 +79,11 @@ impl Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         record(self.api, &self.model, self.status, self.started);
-        if let Some(a) = self.audit.take() {
+        if let Some(mut a) = self.audit.take() {
+            // The generation (dropped before its recorder) left what it delivered if it ended without a finish.
+            if let Some(delivered) = self.tally.take().and_then(|t| t.take()) {
+                a.draft.delivered(&delivered);
+            }
             a.draft.finish(&a.log, self.status, &a.weights);
         }
     }
@@ -346,6 +352,7 @@ async fn serve<D: Dialect>(
     if let Some(a) = recorder.audit.as_mut() {
         a.draft.started(&meta, prompt);
     }
+    recorder.tally = Some(generation.tally());
     let health = app.gateway.cluster().health(Instant::now());
     dialect.routed(&meta);
     if stream && let Some(recorder) = slot.take() {

@@ -7,6 +7,7 @@ pub mod hop;
 mod keep_alive;
 mod models;
 pub mod peer_pool;
+mod per_client;
 mod server;
 pub mod spill;
 
@@ -150,8 +151,15 @@ fn rate_headers(headers: &mut HeaderMap, rate: &RateFigures) {
     put("output-tokens", rate.output_tokens);
 }
 
+/// What a client may read of a route's explanation: the policy that chose, never its cost terms. Those name the
+/// queue, running and in-flight counts of workers other tenants share (and how much of a prompt their caches
+/// hold); they stay in the frontend's trace and the orchestrator's debug log.
+fn public_reason(reason: &str) -> &str {
+    reason.split_once(':').map_or(reason, |(policy, _)| policy).trim()
+}
+
 /// Headers every API response carries: zerolayer's routing facts (a `-` where a fact does not apply) and the
-/// rate-limit figures. `x-zl-route-reason` is the route's explanation (the policy's cost terms).
+/// rate-limit figures. `x-zl-route-reason` names the policy that chose the worker ([`public_reason`]).
 fn zl_headers(headers: &mut HeaderMap, meta: Option<&Meta>, rate: Option<&RateFigures>, health: &str) {
     let (worker, pool, unit, cache, route_ms, reason) = match meta {
         Some(m) => (
@@ -161,7 +169,7 @@ fn zl_headers(headers: &mut HeaderMap, meta: Option<&Meta>, rate: Option<&RateFi
             m.cache.as_str(),
             // An answer from the cache asked no orchestrator: no route time to report.
             if m.cache == CacheStatus::Hit { "-".into() } else { format!("{:.3}", m.route_ms) },
-            if m.route_reason.is_empty() { "-" } else { m.route_reason.as_str() },
+            if m.route_reason.is_empty() { "-" } else { public_reason(&m.route_reason) },
         ),
         None => ("-".into(), "-", "-".into(), "bypass", "-".into(), "-"),
     };
@@ -249,6 +257,15 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    #[test]
+    fn clients_see_the_policy_not_the_fleets_load() {
+        let full = "prefix-aware: 8 of 10 prompt blocks cached, 0 prefill blocks waiting, queue 3 + running 7 + in \
+                    flight 1, cost 2.0; pool cpu (cost 0.12)";
+        assert_eq!(public_reason(full), "prefix-aware");
+        assert_eq!(public_reason("least-loaded: queue 0 + running 2"), "least-loaded");
+        assert_eq!(public_reason("test"), "test");
+    }
 
     #[test]
     fn rfc3339_matches_known_instants() {

@@ -1,6 +1,6 @@
 //! The server loop: HTTP/1.1 and h2c on plain TCP, HTTP/2 and HTTP/1.1 over TLS with ALPN, graceful draining of
-//! open streams on shutdown, and the edge's deadlines and connection cap ([`EdgeLimits`]) so that slow or idle
-//! clients cannot hold connections and tasks for ever.
+//! open streams on shutdown, and the edge's deadlines and connection caps, overall and per client ([`EdgeLimits`]),
+//! so that slow, idle or greedy clients cannot hold connections and tasks for ever.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,6 +20,10 @@ pub struct EdgeLimits {
     pub body_timeout: Duration,
     /// Connections served at once; more wait in the kernel's accept queue until one closes. Default 4,096.
     pub max_connections: usize,
+    /// Connections one client (an address; an IPv6 /64) may hold at once; more are closed as they arrive
+    /// (0: no cap). Default 256: far above what an SDK's pool opens, far below `max_connections`, so one client
+    /// cannot take every slot. Behind a proxy that hides client addresses, raise it or set 0.
+    pub max_connections_per_client: usize,
 }
 
 impl Default for EdgeLimits {
@@ -28,6 +32,7 @@ impl Default for EdgeLimits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
             max_connections: 4096,
+            max_connections_per_client: 256,
         }
     }
 }
@@ -80,6 +85,7 @@ pub async fn serve(
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(tokio::sync::Semaphore::new(edge.max_connections.max(1)));
+    let clients = super::per_client::ClientSlots::new(edge.max_connections_per_client);
     let mut builder = Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).header_read_timeout(edge.header_timeout);
     builder
@@ -108,13 +114,19 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        // A client at its own cap is turned away at once: it keeps no slot of anyone else's waiting.
+        let Some(client) = clients.take(peer.ip()) else {
+            metrics::counter!("zl_frontend_edge_refused_total", "reason" => "per_client").increment(1);
+            tracing::debug!(%peer, "connection refused: this client holds its cap of connections");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, client);
             let result = match acceptor {
                 None => {
                     match tokio::time::timeout(edge.header_timeout, version_readable(&stream)).await {

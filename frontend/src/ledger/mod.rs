@@ -28,7 +28,9 @@ pub struct Held {
     pub used: u64,
     /// Reserved by requests in flight (their worst case).
     pub reserved: u64,
-    /// Worst case of a request refused for want of allotment: asked for with the next report.
+    /// Worst cases of the requests refused for want of allotment since the last answer, added up (at most the
+    /// limit): asked for with the next report, so a burst gets what it needs in one round trip, not one request's
+    /// worth.
     pub wanted: u64,
     /// `wanted` as the report on its way carried it: its answer settles that want, not one that came later.
     pub wanted_sent: u64,
@@ -70,9 +72,7 @@ impl Held {
     /// The report that carried `wanted_sent` was answered: that want is settled (granted or not), one that grew
     /// since is asked for with the next report.
     fn answered(&mut self) {
-        if self.wanted <= self.wanted_sent {
-            self.wanted = 0;
-        }
+        self.wanted = self.wanted.saturating_sub(self.wanted_sent);
         self.wanted_sent = 0;
     }
 
@@ -185,7 +185,7 @@ impl Ledger {
             });
         }
         if !h.exhausted && worst <= budget.limit {
-            h.wanted = h.wanted.max(worst);
+            h.wanted = (h.wanted + worst).min(budget.limit);
             return Err(Short::Allotment);
         }
         let period = match budget.period {

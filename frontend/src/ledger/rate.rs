@@ -85,8 +85,8 @@ impl Ledger {
             if h.used + h.reserved + n.worst <= h.allotment {
                 continue;
             }
-            h.wanted = h.wanted.max(n.worst);
             if h.exhausted || n.worst > n.per_minute {
+                h.wanted = h.wanted.max(n.worst);
                 // A slot frees when a request ends; per-minute capacity comes back with the refill.
                 let refill = match n.dim {
                     Dim::Concurrent => 1,
@@ -95,6 +95,8 @@ impl Ledger {
                 limited
                     .get_or_insert(RateShort::Limited { bucket: n.bucket.clone(), retry_after: refill.clamp(1, 60) });
             } else {
+                // Every request of a burst adds its worst case: one report asks for them all.
+                h.wanted = (h.wanted + n.worst).min(n.per_minute);
                 allotment = true;
             }
         }

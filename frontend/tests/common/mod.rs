@@ -49,6 +49,9 @@ pub enum WorkerMode {
     FirstWorkerDiesMidStream,
     /// Worker w1 sends "Hello", then nothing more while its connection stays up (a wedged device).
     FirstWorkerStalls,
+    /// w1 is the only worker: it sends "Hello" and dies, and routes find no worker while it is excluded (its
+    /// replacement, under the same id, resumes as a real worker does).
+    LoneWorkerRestarts,
 }
 
 #[derive(Default)]
@@ -143,7 +146,13 @@ impl Upstream for Fake {
                 e.retry_after_ms = 2500;
                 return Err(CallError::Remote(e));
             }
-            let worker = if request.excluded_workers.iter().any(|w| w.as_str() == "w1") { "w2" } else { "w1" };
+            let w1_excluded = request.excluded_workers.iter().any(|w| w.as_str() == "w1");
+            if w1_excluded && *self.mode.lock().unwrap() == WorkerMode::LoneWorkerRestarts {
+                let mut e = WireError::new(ErrorCode::Overloaded, "no healthy worker serves tiny right now");
+                e.retry_after_ms = 1000;
+                return Err(CallError::Remote(e));
+            }
+            let worker = if w1_excluded { "w2" } else { "w1" };
             // The card probe (a route with no prompt) is not a request's route.
             if request.prompt_tokens > 0 {
                 self.recorded.lock().unwrap().routes.push(request.clone());
@@ -222,6 +231,9 @@ impl Upstream for Fake {
                     vec![chunk("Hello"), Err(CallError::ConnectionLost("worker killed".into()))].into()
                 }
                 WorkerMode::FirstWorkerStalls if endpoint.starts_with("w1") => vec![chunk("Hello")].into(),
+                WorkerMode::LoneWorkerRestarts if request.resume_tokens.is_empty() => {
+                    vec![chunk("Hello"), Err(CallError::ConnectionLost("worker killed".into()))].into()
+                }
                 // A resumed request goes on after the chunks (one token each) it was already given.
                 _ => {
                     let chunks = [chunk("Hello"), chunk(" wor"), chunk("ld")];
@@ -276,6 +288,7 @@ pub struct Harness {
     pub fake: Arc<Fake>,
     /// The frontend's cached routing state (tests apply their own syncs).
     pub cluster: Arc<Cluster>,
+    pub gateway: Arc<Gateway>,
 }
 
 pub fn harness_with(config: GatewayConfig, body_limit: usize) -> Harness {
@@ -319,8 +332,8 @@ fn harness_full(
     let cluster = Arc::new(Cluster::default());
     cluster.apply(sync_state(0), Instant::now());
     let gateway = Arc::new(Gateway::new(fake.clone(), cluster.clone(), config));
-    let app = router(App { gateway, body_limit, edge, spill: Default::default(), audit });
-    Harness { app, fake, cluster }
+    let app = router(App { gateway: gateway.clone(), body_limit, edge, spill: Default::default(), audit });
+    Harness { app, fake, cluster, gateway }
 }
 
 pub fn harness() -> Harness {

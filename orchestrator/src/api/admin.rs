@@ -506,6 +506,13 @@ impl pb::admin_server::Admin for AdminService {
         self.write(&by, Command::ResetAuditHead { frontend, at_ms }).await
     }
 
+    async fn forget_node(&self, req: Request<pb::ForgetNodeRequest>) -> Result<Response<pb::WriteResponse>, Status> {
+        let by = admin_id(&req)?;
+        let pb::ForgetNodeRequest { role, node_id } = req.into_inner();
+        tracing::warn!(role, node_id, by, "node forgotten by an operator: its id may enroll again");
+        self.write(&by, Command::ForgetNode { role, node_id }).await
+    }
+
     async fn get_data_keys(
         &self,
         req: Request<pb::GetDataKeysRequest>,

@@ -101,7 +101,27 @@ pub struct Group {
     pub(super) accepting: Arc<std::sync::atomic::AtomicBool>,
 }
 
+/// What the replica says of the group now.
+fn status_of(replica: &Replica<SharedState>) -> GroupStatus {
+    GroupStatus {
+        id: replica.id(),
+        term: replica.term(),
+        leader: replica.leader(),
+        commit: replica.commit_index(),
+        applied: replica.applied_index(),
+        voters: replica.voters(),
+        learners: replica.learners(),
+        log_bytes: replica.log_bytes(),
+        snapshot_index: replica.snapshot_index(),
+    }
+}
+
 impl Group {
+    /// Whether the Raft task still runs (it stops for good when its storage fails): the orchestrator's liveness.
+    pub fn alive(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
     /// Open the replica on `config.data_dir`, applying to `state`, and start its tasks.
     pub fn start(config: GroupConfig, state: SharedState) -> Result<Group, ConsensusError> {
         let bootstrap: Vec<u64> = match config.start {
@@ -115,7 +135,9 @@ impl Group {
             replica.campaign()?;
         }
         let (tx, rx) = mpsc::channel(PEER_QUEUE);
-        let (status_tx, status) = watch::channel(GroupStatus::default());
+        // The status as stored from the start: a restarted member is a voter before its task's first step (read
+        // as "removed from the group" otherwise, and logged so on every restart).
+        let (status_tx, status) = watch::channel(status_of(&replica));
         let dialer = Dialer {
             from: config.id,
             tls_dir: config.tls_dir.clone(),
@@ -282,6 +304,9 @@ impl Group {
     /// Whether this node votes and has applied everything the leader had committed when asked (a read point, as
     /// admin reads take one): what readiness means. `Err` says why not.
     pub async fn caught_up(&self) -> Result<String, String> {
+        if !self.alive() {
+            return Err("the Raft task stopped (storage failed): restart this orchestrator".to_owned());
+        }
         let status = self.status();
         if !status.voters.contains(&status.id) {
             if status.learners.contains(&status.id) {
@@ -401,8 +426,12 @@ async fn run(
             Err(e) => {
                 // Storage failed: this node can no longer take part safely. Stop the process's group; writes
                 // answer Unavailable from now on, and the operator sees why.
-                tracing::error!(error = %e, "Raft storage failed; this orchestrator leaves the group");
+                tracing::error!(error = %e, "Raft storage failed; this orchestrator leaves the group (liveness fails: restart it)");
                 metrics::counter!("zl_raft_fatal_errors_total").increment(1);
+                // It leads nothing now: a gauge left at 1 beside the real leader's would mislead every dashboard.
+                metrics::gauge!("zl_raft_is_leader").set(0.0);
+                metrics::gauge!("zl_raft_leader_id").set(0.0);
+                metrics::gauge!("zl_raft_up").set(0.0);
                 return;
             }
         };
@@ -435,17 +464,7 @@ async fn run(
                 }
             }
         }
-        let now = GroupStatus {
-            id,
-            term: replica.term(),
-            leader: replica.leader(),
-            commit: replica.commit_index(),
-            applied: replica.applied_index(),
-            voters: replica.voters(),
-            learners: replica.learners(),
-            log_bytes: replica.log_bytes(),
-            snapshot_index: replica.snapshot_index(),
-        };
+        let now = status_of(&replica);
         if now.term != last_term {
             if last_term != 0 {
                 metrics::counter!("zl_raft_term_changes_total").increment(1);
@@ -453,6 +472,7 @@ async fn run(
             last_term = now.term;
             // A proposal from an older term may never commit: its caller times out (COMMIT_TIMEOUT).
         }
+        metrics::gauge!("zl_raft_up").set(1.0);
         metrics::gauge!("zl_raft_term").set(now.term as f64);
         metrics::gauge!("zl_raft_leader_id").set(now.leader.unwrap_or(0) as f64);
         metrics::gauge!("zl_raft_is_leader").set(if now.leader == Some(id) { 1.0 } else { 0.0 });

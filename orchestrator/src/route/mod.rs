@@ -149,7 +149,7 @@ pub enum RouteError {
     /// No registered worker serves the model (after aliases and fallbacks), and no alias names it.
     #[error("model {0:?} is not served by this cluster")]
     UnknownModel(String),
-    /// Workers serve the model but none is healthy, not draining and not excluded.
+    /// Workers serve (or once served) the model but none is healthy, registered, not draining and not excluded.
     #[error("no healthy worker serves {0:?} right now")]
     NoWorker(String),
     /// Every pool that may serve the request is saturated.
@@ -377,7 +377,9 @@ pub fn decide(
             }
         }
     }
-    if !known {
+    // A model that some worker once registered exists: while none serves it (stopped, restarting, draining) it
+    // has no capacity, which a client retries, rather than being unknown, which it does not.
+    if !known && !chain.iter().any(|m| state.known_models().contains_key(m)) {
         return Err(RouteError::UnknownModel(request.model.clone()));
     }
     if saturated {

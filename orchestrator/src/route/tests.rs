@@ -137,6 +137,19 @@ fn unknown_models_unhealthy_draining_and_excluded_workers() {
     assert_eq!(w.route(&req("m"), &LeastLoaded).unwrap().worker_id, id("w1"));
 }
 
+/// A model whose every worker stopped (deregistered) still exists: no capacity (a 529 clients retry), not an
+/// unknown model (a 404 they do not), through an alias too; a name never registered stays unknown.
+#[test]
+fn a_model_whose_workers_all_left_has_no_capacity_rather_than_no_existence() {
+    let mut w = World::new();
+    w.worker("w1", "m", 1, ComputePool::Cpu);
+    w.apply(Command::SetAlias { alias: "default".into(), target: Some("m".into()) });
+    w.apply(Command::DeregisterWorker { id: id("w1") });
+    assert_eq!(w.route(&req("m"), &LeastLoaded), Err(RouteError::NoWorker("m".into())));
+    assert_eq!(w.route(&req("default"), &LeastLoaded), Err(RouteError::NoWorker("default".into())));
+    assert_eq!(w.route(&req("typo"), &LeastLoaded), Err(RouteError::UnknownModel("typo".into())));
+}
+
 #[test]
 fn aliases_fallbacks_and_the_decision_fields() {
     let mut w = World::new();

@@ -24,6 +24,14 @@ fn check(spec: &AdapterSpec) -> Result<(), CommandError> {
     if spec.path.is_empty() || spec.path.len() > MAX_PATH || spec.path.chars().any(char::is_control) {
         return Err(invalid("path", format!("must be 1 to {MAX_PATH} printable bytes")));
     }
+    // Relative to the workers' adapter root, and inside it: the workers confine paths too, but the registry is
+    // where an operator's typo or an attacker's `../` should be refused, by name.
+    if spec.path.starts_with('/') || spec.path.contains('\\') {
+        return Err(invalid("path", "must be relative to the workers' adapter root (no leading / or \\)"));
+    }
+    if spec.path.split('/').any(|part| part == "..") {
+        return Err(invalid("path", "must stay inside the workers' adapter root (no .. components)"));
+    }
     check_sha("sha256", &spec.sha256)?;
     if !spec.project.is_empty() {
         check_name("project", &spec.project)?;
@@ -120,6 +128,11 @@ mod tests {
         assert!(a.add(&spec("a:b", ""), false).unwrap_err().to_string().contains("':'"));
         assert!(a.add(&AdapterSpec { sha256: "zz".into(), ..spec("y", "") }, false).is_err());
         assert!(a.add(&AdapterSpec { path: String::new(), ..spec("y", "") }, false).is_err());
+        for path in ["x/../y", "../y", "/etc/shadow", "..", "a\\..\\b"] {
+            let err = a.add(&AdapterSpec { path: path.into(), ..spec("y", "") }, false).unwrap_err();
+            assert!(matches!(err, CommandError::Invalid { .. }), "{path}: {err}");
+        }
+        a.add(&AdapterSpec { path: "team/./y.gguf".into(), ..spec("y", "") }, false).unwrap();
         assert!(matches!(a.remove("nope"), Err(CommandError::NotFound(_))));
     }
 }

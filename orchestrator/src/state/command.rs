@@ -201,6 +201,14 @@ pub enum Command {
     },
     /// A node enrolled for a certificate of its own, or renewed it (`state/enrolled.rs`).
     Enroll(EnrollEntry),
+    /// Forget a node's enrollment and that it ever ran, so a pod that lost its identity volume may enroll its id
+    /// again (`zl admin forget-node`): the operator vouches that the old node is gone.
+    ForgetNode {
+        /// `worker` or `frontend`.
+        role: String,
+        /// The node id.
+        node_id: String,
+    },
     /// Register a LoRA adapter (`zl admin adapters add`).
     AddAdapter(AdapterSpec),
     /// Remove a LoRA adapter.
@@ -240,6 +248,7 @@ impl Command {
             | Command::ShredDataKey { project } => project.clone(),
             Command::ResetAuditHead { frontend, .. } | Command::FrontendReport { frontend, .. } => frontend.clone(),
             Command::Enroll(e) => format!("{}/{}", e.role, e.node_id),
+            Command::ForgetNode { role, node_id } => format!("{role}/{node_id}"),
             Command::AddAdapter(a) => a.name.clone(),
             Command::RemoveAdapter { name } => name.clone(),
             Command::Admin { command, .. } => command.subject(),
@@ -273,6 +282,7 @@ impl Command {
             Command::FrontendReport { .. } => "frontend_report",
             Command::ResetAuditHead { .. } => "reset_audit_head",
             Command::Enroll(_) => "enroll",
+            Command::ForgetNode { .. } => "forget_node",
             Command::AddAdapter(_) => "add_adapter",
             Command::RemoveAdapter { .. } => "remove_adapter",
             Command::Admin { command, .. } => command.kind(),

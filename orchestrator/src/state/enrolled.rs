@@ -30,6 +30,12 @@ pub struct Enrollment {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Enrolled {
     nodes: BTreeMap<String, Enrollment>,
+    /// Every node that ever ran here (a worker that registered, a frontend that reported), by `role/node_id`,
+    /// with the log index it was last seen at: a bootstrap credential may never claim one of these ids, even while
+    /// the node is restarting or between its registrations, until an operator forgets it. The oldest go first
+    /// past [`MAX_ENROLLED`].
+    #[serde(default)]
+    seen: BTreeMap<String, u64>,
 }
 
 fn key(role: &str, node_id: &str) -> String {
@@ -75,6 +81,30 @@ impl Enrolled {
                 Ok(())
             }
         }
+    }
+
+    /// `role/node_id` ran in the cluster (at log `index`).
+    pub fn saw(&mut self, role: &str, node_id: &str, index: u64) {
+        let k = key(role, node_id);
+        if !self.seen.contains_key(&k)
+            && self.seen.len() >= MAX_ENROLLED
+            && let Some(oldest) = self.seen.iter().min_by_key(|(_, i)| **i).map(|(k, _)| k.clone())
+        {
+            self.seen.remove(&oldest);
+        }
+        self.seen.insert(k, index);
+    }
+
+    /// Whether `role/node_id` ever ran in the cluster (and was not forgotten since).
+    pub fn seen(&self, role: &str, node_id: &str) -> bool {
+        self.seen.contains_key(&key(role, node_id))
+    }
+
+    /// Forget `role/node_id`'s enrollment and that it ran; an error when there is neither to forget.
+    pub fn forget(&mut self, role: &str, node_id: &str) -> Result<(), CommandError> {
+        let k = key(role, node_id);
+        let (enrolled, seen) = (self.nodes.remove(&k).is_some(), self.seen.remove(&k).is_some());
+        if enrolled || seen { Ok(()) } else { Err(CommandError::NotFound(format!("node {k}"))) }
     }
 
     /// The enrollment of `role/node_id`, if live.

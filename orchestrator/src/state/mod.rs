@@ -164,6 +164,10 @@ pub struct RouteIndex {
 pub struct RoutingState {
     applied_index: u64,
     workers: BTreeMap<NodeId, WorkerEntry>,
+    /// Every model a worker has registered, with the version last registered: a model whose workers are all
+    /// stopped, draining or not yet back still exists (a retryable 529 while it has no capacity, never a 404).
+    #[serde(default)]
+    known_models: BTreeMap<String, ModelVersion>,
     aliases: BTreeMap<String, String>,
     pins: BTreeMap<String, String>,
     canaries: BTreeMap<String, BTreeMap<String, u32>>,
@@ -240,6 +244,12 @@ impl RoutingState {
                 let (draining, hand_over) =
                     self.workers.get(&spec.id).map_or((false, false), |w| (w.draining, w.hand_over));
                 self.workers.insert(spec.id.clone(), WorkerEntry { spec: spec.clone(), draining, hand_over });
+                self.enrolled.saw("worker", spec.id.as_str(), self.applied_index);
+                for m in &spec.models {
+                    if self.known_models.len() < limits::MAX_MODEL_RULES || self.known_models.contains_key(&m.id) {
+                        self.known_models.insert(m.id.clone(), m.clone());
+                    }
+                }
             }
             Command::DeregisterWorker { id } => {
                 self.workers.remove(id).ok_or_else(|| CommandError::NotFound(format!("worker {id}")))?;
@@ -449,15 +459,34 @@ impl RoutingState {
             }
             Command::RemoveAdapter { name } => self.adapters.remove(name)?,
             Command::Enroll(e) => {
-                let taken = match e.role.as_str() {
-                    "worker" => self.workers.keys().any(|w| w.as_str() == e.node_id),
-                    _ => self.ledger.heads.contains_key(&e.node_id),
-                };
+                // Registered, reporting, or ever run here: a bootstrap credential cannot take over its id.
+                let taken = self.enrolled.seen(&e.role, &e.node_id)
+                    || match e.role.as_str() {
+                        "worker" => self.workers.keys().any(|w| w.as_str() == e.node_id),
+                        _ => {
+                            self.ledger.heads.contains_key(&e.node_id)
+                                || self.ledger.report_seqs.contains_key(&e.node_id)
+                        }
+                    };
                 self.enrolled.apply(e, taken)?;
+            }
+            Command::ForgetNode { role, node_id } => {
+                if !matches!(role.as_str(), "worker" | "frontend") {
+                    return Err(invalid("role", format!("{role:?}: only workers and frontends enroll")));
+                }
+                if role == "worker" && self.workers.keys().any(|w| w.as_str() == node_id) {
+                    return Err(invalid("node_id", format!("worker {node_id} is registered: stop or drain it first")));
+                }
+                self.enrolled.forget(role, node_id)?;
+                if role == "frontend" {
+                    // Its next report counts from 1 again.
+                    self.ledger.report_seqs.remove(node_id);
+                }
             }
             Command::FrontendReport { frontend, now_ms, report } => {
                 check_name("frontend", frontend)?;
                 self.ledger.report(frontend, *now_ms, report);
+                self.enrolled.saw("frontend", frontend, self.applied_index);
             }
         }
         Ok(())
@@ -554,6 +583,11 @@ impl RoutingState {
     /// Registered workers, by id.
     pub fn workers(&self) -> &BTreeMap<NodeId, WorkerEntry> {
         &self.workers
+    }
+
+    /// Every model a worker has registered (whether or not one serves it now), by id.
+    pub fn known_models(&self) -> &BTreeMap<String, ModelVersion> {
+        &self.known_models
     }
 
     /// The decision index.

@@ -1,4 +1,5 @@
 use super::*;
+use crate::ledger::ReportEntry;
 
 pub(crate) fn sha(n: u8) -> String {
     hex(&[n; 32])
@@ -235,4 +236,53 @@ fn operators_writes_and_secret_reads_are_recorded_with_who_made_them() {
     );
     // It is part of the replicated state: a snapshot carries it.
     assert_eq!(RoutingState::restore(&s.snapshot()).unwrap().admin_log(), s.admin_log());
+}
+
+fn enroll(role: &str, node_id: &str, at_ms: u64) -> Command {
+    Command::Enroll(EnrollEntry {
+        role: role.into(),
+        node_id: node_id.into(),
+        key_sha256: sha(9),
+        not_after_ms: at_ms + 86_400_000,
+        at_ms,
+        renewal: false,
+    })
+}
+
+/// A bootstrap credential cannot claim the id of a node that runs here or ran here: a static worker between its
+/// registrations (restarting), a frontend that reports but has committed no audit head yet. An operator who
+/// vouches the old node is gone (`zl admin forget-node`) lets its id enroll again.
+#[test]
+fn enrollment_is_refused_for_any_node_that_ran_until_an_operator_forgets_it() {
+    let mut s = RoutingState::default();
+    let mut i = 0;
+    let mut apply = |s: &mut RoutingState, cmd: Command| {
+        i += 1;
+        s.apply(i, &cmd)
+    };
+    apply(&mut s, Command::RegisterWorker(spec("w-static", "m", 1))).unwrap();
+    apply(&mut s, Command::DeregisterWorker { id: id("w-static") }).unwrap();
+    let err = apply(&mut s, enroll("worker", "w-static", 1_000)).unwrap_err();
+    assert!(matches!(err, CommandError::Exists(_)), "{err}");
+    let report = ReportEntry { report_seq: 1, ..ReportEntry::default() };
+    apply(&mut s, Command::FrontendReport { frontend: "fe-1".into(), now_ms: 1_000, report }).unwrap();
+    assert!(matches!(apply(&mut s, enroll("frontend", "fe-1", 1_000)), Err(CommandError::Exists(_))));
+    // New ids enroll; the same id twice does not.
+    apply(&mut s, enroll("frontend", "fe-2", 1_000)).unwrap();
+    assert!(matches!(apply(&mut s, enroll("frontend", "fe-2", 2_000)), Err(CommandError::Exists(_))));
+
+    // The operator forgets them: each may enroll once more.
+    for (role, node) in [("worker", "w-static"), ("frontend", "fe-1"), ("frontend", "fe-2")] {
+        apply(&mut s, Command::ForgetNode { role: role.into(), node_id: node.into() }).unwrap();
+        apply(&mut s, enroll(role, node, 3_000)).unwrap();
+    }
+    // Nothing to forget, another role, or a worker still registered: refused by name.
+    let forget = |role: &str, node: &str| Command::ForgetNode { role: role.into(), node_id: node.into() };
+    assert!(matches!(apply(&mut s, forget("frontend", "never")), Err(CommandError::NotFound(_))));
+    assert!(apply(&mut s, forget("orchestrator", "o1")).is_err());
+    apply(&mut s, Command::RegisterWorker(spec("w-live", "m", 1))).unwrap();
+    assert!(apply(&mut s, forget("worker", "w-live")).is_err());
+    // It survives a snapshot.
+    let restored = RoutingState::restore(&s.snapshot()).unwrap();
+    assert!(restored.enrolled().seen("worker", "w-live"));
 }

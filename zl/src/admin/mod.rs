@@ -195,6 +195,14 @@ pub(crate) enum AdminCommand {
         /// The frontend's node id.
         frontend: String,
     },
+    /// Forget a worker's or frontend's enrollment and that it ever ran, so a pod that lost its identity volume
+    /// may enroll its id again (docs/kubernetes.md, "Lose a volume"). Only once the old node is gone for good.
+    ForgetNode {
+        /// worker or frontend.
+        role: String,
+        /// The node id.
+        node_id: String,
+    },
     /// Content logging: `on` stores the project's prompts and answers encrypted in the audit log; `shred` forgets
     /// the data key, so what it sealed can never be read again (docs/audit.md).
     ContentLogging {
@@ -397,6 +405,13 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                 format!("draining {worker}")
             },
             c.set_drain(pb::SetDrainRequest { worker_id: worker.clone(), draining: true, migrate })
+                .await
+                .map_err(call)?
+                .into_inner(),
+        ),
+        AdminCommand::ForgetNode { role, node_id } => written(
+            &format!("{role} {node_id} forgotten: it may enroll again"),
+            c.forget_node(pb::ForgetNodeRequest { role: role.clone(), node_id: node_id.clone() })
                 .await
                 .map_err(call)?
                 .into_inner(),

@@ -36,6 +36,10 @@ pub(crate) struct KubeArgs {
     /// still written to --ca-dir when neither holds one.
     #[arg(long)]
     ca_from: Option<PathBuf>,
+    /// Fail when no CA is found instead of making one: nodes already running trust the CA they started with and
+    /// would refuse every certificate a new one signs (the chart's upgrade Job and renewal CronJob).
+    #[arg(long)]
+    require_ca: bool,
     /// Also write the CA (certificate and key) as the Secret FULLNAME-ca, so a Job run in the cluster finds it
     /// again on the next upgrade (the key then lives in the cluster, as with cert-manager's own CA).
     #[arg(long)]
@@ -83,6 +87,12 @@ pub(crate) fn run(args: &KubeArgs) -> Result<()> {
     let found = args.ca_from.as_deref().and_then(read_ca).or_else(|| read_ca(&args.ca_dir));
     let ca = match found {
         Some(ca) => ca?,
+        None if args.require_ca => bail!(
+            "no cluster CA in {} or {}, and --require-ca: a running cluster trusts only the CA it started with, so a \
+             new one would split it (restore the CA Secret FULLNAME-ca, or see docs/kubernetes.md, \"A CA change\")",
+            args.ca_from.as_deref().map_or("(no --ca-from)".into(), |p| p.display().to_string()),
+            args.ca_dir.display()
+        ),
         None => {
             let ca = ClusterCa::generate(&format!("{full} cluster CA"), 3650).context("generating the CA")?;
             super::write_pair(&args.ca_dir, "ca", ca.pem(), false)?;

@@ -1,0 +1,130 @@
+//! Leased limits admit up to the limit, not far below it, with the chart's defaults (a lease is 5% of a limit,
+//! reports every second): a burst spread over two frontends gets what a budget or a per-minute limit allows
+//! (within a stated tolerance), a project's concurrency slot comes back as soon as its request ends, and a request
+//! refused by one limit takes nothing from the others.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use zl_e2e::{admin, certs_more, http, request, small_cluster, start_frontend_args};
+
+const KEY: &str = "sk-zl-lease-test-key-0123456789abcd";
+
+fn body(n: usize, max_tokens: u32) -> String {
+    serde_json::json!({"model": "smollm2-135m-instruct", "max_tokens": max_tokens, "temperature": 0,
+        "messages": [{"role": "user", "content": format!("Say something about the number {n}.")}]})
+    .to_string()
+}
+
+/// `n` requests at once, alternating between `frontends`: each answer's status and tokens used.
+fn burst(frontends: &[SocketAddr], key: &'static str, n: usize, max_tokens: u32) -> Vec<(u16, u64)> {
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            let fe = frontends[i % frontends.len()];
+            std::thread::spawn(move || {
+                let headers = [("x-api-key", key), ("x-zl-cache", "bypass")];
+                let r = request(fe, "POST", "/v1/messages", &headers, &body(i, max_tokens)).unwrap();
+                let tokens = match r.status {
+                    200 => {
+                        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+                        v["usage"]["input_tokens"].as_u64().unwrap() + v["usage"]["output_tokens"].as_u64().unwrap()
+                    }
+                    429 => 0,
+                    other => panic!("unexpected {other}: {}", r.body),
+                };
+                (r.status, tokens)
+            })
+        })
+        .collect();
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
+fn wait_for_key(frontends: &[SocketAddr]) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    for fe in frontends {
+        while http(*fe, "GET", "/v1/models", &[("x-api-key", KEY)], "").map(|r| r.0) != Some(200) {
+            assert!(std::time::Instant::now() < deadline, "{fe} never accepted the key");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// Until both frontends have heard of the project's new limits (a sync, then a report's answer).
+fn settle() {
+    std::thread::sleep(Duration::from_millis(2500));
+}
+
+#[test]
+fn a_burst_over_two_frontends_gets_what_the_limits_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path();
+    let cluster = small_cluster(tls, &["w1"], &[], &[], KEY);
+    certs_more(tls, &[("frontend", "fe-1")]);
+    let (_fe1, second) = start_frontend_args(tls, "fe-1", &[cluster.orch.quic], &[]);
+    let frontends = [cluster.http, second];
+    wait_for_key(&frontends);
+
+    // 10 requests a minute for the project, 40 at once over two frontends: 9 or 10 admitted.
+    admin(tls, cluster.orch.admin, &["project", "p", "--rpm", "10"]);
+    settle();
+    let answers = burst(&frontends, KEY, 40, 1);
+    let admitted = answers.iter().filter(|(s, _)| *s == 200).count();
+    eprintln!("rpm 10: {admitted} of 40 admitted");
+    assert!((9..=10).contains(&admitted), "{admitted} of 40 admitted under a limit of 10 a minute");
+
+    // A daily budget of 1,500 tokens, 60 requests at once over two frontends: at least 90% of it is used, never
+    // more than all of it.
+    admin(tls, cluster.orch.admin, &["project", "p", "--rpm", "0"]);
+    admin(tls, cluster.orch.admin, &["budget", "p", "--metric", "tokens", "--period", "day", "--limit", "1500"]);
+    settle();
+    let answers = burst(&frontends, KEY, 60, 8);
+    let admitted = answers.iter().filter(|(s, _)| *s == 200).count();
+    let spent: u64 = answers.iter().map(|(_, t)| t).sum();
+    eprintln!("budget 1500: {admitted} of 60 admitted, {spent} tokens");
+    assert!(spent <= 1500, "{spent} tokens spent of a 1,500-token budget");
+    assert!(spent >= 1350, "{admitted} of 60 admitted, {spent} tokens: under 90% of the 1,500-token budget");
+}
+
+#[test]
+fn a_concurrency_slot_comes_back_when_its_request_ends_and_refusals_cost_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path();
+    let cluster = small_cluster(tls, &["w1"], &[], &[], KEY);
+    admin(tls, cluster.orch.admin, &["project", "p", "--rpm", "10", "--concurrent", "1"]);
+    settle();
+    // Sequential requests, each ended before the next: every one fits both limits.
+    let mut statuses = Vec::new();
+    for i in 0..8 {
+        let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass")];
+        statuses.push(request(cluster.http, "POST", "/v1/messages", &headers, &body(i, 2)).unwrap().status);
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(statuses, [200; 8], "sequential requests under --rpm 10 --concurrent 1");
+
+    // Two a minute: requests refused for the concurrency slot take nothing from the per-minute allowance, so the
+    // second request that runs is admitted after any number of refusals.
+    admin(tls, cluster.orch.admin, &["project", "p", "--rpm", "2", "--concurrent", "1"]);
+    std::thread::sleep(Duration::from_secs(61));
+    let long = {
+        let fe = cluster.http;
+        std::thread::spawn(move || {
+            let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass")];
+            request(fe, "POST", "/v1/messages", &headers, &body(1000, 48)).unwrap().status
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let mut refused = 0;
+    for i in 0..5 {
+        let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass")];
+        let r = request(cluster.http, "POST", "/v1/messages", &headers, &body(2000 + i, 2)).unwrap();
+        if r.status == 429 {
+            refused += 1;
+        }
+    }
+    assert_eq!(long.join().unwrap(), 200);
+    assert!(refused >= 1, "the slot was held while the long request ran");
+    let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass")];
+    let after = request(cluster.http, "POST", "/v1/messages", &headers, &body(3000, 2)).unwrap();
+    assert_eq!(after.status, 200, "the second request of the minute, after {refused} refusals: {}", after.body);
+}
