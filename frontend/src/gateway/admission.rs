@@ -118,16 +118,29 @@ impl Gateway {
         let input = p.tokens.len() as u64;
         let max = u64::from(p.max_tokens);
         let now = crate::ids::unix_now();
-        // Both kinds are asked for together, so one report brings every lease the request lacks.
+        // Both kinds are asked for together, so one report brings every lease the request lacks. A request that
+        // waits for that report is counted as waiting in every bucket and budget it needs (`Held::waiting`) until it
+        // retries, so each report until then asks for it.
+        let unwait = |ledger: &mut crate::ledger::Ledger| {
+            ledger.unwait_rates(&needs);
+            if let Some(b) = budget {
+                ledger.unwait_budget(&key.project, b, input, max);
+            }
+        };
         let attempt = |last: bool| -> Result<Holds, Short2> {
             let mut ledger = lock(&self.reporter.ledger);
             if last {
+                // The request waited: it retries now, under the same lock (a report built in between would
+                // otherwise no longer ask for it).
+                unwait(&mut ledger);
                 ledger.rates_exhausted(&needs);
             }
             let rates = ledger.reserve_rates(&needs, now);
             let reserve = |l: &mut crate::ledger::Ledger, b| l.reserve(&key.project, b, input, max, now);
             let held = budget.map(|b| match reserve(&mut ledger, b) {
                 Err(Short::Allotment) if last => {
+                    // It counted itself as waiting: it waits no more.
+                    ledger.unwait_budget(&key.project, b, input, max);
                     ledger.exhausted(&key.project);
                     reserve(&mut ledger, b)
                 }
@@ -137,12 +150,32 @@ impl Gateway {
                 (Ok(rates), None) => Ok(Holds { budget: None, rates }),
                 (Ok(rates), Some(Ok(hold))) => Ok(Holds { budget: Some(hold), rates }),
                 (rates, held) => {
-                    // Give back what did fit; a refusal outranks a short lease.
-                    if let Ok(r) = &rates {
-                        ledger.settle_rates(r, None);
+                    // Give back what did fit; a refusal outranks a short lease. A request that waits for a report
+                    // asks for what did fit too; one refused no longer waits for anything.
+                    let waits = !last
+                        && !matches!(&rates, Err(RateShort::Limited { .. }))
+                        && !matches!(&held, Some(Err(Short::Spent { .. })));
+                    match &rates {
+                        Ok(r) => {
+                            ledger.settle_rates(r, None);
+                            if waits {
+                                ledger.wait_rates(r.iter().map(|h| (h.bucket.as_str(), h.reserved)));
+                            }
+                        }
+                        Err(RateShort::Allotment) if !waits => ledger.unwait_rates(&needs),
+                        Err(_) => {}
                     }
-                    if let Some(Ok(h)) = &held {
-                        ledger.release(Some(h));
+                    match (&held, budget) {
+                        (Some(Ok(h)), _) => {
+                            ledger.release(Some(h));
+                            if waits {
+                                ledger.wait_budget(h);
+                            }
+                        }
+                        (Some(Err(Short::Allotment)), Some(b)) if !waits => {
+                            ledger.unwait_budget(&key.project, b, input, max);
+                        }
+                        _ => {}
                     }
                     Err(match (rates, held) {
                         (_, Some(Err(spent @ Short::Spent { .. }))) => Short2::Budget(spent),
@@ -157,7 +190,15 @@ impl Gateway {
         let result = match attempt(false) {
             Err(Short2::Rate(RateShort::Allotment) | Short2::Budget(Short::Allotment)) => {
                 // This frontend's leases are short: ask for more, once.
-                if !self.reporter.ask_now(BUDGET_WAIT).await {
+                // Counted as waiting until it retries: also when the wait fails or the client goes away meanwhile.
+                let mut waiting = Waiting { ledger: &self.reporter.ledger, unwait: Some(&unwait) };
+                let answered = self.reporter.ask_now(BUDGET_WAIT).await;
+                if answered {
+                    // `attempt(true)` stops waiting itself, under the lock it retries in.
+                    waiting.unwait = None;
+                }
+                drop(waiting);
+                if !answered {
                     return Err(ApiError::new(
                         ErrorKind::Overloaded,
                         "the orchestrators did not answer for this request's shared limits in time",
@@ -175,6 +216,12 @@ impl Gateway {
                 Err(ApiError::new(ErrorKind::RateLimit, message).retry_after(retry_after))
             }
             Err(Short2::Rate(RateShort::Limited { bucket, retry_after })) => {
+                if let Some(h) = lock(&self.reporter.ledger).rate_held(&bucket) {
+                    tracing::debug!(
+                        %bucket, allotment = h.allotment, used = h.used, reserved = h.reserved, wanted = h.wanted,
+                        exhausted = h.exhausted, "refused by a shared limit"
+                    );
+                }
                 let dimension = bucket.rsplit('/').next().unwrap_or("requests").to_owned();
                 metrics::counter!("zl_frontend_rate_limited_total", "dimension" => "shared").increment(1);
                 let message = if dimension == "concurrent" {
@@ -194,6 +241,21 @@ impl Gateway {
             Err(_) => {
                 Err(ApiError::new(ErrorKind::RateLimit, "the shared limits are held by other frontends").retry_after(1))
             }
+        }
+    }
+}
+
+/// A request waiting for a report: it stops counting as waiting when dropped (the wait failed, or the client went
+/// away), unless its retry took that over.
+struct Waiting<'a> {
+    ledger: &'a std::sync::Mutex<crate::ledger::Ledger>,
+    unwait: Option<&'a (dyn Fn(&mut crate::ledger::Ledger) + Sync)>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        if let Some(unwait) = self.unwait.take() {
+            unwait(&mut lock(self.ledger));
         }
     }
 }

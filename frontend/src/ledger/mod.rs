@@ -28,12 +28,15 @@ pub struct Held {
     pub used: u64,
     /// Reserved by requests in flight (their worst case).
     pub reserved: u64,
-    /// Worst cases of the requests refused for want of allotment since the last answer, added up (at most the
-    /// limit): asked for with the next report, so a burst gets what it needs in one round trip, not one request's
-    /// worth.
+    /// Worst case of a request refused at once (the last grant had no room): asked for with the next report, so
+    /// a grant that brings room lifts the refusal.
     pub wanted: u64,
     /// `wanted` as the report on its way carried it: its answer settles that want, not one that came later.
     pub wanted_sent: u64,
+    /// Worst cases of the requests waiting now for a report's answer (this frontend's lease was short for them),
+    /// added up: every report until they retry asks for them all, so a burst gets what it needs in one round
+    /// trip, not one request's worth, and keeps it until it takes it.
+    pub waiting: u64,
     /// A fresh grant did not make room: refuse at once until a grant brings more.
     pub exhausted: bool,
     /// When a request last asked for it (unix s): a lease is held only while requests come.
@@ -43,6 +46,8 @@ pub struct Held {
     /// A project's concurrency slots (`project/<name>/concurrent`): the allotment is how many requests may be in
     /// flight here at once, `reserved` how many are; nothing is ever `used` up.
     pub concurrent: bool,
+    /// The allotment the report on its way asks for ([`Held::room`]).
+    pub asked: Option<u64>,
 }
 
 /// A lease is kept this long after the last request that needed it, then returned (an idle frontend strands
@@ -58,7 +63,7 @@ impl Held {
         // Concurrency slots are asked for as requests come (a spare one only where the limit is large): a slot held
         // idle here is one another frontend's request cannot have.
         let floor = if self.concurrent { 0 } else { 1 };
-        let lease = ((self.limit as f64 * lease_fraction) as u64).max(floor).max(self.wanted);
+        let lease = ((self.limit as f64 * lease_fraction) as u64).max(floor).max(self.wanted).max(self.waiting);
         let active = now.saturating_sub(self.active_at) <= LEASE_IDLE_S;
         self.used + self.reserved + if active { lease } else { 0 }
     }
@@ -66,14 +71,40 @@ impl Held {
     /// [`Held::target`] for a report being built, noting the want it carries.
     fn ask(&mut self, lease_fraction: f64, now: u64) -> u64 {
         self.wanted_sent = self.wanted;
-        self.target(lease_fraction, now)
+        let target = self.target(lease_fraction, now);
+        self.asked = Some(target);
+        target
+    }
+
+    /// What requests may hold here now. While a report is on its way, at most what it asks for: its answer sets the
+    /// allotment to that when it shrinks it, and hands what this frontend no longer asks for to the others, so
+    /// room taken meanwhile beyond it would be spent twice (a budget overrun under a burst).
+    fn room(&self) -> u64 {
+        self.asked.map_or(self.allotment, |asked| asked.min(self.allotment))
+    }
+
+    /// Whether `worst` more fits the room now.
+    fn fits(&self, worst: u64) -> bool {
+        self.used + self.reserved + worst <= self.room()
     }
 
     /// The report that carried `wanted_sent` was answered: that want is settled (granted or not), one that grew
     /// since is asked for with the next report.
     fn answered(&mut self) {
-        self.wanted = self.wanted.saturating_sub(self.wanted_sent);
+        if self.wanted <= self.wanted_sent {
+            self.wanted = 0;
+        }
         self.wanted_sent = 0;
+    }
+
+    /// A request of worst case `worst` waits for a report.
+    fn wait(&mut self, worst: u64) {
+        self.waiting = self.waiting.saturating_add(worst);
+    }
+
+    /// A request that waited retries (or gives up): it no longer asks.
+    fn unwait(&mut self, worst: u64) {
+        self.waiting = self.waiting.saturating_sub(worst);
     }
 
     fn forgettable(&self, now: u64) -> bool {
@@ -175,7 +206,7 @@ impl Ledger {
         h.limit = budget.limit;
         h.active_at = now;
         let current = h.resets_at == 0 || now < h.resets_at;
-        if current && h.used + h.reserved + worst <= h.allotment {
+        if current && h.fits(worst) {
             h.reserved += worst;
             return Ok(Hold {
                 project: project.to_owned(),
@@ -185,7 +216,7 @@ impl Ledger {
             });
         }
         if !h.exhausted && worst <= budget.limit {
-            h.wanted = (h.wanted + worst).min(budget.limit);
+            h.wait(worst);
             return Err(Short::Allotment);
         }
         let period = match budget.period {
@@ -244,6 +275,21 @@ impl Ledger {
         }
     }
 
+    /// A request holding `hold` waits for a report for another reason (a shared rate limit): ask for it too, so
+    /// the report keeps its room for it.
+    pub fn wait_budget(&mut self, hold: &Hold) {
+        if let Some(h) = self.held.get_mut(&hold.project) {
+            h.wait(hold.reserved);
+        }
+    }
+
+    /// A request (`input_tokens`, `max_tokens`) that waited for `project`'s budget retries, or gives up.
+    pub fn unwait_budget(&mut self, project: &str, budget: Budget, input_tokens: u64, max_tokens: u64) {
+        if let Some(h) = self.held.get_mut(project) {
+            h.unwait(cost(budget.metric, input_tokens, max_tokens, 1000));
+        }
+    }
+
     /// A request ended before anything ran: give its hold back, count nothing.
     pub fn release(&mut self, hold: Option<&Hold>) {
         if let Some(hold) = hold
@@ -295,6 +341,10 @@ impl Ledger {
 
     /// The orchestrators answered the last report.
     pub fn granted(&mut self, grant: FrontendGrant) {
+        // The report on its way is answered: its asks no longer bound the room.
+        for h in self.held.values_mut().chain(self.rates.values_mut()) {
+            h.asked = None;
+        }
         let asked: HashSet<String> =
             self.sending.take().map_or_else(HashSet::new, |r| r.asks.into_iter().map(|a| a.project).collect());
         for g in &grant.grants {

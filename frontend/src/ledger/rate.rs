@@ -82,7 +82,7 @@ impl Ledger {
             h.limit = n.per_minute;
             h.active_at = now;
             h.concurrent = n.dim == Dim::Concurrent;
-            if h.used + h.reserved + n.worst <= h.allotment {
+            if h.fits(n.worst) {
                 continue;
             }
             if h.exhausted || n.worst > n.per_minute {
@@ -95,8 +95,6 @@ impl Ledger {
                 limited
                     .get_or_insert(RateShort::Limited { bucket: n.bucket.clone(), retry_after: refill.clamp(1, 60) });
             } else {
-                // Every request of a burst adds its worst case: one report asks for them all.
-                h.wanted = (h.wanted + n.worst).min(n.per_minute);
                 allotment = true;
             }
         }
@@ -104,6 +102,9 @@ impl Ledger {
             return Err(l);
         }
         if allotment {
+            // The request waits for one report: it asks for every bucket it needs, those it fits in too (else the
+            // report would hand their room back as unused and the request would find them short after it).
+            self.wait_rates(needs.iter().map(|n| (n.bucket.as_str(), n.worst)));
             return Err(RateShort::Allotment);
         }
         Ok(needs
@@ -116,11 +117,29 @@ impl Ledger {
             .collect())
     }
 
+    /// A request waits for a report with these worst cases in these buckets ([`Held::waiting`]).
+    pub fn wait_rates<'a>(&mut self, buckets: impl IntoIterator<Item = (&'a str, u64)>) {
+        for (bucket, worst) in buckets {
+            if let Some(h) = self.rates.get_mut(bucket) {
+                h.wait(worst);
+            }
+        }
+    }
+
+    /// A request that waited with `needs` retries (or gives up): it no longer asks.
+    pub fn unwait_rates(&mut self, needs: &[Need]) {
+        for n in needs {
+            if let Some(h) = self.rates.get_mut(&n.bucket) {
+                h.unwait(n.worst);
+            }
+        }
+    }
+
     /// A fresh grant did not make room in these buckets: refuse at once until a grant brings more.
     pub fn rates_exhausted(&mut self, needs: &[Need]) {
         for n in needs {
             if let Some(h) = self.rates.get_mut(&n.bucket)
-                && h.used + h.reserved + n.worst > h.allotment
+                && !h.fits(n.worst)
             {
                 h.exhausted = true;
             }

@@ -33,6 +33,8 @@ fn leased() -> Ledger {
     assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
     l.report(None, NOW * 1000, 5000);
     l.granted(grant(100, 0));
+    // The request that waited gives up (as the gateway's retry would, before it reserves).
+    l.unwait_budget("acme", budget(1000), 20, 80);
     l
 }
 
@@ -43,6 +45,8 @@ fn a_request_waits_for_an_allotment_then_fits_and_settles_its_real_cost() {
     let r = l.report(None, NOW * 1000, 5000);
     assert_eq!(r.asks[0].target, 100, "the lease (10%) covers the worst case (100)");
     l.granted(grant(100, 0));
+    // The request retries: it waits no more, and fits.
+    l.unwait_budget("acme", budget(1000), 20, 80);
     let hold = l.reserve("acme", budget(1000), 20, 80, NOW).unwrap();
     assert_eq!(l.reserve("acme", budget(1000), 1, 1, NOW), Err(Short::Allotment), "all reserved");
     l.settle(&spent(20, 30), Some(&hold), NOW);
@@ -172,11 +176,12 @@ fn a_project_first_held_while_a_report_is_on_its_way_is_asked_for_in_the_next() 
     assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
     // Its answer cannot hold the project: the project was not in it.
     l.granted(FrontendGrant::default());
-    assert_eq!(l.held("acme").map(|h| h.wanted), Some(100), "kept with what it wants");
+    assert_eq!(l.held("acme").map(|h| h.waiting), Some(100), "kept with what it waits for");
     let r = l.report(None, NOW * 1000, 5000);
     assert_eq!(r.asks.len(), 1);
     assert_eq!(r.asks[0].target, 100);
     l.granted(grant(100, 0));
+    l.unwait_budget("acme", budget(1000), 20, 80);
     assert!(l.reserve("acme", budget(1000), 20, 80, NOW).is_ok());
     // A project asked about and not granted had its budget cleared: no longer held.
     l.report(None, NOW * 1000, 5000);
@@ -194,9 +199,10 @@ fn a_want_that_comes_while_a_report_is_on_its_way_is_asked_for_in_the_next() {
     l.granted(grant(100, 0));
     assert_eq!(l.report(None, NOW * 1000, 5000).asks[0].target, 300);
     l.granted(grant(300, 0));
+    l.unwait_budget("acme", budget(1000), 100, 200);
     assert!(l.reserve("acme", budget(1000), 100, 200, NOW).is_ok());
-    // Carried and answered, the want is settled.
-    assert_eq!(l.held("acme").map(|h| h.wanted), Some(0));
+    // Its retry took it: nothing waits.
+    assert_eq!(l.held("acme").map(|h| h.waiting), Some(0));
 }
 
 #[test]
@@ -231,4 +237,37 @@ fn usage_on_an_adapter_is_its_own_row_naming_the_adapter_and_its_version() {
         "the base, and each version of the adapter apart"
     );
     assert!(r.usage.iter().all(|u| u.key_id == "k" && u.project == "acme"));
+}
+
+/// A burst waits for one report: it asks for every waiting request's worst case at once (not one request's worth),
+/// keeps asking until they retry, and a report on its way bounds what may be taken meanwhile (its answer hands the
+/// rest to other frontends).
+#[test]
+fn a_burst_asks_for_all_it_waits_for_and_a_report_on_its_way_bounds_the_room() {
+    let mut l = Ledger::new(0.05, 0);
+    for _ in 0..5 {
+        assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
+    }
+    assert_eq!(l.report(None, NOW * 1000, 5000).asks[0].target, 500, "five worst cases, not one");
+    l.granted(grant(500, 0));
+    // They retry one by one; a periodic report built meanwhile still asks for the ones not yet retried.
+    for i in 0..5 {
+        l.unwait_budget("acme", budget(1000), 20, 80);
+        assert!(l.reserve("acme", budget(1000), 20, 80, NOW).is_ok(), "request {i}");
+        if i == 1 {
+            assert_eq!(l.report(None, NOW * 1000, 5000).asks[0].target, 500, "200 reserved, 300 waiting");
+            l.granted(grant(500, 0));
+        }
+    }
+    // Every request ended having used 30: a report leaves asking for 150 + the lease (50).
+    let hold =
+        |n: u64| Hold { project: "acme".into(), metric: BudgetMetric::Tokens, reserved: 100 * n, period_start: NOW };
+    l.settle(&spent(20, 10), Some(&hold(5)), NOW);
+    assert_eq!(l.report(None, NOW * 1000, 5000).asks[0].target, 80);
+    // While it is on its way, nothing beyond what it asks for is taken: its answer returns the rest to the
+    // others.
+    assert_eq!(l.reserve("acme", budget(1000), 20, 80, NOW), Err(Short::Allotment));
+    l.granted(grant(80, 0));
+    l.unwait_budget("acme", budget(1000), 20, 80);
+    assert_eq!(l.held("acme").map(|h| (h.allotment, h.used)), Some((80, 30)));
 }

@@ -201,7 +201,7 @@ pub(crate) enum AdminCommand {
         /// worker or frontend.
         role: String,
         /// The node id.
-        node_id: String,
+        node: String,
     },
     /// Content logging: `on` stores the project's prompts and answers encrypted in the audit log; `shred` forgets
     /// the data key, so what it sealed can never be read again (docs/audit.md).
@@ -409,9 +409,9 @@ async fn run_async(args: AdminArgs) -> Result<()> {
                 .map_err(call)?
                 .into_inner(),
         ),
-        AdminCommand::ForgetNode { role, node_id } => written(
-            &format!("{role} {node_id} forgotten: it may enroll again"),
-            c.forget_node(pb::ForgetNodeRequest { role: role.clone(), node_id: node_id.clone() })
+        AdminCommand::ForgetNode { role, node } => written(
+            &format!("{role} {node} forgotten: it may enroll again"),
+            c.forget_node(pb::ForgetNodeRequest { role: role.clone(), node_id: node.clone() })
                 .await
                 .map_err(call)?
                 .into_inner(),
