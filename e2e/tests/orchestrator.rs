@@ -206,11 +206,19 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
     assert!(err.contains("only admin certificates may administer"), "{err}");
     all.clear();
 
-    // A graceful stop deregisters: the model is no longer served.
+    // A graceful stop deregisters: the model is no longer served, but it still exists: no capacity (a retryable
+    // `Overloaded` with a retry hint, the frontend's 529), not an unknown model (a 404 no SDK retries).
     assert!(worker.terminate(Duration::from_secs(60)), "zl-worker did not stop cleanly");
     match route(&fe, orch_addr, MODEL).await {
-        Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::NotFound, "{e:?}"),
+        Err(CallError::Remote(e)) => {
+            assert_eq!(e.code, ErrorCode::Overloaded, "{e:?}");
+            assert!(e.retry_after_ms > 0, "{e:?}");
+        }
         other => panic!("still routed after deregistration: {other:?}"),
+    }
+    match route(&fe, orch_addr, "never-registered").await {
+        Err(CallError::Remote(e)) => assert_eq!(e.code, ErrorCode::NotFound, "{e:?}"),
+        other => panic!("an unknown model was routed: {other:?}"),
     }
     assert!(orch.terminate(Duration::from_secs(20)), "zl-orchestrator did not stop cleanly");
 }

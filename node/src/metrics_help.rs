@@ -93,6 +93,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("zl_raft_commit_index", "Raft log index known committed"),
     ("zl_raft_dropped_messages_total", "Raft messages to a peer dropped (its queue was full), by peer"),
     ("zl_raft_fatal_errors_total", "Raft errors that stopped the replica"),
+    ("zl_raft_impostors_total", "Raft messages, proposals or joins refused: the certificate is not the member's"),
     ("zl_raft_is_leader", "1 while this orchestrator leads the Raft group"),
     ("zl_raft_leader_id", "Raft id of the leader this orchestrator knows (0: none)"),
     ("zl_raft_learners", "Learners (non-voting members) of the Raft group"),

@@ -226,6 +226,8 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     );
     tracing::info!(raft_id = args.raft_id, ?start, empty, "Raft group opened");
     let _ = raft.set(node.group().clone());
+    // Bind this member's Raft id to this node, so peers take its messages from this certificate alone.
+    tokio::spawn(node.group().clone().bind_self());
     {
         let group = node.group().clone();
         tokio::spawn(async move {

@@ -99,6 +99,8 @@ pub struct Group {
     pub(super) node_id: String,
     /// Whether peers' Raft messages are taken (see [`GroupConfig::hold_messages`]).
     pub(super) accepting: Arc<std::sync::atomic::AtomicBool>,
+    /// The routing state the group applies to (the peer service checks members' bindings in it).
+    pub(super) state: SharedState,
 }
 
 /// What the replica says of the group now.
@@ -129,6 +131,7 @@ impl Group {
             Start::Alone => vec![config.id],
             Start::Join => Vec::new(),
         };
+        let shared = state.clone();
         let mut replica = Replica::open_with(config.id, &config.data_dir, &bootstrap, config.replica, state)?;
         if replica.voters() == [config.id] {
             // Alone in the group: lead at once instead of after an election timeout.
@@ -154,7 +157,16 @@ impl Group {
         let transport = Transport { dialer, senders, peers: peers.clone() };
         tokio::spawn(run(replica, rx, transport, status_tx, config.tick));
         let accepting = Arc::new(std::sync::atomic::AtomicBool::new(!config.hold_messages));
-        Ok(Group { id: config.id, tx, status, peers, tls_dir: config.tls_dir, node_id: config.node_id, accepting })
+        Ok(Group {
+            id: config.id,
+            tx,
+            status,
+            peers,
+            tls_dir: config.tls_dir,
+            node_id: config.node_id,
+            accepting,
+            state: shared,
+        })
     }
 
     /// The group as this node sees it now.

@@ -12,6 +12,7 @@
 pub mod driver;
 pub mod inbox;
 pub mod join;
+pub mod members;
 pub mod membership;
 pub mod peers;
 pub mod replica;

@@ -4,10 +4,9 @@
 
 use std::time::Instant;
 
-use zl_wire::message::Role;
-
 use super::driver::Group;
 use super::inbox::{COMMIT_TIMEOUT, CommitError, Input, command_status};
+use super::members::{check_speaker, speaker};
 use super::membership::Admission;
 use super::pb::raft_peer_server::{RaftPeer, RaftPeerServer};
 use super::pb::{JoinReply, JoinRequest, ProposeReply, ProposeRequest, RaftAck, RaftBatch};
@@ -31,8 +30,13 @@ pub struct PeerService {
 #[tonic::async_trait]
 impl RaftPeer for PeerService {
     async fn send(&self, request: tonic::Request<RaftBatch>) -> Result<tonic::Response<RaftAck>, tonic::Status> {
-        zl_admin::require_role(&request, Role::Orchestrator)?;
+        let node = speaker(&request)?;
         let batch = request.into_inner();
+        check_speaker(
+            &self.group.state.0.read().unwrap_or_else(std::sync::PoisonError::into_inner),
+            batch.from,
+            &node,
+        )?;
         if !self.group.accepting.load(std::sync::atomic::Ordering::Relaxed) {
             // Not a member yet (joining with empty storage): what the leader sends to the place this id had is
             // dropped, and resent once it joins.
@@ -58,9 +62,15 @@ impl RaftPeer for PeerService {
         &self,
         request: tonic::Request<ProposeRequest>,
     ) -> Result<tonic::Response<ProposeReply>, tonic::Status> {
-        zl_admin::require_role(&request, Role::Orchestrator)?;
+        let node = speaker(&request)?;
         let cmd: Command = serde_json::from_slice(&request.into_inner().command)
             .map_err(|e| tonic::Status::invalid_argument(format!("undecodable command: {e}")))?;
+        // A member binds only itself.
+        if let Command::BindMember { node_id, .. } = &cmd
+            && *node_id != node
+        {
+            return Err(tonic::Status::permission_denied(format!("{node} may not bind {node_id}'s Raft id")));
+        }
         match self.group.propose_here(&cmd, Instant::now() + COMMIT_TIMEOUT).await {
             Ok(index) => Ok(tonic::Response::new(ProposeReply { index })),
             Err(CommitError::Command(e)) => Err(command_status(&e)),
@@ -71,8 +81,9 @@ impl RaftPeer for PeerService {
     }
 
     async fn join(&self, request: tonic::Request<JoinRequest>) -> Result<tonic::Response<JoinReply>, tonic::Status> {
-        zl_admin::require_role(&request, Role::Orchestrator)?;
+        let node = speaker(&request)?;
         let r = request.into_inner();
+        check_speaker(&self.group.state.0.read().unwrap_or_else(std::sync::PoisonError::into_inner), r.id, &node)?;
         if r.id == 0 {
             return Err(tonic::Status::invalid_argument("Raft ids start at 1"));
         }

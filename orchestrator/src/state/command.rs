@@ -209,6 +209,14 @@ pub enum Command {
         /// The node id.
         node_id: String,
     },
+    /// Raft member `raft_id` is orchestrator `node_id` (its certificate's name): proposed by that member itself
+    /// once it votes, so peers can check that each Raft message comes from the member it names.
+    BindMember {
+        /// The Raft id.
+        raft_id: u64,
+        /// The orchestrator's node id.
+        node_id: String,
+    },
     /// Register a LoRA adapter (`zl admin adapters add`).
     AddAdapter(AdapterSpec),
     /// Remove a LoRA adapter.
@@ -249,6 +257,7 @@ impl Command {
             Command::ResetAuditHead { frontend, .. } | Command::FrontendReport { frontend, .. } => frontend.clone(),
             Command::Enroll(e) => format!("{}/{}", e.role, e.node_id),
             Command::ForgetNode { role, node_id } => format!("{role}/{node_id}"),
+            Command::BindMember { raft_id, node_id } => format!("{raft_id}/{node_id}"),
             Command::AddAdapter(a) => a.name.clone(),
             Command::RemoveAdapter { name } => name.clone(),
             Command::Admin { command, .. } => command.subject(),
@@ -283,6 +292,7 @@ impl Command {
             Command::ResetAuditHead { .. } => "reset_audit_head",
             Command::Enroll(_) => "enroll",
             Command::ForgetNode { .. } => "forget_node",
+            Command::BindMember { .. } => "bind_member",
             Command::AddAdapter(_) => "add_adapter",
             Command::RemoveAdapter { .. } => "remove_adapter",
             Command::Admin { command, .. } => command.kind(),

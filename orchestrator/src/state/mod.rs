@@ -45,6 +45,8 @@ pub mod limits {
     pub const MAX_ALIAS_DEPTH: usize = 8;
     /// Bytes in a model id, alias, key id or project name.
     pub const MAX_NAME: usize = 128;
+    /// Raft members bound to orchestrators (a group is 1 to 7 voters; ids of removed members stay bound).
+    pub const MAX_MEMBERS: usize = 1024;
 }
 
 /// One model version a worker serves.
@@ -184,6 +186,9 @@ pub struct RoutingState {
     /// Nodes that enrolled for a certificate of their own.
     #[serde(default)]
     enrolled: Enrolled,
+    /// Raft id -> the orchestrator (certificate node id) that is that member, as each member bound itself.
+    #[serde(default)]
+    members: BTreeMap<u64, String>,
     /// Registered LoRA adapters.
     #[serde(default)]
     adapters: Adapters,
@@ -470,6 +475,22 @@ impl RoutingState {
                     };
                 self.enrolled.apply(e, taken)?;
             }
+            Command::BindMember { raft_id, node_id } => {
+                check_name("node_id", node_id)?;
+                if *raft_id == 0 {
+                    return Err(invalid("raft_id", "Raft ids start at 1"));
+                }
+                if let Some(bound) = self.members.get(raft_id).filter(|b| *b != node_id) {
+                    return Err(CommandError::Exists(format!("Raft id {raft_id} (it is orchestrator {bound})")));
+                }
+                if let Some((other, _)) = self.members.iter().find(|(id, n)| *n == node_id && **id != *raft_id) {
+                    return Err(CommandError::Exists(format!("orchestrator {node_id} (it is Raft id {other})")));
+                }
+                if !self.members.contains_key(raft_id) && self.members.len() >= limits::MAX_MEMBERS {
+                    return Err(CommandError::Limit("Raft members"));
+                }
+                self.members.insert(*raft_id, node_id.clone());
+            }
             Command::ForgetNode { role, node_id } => {
                 if !matches!(role.as_str(), "worker" | "frontend") {
                     return Err(invalid("role", format!("{role:?}: only workers and frontends enroll")));
@@ -583,6 +604,11 @@ impl RoutingState {
     /// Registered workers, by id.
     pub fn workers(&self) -> &BTreeMap<NodeId, WorkerEntry> {
         &self.workers
+    }
+
+    /// The orchestrator each Raft member bound itself to, by Raft id.
+    pub fn members(&self) -> &BTreeMap<u64, String> {
+        &self.members
     }
 
     /// Every model a worker has registered (whether or not one serves it now), by id.
