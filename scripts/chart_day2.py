@@ -232,3 +232,25 @@ def check_ca_minting(render_set, fail):
         fail("ca", "an upgrade's certificate Job may mint a new CA over the running cluster")
     if "--require-ca" not in install["cron"]:
         fail("ca", "the renewal CronJob may mint a new CA over the running cluster")
+
+
+def check_csi_issuer(render_set, fail):
+    """With cert-manager, workers' and frontends' CSI certificates come from an intermediate CA name-constrained to
+    their two roles, so a pod cannot get an orchestrator's or the admin's name that nodes would accept."""
+    docs = render_set(["tls.certManager.enabled=true"], ["--api-versions", "cert-manager.io/v1/Certificate"])
+    nodes_ca = [d for d in docs if d["kind"] == "Certificate" and d["metadata"]["name"].endswith("-nodes-ca")]
+    if len(nodes_ca) != 1:
+        fail("csi", "no name-constrained nodes CA Certificate")
+        return
+    constraints = nodes_ca[0]["spec"].get("nameConstraints") or {}
+    permitted = sorted((constraints.get("permitted") or {}).get("dnsDomains") or [])
+    if not constraints.get("critical") or permitted != ["frontend.zl.internal", "worker.zl.internal"]:
+        fail("csi", f"the nodes CA's name constraints are {constraints}")
+    issuers = set()
+    for d in docs:
+        spec = (d.get("spec") or {}).get("template", {}).get("spec", {}) if d["kind"] in ("Deployment", "StatefulSet") else {}
+        for v in spec.get("volumes", []):
+            if (v.get("csi") or {}).get("driver") == "csi.cert-manager.io":
+                issuers.add(v["csi"]["volumeAttributes"]["csi.cert-manager.io/issuer-name"])
+    if issuers != {nodes_ca[0]["metadata"]["name"][: -len("-ca")]}:
+        fail("csi", f"CSI volumes ask {sorted(issuers)}, not the name-constrained nodes issuer")

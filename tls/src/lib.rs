@@ -588,4 +588,43 @@ mod tests {
         }
         ca.issue(Role::Worker, &id("w0"), &["w0.example.com".into(), "10.0.0.1".into()], 1).unwrap();
     }
+
+    /// The chart's CSI issuer: an intermediate CA name-constrained to worker and frontend names. A worker's
+    /// certificate from it chains to the cluster CA; one it signed for the admin's name is refused by every node.
+    #[test]
+    fn a_name_constrained_intermediate_signs_only_its_roles() {
+        use rcgen::{GeneralSubtree, NameConstraints};
+        let ca = ClusterCa::generate("test CA", 1).unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::DigitalSignature];
+        params.name_constraints = Some(NameConstraints {
+            permitted_subtrees: vec![
+                GeneralSubtree::DnsName("worker.zl.internal".into()),
+                GeneralSubtree::DnsName("frontend.zl.internal".into()),
+            ],
+            excluded_subtrees: vec![],
+        });
+        let key = KeyPair::generate().unwrap();
+        let intermediate = params.signed_by(&key, &ca.issuer).unwrap();
+        let nodes = ClusterCa {
+            pem: PemPair { cert_pem: intermediate.pem(), key_pem: key.serialize_pem() },
+            issuer: Issuer::new(params, key),
+        };
+        let mut roots = RootCertStore::empty();
+        roots.add(certs_from_pem("ca", ca.cert_pem().as_bytes()).unwrap().remove(0)).unwrap();
+        let roots = Arc::new(roots);
+        let chain = |role: Role, node: &str| {
+            let pair = nodes.issue(role, &id(node), &[], 1).unwrap();
+            let mut chain = certs_from_pem("leaf", pair.cert_pem.as_bytes()).unwrap();
+            chain.push(intermediate.der().clone());
+            chain
+        };
+        check_chain(&roots, &chain(Role::Worker, "w-1"), Role::Worker, &id("w-1")).unwrap();
+        check_chain(&roots, &chain(Role::Frontend, "f-1"), Role::Frontend, &id("f-1")).unwrap();
+        let err = check_chain(&roots, &chain(Role::Admin, "ops"), Role::Admin, &id("ops")).unwrap_err();
+        assert!(matches!(err, TlsError::Untrusted(_)), "{err}");
+        let err = check_chain(&roots, &chain(Role::Orchestrator, "o-0"), Role::Orchestrator, &id("o-0")).unwrap_err();
+        assert!(matches!(err, TlsError::Untrusted(_)), "{err}");
+    }
 }

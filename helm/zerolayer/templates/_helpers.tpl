@@ -142,7 +142,7 @@ consul-ttl-ms = {{ .Values.discovery.consul.ttlMs }}
 - name: tls
 {{- if and .root.Values.tls.certManager.enabled (ne .tier "orchestrator") }}
 {{- $cm := .root.Values.tls.certManager }}
-{{- $issuer := $cm.issuerRef | default (dict "name" (printf "%s-ca" $full) "kind" "Issuer") }}
+{{- $issuer := $cm.nodeIssuerRef | default (dict "name" (printf "%s-nodes" $full) "kind" "Issuer") }}
   csi:
     driver: csi.cert-manager.io
     readOnly: true
