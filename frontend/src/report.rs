@@ -64,9 +64,16 @@ pub async fn report_loop(
     loop {
         // The first report goes at once: it confirms the audit chain before the frontend serves.
         if !std::mem::take(&mut first) {
+            let uncommitted = async {
+                match &audit {
+                    Some(log) => log.uncommitted.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = tokio::time::sleep(interval) => {}
                 () = reporter.wake.notified() => {}
+                () = uncommitted => {}
             }
         }
         let head = audit.as_ref().map(|a| a.head()).filter(|h| h.seq > 0);

@@ -70,6 +70,9 @@ pub(crate) struct HeadChecks {
     allow_missing: bool,
 }
 
+/// A chain whose first record is younger than this, with no head committed, is taken for one not yet reported.
+const YOUNG_CHAIN_S: u64 = 120;
+
 /// What the orchestrators hold for one frontend.
 #[derive(Debug, Default)]
 struct Committed {
@@ -142,11 +145,27 @@ async fn check_chains(
         }
         if !checks.offline && committed.is_none() && !checks.allow_uncommitted {
             bad += 1;
-            say(format!(
-                "FAILED: {} (frontend {frontend:?}): no orchestrator holds a head for this frontend: a renamed or \
-                 invented chain (pass --allow-uncommitted if the orchestrators' state was rebuilt)",
-                dir.display()
-            ));
+            // A chain begun moments ago is committed with its frontend's next report: say so rather than call it
+            // invented.
+            let mut first_ms = None;
+            let _ = zl_node::audit::verify_dir(&dir, None, true, |r| {
+                first_ms.get_or_insert(r.time_ms);
+            });
+            let age_s = first_ms.map(|t| zl_common::calendar::unix_ms().saturating_sub(t) / 1000);
+            match age_s {
+                Some(age) if age < YOUNG_CHAIN_S => say(format!(
+                    "FAILED: {} (frontend {frontend:?}): no orchestrator holds a head for this frontend yet: the \
+                     chain began {age} s ago, and its frontend commits it with its next report (at once for a new \
+                     chain, while the orchestrators answer): run verify again; if this persists, it is a renamed \
+                     or invented chain",
+                    dir.display()
+                )),
+                _ => say(format!(
+                    "FAILED: {} (frontend {frontend:?}): no orchestrator holds a head for this frontend: a renamed or \
+                     invented chain (pass --allow-uncommitted if the orchestrators' state was rebuilt)",
+                    dir.display()
+                )),
+            }
             continue;
         }
         let head = committed.and_then(|c| c.head.clone());
@@ -155,6 +174,15 @@ async fn check_chains(
             Ok(s) => {
                 let against = match (committed, &head) {
                     (_, _) if checks.offline => "not checked against a committed head (--offline)".to_owned(),
+                    // Records after the committed head are proven with the next report's head: until then their
+                    // removal (a truncation back to the head) cannot be told from their absence.
+                    (_, Some(h)) if s.head.seq > h.seq => format!(
+                        "reaches the committed head, record {}; records {}..{} are not committed yet (the next \
+                         report commits them: until then removing them would go unnoticed)",
+                        h.seq,
+                        h.seq + 1,
+                        s.head.seq
+                    ),
                     (_, Some(h)) => format!("reaches the committed head, record {}", h.seq),
                     (Some(_), None) => "its head was reset by an operator and not reported since".to_owned(),
                     (None, None) => "no head committed for it (--allow-uncommitted)".to_owned(),

@@ -59,6 +59,12 @@ pub struct AuditLog {
     frontend: String,
     region: String,
     writer: Mutex<Writer>,
+    /// The newest record the orchestrators committed for this chain (0: none yet).
+    committed: std::sync::atomic::AtomicU64,
+    /// Notified when a record is appended to a chain none of whose records is committed yet: the report loop
+    /// sends the head at once, so a new chain is committed (and `zl audit verify` can prove it) without waiting for
+    /// the next report.
+    pub uncommitted: tokio::sync::Notify,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -82,7 +88,14 @@ impl AuditLog {
         let head = resumed.head.unwrap_or(ChainHead { seq: 0, hash: GENESIS.to_owned() });
         tracing::info!(dir = %config.dir.display(), seq = head.seq, "audit log open");
         let writer = Writer { segments, head, failure: None, diverged: None };
-        Ok(AuditLog { config, frontend: frontend.to_owned(), region: region.to_owned(), writer: Mutex::new(writer) })
+        Ok(AuditLog {
+            config,
+            frontend: frontend.to_owned(),
+            region: region.to_owned(),
+            writer: Mutex::new(writer),
+            committed: 0.into(),
+            uncommitted: tokio::sync::Notify::new(),
+        })
     }
 
     /// The newest record written (seq 0 before any).
@@ -103,6 +116,7 @@ impl AuditLog {
     /// whatever `on_failure` says, until the chain is restored or an operator resets the head (`zl admin
     /// audit-reset`), rather than start a new chain silently.
     pub fn check_committed(&self, committed: Option<(u64, [u8; 32])>) {
+        self.committed.store(committed.map_or(0, |(seq, _)| seq), std::sync::atomic::Ordering::Relaxed);
         let mut w = lock(&self.writer);
         let diverged = committed.and_then(|(seq, hash)| {
             let hash = zl_common::keys::hex(&hash);
@@ -161,6 +175,9 @@ impl AuditLog {
         match w.segments.append(record.seq, line.as_bytes()) {
             Ok(()) => {
                 w.head = ChainHead { seq: record.seq, hash };
+                if self.committed.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                    self.uncommitted.notify_one();
+                }
                 if w.failure.take().is_some() {
                     tracing::warn!("audit log writable again");
                 }
