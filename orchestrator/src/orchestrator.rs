@@ -516,27 +516,19 @@ impl Orchestrator {
                 }
             })
             .collect();
+        let info = |m: &crate::state::ModelVersion| ModelInfo {
+            id: m.id.clone(),
+            weights_sha256: route::sha_bytes(&m.weights_sha256),
+            context_length: m.context_length,
+            family: m.family.clone(),
+            weights_bytes: m.weights_bytes,
+        };
+        // The versions non-draining workers serve first; then the models with no serving worker now, which still
+        // exist: their requests get a retryable 529 from routing.
+        let serving = state.workers().values().filter(|w| !w.draining).flat_map(|w| &w.spec.models);
         let mut models = std::collections::BTreeMap::new();
-        for w in state.workers().values().filter(|w| !w.draining) {
-            for m in &w.spec.models {
-                models.entry(m.id.clone()).or_insert_with(|| ModelInfo {
-                    id: m.id.clone(),
-                    weights_sha256: route::sha_bytes(&m.weights_sha256),
-                    context_length: m.context_length,
-                    family: m.family.clone(),
-                    weights_bytes: m.weights_bytes,
-                });
-            }
-        }
-        // Models with no serving worker now still exist: their requests get a retryable 529 from routing.
-        for m in state.known_models().values() {
-            models.entry(m.id.clone()).or_insert_with(|| ModelInfo {
-                id: m.id.clone(),
-                weights_sha256: route::sha_bytes(&m.weights_sha256),
-                context_length: m.context_length,
-                family: m.family.clone(),
-                weights_bytes: m.weights_bytes,
-            });
+        for m in serving.chain(state.known_models().values()) {
+            models.entry(m.id.clone()).or_insert_with(|| info(m));
         }
         for alias in state.aliases().keys() {
             if let Some(target) = models.get(state.resolve_alias(alias)).cloned() {
