@@ -474,3 +474,23 @@ async fn a_stream_starts_when_the_worker_admits_the_request_not_at_its_first_tok
     assert_eq!(rest.matches("event: content_block_delta").count(), 3, "the admission frame is no event: {rest}");
     assert!(rest.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"), "{rest}");
 }
+
+#[tokio::test]
+async fn a_cluster_with_no_model_registered_yet_answers_a_retryable_529_not_404() {
+    // Starting: the key is known, no worker has registered a model yet. Nothing tells a typo from a model still to
+    // come, and what is missing is capacity: SDKs retry a 529, never a 404.
+    let h = harness();
+    let mut starting = sync_state(1);
+    starting.models.clear();
+    h.cluster.apply(starting, std::time::Instant::now());
+    let resp = h.anthropic(hello(json!({}))).await;
+    assert_eq!(resp.status().as_u16(), 529, "{}", text(resp).await);
+    let resp = h.openai(hello(json!({}))).await;
+    assert_eq!(resp.status().as_u16(), 529);
+    assert!(resp.headers().contains_key("retry-after"));
+    // Models registered: a name none of them is stays a 404 naming those served.
+    h.cluster.apply(sync_state(2), std::time::Instant::now());
+    let resp = h.anthropic(hello(json!({"model": "typo"}))).await;
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+    assert!(text(resp).await.contains(MODEL));
+}

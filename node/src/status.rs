@@ -104,4 +104,18 @@ mod tests {
             Probes { ready: Arc::new(|| Ok("leader 1".into())), live: Arc::new(|| Err("Raft task stopped".into())) };
         assert_eq!(answer("/healthz", &render, &dead).status(), StatusCode::SERVICE_UNAVAILABLE);
     }
+
+    /// Latency histograms are Prometheus histograms, which `histogram_quantile` aggregates across pods (summaries
+    /// cannot be added up).
+    #[tokio::test]
+    async fn latency_metrics_render_as_histograms_with_buckets() {
+        let render = crate::metrics_renderer().unwrap();
+        metrics::histogram!("zl_frontend_ttft_seconds", "model" => "m").record(0.2);
+        metrics::histogram!("zl_frontend_billing_unit").record(0.35);
+        let text = render();
+        assert!(text.contains("# TYPE zl_frontend_ttft_seconds histogram"), "{text}");
+        assert!(text.contains("zl_frontend_ttft_seconds_bucket{model=\"m\",le=\"0.25\"} 1"), "{text}");
+        assert!(text.contains("zl_frontend_billing_unit_bucket{le=\"0.4\"} 1"), "{text}");
+        assert!(!text.contains("quantile="), "no summaries: {text}");
+    }
 }

@@ -176,22 +176,28 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     // every second with a read point).
     let readiness: Arc<std::sync::RwLock<Result<String, String>>> =
         Arc::new(std::sync::RwLock::new(Err("opening the Raft storage".to_owned())));
-    let probe = {
-        let readiness = readiness.clone();
-        Arc::new(move || zl_common::sync::read(&readiness).clone())
-    };
     // Alive while the Raft task runs: one whose storage failed has left the group for good, and only a restart
-    // (by the kubelet, or `zl up`'s supervisor) brings it back.
+    // (by the kubelet, or `zl up`'s supervisor) brings it back. Not ready then either, at once.
     let raft: Arc<std::sync::OnceLock<zl_orchestrator::raft::driver::Group>> = Arc::default();
-    let live = {
+    let stopped = {
         let raft = raft.clone();
-        Arc::new(move || match raft.get() {
-            Some(group) if !group.alive() => {
-                Err("the Raft task stopped (storage failed: see zl_raft_fatal_errors_total and the log)".to_owned())
-            }
-            _ => Ok("serving".to_owned()),
+        move || {
+            raft.get().is_some_and(|group| !group.alive()).then(|| {
+                "the Raft task stopped (storage failed: see zl_raft_fatal_errors_total and the log)".to_owned()
+            })
+        }
+    };
+    let probe = {
+        let (readiness, stopped) = (readiness.clone(), stopped.clone());
+        Arc::new(move || match stopped() {
+            Some(why) => Err(why),
+            None => zl_common::sync::read(&readiness).clone(),
         })
     };
+    let live = Arc::new(move || match stopped() {
+        Some(why) => Err(why),
+        None => Ok("serving".to_owned()),
+    });
     zl_node::status::serve_probes(args.metrics_addr, zl_node::status::Probes { ready: probe, live }).await?;
     let settings = LoadSettings {
         heartbeat_timeout: Duration::from_millis(args.heartbeat_timeout_ms),
