@@ -254,3 +254,20 @@ def check_csi_issuer(render_set, fail):
                 issuers.add(v["csi"]["volumeAttributes"]["csi.cert-manager.io/issuer-name"])
     if issuers != {nodes_ca[0]["metadata"]["name"][: -len("-ca")]}:
         fail("csi", f"CSI volumes ask {sorted(issuers)}, not the name-constrained nodes issuer")
+
+
+def check_alerts(render_set, fail):
+    """The PrometheusRule watches what an SRE must hear of: a dead Raft task, commit lag, expiring or untrusted
+    certificates, and every tier's workload kind (frontends are a StatefulSet by default)."""
+    docs = render_set(["metrics.prometheusRule.enabled=true"], ["--api-versions", "monitoring.coreos.com/v1/PrometheusRule"])
+    rules = [r for d in docs if d["kind"] == "PrometheusRule" for g in d["spec"]["groups"] for r in g["rules"]]
+    by_name = {r.get("alert"): r["expr"] for r in rules}
+    for alert in ["ZerolayerRaftFatal", "ZerolayerRaftCommitLag", "ZerolayerCertificateExpiring", "ZerolayerCertificateUntrusted"]:
+        if alert not in by_name:
+            fail("alerts", f"no {alert} alert")
+    tier_down = by_name.get("ZerolayerTierDown", "")
+    frontend = [d for d in docs if d["kind"] == "StatefulSet" and d["metadata"]["name"].endswith("-frontend")]
+    if frontend and "kube_statefulset_status_replicas_ready" not in tier_down or (frontend and "-frontend" not in tier_down.split("kube_deployment")[0]):
+        fail("alerts", "ZerolayerTierDown does not watch the frontends' StatefulSet")
+    if "quantile=" in " ".join(by_name.values()):
+        fail("alerts", "an alert reads a summary's quantile: latencies are histograms (histogram_quantile)")

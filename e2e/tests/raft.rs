@@ -209,3 +209,48 @@ fn three_orchestrators_fail_over_catch_up_and_refuse_writes_without_a_majority()
     assert_eq!(ask(http, 100_000), 200, "the survivor stopped routing");
     drop(worker);
 }
+
+/// SIGTERM to the leader of three, with a frontend's connections open and writes flowing through a follower: it
+/// hands leadership over and exits within the documented 3 s (open admin and QUIC calls get what is left of it).
+#[test]
+fn a_stopping_leader_exits_within_three_seconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let tls = dir.path();
+    certs(tls, &[("orchestrator", "o-1"), ("orchestrator", "o-2"), ("orchestrator", "o-3"), ("admin", "ops")]);
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|id| Node {
+            id,
+            addrs: (free_udp(), free_tcp(), free_tcp()),
+            data: tempfile::tempdir().unwrap(),
+            proc: None,
+        })
+        .collect();
+    let peers = nodes.iter().map(|n| format!("{}@127.0.0.1:{}", n.id, n.addrs.1.port())).collect::<Vec<_>>().join(",");
+    for n in nodes.iter_mut() {
+        start(tls, n, &peers);
+    }
+    let leader = agreed_leader(&nodes.iter().collect::<Vec<_>>(), 0, Duration::from_secs(20)).expect("a leader");
+    let follower = nodes.iter().find(|n| n.id != leader).unwrap().addrs.1;
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, tls) = (stop.clone(), tls.to_owned());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) && i < 200 {
+                let _ = admin_as(&tls, "ops", follower, &["project", &format!("p{i}")]);
+                i += 1;
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let node = nodes.iter_mut().find(|n| n.id == leader).unwrap();
+    let started = Instant::now();
+    let exited = node.proc.as_mut().unwrap().proc.terminate(Duration::from_secs(15));
+    let took = started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    assert!(exited, "the leader did not exit cleanly within 15 s");
+    assert!(took < Duration::from_millis(3500), "SIGTERM to exit took {took:?}");
+    let survivors: Vec<&Node> = nodes.iter().filter(|n| n.id != leader).collect();
+    assert!(agreed_leader(&survivors, leader, Duration::from_secs(10)).is_some(), "a new leader");
+}

@@ -356,8 +356,8 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     // Within 3 s of SIGTERM in all (docs/consensus.md): a leader hands over first (writes, forwarded ones included,
     // then wait for no election), then the admin API and the QUIC server get what is left to finish their calls
     // (routes and reports take milliseconds; a call still open then fails over to another orchestrator).
-    let stop_by = tokio::time::Instant::now() + Duration::from_secs(3);
-    node.group().hand_over(Duration::from_millis(2000)).await;
+    let stop_by = tokio::time::Instant::now() + Duration::from_millis(2500);
+    node.group().hand_over(Duration::from_millis(1500)).await;
     let _ = admin.0.send(());
     let left = |floor: u64| {
         stop_by.saturating_duration_since(tokio::time::Instant::now()).max(Duration::from_millis(floor)) / 2
