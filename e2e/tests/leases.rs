@@ -82,14 +82,42 @@ fn a_burst_over_two_frontends_gets_the_per_minute_limit() {
     assert!((9..=10).contains(&admitted), "{admitted} of 40 admitted under a limit of 10 a minute");
 }
 
+/// Three clients per frontend, each sending ten requests one after another whatever the answers: a load spread
+/// over both frontends and over time.
+fn spread(frontends: &[SocketAddr; 2], key: &'static str, max_tokens: u32) -> Vec<(u16, u64)> {
+    let threads: Vec<_> = (0..6)
+        .map(|t| {
+            let fe = frontends[t % 2];
+            std::thread::spawn(move || {
+                (0..10)
+                    .map(|i| {
+                        let headers = [("x-api-key", key), ("x-zl-cache", "bypass")];
+                        let r = request(fe, "POST", "/v1/messages", &headers, &body(t * 100 + i, max_tokens)).unwrap();
+                        match r.status {
+                            200 => {
+                                let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+                                let u = &v["usage"];
+                                (200, u["input_tokens"].as_u64().unwrap() + u["output_tokens"].as_u64().unwrap())
+                            }
+                            429 => (429, 0),
+                            other => panic!("unexpected {other}: {}", r.body),
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    threads.into_iter().flat_map(|t| t.join().unwrap()).collect()
+}
+
 #[test]
-fn a_burst_over_two_frontends_gets_the_budget() {
+fn a_load_spread_over_two_frontends_gets_the_budget() {
     let dir = tempfile::tempdir().unwrap();
     let budget = ["budget", "p", "--metric", "tokens", "--period", "day", "--limit", "1500"];
     let (_cluster, _fe1, frontends) = two_frontends(dir.path(), &budget);
-    // A daily budget of 1,500 tokens, 60 requests at once over two frontends: at least 90% of it is used, never
-    // more than all of it.
-    let answers = burst(&frontends, KEY, 60, 8);
+    // A daily budget of 1,500 tokens, 60 requests of about 47 tokens each from six clients over two frontends: at
+    // least 90% of the budget is used, never more than all of it.
+    let answers = spread(&frontends, KEY, 8);
     let admitted = answers.iter().filter(|(s, _)| *s == 200).count();
     let spent: u64 = answers.iter().map(|(_, t)| t).sum();
     eprintln!("budget 1500: {admitted} of 60 admitted, {spent} tokens");
