@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use zl_e2e::{admin, certs_more, http, request, small_cluster, start_frontend_args};
+use zl_e2e::{admin, certs_more, http, http_stream, request, small_cluster, start_frontend_args};
 
 const KEY: &str = "sk-zl-lease-test-key-0123456789abcd";
 
@@ -149,23 +149,21 @@ fn a_concurrency_slot_comes_back_when_its_request_ends_and_refusals_cost_nothing
     // second request that runs is admitted after any number of refusals.
     admin(tls, cluster.orch.admin, &["project", "p", "--rpm", "2", "--concurrent", "1"]);
     std::thread::sleep(Duration::from_secs(61));
-    let long = {
-        let fe = cluster.http;
-        std::thread::spawn(move || {
-            let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass")];
-            request(fe, "POST", "/v1/messages", &headers, &body(1000, 48)).unwrap().status
-        })
-    };
-    std::thread::sleep(Duration::from_millis(300));
+    // A long streamed answer holds the project's only slot from its first event until its last.
+    let long_body = serde_json::json!({"model": "smollm2-135m-instruct", "max_tokens": 96, "temperature": 0,
+        "stream": true, "messages": [{"role": "user", "content": "Write a long story about the sea."}]})
+    .to_string();
+    let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass")];
+    let mut long = http_stream(cluster.http, "POST", "/v1/messages", &headers, &long_body).unwrap();
+    assert_eq!(long.status, 200, "the long request is admitted");
     let mut refused = 0;
     for i in 0..5 {
-        let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass")];
         let r = request(cluster.http, "POST", "/v1/messages", &headers, &body(2000 + i, 2)).unwrap();
-        if r.status == 429 {
-            refused += 1;
-        }
+        assert_eq!(r.status, 429, "the slot is held: {}", r.body);
+        refused += 1;
     }
-    assert_eq!(long.join().unwrap(), 200);
+    let rest = long.rest();
+    assert!(rest.contains("message_stop"), "{rest}");
     assert!(refused >= 1, "the slot was held while the long request ran");
     let headers = [("x-api-key", KEY), ("x-zl-cache", "bypass")];
     let after = request(cluster.http, "POST", "/v1/messages", &headers, &body(3000, 2)).unwrap();
