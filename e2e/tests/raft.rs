@@ -30,6 +30,24 @@ fn start(tls: &std::path::Path, node: &mut Node, peers: &str) {
     node.proc = Some(start_orchestrator_at(tls, &format!("o-{}", node.id), node.addrs, &extra));
 }
 
+/// Three orchestrators `o-1`..`o-3` (Raft ids 1 to 3) started with each other as peers, by DNS name as a
+/// StatefulSet's pods know each other; and that peer list.
+fn start_three(tls: &std::path::Path) -> (Vec<Node>, String) {
+    let mut nodes: Vec<Node> = (1..=3)
+        .map(|id| Node {
+            id,
+            addrs: (free_udp(), free_tcp(), free_tcp()),
+            data: tempfile::tempdir().unwrap(),
+            proc: None,
+        })
+        .collect();
+    let peers = nodes.iter().map(|n| format!("{}@localhost:{}", n.id, n.addrs.1.port())).collect::<Vec<_>>().join(",");
+    for n in nodes.iter_mut() {
+        start(tls, n, &peers);
+    }
+    (nodes, peers)
+}
+
 /// The leader every live node agrees on, once they do (within `limit`), other than `not`.
 fn agreed_leader(nodes: &[&Node], not: u64, limit: Duration) -> Option<u64> {
     let deadline = Instant::now() + limit;
@@ -97,19 +115,8 @@ fn three_orchestrators_fail_over_catch_up_and_refuse_writes_without_a_majority()
             ("admin", "ops"),
         ],
     );
-    let mut nodes: Vec<Node> = (1..=3)
-        .map(|id| Node {
-            id,
-            addrs: (free_udp(), free_tcp(), free_tcp()),
-            data: tempfile::tempdir().unwrap(),
-            proc: None,
-        })
-        .collect();
     // Peers by DNS name, as a StatefulSet's pods know each other (resolved on each connection).
-    let peers = nodes.iter().map(|n| format!("{}@localhost:{}", n.id, n.addrs.1.port())).collect::<Vec<_>>().join(",");
-    for n in nodes.iter_mut() {
-        start(tls, n, &peers);
-    }
+    let (mut nodes, peers) = start_three(tls);
     let leader = agreed_leader(&nodes.iter().collect::<Vec<_>>(), 0, Duration::from_secs(20)).expect("a leader");
 
     // A write through a follower is forwarded to the leader and applied everywhere.
@@ -217,18 +224,7 @@ fn a_stopping_leader_exits_within_three_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let tls = dir.path();
     certs(tls, &[("orchestrator", "o-1"), ("orchestrator", "o-2"), ("orchestrator", "o-3"), ("admin", "ops")]);
-    let mut nodes: Vec<Node> = (1..=3)
-        .map(|id| Node {
-            id,
-            addrs: (free_udp(), free_tcp(), free_tcp()),
-            data: tempfile::tempdir().unwrap(),
-            proc: None,
-        })
-        .collect();
-    let peers = nodes.iter().map(|n| format!("{}@127.0.0.1:{}", n.id, n.addrs.1.port())).collect::<Vec<_>>().join(",");
-    for n in nodes.iter_mut() {
-        start(tls, n, &peers);
-    }
+    let (mut nodes, _) = start_three(tls);
     let leader = agreed_leader(&nodes.iter().collect::<Vec<_>>(), 0, Duration::from_secs(20)).expect("a leader");
     let follower = nodes.iter().find(|n| n.id != leader).unwrap().addrs.1;
     let stop = Arc::new(AtomicBool::new(false));
