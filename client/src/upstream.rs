@@ -164,6 +164,8 @@ impl QuicUpstream {
 
     /// Call these orchestrators from now on (discovery found a new set).
     pub fn set_orchestrators(&self, orchestrators: Vec<SocketAddr>) {
+        // What was seen of addresses no longer listed goes with them (pods come back at new addresses).
+        lock(&self.seen).retain(|addr, _| orchestrators.contains(addr));
         *write(&self.orchestrators) = orchestrators.into();
     }
 
