@@ -128,12 +128,10 @@ impl Orchestrator {
         })?;
         // A worker this node hears from runs now, registered or not (a static one between its registrations): its
         // id is taken whatever the replicated state says yet.
+        // One lock at a time (routes take the state's, then the load's).
+        let running = || read(&self.load).latest(&req.node_id).is_some();
         let enrolled = || read(&self.state.0).enrolled().get("worker", req.node_id.as_str()).is_some();
-        if !renewal
-            && req.role == zl_wire::message::Role::Worker
-            && read(&self.load).latest(&req.node_id).is_some()
-            && !enrolled()
-        {
+        if !renewal && req.role == zl_wire::message::Role::Worker && !enrolled() && running() {
             metrics::counter!("zl_enrollments_total", "outcome" => "refused").increment(1);
             tracing::warn!(node = %req.node_id, by = %peer_id, "enrollment refused: a worker with this id is running");
             return Err(WireError::new(
