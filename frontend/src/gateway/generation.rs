@@ -126,14 +126,9 @@ impl Generation {
     /// the worker sent, exactly as a finish would have.
     fn end_early(&mut self, reason: &'static str) {
         let Some(mut live) = self.live.take() else { return };
-        let signals = Signals::measure(&live.billing_input, &live.output);
-        let unit = billing::billing_unit(&self.settle.gateway.cluster.billing_weights(), &signals);
-        self.settle.spent.milli_units = milli(unit);
         let output_tokens = self.settle.output_tokens;
-        metrics::counter!("zl_frontend_output_tokens_total", "model" => live.model.clone())
-            .increment(u64::from(output_tokens));
+        let unit = charge(&mut self.settle, &live, output_tokens);
         metrics::counter!("zl_frontend_ended_early_total", "reason" => reason).increment(1);
-        metrics::histogram!("zl_frontend_billing_unit").record(f64::from(unit));
         let migrated_to = std::mem::take(&mut live.migrated_to);
         self.tally.set(Delivered { output_tokens, billing_unit: unit, stop_reason: reason, migrated_to });
     }
@@ -225,8 +220,7 @@ impl Generation {
                 f.usage.input_tokens = input.min(live.prompt_tokens);
                 f.usage.output_tokens = f.usage.output_tokens.min(live.max_tokens);
                 f.usage.cached_input_tokens = f.usage.cached_input_tokens.min(f.usage.input_tokens);
-                let signals = Signals::measure(&live.billing_input, &live.output);
-                let unit = billing::billing_unit(&self.settle.gateway.cluster.billing_weights(), &signals);
+                let unit = charge(&mut self.settle, live, f.usage.output_tokens);
                 let finish = FinishInfo {
                     stop_reason: f.stop_reason,
                     stop_sequence: f.stop_sequence,
@@ -238,11 +232,6 @@ impl Generation {
                     accepted_draft_tokens: f.usage.accepted_draft_tokens,
                     migrated_to: std::mem::take(&mut live.migrated_to),
                 };
-                self.settle.output_tokens = f.usage.output_tokens;
-                self.settle.spent.milli_units = milli(unit);
-                metrics::counter!("zl_frontend_output_tokens_total", "model" => live.model.clone())
-                    .increment(u64::from(f.usage.output_tokens));
-                metrics::histogram!("zl_frontend_billing_unit").record(f64::from(unit));
                 self.settle.gateway.finish_live(live, &finish);
                 self.live = None;
                 Some(Ok(GenEvent::Finish(finish)))
@@ -290,6 +279,19 @@ async fn read(source: &mut dyn TokenSource, started: bool, stall: std::time::Dur
         Some(Err(e)) => Err(Fault::Call(e)),
         None => Err(Fault::Ended),
     }
+}
+
+/// Charge an answer that ended (with its finish or without) for `output_tokens` and the billing unit of the text
+/// `live` delivered; returns the unit.
+fn charge(settle: &mut Settle, live: &Live, output_tokens: u32) -> f32 {
+    let signals = Signals::measure(&live.billing_input, &live.output);
+    let unit = billing::billing_unit(&settle.gateway.cluster.billing_weights(), &signals);
+    settle.output_tokens = output_tokens;
+    settle.spent.milli_units = milli(unit);
+    metrics::counter!("zl_frontend_output_tokens_total", "model" => live.model.clone())
+        .increment(u64::from(output_tokens));
+    metrics::histogram!("zl_frontend_billing_unit").record(f64::from(unit));
+    unit
 }
 
 /// A billing unit in thousandths.
