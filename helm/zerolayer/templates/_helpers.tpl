@@ -324,3 +324,9 @@ runtimeClassName: {{ . }}
 {{- $over := .image | default dict -}}
 {{- printf "%s:%s" ($over.repository | default $image.repository) ($over.tag | default $image.tag | default .root.Chart.AppVersion) -}}
 {{- end -}}
+
+{{/* The ServiceAccount a tier's pods run as (dict "root" $ "tier" "worker"): one per tier, so that what Kubernetes
+     grants an identity (cert-manager's approver-policy, a cloud's workload identity) is granted to one tier. */}}
+{{- define "zl.serviceAccount" -}}
+{{- printf "%s-%s" (include "zl.fullname" .root) .tier -}}
+{{- end -}}
