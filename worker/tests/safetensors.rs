@@ -14,7 +14,7 @@ use common::{hf_tokenizer, logits, logits_with, max_diff};
 use zl_text::ChatMessage;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::model::kernels::Weight;
-use zl_worker::model::llama::{Layer, Llama, LlamaConfig};
+use zl_worker::model::llama::{Ffn, Layer, Llama, LlamaConfig};
 use zl_worker::model::lora::Target;
 use zl_worker::model::lora_load::{self, AdapterFormat};
 use zl_worker::model::{Precision, hf, lora_merge};
@@ -114,9 +114,11 @@ fn interleaved_twin(vocab: usize) -> Llama {
             post_norms: None,
             wo: f(HIDDEN, HIDDEN, take("self_attn.o_proj.weight")),
             ffn_norm: take("post_attention_layernorm.weight"),
-            w_gate: f(INTER, HIDDEN, bf16_round(&take("mlp.gate_proj.weight"))),
-            w_up: f(INTER, HIDDEN, bf16_round(&take("mlp.up_proj.weight"))),
-            w_down: f(HIDDEN, INTER, bf16_round(&take("mlp.down_proj.weight"))),
+            ffn: Ffn::Dense {
+                gate: f(INTER, HIDDEN, bf16_round(&take("mlp.gate_proj.weight"))),
+                up: f(INTER, HIDDEN, bf16_round(&take("mlp.up_proj.weight"))),
+                down: f(HIDDEN, INTER, bf16_round(&take("mlp.down_proj.weight"))),
+            },
         });
     }
     let cfg = LlamaConfig {
@@ -148,7 +150,8 @@ fn a_hugging_face_directory_loads_and_both_rope_layouts_agree() {
     assert_eq!(model.llama.config().kv_heads, KV_HEADS);
     // bf16 matrices stay bf16 in memory (half the bytes of f32), f32 ones f32.
     let layer = &model.llama.layers()[0];
-    assert_eq!((layer.w_up.format_name(), layer.w_up.memory_bytes()), ("BF16", 2 * INTER * HIDDEN));
+    let (_, up, _) = layer.ffn.dense().unwrap();
+    assert_eq!((up.format_name(), up.memory_bytes()), ("BF16", 2 * INTER * HIDDEN));
     assert_eq!(layer.wq.format_name(), "F32");
     let tok = &model.tokenizer;
     let ids = tok.encode("hello <|im_end|>").unwrap();

@@ -169,6 +169,12 @@ impl GpuModel {
         };
         let mut layers = Vec::with_capacity(llama.layers.len());
         for l in &llama.layers {
+            let Some((w_gate, w_up, w_down)) = l.ffn.dense() else {
+                return Err(GpuError(
+                    "a mixture-of-experts model: this build runs its experts on the CPU path only (--device cpu)"
+                        .into(),
+                ));
+            };
             layers.push(DeviceLayer {
                 attn_norm: floats(&l.attn_norm)?,
                 wq: matrix(&l.wq)?,
@@ -188,9 +194,9 @@ impl GpuModel {
                 },
                 wo: matrix(&l.wo)?,
                 ffn_norm: floats(&l.ffn_norm)?,
-                w_gate: matrix(&l.w_gate)?,
-                w_up: matrix(&l.w_up)?,
-                w_down: matrix(&l.w_down)?,
+                w_gate: matrix(w_gate)?,
+                w_up: matrix(w_up)?,
+                w_down: matrix(w_down)?,
             });
         }
         let cfg = llama.config();
@@ -405,11 +411,12 @@ impl GpuModel {
             self.matmul(&hbuf, &layer.wk, bias.map(|b| &b[1]), n, &mut k)?;
             self.matmul(&hbuf, &layer.wv, bias.map(|b| &b[2]), n, &mut v)?;
             if let Some([qn, kn]) = &layer.qk_norm {
-                // Every head of every row is a row of `hd` values for the norm.
-                self.rms_norm_width(&q, None, qn, n * cfg.heads, hd, &mut attn)?;
+                // Every head of every row is a row of `hd` values for the norm (or every row one, for a norm as
+                // wide as the row: OLMoE's).
+                self.rms_norm_width(&q, None, qn, n * cfg.heads * hd / qn.len(), qn.len(), &mut attn)?;
                 std::mem::swap(&mut q, &mut attn);
                 let mut normed = zeros(n * kvd)?;
-                self.rms_norm_width(&k, None, kn, n * cfg.kv_heads, hd, &mut normed)?;
+                self.rms_norm_width(&k, None, kn, n * kvd / kn.len(), kn.len(), &mut normed)?;
                 k = normed;
             }
             {

@@ -5,6 +5,9 @@ use super::rope::RopeScaling;
 /// The widest attention head supported (Gemma 3 and Qwen3 use 256 and 128).
 pub const MAX_HEAD_DIM: usize = 512;
 
+/// The most experts a mixture-of-experts layer may have (gpt-oss and Qwen3-MoE have 128, DeepSeek 256).
+pub const MAX_EXPERTS: usize = 512;
+
 /// Shape and constants of a Llama-family model.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LlamaConfig {
@@ -46,6 +49,22 @@ pub struct LlamaConfig {
     /// `every`-th (layers `every - 1`, `2 * every - 1`, ...), which attends over all; local layers use their own
     /// RoPE base and no scaling.
     pub sliding: Option<SlidingWindow>,
+    /// Mixture-of-experts MLPs (Mixtral, Qwen3-MoE, OLMoE): every layer's MLP is `experts` MLPs of
+    /// `intermediate` width each, of which a router picks `used` per token; `None`: dense.
+    pub moe: Option<MoeConfig>,
+}
+
+/// A mixture-of-experts MLP's routing, as the file states it (llama.cpp's `build_moe_ffn`, softmax gating).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per layer.
+    pub experts: usize,
+    /// Experts each token runs.
+    pub used: usize,
+    /// The chosen experts' weights divided by their sum (Mixtral, Qwen3-MoE), or left as softmax gave them (OLMoE).
+    pub normalize: bool,
+    /// The chosen weights times this (1: as they are).
+    pub scale: f32,
 }
 
 /// The MLP's gate activation.
@@ -105,6 +124,14 @@ impl LlamaConfig {
         }
         if self.head_dim > MAX_HEAD_DIM {
             return Err(format!("head width {} is above the {MAX_HEAD_DIM} this build supports", self.head_dim));
+        }
+        if let Some(m) = &self.moe
+            && (m.used == 0 || m.used > m.experts || m.experts > MAX_EXPERTS)
+        {
+            return Err(format!(
+                "{} of {} experts per token (at most {MAX_EXPERTS} experts are supported)",
+                m.used, m.experts
+            ));
         }
         let rotary = self.rotary();
         if rotary == 0 || !rotary.is_multiple_of(2) || rotary > self.head_dim {

@@ -11,7 +11,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 
 use super::gguf_types::{tensor_types, type_name};
 use super::kernels::{BlockFormat, Weight};
-use super::llama::{Activation, Llama, LlamaConfig, RopeScaling, SlidingWindow};
+use super::llama::{Activation, Llama, LlamaConfig, MoeConfig, RopeScaling, SlidingWindow};
 use super::{LayerNames, LoadError, LoadedModel, Precision, TensorSource, load_layers};
 use zl_text::{GgufVocab, TextTokenizer};
 
@@ -146,6 +146,35 @@ impl TensorSource for Reader<'_> {
         let per_row = data.len() / rows.max(1);
         starts.map(|(at, r)| from_bytes(name, t.dtype(), r, cols, &data[at * per_row..(at + r) * per_row])).collect()
     }
+
+    fn experts(&mut self, name: &str, count: usize) -> Result<Vec<Weight>, LoadError> {
+        self.stacked(name, count)
+    }
+}
+
+impl Reader<'_> {
+    /// [`TensorSource::experts`]: the 3-D tensor's bytes (or values) cut into `count` matrices.
+    fn stacked(&mut self, name: &str, count: usize) -> Result<Vec<Weight>, LoadError> {
+        let t = self.tensor(name)?;
+        let dims = t.shape().dims().to_vec();
+        let [n, rows, cols] = dims[..] else {
+            return Err(LoadError::Format(format!("{name} has shape {dims:?}, expected {count} stacked matrices")));
+        };
+        if n != count {
+            return Err(LoadError::Format(format!("{name} stacks {n} matrices, the file says {count} experts")));
+        }
+        let bad = |e: super::kernels::WeightError| LoadError::Format(format!("{name}: {e}"));
+        if self.float || t.dtype() == GgmlDType::F32 {
+            let values = Self::dequantized(&t, name)?;
+            return values
+                .chunks_exact(rows * cols)
+                .map(|m| Weight::from_f32(rows, cols, m.to_vec()).map_err(bad))
+                .collect();
+        }
+        let data = t.data().map_err(|e| LoadError::Format(format!("{name}: {e}")))?;
+        let per = data.len() / n.max(1);
+        data.chunks_exact(per.max(1)).map(|m| from_bytes(name, t.dtype(), rows, cols, m)).collect()
+    }
 }
 
 /// A matrix of `rows` by `cols` from its bytes as GGUF type `dtype` stores them, in that format where a kernel has it.
@@ -209,9 +238,43 @@ pub(crate) fn read_content(path: &Path) -> Result<(Content, BufReader<File>), Lo
 }
 
 /// Whether llama.cpp's files of architecture `arch` hold Q and K for adjacent-pair RoPE: its converter permutes
-/// Llama's and Mistral's rows so; Qwen, Gemma and Phi-3 keep NeoX halves.
+/// Llama's and Mistral's rows so (Mixtral's too); Qwen, Gemma, Phi-3 and OLMoE keep NeoX halves.
 pub(crate) fn rope_interleaved(arch: &str) -> bool {
-    !matches!(arch, "qwen2" | "qwen3" | "gemma3" | "phi3")
+    !matches!(arch, "qwen2" | "qwen3" | "qwen3moe" | "gemma3" | "phi3" | "olmoe")
+}
+
+/// The GGUF architectures this build runs.
+const SUPPORTED: [&str; 8] = ["llama", "mistral", "qwen2", "qwen3", "qwen3moe", "olmoe", "gemma3", "phi3"];
+
+/// A mixture of experts' routing from the file (`{arch}.expert_count` > 0), as llama.cpp's graph for `arch` runs
+/// it: softmax gating, the chosen weights renormalized but for OLMoE's, scaled by `expert_weights_scale`.
+fn experts_config(content: &Content, arch: &str, r: &Reader<'_>) -> Result<Option<MoeConfig>, LoadError> {
+    let key = |k: &str| format!("{arch}.{k}");
+    let experts = meta_usize(content, &key("expert_count")).unwrap_or(0);
+    if experts == 0 {
+        if matches!(arch, "qwen3moe" | "olmoe") {
+            return Err(LoadError::Format(format!("{arch} without {arch}.expert_count")));
+        }
+        return Ok(None);
+    }
+    if !matches!(arch, "llama" | "mistral" | "qwen3moe" | "olmoe") {
+        return Err(LoadError::Unsupported(format!(
+            "{arch} with experts (mixture-of-experts runs for Mixtral-style llama, qwen3moe and olmoe)"
+        )));
+    }
+    if !r.has("blk.0.ffn_gate_exps.weight") && r.has("blk.0.ffn_gate.0.weight") {
+        return Err(LoadError::Unsupported(
+            "experts stored one tensor each (an old Mixtral conversion): convert the model again with a current \
+             llama.cpp, which stacks each layer's experts (ffn_gate_exps)"
+                .into(),
+        ));
+    }
+    Ok(Some(MoeConfig {
+        experts,
+        used: meta_usize(content, &key("expert_used_count"))?,
+        normalize: arch != "olmoe",
+        scale: meta_f32(content, &key("expert_weights_scale")).unwrap_or(1.0),
+    }))
 }
 
 /// The BOS token a GGUF model's text starts with, as llama.cpp decides it: `tokenizer.ggml.bos_token_id` when
@@ -239,9 +302,10 @@ pub fn load(path: &Path) -> Result<LoadedModel, LoadError> {
 pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadError> {
     let (content, file) = read_content(path)?;
     let arch = meta_string(&content, "general.architecture").unwrap_or_default();
-    if !matches!(arch.as_str(), "llama" | "mistral" | "qwen2" | "qwen3" | "gemma3" | "phi3") {
+    if !SUPPORTED.contains(&arch.as_str()) {
         return Err(LoadError::Unsupported(format!(
-            "GGUF architecture {arch:?} (llama, mistral, qwen2, qwen3, gemma3 and phi3 are)"
+            "GGUF architecture {arch:?} (supported: {}; mixture-of-experts: Mixtral-style llama, qwen3moe, olmoe)",
+            SUPPORTED.join(", ")
         )));
     }
     let gemma = arch == "gemma3";
@@ -289,9 +353,16 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
     // Partial rotary (Phi-4-mini: 96 of 128) where the file says fewer dimensions turn than a head has.
     let rotary_dims = meta_usize(&content, &key("rope.dimension_count")).ok().filter(|&r| r != head_dim);
     let vocab_meta = vocab(&content)?;
+    let moe = experts_config(&content, &arch, &r)?;
+    // A mixture of experts' MLPs are `expert_feed_forward_length` wide where the file says (Qwen3-MoE).
+    let intermediate = match moe {
+        Some(_) => meta_usize(&content, &key("expert_feed_forward_length"))
+            .or_else(|_| meta_usize(&content, &key("feed_forward_length")))?,
+        None => meta_usize(&content, &key("feed_forward_length"))?,
+    };
     let cfg = LlamaConfig {
         hidden,
-        intermediate: meta_usize(&content, &key("feed_forward_length"))?,
+        intermediate,
         layers,
         heads,
         kv_heads: meta_usize(&content, &key("attention.head_count_kv")).unwrap_or(heads),
@@ -316,6 +387,7 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
             _ => None,
         },
         attn_scale: if gemma { gemma3_attention_scale(layers, hidden, heads, head_dim) } else { None },
+        moe,
     };
     cfg.validate().map_err(LoadError::Format)?;
     let embed = r.weight("token_embd.weight")?;
@@ -335,6 +407,8 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
         down: "ffn_down.weight",
         qkv: "attn_qkv.weight",
         gate_up: "ffn_up.weight",
+        experts: ["ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"],
+        shared_expert: ["ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"],
     };
     let layers = load_layers(&mut r, &cfg, &names)?;
     let norm = r.vector("output_norm.weight")?;

@@ -183,6 +183,10 @@ impl TensorSource for Tensors {
         self.convert(t, name)
     }
 
+    fn experts(&mut self, name: &str, _count: usize) -> Result<Vec<Weight>, LoadError> {
+        Err(LoadError::Unsupported(format!("{name}: stacked experts from safetensors")))
+    }
+
     fn split(&mut self, name: &str, rows: &[usize]) -> Result<Vec<Weight>, LoadError> {
         let t = self.take(name)?;
         super::check_split(name, t.dims().first().copied().unwrap_or(0), rows)?;
@@ -267,6 +271,12 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
         }
         other => other.to_owned(),
     };
+    if matches!(family.as_str(), "mixtral" | "qwen2_moe" | "qwen3_moe" | "olmoe" | "gpt_oss") {
+        return Err(LoadError::Unsupported(format!(
+            "model_type {family:?} from safetensors: mixture-of-experts models are served from GGUF files \
+             (llama.cpp's convert_hf_to_gguf.py writes one)"
+        )));
+    }
     if !matches!(family.as_str(), "llama" | "mistral" | "qwen2" | "qwen3" | "phi3" | "gemma3") {
         return Err(LoadError::Unsupported(format!(
             "model_type {family:?} (llama, mistral, qwen2, qwen3, phi3 and gemma3_text are)"
@@ -351,6 +361,9 @@ pub fn load_with(dir: &Path, precision: Precision) -> Result<LoadedModel, LoadEr
         down: "mlp.down_proj.weight",
         qkv: "self_attn.qkv_proj.weight",
         gate_up: "mlp.gate_up_proj.weight",
+        // Mixture-of-experts checkpoints are refused above.
+        experts: ["", "", "", ""],
+        shared_expert: ["", "", ""],
     };
     let layers = load_layers(&mut t, &cfg, &names)?;
     let norm = t.vector("model.norm.weight")?;

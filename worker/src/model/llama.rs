@@ -7,11 +7,13 @@
 //! Every per-row operation (norms, RoPE, attention, activation) reads only its own row, in a fixed order, so the
 //! result for a sequence does not depend on what else is in the batch. No IO; weights arrive already loaded.
 
-pub use super::config::{Activation, LlamaConfig, MAX_HEAD_DIM, SlidingWindow};
+pub use super::config::{Activation, LlamaConfig, MAX_HEAD_DIM, MoeConfig, SlidingWindow};
 pub(crate) use super::kernels::PARALLEL_ROWS;
-use super::kernels::{AttentionShape, Input, Weight, attention_rows, dot_f32, exp_f32, per_row, team, with_simd};
+use super::kernels::{AttentionShape, Input, Weight, attention_rows, dot_f32, per_row, team, with_simd};
 pub use super::kv_store::{KvDtype, KvStore};
 use super::lora::{LoraAdapter, Target, add_updates};
+pub use super::moe::Experts;
+use super::moe::gated;
 pub use super::rope::RopeScaling;
 use super::rope::RopeTable;
 use crate::kv::pool::BlockId;
@@ -37,12 +39,42 @@ pub struct Layer {
     pub wo: Weight,
     /// RMSNorm before the MLP.
     pub ffn_norm: Vec<f32>,
-    /// MLP gate projection.
-    pub w_gate: Weight,
-    /// MLP up projection.
-    pub w_up: Weight,
-    /// MLP down projection.
-    pub w_down: Weight,
+    /// The MLP.
+    pub ffn: Ffn,
+}
+
+/// A layer's MLP: one, or a mixture of experts.
+#[derive(Debug)]
+pub enum Ffn {
+    /// One gated MLP.
+    Dense {
+        /// Gate projection.
+        gate: Weight,
+        /// Up projection.
+        up: Weight,
+        /// Down projection.
+        down: Weight,
+    },
+    /// Experts a router picks from per token.
+    Experts(Box<Experts>),
+}
+
+impl Ffn {
+    /// The dense MLP's gate, up and down projections (`None` for experts).
+    pub fn dense(&self) -> Option<(&Weight, &Weight, &Weight)> {
+        match self {
+            Ffn::Dense { gate, up, down } => Some((gate, up, down)),
+            Ffn::Experts(_) => None,
+        }
+    }
+
+    /// Every matrix.
+    pub fn matrices(&self) -> Box<dyn Iterator<Item = &Weight> + '_> {
+        match self {
+            Ffn::Dense { gate, up, down } => Box::new([gate, up, down].into_iter()),
+            Ffn::Experts(e) => Box::new(e.matrices()),
+        }
+    }
 }
 
 /// A loaded Llama-family model.
@@ -198,16 +230,33 @@ impl Llama {
             check(&format!("layer {i} k"), &l.wk, kv, h)?;
             check(&format!("layer {i} v"), &l.wv, kv, h)?;
             check(&format!("layer {i} o"), &l.wo, h, q)?;
-            check(&format!("layer {i} gate"), &l.w_gate, cfg.intermediate, h)?;
-            check(&format!("layer {i} up"), &l.w_up, cfg.intermediate, h)?;
-            check(&format!("layer {i} down"), &l.w_down, h, cfg.intermediate)?;
+            match (&l.ffn, &cfg.moe) {
+                (Ffn::Dense { gate, up, down }, None) => {
+                    check(&format!("layer {i} gate"), gate, cfg.intermediate, h)?;
+                    check(&format!("layer {i} up"), up, cfg.intermediate, h)?;
+                    check(&format!("layer {i} down"), down, h, cfg.intermediate)?;
+                }
+                (Ffn::Experts(e), Some(moe)) => {
+                    e.check(moe, h, cfg.intermediate).map_err(|e| format!("layer {i} {e}"))?
+                }
+                (Ffn::Dense { .. }, Some(_)) => {
+                    return Err(format!("layer {i} has a dense MLP in a mixture-of-experts model"));
+                }
+                (Ffn::Experts(_), None) => return Err(format!("layer {i} has experts, the config none")),
+            }
             if l.attn_norm.len() != h || l.ffn_norm.len() != h {
                 return Err(format!("layer {i} norm width"));
             }
+            // Per head (Qwen3, Gemma 3), or over all heads at once (OLMoE).
             if let Some((qn, kn)) = &l.qk_norm
-                && (qn.len() != cfg.head_dim || kn.len() != cfg.head_dim)
+                && (![cfg.head_dim, q].contains(&qn.len()) || ![cfg.head_dim, kv].contains(&kn.len()))
             {
-                return Err(format!("layer {i} query/key norm width (expected the head width {})", cfg.head_dim));
+                return Err(format!(
+                    "layer {i} query/key norm widths {} and {} (expected the head width {}, or {q} and {kv})",
+                    qn.len(),
+                    kn.len(),
+                    cfg.head_dim
+                ));
             }
             if let Some((a, f)) = &l.post_norms
                 && (a.len() != h || f.len() != h)
@@ -236,7 +285,7 @@ impl Llama {
 
     /// Every matrix, embeddings first.
     pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
-        let layers = self.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        let layers = self.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(l.ffn.matrices()));
         std::iter::once(&self.embed).chain(layers).chain(self.output.as_ref())
     }
 
@@ -295,8 +344,10 @@ impl Llama {
     #[inline]
     fn rotate_row(&self, layer: &Layer, local: bool, pos: usize, q: &mut [f32], k: &mut [f32]) {
         if let Some((qn, kn)) = &layer.qk_norm {
-            let hd = self.cfg.head_dim;
-            for (x, w) in q.chunks_exact_mut(hd).map(|x| (x, qn)).chain(k.chunks_exact_mut(hd).map(|x| (x, kn))) {
+            // Each head by itself, or the whole row (a norm as wide as the row: OLMoE's).
+            for (x, w) in
+                q.chunks_exact_mut(qn.len()).map(|x| (x, qn)).chain(k.chunks_exact_mut(kn.len()).map(|x| (x, kn)))
+            {
                 rms_norm_in_place(x, w, self.cfg.rms_eps);
             }
         }
@@ -362,8 +413,8 @@ impl Llama {
         let mut v = vec![0f32; n * kvd];
         let mut attn = vec![0f32; n * qd];
         let mut proj = vec![0f32; n * h];
-        let mut gate = vec![0f32; n * cfg.intermediate];
-        let mut up = vec![0f32; n * cfg.intermediate];
+        // The dense MLP's buffers (allocated at its first layer: a mixture of experts has its own).
+        let (mut gate, mut up) = (Vec::new(), Vec::new());
         if let Some(scale) = cfg.embed_scale {
             x.iter_mut().for_each(|v| *v *= scale);
         }
@@ -437,18 +488,24 @@ impl Llama {
             }
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.0));
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.ffn_norm, cfg.rms_eps, o));
-            Input::new(&hbuf, n).matmul(vec![(&layer.w_gate, &mut gate), (&layer.w_up, &mut up)]);
-            if adapted {
-                lora(li, &hbuf, vec![(Target::Gate, &mut gate), (Target::Up, &mut up)]);
-            }
-            let im = cfg.intermediate;
-            let activation = cfg.activation;
-            per_row(&mut gate, im, |r, g| {
-                g.iter_mut().zip(&up[r * im..(r + 1) * im]).for_each(|(g, u)| *g = activate(activation, *g) * u)
-            });
-            layer.w_down.matmul(&gate, n, &mut proj);
-            if adapted {
-                lora(li, &gate, vec![(Target::Down, &mut proj)]);
+            match (&layer.ffn, &cfg.moe) {
+                (Ffn::Experts(experts), Some(moe)) => experts.forward(moe, cfg.activation, &hbuf, n, &mut proj),
+                (ffn, _) => {
+                    let (w_gate, w_up, w_down) = ffn.dense().expect("a dense MLP (checked at assembly)");
+                    if gate.len() != n * cfg.intermediate {
+                        gate = vec![0f32; n * cfg.intermediate];
+                        up = vec![0f32; n * cfg.intermediate];
+                    }
+                    Input::new(&hbuf, n).matmul(vec![(w_gate, &mut gate), (w_up, &mut up)]);
+                    if adapted {
+                        lora(li, &hbuf, vec![(Target::Gate, &mut gate), (Target::Up, &mut up)]);
+                    }
+                    gated(cfg.activation, &mut gate, &up, cfg.intermediate);
+                    w_down.matmul(&gate, n, &mut proj);
+                    if adapted {
+                        lora(li, &gate, vec![(Target::Down, &mut proj)]);
+                    }
+                }
             }
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.1));
         }
@@ -469,20 +526,6 @@ impl Llama {
             per_row(&mut logits, cfg.vocab, |i, row| rescore_leaders(output, &normed[i * h..(i + 1) * h], row));
         }
         logits
-    }
-}
-
-/// A gate value through `activation`, from IEEE operations only (the same bits on every machine).
-#[inline(always)]
-fn activate(activation: Activation, g: f32) -> f32 {
-    match activation {
-        Activation::Silu => g / (1.0 + exp_f32(-g)),
-        Activation::GeluTanh => {
-            // tanh(y) = 1 - 2 / (e^(2y) + 1).
-            const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-            let y = SQRT_2_OVER_PI * (g + 0.044_715 * g * g * g);
-            0.5 * g * (2.0 - 2.0 / (exp_f32(2.0 * y) + 1.0))
-        }
     }
 }
 

@@ -373,6 +373,7 @@ mod tests {
             activation: super::super::config::Activation::Silu,
             embed_scale: None,
             sliding: None,
+            moe: None,
         };
         let make = |seed| {
             let mut layer: [Option<LoraPair>; 7] = Default::default();

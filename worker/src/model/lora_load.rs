@@ -198,6 +198,11 @@ fn assemble(halves: Halves, cfg: &LlamaConfig, scale: impl Fn(&str, usize) -> f3
         let slot = layers.get_mut(layer).ok_or_else(|| {
             LoadError::Format(format!("{module}: layer {layer}, but the base has {} layers", cfg.layers))
         })?;
+        if cfg.moe.is_some() && matches!(target, Target::Gate | Target::Up | Target::Down) {
+            return Err(LoadError::Unsupported(format!(
+                "{module}: the base's MLPs are a mixture of experts; adapters apply to its attention (q, k, v, o) only"
+            )));
+        }
         let (outputs, inputs) = target.shape(cfg);
         let rank = a_dims.first().copied().unwrap_or(0);
         if a_dims != [rank, inputs] || b_dims != [outputs, rank] {

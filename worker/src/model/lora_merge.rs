@@ -2,7 +2,7 @@
 //! applied at run time are measured against, as a fine-tune's merged export would be served.
 
 use super::kernels::Weight;
-use super::llama::Llama;
+use super::llama::{Ffn, Llama};
 use super::lora::{LoraAdapter, Target};
 
 /// Add `adapter`'s updates to `llama`'s weights, which must be f32 (a model loaded at `Precision::Float`).
@@ -12,14 +12,15 @@ pub fn merge(llama: &mut Llama, adapter: &LoraAdapter) -> Result<(), String> {
     }
     for (li, target, pair) in adapter.pairs() {
         let layer = &mut llama.layers[li];
-        let weight = match target {
-            Target::Q => &mut layer.wq,
-            Target::K => &mut layer.wk,
-            Target::V => &mut layer.wv,
-            Target::O => &mut layer.wo,
-            Target::Gate => &mut layer.w_gate,
-            Target::Up => &mut layer.w_up,
-            Target::Down => &mut layer.w_down,
+        let weight = match (target, &mut layer.ffn) {
+            (Target::Q, _) => &mut layer.wq,
+            (Target::K, _) => &mut layer.wk,
+            (Target::V, _) => &mut layer.wv,
+            (Target::O, _) => &mut layer.wo,
+            (Target::Gate, Ffn::Dense { gate, .. }) => gate,
+            (Target::Up, Ffn::Dense { up, .. }) => up,
+            (Target::Down, Ffn::Dense { down, .. }) => down,
+            (_, Ffn::Experts(_)) => return Err(format!("layer {li}: the MLP is a mixture of experts")),
         };
         let format = weight.format_name();
         let Weight::F32 { rows, cols, w } = weight else {

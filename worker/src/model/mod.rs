@@ -11,10 +11,11 @@ pub mod llama;
 pub mod lora;
 pub mod lora_load;
 pub mod lora_merge;
+pub mod moe;
 pub mod rope;
 
 use kernels::Weight;
-use llama::{Layer, Llama};
+use llama::{Ffn, Layer, Llama};
 use zl_text::TextTokenizer;
 
 /// A model could not be loaded.
@@ -82,6 +83,9 @@ pub(crate) trait TensorSource {
     /// A matrix cut by rows into consecutive parts of `rows` rows each (they must add up to its rows): a fused
     /// projection (Phi-3's QKV and gate-up) as the separate matrices the kernels take, each in the file's format.
     fn split(&mut self, name: &str, rows: &[usize]) -> Result<Vec<Weight>, LoadError>;
+    /// A stack of `count` matrices stored as one 3-D tensor (a mixture-of-experts layer's experts), one matrix each,
+    /// in the file's format.
+    fn experts(&mut self, name: &str, count: usize) -> Result<Vec<Weight>, LoadError>;
 }
 
 /// Check a fused matrix of `total` rows is cut into parts of `rows` rows.
@@ -119,6 +123,10 @@ pub(crate) struct LayerNames {
     pub qkv: &'static str,
     /// Gate and up fused in one matrix, gate first (Phi-3), used where `gate` is absent.
     pub gate_up: &'static str,
+    /// A mixture-of-experts layer's router and stacked gate, up and down experts.
+    pub experts: [&'static str; 4],
+    /// Its shared expert's gate, up and down, loaded when the first exists.
+    pub shared_expert: [&'static str; 3],
 }
 
 /// Load `count` decoder layers, whatever the format: the same assembly for GGUF and safetensors.
@@ -145,11 +153,19 @@ pub(crate) fn load_layers(
             <[Weight; 3]>::try_from(src.split(&p(names.qkv), &rows)?)
                 .map_err(|_| LoadError::Format(format!("{}: not three parts", p(names.qkv))))?
         };
-        let [w_gate, w_up] = if src.has(&p(names.gate)) || !src.has(&p(names.gate_up)) {
-            [src.weight(&p(names.gate))?, src.weight(&p(names.up))?]
-        } else {
-            <[Weight; 2]>::try_from(src.split(&p(names.gate_up), &[cfg.intermediate, cfg.intermediate])?)
-                .map_err(|_| LoadError::Format(format!("{}: not two parts", p(names.gate_up))))?
+        let ffn = match &cfg.moe {
+            Some(moe) => load_experts(src, moe.experts, &prefix, names)?,
+            None if src.has(&p(names.gate)) || !src.has(&p(names.gate_up)) => Ffn::Dense {
+                gate: src.weight(&p(names.gate))?,
+                up: src.weight(&p(names.up))?,
+                down: src.weight(&p(names.down))?,
+            },
+            None => {
+                let [gate, up] =
+                    <[Weight; 2]>::try_from(src.split(&p(names.gate_up), &[cfg.intermediate, cfg.intermediate])?)
+                        .map_err(|_| LoadError::Format(format!("{}: not two parts", p(names.gate_up))))?;
+                Ffn::Dense { gate, up, down: src.weight(&p(names.down))? }
+            }
         };
         layers.push(Layer {
             attn_norm: src.vector(&p(names.attn_norm))?,
@@ -161,10 +177,24 @@ pub(crate) fn load_layers(
             post_norms,
             wo: src.weight(&p(names.o))?,
             ffn_norm: src.vector(&p(names.ffn_norm))?,
-            w_gate,
-            w_up,
-            w_down: src.weight(&p(names.down))?,
+            ffn,
         });
     }
     Ok(layers)
+}
+
+/// A mixture-of-experts layer's router, experts and shared expert (if any), by `names` after `prefix`.
+fn load_experts(src: &mut impl TensorSource, count: usize, prefix: &str, names: &LayerNames) -> Result<Ffn, LoadError> {
+    let p = |s: &str| format!("{prefix}{s}");
+    let [router, gate, up, down] = names.experts;
+    let [sg, su, sd] = names.shared_expert;
+    let shared =
+        if src.has(&p(sg)) { Some([src.weight(&p(sg))?, src.weight(&p(su))?, src.weight(&p(sd))?]) } else { None };
+    Ok(Ffn::Experts(Box::new(llama::Experts {
+        router: src.weight(&p(router))?,
+        gate: src.experts(&p(gate), count)?,
+        up: src.experts(&p(up), count)?,
+        down: src.experts(&p(down), count)?,
+        shared,
+    })))
 }
