@@ -57,33 +57,49 @@ def llama3_factors(theta, factor=8.0, low=1.0, high=4.0, original=128):
 EXPERTS, USED = 8, 2
 
 
-def write(path, arch, bundled, seed, rope=None, rotary=None):
-    rotary = rotary or HEAD_DIM
+# Real models' widths (fewer layers), for speed comparisons: `scripts/bench-moe`.
+SHAPED = {
+    # OLMoE-1B-7B: 64 experts of 1,024, 8 per token, no grouped-query attention.
+    "olmoe": dict(hidden=2048, inter=1024, layers=2, heads=16, kv_heads=16, head_dim=128, experts=64, used=8),
+    # Qwen3-30B-A3B: 128 experts of 768, 8 per token.
+    "qwen3moe": dict(hidden=2048, inter=1536, layers=2, heads=32, kv_heads=4, head_dim=128, experts=128, used=8),
+    # Mixtral 8x7B: 8 experts of 14,336, 2 per token.
+    "mixtral": dict(hidden=4096, inter=14336, layers=1, heads=32, kv_heads=8, head_dim=128, experts=8, used=2),
+}
+
+
+def write(path, arch, bundled, seed, rope=None, rotary=None, shape=None):
+    d = dict(hidden=HIDDEN, inter=INTER, layers=LAYERS, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+             experts=EXPERTS, used=USED)
+    d.update(shape or {})
+    hidden, inter_d, layers, heads, head_dim = d["hidden"], d["inter"], d["layers"], d["heads"], d["head_dim"]
+    experts, used = d["experts"], d["used"]
+    rotary = rotary or head_dim
     moe = arch in ("qwen3moe", "olmoe") or arch == "mixtral"
     if arch == "mixtral":
         arch = "llama"
     # OLMoE has no grouped-query attention (llama.cpp sizes its key norm to the full width).
-    kv_heads = HEADS if arch == "olmoe" else KV_HEADS
+    kv_heads = heads if arch == "olmoe" else d["kv_heads"]
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
     vocab = tokenizer(w, bundled)
     theta = 10000.0
     w.add_context_length(2048)
-    w.add_embedding_length(HIDDEN)
-    w.add_block_count(LAYERS)
-    w.add_feed_forward_length(INTER)
-    w.add_head_count(HEADS)
+    w.add_embedding_length(hidden)
+    w.add_block_count(layers)
+    w.add_feed_forward_length(inter_d)
+    w.add_head_count(heads)
     w.add_head_count_kv(kv_heads)
-    w.add_key_length(HEAD_DIM)
-    w.add_value_length(HEAD_DIM)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     if moe:
-        w.add_expert_count(EXPERTS)
-        w.add_expert_used_count(USED)
+        w.add_expert_count(experts)
+        w.add_expert_used_count(used)
         if arch == "qwen3moe":
-            w.add_expert_feed_forward_length(INTER // 2)
+            w.add_expert_feed_forward_length(inter_d // 2)
     if rope == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(4.0)
@@ -96,23 +112,26 @@ def write(path, arch, bundled, seed, rope=None, rotary=None):
         w.add_rope_scaling_orig_ctx_len(256)
         w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(2048 / 256) / math.log(256)))
 
+    # The small models' draws as they have always been (their figures in docs/worker.md); the shaped ones' in f32.
+    fdt = np.float32 if shape else np.float64
+
     def mat(rows, cols, scale=1.0):
-        return (rng.standard_normal((rows, cols)) * scale / math.sqrt(cols)).astype(np.float16)
+        return (rng.standard_normal((rows, cols), dtype=fdt) * scale / math.sqrt(cols)).astype(np.float16)
 
     def norm(n):
         return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
-    w.add_tensor("token_embd.weight", (rng.standard_normal((vocab, HIDDEN)) * 0.5).astype(np.float16))
+    w.add_tensor("token_embd.weight", (rng.standard_normal((vocab, hidden), dtype=fdt) * 0.5).astype(np.float16))
     if rope == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_factors(theta))
     if arch == "phi3":
         half = np.arange(rotary // 2, dtype=np.float32)
         w.add_tensor("rope_factors_long.weight", (1.0 + 0.3 * half).astype(np.float32))
         w.add_tensor("rope_factors_short.weight", (1.0 + 0.01 * half).astype(np.float32))
-    for i in range(LAYERS):
+    for i in range(layers):
         p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", norm(HIDDEN))
-        q, k, v = mat(HEADS * HEAD_DIM, HIDDEN, 2.0), mat(kv_heads * HEAD_DIM, HIDDEN, 2.0), mat(kv_heads * HEAD_DIM, HIDDEN)
+        w.add_tensor(p + "attn_norm.weight", norm(hidden))
+        q, k, v = mat(heads * head_dim, hidden, 2.0), mat(kv_heads * head_dim, hidden, 2.0), mat(kv_heads * head_dim, hidden)
         if arch == "phi3":
             w.add_tensor(p + "attn_qkv.weight", np.concatenate([q, k, v]))
         else:
@@ -120,30 +139,30 @@ def write(path, arch, bundled, seed, rope=None, rotary=None):
             w.add_tensor(p + "attn_k.weight", k)
             w.add_tensor(p + "attn_v.weight", v)
         if arch in ("qwen3", "qwen3moe"):
-            w.add_tensor(p + "attn_q_norm.weight", norm(HEAD_DIM))
-            w.add_tensor(p + "attn_k_norm.weight", norm(HEAD_DIM))
+            w.add_tensor(p + "attn_q_norm.weight", norm(head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(head_dim))
         if arch == "olmoe":
-            w.add_tensor(p + "attn_q_norm.weight", norm(HEADS * HEAD_DIM))
-            w.add_tensor(p + "attn_k_norm.weight", norm(kv_heads * HEAD_DIM))
-        w.add_tensor(p + "attn_output.weight", mat(HIDDEN, HEADS * HEAD_DIM))
-        w.add_tensor(p + "ffn_norm.weight", norm(HIDDEN))
+            w.add_tensor(p + "attn_q_norm.weight", norm(heads * head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(kv_heads * head_dim))
+        w.add_tensor(p + "attn_output.weight", mat(hidden, heads * head_dim))
+        w.add_tensor(p + "ffn_norm.weight", norm(hidden))
         if moe:
-            inter = INTER // 2 if arch == "qwen3moe" else INTER
-            stack = lambda rows, cols: np.stack([mat(rows, cols) for _ in range(EXPERTS)])
-            w.add_tensor(p + "ffn_gate_inp.weight", mat(EXPERTS, HIDDEN, 4.0).astype(np.float32))
-            w.add_tensor(p + "ffn_gate_exps.weight", stack(inter, HIDDEN))
-            w.add_tensor(p + "ffn_up_exps.weight", stack(inter, HIDDEN))
-            w.add_tensor(p + "ffn_down_exps.weight", stack(HIDDEN, inter))
+            inter = inter_d // 2 if arch == "qwen3moe" else inter_d
+            stack = lambda rows, cols: np.stack([mat(rows, cols) for _ in range(experts)])
+            w.add_tensor(p + "ffn_gate_inp.weight", mat(experts, hidden, 4.0).astype(np.float32))
+            w.add_tensor(p + "ffn_gate_exps.weight", stack(inter, hidden))
+            w.add_tensor(p + "ffn_up_exps.weight", stack(inter, hidden))
+            w.add_tensor(p + "ffn_down_exps.weight", stack(hidden, inter))
             continue
-        gate, up = mat(INTER, HIDDEN), mat(INTER, HIDDEN)
+        gate, up = mat(inter_d, hidden), mat(inter_d, hidden)
         if arch == "phi3":
             w.add_tensor(p + "ffn_up.weight", np.concatenate([gate, up]))
         else:
             w.add_tensor(p + "ffn_gate.weight", gate)
             w.add_tensor(p + "ffn_up.weight", up)
-        w.add_tensor(p + "ffn_down.weight", mat(HIDDEN, INTER))
-    w.add_tensor("output_norm.weight", norm(HIDDEN))
-    w.add_tensor("output.weight", mat(vocab, HIDDEN, 1.0))
+        w.add_tensor(p + "ffn_down.weight", mat(hidden, inter_d))
+    w.add_tensor("output_norm.weight", norm(hidden))
+    w.add_tensor("output.weight", mat(vocab, hidden, 1.0))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -163,11 +182,16 @@ MODELS = {
     "mixtral": ("mixtral", 8, {}),
     "qwen3moe": ("qwen3moe", 9, {}),
     "olmoe": ("olmoe", 10, {}),
+    "olmoe-shaped": ("olmoe", 11, {"shape": SHAPED["olmoe"]}),
+    "qwen3moe-shaped": ("qwen3moe", 12, {"shape": SHAPED["qwen3moe"]}),
+    "mixtral-shaped": ("mixtral", 13, {"shape": SHAPED["mixtral"]}),
 }
 
 
 def main():
-    bundled, out, names = sys.argv[1], sys.argv[2], sys.argv[3:] or list(MODELS)
+    # The shaped ones (gigabytes) only when named.
+    bundled, out = sys.argv[1], sys.argv[2]
+    names = sys.argv[3:] or [n for n in MODELS if not n.endswith("-shaped")]
     os.makedirs(out, exist_ok=True)
     for name in names:
         arch, seed, kw = MODELS[name]

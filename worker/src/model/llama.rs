@@ -407,6 +407,9 @@ impl Llama {
         let row_adapter: Vec<Option<&LoraAdapter>> = row_item.iter().map(|&i| items[i].adapter).collect();
         let adapted = row_adapter.iter().any(Option::is_some);
         let lora = |li: usize, x: &[f32], jobs: Vec<(Target, &mut [f32])>| add_updates(&row_adapter, li, x, jobs);
+        // The rows whose logits the items asked for: past the last layer's attention, no other row is read.
+        let last_rows = logit_rows(items);
+        let mut kept: Option<Vec<Option<&LoraAdapter>>> = None;
         let mut hbuf = vec![0f32; n * h];
         let mut q = vec![0f32; n * qd];
         let mut k = vec![0f32; n * kvd];
@@ -487,6 +490,23 @@ impl Llama {
                 lora(li, &attn, vec![(Target::O, &mut proj)]);
             }
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.0));
+            let mut n = n;
+            if li + 1 == self.layers.len() && last_rows.len() < n {
+                // The last layer's MLP runs for the rows that give logits only (a prompt's last token, not its
+                // 511 others): each row's result is its own, so nothing else changes.
+                if last_rows.is_empty() {
+                    return Vec::new();
+                }
+                x = last_rows.iter().flat_map(|&r| x[r * h..(r + 1) * h].iter().copied()).collect();
+                kept = Some(last_rows.iter().map(|&r| row_adapter[r]).collect());
+                n = last_rows.len();
+                hbuf.truncate(n * h);
+                proj.truncate(n * h);
+            }
+            let lora = |li: usize, x: &[f32], jobs: Vec<(Target, &mut [f32])>| match &kept {
+                Some(adapters) => add_updates(adapters, li, x, jobs),
+                None => lora(li, x, jobs),
+            };
             per_row(&mut hbuf, h, |r, o| rms_norm(&x[r * h..(r + 1) * h], &layer.ffn_norm, cfg.rms_eps, o));
             match (&layer.ffn, &cfg.moe) {
                 (Ffn::Experts(experts), Some(moe)) => experts.forward(moe, cfg.activation, &hbuf, n, &mut proj),
@@ -509,15 +529,15 @@ impl Llama {
             }
             self.join_residual(&mut x, &mut proj, layer.post_norms.as_ref().map(|p| &p.1));
         }
-        // Logits only for the rows each item asked for (its last ones).
-        let last_rows = logit_rows(items);
+        // Logits only for the rows each item asked for (its last ones), which the last layer kept in order (or all
+        // rows, when every one asked).
         if last_rows.is_empty() {
             return Vec::new();
         }
         let m = last_rows.len();
         let mut normed = vec![0f32; m * h];
-        for (i, &r) in last_rows.iter().enumerate() {
-            rms_norm(&x[r * h..(r + 1) * h], &self.norm, cfg.rms_eps, &mut normed[i * h..(i + 1) * h]);
+        for i in 0..m {
+            rms_norm(&x[i * h..(i + 1) * h], &self.norm, cfg.rms_eps, &mut normed[i * h..(i + 1) * h]);
         }
         let mut logits = vec![0f32; m * cfg.vocab];
         let output = self.output.as_ref().unwrap_or(&self.embed);

@@ -10,7 +10,7 @@
 //! in its own selection order.
 
 use super::config::{Activation, MoeConfig};
-use super::kernels::{Input, Weight, exp_f32, per_row};
+use super::kernels::{Input, Weight, exp_f32, matmul_groups, per_row};
 
 /// One layer's experts.
 #[derive(Debug)]
@@ -99,13 +99,44 @@ impl Experts {
                 by_expert[e].push((r, j));
             }
         }
-        for (e, rows) in by_expert.iter().enumerate().filter(|(_, rows)| !rows.is_empty()) {
-            let m = rows.len();
-            let mut input = Vec::with_capacity(m * hidden);
-            for &(r, _) in rows {
-                input.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
-            }
-            let y = mlp(&self.gate[e], &self.up[e], &self.down[e], activation, &input, m);
+        // Every chosen expert's rows, gathered; then all their gate and up products in one parallel region, and
+        // all their down products in another (not two regions per expert: at 16 sequences nearly every expert of a
+        // 64-expert layer runs a row or two, and a hand-off each would cost more than its product).
+        let active: Vec<(usize, &Vec<(usize, usize)>)> =
+            by_expert.iter().enumerate().filter(|(_, rows)| !rows.is_empty()).collect();
+        let inputs: Vec<Vec<f32>> = active
+            .iter()
+            .map(|(_, rows)| rows.iter().flat_map(|&(r, _)| &x[r * hidden..(r + 1) * hidden]).copied().collect())
+            .collect();
+        let widths: Vec<usize> = active.iter().map(|&(e, _)| self.gate[e].rows()).collect();
+        let mut gates: Vec<Vec<f32>> =
+            active.iter().zip(&widths).map(|((_, rows), w)| vec![0f32; rows.len() * w]).collect();
+        let mut ups = gates.clone();
+        let staged: Vec<Input<'_>> =
+            inputs.iter().zip(&active).map(|(x, (_, rows))| Input::new(x, rows.len())).collect();
+        matmul_groups(
+            staged
+                .iter()
+                .zip(&active)
+                .zip(gates.iter_mut().zip(ups.iter_mut()))
+                .map(|((input, &(e, _)), (g, u))| (input, vec![(&self.gate[e], &mut g[..]), (&self.up[e], &mut u[..])]))
+                .collect(),
+        );
+        for ((g, u), w) in gates.iter_mut().zip(&ups).zip(&widths) {
+            gated(activation, g, u, *w);
+        }
+        let mut ys: Vec<Vec<f32>> = active.iter().map(|(_, rows)| vec![0f32; rows.len() * hidden]).collect();
+        let staged: Vec<Input<'_>> =
+            gates.iter().zip(&active).map(|(g, (_, rows))| Input::new(g, rows.len())).collect();
+        matmul_groups(
+            staged
+                .iter()
+                .zip(&active)
+                .zip(ys.iter_mut())
+                .map(|((input, &(e, _)), y)| (input, vec![(&self.down[e], &mut y[..])]))
+                .collect(),
+        );
+        for ((_, rows), y) in active.iter().zip(&ys) {
             for (i, &(r, j)) in rows.iter().enumerate() {
                 let at = (r * cfg.used + j) * hidden;
                 picked[at..at + hidden].copy_from_slice(&y[i * hidden..(i + 1) * hidden]);

@@ -104,8 +104,18 @@ impl<'a> Input<'a> {
     /// [`Weight::matmul`] for each `(weight, out)` over these activations, in one parallel region: weights that
     /// read the same input (Q, K and V; gate and up) quantize it once and share one hand-off to the pool's threads.
     pub fn matmul(&self, jobs: Vec<(&Weight, &mut [f32])>) {
+        matmul_groups(vec![(self, jobs)]);
+    }
+
+    /// This input's tasks for `jobs`, each weight cut into about `1 / share` of the column tasks one matmul would
+    /// have (at least one), appended to `tasks`.
+    fn tasks<'s, 'o>(
+        &'s self,
+        jobs: Vec<(&'s Weight, &'o mut [f32])>,
+        share: usize,
+        tasks: &mut Vec<ColumnTask<'s, 'o>>,
+    ) {
         let (n, x) = (self.n, self.x);
-        let mut tasks: Vec<ColumnTask<'_, '_>> = Vec::new();
         for (weight, out) in jobs {
             let (rows, cols) = (weight.rows(), weight.cols());
             assert_eq!(x.len(), n * cols, "input shape");
@@ -130,9 +140,9 @@ impl<'a> Input<'a> {
             }
             // Each task fills a range of output columns for every batch row, written in place: its part of each
             // output row is split off, so tasks never share output memory.
-            let ranges = column_tasks(rows, n);
+            let ranges = column_tasks(rows, n, share);
             let first = tasks.len();
-            tasks.extend(ranges.iter().map(|&(c0, _)| ColumnTask { weight, xq, c0, out: Vec::with_capacity(n) }));
+            tasks.extend(ranges.iter().map(|&(c0, _)| ColumnTask { weight, x, xq, c0, out: Vec::with_capacity(n) }));
             for row in out.chunks_exact_mut(rows) {
                 let mut rest = row;
                 for (task, &(c0, c1)) in tasks[first..].iter_mut().zip(&ranges) {
@@ -142,13 +152,26 @@ impl<'a> Input<'a> {
                 }
             }
         }
-        team::for_each(tasks, |mut t| columns(t.weight, x, t.xq, t.c0, &mut t.out));
     }
+}
+
+/// [`Input::matmul`] of several inputs, each with its own weights (a mixture of experts' rows, grouped by expert),
+/// in one parallel region: one hand-off to the pool's threads for all of them, each weight cut into fewer tasks
+/// the more groups share the region. Every output is computed as one [`Input::matmul`] would compute it.
+pub fn matmul_groups(groups: Vec<(&Input<'_>, Vec<(&Weight, &mut [f32])>)>) {
+    let share = groups.len().max(1);
+    let mut tasks: Vec<ColumnTask<'_, '_>> = Vec::new();
+    for (input, jobs) in groups {
+        input.tasks(jobs, share, &mut tasks);
+    }
+    team::for_each(tasks, |mut t| columns(t.weight, t.x, t.xq, t.c0, &mut t.out));
 }
 
 /// One parallel task of [`Input::matmul`]: output columns `c0..` of one weight, for every batch row.
 struct ColumnTask<'w, 'o> {
     weight: &'w Weight,
+    /// The input rows (f32, for the float kernels).
+    x: &'w [f32],
     xq: Option<&'w QuantizedRows>,
     c0: usize,
     /// Each batch row's slice of the task's columns.
@@ -158,13 +181,14 @@ struct ColumnTask<'w, 'o> {
 /// Column ranges for parallel tasks of a matmul over `n` batch rows: `TASKS_PER_THREAD` per pool thread
 /// (`TASKS_PER_THREAD_FEW` for a few rows; more where a task would exceed `MAX_COLS_PER_TASK`), made of whole units
 /// of two [`TILE`]s spread evenly, so the tasks differ by one unit at most (576 columns on two threads: eight tasks
-/// of 64 or 80, four of each). Where the boundaries fall never changes a result: each output is computed on its
-/// own.
-fn column_tasks(rows: usize, n: usize) -> Vec<(usize, usize)> {
+/// of 64 or 80, four of each); `share` weights in one region divide that count between them. Where the boundaries
+/// fall never changes a result: each output is computed on its own.
+fn column_tasks(rows: usize, n: usize, share: usize) -> Vec<(usize, usize)> {
     const UNIT: usize = 2 * TILE;
     let units = rows.div_ceil(UNIT);
     let per_thread = if n <= FEW_ROWS { TASKS_PER_THREAD_FEW } else { TASKS_PER_THREAD };
-    let tasks = (rayon::current_num_threads() * per_thread).max(units.div_ceil(MAX_COLS_PER_TASK / UNIT)).min(units);
+    let wanted = (rayon::current_num_threads() * per_thread).div_ceil(share.max(1));
+    let tasks = wanted.max(units.div_ceil(MAX_COLS_PER_TASK / UNIT)).min(units).max(1);
     let at = |t: usize| (t * units / tasks * UNIT).min(rows);
     (0..tasks).map(|t| (at(t), at(t + 1))).collect()
 }

@@ -178,7 +178,7 @@ fn several_weights_over_one_input_match_one_at_a_time() {
 #[test]
 fn column_tasks_cover_the_columns_in_even_whole_units() {
     for (rows, n) in [1, 8, 16, 37, 192, 576, 1536, 49152, 49153].into_iter().flat_map(|r| [(r, 1), (r, 16)]) {
-        let tasks = column_tasks(rows, n);
+        let tasks = column_tasks(rows, n, 1);
         assert_eq!(tasks[0].0, 0);
         assert_eq!(tasks.last().unwrap().1, rows);
         assert!(tasks.windows(2).all(|w| w[0].1 == w[1].0), "{rows}: contiguous");
