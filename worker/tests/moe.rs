@@ -284,3 +284,24 @@ fn other_mixture_of_experts_architectures_are_refused_in_one_line_naming_what_ru
         assert!(err.contains(&format!("{arch:?}")) && err.contains("qwen3moe") && err.contains("olmoe"), "{err}");
     }
 }
+
+#[test]
+fn adapters_apply_to_a_mixture_of_experts_attention_and_are_refused_on_its_mlps() {
+    use common::lora::{random_updates, write_peft};
+    use zl_worker::model::lora::Target;
+    use zl_worker::model::lora_load::{self, Base};
+    let dir = tempfile::tempdir().unwrap();
+    let model = routed(dir.path());
+    let base = Base { config: model.llama.config(), family: &model.family };
+    let attention = random_updates(model.llama.config(), &[Target::Q, Target::V, Target::O], 4, 5, 0.5);
+    write_peft(&dir.path().join("attn"), &attention, 8.0, false);
+    let adapter = lora_load::load(&dir.path().join("attn"), base).unwrap().adapter;
+    let (plain, adapted) =
+        (logits(&model.llama, &prompt()), common::logits_with(&model.llama, Some(&adapter), &prompt()));
+    let (diff, scale) = max_diff(&adapted, &plain);
+    assert!(diff > 1e-3 * scale, "the adapter changed nothing ({diff} of {scale})");
+    let mlp = random_updates(model.llama.config(), &[Target::Q, Target::Up], 4, 6, 0.5);
+    write_peft(&dir.path().join("mlp"), &mlp, 8.0, false);
+    let err = lora_load::load(&dir.path().join("mlp"), base).unwrap_err().to_string();
+    assert!(err.contains("mixture of experts") && err.contains("attention"), "{err}");
+}

@@ -297,6 +297,24 @@ impl Llama {
         format!("{:.1} MiB ({} MiB)", mib(by.values().sum()), parts.join(", "))
     }
 
+    /// Bytes of weights one sequence's decode step reads: every matrix, but of a mixture of experts' only the
+    /// share its tokens run (`used` of `experts`, on average).
+    pub fn decode_bytes(&self) -> usize {
+        let all: usize = self.matrices().map(Weight::memory_bytes).sum();
+        let Some(moe) = &self.cfg.moe else { return all };
+        let experts: usize = self
+            .layers
+            .iter()
+            .filter_map(|l| match &l.ffn {
+                Ffn::Experts(e) => {
+                    Some(e.gate.iter().chain(&e.up).chain(&e.down).map(Weight::memory_bytes).sum::<usize>())
+                }
+                Ffn::Dense { .. } => None,
+            })
+            .sum();
+        all - experts + experts * moe.used / moe.experts
+    }
+
     /// Bytes of weights in memory per format (`"Q4_K"`, `"F32"`, ...), matrices only.
     pub fn weight_bytes_by_format(&self) -> std::collections::BTreeMap<&'static str, usize> {
         let mut by = std::collections::BTreeMap::new();
