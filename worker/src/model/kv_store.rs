@@ -25,6 +25,8 @@ enum Plane {
     F16(Vec<u16>),
     /// 8-bit values and one f16 scale (bits) per 32 of them.
     Q8 { q: Vec<i8>, d: Vec<u16> },
+    /// 4-bit values, two a byte (the even one in the low nibble), and one f16 scale (bits) per 32 of them.
+    Q4 { q: Vec<u8>, d: Vec<u16> },
 }
 
 impl Plane {
@@ -32,6 +34,7 @@ impl Plane {
         match dtype {
             KvDtype::F16 => Plane::F16(vec![0; values]),
             KvDtype::Q8 => Plane::Q8 { q: vec![0; values], d: vec![0; values.div_ceil(Q8_BLOCK)] },
+            KvDtype::Q4 => Plane::Q4 { q: vec![0; values.div_ceil(2)], d: vec![0; values.div_ceil(Q8_BLOCK)] },
         }
     }
 
@@ -39,6 +42,7 @@ impl Plane {
         match self {
             Plane::F16(b) => 2 * b.len(),
             Plane::Q8 { q, d } => q.len() + 2 * d.len(),
+            Plane::Q4 { q, d } => q.len() + 2 * d.len(),
         }
     }
 
@@ -52,6 +56,12 @@ impl Plane {
                     *d = quantize_q8(x, q);
                 }
             }
+            Plane::Q4 { q, d } => {
+                let (q, d) = (&mut q[slot / 2..(slot + row.len()) / 2], &mut d[slot / Q8_BLOCK..]);
+                for ((x, q), d) in row.chunks(Q8_BLOCK).zip(q.chunks_mut(Q8_BLOCK / 2)).zip(d.iter_mut()) {
+                    *d = quantize_q4(x, q);
+                }
+            }
         }
     }
 
@@ -59,6 +69,7 @@ impl Plane {
         match self {
             Plane::F16(b) => KvPlane::F16(b),
             Plane::Q8 { q, d } => KvPlane::Q8 { q, d },
+            Plane::Q4 { q, d } => KvPlane::Q4 { q, d },
         }
     }
 }
@@ -71,6 +82,20 @@ pub fn quantize_q8(x: &[f32], q: &mut [i8]) -> u16 {
     let inv = if d.to_f32() > 0.0 { 1.0 / d.to_f32() } else { 0.0 };
     for (q, &v) in q.iter_mut().zip(x) {
         *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+    }
+    d.to_bits()
+}
+
+/// One block of 32 values to 4 bits, as llama.cpp's `q4_0`: the scale is the value of largest magnitude (with its
+/// sign) / -8, rounded to f16, and each value `round(x / scale) + 8` clamped to 0..=15, stored two a byte (value
+/// `2i` in byte `i`'s low nibble); a value reads back as `(nibble - 8) * scale`. Returns the scale's f16 bits.
+pub fn quantize_q4(x: &[f32], q: &mut [u8]) -> u16 {
+    let max = x.iter().fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+    let d = f16::from_f32(if max == 0.0 { 0.0 } else { max / -8.0 });
+    let inv = if d.to_f32() != 0.0 { 1.0 / d.to_f32() } else { 0.0 };
+    let nibble = |v: f32| ((v * inv).round() + 8.0).clamp(0.0, 15.0) as u8;
+    for (q, pair) in q.iter_mut().zip(x.chunks(2)) {
+        *q = nibble(pair[0]) | (pair.get(1).map_or(8, |&v| nibble(v)) << 4);
     }
     d.to_bits()
 }
@@ -131,6 +156,12 @@ impl KvStore {
         2 * cfg.layers * dtype.bytes(cfg.kv_dim())
     }
 
+    /// Whether keys, queries and values are turned by the Hadamard rotation before the cache rounds them
+    /// ([`super::rotation`]): for the 4-bit cache.
+    pub fn rotated(&self) -> bool {
+        matches!(self.k.first(), Some(Plane::Q4 { .. }))
+    }
+
     /// Bytes the keys and values take.
     pub fn bytes(&self) -> usize {
         self.k.iter().chain(&self.v).map(Plane::bytes).sum()
@@ -169,6 +200,30 @@ mod tests {
         // All zeros: scale 0, values 0 (no division by zero).
         assert_eq!(quantize_q8(&[0.0; 32], &mut q), 0);
         assert!(q.iter().all(|&v| v == 0));
+    }
+
+    #[test]
+    fn q4_blocks_hold_values_within_half_a_step_of_their_scale_as_llama_cpp_rounds_them() {
+        let x: Vec<f32> = (0..32).map(|i| ((i * 7) % 13) as f32 * 0.37 - 2.0).collect();
+        let mut q = [0u8; 16];
+        let d = f16::from_bits(quantize_q4(&x, &mut q)).to_f32();
+        // The largest magnitude is 2.44 (positive): scale -0.305, so it reads back as -8 * scale exactly.
+        assert!((d + 2.44 / 8.0).abs() < 1e-3, "scale {d}");
+        for (i, &v) in x.iter().enumerate() {
+            let nib = (q[i / 2] >> (4 * (i % 2))) & 15;
+            assert!((v - (f32::from(nib) - 8.0) * d).abs() <= d.abs() / 2.0 + 1e-6, "{v} as {nib}");
+        }
+        let plane = KvPlane::Q4 { q: &q, d: &[quantize_q4(&x, &mut q.clone())] };
+        assert_eq!(plane_value(plane, 5), (f32::from((q[2] >> 4) & 15) - 8.0) * d);
+        assert_eq!(quantize_q4(&[0.0; 32], &mut q), 0);
+        assert!(q.iter().all(|&v| v == 0x88));
+        // 18 bytes per 32 values: 3.56x f16's tokens per byte.
+        assert_eq!((KvDtype::Q4.bytes(192), KvDtype::F16.bytes(192)), (108, 384));
+        assert!(KvDtype::Q4.check(72).unwrap_err().contains("--kv-dtype q4 needs"));
+    }
+
+    fn plane_value(p: KvPlane<'_>, at: usize) -> f32 {
+        p.value(at)
     }
 
     #[test]

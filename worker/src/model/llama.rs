@@ -16,6 +16,7 @@ pub use super::moe::Experts;
 use super::moe::gated;
 pub use super::rope::RopeScaling;
 use super::rope::RopeTable;
+use super::rotation::{self, turn};
 use crate::kv::pool::BlockId;
 
 /// One transformer block's weights.
@@ -391,6 +392,7 @@ impl Llama {
         let (h, hd, kvd) = (cfg.hidden, cfg.head_dim, cfg.kv_dim());
         let qd = cfg.heads * hd;
         let (row_item, row_pos) = step_rows(items);
+        let (rotated, turn_width, value_width) = (kv.rotated(), rotation::width(hd), rotation::width(hd).min(64));
         let n = row_item.len();
         if n == 0 {
             return Vec::new();
@@ -463,6 +465,12 @@ impl Llama {
                     self.rotate_row(layer, local, row_pos[r], qr, kr);
                 }
             }
+            if rotated {
+                // A 4-bit cache: keys, queries and values turned per head before rounding (`rotation`).
+                per_row(&mut q, qd, |_, row| turn(row, turn_width));
+                per_row(&mut k, kvd, |_, row| turn(row, turn_width));
+                per_row(&mut v, kvd, |_, row| turn(row, value_width));
+            }
             for (r, (kr, vr)) in k.chunks_exact(kvd).zip(v.chunks_exact(kvd)).enumerate() {
                 let item = &items[row_item[r]];
                 let table = if local && !item.window_blocks.is_empty() { item.window_blocks } else { item.blocks };
@@ -502,6 +510,10 @@ impl Llama {
                 outs.into_iter().zip(&groups).for_each(tile);
             } else {
                 team::for_each(outs.into_iter().zip(&groups).collect(), tile);
+            }
+            if rotated {
+                // The weighted sums of turned values, turned back.
+                per_row(&mut attn, qd, |_, row| turn(row, value_width));
             }
             layer.wo.matmul(&attn, n, &mut proj);
             if adapted {

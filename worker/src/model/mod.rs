@@ -13,6 +13,7 @@ pub mod lora_load;
 pub mod lora_merge;
 pub mod moe;
 pub mod rope;
+pub mod rotation;
 
 use kernels::Weight;
 use llama::{Ffn, Layer, Llama};

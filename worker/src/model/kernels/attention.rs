@@ -23,6 +23,14 @@ pub enum KvPlane<'a> {
         /// The scales.
         d: &'a [u16],
     },
+    /// 4-bit values two a byte (value `2i` in byte `i`'s low nibble, each `nibble - 8`), and the f16 bits of one
+    /// scale per 32 of them.
+    Q4 {
+        /// The values.
+        q: &'a [u8],
+        /// The scales.
+        d: &'a [u16],
+    },
 }
 
 impl KvPlane<'_> {
@@ -33,7 +41,13 @@ impl KvPlane<'_> {
         match *self {
             KvPlane::F16(b) => widen(b[at]),
             KvPlane::Q8 { q, d } => f32::from(q[at]) * widen(d[at / 32]),
+            KvPlane::Q4 { q, d } => (f32::from((q[at / 2] >> (4 * (at % 2))) & 15) - 8.0) * widen(d[at / 32]),
         }
+    }
+
+    /// [`KvPlane::get`], for tests and tools outside the kernels.
+    pub fn value(&self, at: usize) -> f32 {
+        self.get(at)
     }
 }
 

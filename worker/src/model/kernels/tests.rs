@@ -282,9 +282,13 @@ fn rows_attending_together_get_each_rows_own_result_bit_for_bit() {
         let (kq, vq) = (bytes(), bytes());
         let mut scales = || (0..69 * kvd).map(|_| f16::from_f32(lcg(&mut seed).abs() / 64.0).to_bits()).collect();
         let (kd, vd): (Vec<u16>, Vec<u16>) = (scales(), scales());
+        // 4-bit planes: any two nibbles a byte, the same scales.
+        let mut nibbles = || (0..1100 * kvd).map(|_| ((lcg(&mut seed) + 1.0) * 127.9) as u8).collect::<Vec<u8>>();
+        let (k4, v4) = (nibbles(), nibbles());
         let planes = [
             (KvPlane::F16(&keys), KvPlane::F16(&values)),
             (KvPlane::Q8 { q: &kq, d: &kd }, KvPlane::Q8 { q: &vq, d: &vd }),
+            (KvPlane::Q4 { q: &k4, d: &kd }, KvPlane::Q4 { q: &v4, d: &vd }),
         ];
         // Slots out of order, as a paged cache's blocks are.
         let slots: Vec<usize> = (0..2100).map(|p| ((p * 37) % 2200) * kvd).collect();

@@ -7,7 +7,7 @@ use super::super::team;
 
 use super::super::attention::{AttentionShape, KvPlane};
 use super::super::isa::Isa;
-use super::attention_parts::{AHEAD, Half, Key, Q8, Source, Values, pair_scores8};
+use super::attention_parts::{AHEAD, Half, Key, Q4, Q8, Source, Values, pair_scores8};
 use super::attention512::{scores_avx512, values_avx512};
 use super::simd::{load8f, store8f};
 use super::softmax::softmax_avx2;
@@ -28,7 +28,7 @@ pub(in super::super) fn attention_rows(
 ) {
     assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
     let wide = isa >= Isa::Avx512 && shape.head_dim.is_multiple_of(16);
-    // SAFETY (all four): the assertion checked the CPU has the level's instructions.
+    // SAFETY (all six): the assertion checked the CPU has the level's instructions.
     match kv {
         (KvPlane::F16(k), KvPlane::F16(v)) => {
             let kv = (Half(k), Half(v));
@@ -40,6 +40,14 @@ pub(in super::super) fn attention_rows(
         }
         (KvPlane::Q8 { q: kq, d: kd }, KvPlane::Q8 { q: vq, d: vd }) => {
             let kv = (Q8(kq, kd), Q8(vq, vd));
+            if wide {
+                unsafe { attention_rows_avx512(q, slots, ranges, kv, shape, split, out) }
+            } else {
+                unsafe { attention_rows_avx2(q, slots, ranges, kv, shape, split, out) }
+            }
+        }
+        (KvPlane::Q4 { q: kq, d: kd }, KvPlane::Q4 { q: vq, d: vd }) => {
+            let kv = (Q4(kq, kd), Q4(vq, vd));
             if wide {
                 unsafe { attention_rows_avx512(q, slots, ranges, kv, shape, split, out) }
             } else {

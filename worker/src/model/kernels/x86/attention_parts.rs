@@ -126,6 +126,81 @@ impl Source for Q8<'_> {
     }
 }
 
+/// 4-bit values two a byte (value `2i` in byte `i`'s low nibble) and an f16 scale per 32: each `(nibble - 8)`
+/// times its scale (exact in f32).
+#[derive(Clone, Copy)]
+pub(super) struct Q4<'a>(pub(super) &'a [u8], pub(super) &'a [u16]);
+
+/// The nibbles of the low eight bytes, in value order (byte `i`'s low nibble, then its high one), as sixteen bytes.
+#[inline(always)]
+unsafe fn nibbles8(bytes: __m128i) -> __m128i {
+    // SAFETY: plain SSE2 arithmetic on registers; the caller runs with AVX2.
+    unsafe {
+        let mask = _mm_set1_epi8(0x0f);
+        _mm_unpacklo_epi8(_mm_and_si128(bytes, mask), _mm_and_si128(_mm_srli_epi16::<4>(bytes), mask))
+    }
+}
+
+impl Q4<'_> {
+    /// Eight values from the four bytes at `q`, with scale bits `d`.
+    ///
+    /// # Safety
+    /// `q` points at four readable bytes; the caller runs with AVX2 and F16C.
+    #[inline(always)]
+    unsafe fn eight(q: *const u8, d: u16) -> __m256 {
+        // SAFETY: as the caller promised; the load is unaligned.
+        unsafe {
+            let bytes = _mm_cvtsi32_si128(q.cast::<i32>().read_unaligned());
+            let ints = _mm256_sub_epi32(_mm256_cvtepu8_epi32(nibbles8(bytes)), _mm256_set1_epi32(8));
+            let scale = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))));
+            _mm256_mul_ps(_mm256_cvtepi32_ps(ints), scale)
+        }
+    }
+}
+
+impl Source for Q4<'_> {
+    const WEIGHTS_FROM_MEMORY: bool = false;
+
+    #[inline(always)]
+    fn load8(self, at: usize) -> __m256 {
+        let (b, d) = (&self.0[at / 2..at / 2 + 4], self.1[at / 32]);
+        // SAFETY: `b` holds 4 readable bytes; the caller runs with AVX2 and F16C.
+        unsafe { Self::eight(b.as_ptr(), d) }
+    }
+
+    #[inline(always)]
+    fn check(self, at: usize, len: usize) {
+        let _ = (&self.0[at / 2..(at + len).div_ceil(2)], &self.1[at / 32..(at + len).div_ceil(32)]);
+    }
+
+    #[inline(always)]
+    unsafe fn load8_unchecked(self, at: usize) -> __m256 {
+        // SAFETY: the caller's run holds the 4 bytes from `at / 2` and their scale; the caller runs with AVX2 and
+        // F16C.
+        unsafe { Self::eight(self.0.as_ptr().add(at / 2), *self.1.get_unchecked(at / 32)) }
+    }
+
+    #[inline(always)]
+    fn load16(self, at: usize) -> __m512 {
+        let (b, d) = (&self.0[at / 2..at / 2 + 8], self.1[at / 32]);
+        // SAFETY: `b` holds 8 readable bytes; the loads are unaligned; the caller runs with AVX-512 and F16C.
+        unsafe {
+            let bytes = nibbles8(_mm_loadl_epi64(b.as_ptr().cast()));
+            let ints = _mm512_sub_epi32(_mm512_cvtepu8_epi32(bytes), _mm512_set1_epi32(8));
+            let scale = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(d))));
+            _mm512_mul_ps(_mm512_cvtepi32_ps(ints), scale)
+        }
+    }
+
+    #[inline(always)]
+    fn prefetch(self, at: usize, len: usize) {
+        for line in 0..len.div_ceil(128) {
+            prefetch_at(self.0, at / 2 + 64 * line);
+        }
+        prefetch_at(self.1, 2 * (at / 32));
+    }
+}
+
 /// One KV head's keys: `hd` values from `at` in every slot.
 #[derive(Clone, Copy)]
 pub(super) struct Key<S> {
