@@ -82,7 +82,7 @@ pub struct WorkerSpec {
     pub kv_blocks_total: u32,
     /// Concurrent sequences before it queues.
     pub max_running_sequences: u32,
-    /// How its KV cache stores keys and values ("f16", "q8"; empty from workers before protocol 1.7).
+    /// How its KV cache stores keys and values ("f16", "q8", "q4"; empty from workers before protocol 1.7).
     #[serde(default)]
     pub kv_dtype: String,
     /// Bytes one token's keys and values take (0: not said).

@@ -985,7 +985,7 @@ impl<'a> RegisterWorker<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(RegisterWorker::VT_MAX_RUNNING_SEQUENCES, Some(0)).unwrap()}
   }
-  /// How its KV cache stores keys and values (protocol 1.7): "f16" or "q8" (empty: not said).
+  /// How its KV cache stores keys and values (protocol 1.7): "f16", "q8" or (since 1.10) "q4" (empty: not said).
   #[inline]
   pub fn kv_dtype(&self) -> Option<&'a str> {
     // Safety:

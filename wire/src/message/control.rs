@@ -288,7 +288,8 @@ pub struct RegisterWorker {
     pub kv_blocks_total: u32,
     /// Concurrent sequences before queueing.
     pub max_running_sequences: u32,
-    /// How the KV cache stores keys and values: "f16" or "q8" (empty from workers before 1.7).
+    /// How the KV cache stores keys and values: "f16", "q8" or "q4" (empty from workers before 1.7; "q4" since
+    /// 1.10).
     pub kv_dtype: String,
     /// Bytes one token's keys and values take (0 from workers before 1.7).
     pub kv_bytes_per_token: u32,
@@ -310,8 +311,8 @@ impl RegisterWorker {
         if self.max_running_sequences == 0 {
             return Err(invalid("RegisterWorker.max_running_sequences", "must be at least 1"));
         }
-        if !matches!(self.kv_dtype.as_str(), "" | "f16" | "q8") {
-            return Err(invalid("RegisterWorker.kv_dtype", "must be f16 or q8"));
+        if !matches!(self.kv_dtype.as_str(), "" | "f16" | "q8" | "q4") {
+            return Err(invalid("RegisterWorker.kv_dtype", "must be f16, q8 or q4"));
         }
         Ok(())
     }

@@ -51,6 +51,10 @@ pub(crate) struct BenchArgs {
     /// synthetic LoRA adapters of rank 16 over every projection.
     #[arg(long, default_value_t = 0)]
     adapters: usize,
+    /// Put this many tokens of a document before each request's question (its own first token, so no prefix is
+    /// shared), to time decoding at a long context: the KV cache's types differ there (`--kv-dtype`).
+    #[arg(long, default_value_t = 0)]
+    context: usize,
 }
 
 /// The text the overlap workload asks the model to edit (a few misspellings to correct).
@@ -109,8 +113,16 @@ pub(crate) fn run(args: &BenchArgs) -> Result<()> {
                     (Mode::Constrained, Some(g)) => Some((g, json::schema_grammar()?)),
                     _ => None,
                 };
-                let level =
-                    Level { no: level_no, c, max_tokens: args.max_tokens, mode, prompts, grammar, adapters: &adapters };
+                let level = Level {
+                    no: level_no,
+                    c,
+                    max_tokens: args.max_tokens,
+                    mode,
+                    prompts,
+                    grammar,
+                    adapters: &adapters,
+                    context: args.context,
+                };
                 let (rate, out) = run_level(core, &level, &mut base)?;
                 rates[slot * modes.len() + m].push(rate);
                 if mode == Mode::Constrained {
@@ -254,6 +266,8 @@ struct Level<'a> {
     /// The adapters of [`Mode::Adapters`]: request i runs on the base when i mod (their count + 1) is 0, else on
     /// that adapter.
     adapters: &'a [zl_worker::engine::RequestAdapter],
+    /// Tokens of a document before each prompt.
+    context: usize,
 }
 
 /// One concurrency level: `c` greedy requests of `max_tokens` each, run to completion; prints the level's line
@@ -277,7 +291,17 @@ fn run_level(
             }
         };
         let text = tok.render_chat(&[ChatMessage { role: "user".into(), content }])?;
-        let prompt = tok.encode(&text)?;
+        let mut prompt = tok.encode(&text)?;
+        if level.context > 0 {
+            let unit =
+                tok.encode("The orchestrators keep the routing state replicated, so losing one loses nothing. ")?;
+            // A first token of its own per request and level, so the prefix cache never shares the document.
+            let vocab = core.model().llama.config().vocab;
+            let mut document = vec![((level.no * 97 + i * 7919) % vocab) as u32];
+            document.extend(unit.iter().cycle().take(level.context.saturating_sub(1)));
+            document.extend(prompt);
+            prompt = document;
+        }
         prompt_tokens += prompt.len();
         let req = Request {
             prompt,
