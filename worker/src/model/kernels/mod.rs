@@ -155,10 +155,13 @@ impl<'a> Input<'a> {
     }
 }
 
+/// Matmuls over one input: each weight and the output it fills.
+pub type Jobs<'w, 'o> = Vec<(&'w Weight, &'o mut [f32])>;
+
 /// [`Input::matmul`] of several inputs, each with its own weights (a mixture of experts' rows, grouped by expert),
 /// in one parallel region: one hand-off to the pool's threads for all of them, each weight cut into fewer tasks
 /// the more groups share the region. Every output is computed as one [`Input::matmul`] would compute it.
-pub fn matmul_groups(groups: Vec<(&Input<'_>, Vec<(&Weight, &mut [f32])>)>) {
+pub fn matmul_groups(groups: Vec<(&Input<'_>, Jobs<'_, '_>)>) {
     let share = groups.len().max(1);
     let mut tasks: Vec<ColumnTask<'_, '_>> = Vec::new();
     for (input, jobs) in groups {
