@@ -28,33 +28,36 @@ pub(in super::super) fn attention_rows(
 ) {
     assert!(isa >= Isa::Avx2 && isa <= Isa::detected(), "{isa:?} on this CPU");
     let wide = isa >= Isa::Avx512 && shape.head_dim.is_multiple_of(16);
-    // SAFETY (all six): the assertion checked the CPU has the level's instructions.
     match kv {
-        (KvPlane::F16(k), KvPlane::F16(v)) => {
-            let kv = (Half(k), Half(v));
-            if wide {
-                unsafe { attention_rows_avx512(q, slots, ranges, kv, shape, split, out) }
-            } else {
-                unsafe { attention_rows_avx2(q, slots, ranges, kv, shape, split, out) }
-            }
-        }
+        (KvPlane::F16(k), KvPlane::F16(v)) => on(wide, q, slots, ranges, (Half(k), Half(v)), shape, split, out),
         (KvPlane::Q8 { q: kq, d: kd }, KvPlane::Q8 { q: vq, d: vd }) => {
-            let kv = (Q8(kq, kd), Q8(vq, vd));
-            if wide {
-                unsafe { attention_rows_avx512(q, slots, ranges, kv, shape, split, out) }
-            } else {
-                unsafe { attention_rows_avx2(q, slots, ranges, kv, shape, split, out) }
-            }
+            on(wide, q, slots, ranges, (Q8(kq, kd), Q8(vq, vd)), shape, split, out)
         }
         (KvPlane::Q4 { q: kq, d: kd }, KvPlane::Q4 { q: vq, d: vd }) => {
-            let kv = (Q4(kq, kd), Q4(vq, vd));
-            if wide {
-                unsafe { attention_rows_avx512(q, slots, ranges, kv, shape, split, out) }
-            } else {
-                unsafe { attention_rows_avx2(q, slots, ranges, kv, shape, split, out) }
-            }
+            on(wide, q, slots, ranges, (Q4(kq, kd), Q4(vq, vd)), shape, split, out)
         }
         _ => unreachable!("keys and values are stored alike"),
+    }
+}
+
+/// [`attention_rows`] for one storage type, at the AVX-512 level (`wide`) or the AVX2 one. The caller checked the
+/// CPU has the level's instructions.
+#[allow(clippy::too_many_arguments)]
+fn on<S: Source + Sync>(
+    wide: bool,
+    q: &[f32],
+    slots: &[usize],
+    ranges: &[(usize, usize)],
+    kv: (S, S),
+    shape: AttentionShape,
+    split: bool,
+    out: &mut [f32],
+) {
+    // SAFETY (both): the caller (`attention_rows`' assertion) checked the CPU has the level's instructions.
+    if wide {
+        unsafe { attention_rows_avx512(q, slots, ranges, kv, shape, split, out) }
+    } else {
+        unsafe { attention_rows_avx2(q, slots, ranges, kv, shape, split, out) }
     }
 }
 
