@@ -57,7 +57,7 @@ def llama3_factors(theta, factor=8.0, low=1.0, high=4.0, original=128):
 EXPERTS, USED = 8, 2
 
 
-# Real models' widths (fewer layers), for speed comparisons: `scripts/bench-moe`.
+# Real models' widths (fewer layers), for speed comparisons: `scripts/bench-shaped`.
 SHAPED = {
     # OLMoE-1B-7B: 64 experts of 1,024, 8 per token, no grouped-query attention.
     "olmoe": dict(hidden=2048, inter=1024, layers=2, heads=16, kv_heads=16, head_dim=128, experts=64, used=8),
@@ -65,6 +65,14 @@ SHAPED = {
     "qwen3moe": dict(hidden=2048, inter=1536, layers=2, heads=32, kv_heads=4, head_dim=128, experts=128, used=8),
     # Mixtral 8x7B: 8 experts of 14,336, 2 per token.
     "mixtral": dict(hidden=4096, inter=14336, layers=1, heads=32, kv_heads=8, head_dim=128, experts=8, used=2),
+    # Llama 3.2 1B, every layer (the bundled tokenizer's vocabulary, not Llama 3's 128,256).
+    "llama-1b": dict(hidden=2048, inter=8192, layers=16, heads=32, kv_heads=8, head_dim=64),
+    # Llama 3.2 3B, 4 of its 28 layers.
+    "llama-3b": dict(hidden=3072, inter=8192, layers=4, heads=24, kv_heads=8, head_dim=128),
+    # Llama 3.1 8B, 4 of its 32 layers.
+    "llama-8b": dict(hidden=4096, inter=14336, layers=4, heads=32, kv_heads=8, head_dim=128),
+    # Qwen3 1.7B, 4 of its 28 layers (Q/K norms).
+    "qwen3-2b": dict(hidden=2048, inter=6144, layers=4, heads=16, kv_heads=8, head_dim=128),
 }
 
 
@@ -185,6 +193,10 @@ MODELS = {
     "olmoe-shaped": ("olmoe", 11, {"shape": SHAPED["olmoe"]}),
     "qwen3moe-shaped": ("qwen3moe", 12, {"shape": SHAPED["qwen3moe"]}),
     "mixtral-shaped": ("mixtral", 13, {"shape": SHAPED["mixtral"]}),
+    "llama-1b-shaped": ("llama", 14, {"shape": SHAPED["llama-1b"]}),
+    "llama-3b-shaped": ("llama", 15, {"shape": SHAPED["llama-3b"]}),
+    "llama-8b-shaped": ("llama", 16, {"shape": SHAPED["llama-8b"]}),
+    "qwen3-2b-shaped": ("qwen3", 17, {"shape": SHAPED["qwen3-2b"]}),
 }
 
 

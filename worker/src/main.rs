@@ -63,6 +63,11 @@ pub(crate) struct ModelArgs {
     /// tokens per MiB; CPU only).
     #[arg(long, env = "ZL_KV_DTYPE", value_enum, default_value_t = KvDtype::F16)]
     kv_dtype: KvDtype,
+    /// Bits of the CPU kernels' activations: 16 (the float path's greedy answers) or 8 (llama.cpp's width, for
+    /// the Q4_K and Q6_K matrices: more products per instruction, at a cost in quality that `zl-worker eval
+    /// --activations 8 --float --reference llama.cpp` measures against the rule in docs/worker.md).
+    #[arg(long, env = "ZL_ACTIVATIONS", default_value = "16")]
+    activations: zl_worker::model::kernels::Activations,
     /// Sequences in the running batch at most.
     #[arg(long, env = "ZL_MAX_RUNNING", default_value_t = 32)]
     max_running: usize,
@@ -183,6 +188,24 @@ fn model_specs(args: &ModelArgs) -> Result<Vec<(String, PathBuf)>> {
     Ok(specs)
 }
 
+/// Set the activations' width `args` asks for (8 bits: CPU only).
+fn activations(llama: &mut zl_worker::model::llama::Llama, args: &ModelArgs) -> Result<()> {
+    use zl_worker::model::kernels::Activations;
+    if args.activations == Activations::Sixteen {
+        return Ok(());
+    }
+    if args.device != zl_worker::device::Device::Cpu {
+        anyhow::bail!("--activations 8 is for the CPU kernels; {} computes in its own precision", args.device);
+    }
+    let share = llama.set_activations(args.activations);
+    eprintln!(
+        "zl-worker: {}-bit activations for {:.0}% of the weights' bytes (Q4_K and Q6_K; the others 16-bit)",
+        args.activations.bits(),
+        share * 100.0
+    );
+    Ok(())
+}
+
 pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
     let specs = model_specs(args)?;
     let budget = args.kv_memory_mb * 1024 * 1024 / specs.len();
@@ -197,7 +220,8 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
         let started = std::time::Instant::now();
         let digest = fetch::sha256_files(&files)?;
         let hashed = started.elapsed();
-        let model = zl_worker::model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+        let mut model = zl_worker::model::load(&path).with_context(|| format!("loading {}", path.display()))?;
+        activations(&mut model.llama, args)?;
         eprintln!(
             "zl-worker: loaded {id} in {:.2} s ({:.2} s of it hashing the weights); weights in memory: {}",
             started.elapsed().as_secs_f64(),

@@ -9,7 +9,7 @@
 
 pub use super::config::{Activation, LlamaConfig, MAX_HEAD_DIM, MoeConfig, SlidingWindow};
 pub(crate) use super::kernels::PARALLEL_ROWS;
-use super::kernels::{AttentionShape, Input, Weight, attention_rows, dot_f32, per_row, team, with_simd};
+use super::kernels::{Activations, AttentionShape, Input, Weight, attention_rows, dot_f32, per_row, team, with_simd};
 pub use super::kv_store::{KvDtype, KvStore};
 use super::lora::{LoraAdapter, Target, add_updates};
 pub use super::moe::Experts;
@@ -76,6 +76,14 @@ impl Ffn {
         match self {
             Ffn::Dense { gate, up, down } => Box::new([gate, up, down].into_iter()),
             Ffn::Experts(e) => Box::new(e.matrices()),
+        }
+    }
+
+    /// Every matrix, mutably.
+    fn matrices_mut(&mut self) -> Box<dyn Iterator<Item = &mut Weight> + '_> {
+        match self {
+            Ffn::Dense { gate, up, down } => Box::new([gate, up, down].into_iter()),
+            Ffn::Experts(e) => Box::new(e.matrices_mut()),
         }
     }
 }
@@ -290,6 +298,24 @@ impl Llama {
     pub fn matrices(&self) -> impl Iterator<Item = &Weight> {
         let layers = self.layers.iter().flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo].into_iter().chain(l.ffn.matrices()));
         std::iter::once(&self.embed).chain(layers).chain(self.output.as_ref())
+    }
+
+    /// Quantize the activations of every matrix whose format has kernels for `width` to it (8 bits: Q4_K and
+    /// Q6_K, [`Weight::set_activations`]); the others keep 16. Returns the share of the matrices' bytes that take
+    /// `width`, in [0, 1].
+    pub fn set_activations(&mut self, width: Activations) -> f64 {
+        let layers = self
+            .layers
+            .iter_mut()
+            .flat_map(|l| [&mut l.wq, &mut l.wk, &mut l.wv, &mut l.wo].into_iter().chain(l.ffn.matrices_mut()));
+        let (mut taken, mut all) = (0, 0);
+        for w in std::iter::once(&mut self.embed).chain(layers).chain(self.output.as_mut()) {
+            all += w.memory_bytes();
+            if w.set_activations(width) {
+                taken += w.memory_bytes();
+            }
+        }
+        taken as f64 / all.max(1) as f64
     }
 
     /// Weights in memory, for people: `"100.5 MiB (Q4_K 7.6, Q5_0 51.2, Q8_0 32.0 MiB)"`.

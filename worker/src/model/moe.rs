@@ -85,6 +85,16 @@ impl Experts {
         std::iter::once(&self.router).chain(self.gate.iter()).chain(&self.up).chain(&self.down).chain(shared)
     }
 
+    /// Every matrix, mutably.
+    pub fn matrices_mut(&mut self) -> impl Iterator<Item = &mut Weight> {
+        let shared = self.shared.iter_mut().flat_map(|s| s.iter_mut());
+        std::iter::once(&mut self.router)
+            .chain(self.gate.iter_mut())
+            .chain(&mut self.up)
+            .chain(&mut self.down)
+            .chain(shared)
+    }
+
     /// The MLP of `n` rows of `x` (normed, `hidden` wide) into `out` (`n` x `hidden`).
     pub fn forward(&self, cfg: &MoeConfig, activation: Activation, x: &[f32], n: usize, out: &mut [f32]) {
         let hidden = self.router.cols();

@@ -56,6 +56,7 @@ pub use isa::Isa;
 pub(crate) use low_rank::test_values;
 pub use low_rank::{LowRank, to_half_bits};
 pub use math::{dot_f32, dot4_f32, exp_f32, sum_f32};
+pub use quant::Activations;
 pub use weight::{Weight, WeightError};
 
 use attention::attention_portable;
@@ -92,13 +93,14 @@ const MAX_COLS_PER_TASK: usize = 256;
 pub struct Input<'a> {
     x: &'a [f32],
     n: usize,
-    quantized: std::sync::OnceLock<QuantizedRows>,
+    /// Quantized to 16 and to 8 bits, each on first use by a weight that takes that width.
+    quantized: [std::sync::OnceLock<QuantizedRows>; 2],
 }
 
 impl<'a> Input<'a> {
     /// `n` rows of equal width.
     pub fn new(x: &'a [f32], n: usize) -> Self {
-        Input { x, n, quantized: std::sync::OnceLock::new() }
+        Input { x, n, quantized: Default::default() }
     }
 
     /// [`Weight::matmul`] for each `(weight, out)` over these activations, in one parallel region: weights that
@@ -131,7 +133,11 @@ impl<'a> Input<'a> {
                 | Weight::Q6K { .. }
                 | Weight::Legacy { .. }
                 | Weight::Blocks { .. } => {
-                    Some(self.quantized.get_or_init(|| QuantizedRows::quantize(x, cols, group_quantizer())))
+                    let width = weight.activations();
+                    Some(
+                        self.quantized[usize::from(width == Activations::Eight)]
+                            .get_or_init(|| QuantizedRows::quantize(x, cols, group_quantizer(), width)),
+                    )
                 }
             };
             #[cfg(target_arch = "x86_64")]

@@ -1,9 +1,12 @@
 //! Activations quantized for the integer kernels: each row on its own, per block of 32, to 16-bit integers and
 //! one scale, laid out in row groups so a kernel sweeping a group reads one sequential stream.
 //!
-//! Sixteen bits, not eight: with 8-bit activations (llama.cpp's Q8_0/Q8_1 convention) the bundled model's greedy
+//! Sixteen bits by default: with 8-bit activations (llama.cpp's Q8_0/Q8_1 convention) the bundled model's greedy
 //! answers agreed with the float reference path on about 13 of 20 questions, with 16 bits on all of them (see
-//! docs/worker.md, "Quality"). Products stay exact integer sums, so every level still computes the same bits.
+//! docs/worker.md, "Quality"). Eight bits ([`Activations::Eight`]) where a weight asks for them
+//! (`--activations 8`): the same blocks, the quants within ±127, so every kernel still computes them (exact integer
+//! sums, the same bits at every level), and a signed byte copy of them ([`QuantizedRows::bytes`]) for the kernels
+//! that take a product of four bytes per lane (`x86/int8.rs`).
 
 use super::QK;
 use super::blocks::{HALVES, SUB};
@@ -11,7 +14,7 @@ use super::math::sum_f32;
 
 /// Quantize one row group (up to [`ROW_GROUP`] rows of `x`) into its interleaved blocks and its rows' block sums.
 #[inline(always)]
-pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
+pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32], qmax: f32) {
     let (rows, bpr) = (x.len() / cols, cols / QK);
     // Plain loops over fixed-size arrays with eight-lane reductions in a fixed order: they vectorise.
     for r in 0..rows {
@@ -24,11 +27,11 @@ pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums
                 }
             }
             let amax = amax.iter().fold(0f32, |a, &v| a.max(v));
-            let d = amax / QMAX;
+            let d = amax / qmax;
             let inv = if d > 0.0 { 1.0 / d } else { 0.0 };
             let mut q = [0i16; QK];
             for (qv, &v) in q.iter_mut().zip(block) {
-                // Round half away from zero without a libm call; |v * inv| <= 32767 (plus a rounding) by
+                // Round half away from zero without a libm call; |v * inv| <= qmax (plus a rounding) by
                 // construction, and the conversion saturates.
                 let t = v * inv;
                 *qv = (t + 0.5f32.copysign(t)) as i16;
@@ -40,10 +43,48 @@ pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums
 }
 
 /// A row group quantizer: [`quantize_group`]'s signature, which every SIMD level's copy shares.
-pub(super) type QuantizeGroup = fn(&[f32], usize, &mut [XBlock], &mut [f32]);
+pub(super) type QuantizeGroup = fn(&[f32], usize, &mut [XBlock], &mut [f32], f32);
 
-/// The largest quant magnitude: a block's largest value maps to it.
-pub(super) const QMAX: f32 = 32767.0;
+/// How wide a weight's activations are quantized: 16-bit integers (the float path's greedy answers) or 8-bit ones
+/// (llama.cpp's width; twice the products per instruction where a kernel takes bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Activations {
+    #[default]
+    /// 16-bit quants (the default).
+    Sixteen,
+    /// 8-bit quants.
+    Eight,
+}
+
+impl Activations {
+    /// The largest quant magnitude: a block's largest value maps to it.
+    pub(super) fn qmax(self) -> f32 {
+        match self {
+            Activations::Sixteen => 32767.0,
+            Activations::Eight => 127.0,
+        }
+    }
+
+    /// The width in bits (8 or 16).
+    pub fn bits(self) -> u32 {
+        match self {
+            Activations::Sixteen => 16,
+            Activations::Eight => 8,
+        }
+    }
+}
+
+impl std::str::FromStr for Activations {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "16" => Ok(Activations::Sixteen),
+            "8" => Ok(Activations::Eight),
+            other => Err(format!("activations: {other:?} is not 8 or 16")),
+        }
+    }
+}
 
 /// One block of 32 activations quantized to 16-bit integers, as the integer kernels consume them: `x ≈ d * q`.
 /// A weight's block product with it is an exact 32-bit integer (at most 32 * 128 * 32767 in magnitude).
@@ -87,8 +128,15 @@ pub(super) struct QuantizedRows {
     pub(super) blocks: Vec<XBlock>,
     pub(super) sums: Vec<f32>,
     pub(super) isums: Vec<i32>,
+    /// `isums` as f32 (exact: at most 32 * 32767 in magnitude), for the kernels that broadcast them from memory.
+    pub(super) fsums: Vec<f32>,
     pub(super) rows: usize,
     pub(super) blocks_per_row: usize,
+    /// The quants' width.
+    pub(super) width: Activations,
+    /// With eight bits, each block's quants as signed bytes, 32 per block where [`QuantizedRows::index`] puts the
+    /// block (empty with sixteen).
+    pub(super) bytes: Vec<i8>,
     /// [`QuantizedRows::byte_planes`], made on first use.
     planes: std::sync::OnceLock<Vec<u8>>,
     /// [`QuantizedRows::high_sums`], made on first use.
@@ -96,29 +144,42 @@ pub(super) struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    /// Quantize `x` (rows of `cols` values), one row group per parallel task, each by `group` ([`quantize_group`]
-    /// or a SIMD level's copy of it: the same arithmetic either way; `mod.rs` chooses).
-    pub(super) fn quantize(x: &[f32], cols: usize, group: QuantizeGroup) -> QuantizedRows {
+    /// Quantize `x` (rows of `cols` values) to `width`, one row group per parallel task, each by `group`
+    /// ([`quantize_group`] or a SIMD level's copy of it: the same arithmetic either way; `mod.rs` chooses).
+    pub(super) fn quantize(x: &[f32], cols: usize, group: QuantizeGroup, width: Activations) -> QuantizedRows {
         debug_assert_eq!(cols % QK, 0);
         let (rows, bpr) = (x.len() / cols, cols / QK);
+        let eight = width == Activations::Eight;
         let mut out = QuantizedRows {
             blocks: vec![XBlock::ZERO; rows * bpr],
             sums: vec![0f32; rows * bpr],
             isums: vec![0i32; rows * bpr * HALVES],
+            fsums: Vec::new(),
             rows,
             blocks_per_row: bpr,
+            width,
+            bytes: vec![0i8; if eight { rows * bpr * QK } else { 0 }],
             planes: std::sync::OnceLock::new(),
             high_sums: std::sync::OnceLock::new(),
         };
+        let mut bytes: Vec<&mut [i8]> = out.bytes.chunks_mut(ROW_GROUP * bpr * QK).collect();
+        bytes.resize_with(rows.div_ceil(ROW_GROUP), Default::default);
         let groups: Vec<_> = out
             .blocks
             .chunks_mut(ROW_GROUP * bpr)
             .zip(out.sums.chunks_mut(ROW_GROUP * bpr))
             .zip(x.chunks(ROW_GROUP * cols))
             .zip(out.isums.chunks_mut(ROW_GROUP * bpr * HALVES))
+            .zip(bytes)
             .collect();
-        super::team::for_each(groups, |(((blocks, sums), x), isums)| {
-            group(x, cols, blocks, sums);
+        super::team::for_each(groups, |((((blocks, sums), x), isums), bytes)| {
+            group(x, cols, blocks, sums, width.qmax());
+            // The blocks' order within the group is the bytes' (within ±127 with eight bits: exact).
+            for (block, out) in blocks.iter().zip(bytes.chunks_exact_mut(QK)) {
+                for (o, &q) in out.iter_mut().zip(&block.q) {
+                    *o = q as i8;
+                }
+            }
             // Exact integer sums: the same at every level, so computed here once for all of them.
             let rows = x.len() / cols;
             for (i, isum) in isums.iter_mut().enumerate() {
@@ -127,6 +188,7 @@ impl QuantizedRows {
                 *isum = q.iter().map(|&v| i32::from(v)).sum();
             }
         });
+        out.fsums = out.isums.iter().map(|&v| v as f32).collect();
         out
     }
 

@@ -100,7 +100,7 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
             for (i, v) in x[2 * QK..3 * QK].iter_mut().enumerate() {
                 *v = if i == 0 { -32767.0 } else { i as f32 - 16.5 };
             }
-            let xq = QuantizedRows::quantize(&x, cols, group_quantizer());
+            let xq = QuantizedRows::quantize(&x, cols, group_quantizer(), Activations::Sixteen);
             let run = |kernel: &dyn Fn(&mut [&mut [f32]])| {
                 let mut vals = vec![0f32; n * rows];
                 kernel(&mut vals.chunks_mut(rows).collect::<Vec<_>>());
@@ -127,10 +127,19 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
                 let rows_here = xg.len() / cols;
                 let mut blocks = vec![XBlock::ZERO; rows_here * bpr];
                 let mut sums = vec![0f32; rows_here * bpr];
-                quantize_group(xg, cols, &mut blocks, &mut sums);
+                quantize_group(xg, cols, &mut blocks, &mut sums, Activations::Sixteen.qmax());
                 let at = g * ROW_GROUP * bpr;
                 assert!(blocks.iter().zip(&xq.blocks[at..]).all(|(a, b)| a == b));
                 assert_eq!(sums[..], xq.sums[g * ROW_GROUP * bpr..][..sums.len()]);
+            }
+            // Eight bits: the same rounding within ±127 (each block's largest value at ±127), and the byte copy
+            // where each block is.
+            let x8 = QuantizedRows::quantize(&x, cols, group_quantizer(), Activations::Eight);
+            for (i, block) in x8.blocks.iter().enumerate() {
+                let q = block.q.map(i32::from);
+                assert!(q.iter().all(|v| v.abs() <= 127) && (block.d == 0.0 || q.iter().any(|v| v.abs() == 127)));
+                let bytes = &x8.bytes[i * QK..(i + 1) * QK];
+                assert!(bytes.iter().zip(q).all(|(&b, v)| i32::from(b) == v), "block {i}'s bytes");
             }
         }
     }

@@ -124,7 +124,7 @@ fn block_format_kernels_agree_bit_for_bit_at_every_level_and_batch_size() {
         let mut batched = vec![0f32; 16 * rows];
         weight.matmul(&x, 16, &mut batched);
         for n in [1, 3, 9, 16] {
-            let xq = QuantizedRows::quantize(&x[..n * cols], cols, group_quantizer());
+            let xq = QuantizedRows::quantize(&x[..n * cols], cols, group_quantizer(), Activations::Sixteen);
             let reference = run(n, rows, &|out| columns_blocks(&weight, &xq, 0, out));
             assert_eq!(reference, batched[..n * rows], "{}: {n} rows alone vs in a batch of 16", format.name());
             #[cfg(target_arch = "x86_64")]
@@ -171,18 +171,27 @@ fn repacked_formats_compute_what_the_file_blocks_compute_bit_for_bit() {
             }
             // Up to 70 rows: the AMX level's tiles of 16 rows from 64 (`x86::amx::MIN_ROWS_HALVES`), the last one
             // partial.
+            // With 16-bit activations, and 8-bit ones where the format takes them (Q4_K, Q6_K: `x86/int8.rs`).
             let x = activations(70, cols, &mut seed);
-            let mut batched = vec![0f32; 70 * rows];
-            tiled.matmul(&x, 70, &mut batched);
-            for n in [1, 3, 9, 16, 70] {
-                let xq = QuantizedRows::quantize(&x[..n * cols], cols, group_quantizer());
-                let reference = run(n, rows, &|out| columns_blocks(&blocks, &xq, 0, out));
-                assert_eq!(run(n, rows, &|out| columns_int(&tiled, &xq, 0, out)), reference, "{name} portable, {n}");
-                assert_eq!(batched[..n * rows], reference, "{name}: {n} rows alone vs in a batch of 70");
-                #[cfg(target_arch = "x86_64")]
-                every_level_matches(&reference, n, rows, name, &|isa, c0, out| {
-                    x86::columns_int(isa, &tiled, &xq, c0, out)
-                });
+            let mut tiled = tiled;
+            for width in [Activations::Sixteen, Activations::Eight] {
+                if !tiled.set_activations(width) {
+                    continue;
+                }
+                let name = format!("{name} {}-bit", width.bits());
+                let mut batched = vec![0f32; 70 * rows];
+                tiled.matmul(&x, 70, &mut batched);
+                for n in [1, 3, 9, 16, 70] {
+                    let xq = QuantizedRows::quantize(&x[..n * cols], cols, group_quantizer(), width);
+                    let reference = run(n, rows, &|out| columns_blocks(&blocks, &xq, 0, out));
+                    let portable = run(n, rows, &|out| columns_int(&tiled, &xq, 0, out));
+                    assert_eq!(portable, reference, "{name} portable, {n}");
+                    assert_eq!(batched[..n * rows], reference, "{name}: {n} rows alone vs in a batch of 70");
+                    #[cfg(target_arch = "x86_64")]
+                    every_level_matches(&reference, n, rows, &name, &|isa, c0, out| {
+                        x86::columns_int(isa, &tiled, &xq, c0, out)
+                    });
+                }
             }
             assert!(repack(rows, cols + 16, &raw).is_err(), "{name}: not a multiple of its block");
             assert!(repack(rows, cols, &raw[1..]).is_err(), "{name}: short");

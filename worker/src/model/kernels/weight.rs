@@ -5,6 +5,7 @@
 use half::{bf16 as Bf16, f16};
 
 use super::blocks::{BlockFormat, HALVES, f16_to_f32, k_scale_min};
+use super::quant::Activations;
 use super::{Input, QK};
 
 /// A weight matrix of `rows` (output features) by `cols` (input features), stored row-major.
@@ -62,6 +63,8 @@ pub enum Weight {
         qs: Vec<u8>,
         /// Q5_K's fifth bits, laid out as [`Weight::Legacy`]'s `qh` (empty for Q4_K).
         qh: Vec<u8>,
+        /// Whether its products take 8-bit activations ([`Weight::set_activations`]; Q4_K only).
+        eight: bool,
     },
     /// GGUF Q6_K repacked for a kernel that reads it directly: `x = d * sc * (q - 32)` with 6-bit `q`, an 8-bit
     /// signed `sc` per 16 values and `d` per super-block of 256 (f16 in the file, exact in f32). Each value's low
@@ -82,6 +85,8 @@ pub enum Weight {
         ql: Vec<u8>,
         /// High two bits, laid out as Q4_1's `qs` for half as many blocks (block `b` in entry `b / 2`).
         qh: Vec<u8>,
+        /// Whether its products take 8-bit activations ([`Weight::set_activations`]).
+        eight: bool,
     },
     /// GGUF Q4_0, Q5_0 and Q5_1 (llama.cpp's "legacy" 32-value blocks) repacked for a kernel that reads them
     /// directly: `x = d * (q - offset) + m` (offset 8, 16 and 0; `m` only in Q5_1). The nibbles tiled as Q4_1's
@@ -299,7 +304,7 @@ impl Weight {
                 }
             }
         }
-        Ok(Weight::Q4K { rows, cols, d, dmin, sc, mn, qs, qh })
+        Ok(Weight::Q4K { rows, cols, d, dmin, sc, mn, qs, qh, eight: false })
     }
 
     /// Parse raw GGUF Q6_K super-blocks (210 bytes each: 128 bytes of low nibbles, 64 of high bit pairs, 16
@@ -329,7 +334,7 @@ impl Weight {
                 }
             }
         }
-        Ok(Weight::Q6K { rows, cols, d, sc, ql, qh })
+        Ok(Weight::Q6K { rows, cols, d, sc, ql, qh, eight: false })
     }
 
     /// Parse raw GGUF Q4_0, Q5_0 or Q5_1 blocks into [`Weight::Legacy`] (any other format: the blocks as they are).
@@ -389,6 +394,26 @@ impl Weight {
             return Err(WeightError { format: "F32", rows, cols, problem: format!("{} values", w.len()) });
         }
         Ok(Weight::F32 { rows, cols, w })
+    }
+
+    /// The width of the activations this weight's products take (16 bits unless [`Weight::set_activations`]).
+    pub fn activations(&self) -> Activations {
+        match self {
+            Weight::Q4K { eight: true, .. } | Weight::Q6K { eight: true, .. } => Activations::Eight,
+            _ => Activations::Sixteen,
+        }
+    }
+
+    /// Take activations of `width` where the format has kernels for 8-bit ones (Q4_K and Q6_K, whose products
+    /// take four bytes a lane with AVX-512 VNNI); other formats keep 16 bits. Returns whether this one takes
+    /// `width`.
+    pub fn set_activations(&mut self, width: Activations) -> bool {
+        match self {
+            Weight::Q4K { qh, eight, .. } if qh.is_empty() => *eight = width == Activations::Eight,
+            Weight::Q6K { eight, .. } => *eight = width == Activations::Eight,
+            _ => return width == Activations::Sixteen,
+        }
+        true
     }
 
     /// Output features.

@@ -6,7 +6,8 @@
 //! the prefetch hints, the tile unit's instructions (`amx.rs`), and entering `#[target_feature]` functions once
 //! [`available`] (or an assertion on the level) has checked the CPU, do. This file is the safe boundary; `simd.rs`
 //! holds the helpers every level shares, and each level's kernels live in a file of their own (`bytes.rs`: AVX-512
-//! VNNI's byte products for one or two rows; `bytes_avx2.rs`: AVX2's for one row of the legacy formats).
+//! VNNI's byte products for one or two rows; `bytes_avx2.rs`: AVX2's for one row of the legacy formats;
+//! `int8.rs`: AVX-512 VNNI's for 8-bit activations).
 
 // `simd` and `tiles` first: their `by_rows!` and `tile_kernels!` must be in textual scope for the levels' files.
 #[macro_use]
@@ -21,6 +22,7 @@ mod avx2;
 mod avx512;
 mod bytes;
 mod bytes_avx2;
+mod int8;
 mod low_rank;
 mod quantize;
 mod softmax;
@@ -72,9 +74,9 @@ pub(super) fn widen_half(bf16: bool, bits: &[u16], out: &mut [f32]) {
 }
 
 /// [`super::quant::quantize_group`] in AVX2.
-pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
+pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32], qmax: f32) {
     // SAFETY: the caller checked `available()`, so the CPU has AVX2, FMA and F16C.
-    unsafe { quantize::quantize_group_avx2(x, cols, blocks, sums) }
+    unsafe { quantize::quantize_group_avx2(x, cols, blocks, sums, qmax) }
 }
 
 /// Make what [`columns_int`] at level `isa` reads of `xq` besides its blocks, if it takes `weight`'s products in
@@ -82,6 +84,9 @@ pub(super) fn quantize_group(x: &[f32], cols: usize, blocks: &mut [XBlock], sums
 /// bytes' sums for a signed format. Its callers call this before their parallel tasks, so that no task makes them
 /// while the others wait.
 pub(super) fn prepare(isa: Isa, weight: &Weight, xq: &QuantizedRows) {
+    if isa >= Isa::Avx512 && int8::serves(weight, xq) {
+        return;
+    }
     if (isa == Isa::Amx && amx::serves(weight, xq.rows))
         || (isa >= Isa::Avx512 && bytes::serves(weight, xq.rows))
         || (isa == Isa::Avx2 && bytes_avx2::serves(weight, xq.rows))
@@ -99,6 +104,7 @@ pub(super) fn columns_int(isa: Isa, weight: &Weight, xq: &QuantizedRows, c0: usi
     // SAFETY: the assertion checked that the CPU has the level's features.
     unsafe {
         match isa {
+            Isa::Avx512 | Isa::Amx if int8::serves(weight, xq) => int8::columns(weight, xq, c0, out),
             Isa::Amx if amx::serves(weight, out.len()) => amx::columns(weight, xq, c0, out),
             Isa::Avx512 | Isa::Amx if bytes::serves(weight, out.len()) => bytes::columns(weight, xq, c0, out),
             Isa::Avx512 | Isa::Amx => avx512::tiled_columns(weight, xq, c0, out),

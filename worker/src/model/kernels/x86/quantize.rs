@@ -4,13 +4,13 @@ use std::arch::x86_64::*;
 
 use super::super::QK;
 use super::super::math::finish_sum;
-use super::super::quant::{QMAX, XBlock};
+use super::super::quant::XBlock;
 use super::simd::{load8f, store8f};
 
 /// [`super::super::quant::quantize_group`] in AVX2, block by block: the same maximum, the same scale, the same roundings
 /// and the block sum in `sum_f32`'s order, so the same quants (for finite activations).
 #[target_feature(enable = "avx2,fma")]
-pub(super) fn quantize_group_avx2(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32]) {
+pub(super) fn quantize_group_avx2(x: &[f32], cols: usize, blocks: &mut [XBlock], sums: &mut [f32], qmax: f32) {
     let (rows, bpr) = (x.len() / cols, cols / QK);
     let sign = _mm256_set1_ps(-0.0);
     let half = _mm256_set1_ps(0.5);
@@ -23,7 +23,7 @@ pub(super) fn quantize_group_avx2(x: &[f32], cols: usize, blocks: &mut [XBlock],
             let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
             let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
             let amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_shuffle_ps::<1>(m, m)));
-            let d = amax / QMAX;
+            let d = amax / qmax;
             let inv = _mm256_set1_ps(if d > 0.0 { 1.0 / d } else { 0.0 });
             // Round half away from zero: add 0.5 with the value's sign, then truncate (and saturate, as `as` does).
             let quant = |v: __m256| {

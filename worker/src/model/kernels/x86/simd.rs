@@ -139,19 +139,27 @@ pub(super) fn tile_row_groups(
         let rows = (n - r).min(TILE_ROWS);
         let mut acc = [_mm256_setzero_ps(); TILE_ROWS];
         f(rows, r, &mut acc);
-        let f0 = t * TILE;
         for (row, a) in out[r..r + rows].iter_mut().zip(acc) {
-            if f0 >= c0 && f0 + TILE <= c0 + row.len() {
-                // The whole tile in the slice (all but a task's or the matrix's edge): one store, where the copy of
-                // a run of run-time length was a `memmove` call per tile and row.
-                store8f(&mut row[f0 - c0..], a);
-            } else {
-                let mut vals = [0f32; TILE];
-                store8f(&mut vals, a);
-                store_features(row, c0, f0, &vals);
-            }
+            store_tile(row, c0, t, a);
         }
         r += rows;
+    }
+}
+
+/// Tile `t`'s eight features `a` into one output row whose slice `row` holds features `c0..` (those that fall in
+/// it).
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) fn store_tile(row: &mut [f32], c0: usize, t: usize, a: __m256) {
+    let f0 = t * TILE;
+    if f0 >= c0 && f0 + TILE <= c0 + row.len() {
+        // The whole tile in the slice (all but a task's or the matrix's edge): one store, where the copy of a run
+        // of run-time length was a `memmove` call per tile and row.
+        store8f(&mut row[f0 - c0..], a);
+    } else {
+        let mut vals = [0f32; TILE];
+        store8f(&mut vals, a);
+        store_features(row, c0, f0, &vals);
     }
 }
 

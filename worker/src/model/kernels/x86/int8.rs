@@ -1,0 +1,245 @@
+//! AVX-512 VNNI's kernels for 8-bit activations (`--activations 8`): Q4_K and Q6_K at every batch size, two tiles
+//! (16 features) per 512-bit vector.
+//!
+//! With activations within ±127 a `vpdpbusd` sums four of a lane's products where the 16-bit kernels'
+//! `vpdpwssd` sums two, and the weights go in as bytes: Q4_K's nibbles masked in place (no shuffle into 16-bit
+//! pairs), Q6_K's six bits joined unsigned (0..63), their offset of 32 taken off the half's sum as `32 * sum(x)`
+//! (`QuantizedRows::isums`). The weights are the unsigned operand, the activations' bytes
+//! (`QuantizedRows::bytes`) the signed one, broadcast four at a time. Each half's integer sum is the exact integer
+//! the 16-bit kernels sum over the same quants, and the scales are then applied by the same operations in the same
+//! order as `tiles.rs`'s kernels apply them, lane by lane: the same bits as the portable reference given the same
+//! 8-bit quants (the bit-for-bit tests run this kernel at 1 to 70 rows), so a sequence's logits do not depend on
+//! which kernel its batch size picks.
+//!
+//! Two tiles a vector halve the per-row work of the scales (a conversion and two fused multiply-adds per half and
+//! row), which at eight bits costs as much as the products themselves. Each block's eight weight chunks are
+//! prepared once into registers and every row's two chains of four products read them (with the chunks prepared
+//! per row inside the rows' loop instead, the 1B-shaped Q4_K_M file decoded 16 sequences at 99 tok/s, here 158).
+//!
+//! This kernel serves the AMX level too: the tile unit over 8-bit activations (one `tdpbssd` per 16-value half,
+//! as `amx.rs` takes the high bytes) measured 0.58x this kernel at 16 sequences and 0.8x at a 512-token prompt
+//! (`zl-worker bench`, the 1B-shaped Q4_K_M file, 2 threads, Intel Xeon with AMX): a half's product is a quarter
+//! of the unit's depth, and each one's sums go through memory to be scaled.
+
+use std::arch::x86_64::*;
+
+use super::super::QK;
+use super::super::blocks::HALVES;
+use super::super::quant::{Activations, QuantizedRows};
+use super::super::weight::{TILE, Weight};
+use super::simd::{TILE_ROWS, load8f, load32u, prefetch, store_tile, tile, widen8, widen8_signed};
+
+/// Whether [`columns`] serves `weight` over `xq`: Q4_K or Q6_K that takes 8-bit activations.
+pub(super) fn serves(weight: &Weight, xq: &QuantizedRows) -> bool {
+    xq.width == Activations::Eight && matches!(weight, Weight::Q4K { .. } | Weight::Q6K { .. })
+}
+
+// The format kernels.
+const Q4_K: u8 = 0;
+const Q6_K: u8 = 1;
+
+/// The 8-bit kernel: tiles two at a time, every batch row [`TILE_ROWS`] at a time.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) fn columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+    match weight {
+        Weight::Q4K { qh, .. } => {
+            assert!(qh.is_empty(), "Q4_K only");
+            sweep::<Q4_K>(weight, xq, c0, out)
+        }
+        Weight::Q6K { .. } => sweep::<Q6_K>(weight, xq, c0, out),
+        _ => unreachable!("Q4_K and Q6_K only"),
+    }
+}
+
+/// Tiles `t` and `t + 1` (or `t` alone at the end of the range, computed twice) for every batch row.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline(never)]
+fn sweep<const F: u8>(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut [&mut [f32]]) {
+    let tiles = c0 / TILE..(c0 + out[0].len()).div_ceil(TILE);
+    for t in tiles.clone().step_by(2) {
+        let u = if t + 1 < tiles.end { t + 1 } else { t };
+        let mut r = 0;
+        while r < out.len() {
+            let rows = (out.len() - r).min(TILE_ROWS);
+            let mut acc = [_mm512_setzero_ps(); TILE_ROWS];
+            by_rows!(rows, pair_rows::<F>(weight, xq, (t, u), r, &mut acc));
+            for (row, a) in out[r..r + rows].iter_mut().zip(acc) {
+                store_tile(row, c0, t, _mm512_castps512_ps256(a));
+                if u != t {
+                    store_tile(row, c0, u, _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a))));
+                }
+            }
+            r += rows;
+        }
+    }
+}
+
+/// Tiles `t` and `u` for batch rows `r..r + R` into `acc[..R]` (lanes 0..8 tile `t`'s features, 8..16 `u`'s).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn pair_rows<const F: u8, const R: usize>(
+    weight: &Weight,
+    xq: &QuantizedRows,
+    tu: (usize, usize),
+    r: usize,
+    acc: &mut [__m512; TILE_ROWS],
+) {
+    let rows = match F {
+        Q4_K => q4k_pair::<R>(weight, xq, tu, r),
+        _ => q6k_pair::<R>(weight, xq, tu, r),
+    };
+    acc[..R].copy_from_slice(&rows);
+}
+
+/// Two 256-bit halves as one vector.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn join(a: __m256, b: __m256) -> __m512 {
+    _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(_mm512_castps256_ps512(a)), _mm256_castps_pd(b)))
+}
+
+/// Two 32-byte chunks as one vector.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn join_bytes(a: &[u8], b: &[u8]) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32u(a)), load32u(b))
+}
+
+/// Where batch rows `r..` keep their blocks: row `r + i`'s block `b` is block `first + b * stride + i`.
+#[inline(always)]
+fn row_index(xq: &QuantizedRows, r: usize) -> (usize, usize) {
+    let first = xq.index(r, 0);
+    let stride = if xq.blocks_per_row > 1 { xq.index(r, 1) - first } else { 1 };
+    (first, stride)
+}
+
+/// Activation quants `e..e + 4` of a row's block (its 32 bytes), in every 32-bit lane.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn broadcast4(block: &[i8; QK], e: usize) -> __m512i {
+    let four = &block[e..e + 4];
+    // SAFETY: `four` is four readable bytes and the read is unaligned.
+    _mm512_set1_epi32(unsafe { std::ptr::read_unaligned(four.as_ptr().cast::<i32>()) })
+}
+
+/// `start` plus row `i`'s sums of half `h`'s byte products with the block's eight prepared weight chunks `w`
+/// (half 0 in `w[..4]`, 1 in `w[4..]`): four `vpdpbusd` in a chain.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+#[inline]
+fn half_sum(start: __m512i, w: &[__m512i; 8], x: &[i8; QK], h: usize) -> __m512i {
+    let mut s = start;
+    for k in 0..4 {
+        s = _mm512_dpbusd_epi32(s, w[4 * h + k], broadcast4(x, 16 * h + 4 * k));
+    }
+    s
+}
+
+/// Row `i`'s bytes of block `at + i` (rows `r..`'s block from `at`, [`row_index`]).
+#[inline(always)]
+fn row_bytes(xq: &QuantizedRows, at: usize, i: usize) -> &[i8; QK] {
+    xq.bytes[(at + i) * QK..(at + i + 1) * QK].try_into().expect("32 bytes")
+}
+
+/// Q4_K tiles `t` and `u`: per block, the eight chunks' nibbles masked once for all rows, each row's byte products
+/// summed in i32 per half; then `tiles.rs`'s `q4k_tile` arithmetic lane by lane (`d * sc` and `-(dmin * mn)` per
+/// block, times the activations' scale, as two fused multiply-adds per half).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q4k_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize, usize), r: usize) -> [__m512; R] {
+    let Weight::Q4K { cols, d, dmin, sc, mn, qs, .. } = weight else { unreachable!("Q4_K only") };
+    let bpr = cols / QK;
+    let low4 = _mm512_set1_epi8(0x0f);
+    let sign = _mm512_set1_epi32(i32::MIN);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let (qa, qb) = (tile(qs, t, bpr * 128), tile(qs, u, bpr * 128));
+    let (sca, scb) = (tile(sc, t, bpr * TILE), tile(sc, u, bpr * TILE));
+    let (mna, mnb) = (tile(mn, t, bpr * TILE), tile(mn, u, bpr * TILE));
+    let (da, db) = (tile(d, t, bpr / 8 * TILE), tile(d, u, bpr / 8 * TILE));
+    let (dma, dmb) = (tile(dmin, t, bpr / 8 * TILE), tile(dmin, u, bpr / 8 * TILE));
+    let (first, stride) = row_index(xq, r);
+    let fsums = &xq.fsums[r * bpr * HALVES..(r + R) * bpr * HALVES];
+    for b in 0..bpr {
+        let (qa, qb) = (&qa[b * 128..], &qb[b * 128..]);
+        prefetch(qa, 128);
+        prefetch(qb, 128);
+        let (sa, sb) = (&sca[b * TILE..], &scb[b * TILE..]);
+        let (ma, mb) = (&mna[b * TILE..], &mnb[b * TILE..]);
+        let sup = b / 8 * TILE;
+        let s = _mm512_mul_ps(join(load8f(&da[sup..]), load8f(&db[sup..])), join(widen8(sa), widen8(sb)));
+        let m = _mm512_mul_ps(join(load8f(&dma[sup..]), load8f(&dmb[sup..])), join(widen8(ma), widen8(mb)));
+        let m = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), sign));
+        let mut w = [_mm512_setzero_si512(); 8];
+        for k in 0..4 {
+            let v = join_bytes(&qa[k * 32..], &qb[k * 32..]);
+            w[k] = _mm512_and_si512(v, low4);
+            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
+        }
+        let at = first + b * stride;
+        let xb = &xq.blocks[at..at + R];
+        for i in 0..R {
+            let xd = _mm512_set1_ps(xb[i].d);
+            let (sd, md) = (_mm512_mul_ps(s, xd), _mm512_mul_ps(m, xd));
+            let sums = &fsums[(i * bpr + b) * HALVES..][..HALVES];
+            for h in 0..HALVES {
+                let s32 = half_sum(_mm512_setzero_si512(), &w, row_bytes(xq, at, i), h);
+                acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32), sd, acc[i]);
+                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(sums[h]), md, acc[i]);
+            }
+        }
+    }
+    acc
+}
+
+/// Q6_K tiles `t` and `u`: per half, the low nibbles and the high bit pairs joined unsigned once for all rows, each
+/// row's byte products summed in i32 from `-32 * sum(x)`; then `tiles.rs`'s `q6k_tile` arithmetic lane by lane.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q6k_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize, usize), r: usize) -> [__m512; R] {
+    let Weight::Q6K { cols, d, sc, ql, qh, .. } = weight else { unreachable!("Q6_K only") };
+    let bpr = cols / QK;
+    let (low4, three) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
+    let mut acc = [_mm512_setzero_ps(); R];
+    let (qla, qlb) = (tile(ql, t, bpr * 128), tile(ql, u, bpr * 128));
+    let (qha, qhb) = (tile(qh, t, bpr / 2 * 128), tile(qh, u, bpr / 2 * 128));
+    let (sca, scb) = (tile(sc, t, bpr * HALVES * TILE), tile(sc, u, bpr * HALVES * TILE));
+    let (da, db) = (tile(d, t, bpr / 8 * TILE), tile(d, u, bpr / 8 * TILE));
+    let (first, stride) = row_index(xq, r);
+    let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
+    for b in 0..bpr {
+        let (qa, qb) = (&qla[b * 128..], &qlb[b * 128..]);
+        let (ha, hb) = (&qha[b / 2 * 128..], &qhb[b / 2 * 128..]);
+        prefetch(qa, 128);
+        prefetch(qb, 128);
+        prefetch(&qha[b * 64..], 64);
+        prefetch(&qhb[b * 64..], 64);
+        let sup = b / 8 * TILE;
+        let dv = join(load8f(&da[sup..]), load8f(&db[sup..]));
+        let mut s = [_mm512_setzero_ps(); HALVES];
+        let mut w = [_mm512_setzero_si512(); 8];
+        for h in 0..HALVES {
+            let at_s = (b * HALVES + h) * TILE;
+            s[h] = _mm512_mul_ps(dv, join(widen8_signed(&sca[at_s..]), widen8_signed(&scb[at_s..])));
+            let shift = _mm_cvtsi32_si128((4 * (b % 2) + 2 * h) as i32);
+            for k in 0..4 {
+                let v = join_bytes(&qa[k * 32..], &qb[k * 32..]);
+                let hv = join_bytes(&ha[k * 32..], &hb[k * 32..]);
+                let low = _mm512_and_si512(if h == 0 { v } else { _mm512_srli_epi16::<4>(v) }, low4);
+                let high = _mm512_and_si512(_mm512_srl_epi16(hv, shift), three);
+                w[4 * h + k] = _mm512_or_si512(low, _mm512_slli_epi16::<4>(high));
+            }
+        }
+        let at = first + b * stride;
+        let xb = &xq.blocks[at..at + R];
+        for i in 0..R {
+            let xd = _mm512_set1_ps(xb[i].d);
+            let sums = &isums[(i * bpr + b) * HALVES..][..HALVES];
+            for h in 0..HALVES {
+                // Started at -32 * sum(x): the offset of the unsigned values taken off.
+                let start = _mm512_set1_epi32(-32 * sums[h]);
+                let sum = _mm512_cvtepi32_ps(half_sum(start, &w, row_bytes(xq, at, i), h));
+                acc[i] = _mm512_fmadd_ps(sum, _mm512_mul_ps(s[h], xd), acc[i]);
+            }
+        }
+    }
+    acc
+}
