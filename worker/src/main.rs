@@ -63,11 +63,11 @@ pub(crate) struct ModelArgs {
     /// tokens per MiB; CPU only).
     #[arg(long, env = "ZL_KV_DTYPE", value_enum, default_value_t = KvDtype::F16)]
     kv_dtype: KvDtype,
-    /// Bits of the CPU kernels' activations: 16 (the float path's greedy answers) or 8 (llama.cpp's width, for
-    /// the Q4_K and Q6_K matrices: more products per instruction, at a cost in quality that `zl-worker eval
-    /// --activations 8 --float --reference llama.cpp` measures against the rule in docs/worker.md).
-    #[arg(long, env = "ZL_ACTIVATIONS", default_value = "16")]
-    activations: zl_worker::model::kernels::Activations,
+    /// Bits of the CPU kernels' activations: 8 (the default, for the Q4_K and Q6_K matrices, where the rule in
+    /// docs/worker.md, "8-bit activations", holds: llama.cpp's width, twice the products per instruction) or 16
+    /// (every matrix: the float reference path's exact greedy answers). Not for `--device cuda:N`.
+    #[arg(long, env = "ZL_ACTIVATIONS")]
+    activations: Option<zl_worker::model::kernels::Activations>,
     /// Sequences in the running batch at most.
     #[arg(long, env = "ZL_MAX_RUNNING", default_value_t = 32)]
     max_running: usize,
@@ -191,18 +191,25 @@ fn model_specs(args: &ModelArgs) -> Result<Vec<(String, PathBuf)>> {
 /// Set the activations' width `args` asks for (8 bits: CPU only).
 fn activations(llama: &mut zl_worker::model::llama::Llama, args: &ModelArgs) -> Result<()> {
     use zl_worker::model::kernels::Activations;
-    if args.activations == Activations::Sixteen {
-        return Ok(());
-    }
     if args.device != zl_worker::device::Device::Cpu {
-        anyhow::bail!("--activations 8 is for the CPU kernels; {} computes in its own precision", args.device);
+        return match args.activations {
+            Some(a) => anyhow::bail!(
+                "--activations {} is for the CPU kernels; {} computes in its own precision",
+                a.bits(),
+                args.device
+            ),
+            None => Ok(()),
+        };
     }
-    let share = llama.set_activations(args.activations);
-    eprintln!(
-        "zl-worker: {}-bit activations for {:.0}% of the weights' bytes (Q4_K and Q6_K; the others 16-bit)",
-        args.activations.bits(),
-        share * 100.0
-    );
+    let width = args.activations.unwrap_or(Activations::Eight);
+    let share = llama.set_activations(width);
+    if width == Activations::Eight {
+        eprintln!(
+            "zl-worker: 8-bit activations for {:.0}% of the weights' bytes (the Q4_K and Q6_K matrices; the others \
+             16-bit; --activations 16 for all)",
+            share * 100.0
+        );
+    }
     Ok(())
 }
 

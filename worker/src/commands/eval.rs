@@ -9,10 +9,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::Args;
-use zl_worker::eval::reference::{LlamaCpp, divergence, llama_perplexity_binary};
+use zl_worker::eval::reference::{LlamaCpp, divergence, divergences_from_float, llama_perplexity_binary};
 use zl_worker::eval::{answers, perplexity};
 use zl_worker::fetch;
-use zl_worker::model::kernels::Isa;
+use zl_worker::model::kernels::{Activations, Isa};
 use zl_worker::model::llama::KvDtype;
 use zl_worker::model::{Precision, gguf, load_with};
 
@@ -41,6 +41,11 @@ pub(crate) struct EvalArgs {
     /// How the scratch KV cache stores keys and values (`f16` or `q8`), as the worker's `--kv-dtype`.
     #[arg(long, value_enum, default_value_t = KvDtype::F16)]
     kv_dtype: KvDtype,
+    /// Bits of the native path's activations (8 or 16), as the worker's `--activations` (default 8: the Q4_K and
+    /// Q6_K matrices 8-bit, the others 16). With `--float` and `--reference llama.cpp`, the 8-bit activations
+    /// rule's verdict (docs/worker.md) is printed.
+    #[arg(long, default_value = "8")]
+    activations: Activations,
     /// Longest answer to a question, in tokens.
     #[arg(long, default_value_t = 32)]
     max_tokens: usize,
@@ -63,15 +68,16 @@ pub(crate) fn run(args: &EvalArgs) -> Result<()> {
 fn score(args: &EvalArgs, path: &Path, text_path: &Path) -> Result<()> {
     let text = std::fs::read_to_string(text_path).with_context(|| format!("reading {}", text_path.display()))?;
     let bos = if path.is_dir() { None } else { gguf::bos_token(path)? };
-    let kv = args.kv_dtype.name();
-    let mut precisions = vec![(Precision::Native, format!("native ({} kernels, {kv} KV)", Isa::current().name()))];
+    let (kv, bits) = (args.kv_dtype.name(), args.activations.bits());
+    let native_name = format!("native ({} kernels, {bits}-bit activations, {kv} KV)", Isa::current().name());
+    let mut precisions = vec![(Precision::Native, native_name)];
     if args.float {
         precisions.push((Precision::Float, "float reference".to_owned()));
     }
     let mut values = Vec::new();
     for (precision, name) in precisions {
         let started = Instant::now();
-        let model = load_with(path, precision).with_context(|| format!("loading {}", path.display()))?;
+        let model = load(path, precision, args.activations)?;
         let loaded = started.elapsed();
         let resident = zl_worker::model::resident_bytes()
             .map_or(String::new(), |b| format!("; process resident after load: {:.1} MiB", b as f64 / 1048576.0));
@@ -115,7 +121,7 @@ fn score(args: &EvalArgs, path: &Path, text_path: &Path) -> Result<()> {
         println!("{:<28} perplexity {reference:>8.4}  ({:.1}s)", "llama.cpp", started.elapsed().as_secs_f64());
         let native = values[0];
         println!("native / llama.cpp: {:.4} ({:+.2}%)", native / reference, (native / reference - 1.0) * 100.0);
-        let model = load_with(path, Precision::Native).with_context(|| format!("loading {}", path.display()))?;
+        let model = load(path, Precision::Native, args.activations)?;
         let d = divergence(&model.llama, &saved.0, bos)?;
         println!(
             "native against llama.cpp's logits (its tokens, {} positions): mean KLD {:.6}, same top token {:.2}%, \
@@ -130,8 +136,32 @@ fn score(args: &EvalArgs, path: &Path, text_path: &Path) -> Result<()> {
             "llama.cpp against itself (flash attention off vs on): mean KLD {kld:.6}, same top token {:.2}%",
             top * 100.0
         );
+        if let [native, float] = values[..] {
+            let reference = load(path, Precision::Float, args.activations)?;
+            let (ours, theirs) = divergences_from_float(&reference.llama, &model.llama, &saved.0, bos)?;
+            let (ours, theirs, ppl) = (ours.mean_kld(), theirs.mean_kld(), native / float - 1.0);
+            println!(
+                "against the float reference (llama.cpp's tokens): native mean KLD {ours:.6}, llama.cpp's {theirs:.6}"
+            );
+            let holds = ours <= theirs && ppl.abs() <= 0.005;
+            println!(
+                "{bits}-bit activations rule (KLD from the float path at most llama.cpp's, perplexity within 0.5% \
+                 of it): {} (KLD {ours:.6} vs {theirs:.6}, perplexity {:+.2}%)",
+                if holds { "holds" } else { "fails" },
+                ppl * 100.0
+            );
+        }
     }
     Ok(())
+}
+
+/// `path` loaded on `precision`'s path, its native matrices over `activations`.
+fn load(path: &Path, precision: Precision, activations: Activations) -> Result<zl_worker::model::LoadedModel> {
+    let mut model = load_with(path, precision).with_context(|| format!("loading {}", path.display()))?;
+    if precision == Precision::Native {
+        model.llama.set_activations(activations);
+    }
+    Ok(model)
 }
 
 fn questions(path: &Path, max_tokens: usize) -> Result<()> {

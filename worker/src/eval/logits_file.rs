@@ -86,7 +86,21 @@ pub fn read_row(r: &mut impl Read, row: &mut [u16]) -> Result<(), LogitsFileErro
     Ok(())
 }
 
-/// Running totals of one engine's logits against the saved rows.
+/// The log-probability a saved row (llama.cpp's: scale, minimum, then 16-bit steps) gives quant `qi`.
+pub fn saved_log_prob(saved: &[u16], qi: u16) -> f32 {
+    let scale = f32::from_bits(u32::from(saved[0]) | (u32::from(saved[1]) << 16));
+    let min_log_prob = f32::from_bits(u32::from(saved[2]) | (u32::from(saved[3]) << 16));
+    scale * f32::from(qi) + min_log_prob
+}
+
+/// `logits` as log-probabilities (a log-softmax in f64, rounded to f32).
+pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let norm = f64::from(max) + logits.iter().map(|&l| f64::from(l - max).exp()).sum::<f64>().ln();
+    logits.iter().map(|&l| (f64::from(l) - norm) as f32).collect()
+}
+
+/// Running totals of one engine's logits against the saved rows (or another reference's log-probabilities).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Divergence {
     /// Sum of each row's KL divergence of the other engine's distribution from the saved one.
@@ -104,9 +118,14 @@ impl Divergence {
     /// token. The arithmetic is llama.cpp's (`perplexity.cpp`, `log_softmax` of the KL-divergence mode), so the
     /// figures compare with what it prints for its own quantizations and backends.
     pub fn add(&mut self, saved: &[u16], logits: &[f32], next: u32) {
-        let scale = f32::from_bits(u32::from(saved[0]) | (u32::from(saved[1]) << 16));
-        let min_log_prob = f32::from_bits(u32::from(saved[2]) | (u32::from(saved[3]) << 16));
         let q = &saved[4..4 + logits.len()];
+        let base: Vec<f32> = q.iter().map(|&qi| saved_log_prob(saved, qi)).collect();
+        self.add_log_probs(&base, logits, next);
+    }
+
+    /// Add one row: `base` the reference's log-probabilities, `logits` the other engine's (any offset), `next` the
+    /// text's next token; [`Divergence::add`]'s arithmetic.
+    pub fn add_log_probs(&mut self, base: &[f32], logits: &[f32], next: u32) {
         let (mut top, mut max) = (0, f32::NEG_INFINITY);
         for (i, &l) in logits.iter().enumerate() {
             if l > max {
@@ -115,22 +134,21 @@ impl Divergence {
         }
         let log_sum_exp = logits.iter().map(|&l| f64::from((l - max).exp())).sum::<f64>().ln() as f32;
         let norm = max + log_sum_exp;
-        let (mut sum, mut top_saved, mut best) = (0f64, 0, f32::NEG_INFINITY);
-        for (i, (&qi, &l)) in q.iter().zip(logits).enumerate() {
-            let p_log = scale * f32::from(qi) + min_log_prob;
+        let (mut sum, mut top_base, mut best) = (0f64, 0, f32::NEG_INFINITY);
+        for (i, (&p_log, &l)) in base.iter().zip(logits).enumerate() {
             if p_log > best {
-                (top_saved, best) = (i, p_log);
+                (top_base, best) = (i, p_log);
             }
             if p_log > -16.0 {
                 sum += f64::from(p_log.exp() * (p_log - l + norm));
             }
         }
         self.kld += sum;
-        self.same_top += usize::from(top == top_saved);
+        self.same_top += usize::from(top == top_base);
         let next = next as usize;
-        let p_saved = (scale * f32::from(q[next]) + min_log_prob).exp();
+        let p_base = base[next].exp();
         let p = (logits[next] - norm).exp();
-        self.p_diff2 += f64::from((p - p_saved) * (p - p_saved));
+        self.p_diff2 += f64::from((p - p_base) * (p - p_base));
         self.rows += 1;
     }
 

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::logits_file::{Divergence, LogitsFileError, read_header, read_row};
+use super::logits_file::{Divergence, LogitsFileError, log_softmax, read_header, read_row, saved_log_prob};
 use super::perplexity::score_chunks;
 use crate::model::llama::{KvDtype, Llama};
 
@@ -129,6 +129,48 @@ pub fn divergence(model: &Llama, saved: &Path, bos: Option<u32>) -> Result<Diver
         });
     }
     Ok(divergence)
+}
+
+/// The 8-bit activations rule's comparison (docs/worker.md, "8-bit activations"), on llama.cpp's own tokens and
+/// chunks: the KL divergence of `native`'s next-token distribution from `float`'s (the float reference path), and
+/// of llama.cpp's (saved in `saved`) from `float`'s, in that order.
+pub fn divergences_from_float(
+    float: &Llama,
+    native: &Llama,
+    saved: &Path,
+    bos: Option<u32>,
+) -> Result<(Divergence, Divergence), LogitsFileError> {
+    let size = std::fs::metadata(saved)?.len();
+    let mut file = std::io::BufReader::new(std::fs::File::open(saved)?);
+    let header = read_header(&mut file, size)?;
+    let vocab = float.config().vocab;
+    if header.vocab != vocab {
+        return Err(LogitsFileError::Format(format!(
+            "llama.cpp's vocabulary has {} tokens, the model's {vocab}",
+            header.vocab
+        )));
+    }
+    let (mut ours, mut theirs) = (Divergence::default(), Divergence::default());
+    let (rows, len) = (header.rows_per_chunk(), header.row_len());
+    for chunk in header.tokens.chunks_exact(header.context) {
+        let mut saved_rows = vec![0u16; rows * len];
+        for row in saved_rows.chunks_exact_mut(len) {
+            read_row(&mut file, row)?;
+        }
+        let mut reference = Vec::with_capacity(rows);
+        score_chunks(float, std::iter::once(chunk), bos, KvDtype::F16, |_, logits, _| {
+            reference.push(log_softmax(logits));
+        });
+        let mut i = 0;
+        score_chunks(native, std::iter::once(chunk), bos, KvDtype::F16, |_, logits, next| {
+            let saved = &saved_rows[i * len..(i + 1) * len];
+            let llama_cpp: Vec<f32> = saved[4..4 + vocab].iter().map(|&q| saved_log_prob(saved, q)).collect();
+            ours.add_log_probs(&reference[i], logits, next);
+            theirs.add_log_probs(&reference[i], &llama_cpp, next);
+            i += 1;
+        });
+    }
+    Ok((ours, theirs))
 }
 
 /// The figure of llama.cpp's `Final estimate: PPL = 12.3456 +/- 0.12345` line.

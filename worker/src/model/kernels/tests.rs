@@ -88,9 +88,13 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
     let (rows, cols) = (37, 288);
     let mut seed = 11;
     let w: Vec<f32> = (0..rows * cols).map(|_| lcg(&mut seed)).collect();
-    for weight in
-        [Weight::from_q4_1(rows, cols, &q4_1_raw(&w)).unwrap(), Weight::from_q8_0(rows, cols, &q8_0_raw(&w)).unwrap()]
+    let weights =
+        [Weight::from_q4_1(rows, cols, &q4_1_raw(&w)).unwrap(), Weight::from_q8_0(rows, cols, &q8_0_raw(&w)).unwrap()];
+    // With 16-bit activations and with 8-bit ones (`x86/int8.rs` on AVX-512).
+    for (mut weight, width) in
+        weights.into_iter().flat_map(|w| [Activations::Sixteen, Activations::Eight].map(|a| (w.clone(), a)))
     {
+        assert!(weight.set_activations(width));
         for n in [1, 2, 3, 4, 9, 16, 17, 40] {
             let mut x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut seed) * 3.0).collect();
             // An all-zero block, a negative zero, and a block whose scale is exactly 1 and whose other values
@@ -100,7 +104,7 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
             for (i, v) in x[2 * QK..3 * QK].iter_mut().enumerate() {
                 *v = if i == 0 { -32767.0 } else { i as f32 - 16.5 };
             }
-            let xq = QuantizedRows::quantize(&x, cols, group_quantizer(), Activations::Sixteen);
+            let xq = QuantizedRows::quantize(&x, cols, group_quantizer(), width);
             let run = |kernel: &dyn Fn(&mut [&mut [f32]])| {
                 let mut vals = vec![0f32; n * rows];
                 kernel(&mut vals.chunks_mut(rows).collect::<Vec<_>>());
@@ -112,14 +116,14 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
             for isa in Isa::simd_levels_here() {
                 // All columns, then in two parts split after one tile (so pairs of tiles start on an odd one),
                 // as a task would.
-                assert_eq!(run(&|out| x86::columns_int(isa, &weight, &xq, 0, out)), reference, "{isa:?}");
+                assert_eq!(run(&|out| x86::columns_int(isa, &weight, &xq, 0, out)), reference, "{isa:?} {width:?}");
                 let split = run(&|out| {
                     let mut parts: (Vec<&mut [f32]>, Vec<&mut [f32]>) =
                         out.iter_mut().map(|row| row.split_at_mut(TILE)).unzip();
                     x86::columns_int(isa, &weight, &xq, 0, &mut parts.0);
                     x86::columns_int(isa, &weight, &xq, TILE, &mut parts.1);
                 });
-                assert_eq!(split, reference, "{isa:?} split");
+                assert_eq!(split, reference, "{isa:?} {width:?} split");
             }
             // The portable quantizer, group by group, gives the same bytes.
             let bpr = cols / QK;
@@ -127,7 +131,7 @@ fn simd_and_portable_kernels_agree_bit_for_bit() {
                 let rows_here = xg.len() / cols;
                 let mut blocks = vec![XBlock::ZERO; rows_here * bpr];
                 let mut sums = vec![0f32; rows_here * bpr];
-                quantize_group(xg, cols, &mut blocks, &mut sums, Activations::Sixteen.qmax());
+                quantize_group(xg, cols, &mut blocks, &mut sums, width.qmax());
                 let at = g * ROW_GROUP * bpr;
                 assert!(blocks.iter().zip(&xq.blocks[at..]).all(|(a, b)| a == b));
                 assert_eq!(sums[..], xq.sums[g * ROW_GROUP * bpr..][..sums.len()]);

@@ -27,6 +27,8 @@ pub enum Weight {
         /// are bytes `4k..4k + 4` of feature `j`'s GGUF block (low nibbles are elements `4k..4k + 4`, high nibbles
         /// elements `16 + 4k..16 + 4k + 4`).
         qs: Vec<u8>,
+        /// Whether its products take 8-bit activations ([`Weight::set_activations`]).
+        eight: bool,
     },
     /// GGUF Q8_0: per block of 32, `x = d * q` with 8-bit `q`. Tiled like Q4_1.
     Q8_0 {
@@ -39,6 +41,8 @@ pub enum Weight {
         /// Quants, 256 per tile and block, as eight 32-byte chunks: bytes `4j..4j + 4` of chunk `k` are elements
         /// `4k..4k + 4` of feature `j`'s block.
         qs: Vec<i8>,
+        /// Whether its products take 8-bit activations ([`Weight::set_activations`]).
+        eight: bool,
     },
     /// GGUF Q4_K or Q5_K repacked for a kernel that reads it directly: per block of 32, `x = d * sc * q - dmin *
     /// mn` with 4-bit (5-bit) `q`, 6-bit `sc` and `mn`, and `d` and `dmin` per super-block of 256 (f16 in the file,
@@ -110,6 +114,8 @@ pub enum Weight {
         /// Fifth bits (Q5_0 and Q5_1; empty for Q4_0), laid out as Q4_1's `qs` for a quarter as many blocks
         /// (rounded up): block `b` in entry `b / 4`.
         qh: Vec<u8>,
+        /// Whether its products take 8-bit activations ([`Weight::set_activations`]).
+        eight: bool,
     },
     /// A GGUF block format ([`BlockFormat`]) kept as the file stores it: row-major blocks, unpacked one tile at
     /// a time by the kernels.
@@ -246,7 +252,7 @@ impl Weight {
                 qs[at..at + 4].copy_from_slice(four);
             }
         }
-        Ok(Weight::Q4_1 { rows, cols, d, m, qs })
+        Ok(Weight::Q4_1 { rows, cols, d, m, qs, eight: false })
     }
 
     /// Parse raw GGUF Q8_0 blocks (34 bytes each: f16 d, 32 signed bytes).
@@ -262,7 +268,7 @@ impl Weight {
                 qs[q8_0_at(bpr, c, b, e)] = q as i8;
             }
         }
-        Ok(Weight::Q8_0 { rows, cols, d, qs })
+        Ok(Weight::Q8_0 { rows, cols, d, qs, eight: false })
     }
 
     /// Parse raw GGUF Q4_K super-blocks (144 bytes each: f16 d and dmin, 12 bytes of packed 6-bit scales and
@@ -370,7 +376,7 @@ impl Weight {
                 }
             }
         }
-        Ok(Weight::Legacy { format, rows, cols, d, m, qs, qh })
+        Ok(Weight::Legacy { format, rows, cols, d, m, qs, qh, eight: false })
     }
 
     /// Keep raw GGUF blocks of `format` (checked against the shape).
@@ -399,18 +405,26 @@ impl Weight {
     /// The width of the activations this weight's products take (16 bits unless [`Weight::set_activations`]).
     pub fn activations(&self) -> Activations {
         match self {
-            Weight::Q4K { eight: true, .. } | Weight::Q6K { eight: true, .. } => Activations::Eight,
+            Weight::Q4_1 { eight: true, .. }
+            | Weight::Q8_0 { eight: true, .. }
+            | Weight::Q4K { eight: true, .. }
+            | Weight::Q6K { eight: true, .. }
+            | Weight::Legacy { eight: true, .. } => Activations::Eight,
             _ => Activations::Sixteen,
         }
     }
 
-    /// Take activations of `width` where the format has kernels for 8-bit ones (Q4_K and Q6_K, whose products
-    /// take four bytes a lane with AVX-512 VNNI); other formats keep 16 bits. Returns whether this one takes
-    /// `width`.
+    /// Take activations of `width` where the format has kernels for 8-bit ones (the repacked formats but Q5_K,
+    /// whose products take four bytes a lane with AVX-512 VNNI: `x86/int8.rs`); other formats keep 16 bits.
+    /// Returns whether this one takes `width`.
     pub fn set_activations(&mut self, width: Activations) -> bool {
         match self {
-            Weight::Q4K { qh, eight, .. } if qh.is_empty() => *eight = width == Activations::Eight,
-            Weight::Q6K { eight, .. } => *eight = width == Activations::Eight,
+            Weight::Q4K { qh, .. } if !qh.is_empty() => return width == Activations::Sixteen,
+            Weight::Q4_1 { eight, .. }
+            | Weight::Q8_0 { eight, .. }
+            | Weight::Q4K { eight, .. }
+            | Weight::Q6K { eight, .. }
+            | Weight::Legacy { eight, .. } => *eight = width == Activations::Eight,
             _ => return width == Activations::Sixteen,
         }
         true

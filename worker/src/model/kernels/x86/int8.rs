@@ -24,19 +24,25 @@
 use std::arch::x86_64::*;
 
 use super::super::QK;
-use super::super::blocks::HALVES;
+use super::super::blocks::{BlockFormat, HALVES};
 use super::super::quant::{Activations, QuantizedRows};
 use super::super::weight::{TILE, Weight};
-use super::simd::{TILE_ROWS, load8f, load32u, prefetch, store_tile, tile, widen8, widen8_signed};
+use super::simd::{TILE_ROWS, load8f, load8h, load32, load32u, prefetch, store_tile, tile, widen8, widen8_signed};
 
-/// Whether [`columns`] serves `weight` over `xq`: Q4_K or Q6_K that takes 8-bit activations.
+/// Whether [`columns`] serves `weight` over `xq`: a format that takes 8-bit activations
+/// (`Weight::set_activations`).
 pub(super) fn serves(weight: &Weight, xq: &QuantizedRows) -> bool {
-    xq.width == Activations::Eight && matches!(weight, Weight::Q4K { .. } | Weight::Q6K { .. })
+    xq.width == Activations::Eight && weight.activations() == Activations::Eight
 }
 
 // The format kernels.
 const Q4_K: u8 = 0;
 const Q6_K: u8 = 1;
+const Q8_0: u8 = 2;
+const Q4_1: u8 = 3;
+const Q4_0: u8 = 4;
+const Q5_0: u8 = 5;
+const Q5_1: u8 = 6;
 
 /// The 8-bit kernel: tiles two at a time, every batch row [`TILE_ROWS`] at a time.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -47,7 +53,12 @@ pub(super) fn columns(weight: &Weight, xq: &QuantizedRows, c0: usize, out: &mut 
             sweep::<Q4_K>(weight, xq, c0, out)
         }
         Weight::Q6K { .. } => sweep::<Q6_K>(weight, xq, c0, out),
-        _ => unreachable!("Q4_K and Q6_K only"),
+        Weight::Q8_0 { .. } => sweep::<Q8_0>(weight, xq, c0, out),
+        Weight::Q4_1 { .. } => sweep::<Q4_1>(weight, xq, c0, out),
+        Weight::Legacy { format: BlockFormat::Q4_0, .. } => sweep::<Q4_0>(weight, xq, c0, out),
+        Weight::Legacy { format: BlockFormat::Q5_0, .. } => sweep::<Q5_0>(weight, xq, c0, out),
+        Weight::Legacy { .. } => sweep::<Q5_1>(weight, xq, c0, out),
+        _ => unreachable!("the repacked formats only"),
     }
 }
 
@@ -86,7 +97,12 @@ fn pair_rows<const F: u8, const R: usize>(
 ) {
     let rows = match F {
         Q4_K => q4k_pair::<R>(weight, xq, tu, r),
-        _ => q6k_pair::<R>(weight, xq, tu, r),
+        Q6_K => q6k_pair::<R>(weight, xq, tu, r),
+        Q8_0 => q8_0_pair::<R>(weight, xq, tu, r),
+        Q4_1 => q4_1_pair::<R>(weight, xq, tu, r),
+        Q4_0 => legacy_pair::<R, false, false>(weight, xq, tu, r),
+        Q5_0 => legacy_pair::<R, true, false>(weight, xq, tu, r),
+        _ => legacy_pair::<R, true, true>(weight, xq, tu, r),
     };
     acc[..R].copy_from_slice(&rows);
 }
@@ -238,6 +254,165 @@ fn q6k_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize,
                 let start = _mm512_set1_epi32(-32 * sums[h]);
                 let sum = _mm512_cvtepi32_ps(half_sum(start, &w, row_bytes(xq, at, i), h));
                 acc[i] = _mm512_fmadd_ps(sum, _mm512_mul_ps(s[h], xd), acc[i]);
+            }
+        }
+    }
+    acc
+}
+
+/// Both tiles' eight f16 scales (or minimums) of block `b`, as f32.
+#[target_feature(enable = "avx2,f16c,avx512f")]
+#[inline]
+fn scales_f16(a: &[u16], b_: &[u16], b: usize) -> __m512 {
+    join(load8h(&a[b * TILE..]), load8h(&b_[b * TILE..]))
+}
+
+/// A nibble layout's (Q4_1's, the legacy formats') eight chunks of one block of two tiles as unsigned bytes: half
+/// 0 the low nibbles, half 1 the high ones, each with its fifth bit from `planes` (the two tiles' fifth-bit plane
+/// rows of the block's group of four) where the format has one.
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn nibble_chunks(qa: &[u8], qb: &[u8], planes: Option<(&[u8], &[u8])>, b: usize) -> [__m512i; 8] {
+    let (low4, one) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(1));
+    let mut w = [_mm512_setzero_si512(); 8];
+    for k in 0..4 {
+        let v = join_bytes(&qa[k * 32..], &qb[k * 32..]);
+        w[k] = _mm512_and_si512(v, low4);
+        w[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
+        if let Some((pa, pb)) = planes {
+            let plane = join_bytes(&pa[k * 32..], &pb[k * 32..]);
+            for h in 0..HALVES {
+                let shift = _mm_cvtsi32_si128((2 * (b % 4) + h) as i32);
+                let bit = _mm512_and_si512(_mm512_srl_epi16(plane, shift), one);
+                w[4 * h + k] = _mm512_or_si512(w[4 * h + k], _mm512_slli_epi16::<4>(bit));
+            }
+        }
+    }
+    w
+}
+
+/// Q8_0 tiles `t` and `u`: the signed quants made unsigned (`w + 128`, a flip of the top bit) once for all rows,
+/// each row's block sum started at `-128 * sum(x)`; then `tiles.rs`'s `q8_0_tile` arithmetic lane by lane.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q8_0_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize, usize), r: usize) -> [__m512; R] {
+    let Weight::Q8_0 { cols, d, qs, .. } = weight else { unreachable!("Q8_0 only") };
+    let bpr = cols / QK;
+    let flip = _mm512_set1_epi8(i8::MIN);
+    let mut acc = [_mm512_setzero_ps(); R];
+    let (qa, qb) = (tile(qs, t, bpr * 256), tile(qs, u, bpr * 256));
+    let (da, db) = (tile(d, t, bpr * TILE), tile(d, u, bpr * TILE));
+    let (first, stride) = row_index(xq, r);
+    let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
+    for b in 0..bpr {
+        let (qa, qb) = (&qa[b * 256..], &qb[b * 256..]);
+        prefetch(qa, 256);
+        prefetch(qb, 256);
+        prefetch(&da[b * TILE..], 2 * TILE);
+        prefetch(&db[b * TILE..], 2 * TILE);
+        let dw = scales_f16(da, db, b);
+        let mut w = [_mm512_setzero_si512(); 8];
+        for (k, w) in w.iter_mut().enumerate() {
+            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(&qa[k * 32..])), load32(&qb[k * 32..]));
+            *w = _mm512_xor_si512(v, flip);
+        }
+        let at = first + b * stride;
+        let xb = &xq.blocks[at..at + R];
+        for i in 0..R {
+            let sums = &isums[(i * bpr + b) * HALVES..][..HALVES];
+            let start = _mm512_set1_epi32(-128 * (sums[0] + sums[1]));
+            let x = row_bytes(xq, at, i);
+            let sum = half_sum(half_sum(start, &w, x, 0), &w, x, 1);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(xb[i].d)), acc[i]);
+        }
+    }
+    acc
+}
+
+/// Q4_1 tiles `t` and `u`: the nibbles as they are, each row's whole-block sum; then `tiles.rs`'s `q4_1_tile`
+/// arithmetic lane by lane (the minimum times the activations' f32 block sum).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn q4_1_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize, usize), r: usize) -> [__m512; R] {
+    let Weight::Q4_1 { cols, d, m, qs, .. } = weight else { unreachable!("Q4_1 only") };
+    let bpr = cols / QK;
+    let mut acc = [_mm512_setzero_ps(); R];
+    let (qa, qb) = (tile(qs, t, bpr * 128), tile(qs, u, bpr * 128));
+    let (da, db) = (tile(d, t, bpr * TILE), tile(d, u, bpr * TILE));
+    let (ma, mb) = (tile(m, t, bpr * TILE), tile(m, u, bpr * TILE));
+    let (first, stride) = row_index(xq, r);
+    let sums = &xq.sums[r * bpr..(r + R) * bpr];
+    for b in 0..bpr {
+        let (qa, qb) = (&qa[b * 128..], &qb[b * 128..]);
+        prefetch(qa, 128);
+        prefetch(qb, 128);
+        for v in [da, db, ma, mb] {
+            prefetch(&v[b * TILE..], 2 * TILE);
+        }
+        let (dw, mw) = (scales_f16(da, db, b), scales_f16(ma, mb, b));
+        let w = nibble_chunks(qa, qb, None, b);
+        let at = first + b * stride;
+        let xb = &xq.blocks[at..at + R];
+        for i in 0..R {
+            let x = row_bytes(xq, at, i);
+            let sum = half_sum(half_sum(_mm512_setzero_si512(), &w, x, 0), &w, x, 1);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(dw, _mm512_set1_ps(xb[i].d)), acc[i]);
+            acc[i] = _mm512_fmadd_ps(mw, _mm512_set1_ps(sums[i * bpr + b]), acc[i]);
+        }
+    }
+    acc
+}
+
+/// Q4_0, Q5_0 (`HIGH`: the fifth bits) and Q5_1 (`HIGH` and `MIN`) tiles `t` and `u`: the values unsigned (the
+/// nibbles and fifth bits as they are), each row's half sums started at `-offset * sum(x)`; then `tiles.rs`'s
+/// `legacy_tile` arithmetic lane by lane.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+#[inline]
+fn legacy_pair<const R: usize, const HIGH: bool, const MIN: bool>(
+    weight: &Weight,
+    xq: &QuantizedRows,
+    (t, u): (usize, usize),
+    r: usize,
+) -> [__m512; R] {
+    let Weight::Legacy { format, cols, d, m, qs, qh, .. } = weight else { unreachable!("legacy formats only") };
+    let bpr = cols / QK;
+    assert_eq!((HIGH, MIN), (!qh.is_empty(), !m.is_empty()), "{format:?}'s planes");
+    let offset = i32::from(format.offset());
+    let mut acc = [_mm512_setzero_ps(); R];
+    let (qa, qb) = (tile(qs, t, bpr * 128), tile(qs, u, bpr * 128));
+    let plane = bpr.div_ceil(4) * 128;
+    let (ha, hb) = if HIGH { (tile(qh, t, plane), tile(qh, u, plane)) } else { (&[][..], &[][..]) };
+    let (da, db) = (tile(d, t, bpr * TILE), tile(d, u, bpr * TILE));
+    let (ma, mb) = if MIN { (tile(m, t, bpr * TILE), tile(m, u, bpr * TILE)) } else { (&[][..], &[][..]) };
+    let (first, stride) = row_index(xq, r);
+    let (isums, fsums) = (&xq.isums[r * bpr * HALVES..], &xq.fsums[r * bpr * HALVES..]);
+    for b in 0..bpr {
+        let (qa, qb) = (&qa[b * 128..], &qb[b * 128..]);
+        prefetch(qa, 128);
+        prefetch(qb, 128);
+        prefetch(&da[b * TILE..], 2 * TILE);
+        prefetch(&db[b * TILE..], 2 * TILE);
+        if HIGH {
+            prefetch(&ha[b * 32..], 32);
+            prefetch(&hb[b * 32..], 32);
+        }
+        let dv = scales_f16(da, db, b);
+        let mv = if MIN { scales_f16(ma, mb, b) } else { _mm512_setzero_ps() };
+        let planes = HIGH.then(|| (&ha[b / 4 * 128..], &hb[b / 4 * 128..]));
+        let w = nibble_chunks(qa, qb, planes, b);
+        let at = first + b * stride;
+        let xb = &xq.blocks[at..at + R];
+        for i in 0..R {
+            let xd = _mm512_set1_ps(xb[i].d);
+            let (sd, md) = (_mm512_mul_ps(dv, xd), _mm512_mul_ps(mv, xd));
+            let at_sum = (i * bpr + b) * HALVES;
+            for h in 0..HALVES {
+                let start = _mm512_set1_epi32(-offset * isums[at_sum + h]);
+                let sum = _mm512_cvtepi32_ps(half_sum(start, &w, row_bytes(xq, at, i), h));
+                acc[i] = _mm512_fmadd_ps(sum, sd, acc[i]);
+                if MIN {
+                    acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(fsums[at_sum + h]), md, acc[i]);
+                }
             }
         }
     }
