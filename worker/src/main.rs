@@ -63,11 +63,12 @@ pub(crate) struct ModelArgs {
     /// tokens per MiB; CPU only).
     #[arg(long, env = "ZL_KV_DTYPE", value_enum, default_value_t = KvDtype::F16)]
     kv_dtype: KvDtype,
-    /// Bits of the CPU kernels' activations: 8 (the default, for the Q4_K and Q6_K matrices, where the rule in
-    /// docs/worker.md, "8-bit activations", holds: llama.cpp's width, twice the products per instruction) or 16
-    /// (every matrix: the float reference path's exact greedy answers). Not for `--device cuda:N`.
-    #[arg(long, env = "ZL_ACTIVATIONS")]
-    activations: Option<zl_worker::model::kernels::Activations>,
+    /// Bits of the CPU kernels' activations: auto (8 for the formats where the rule in docs/worker.md, "8-bit
+    /// activations", held: Q4_K and Q6_K; 16 for the others), 8 (every format with 8-bit kernels: llama.cpp's
+    /// width, twice the products per instruction) or 16 (every matrix: the float reference path's exact greedy
+    /// answers). 8 and 16 are for the CPU; a GPU computes in its own precision.
+    #[arg(long, env = "ZL_ACTIVATIONS", default_value = "auto", value_parser = ["auto", "8", "16"])]
+    activations: String,
     /// Sequences in the running batch at most.
     #[arg(long, env = "ZL_MAX_RUNNING", default_value_t = 32)]
     max_running: usize,
@@ -188,27 +189,31 @@ fn model_specs(args: &ModelArgs) -> Result<Vec<(String, PathBuf)>> {
     Ok(specs)
 }
 
-/// Set the activations' width `args` asks for (8 bits: CPU only).
+/// Set the activations' width `args` asks for (on the CPU).
 fn activations(llama: &mut zl_worker::model::llama::Llama, args: &ModelArgs) -> Result<()> {
     use zl_worker::model::kernels::Activations;
+    let (width, formats) = match args.activations.as_str() {
+        "auto" => (Activations::Eight, Activations::EIGHT_BY_DEFAULT),
+        bits => (bits.parse::<Activations>().map_err(|e| anyhow::anyhow!(e))?, &[][..]),
+    };
     if args.device != zl_worker::device::Device::Cpu {
-        return match args.activations {
-            Some(a) => anyhow::bail!(
+        if args.activations != "auto" {
+            anyhow::bail!(
                 "--activations {} is for the CPU kernels; {} computes in its own precision",
-                a.bits(),
+                width.bits(),
                 args.device
-            ),
-            None => Ok(()),
-        };
+            );
+        }
+        return Ok(());
     }
-    let width = args.activations.unwrap_or(Activations::Eight);
-    let share = llama.set_activations(width);
-    if width == Activations::Eight {
+    let share = llama.set_activations(width, formats);
+    if share == 0.0 && width == Activations::Eight {
         eprintln!(
-            "zl-worker: 8-bit activations for {:.0}% of the weights' bytes (the Q4_K and Q6_K matrices; the others \
-             16-bit; --activations 16 for all)",
-            share * 100.0
+            "zl-worker: 16-bit activations (--activations {}: no matrix of a format it applies to)",
+            args.activations
         );
+    } else {
+        eprintln!("zl-worker: {} (--activations {})", width.note(share), args.activations);
     }
     Ok(())
 }

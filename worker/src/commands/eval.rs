@@ -41,9 +41,8 @@ pub(crate) struct EvalArgs {
     /// How the scratch KV cache stores keys and values (`f16` or `q8`), as the worker's `--kv-dtype`.
     #[arg(long, value_enum, default_value_t = KvDtype::F16)]
     kv_dtype: KvDtype,
-    /// Bits of the native path's activations (8 or 16), as the worker's `--activations` (default 8: the Q4_K and
-    /// Q6_K matrices 8-bit, the others 16). With `--float` and `--reference llama.cpp`, the 8-bit activations
-    /// rule's verdict (docs/worker.md) is printed.
+    /// Bits of the native path's activations: 8 (every matrix whose format has 8-bit kernels) or 16. With
+    /// `--float` and `--reference llama.cpp`, the 8-bit activations rule's verdict (docs/worker.md) is printed.
     #[arg(long, default_value = "8")]
     activations: Activations,
     /// Longest answer to a question, in tokens.
@@ -159,7 +158,8 @@ fn score(args: &EvalArgs, path: &Path, text_path: &Path) -> Result<()> {
 fn load(path: &Path, precision: Precision, activations: Activations) -> Result<zl_worker::model::LoadedModel> {
     let mut model = load_with(path, precision).with_context(|| format!("loading {}", path.display()))?;
     if precision == Precision::Native {
-        model.llama.set_activations(activations);
+        let share = model.llama.set_activations(activations, &[]);
+        eprintln!("zl-worker: {}", activations.note(share));
     }
     Ok(model)
 }

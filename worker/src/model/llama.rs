@@ -300,10 +300,11 @@ impl Llama {
         std::iter::once(&self.embed).chain(layers).chain(self.output.as_ref())
     }
 
-    /// Quantize the activations of every matrix whose format has kernels for `width` to it (8 bits: Q4_K and
-    /// Q6_K, [`Weight::set_activations`]); the others keep 16. Returns the share of the matrices' bytes that take
-    /// `width`, in [0, 1].
-    pub fn set_activations(&mut self, width: Activations) -> f64 {
+    /// Quantize the activations of every matrix whose format has kernels for `width` to it (8 bits: the repacked
+    /// formats but Q5_K, [`Weight::set_activations`]), of the formats in `formats` only when it is not empty
+    /// (`"Q4_K"`, `"Q6_K"`, ...: [`Weight::format_name`]); the others keep 16. Returns the share of the matrices'
+    /// bytes that take `width`, in [0, 1].
+    pub fn set_activations(&mut self, width: Activations, formats: &[&str]) -> f64 {
         let layers = self
             .layers
             .iter_mut()
@@ -311,7 +312,7 @@ impl Llama {
         let (mut taken, mut all) = (0, 0);
         for w in std::iter::once(&mut self.embed).chain(layers).chain(self.output.as_mut()) {
             all += w.memory_bytes();
-            if w.set_activations(width) {
+            if (formats.is_empty() || formats.contains(&w.format_name())) && w.set_activations(width) {
                 taken += w.memory_bytes();
             }
         }

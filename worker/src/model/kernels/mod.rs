@@ -10,9 +10,10 @@
 //!
 //! Quantized weights stay quantized in memory: Q4_1, Q8_0, Q4_0, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K repacked at load
 //! into tiles their kernels read directly, Q2_K and Q3_K as the file's blocks (unpacked a tile per step); f16 and
-//! bf16 as 16-bit floats. Each activation row is quantized per block of 32 to 16-bit integers on its own, and every
-//! block product is an exact integer dot product, scaled and accumulated in a fixed order (the AMX tile unit,
-//! AVX-512 VNNI or AVX2 where the CPU has it, portable code otherwise, the same bits at every level).
+//! bf16 as 16-bit floats. Each activation row is quantized per block of 32 to 16-bit integers on its own (to 8-bit
+//! ones for a weight that takes them: [`Activations`]), and every block product is an exact integer dot product,
+//! scaled and accumulated in a fixed order (the AMX tile unit, AVX-512 VNNI or AVX2 where the CPU has it, portable
+//! code otherwise, the same bits at every level).
 //! Attention over the KV cache (f16 or 8-bit blocks) and the `exp` the model needs live here too, under the same
 //! rules.
 //!
@@ -22,7 +23,7 @@
 //! - `isa.rs`: the level in use ([`Isa`]);
 //! - `math.rs`: the fixed-order sums, dot products and `exp` everything shares;
 //! - `weight.rs`: the tiled weight formats and their parsing from GGUF blocks;
-//! - `quant.rs`: activations quantized to 16-bit blocks, laid out for the kernels;
+//! - `quant.rs`: activations quantized to 16-bit (or 8-bit) blocks, laid out for the kernels;
 //! - `portable.rs`: the reference matmul kernels every SIMD level must match bit for bit;
 //! - `attention.rs`: the reference attention over the KV cache (f16 or 8-bit) and the pieces every level shares;
 //! - `blocks.rs`: the GGUF block formats' decoding, the reference the repacked layouts are checked against;

@@ -57,6 +57,15 @@ pub enum Activations {
 }
 
 impl Activations {
+    /// The formats whose matrices take 8-bit activations by default (`zl-worker serve --activations auto`): those
+    /// on which the 8-bit activations rule held (docs/worker.md, "8-bit activations"; `scripts/eval-activations`).
+    pub const EIGHT_BY_DEFAULT: &'static [&'static str] = &["Q4_K", "Q6_K"];
+
+    /// A line for people: the width and the share of the weights' bytes (`share`, in [0, 1]) that take it.
+    pub fn note(self, share: f64) -> String {
+        format!("{}-bit activations for {:.0}% of the weights' bytes (the others 16-bit)", self.bits(), share * 100.0)
+    }
+
     /// The largest quant magnitude: a block's largest value maps to it.
     pub(super) fn qmax(self) -> f32 {
         match self {

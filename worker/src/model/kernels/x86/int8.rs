@@ -196,10 +196,10 @@ fn q4k_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize,
             let xd = _mm512_set1_ps(xb[i].d);
             let (sd, md) = (_mm512_mul_ps(s, xd), _mm512_mul_ps(m, xd));
             let sums = &fsums[(i * bpr + b) * HALVES..][..HALVES];
-            for h in 0..HALVES {
+            for (h, &sum) in sums.iter().enumerate() {
                 let s32 = half_sum(_mm512_setzero_si512(), &w, row_bytes(xq, at, i), h);
                 acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s32), sd, acc[i]);
-                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(sums[h]), md, acc[i]);
+                acc[i] = _mm512_fmadd_ps(_mm512_set1_ps(sum), md, acc[i]);
             }
         }
     }
