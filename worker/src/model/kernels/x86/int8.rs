@@ -36,13 +36,7 @@ pub(super) fn serves(weight: &Weight, xq: &QuantizedRows) -> bool {
 }
 
 // The format kernels.
-const Q4_K: u8 = 0;
-const Q6_K: u8 = 1;
-const Q8_0: u8 = 2;
-const Q4_1: u8 = 3;
-const Q4_0: u8 = 4;
-const Q5_0: u8 = 5;
-const Q5_1: u8 = 6;
+use super::simd::kernel::*;
 
 /// The 8-bit kernel: tiles two at a time, every batch row [`TILE_ROWS`] at a time.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]

@@ -330,3 +330,16 @@ pub(super) fn q6k_bytes(v: __m256i, hv: __m256i, h: usize, shift: __m128i) -> __
     let high = _mm256_and_si256(_mm256_srl_epi16(hv, shift), _mm256_set1_epi8(3));
     _mm256_sub_epi8(_mm256_or_si256(half_nibbles(v, h), _mm256_slli_epi16::<4>(high)), _mm256_set1_epi8(32))
 }
+
+/// The repacked formats' kernels, as the constant a kernel family's `sweep::<F>` takes (one function per format,
+/// with the format's planes and minimum as constants).
+pub(super) mod kernel {
+    pub(in super::super) const Q4_1: u8 = 0;
+    pub(in super::super) const Q4_K: u8 = 1;
+    pub(in super::super) const Q5_K: u8 = 2;
+    pub(in super::super) const Q6_K: u8 = 3;
+    pub(in super::super) const Q4_0: u8 = 4;
+    pub(in super::super) const Q5_0: u8 = 5;
+    pub(in super::super) const Q5_1: u8 = 6;
+    pub(in super::super) const Q8_0: u8 = 7;
+}

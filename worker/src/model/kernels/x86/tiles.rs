@@ -66,14 +66,7 @@ macro_rules! tile_kernels {
 
         // The format kernels `sweep` takes, one per format (the fifth bits and the minimum as constants: each
         // format's loop without their branches).
-        const Q4_1: u8 = 0;
-        const Q4_K: u8 = 1;
-        const Q5_K: u8 = 2;
-        const Q6_K: u8 = 3;
-        const Q4_0: u8 = 4;
-        const Q5_0: u8 = 5;
-        const Q5_1: u8 = 6;
-        const Q8_0: u8 = 7;
+        use super::simd::kernel::*;
 
         /// `tiles` for every batch row with format kernel `F`, a few rows at a time: a function of its own per
         /// format, so that every build compiles the hot loops alike. With every format's kernel inlined into
