@@ -64,9 +64,9 @@ pub(crate) struct ModelArgs {
     #[arg(long, env = "ZL_KV_DTYPE", value_enum, default_value_t = KvDtype::F16)]
     kv_dtype: KvDtype,
     /// Bits of the CPU kernels' activations: auto (8 for the formats where the rule in docs/worker.md, "8-bit
-    /// activations", held: Q4_K, Q6_K, Q5_0, Q5_1; 16 for the others: Q4_0, Q4_1, Q8_0, ...), 8 (every format with 8-bit kernels: llama.cpp's
-    /// width, twice the products per instruction) or 16 (every matrix: the float reference path's exact greedy
-    /// answers). 8 and 16 are for the CPU; a GPU computes in its own precision.
+    /// activations", held: Q4_K, Q6_K, Q5_0, Q5_1; 16 for the others: Q4_0, Q4_1, Q8_0, ...), 8 (every format
+    /// with 8-bit kernels: llama.cpp's width, twice the products per instruction) or 16 (every matrix: the float
+    /// reference path's exact greedy answers). 8 and 16 are for the CPU; a GPU computes in its own precision.
     #[arg(long, env = "ZL_ACTIVATIONS", default_value = "auto", value_parser = ["auto", "8", "16"])]
     activations: String,
     /// Sequences in the running batch at most.

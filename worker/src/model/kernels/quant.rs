@@ -140,7 +140,7 @@ pub(super) struct QuantizedRows {
     pub(super) blocks: Vec<XBlock>,
     pub(super) sums: Vec<f32>,
     pub(super) isums: Vec<i32>,
-    /// `isums` as f32 (exact: at most 32 * 32767 in magnitude), for the kernels that broadcast them from memory.
+    /// With eight bits, `isums` as f32 (exact), which the 8-bit kernels broadcast from memory (empty with sixteen).
     pub(super) fsums: Vec<f32>,
     pub(super) rows: usize,
     pub(super) blocks_per_row: usize,
@@ -200,7 +200,9 @@ impl QuantizedRows {
                 *isum = q.iter().map(|&v| i32::from(v)).sum();
             }
         });
-        out.fsums = out.isums.iter().map(|&v| v as f32).collect();
+        if eight {
+            out.fsums = out.isums.iter().map(|&v| v as f32).collect();
+        }
         out
     }
 

@@ -112,7 +112,20 @@ fn join(a: __m256, b: __m256) -> __m512 {
 #[target_feature(enable = "avx512f")]
 #[inline]
 fn join_bytes(a: &[u8], b: &[u8]) -> __m512i {
-    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32u(a)), load32u(b))
+    join_int(load32u(a), load32u(b))
+}
+
+/// Two 256-bit integer halves as one vector.
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn join_int(a: __m256i, b: __m256i) -> __m512i {
+    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+}
+
+/// Tiles `t`'s and `u`'s parts of a tiled array (`len` elements a tile).
+#[inline(always)]
+fn pair<T>(v: &[T], (t, u): (usize, usize), len: usize) -> (&[T], &[T]) {
+    (tile(v, t, len), tile(v, u, len))
 }
 
 /// Where batch rows `r..` keep their blocks: row `r + i`'s block `b` is block `first + b * stride + i`.
@@ -158,14 +171,13 @@ fn row_bytes(xq: &QuantizedRows, at: usize, i: usize) -> &[i8; QK] {
 fn q4k_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize, usize), r: usize) -> [__m512; R] {
     let Weight::Q4K { cols, d, dmin, sc, mn, qs, .. } = weight else { unreachable!("Q4_K only") };
     let bpr = cols / QK;
-    let low4 = _mm512_set1_epi8(0x0f);
     let sign = _mm512_set1_epi32(i32::MIN);
     let mut acc = [_mm512_setzero_ps(); R];
-    let (qa, qb) = (tile(qs, t, bpr * 128), tile(qs, u, bpr * 128));
-    let (sca, scb) = (tile(sc, t, bpr * TILE), tile(sc, u, bpr * TILE));
-    let (mna, mnb) = (tile(mn, t, bpr * TILE), tile(mn, u, bpr * TILE));
-    let (da, db) = (tile(d, t, bpr / 8 * TILE), tile(d, u, bpr / 8 * TILE));
-    let (dma, dmb) = (tile(dmin, t, bpr / 8 * TILE), tile(dmin, u, bpr / 8 * TILE));
+    let (qa, qb) = pair(qs, (t, u), bpr * 128);
+    let (sca, scb) = pair(sc, (t, u), bpr * TILE);
+    let (mna, mnb) = pair(mn, (t, u), bpr * TILE);
+    let (da, db) = pair(d, (t, u), bpr / 8 * TILE);
+    let (dma, dmb) = pair(dmin, (t, u), bpr / 8 * TILE);
     let (first, stride) = row_index(xq, r);
     let fsums = &xq.fsums[r * bpr * HALVES..(r + R) * bpr * HALVES];
     for b in 0..bpr {
@@ -178,12 +190,7 @@ fn q4k_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize,
         let s = _mm512_mul_ps(join(load8f(&da[sup..]), load8f(&db[sup..])), join(widen8(sa), widen8(sb)));
         let m = _mm512_mul_ps(join(load8f(&dma[sup..]), load8f(&dmb[sup..])), join(widen8(ma), widen8(mb)));
         let m = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(m), sign));
-        let mut w = [_mm512_setzero_si512(); 8];
-        for k in 0..4 {
-            let v = join_bytes(&qa[k * 32..], &qb[k * 32..]);
-            w[k] = _mm512_and_si512(v, low4);
-            w[4 + k] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), low4);
-        }
+        let w = nibble_chunks(qa, qb, None, b);
         let at = first + b * stride;
         let xb = &xq.blocks[at..at + R];
         for i in 0..R {
@@ -209,10 +216,10 @@ fn q6k_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize,
     let bpr = cols / QK;
     let (low4, three) = (_mm512_set1_epi8(0x0f), _mm512_set1_epi8(3));
     let mut acc = [_mm512_setzero_ps(); R];
-    let (qla, qlb) = (tile(ql, t, bpr * 128), tile(ql, u, bpr * 128));
-    let (qha, qhb) = (tile(qh, t, bpr / 2 * 128), tile(qh, u, bpr / 2 * 128));
-    let (sca, scb) = (tile(sc, t, bpr * HALVES * TILE), tile(sc, u, bpr * HALVES * TILE));
-    let (da, db) = (tile(d, t, bpr / 8 * TILE), tile(d, u, bpr / 8 * TILE));
+    let (qla, qlb) = pair(ql, (t, u), bpr * 128);
+    let (qha, qhb) = pair(qh, (t, u), bpr / 2 * 128);
+    let (sca, scb) = pair(sc, (t, u), bpr * HALVES * TILE);
+    let (da, db) = pair(d, (t, u), bpr / 8 * TILE);
     let (first, stride) = row_index(xq, r);
     let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
     for b in 0..bpr {
@@ -294,8 +301,8 @@ fn q8_0_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize
     let bpr = cols / QK;
     let flip = _mm512_set1_epi8(i8::MIN);
     let mut acc = [_mm512_setzero_ps(); R];
-    let (qa, qb) = (tile(qs, t, bpr * 256), tile(qs, u, bpr * 256));
-    let (da, db) = (tile(d, t, bpr * TILE), tile(d, u, bpr * TILE));
+    let (qa, qb) = pair(qs, (t, u), bpr * 256);
+    let (da, db) = pair(d, (t, u), bpr * TILE);
     let (first, stride) = row_index(xq, r);
     let isums = &xq.isums[r * bpr * HALVES..(r + R) * bpr * HALVES];
     for b in 0..bpr {
@@ -307,7 +314,7 @@ fn q8_0_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize
         let dw = scales_f16(da, db, b);
         let mut w = [_mm512_setzero_si512(); 8];
         for (k, w) in w.iter_mut().enumerate() {
-            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(load32(&qa[k * 32..])), load32(&qb[k * 32..]));
+            let v = join_int(load32(&qa[k * 32..]), load32(&qb[k * 32..]));
             *w = _mm512_xor_si512(v, flip);
         }
         let at = first + b * stride;
@@ -331,9 +338,9 @@ fn q4_1_pair<const R: usize>(weight: &Weight, xq: &QuantizedRows, (t, u): (usize
     let Weight::Q4_1 { cols, d, m, qs, .. } = weight else { unreachable!("Q4_1 only") };
     let bpr = cols / QK;
     let mut acc = [_mm512_setzero_ps(); R];
-    let (qa, qb) = (tile(qs, t, bpr * 128), tile(qs, u, bpr * 128));
-    let (da, db) = (tile(d, t, bpr * TILE), tile(d, u, bpr * TILE));
-    let (ma, mb) = (tile(m, t, bpr * TILE), tile(m, u, bpr * TILE));
+    let (qa, qb) = pair(qs, (t, u), bpr * 128);
+    let (da, db) = pair(d, (t, u), bpr * TILE);
+    let (ma, mb) = pair(m, (t, u), bpr * TILE);
     let (first, stride) = row_index(xq, r);
     let sums = &xq.sums[r * bpr..(r + R) * bpr];
     for b in 0..bpr {
@@ -373,11 +380,11 @@ fn legacy_pair<const R: usize, const HIGH: bool, const MIN: bool>(
     assert_eq!((HIGH, MIN), (!qh.is_empty(), !m.is_empty()), "{format:?}'s planes");
     let offset = i32::from(format.offset());
     let mut acc = [_mm512_setzero_ps(); R];
-    let (qa, qb) = (tile(qs, t, bpr * 128), tile(qs, u, bpr * 128));
+    let (qa, qb) = pair(qs, (t, u), bpr * 128);
     let plane = bpr.div_ceil(4) * 128;
-    let (ha, hb) = if HIGH { (tile(qh, t, plane), tile(qh, u, plane)) } else { (&[][..], &[][..]) };
-    let (da, db) = (tile(d, t, bpr * TILE), tile(d, u, bpr * TILE));
-    let (ma, mb) = if MIN { (tile(m, t, bpr * TILE), tile(m, u, bpr * TILE)) } else { (&[][..], &[][..]) };
+    let (ha, hb) = if HIGH { pair(qh, (t, u), plane) } else { (&[][..], &[][..]) };
+    let (da, db) = pair(d, (t, u), bpr * TILE);
+    let (ma, mb) = if MIN { pair(m, (t, u), bpr * TILE) } else { (&[][..], &[][..]) };
     let (first, stride) = row_index(xq, r);
     let (isums, fsums) = (&xq.isums[r * bpr * HALVES..], &xq.fsums[r * bpr * HALVES..]);
     for b in 0..bpr {
