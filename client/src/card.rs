@@ -20,6 +20,32 @@ pub struct Card {
     pub kv_block_size: u32,
     /// The model's tokenizer and chat template.
     pub tokenizer: TextTokenizer,
+    /// Every token's bytes, built on first use (log-probabilities name their tokens).
+    pieces: std::sync::OnceLock<Vec<Vec<u8>>>,
+}
+
+impl Card {
+    /// A card for `model` with this tokenizer.
+    pub fn new(
+        model: String,
+        weights: String,
+        context_length: u32,
+        kv_block_size: u32,
+        tokenizer: TextTokenizer,
+    ) -> Self {
+        Card { model, weights, context_length, kv_block_size, tokenizer, pieces: Default::default() }
+    }
+
+    /// The bytes token `id` stands for (a special token: its name; an unknown id: none). The first call builds
+    /// the table (tens of milliseconds for a large vocabulary).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        let table = self.pieces.get_or_init(|| self.tokenizer.token_bytes());
+        match table.get(id as usize).map(Vec::as_slice) {
+            Some([zl_text::SPECIAL_MARKER, name @ ..]) => name,
+            Some(bytes) => bytes,
+            None => &[],
+        }
+    }
 }
 
 /// Why a card could not be had.
@@ -47,11 +73,5 @@ pub async fn fetch_card(upstream: &dyn Upstream, endpoint: String, model: String
         .await
         .map_err(|e| CardError::Unusable(format!("building the tokenizer failed: {e}")))?
         .map_err(|e| CardError::Unusable(format!("the worker's model card for {model} is unusable: {e}")))?;
-    Ok(Card {
-        model: card.model,
-        weights: hex(&card.weights_sha256),
-        context_length: card.context_length,
-        kv_block_size: card.kv_block_size,
-        tokenizer,
-    })
+    Ok(Card::new(card.model, hex(&card.weights_sha256), card.context_length, card.kv_block_size, tokenizer))
 }

@@ -4,8 +4,11 @@ Run by e2e/tests/frontend.rs with ZL_BASE_URL, ZL_API_KEY, ZL_LIMITED_KEY (a key
 per minute) and ZL_MODEL set. Every check raises on failure; the last line printed is "conformance: ok".
 """
 
+import json
 import os
 import sys
+import urllib.error
+import urllib.request
 
 import anthropic
 import openai
@@ -119,9 +122,95 @@ def check_openai():
     expect(openai.RateLimitError, lambda: limited.chat.completions.create(model=MODEL, max_tokens=2, messages=QUESTION))
 
 
+def check_openai_completions_and_logprobs():
+    client = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    prompt = "The capital of France is"
+
+    # Legacy completions: the prompt continued as is; with echo and logprobs, every token of prompt and answer.
+    done = client.completions.create(model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=3, echo=True)
+    assert done.object == "text_completion" and done.id.startswith("cmpl-"), done
+    choice = done.choices[0]
+    assert choice.text.startswith(prompt) and len(choice.text) > len(prompt), choice
+    assert choice.finish_reason in ("stop", "length"), choice
+    lp = choice.logprobs
+    n_prompt, n_out = done.usage.prompt_tokens, done.usage.completion_tokens
+    assert len(lp.tokens) == n_prompt + n_out == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset), lp
+    assert "".join(lp.tokens) == choice.text, (lp.tokens, choice.text)
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp
+    assert all(x <= 0 for x in lp.token_logprobs[1:]), lp.token_logprobs
+    assert all(1 <= len(t) <= 3 for t in lp.top_logprobs[1:]), lp.top_logprobs
+    assert lp.text_offset == [len("".join(lp.tokens[:i])) for i in range(len(lp.tokens))], lp.text_offset
+    # Greedy: each answer token is its position's likeliest.
+    for tok, top in zip(lp.tokens[n_prompt:], lp.top_logprobs[n_prompt:]):
+        assert max(top, key=top.get) == tok, (tok, top)
+    print("completions:", repr(choice.text))
+
+    # Without echo: the answer alone, with the same values.
+    plain = client.completions.create(model=MODEL, prompt=[prompt], max_tokens=6, temperature=0, logprobs=3)
+    assert plain.choices[0].text == choice.text[len(prompt):], plain
+    assert plain.choices[0].logprobs.token_logprobs == lp.token_logprobs[n_prompt:], plain.choices[0].logprobs
+    assert plain.choices[0].logprobs.text_offset[0] == 0
+
+    # Streamed: the same text and values, the echoed prompt first.
+    chunks = list(client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=6, temperature=0, logprobs=3, echo=True, stream=True,
+        stream_options={"include_usage": True},
+    ))
+    assert chunks[-1].usage is not None and chunks[-1].choices == [], chunks[-1]
+    body = [c for c in chunks if c.choices]
+    assert body[0].choices[0].text == prompt, body[0]
+    assert "".join(c.choices[0].text for c in body) == choice.text
+    streamed = [x for c in body if c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+    assert streamed == lp.token_logprobs, (streamed, lp.token_logprobs)
+    offsets = [x for c in body if c.choices[0].logprobs for x in c.choices[0].logprobs.text_offset]
+    assert offsets == lp.text_offset, offsets
+    assert body[-1].choices[0].finish_reason == choice.finish_reason
+
+    # Token prompts: the echo's tokens are the prompt.
+    e = expect(openai.BadRequestError, lambda: client.completions.create(model=MODEL, prompt=prompt, suffix="!"))
+    assert "suffix" in e.message and e.body["param"] == "suffix", e.body
+    e = expect(openai.BadRequestError, lambda: client.completions.create(model=MODEL, prompt=[3, 99999999]))
+    assert "vocabulary" in e.message, e.message
+    e = expect(openai.BadRequestError, lambda: client.completions.create(model=MODEL, prompt="x", frequency_penalty=1))
+    assert e.body["param"] == "frequency_penalty", e.body
+
+    # Chat with logprobs and top_logprobs, complete and streamed.
+    messages = [{"role": "system", "content": SYSTEM}] + QUESTION
+    chat = client.chat.completions.create(
+        model=MODEL, max_tokens=8, temperature=0, messages=messages, logprobs=True, top_logprobs=2
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens or chat.choices[0].finish_reason == "stop", content
+    assert "".join(t.token for t in content).startswith(chat.choices[0].message.content), content
+    for t in content:
+        assert len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token, t
+        assert t.top_logprobs[0].logprob == t.logprob and t.logprob <= 0 and bytes(t.bytes).decode() == t.token, t
+    streamed = list(client.chat.completions.create(
+        model=MODEL, max_tokens=8, temperature=0, messages=messages, logprobs=True, top_logprobs=2, stream=True
+    ))
+    tokens = [t for c in streamed if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in tokens] == [(t.token, t.logprob) for t in content], (tokens, content)
+    e = expect(openai.BadRequestError, lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, top_logprobs=2))
+    assert e.body["param"] == "top_logprobs", e.body
+
+    # Errors on OpenAI's paths are in OpenAI's shape, unknown paths and methods included.
+    for method, path in [("POST", "/v1/completions/nope"), ("GET", "/v1/completions"), ("POST", "/v1/chat/nothing")]:
+        request = urllib.request.Request(BASE + path, method=method, data=b"{}" if method == "POST" else None,
+                                         headers={"authorization": "Bearer " + KEY, "content-type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=30)
+            raise AssertionError(f"{method} {path} succeeded")
+        except urllib.error.HTTPError as err:
+            body = json.loads(err.read())
+            assert err.code in (404, 405) and set(body) == {"error"}, (path, body)
+            assert {"message", "type", "param", "code"} <= set(body["error"]), (path, body)
+
+
 check_anthropic()
 print("anthropic: ok")
 check_openai()
 print("openai: ok")
+check_openai_completions_and_logprobs()
+print("openai completions and logprobs: ok")
 print("conformance: ok")
 sys.stdout.flush()

@@ -136,6 +136,8 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
         cache_salt: 0,
         resume_tokens: vec![],
         adapter: None,
+        top_logprobs: 0,
+        prompt_logprobs: false,
     });
     let endpoint: SocketAddr = decision.endpoint.parse().unwrap();
     let mut stream = fe.stream(endpoint, Role::Worker, generate).await.unwrap();

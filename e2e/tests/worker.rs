@@ -35,6 +35,8 @@ fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
         cache_salt: 0,
         resume_tokens: vec![],
         adapter: None,
+        top_logprobs: 0,
+        prompt_logprobs: false,
     })
 }
 

@@ -153,6 +153,8 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         user,
         grammar: tools.grammar("tools")?,
         tools,
+        raw: None,
+        logprobs: None,
     })
 }
 
@@ -304,6 +306,8 @@ impl Dialect for Messages {
         match ev {
             GenEvent::Delta(d) if self.plain() => stream_delta(d),
             GenEvent::Finish(f) if self.plain() => stream_end(f),
+            // The Messages API has no log-probabilities (none are asked for).
+            GenEvent::Logprobs(_) => String::new(),
             GenEvent::Delta(d) => {
                 let pieces = self.splitter.push(d);
                 self.blocks.events(pieces, &event)

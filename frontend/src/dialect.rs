@@ -6,6 +6,7 @@ use serde_json::Value;
 
 use crate::cache::FinishInfo;
 use crate::error::{ApiError, ErrorFormat};
+use crate::events::Logprobs;
 use crate::gateway::{GenEvent, GenRequest, Meta, Prepared};
 
 /// One generation API. A value is one response being written: it holds the API-only options its request
@@ -33,6 +34,9 @@ pub trait Dialect: Sized + Send + 'static {
 
     /// An error after a stream began, as this API sends it then.
     fn render_error(error: &ApiError) -> String;
+
+    /// Log-probabilities of a request that did not stream, in order, before its [`Dialect::final_body`].
+    fn logprobs(&mut self, _logprobs: &Logprobs) {}
 
     /// The whole answer of a request that did not stream.
     fn final_body(&mut self, text: &str, finish: &FinishInfo) -> Value;

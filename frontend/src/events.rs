@@ -68,8 +68,36 @@ pub struct Meta {
 pub enum GenEvent {
     /// More text.
     Delta(String),
+    /// Log-probabilities the worker reported (a request that asked for them): of the output tokens whose text
+    /// the next `Delta` carries, or of prompt tokens.
+    Logprobs(Logprobs),
     /// The end.
     Finish(FinishInfo),
+}
+
+/// Log-probabilities of a run of tokens, as the worker reported them: the model's log-softmax before any sampling
+/// transform.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Logprobs {
+    /// Set for prompt tokens: the position of the first of `tokens` in the prompt (at least 1).
+    pub prompt_start: Option<u32>,
+    /// The tokens.
+    pub tokens: Vec<u32>,
+    /// One per token.
+    pub logprobs: Vec<f32>,
+    /// The most likely tokens at each position, the same number per token, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl Logprobs {
+    /// Each token with its log-probability and its alternatives.
+    pub fn entries(&self) -> impl Iterator<Item = (u32, f32, &[(u32, f32)])> {
+        let k = self.top.len().checked_div(self.tokens.len()).unwrap_or(0);
+        self.tokens.iter().zip(&self.logprobs).enumerate().map(move |(i, (&t, &lp))| {
+            let top = if k == 0 { &[][..] } else { &self.top[i * k..(i + 1) * k] };
+            (t, lp, top)
+        })
+    }
 }
 
 /// What an answer that ended without its finish had delivered (the client left, the worker failed past what

@@ -8,7 +8,12 @@ use zl_wire::message::StopReason;
 use crate::cache::FinishInfo;
 use crate::dialect::Dialect;
 use crate::error::{ApiError, ErrorFormat};
-use crate::gateway::{GenEvent, GenRequest, Meta, Prepared};
+use std::sync::Arc;
+
+use zl_client::card::Card;
+
+use crate::events::Logprobs;
+use crate::gateway::{GenEvent, GenRequest, LogprobRequest, Meta, Prepared};
 use crate::ids::{random_id, unix_now};
 use crate::request::{Fields, PartProblem, round4, text_parts};
 use crate::tools::calls::{Splitter, blocks};
@@ -50,9 +55,10 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     {
         return Err(ApiError::invalid_param("n", "n: only n=1 is supported"));
     }
-    if f.boolean("logprobs")? == Some(true) {
-        return Err(ApiError::invalid_param("logprobs", "logprobs: not supported by this server yet"));
-    }
+    let logprobs = logprob_request(&f)?;
+    crate::completions::refuse_unapplied(&f)?;
+    // vLLM's extra sampling field, which this server applies as the Messages API's `top_k`.
+    let top_k = f.integer("top_k", 0, u64::from(u32::MAX))?.unwrap_or(0) as u32;
     let messages = match f.get("messages") {
         Some(Value::Array(m)) if !m.is_empty() => m,
         Some(Value::Array(_)) => {
@@ -159,6 +165,32 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     let stop = f.stop_list("stop", true)?;
     let seed = f.integer("seed", 0, u64::MAX)?;
     let stream = f.boolean("stream")?.unwrap_or(false);
+    let include_usage = include_usage(&f, stream)?;
+    let user = f.string("user")?.filter(|u| !u.is_empty()).map(str::to_owned);
+    Ok(ChatRequest {
+        req: GenRequest {
+            model: model.to_owned(),
+            system,
+            messages: chat,
+            max_tokens,
+            temperature,
+            top_p,
+            top_k,
+            stop,
+            seed,
+            stream,
+            user,
+            grammar: tools.grammar(if tools.active() { "tools" } else { "response_format" })?,
+            tools,
+            raw: None,
+            logprobs,
+        },
+        include_usage,
+    })
+}
+
+/// `stream_options.include_usage` (only with `stream`).
+pub(crate) fn include_usage(f: &Fields<'_>, stream: bool) -> Result<bool, ApiError> {
     let include_usage = match f.get("stream_options") {
         None => false,
         Some(Value::Object(o)) => match o.get("include_usage") {
@@ -176,25 +208,19 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     if include_usage && !stream {
         return Err(ApiError::invalid_param("stream_options", "stream_options: only allowed when stream is true"));
     }
-    let user = f.string("user")?.filter(|u| !u.is_empty()).map(str::to_owned);
-    Ok(ChatRequest {
-        req: GenRequest {
-            model: model.to_owned(),
-            system,
-            messages: chat,
-            max_tokens,
-            temperature,
-            top_p,
-            top_k: 0,
-            stop,
-            seed,
-            stream,
-            user,
-            grammar: tools.grammar(if tools.active() { "tools" } else { "response_format" })?,
-            tools,
-        },
-        include_usage,
-    })
+    Ok(include_usage)
+}
+
+/// Chat Completions' `logprobs` (a boolean) and `top_logprobs` (0 to 20, with `logprobs` only).
+fn logprob_request(f: &Fields<'_>) -> Result<Option<LogprobRequest>, ApiError> {
+    let top = f.integer("top_logprobs", 0, u64::from(zl_wire::message::MAX_TOP_LOGPROBS))?;
+    match f.boolean("logprobs")? {
+        Some(true) => Ok(Some(LogprobRequest { top: top.unwrap_or(0) as u8, prompt: false })),
+        _ if top.is_some_and(|t| t > 0) => {
+            Err(ApiError::invalid_param("top_logprobs", "top_logprobs: only allowed when logprobs is true"))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// OpenAI's `finish_reason`; an answer that ended on its own after calling tools finished for `tool_calls`.
@@ -206,7 +232,7 @@ pub fn finish_reason(r: StopReason, called: bool) -> &'static str {
     }
 }
 
-fn usage(f: &FinishInfo) -> Value {
+pub(crate) fn usage(f: &FinishInfo) -> Value {
     json!({
         "prompt_tokens": f.input_tokens,
         "completion_tokens": f.output_tokens,
@@ -229,6 +255,7 @@ pub fn completion(
     model: &str,
     fingerprint: &str,
     message: Value,
+    logprobs: Value,
     called: bool,
     f: &FinishInfo,
 ) -> Value {
@@ -241,7 +268,7 @@ pub fn completion(
         "choices": [{
             "index": 0,
             "message": message,
-            "logprobs": null,
+            "logprobs": logprobs,
             "finish_reason": finish_reason(f.stop_reason, called),
         }],
         "usage": usage(f),
@@ -255,6 +282,7 @@ pub fn chunk(
     model: &str,
     fingerprint: &str,
     delta: Value,
+    logprobs: Value,
     finish: Option<&'static str>,
 ) -> String {
     let data = json!({
@@ -263,7 +291,7 @@ pub fn chunk(
         "created": created,
         "model": model,
         "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
     });
     format!("data: {data}\n\n")
 }
@@ -296,11 +324,20 @@ pub struct ChatCompletions {
     /// The answer split into text and tool calls (when tools are offered).
     splitter: Splitter,
     deltas: CallDeltas,
+    /// The model's card, for naming tokens, when log-probabilities are asked for.
+    card: Option<Arc<Card>>,
+    /// Output tokens' `logprobs.content` entries not sent yet (a stream) or all of them (a complete answer).
+    entries: Vec<Value>,
 }
 
 impl ChatCompletions {
-    fn chunk(&self, delta: Value, finish: Option<&'static str>) -> String {
-        chunk(&self.id, self.created, &self.model, &self.fingerprint, delta, finish)
+    /// A chunk; the log-probabilities waiting go with it (with the first chunk that has any content).
+    fn chunk(&mut self, delta: Value, finish: Option<&'static str>) -> String {
+        let logprobs = match &self.card {
+            Some(_) => crate::logprobs::chat_object(std::mem::take(&mut self.entries)),
+            None => Value::Null,
+        };
+        chunk(&self.id, self.created, &self.model, &self.fingerprint, delta, logprobs, finish)
     }
 }
 
@@ -319,6 +356,8 @@ impl Dialect for ChatCompletions {
             model: String::new(),
             splitter: Splitter::new(req.tools.call_parse(), names),
             deltas: CallDeltas::default(),
+            card: None,
+            entries: Vec::new(),
         };
         Ok((req, writer))
     }
@@ -327,6 +366,9 @@ impl Dialect for ChatCompletions {
         // The weights' hash names the exact model build, which is what `system_fingerprint` promises.
         let weights = &prepared.card.weights;
         self.fingerprint = format!("zl-{}", &weights[..weights.len().min(12)]);
+        if prepared.logprobs.is_some() {
+            self.card = Some(prepared.card.clone());
+        }
     }
 
     fn routed(&mut self, meta: &Meta) {
@@ -336,11 +378,17 @@ impl Dialect for ChatCompletions {
     }
 
     fn stream_head(&self) -> String {
-        self.chunk(json!({"role": "assistant", "content": ""}), None)
+        let logprobs = if self.card.is_some() { crate::logprobs::chat_object(vec![]) } else { Value::Null };
+        let delta = json!({"role": "assistant", "content": ""});
+        chunk(&self.id, self.created, &self.model, &self.fingerprint, delta, logprobs, None)
     }
 
     fn render_event(&mut self, event: &GenEvent) -> String {
         match event {
+            GenEvent::Logprobs(l) => {
+                self.logprobs(l);
+                String::new()
+            }
             GenEvent::Delta(d) => {
                 let pieces = self.splitter.push(d);
                 self.deltas.deltas(pieces).into_iter().map(|delta| self.chunk(delta, None)).collect()
@@ -363,13 +411,23 @@ impl Dialect for ChatCompletions {
         stream_error(error)
     }
 
+    fn logprobs(&mut self, logprobs: &Logprobs) {
+        if let Some(card) = &self.card {
+            self.entries.extend(crate::logprobs::chat_content(card, logprobs));
+        }
+    }
+
     fn final_body(&mut self, text: &str, finish: &FinishInfo) -> Value {
         let mut pieces = self.splitter.push(text);
         pieces.extend(self.splitter.finish());
         let message = crate::tools::openai::message(&blocks(pieces));
         let called = self.splitter.calls > 0;
         crate::tools::count_calls(Self::API, self.splitter.calls);
-        completion(&self.id, self.created, &self.model, &self.fingerprint, message, called, finish)
+        let logprobs = match &self.card {
+            Some(_) => crate::logprobs::chat_object(std::mem::take(&mut self.entries)),
+            None => Value::Null,
+        };
+        completion(&self.id, self.created, &self.model, &self.fingerprint, message, logprobs, called, finish)
     }
 }
 
@@ -438,7 +496,7 @@ mod tests {
     #[test]
     fn chunks_are_byte_exact() {
         assert_eq!(
-            chunk("c1", 5, "m", "fp", json!({"content": "Hi"}), None),
+            chunk("c1", 5, "m", "fp", json!({"content": "Hi"}), Value::Null, None),
             "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":5,\"model\":\"m\",\"system_fingerprint\":\"fp\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
         );
     }

@@ -81,6 +81,8 @@ impl DirectWorker {
                     cache_salt: 0,
                     resume_tokens: vec![],
                     adapter: None,
+                    top_logprobs: 0,
+                    prompt_logprobs: false,
                 };
                 rec.request_id = Some(request.request_id.clone());
                 rec.worker = Some(self.endpoint.clone());

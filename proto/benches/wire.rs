@@ -39,7 +39,7 @@ impl Handler for BenchHandler {
 }
 
 fn chunk(i: u32) -> TokenChunk {
-    TokenChunk { token_ids: vec![i % 49152], text_delta: " Paris".into(), logprobs: None }
+    TokenChunk { token_ids: vec![i % 49152], text_delta: " Paris".into(), ..Default::default() }
 }
 
 fn decision(request_id: String) -> RouteDecision {
@@ -146,6 +146,8 @@ async fn quic(calls: usize, frames: u32) {
         cache_salt: 0,
         resume_tokens: vec![],
         adapter: None,
+        top_logprobs: 0,
+        prompt_logprobs: false,
     });
     let started = Instant::now();
     let mut stream = client.stream(addr, Role::Worker, generate).await.unwrap();

@@ -73,7 +73,7 @@ impl Handler for TestHandler {
                     DropProbe { request_id: g.request_id.clone(), ctx: ctx.clone(), events: self.events.clone() };
                 let hang = g.request_id.starts_with("hang");
                 for i in 0..g.max_tokens {
-                    let chunk = TokenChunk { token_ids: vec![i], text_delta: format!("t{i} "), logprobs: None };
+                    let chunk = TokenChunk { token_ids: vec![i], text_delta: format!("t{i} "), ..Default::default() };
                     if out.send(Message::TokenChunk(chunk)).await.is_err() {
                         return Ok(());
                     }
@@ -160,6 +160,8 @@ fn generate(request_id: &str, max_tokens: u32, prompt: Vec<u32>) -> Message {
         cache_salt: 0,
         resume_tokens: vec![],
         adapter: None,
+        top_logprobs: 0,
+        prompt_logprobs: false,
     })
 }
 

@@ -265,6 +265,12 @@ impl TextTokenizer {
         ))
     }
 
+    /// The beginning-of-sequence token's text, when the model's file asks for one at the start of a text (empty
+    /// otherwise).
+    pub fn bos_text(&self) -> &str {
+        &self.bos
+    }
+
     /// Token ids of `text`; special-token markers in it are matched as special tokens.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         let enc = self.inner.encode(text, false).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;

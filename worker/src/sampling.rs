@@ -66,9 +66,51 @@ fn argmax_slow(logits: &[f32]) -> usize {
 
 /// The log-probability of token `index` under the model (log-softmax of the raw logits): natural log, <= 0.
 pub fn log_softmax_at(logits: &[f32], index: usize) -> f32 {
-    let max = logits.iter().copied().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().filter(|v| !v.is_nan()).map(|&v| f64::from(v - max).exp()).sum();
-    (f64::from(logits[index] - max) - sum.ln()) as f32
+    LogSoftmax::of(logits).at(logits[index])
+}
+
+/// One position's log-softmax, as the APIs report log-probabilities: of the raw logits, before any sampling
+/// transform (temperature, top-k/top-p, grammar masks). Summed in f64, so a token's value is within 1e-6 of the
+/// float reference's for the same logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LogSoftmax {
+    max: f32,
+    log_sum: f64,
+}
+
+impl LogSoftmax {
+    /// The normaliser of `logits` (NaN entries count as impossible).
+    pub fn of(logits: &[f32]) -> Self {
+        let max = logits.iter().copied().filter(|v| !v.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits.iter().filter(|v| !v.is_nan()).map(|&v| f64::from(v - max).exp()).sum();
+        LogSoftmax { max, log_sum: sum.ln() }
+    }
+
+    /// The log-probability of a token whose logit is `logit`: <= 0, `-inf` for an impossible one.
+    pub fn at(&self, logit: f32) -> f32 {
+        let lp = (f64::from(logit - self.max) - self.log_sum) as f32;
+        if lp.is_nan() { f32::NEG_INFINITY } else { lp.min(0.0) }
+    }
+
+    /// The `k` most likely tokens and their log-probabilities, most likely first, ties by the lower id.
+    pub fn top(&self, logits: &[f32], k: usize) -> Vec<(u32, f32)> {
+        let k = k.min(logits.len());
+        if k == 0 {
+            return Vec::new();
+        }
+        let by_logit = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        let mut cands: Vec<(f32, u32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| (if v.is_nan() { f32::NEG_INFINITY } else { v }, i as u32))
+            .collect();
+        if k < cands.len() {
+            cands.select_nth_unstable_by(k - 1, by_logit);
+            cands.truncate(k);
+        }
+        cands.sort_unstable_by(by_logit);
+        cands.into_iter().map(|(v, i)| (i, self.at(v))).collect()
+    }
 }
 
 /// Pick the token for step `step` (0 for the first output token) of a request.
@@ -149,6 +191,20 @@ mod tests {
 
     fn params(temperature: f32, top_p: f32, top_k: u32, seed: u64) -> Sampling {
         Sampling { temperature, top_p, top_k, seed }
+    }
+
+    #[test]
+    fn top_logprobs_are_sorted_tie_broken_and_normalised() {
+        let logits = [1.0, 3.0, f32::NAN, 3.0, -2.0, 0.5];
+        let ls = LogSoftmax::of(&logits);
+        let top = ls.top(&logits, 3);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 3, 0]);
+        assert_eq!(top[0].1, log_softmax_at(&logits, 1));
+        let total: f64 = [0, 1, 3, 4, 5].iter().map(|&i| f64::from(log_softmax_at(&logits, i)).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        assert_eq!(ls.at(f32::NAN), f32::NEG_INFINITY);
+        assert_eq!(ls.top(&logits, 50).len(), logits.len());
+        assert!(ls.top(&logits, 0).is_empty());
     }
 
     #[test]

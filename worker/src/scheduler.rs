@@ -128,6 +128,8 @@ struct Seq {
     gate: crate::speculate::DraftGate,
     /// The cache scope's salt: its prefix blocks are shared only with sequences of the same salt.
     salt: Option<u64>,
+    /// Computed whole: it takes no cached prefix blocks (its caller needs every prompt position's logits).
+    uncached: bool,
 }
 
 impl Seq {
@@ -284,6 +286,7 @@ impl Scheduler {
             max_draft: 0,
             gate: Default::default(),
             salt: None,
+            uncached: false,
         };
         self.seqs.insert(id, seq);
         self.waiting.push_back(id);
@@ -300,10 +303,20 @@ impl Scheduler {
     /// Put a queued sequence in a cache scope (`salt`, from `zl_common::block_hash::cache_salt`): it reuses and
     /// offers prefix blocks only within that scope. Before it is admitted; without a call it is unsalted.
     pub fn salt(&mut self, id: SeqId, salt: Option<u64>) {
-        let expected = self.seqs.get(&id).map(|s| self.pool.cached_prefix_tokens(&s.tokens, salt));
+        let expected =
+            self.seqs.get(&id).map(|s| if s.uncached { 0 } else { self.pool.cached_prefix_tokens(&s.tokens, salt) });
         if let (Some(seq), Some(expected)) = (self.seqs.get_mut(&id), expected) {
             seq.salt = salt;
             seq.expected_cached = expected;
+        }
+    }
+
+    /// Compute a queued sequence whole: it takes no cached prefix blocks, so every prompt position's logits can be
+    /// read (prompt log-probabilities). Its full blocks are still offered to others once computed.
+    pub fn uncached(&mut self, id: SeqId) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.uncached = true;
+            seq.expected_cached = 0;
         }
     }
 
@@ -402,11 +415,13 @@ impl Scheduler {
             if self.window.as_ref().is_some_and(|w| !w.has_room(seq.window_commitment)) {
                 break;
             }
-            let mut blocks = self.pool.start_salted(&seq.tokens, seq.salt);
+            // What the pool may match cached blocks against: nothing for a sequence computed whole.
+            let lookup: &[u32] = if seq.uncached { &[] } else { &seq.tokens };
+            let mut blocks = self.pool.start_salted(lookup, seq.salt);
             seq.window_blocks = self
                 .window
                 .as_mut()
-                .map(|w| w.start(&mut self.pool, &mut blocks, &seq.tokens, seq.salt, seq.window_commitment));
+                .map(|w| w.start(&mut self.pool, &mut blocks, lookup, seq.salt, seq.window_commitment));
             let (cached, rest) = (blocks.len(), seq.tokens.len() - blocks.len());
             let reserved = self.pool.reserve(&mut blocks, rest);
             seq.blocks = Some(blocks);

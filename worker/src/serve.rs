@@ -262,6 +262,8 @@ impl WorkerService {
             max_tokens: g.max_tokens,
             stop_sequences: g.stop_sequences,
             logprobs: g.logprobs,
+            top_logprobs: g.top_logprobs,
+            prompt_logprobs: g.prompt_logprobs,
             speculate: model.speculation.drafts_for(g.streaming_predicted),
             constraint,
             cache_salt: (g.cache_salt != 0).then_some(g.cache_salt),
@@ -308,11 +310,19 @@ impl WorkerService {
                 decode = Some(tracing::debug_span!("decode"));
             }
             match ev {
+                Event::Prompt { start, tokens, logprobs, .. } => {
+                    // Before any output: its own chunk, whether the answer streams or not.
+                    let mut chunk = TokenChunk { token_ids: tokens, prompt_start: Some(start), ..Default::default() };
+                    chunk.logprobs = Some(logprobs.iter().map(|l| l.logprob).collect());
+                    chunk.top = logprobs.into_iter().flat_map(|l| l.top).collect();
+                    out.send(Message::TokenChunk(chunk)).await.map_err(send_err)?;
+                }
                 Event::Token { token, logprob, text, .. } => {
                     pending.token_ids.push(token);
                     pending.text_delta.push_str(&text);
                     if let (Some(lp), Some(logprob)) = (pending.logprobs.as_mut(), logprob) {
-                        lp.push(logprob);
+                        lp.push(logprob.logprob);
+                        pending.top.extend(logprob.top);
                     }
                     if g.stream {
                         let chunk = std::mem::replace(

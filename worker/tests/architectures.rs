@@ -472,6 +472,7 @@ fn greedy(engine: &mut EngineCore, prompts: &[Vec<u32>]) -> (Vec<(Vec<u32>, u32)
             match event {
                 Event::Token { seq, token, .. } => out[seq as usize].0.push(token),
                 Event::Finished { seq, cached_input_tokens, .. } => out[seq as usize].1 = cached_input_tokens,
+                Event::Prompt { .. } => {}
             }
         }
         most = most.max(engine.window_blocks().map_or(0, |(used, _)| used));

@@ -38,6 +38,8 @@ fn request(engine: &EngineCore, grammars: &zl_grammar::Engine, user: &str, gramm
         max_tokens: 256,
         stop_sequences: vec![],
         logprobs: false,
+        top_logprobs: 0,
+        prompt_logprobs: false,
         speculate: 4,
         constraint: Some(grammars.start(grammar).unwrap()),
         cache_salt: None,
@@ -65,6 +67,7 @@ fn run_all(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String, bool)> {
                     e.1.push_str(&text);
                     e.2 = reason == zl_wire::message::StopReason::EndTurn;
                 }
+                Event::Prompt { .. } => {}
             }
         }
     }

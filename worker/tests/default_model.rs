@@ -54,6 +54,7 @@ fn run_all(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String)> {
                     e.1.push_str(&text);
                 }
                 Event::Finished { seq, text, .. } => out.entry(seq).or_default().1.push_str(&text),
+                Event::Prompt { .. } => {}
             }
         }
     }
@@ -80,6 +81,8 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
         stop_sequences: vec![],
         // Logprobs too: bit-identical logits give bit-identical log-probabilities.
         logprobs: true,
+        top_logprobs: 4,
+        prompt_logprobs: false,
         speculate: 0,
         constraint: None,
         cache_salt: None,
@@ -150,6 +153,9 @@ fn transcript(engine: &mut EngineCore) -> Transcript {
                 Event::Token { seq, token, logprob, text } => {
                     out.entry(seq).or_default().push(format!("{token} {logprob:?} {text:?}"))
                 }
+                Event::Prompt { seq, start, tokens, logprobs } => {
+                    out.entry(seq).or_default().push(format!("prompt {start} {tokens:?} {logprobs:?}"))
+                }
                 Event::Finished {
                     seq,
                     reason,
@@ -176,6 +182,7 @@ fn copy_request(engine: &EngineCore, sampling: Sampling, max_tokens: u32, specul
     Request {
         stop_sequences: vec!["all day long.\n\n\n".into()],
         logprobs: true,
+        top_logprobs: 3,
         speculate,
         ..Request::new(chat(engine, &format!("Repeat this text exactly, twice: {text}")), sampling, max_tokens)
     }
@@ -207,7 +214,7 @@ fn predictive_streaming_changes_no_byte_of_the_output_alone_or_batched() {
         // Alone: without speculation, then with it.
         let run_alone = |speculate| {
             let mut e = engine();
-            let req = copy_request(&e, sampling, 64, speculate);
+            let req = Request { prompt_logprobs: true, ..copy_request(&e, sampling, 64, speculate) };
             e.add(0, req).unwrap();
             transcript(&mut e)
         };
@@ -222,13 +229,13 @@ fn predictive_streaming_changes_no_byte_of_the_output_alone_or_batched() {
         let mut e = engine();
         for i in 0..6u64 {
             let req = copy_request(&e, sampling, 64 - 9 * i as u32, if i % 2 == 0 { 8 } else { 0 });
-            e.add(i, req).unwrap();
+            e.add(i, Request { prompt_logprobs: i < 3, ..req }).unwrap();
         }
         let (batched, _) = transcript(&mut e);
         for i in 0..6u64 {
             let mut alone = engine();
             let req = copy_request(&alone, sampling, 64 - 9 * i as u32, 0);
-            alone.add(0, req).unwrap();
+            alone.add(0, Request { prompt_logprobs: i < 3, ..req }).unwrap();
             assert_eq!(transcript(&mut alone).0[&0], batched[&i], "{sampling:?}: sequence {i} differs in the batch");
         }
     }

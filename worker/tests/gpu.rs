@@ -36,6 +36,7 @@ fn greedy(device: Device, question: &str) -> (Vec<u32>, String) {
                     text.push_str(&t);
                 }
                 Event::Finished { text: t, .. } => text.push_str(&t),
+                Event::Prompt { .. } => {}
             }
         }
     }

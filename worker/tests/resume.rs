@@ -46,6 +46,7 @@ fn run(engine: &mut EngineCore, request: Request) -> Run {
         for event in engine.step() {
             match event {
                 Event::Token { token, text, .. } => tokens.push((token, text)),
+                Event::Prompt { .. } => {}
                 Event::Finished { reason, stop_sequence, text, input_tokens, output_tokens, .. } => {
                     finish = format!("{reason:?} {stop_sequence:?} {text:?} in {input_tokens} out {output_tokens}");
                 }

@@ -116,6 +116,8 @@ impl Draft {
                 r.stop_reason = f.stop_reason.name().to_owned();
                 r.migrated_to.clone_from(&f.migrated_to);
             }
+            // The record keeps the answer's digest and counts, not its log-probabilities.
+            GenEvent::Logprobs(_) => {}
         }
     }
 

@@ -16,7 +16,7 @@ use super::migration::{Fault, Migration};
 use super::{Gateway, GenEvent};
 use crate::cache::FinishInfo;
 use crate::error::ApiError;
-use crate::events::{Delivered, Tally};
+use crate::events::{Delivered, Logprobs, Tally};
 use crate::ledger::Spent;
 use crate::limits::Reservation;
 use crate::upstream::TokenSource;
@@ -80,6 +80,9 @@ pub(super) struct Live {
     pub(super) migration: Migration,
     /// The workers the request moved to, in order.
     pub(super) migrated_to: Vec<String>,
+    /// The next prompt position whose log-probability the client has not had (a worker retried or resumed on
+    /// sends them again from the start).
+    pub(super) prompt_next: u32,
 }
 
 impl Live {
@@ -98,6 +101,8 @@ pub struct Generation {
     pub(super) live: Option<Live>,
     /// What it delivered, if it ends without a finish.
     pub(super) tally: Tally,
+    /// An event to give before reading on (a chunk's text after its log-probabilities).
+    pub(super) queued: Option<GenEvent>,
 }
 
 impl Drop for Generation {
@@ -137,6 +142,9 @@ impl Generation {
     /// admission frame, tokens whose text is still pending) are not events.
     pub async fn next(&mut self) -> Option<Result<GenEvent, ApiError>> {
         loop {
+            if let Some(ev) = self.queued.take().filter(|ev| !matches!(ev, GenEvent::Delta(t) if t.is_empty())) {
+                return Some(Ok(ev));
+            }
             match self.next_frame().await {
                 Some(Ok(GenEvent::Delta(text))) if text.is_empty() => {}
                 other => return other,
@@ -185,7 +193,10 @@ impl Generation {
         match msg {
             // The worker's admission frame: the request is queued there; its first token is still to come.
             Ok(Message::TokenChunk(chunk)) if chunk.is_admission() => Some(Ok(GenEvent::Delta(String::new()))),
-            Ok(Message::TokenChunk(chunk)) => {
+            Ok(Message::TokenChunk(chunk)) if chunk.prompt_start.is_some() => Some(Ok(
+                prompt_logprobs(live, chunk).map_or_else(|| GenEvent::Delta(String::new()), GenEvent::Logprobs)
+            )),
+            Ok(Message::TokenChunk(mut chunk)) => {
                 let now = Instant::now();
                 let n = chunk.token_ids.len() as u32;
                 match live.last_token {
@@ -205,7 +216,17 @@ impl Generation {
                 if let Some(ends) = live.delta_ends.as_mut() {
                     ends.push(live.output.len());
                 }
-                Some(Ok(GenEvent::Delta(chunk.text_delta)))
+                // The prompt's log-probabilities all come before the first output token.
+                live.prompt_next = u32::MAX;
+                match chunk.logprobs.take() {
+                    Some(logprobs) => {
+                        self.queued = Some(GenEvent::Delta(chunk.text_delta));
+                        let top = std::mem::take(&mut chunk.top);
+                        let tokens = chunk.token_ids;
+                        Some(Ok(GenEvent::Logprobs(Logprobs { prompt_start: None, tokens, logprobs, top })))
+                    }
+                    None => Some(Ok(GenEvent::Delta(chunk.text_delta))),
+                }
             }
             Ok(Message::Finish(mut f)) => {
                 let (input, output) = (f.usage.input_tokens, f.usage.output_tokens.max(live.output_tokens));
@@ -247,17 +268,49 @@ impl Generation {
         }
     }
 
-    /// Every event until the end: the text, and the finish (or the error that ended it).
-    pub async fn collect(mut self) -> Result<(String, FinishInfo), ApiError> {
+    /// Every event until the end: the text, the log-probabilities reported, and the finish (or the error that
+    /// ended it).
+    pub async fn collect(mut self) -> Result<Collected, ApiError> {
         let mut text = String::new();
+        let mut logprobs = Vec::new();
         while let Some(ev) = self.next().await {
             match ev? {
                 GenEvent::Delta(d) => text.push_str(&d),
-                GenEvent::Finish(f) => return Ok((text, f)),
+                GenEvent::Logprobs(l) => logprobs.push(l),
+                GenEvent::Finish(finish) => return Ok(Collected { text, logprobs, finish }),
             }
         }
         Err(ApiError::internal("the generation ended without a finish"))
     }
+}
+
+/// A whole answer.
+#[derive(Debug)]
+pub struct Collected {
+    /// Its text.
+    pub text: String,
+    /// The log-probabilities reported (the prompt's first, then the output's), when asked for.
+    pub logprobs: Vec<Logprobs>,
+    /// How it ended.
+    pub finish: FinishInfo,
+}
+
+/// A chunk of the prompt's log-probabilities, less the positions the client already has (a worker retried or
+/// resumed on sends them again); `None` when nothing is new.
+fn prompt_logprobs(live: &mut Live, chunk: zl_wire::message::TokenChunk) -> Option<Logprobs> {
+    let start = chunk.prompt_start?;
+    let k = chunk.top_per_token();
+    let skip = live.prompt_next.saturating_sub(start) as usize;
+    if skip >= chunk.token_ids.len() {
+        return None;
+    }
+    live.prompt_next = start + chunk.token_ids.len() as u32;
+    Some(Logprobs {
+        prompt_start: Some(start + skip as u32),
+        tokens: chunk.token_ids[skip..].to_vec(),
+        logprobs: chunk.logprobs.unwrap_or_default().get(skip..).unwrap_or_default().to_vec(),
+        top: chunk.top.get(skip * k..).unwrap_or_default().to_vec(),
+    })
 }
 
 /// Why an answer ended early: the worker failed and no other could continue it.

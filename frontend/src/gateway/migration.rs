@@ -121,6 +121,9 @@ impl Migration {
                 model: decision.model.clone(),
                 resume_tokens: tokens.clone(),
                 adapter: decision.adapter.clone(),
+                // The prompt's log-probabilities all came before the first output token: asked again only when
+                // none had come (the client is given each position once).
+                prompt_logprobs: self.request.prompt_logprobs && tokens.is_empty(),
                 ..self.request.clone()
             };
             match open(gateway, &decision.endpoint, &decision.worker_id, request).await {

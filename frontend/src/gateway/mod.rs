@@ -124,6 +124,28 @@ pub struct GenRequest {
     pub tools: crate::tools::ToolUse,
     /// The grammar the answer must match (built and checked from `tools` when the request was parsed).
     pub grammar: Option<String>,
+    /// A prompt given as is (`/v1/completions`): no chat template; `system` and `messages` are empty then.
+    pub raw: Option<RawPrompt>,
+    /// The log-probabilities asked for.
+    pub logprobs: Option<LogprobRequest>,
+}
+
+/// A prompt given as is, without the chat template.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RawPrompt {
+    /// Text, tokenized as it stands (after the model's beginning-of-sequence token, where its file asks for one).
+    Text(String),
+    /// Token ids of the model's tokenizer.
+    Tokens(Vec<u32>),
+}
+
+/// What log-probabilities a request asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogprobRequest {
+    /// Alternatives per position, 0 to 20.
+    pub top: u8,
+    /// The prompt's too (`echo`).
+    pub prompt: bool,
 }
 
 /// The frontend's shared state.
@@ -179,6 +201,8 @@ pub struct Prepared {
     pub project: String,
     /// The adapter its model id names, as last synced.
     pub adapter: Option<AdapterInfo>,
+    /// The log-probabilities asked for.
+    pub logprobs: Option<LogprobRequest>,
 }
 
 impl Gateway {
@@ -321,7 +345,10 @@ impl Gateway {
         let (req, prompt, tokens, billing_text) = self
             .off_thread(move || {
                 let (prompt, tokens) = tokenize(&card_for_work, &req)?;
-                let billing = billing_text(req.system.as_deref(), &req.messages);
+                let billing = match req.raw {
+                    Some(_) => prompt.clone(),
+                    None => billing_text(req.system.as_deref(), &req.messages),
+                };
                 Ok((req, prompt, tokens, billing))
             })
             .await?;
@@ -350,7 +377,7 @@ impl Gateway {
                 ),
             ));
         }
-        let GenRequest { model, temperature, top_p, top_k, seed, stop, grammar, stream, user, .. } = req;
+        let GenRequest { model, temperature, top_p, top_k, seed, stop, grammar, stream, user, logprobs, .. } = req;
         Ok(Prepared {
             billing_text,
             model,
@@ -366,6 +393,7 @@ impl Gateway {
             prefer_fallback: false,
             project: String::new(),
             adapter,
+            logprobs,
         })
     }
 
@@ -459,7 +487,10 @@ impl Gateway {
         };
         let synced_adapter = p.adapter.as_ref().map(|a| (a.name.as_str(), &a.sha256));
         let input_sha256 = versioned(&p.card.model, &p.card.weights, synced_adapter);
-        let cacheable = (p.sampling.temperature == 0.0 || p.sampling.seed.is_some()) && lock(&self.cache).enabled();
+        // Answers with log-probabilities are not stored: the cache keeps text.
+        let cacheable = (p.sampling.temperature == 0.0 || p.sampling.seed.is_some())
+            && p.logprobs.is_none()
+            && lock(&self.cache).enabled();
         let cache_key = (cacheable && !opts.bypass_cache).then_some(input_sha256);
         let (limits, quota) = self.limits_for(key);
         let input_tokens = p.tokens.len() as u32;
@@ -509,7 +540,13 @@ impl Gateway {
             events.push_back(GenEvent::Finish(hit.finish.clone()));
             return Ok((
                 meta,
-                Generation { source: Source::Replay(events), settle, live: None, tally: Tally::default() },
+                Generation {
+                    source: Source::Replay(events),
+                    settle,
+                    live: None,
+                    tally: Tally::default(),
+                    queued: None,
+                },
             ));
         }
         let cache_status = match cache_key {
@@ -573,8 +610,16 @@ impl Gateway {
             prompt_tokens: input_tokens,
             migration,
             migrated_to: Vec::new(),
+            prompt_next: 1,
         };
-        Ok((meta, Generation { source: Source::Worker(source), settle, live: Some(live), tally: Tally::default() }))
+        let generation = Generation {
+            source: Source::Worker(source),
+            settle,
+            live: Some(live),
+            tally: Tally::default(),
+            queued: None,
+        };
+        Ok((meta, generation))
     }
 
     /// Route and open the worker stream, reading its first frame; if the worker fails before that, route once
@@ -630,12 +675,14 @@ impl Gateway {
             max_tokens: p.max_tokens,
             stop_sequences: p.stop_sequences.clone(),
             stream: true,
-            logprobs: false,
+            logprobs: p.logprobs.is_some(),
             streaming_predicted: opts.streaming_predicted,
             grammar: p.grammar.clone(),
             cache_salt: salt,
             resume_tokens: vec![],
             adapter: None,
+            top_logprobs: p.logprobs.map_or(0, |l| l.top),
+            prompt_logprobs: p.logprobs.is_some_and(|l| l.prompt),
         };
         loop {
             attempt += 1;
@@ -736,6 +783,28 @@ fn fits_in_bytes(card: &Card, text_bytes: usize) -> Result<(), ApiError> {
 /// The rendered prompt and its tokens (CPU-heavy: run it off the async threads), by zl-client's prompt code.
 /// A request's prompt as the model sees it (the chat template applied) and its tokens: what a worker is sent.
 pub fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), ApiError> {
+    match &req.raw {
+        Some(RawPrompt::Text(text)) => {
+            // As llama.cpp and vLLM tokenize a completion prompt: after the beginning-of-sequence token where the
+            // model's file asks for one (unless the text starts with it).
+            let bos = card.tokenizer.bos_text();
+            let text = if bos.is_empty() || text.starts_with(bos) { text.clone() } else { format!("{bos}{text}") };
+            let tokens = card.tokenizer.encode(&text).map_err(|e| ApiError::invalid(e.to_string()))?;
+            return Ok((text, tokens));
+        }
+        Some(RawPrompt::Tokens(tokens)) => {
+            let vocab = card.tokenizer.vocab_size();
+            if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::invalid_param(
+                    "prompt",
+                    format!("prompt: token id {bad} is not in the model's vocabulary of {vocab}"),
+                ));
+            }
+            let text = card.tokenizer.decode(tokens).map_err(|e| ApiError::invalid(e.to_string()))?;
+            return Ok((text, tokens.clone()));
+        }
+        None => {}
+    }
     let tools = req
         .tools
         .active()
@@ -755,6 +824,12 @@ fn refused(refusal: Box<Refusal>) -> Failure {
 
 /// Bytes of text the prompt is made of: system prompt, messages and offered tools.
 fn prompt_bytes(req: &GenRequest) -> usize {
+    match &req.raw {
+        Some(RawPrompt::Text(t)) => return t.len(),
+        // At most four bytes of text a token, checked against the context in tokens once known.
+        Some(RawPrompt::Tokens(t)) => return t.len(),
+        None => {}
+    }
     req.system.as_ref().map_or(0, String::len)
         + req.messages.iter().map(|m| m.content.len()).sum::<usize>()
         + req.tools.prompt_bytes()

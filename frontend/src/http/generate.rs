@@ -358,7 +358,11 @@ async fn serve<D: Dialect>(
     if stream && let Some(recorder) = slot.take() {
         return Ok(sse_response(&meta, health, event_body(generation, dialect, recorder)));
     }
-    let (text, finish) = generation.collect().await.map_err(|e| Failure::known(e, meta.rate))?;
+    let collected = generation.collect().await.map_err(|e| Failure::known(e, meta.rate))?;
+    for l in &collected.logprobs {
+        dialect.logprobs(l);
+    }
+    let (text, finish) = (collected.text, collected.finish);
     if let Some(recorder) = slot.as_mut() {
         recorder.event(&GenEvent::Delta(text.clone()));
         recorder.event(&GenEvent::Finish(finish.clone()));

@@ -25,6 +25,7 @@ pub use models::{ListParams, page};
 pub use server::{EdgeLimits, serve, tls_config};
 
 use crate::anthropic::Messages;
+use crate::completions::Completions;
 use crate::error::{ApiError, ErrorFormat, ErrorKind, Failure};
 use crate::gateway::{CacheStatus, Gateway, Meta};
 use crate::ids::{random_hex, random_id};
@@ -57,6 +58,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/messages", post(generate::generate::<Messages>))
         .route("/v1/messages/count_tokens", post(generate::count_tokens))
         .route("/v1/chat/completions", post(generate::generate::<ChatCompletions>))
+        .route("/v1/completions", post(generate::generate::<Completions>))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{id}", get(models::get_model))
         .route("/healthz", get(healthz))
@@ -237,17 +239,26 @@ async fn readyz(State(app): State<App>) -> Response {
     resp
 }
 
+/// How errors on `path` are written: OpenAI's shape on OpenAI's paths (known or not), Anthropic's elsewhere.
+pub fn error_format_for(path: &str) -> ErrorFormat {
+    const OPENAI: [&str; 6] =
+        ["/v1/chat", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/files", "/v1/batches"];
+    let openai =
+        OPENAI.iter().any(|p| path.strip_prefix(p).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')));
+    if openai { ErrorFormat::OpenAi } else { ErrorFormat::Anthropic }
+}
+
 async fn fallback(State(app): State<App>, req: Request) -> Response {
     let rid = request_id(&req);
-    let format = if req.uri().path().starts_with("/v1/chat") { ErrorFormat::OpenAi } else { ErrorFormat::Anthropic };
+    let format = error_format_for(req.uri().path());
     let e = ApiError::new(ErrorKind::NotFound, format!("Not found: {} {}", req.method(), req.uri().path()));
     error_response(&app, format, &rid, &e.into())
 }
 
 async fn method_not_allowed(req: Request) -> Response {
     let e = ApiError::invalid(format!("method {} is not allowed on {}", req.method(), req.uri().path()));
-    let mut resp =
-        (StatusCode::METHOD_NOT_ALLOWED, axum::Json(e.body(ErrorFormat::Anthropic, &request_id(&req)))).into_response();
+    let format = error_format_for(req.uri().path());
+    let mut resp = (StatusCode::METHOD_NOT_ALLOWED, axum::Json(e.body(format, &request_id(&req)))).into_response();
     set(resp.headers_mut(), "x-zl-health", "healthy");
     resp
 }
@@ -265,6 +276,23 @@ mod tests {
         assert_eq!(public_reason(full), "prefix-aware");
         assert_eq!(public_reason("least-loaded: queue 0 + running 2"), "least-loaded");
         assert_eq!(public_reason("test"), "test");
+    }
+
+    #[test]
+    fn openai_paths_get_openai_errors() {
+        for p in [
+            "/v1/chat/completions",
+            "/v1/chat/x",
+            "/v1/completions",
+            "/v1/embeddings",
+            "/v1/responses/r_1",
+            "/v1/batches",
+        ] {
+            assert_eq!(error_format_for(p), ErrorFormat::OpenAi, "{p}");
+        }
+        for p in ["/v1/messages", "/v1/messages/batches", "/v1/models", "/v2/anything", "/v1/completionsx"] {
+            assert_eq!(error_format_for(p), ErrorFormat::Anthropic, "{p}");
+        }
     }
 
     #[test]

@@ -116,7 +116,7 @@ impl TokenSource for Script {
                 return Some(Ok(Message::TokenChunk(TokenChunk {
                     token_ids: vec![1],
                     text_delta: "x".into(),
-                    logprobs: None,
+                    ..Default::default()
                 })));
             }
             match self.frames.pop_front() {
@@ -128,7 +128,7 @@ impl TokenSource for Script {
 }
 
 pub fn chunk(text: &str) -> Result<Message, CallError> {
-    Ok(Message::TokenChunk(TokenChunk { token_ids: vec![7], text_delta: text.into(), logprobs: None }))
+    Ok(Message::TokenChunk(TokenChunk { token_ids: vec![7], text_delta: text.into(), ..Default::default() }))
 }
 
 pub fn tokenizer() -> TextTokenizer {

@@ -2745,6 +2745,8 @@ impl<'a> GenerateRequest<'a> {
   pub const VT_CACHE_SALT: ::flatbuffers::VOffsetT = 28;
   pub const VT_RESUME_TOKENS: ::flatbuffers::VOffsetT = 30;
   pub const VT_ADAPTER: ::flatbuffers::VOffsetT = 32;
+  pub const VT_TOP_LOGPROBS: ::flatbuffers::VOffsetT = 34;
+  pub const VT_PROMPT_LOGPROBS: ::flatbuffers::VOffsetT = 36;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2768,6 +2770,8 @@ impl<'a> GenerateRequest<'a> {
     if let Some(x) = args.model { builder.add_model(x); }
     if let Some(x) = args.trace_id { builder.add_trace_id(x); }
     if let Some(x) = args.request_id { builder.add_request_id(x); }
+    builder.add_prompt_logprobs(args.prompt_logprobs);
+    builder.add_top_logprobs(args.top_logprobs);
     if let Some(x) = args.streaming_predicted { builder.add_streaming_predicted(x); }
     builder.add_logprobs(args.logprobs);
     builder.add_stream(args.stream);
@@ -2903,6 +2907,24 @@ impl<'a> GenerateRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<AdapterRef>>(GenerateRequest::VT_ADAPTER, None)}
   }
+  /// With `logprobs` (protocol 1.11): also the `top_logprobs` most likely tokens at each position, 0 to 20.
+  #[inline]
+  pub fn top_logprobs(&self) -> u8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(GenerateRequest::VT_TOP_LOGPROBS, Some(0)).unwrap()}
+  }
+  /// The prompt's log-probabilities too (protocol 1.11): every prompt token after the first, given the ones before
+  /// it, sent in chunks with `prompt_start` before the first output token. The prompt is computed whole (no prefix
+  /// cache hits) so that every position has its logits.
+  #[inline]
+  pub fn prompt_logprobs(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(GenerateRequest::VT_PROMPT_LOGPROBS, Some(false)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
@@ -2926,6 +2948,8 @@ impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
      .visit_field::<u64>("cache_salt", Self::VT_CACHE_SALT, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("resume_tokens", Self::VT_RESUME_TOKENS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<AdapterRef>>("adapter", Self::VT_ADAPTER, false)?
+     .visit_field::<u8>("top_logprobs", Self::VT_TOP_LOGPROBS, false)?
+     .visit_field::<bool>("prompt_logprobs", Self::VT_PROMPT_LOGPROBS, false)?
      .finish();
     Ok(())
   }
@@ -2946,6 +2970,8 @@ pub struct GenerateRequestArgs<'a> {
     pub cache_salt: u64,
     pub resume_tokens: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
     pub adapter: Option<::flatbuffers::WIPOffset<AdapterRef<'a>>>,
+    pub top_logprobs: u8,
+    pub prompt_logprobs: bool,
 }
 impl<'a> Default for GenerateRequestArgs<'a> {
   #[inline]
@@ -2966,6 +2992,8 @@ impl<'a> Default for GenerateRequestArgs<'a> {
       cache_salt: 0,
       resume_tokens: None,
       adapter: None,
+      top_logprobs: 0,
+      prompt_logprobs: false,
     }
   }
 }
@@ -3036,6 +3064,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GenerateRequestBuilder<'a, 'b
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<AdapterRef>>(GenerateRequest::VT_ADAPTER, adapter);
   }
   #[inline]
+  pub fn add_top_logprobs(&mut self, top_logprobs: u8) {
+    self.fbb_.push_slot::<u8>(GenerateRequest::VT_TOP_LOGPROBS, top_logprobs, 0);
+  }
+  #[inline]
+  pub fn add_prompt_logprobs(&mut self, prompt_logprobs: bool) {
+    self.fbb_.push_slot::<bool>(GenerateRequest::VT_PROMPT_LOGPROBS, prompt_logprobs, false);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GenerateRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GenerateRequestBuilder {
@@ -3070,6 +3106,8 @@ impl ::core::fmt::Debug for GenerateRequest<'_> {
       ds.field("cache_salt", &self.cache_salt());
       ds.field("resume_tokens", &self.resume_tokens());
       ds.field("adapter", &self.adapter());
+      ds.field("top_logprobs", &self.top_logprobs());
+      ds.field("prompt_logprobs", &self.prompt_logprobs());
       ds.finish()
   }
 }
@@ -3093,6 +3131,9 @@ impl<'a> TokenChunk<'a> {
   pub const VT_TOKEN_IDS: ::flatbuffers::VOffsetT = 4;
   pub const VT_TEXT_DELTA: ::flatbuffers::VOffsetT = 6;
   pub const VT_LOGPROBS: ::flatbuffers::VOffsetT = 8;
+  pub const VT_TOP_IDS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_TOP_LOGPROBS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_PROMPT_START: ::flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -3104,6 +3145,9 @@ impl<'a> TokenChunk<'a> {
     args: &'args TokenChunkArgs<'args>
   ) -> ::flatbuffers::WIPOffset<TokenChunk<'bldr>> {
     let mut builder = TokenChunkBuilder::new(_fbb);
+    if let Some(x) = args.prompt_start { builder.add_prompt_start(x); }
+    if let Some(x) = args.top_logprobs { builder.add_top_logprobs(x); }
+    if let Some(x) = args.top_ids { builder.add_top_ids(x); }
     if let Some(x) = args.logprobs { builder.add_logprobs(x); }
     if let Some(x) = args.text_delta { builder.add_text_delta(x); }
     if let Some(x) = args.token_ids { builder.add_token_ids(x); }
@@ -3127,13 +3171,39 @@ impl<'a> TokenChunk<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(TokenChunk::VT_TEXT_DELTA, None)}
   }
-  /// Natural-log probability of each token, one per token id, when requested.
+  /// Natural-log probability of each token, one per token id, when requested: the model's log-softmax before any
+  /// sampling transform (temperature, top-k/top-p, grammar masks, penalties).
   #[inline]
   pub fn logprobs(&self) -> Option<::flatbuffers::Vector<'a, f32>> {
     // Safety:
     // Created from valid Table for this object
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, f32>>>(TokenChunk::VT_LOGPROBS, None)}
+  }
+  /// With `top_logprobs` k > 0 (protocol 1.11): the k most likely tokens at each position, k per token id (most
+  /// likely first, ties by lower id), as ids and their log-probabilities.
+  #[inline]
+  pub fn top_ids(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(TokenChunk::VT_TOP_IDS, None)}
+  }
+  #[inline]
+  pub fn top_logprobs(&self) -> Option<::flatbuffers::Vector<'a, f32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, f32>>>(TokenChunk::VT_TOP_LOGPROBS, None)}
+  }
+  /// Set on prompt log-probability chunks (protocol 1.11): `token_ids` are prompt tokens from this position on (at
+  /// least 1), with their log-probabilities; no text, not output.
+  #[inline]
+  pub fn prompt_start(&self) -> Option<u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(TokenChunk::VT_PROMPT_START, None)}
   }
 }
 
@@ -3146,6 +3216,9 @@ impl ::flatbuffers::Verifiable for TokenChunk<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("token_ids", Self::VT_TOKEN_IDS, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("text_delta", Self::VT_TEXT_DELTA, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, f32>>>("logprobs", Self::VT_LOGPROBS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("top_ids", Self::VT_TOP_IDS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, f32>>>("top_logprobs", Self::VT_TOP_LOGPROBS, false)?
+     .visit_field::<u32>("prompt_start", Self::VT_PROMPT_START, false)?
      .finish();
     Ok(())
   }
@@ -3154,6 +3227,9 @@ pub struct TokenChunkArgs<'a> {
     pub token_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
     pub text_delta: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub logprobs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, f32>>>,
+    pub top_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub top_logprobs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, f32>>>,
+    pub prompt_start: Option<u32>,
 }
 impl<'a> Default for TokenChunkArgs<'a> {
   #[inline]
@@ -3162,6 +3238,9 @@ impl<'a> Default for TokenChunkArgs<'a> {
       token_ids: None,
       text_delta: None,
       logprobs: None,
+      top_ids: None,
+      top_logprobs: None,
+      prompt_start: None,
     }
   }
 }
@@ -3184,6 +3263,18 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TokenChunkBuilder<'a, 'b, A> 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TokenChunk::VT_LOGPROBS, logprobs);
   }
   #[inline]
+  pub fn add_top_ids(&mut self, top_ids: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TokenChunk::VT_TOP_IDS, top_ids);
+  }
+  #[inline]
+  pub fn add_top_logprobs(&mut self, top_logprobs: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , f32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TokenChunk::VT_TOP_LOGPROBS, top_logprobs);
+  }
+  #[inline]
+  pub fn add_prompt_start(&mut self, prompt_start: u32) {
+    self.fbb_.push_slot_always::<u32>(TokenChunk::VT_PROMPT_START, prompt_start);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TokenChunkBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     TokenChunkBuilder {
@@ -3204,6 +3295,9 @@ impl ::core::fmt::Debug for TokenChunk<'_> {
       ds.field("token_ids", &self.token_ids());
       ds.field("text_delta", &self.text_delta());
       ds.field("logprobs", &self.logprobs());
+      ds.field("top_ids", &self.top_ids());
+      ds.field("top_logprobs", &self.top_logprobs());
+      ds.field("prompt_start", &self.prompt_start());
       ds.finish()
   }
 }

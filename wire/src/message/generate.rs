@@ -96,7 +96,14 @@ pub struct GenerateRequest {
     pub resume_tokens: Vec<u32>,
     /// A LoRA adapter over `model` (protocol 1.8): the worker loads it on first use and applies it to this request.
     pub adapter: Option<AdapterRef>,
+    /// With `logprobs` (protocol 1.11): the most likely tokens at each position, 0 to [`MAX_TOP_LOGPROBS`].
+    pub top_logprobs: u8,
+    /// The prompt's log-probabilities too (protocol 1.11), in chunks with `prompt_start` before the first output.
+    pub prompt_logprobs: bool,
 }
+
+/// Most alternatives per token a request may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: u8 = 20;
 
 impl GenerateRequest {
     pub(crate) fn check(&self) -> Result<(), MessageError> {
@@ -142,6 +149,12 @@ impl GenerateRequest {
         if let Some(a) = &self.adapter {
             a.check("GenerateRequest.adapter")?;
         }
+        if self.top_logprobs > MAX_TOP_LOGPROBS {
+            return Err(invalid("GenerateRequest.top_logprobs", format!("at most {MAX_TOP_LOGPROBS}")));
+        }
+        if (self.top_logprobs > 0 || self.prompt_logprobs) && !self.logprobs {
+            return Err(invalid("GenerateRequest.logprobs", "top_logprobs and prompt_logprobs need logprobs"));
+        }
         Ok(())
     }
 
@@ -177,6 +190,8 @@ impl GenerateRequest {
                 cache_salt: self.cache_salt,
                 resume_tokens,
                 adapter,
+                top_logprobs: self.top_logprobs,
+                prompt_logprobs: self.prompt_logprobs,
             },
         )
     }
@@ -209,6 +224,8 @@ impl GenerateRequest {
             cache_salt: t.cache_salt(),
             resume_tokens: t.resume_tokens().map(|v| v.iter().collect()).unwrap_or_default(),
             adapter: AdapterRef::read("GenerateRequest.adapter", t.adapter())?,
+            top_logprobs: t.top_logprobs(),
+            prompt_logprobs: t.prompt_logprobs(),
         };
         msg.check()?;
         Ok(msg)
@@ -224,6 +241,10 @@ pub struct TokenChunk {
     pub text_delta: String,
     /// One log-probability per token id, when requested.
     pub logprobs: Option<Vec<f32>>,
+    /// The most likely tokens at each position (protocol 1.11): the same number per token id, most likely first.
+    pub top: Vec<(u32, f32)>,
+    /// Set on a chunk of prompt log-probabilities: `token_ids` are the prompt's from this position on.
+    pub prompt_start: Option<u32>,
 }
 
 impl TokenChunk {
@@ -237,7 +258,13 @@ impl TokenChunk {
         self.token_ids.is_empty() && self.text_delta.is_empty()
     }
 
+    /// Alternatives per token id.
+    pub fn top_per_token(&self) -> usize {
+        self.top.len().checked_div(self.token_ids.len()).unwrap_or(0)
+    }
+
     pub(crate) fn check(&self) -> Result<(), MessageError> {
+        let bad = |p: f32| p.is_nan() || p > 0.0;
         if let Some(lp) = &self.logprobs {
             if lp.len() != self.token_ids.len() {
                 return Err(invalid(
@@ -245,9 +272,30 @@ impl TokenChunk {
                     format!("{} values for {} tokens", lp.len(), self.token_ids.len()),
                 ));
             }
-            if lp.iter().any(|p| p.is_nan() || *p > 0.0) {
+            if lp.iter().any(|p| bad(*p)) {
                 return Err(invalid("TokenChunk.logprobs", "log-probabilities must be <= 0"));
             }
+        }
+        if !self.top.is_empty() {
+            let k = self.top_per_token();
+            if self.logprobs.is_none()
+                || k == 0
+                || k > usize::from(MAX_TOP_LOGPROBS)
+                || k * self.token_ids.len() != self.top.len()
+            {
+                return Err(invalid(
+                    "TokenChunk.top_logprobs",
+                    format!("{} alternatives for {} tokens with logprobs", self.top.len(), self.token_ids.len()),
+                ));
+            }
+            if self.top.iter().any(|(_, p)| bad(*p)) {
+                return Err(invalid("TokenChunk.top_logprobs", "log-probabilities must be <= 0"));
+            }
+        }
+        if self.prompt_start.is_some()
+            && (self.token_ids.is_empty() || !self.text_delta.is_empty() || self.logprobs.is_none())
+        {
+            return Err(invalid("TokenChunk.prompt_start", "a prompt chunk has tokens with logprobs and no text"));
         }
         Ok(())
     }
@@ -256,17 +304,41 @@ impl TokenChunk {
         let token_ids = fbb.create_vector(&self.token_ids);
         let text_delta = fbb.create_string(&self.text_delta);
         let logprobs = self.logprobs.as_deref().map(|lp| fbb.create_vector(lp));
+        let (top_ids, top_logprobs) = if self.top.is_empty() {
+            (None, None)
+        } else {
+            let ids: Vec<u32> = self.top.iter().map(|t| t.0).collect();
+            let lps: Vec<f32> = self.top.iter().map(|t| t.1).collect();
+            (Some(fbb.create_vector(&ids)), Some(fbb.create_vector(&lps)))
+        };
         fb::TokenChunk::create(
             fbb,
-            &fb::TokenChunkArgs { token_ids: Some(token_ids), text_delta: Some(text_delta), logprobs },
+            &fb::TokenChunkArgs {
+                token_ids: Some(token_ids),
+                text_delta: Some(text_delta),
+                logprobs,
+                top_ids,
+                top_logprobs,
+                prompt_start: self.prompt_start,
+            },
         )
     }
 
     pub(crate) fn read(t: fb::TokenChunk<'_>) -> Result<Self, MessageError> {
+        let ids = t.top_ids().map(|v| v.iter().collect::<Vec<_>>()).unwrap_or_default();
+        let lps = t.top_logprobs().map(|v| v.iter().collect::<Vec<_>>()).unwrap_or_default();
+        if ids.len() != lps.len() {
+            return Err(invalid(
+                "TokenChunk.top_logprobs",
+                format!("{} ids, {} log-probabilities", ids.len(), lps.len()),
+            ));
+        }
         let msg = TokenChunk {
             token_ids: t.token_ids().map(|v| v.iter().collect()).unwrap_or_default(),
             text_delta: t.text_delta().unwrap_or_default().to_owned(),
             logprobs: t.logprobs().map(|v| v.iter().collect()),
+            top: ids.into_iter().zip(lps).collect(),
+            prompt_start: t.prompt_start(),
         };
         msg.check()?;
         Ok(msg)

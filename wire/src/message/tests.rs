@@ -99,6 +99,8 @@ pub(crate) fn samples() -> Vec<Message> {
             cache_salt: 7,
             resume_tokens: vec![5, 6],
             adapter: None,
+            top_logprobs: 2,
+            prompt_logprobs: true,
         }),
         Message::GenerateRequest(GenerateRequest {
             request_id: "req_02".into(),
@@ -115,13 +117,29 @@ pub(crate) fn samples() -> Vec<Message> {
             cache_salt: 0,
             resume_tokens: vec![],
             adapter: None,
+            top_logprobs: 0,
+            prompt_logprobs: false,
         }),
         Message::TokenChunk(TokenChunk {
             token_ids: vec![504, 3],
             text_delta: "Paris é".into(),
             logprobs: Some(vec![-0.01, -2.5]),
+            top: vec![(504, -0.01), (7, -4.5), (3, -2.5), (504, -0.2)],
+            prompt_start: None,
         }),
-        Message::TokenChunk(TokenChunk { token_ids: vec![5], text_delta: String::new(), logprobs: None }),
+        Message::TokenChunk(TokenChunk {
+            token_ids: vec![2, 3],
+            text_delta: String::new(),
+            logprobs: Some(vec![-1.0, f32::NEG_INFINITY]),
+            top: vec![],
+            prompt_start: Some(1),
+        }),
+        Message::TokenChunk(TokenChunk {
+            token_ids: vec![5],
+            text_delta: String::new(),
+            logprobs: None,
+            ..Default::default()
+        }),
         Message::Finish(Finish {
             stop_reason: StopReason::StopSequence,
             stop_sequence: Some("\n\nHuman:".into()),
@@ -450,6 +468,44 @@ fn out_of_range_fields_are_refused_with_the_field_named() {
         fbb.finish_minimal(t);
     });
     assert_eq!(invalid_field(&f), "TokenChunk.logprobs");
+
+    // Alternatives that do not divide among the tokens, or come without their logprobs.
+    let f = raw(FrameKind::TokenChunk, |fbb| {
+        let ids = fbb.create_vector(&[1u32, 2]);
+        let lp = fbb.create_vector(&[-1.0f32, -0.5]);
+        let top_ids = fbb.create_vector(&[1u32, 2, 3]);
+        let top_lp = fbb.create_vector(&[-1.0f32, -2.0, -3.0]);
+        let t = fb::TokenChunk::create(
+            fbb,
+            &fb::TokenChunkArgs {
+                token_ids: Some(ids),
+                logprobs: Some(lp),
+                top_ids: Some(top_ids),
+                top_logprobs: Some(top_lp),
+                ..Default::default()
+            },
+        );
+        fbb.finish_minimal(t);
+    });
+    assert_eq!(invalid_field(&f), "TokenChunk.top_logprobs");
+    // A prompt chunk with text.
+    let f = raw(FrameKind::TokenChunk, |fbb| {
+        let ids = fbb.create_vector(&[1u32]);
+        let lp = fbb.create_vector(&[-1.0f32]);
+        let text = fbb.create_string("x");
+        let t = fb::TokenChunk::create(
+            fbb,
+            &fb::TokenChunkArgs {
+                token_ids: Some(ids),
+                logprobs: Some(lp),
+                text_delta: Some(text),
+                prompt_start: Some(1),
+                ..Default::default()
+            },
+        );
+        fbb.finish_minimal(t);
+    });
+    assert_eq!(invalid_field(&f), "TokenChunk.prompt_start");
 }
 
 #[test]

@@ -186,6 +186,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
         let mut per_seq: HashMap<SeqId, u32> = HashMap::new();
         for ev in events {
             let seq = match &ev {
+                Event::Prompt { seq, .. } => *seq,
                 Event::Token { seq, .. } => {
                     tokens += 1;
                     *per_seq.entry(*seq).or_default() += 1;

@@ -2,7 +2,9 @@
 
 pub mod actor;
 pub mod backend;
+pub mod logprobs;
 pub mod state;
 
 pub use actor::{EngineGone, EngineHandle, Generation, Published};
+pub use logprobs::Logprob;
 pub use state::{EngineCore, EngineStats, Event, Request, RequestAdapter, RequestError};

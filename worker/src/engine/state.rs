@@ -10,12 +10,13 @@ use zl_wire::message::StopReason;
 
 use crate::device::Device;
 use crate::engine::backend::{Backend, DeviceError};
+use crate::engine::logprobs::{self, Logprob, LogprobWants, RowKind};
 use crate::kv::pool::BlockPool;
 use crate::kv::window::{KvLayout, WindowKv};
 use crate::model::LoadedModel;
 use crate::model::llama::{BatchItem, KvStore, PARALLEL_ROWS};
 use crate::model::lora::LoraAdapter;
-use crate::sampling::{Sampling, log_softmax_at, sample};
+use crate::sampling::{LogSoftmax, Sampling, sample};
 use crate::scheduler::{AdmitError, Scheduler, SchedulerConfig, SeqId, StepItem};
 use crate::stop::StopMatcher;
 use zl_text::{Detokenizer, TextTokenizer};
@@ -33,6 +34,10 @@ pub struct Request {
     pub stop_sequences: Vec<String>,
     /// Report each token's log-probability (a softmax over the vocabulary per token, so only when asked).
     pub logprobs: bool,
+    /// With `logprobs`: the most likely tokens at each position, this many.
+    pub top_logprobs: u8,
+    /// With `logprobs`: the prompt's too (the prompt is then computed whole, without prefix cache hits).
+    pub prompt_logprobs: bool,
     /// Draft tokens per step at most for predictive streaming (prompt-lookup speculation); 0 turns it off. The
     /// output is the same either way, byte for byte: only how many steps it takes changes.
     pub speculate: usize,
@@ -68,6 +73,8 @@ impl Request {
             max_tokens,
             stop_sequences: vec![],
             logprobs: false,
+            top_logprobs: 0,
+            prompt_logprobs: false,
             speculate: 0,
             constraint: None,
             cache_salt: None,
@@ -86,10 +93,21 @@ pub enum Event {
         seq: SeqId,
         /// The sampled token.
         token: u32,
-        /// Its log-probability, when the request asked for them.
-        logprob: Option<f32>,
+        /// Its log-probability (and the most likely tokens at its position), when the request asked for them.
+        logprob: Option<Logprob>,
         /// Text that is final now (may be empty while a character or stop sequence is pending).
         text: String,
+    },
+    /// Log-probabilities of prompt tokens (a request that asked for the prompt's), before its first output token.
+    Prompt {
+        /// The sequence.
+        seq: SeqId,
+        /// The position of the first of `tokens` in the prompt (at least 1).
+        start: u32,
+        /// The prompt's tokens from `start`.
+        tokens: Vec<u32>,
+        /// One per token.
+        logprobs: Vec<Logprob>,
     },
     /// The sequence ended; it has been removed and its blocks freed.
     Finished {
@@ -156,7 +174,8 @@ struct Advance {
 
 struct SeqState {
     sampling: Sampling,
-    logprobs: bool,
+    /// What it reports of its logits (`None`: nothing).
+    logprobs: Option<LogprobWants>,
     max_tokens: u32,
     generated: u32,
     prompt_len: u32,
@@ -296,7 +315,12 @@ impl EngineCore {
         let speculate = if req.constraint.is_some() { 0 } else { req.speculate };
         let mut st = SeqState {
             sampling: req.sampling,
-            logprobs: req.logprobs,
+            logprobs: req.logprobs.then(|| LogprobWants {
+                output: true,
+                top: usize::from(req.top_logprobs),
+                prompt: req.prompt_logprobs.then(|| req.prompt.clone()),
+                next: 1,
+            }),
             max_tokens: req.max_tokens,
             generated: 0,
             prompt_len,
@@ -326,6 +350,9 @@ impl EngineCore {
         let mut tokens = req.prompt;
         tokens.extend(&req.resume);
         self.sched.add(seq, tokens, remaining)?;
+        if req.logprobs && req.prompt_logprobs {
+            self.sched.uncached(seq);
+        }
         self.sched.salt(seq, salt);
         // Constrained requests do not speculate: every draft would need its own mask.
         self.sched.speculate(seq, speculate);
@@ -374,7 +401,13 @@ impl EngineCore {
         if plan.items.is_empty() {
             return std::mem::take(&mut self.pending);
         }
-        let rows_of = |it: &StepItem| if it.sample { 1 + it.drafts } else { 0 };
+        // Each item's logits rows (its last ones): the sampled rows, and before them the prompt rows a sequence
+        // asking for the prompt's log-probabilities has not reported yet.
+        let kinds: Vec<Vec<RowKind>> = plan
+            .items
+            .iter()
+            .map(|it| logprobs::rows(it, self.seqs.get(&it.seq).and_then(|s| s.logprobs.as_ref())))
+            .collect();
         // Each item's adapter, held apart from the sequences (which sampling then updates).
         let adapters: Vec<Option<Arc<LoraAdapter>>> =
             plan.items.iter().map(|it| self.seqs.get(&it.seq).and_then(|s| s.adapter.clone())).collect();
@@ -382,12 +415,13 @@ impl EngineCore {
             .items
             .iter()
             .zip(&adapters)
-            .map(|(it, adapter)| BatchItem {
+            .zip(&kinds)
+            .map(|((it, adapter), kinds)| BatchItem {
                 tokens: &it.tokens,
                 start: it.start,
                 blocks: &it.blocks,
                 window_blocks: &it.window_blocks,
-                logits: rows_of(it),
+                logits: kinds.len(),
                 adapter: adapter.as_deref(),
             })
             .collect();
@@ -408,15 +442,36 @@ impl EngineCore {
         };
         self.prefill_tokens += plan.prefill_tokens as u64;
         let vocab = self.model.llama.config().vocab;
-        // Every logits row with its item and its offset in the item's rows. A token depends only on its own row,
-        // the sequence's settings and its output position, so every row is sampled at once (on the pool for
-        // large batches), drafts included: the token at offset j is the one plain decoding would pick at that
-        // position if the drafts before it are accepted, and only then is it used.
-        let rows: Vec<(&StepItem, usize)> =
-            plan.items.iter().flat_map(|it| (0..rows_of(it)).map(move |j| (it, j))).collect();
+        // Every logits row with its item and what it is for. A token depends only on its own row, the sequence's
+        // settings and its output position, so every row is sampled at once (on the pool for large batches),
+        // drafts included: the token at offset j is the one plain decoding would pick at that position if the
+        // drafts before it are accepted, and only then is it used.
+        let rows: Vec<(&StepItem, RowKind)> =
+            plan.items.iter().zip(&kinds).flat_map(|(it, k)| k.iter().map(move |&kind| (it, kind))).collect();
+        // Log-probabilities come from the raw logits, before any mask: the normaliser of every row whose sequence
+        // reports them, and the prompt rows' values whole.
+        let seqs = &self.seqs;
+        let measure = |(row, (item, kind)): (&[f32], &(&StepItem, RowKind))| {
+            let wants = seqs.get(&item.seq)?.logprobs.as_ref()?;
+            let norm = LogSoftmax::of(row);
+            let prompt = match kind {
+                RowKind::Prompt(pos) => wants.prompt.as_ref().map(|p| wants.of(row, &norm, p[*pos])),
+                _ => None,
+            };
+            let top = matches!(kind, RowKind::Sample(_)).then(|| norm.top(row, wants.top));
+            Some((norm, top, prompt))
+        };
+        let measured: Vec<_> = if rows.len() >= PARALLEL_ROWS {
+            logits.par_chunks_exact(vocab).zip(&rows).map(measure).collect()
+        } else {
+            logits.chunks_exact(vocab).zip(&rows).map(measure).collect()
+        };
         if !masks.is_empty() {
             let stop_ids = &self.model.tokenizer.stop_ids;
-            for (row, (item, _)) in logits.chunks_exact_mut(vocab).zip(&rows) {
+            for (row, (item, kind)) in logits.chunks_exact_mut(vocab).zip(&rows) {
+                if !matches!(kind, RowKind::Sample(_)) {
+                    continue;
+                }
                 match masks.get(&item.seq) {
                     Some(Ok(mask)) => mask.apply(row),
                     // The grammar has no way on (it never should): the sequence ends here.
@@ -428,18 +483,41 @@ impl EngineCore {
                 }
             }
         }
-        let seqs = &self.seqs;
-        let pick = |(row, (item, j)): (&[f32], &(&StepItem, usize))| {
+        let pick = |((row, (item, kind)), measured): ((&[f32], &(&StepItem, RowKind)), &Option<_>)| {
+            let RowKind::Sample(j) = kind else { return None };
             let st = seqs.get(&item.seq)?;
             let s = sample(row, &st.sampling, u64::from(st.generated) + *j as u64);
-            Some((s, st.logprobs.then(|| log_softmax_at(row, s as usize))))
+            // A masked row keeps the allowed tokens' logits: the sampled one's value is the raw one.
+            let logprob = measured.as_ref().map(|(norm, top, _): &(LogSoftmax, Option<Vec<(u32, f32)>>, _)| Logprob {
+                logprob: norm.at(row[s as usize]),
+                top: top.clone().unwrap_or_default(),
+            });
+            Some((s, logprob))
         };
         let picks: Vec<_> = if rows.len() >= PARALLEL_ROWS {
-            logits.par_chunks_exact(vocab).zip(&rows).map(pick).collect()
+            logits.par_chunks_exact(vocab).zip(&rows).zip(&measured).map(pick).collect()
         } else {
-            logits.chunks_exact(vocab).zip(&rows).map(pick).collect()
+            logits.chunks_exact(vocab).zip(&rows).zip(&measured).map(pick).collect()
         };
         let mut events = std::mem::take(&mut self.pending);
+        // The prompt rows' values, reported per item before its sampled tokens.
+        let mut at = 0;
+        for (item, kinds) in plan.items.iter().zip(&kinds) {
+            let measured = &measured[at..at + kinds.len()];
+            at += kinds.len();
+            self.report_prompt(
+                item.seq,
+                kinds,
+                measured.iter().map(|m| m.as_ref().and_then(|m| m.2.clone())),
+                &mut events,
+            );
+        }
+        let picks: Vec<Option<(u32, Option<Logprob>)>> = picks
+            .into_iter()
+            .zip(&rows)
+            .filter(|(_, (_, kind))| matches!(kind, RowKind::Sample(_)))
+            .map(|(p, _)| p)
+            .collect();
         let mut sampled = HashMap::new();
         let mut finished = Vec::new();
         let mut at = 0;
@@ -459,6 +537,38 @@ impl EngineCore {
         events
     }
 
+    /// Report an item's prompt rows (`kinds`, with each row's measured value) as one `Prompt` event, and move the
+    /// sequence's next prompt position past them.
+    fn report_prompt(
+        &mut self,
+        seq: SeqId,
+        kinds: &[RowKind],
+        values: impl Iterator<Item = Option<Logprob>>,
+        events: &mut Vec<Event>,
+    ) {
+        let Some(wants) = self.seqs.get_mut(&seq).and_then(|s| s.logprobs.as_mut()) else { return };
+        let Some(prompt) = wants.prompt.as_ref() else { return };
+        let mut start = None;
+        let (mut tokens, mut values_out) = (Vec::new(), Vec::new());
+        for (kind, value) in kinds.iter().zip(values) {
+            if let (RowKind::Prompt(pos), Some(value)) = (kind, value)
+                && *pos == wants.next
+            {
+                start.get_or_insert(*pos as u32);
+                tokens.push(prompt[*pos]);
+                values_out.push(value);
+                wants.next += 1;
+            }
+        }
+        if wants.next >= prompt.len() {
+            // Every position reported: the prompt is not kept.
+            wants.prompt = None;
+        }
+        if let Some(start) = start {
+            events.push(Event::Prompt { seq, start, tokens, logprobs: values_out });
+        }
+    }
+
     /// Take an item's sampled tokens in order, as plain decoding would have produced them one step at a time:
     /// each is output (detokenized, checked for stops); the next one is used only while the previous equals the
     /// draft fed after it. Returns the tokens the sequence continues with, or `None` when it finished (its
@@ -466,7 +576,7 @@ impl EngineCore {
     fn accept(
         &mut self,
         item: &StepItem,
-        picked: &[Option<(u32, Option<f32>)>],
+        picked: &[Option<(u32, Option<Logprob>)>],
         events: &mut Vec<Event>,
     ) -> Option<Vec<u32>> {
         let st = self.seqs.get_mut(&item.seq)?;
@@ -475,7 +585,7 @@ impl EngineCore {
         let drafts = &item.tokens[item.tokens.len() - item.drafts..];
         let mut emitted = Vec::new();
         for (j, picked) in picked.iter().enumerate() {
-            let (s, logprob) = (*picked)?;
+            let (s, logprob) = picked.clone()?;
             let step = advance(st, &self.model.tokenizer, s);
             if let Some(text) = step.emit {
                 events.push(Event::Token { seq: item.seq, token: s, logprob, text });

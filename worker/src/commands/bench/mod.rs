@@ -309,6 +309,8 @@ fn run_level(
             max_tokens: level.max_tokens,
             stop_sequences: vec![],
             logprobs: false,
+            top_logprobs: 0,
+            prompt_logprobs: false,
             speculate: if let Mode::Predicted(drafts) = level.mode { drafts } else { 0 },
             constraint: match &level.grammar {
                 Some((engine, grammar)) => Some(engine.start(grammar)?),
@@ -341,7 +343,7 @@ fn run_level(
         let step_time = step_start.elapsed();
         let mut tokens = 0;
         for ev in &events {
-            let (Event::Token { seq, .. } | Event::Finished { seq, .. }) = ev;
+            let (Event::Token { seq, .. } | Event::Finished { seq, .. } | Event::Prompt { seq, .. }) = ev;
             if let Event::Finished { draft_tokens, accepted_draft_tokens, .. } = ev {
                 drafted += u64::from(*draft_tokens);
                 accepted += u64::from(*accepted_draft_tokens);
