@@ -12,6 +12,7 @@ import urllib.request
 
 import anthropic
 import openai
+import pydantic
 
 from common import expect
 
@@ -69,6 +70,29 @@ def check_anthropic():
         names = [line[len("event: "):] for line in response.iter_lines() if line.startswith("event: ")]
     assert names[:3] == ["message_start", "content_block_start", "ping"], names
     assert names[3:] == events[2:], (names, events)
+
+    # A prefilled assistant turn is continued, not restarted: the answer is what follows it.
+    prefilled = client.messages.create(
+        model=MODEL, max_tokens=8, extra_body=greedy, system=SYSTEM,
+        messages=QUESTION + [{"role": "assistant", "content": "The capital of France is"}],
+    )
+    text = prefilled.content[0].text
+    assert "Paris" in text and not text.lstrip().startswith("The capital"), text
+    print("anthropic prefill:", repr(text))
+
+    # The current SDK's structured output (`output_format` becomes `output_config.format`): a parsed object.
+    class Capital(pydantic.BaseModel):
+        country: str
+        capital: str
+
+    parsed = client.messages.parse(
+        model=MODEL, max_tokens=64, extra_body=greedy, system=SYSTEM, messages=QUESTION, output_format=Capital
+    )
+    assert isinstance(parsed.parsed_output, Capital), parsed
+    print("anthropic parse:", parsed.parsed_output)
+    e = expect(anthropic.BadRequestError, lambda: client.messages.create(
+        model=MODEL, max_tokens=4, messages=QUESTION, output_config={"effort": "high"}))
+    assert "output_config.effort" in e.message, e.message
 
     count = client.messages.count_tokens(model=MODEL, system=SYSTEM, messages=QUESTION)
     assert count.input_tokens == msg.usage.input_tokens, (count, msg.usage)

@@ -139,6 +139,13 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         },
         Some(_) => return Err(ApiError::invalid_param("metadata", "metadata: Input should be a valid dictionary")),
     };
+    // A final assistant turn is the start of the answer: the model continues it (the answer holds only what
+    // follows it).
+    let prefill = match chat.last() {
+        Some(last) if last.role == "assistant" => chat.pop().map(|m| m.content).filter(|c| !c.is_empty()),
+        _ => None,
+    };
+    let grammar = tools.grammar("tools")?;
     Ok(GenRequest {
         model: model.to_owned(),
         system,
@@ -151,9 +158,10 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         seed,
         stream,
         user,
-        grammar: tools.grammar("tools")?,
+        grammar,
         tools,
         raw: None,
+        prefill,
         logprobs: None,
     })
 }
@@ -353,6 +361,47 @@ mod tests {
     }
 
     #[test]
+    fn a_final_assistant_turn_is_the_start_of_the_answer() {
+        let r = ok(json!({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "JSON please"},
+            {"role": "assistant", "content": "{\"capital\": \""}
+        ]}));
+        assert_eq!(r.prefill.as_deref(), Some("{\"capital\": \""));
+        assert_eq!(r.messages.len(), 1);
+        // An empty final turn is a prefill of nothing.
+        let r = ok(json!({"model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}
+        ]}));
+        assert_eq!((r.prefill, r.messages.len()), (None, 1));
+    }
+
+    #[test]
+    fn output_config_format_is_the_output_format() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]});
+        let body = |extra: Value| {
+            let mut b = json!({"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "x"}]});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            parse(&b, false)
+        };
+        let via_config = body(json!({"output_config": {"format": {"type": "json_schema", "schema": schema}}})).unwrap();
+        let direct = body(json!({"output_format": {"type": "json_schema", "schema": schema}})).unwrap();
+        assert!(via_config.grammar.is_some());
+        assert_eq!(via_config.grammar, direct.grammar);
+        let e = body(json!({"output_config": {"effort": "high"}})).unwrap_err();
+        assert_eq!(e.message, "output_config.effort: not supported by this server (only output_config.format is)");
+        let both = json!({"output_format": {"type": "json_schema", "schema": schema}, "output_config": {"format": {"type": "json_schema", "schema": schema}}});
+        assert_eq!(body(both).unwrap_err().param.as_deref(), Some("output_config"));
+        assert!(
+            body(json!({"output_config": {"format": {"type": "json_schema"}}}))
+                .unwrap_err()
+                .message
+                .contains("output_config.format.schema")
+        );
+    }
+
+    #[test]
     fn out_of_range_integers_are_refused_with_the_value_as_sent() {
         let with = |field: &str, raw: &str| {
             let body = format!(
@@ -396,10 +445,10 @@ mod tests {
             msgs(json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}, {"role": "user", "content": "x"}]))
                 .contains("messages.1: all messages must have non-empty content")
         );
-        // A final assistant turn may be empty.
+        // A final assistant turn may be empty (a prefill of nothing).
         let ok = ok(json!({"model": "m", "max_tokens": 5, "messages": [
             {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]}));
-        assert_eq!(ok.messages.len(), 2);
+        assert_eq!((ok.messages.len(), ok.prefill), (1, None));
     }
 
     #[test]

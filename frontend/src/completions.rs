@@ -127,6 +127,7 @@ pub fn parse(body: &Value) -> Result<(GenRequest, Options), ApiError> {
         tools: Default::default(),
         grammar: None,
         raw: Some(raw),
+        prefill: None,
         logprobs,
     };
     Ok((req, Options { echo, include_usage }))
@@ -313,5 +314,58 @@ impl Dialect for Completions {
             }],
             "usage": usage(finish),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn with(extra: Value) -> Result<(GenRequest, Options), ApiError> {
+        let mut body = json!({"model": "m", "prompt": "Once upon a time"});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        parse(&body)
+    }
+
+    #[test]
+    fn prompts_in_every_accepted_shape() {
+        let (r, o) = with(json!({})).unwrap();
+        assert_eq!(r.raw, Some(RawPrompt::Text("Once upon a time".into())));
+        assert_eq!((r.max_tokens, r.logprobs, o), (Some(16), None, Options::default()));
+        assert_eq!(with(json!({"prompt": ["x"]})).unwrap().0.raw, Some(RawPrompt::Text("x".into())));
+        assert_eq!(with(json!({"prompt": [1, 2]})).unwrap().0.raw, Some(RawPrompt::Tokens(vec![1, 2])));
+        assert_eq!(with(json!({"prompt": [[3]]})).unwrap().0.raw, Some(RawPrompt::Tokens(vec![3])));
+        let (r, o) =
+            with(json!({"logprobs": 5, "echo": true, "stream": true, "stream_options": {"include_usage": true}}))
+                .unwrap();
+        assert_eq!(r.logprobs, Some(LogprobRequest { top: 5, prompt: true }));
+        assert_eq!(o, Options { echo: true, include_usage: true });
+        assert_eq!(with(json!({"logprobs": 0})).unwrap().0.logprobs, Some(LogprobRequest { top: 0, prompt: false }));
+    }
+
+    #[test]
+    fn what_it_cannot_honour_is_refused_by_name() {
+        let param = |extra: Value| with(extra).unwrap_err().param.unwrap();
+        assert_eq!(param(json!({"suffix": "end"})), "suffix");
+        assert_eq!(param(json!({"n": 2})), "n");
+        assert_eq!(param(json!({"best_of": 3})), "best_of");
+        assert_eq!(param(json!({"frequency_penalty": 0.5})), "frequency_penalty");
+        assert_eq!(param(json!({"presence_penalty": -1})), "presence_penalty");
+        assert_eq!(param(json!({"logit_bias": {"50256": -100}})), "logit_bias");
+        assert_eq!(param(json!({"min_p": 0.1})), "min_p");
+        assert_eq!(param(json!({"logprobs": 21})), "logprobs");
+        assert_eq!(param(json!({"prompt": ["a", "b"]})), "prompt");
+        assert_eq!(param(json!({"prompt": ""})), "prompt");
+        assert_eq!(param(json!({"prompt": [-1]})), "prompt");
+        assert_eq!(param(json!({"prompt": [1.5]})), "prompt");
+        // Neutral values are what the server does anyway.
+        assert!(
+            with(json!({"frequency_penalty": 0, "presence_penalty": 0, "logit_bias": {}, "n": 1, "suffix": ""}))
+                .is_ok()
+        );
     }
 }

@@ -149,6 +149,19 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     if chat.is_empty() {
         return Err(ApiError::invalid_param("messages", "messages: at least one user message is required"));
     }
+    // vLLM's extension: continue the final assistant message instead of answering after it.
+    let prefill = match f.boolean("continue_final_message")? {
+        Some(true) => match chat.last() {
+            Some(last) if last.role == "assistant" => chat.pop().map(|m| m.content),
+            _ => {
+                return Err(ApiError::invalid_param(
+                    "continue_final_message",
+                    "continue_final_message: the last message must be an assistant message",
+                ));
+            }
+        },
+        _ => None,
+    };
     let max_tokens = match (
         f.integer("max_completion_tokens", 1, u64::from(u32::MAX))?,
         f.integer("max_tokens", 1, u64::from(u32::MAX))?,
@@ -183,6 +196,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
             grammar: tools.grammar(if tools.active() { "tools" } else { "response_format" })?,
             tools,
             raw: None,
+            prefill,
             logprobs,
         },
         include_usage,

@@ -126,6 +126,8 @@ pub struct GenRequest {
     pub grammar: Option<String>,
     /// A prompt given as is (`/v1/completions`): no chat template; `system` and `messages` are empty then.
     pub raw: Option<RawPrompt>,
+    /// The start of the answer (a final assistant turn the client wrote): the model continues it.
+    pub prefill: Option<String>,
     /// The log-probabilities asked for.
     pub logprobs: Option<LogprobRequest>,
 }
@@ -328,6 +330,12 @@ impl Gateway {
             if removed > 0 {
                 metrics::counter!("zl_frontend_sanitized_chars_total").increment(removed as u64);
             }
+        }
+        if req.prefill.is_some() && req.grammar.is_some() {
+            return Err(ApiError::invalid(
+                "messages: a prefilled final assistant turn cannot be combined with constrained output (a strict \
+                 tool, a forced tool choice or a response format) on this server yet",
+            ));
         }
         let bytes = prompt_bytes(&req);
         if self.config.max_prompt_bytes > 0 && bytes > self.config.max_prompt_bytes {
@@ -809,8 +817,18 @@ pub fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), Api
         .tools
         .active()
         .then(|| OfferedTools { template: req.tools.template_tools(), default_prompt: req.tools.default_prompt() });
-    zl_client::prompt::tokenize(&card.tokenizer, req.system.as_deref(), &req.messages, tools)
-        .map_err(|e| ApiError::invalid(e.to_string()))
+    let invalid = |e: zl_client::prompt::PromptError| ApiError::invalid(e.to_string());
+    let mut prompt =
+        zl_client::prompt::render(&card.tokenizer, req.system.as_deref(), &req.messages, tools).map_err(invalid)?;
+    // A prefilled answer: the assistant's turn is opened by the template, then begins with the client's text.
+    if let Some(prefill) = &req.prefill {
+        prompt.push_str(prefill);
+    }
+    let tokens = card
+        .tokenizer
+        .encode(&prompt)
+        .map_err(|e| ApiError::invalid(format!("the prompt cannot be tokenised: {e}")))?;
+    Ok((prompt, tokens))
 }
 
 /// A rate-limit refusal as the 429 the client gets (with its figures), counted.
@@ -831,6 +849,7 @@ fn prompt_bytes(req: &GenRequest) -> usize {
         None => {}
     }
     req.system.as_ref().map_or(0, String::len)
+        + req.prefill.as_ref().map_or(0, String::len)
         + req.messages.iter().map(|m| m.content.len()).sum::<usize>()
         + req.tools.prompt_bytes()
 }

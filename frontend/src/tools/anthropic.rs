@@ -52,19 +52,40 @@ pub(crate) fn parse(f: &Fields<'_>) -> Result<ToolUse, ApiError> {
         }
     }
     check_choice(&use_, "tool_choice")?;
-    // Structured outputs: `output_format: {"type": "json_schema", "schema": {...}}`.
-    if let Some(format) = f.get("output_format") {
+    // Structured outputs: `output_format: {"type": "json_schema", "schema": {...}}`, or as the current SDK sends it
+    // (`messages.parse(output_format=...)`), `output_config: {"format": {...}}`.
+    let config_format = match f.get("output_config") {
+        None => None,
+        Some(Value::Object(config)) => {
+            if let Some((key, _)) = config.iter().find(|(k, v)| k.as_str() != "format" && !v.is_null()) {
+                return Err(ApiError::invalid_param(
+                    "output_config",
+                    format!("output_config.{key}: not supported by this server (only output_config.format is)"),
+                ));
+            }
+            config.get("format").filter(|v| !v.is_null()).map(|v| (v, "output_config.format"))
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_param("output_config", "output_config: Input should be a valid dictionary"));
+        }
+    };
+    let format = match (f.get("output_format").map(|v| (v, "output_format")), config_format) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid_param(
+                "output_config",
+                "output_format and output_config.format: give the format once",
+            ));
+        }
+        (one, other) => one.or(other),
+    };
+    if let Some((format, field)) = format {
+        let param = field.split('.').next().unwrap_or(field);
         use_.format = match (format.get("type").and_then(Value::as_str), format.get("schema")) {
             (Some("json_schema"), Some(schema)) if schema.is_object() => Format::JsonSchema(schema.clone()),
             (Some("json_schema"), _) => {
-                return Err(ApiError::invalid_param("output_format", "output_format.schema: Field required"));
+                return Err(ApiError::invalid_param(param, format!("{field}.schema: Field required")));
             }
-            _ => {
-                return Err(ApiError::invalid_param(
-                    "output_format",
-                    "output_format.type: Input should be 'json_schema'",
-                ));
-            }
+            _ => return Err(ApiError::invalid_param(param, format!("{field}.type: Input should be 'json_schema'"))),
         };
     }
     Ok(use_)
