@@ -23,7 +23,7 @@ import gguf
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 256, 512, 2, 4, 2, 64
 
 
-def tokenizer(writer, bundled):
+def tokenizer(writer, bundled, template=None):
     r = gguf.GGUFReader(bundled)
     f = r.fields
     writer.add_tokenizer_model(f["tokenizer.ggml.model"].contents())
@@ -33,7 +33,9 @@ def tokenizer(writer, bundled):
     writer.add_token_merges(f["tokenizer.ggml.merges"].contents())
     writer.add_bos_token_id(f["tokenizer.ggml.bos_token_id"].contents())
     writer.add_eos_token_id(f["tokenizer.ggml.eos_token_id"].contents())
-    if "tokenizer.chat_template" in f:
+    if template:
+        writer.add_chat_template(template)
+    elif "tokenizer.chat_template" in f:
         writer.add_chat_template(f["tokenizer.chat_template"].contents())
     return len(f["tokenizer.ggml.tokens"].contents())
 
@@ -76,7 +78,16 @@ SHAPED = {
 }
 
 
-def write(path, arch, bundled, seed, rope=None, rotary=None, shape=None):
+# Qwen3's chat template's thinking switch, over the ChatML turns SmolLM2's tokenizer writes (for the thinking tests).
+THINKING_TEMPLATE = (
+    "{%- for message in messages %}{{ '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- endif %}"
+)
+
+
+def write(path, arch, bundled, seed, rope=None, rotary=None, shape=None, template=None):
     d = dict(hidden=HIDDEN, inter=INTER, layers=LAYERS, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
              experts=EXPERTS, used=USED)
     d.update(shape or {})
@@ -90,7 +101,7 @@ def write(path, arch, bundled, seed, rope=None, rotary=None, shape=None):
     kv_heads = heads if arch == "olmoe" else d["kv_heads"]
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(path, arch)
-    vocab = tokenizer(w, bundled)
+    vocab = tokenizer(w, bundled, template)
     theta = 10000.0
     w.add_context_length(2048)
     w.add_embedding_length(hidden)
@@ -197,6 +208,8 @@ MODELS = {
     "llama-3b-shaped": ("llama", 15, {"shape": SHAPED["llama-3b"]}),
     "llama-8b-shaped": ("llama", 16, {"shape": SHAPED["llama-8b"]}),
     "qwen3-2b-shaped": ("qwen3", 17, {"shape": SHAPED["qwen3-2b"]}),
+    # A Qwen3 with Qwen3's thinking switch in its template.
+    "qwen3-thinking": ("qwen3", 18, {"template": THINKING_TEMPLATE}),
 }
 
 

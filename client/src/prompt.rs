@@ -33,6 +33,17 @@ pub fn render(
     messages: &[ChatMessage],
     tools: Option<OfferedTools>,
 ) -> Result<String, PromptError> {
+    render_thinking(tokenizer, system, messages, tools, None)
+}
+
+/// [`render`] with the template's thinking switch set (`None`: the template's default).
+pub fn render_thinking(
+    tokenizer: &TextTokenizer,
+    system: Option<&str>,
+    messages: &[ChatMessage],
+    tools: Option<OfferedTools>,
+    thinking: Option<bool>,
+) -> Result<String, PromptError> {
     let mut all = Vec::with_capacity(messages.len() + 1);
     let native = tools.is_some() && tokenizer.knows_tools();
     let system = match (system, &tools) {
@@ -47,7 +58,9 @@ pub fn render(
     }
     all.extend(messages.iter().cloned());
     let template_tools = tools.filter(|_| native).map(|t| t.template);
-    tokenizer.render_chat_with_tools(&all, template_tools.as_deref()).map_err(|e| PromptError::Template(e.to_string()))
+    tokenizer
+        .render_chat_thinking(&all, template_tools.as_deref(), thinking)
+        .map_err(|e| PromptError::Template(e.to_string()))
 }
 
 /// [`render`], then tokenise: the prompt text and its tokens.

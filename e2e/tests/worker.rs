@@ -37,6 +37,7 @@ fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
         adapter: None,
         top_logprobs: 0,
         prompt_logprobs: false,
+        think: None,
     })
 }
 

@@ -9,7 +9,7 @@ use zl_wire::message::StopReason;
 use crate::cache::FinishInfo;
 use crate::dialect::Dialect;
 use crate::error::{ApiError, ErrorFormat};
-use crate::gateway::{GenEvent, GenRequest, Meta};
+use crate::gateway::{GenEvent, GenRequest, Meta, Prepared, Thinking};
 use crate::ids::random_id;
 use crate::request::{Fields, PartProblem, round4, text_parts};
 use crate::tools::CallParse;
@@ -49,11 +49,6 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         }
     }
     let tools = crate::tools::anthropic::parse(&f)?;
-    if let Some(thinking) = f.get("thinking")
-        && thinking.get("type").and_then(Value::as_str) != Some("disabled")
-    {
-        return Err(ApiError::invalid_param("thinking", "thinking: extended thinking is not supported by this server"));
-    }
     let messages = match f.get("messages") {
         None => return Err(ApiError::invalid_param("messages", "messages: Field required")),
         Some(Value::Array(m)) => m,
@@ -146,6 +141,7 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         _ => None,
     };
     let grammar = tools.grammar("tools")?;
+    let thinking = thinking(&f, max_tokens)?;
     Ok(GenRequest {
         model: model.to_owned(),
         system,
@@ -162,8 +158,29 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         tools,
         raw: None,
         prefill,
+        thinking,
         logprobs: None,
     })
+}
+
+/// `thinking`: `{"type": "enabled", "budget_tokens": N}` (N below `max_tokens`), `{"type": "adaptive"}` (no
+/// budget) or `{"type": "disabled"}`; without it, as `disabled` (the hosted API's default).
+fn thinking(f: &Fields<'_>, max_tokens: Option<u32>) -> Result<Thinking, ApiError> {
+    let Some(t) = f.get("thinking") else { return Ok(Thinking::Disabled) };
+    let bad = |m: String| Err(ApiError::invalid_param("thinking", m));
+    match t.get("type").and_then(Value::as_str) {
+        Some("disabled") => Ok(Thinking::Disabled),
+        Some("adaptive") => Ok(Thinking::Enabled(None)),
+        Some("enabled") => match t.get("budget_tokens").and_then(Value::as_u64) {
+            Some(b) if b >= 1 && max_tokens.is_none_or(|m| b < u64::from(m)) => Ok(Thinking::Enabled(Some(b as u32))),
+            Some(b) => bad(format!("thinking.budget_tokens: must be at least 1 and less than max_tokens, got {b}")),
+            None => bad("thinking.budget_tokens: Field required (an integer)".into()),
+        },
+        Some(other) => {
+            bad(format!("thinking.type: Input should be 'enabled', 'adaptive' or 'disabled', got {other:?}"))
+        }
+        None => bad("thinking.type: Field required".into()),
+    }
 }
 
 /// Anthropic's `stop_reason`; an answer that ended on its own after calling tools stopped for `tool_use`.
@@ -270,6 +287,8 @@ pub struct Messages {
     /// The answer split into text and tool calls (when tools are offered).
     splitter: Splitter,
     blocks: BlockStream,
+    /// A reasoning model's thinking section, split off as `thinking` blocks.
+    think: Option<crate::thinking::Splitter>,
 }
 
 impl Messages {
@@ -281,12 +300,13 @@ impl Messages {
             input_tokens: 0,
             splitter: Splitter::new(req.tools.call_parse(), names),
             blocks: BlockStream::default(),
+            think: None,
         }
     }
 
     /// Whether the answer is plain text (its one text block opens with the stream).
     fn plain(&self) -> bool {
-        self.splitter.parse() == CallParse::Off
+        self.splitter.parse() == CallParse::Off && self.think.is_none()
     }
 }
 
@@ -298,6 +318,10 @@ impl Dialect for Messages {
         let req = parse(body, false)?;
         let writer = Messages::new(&req);
         Ok((req, writer))
+    }
+
+    fn prepared(&mut self, prepared: &Prepared) {
+        self.think = prepared.thinking.map(crate::thinking::Splitter::new);
     }
 
     fn routed(&mut self, meta: &Meta) {
@@ -317,11 +341,11 @@ impl Dialect for Messages {
             // The Messages API has no log-probabilities (none are asked for).
             GenEvent::Logprobs(_) => String::new(),
             GenEvent::Delta(d) => {
-                let pieces = self.splitter.push(d);
+                let pieces = crate::thinking::pieces(self.think.as_mut(), &mut self.splitter, d);
                 self.blocks.events(pieces, &event)
             }
             GenEvent::Finish(f) => {
-                let pieces = self.splitter.finish();
+                let pieces = crate::thinking::finish(self.think.as_mut(), &mut self.splitter);
                 let mut out = self.blocks.events(pieces, &event);
                 out += &self.blocks.end(&event);
                 crate::tools::count_calls(Self::API, self.splitter.calls);
@@ -338,8 +362,8 @@ impl Dialect for Messages {
         if self.plain() {
             return message(&self.id, &self.model, vec![json!({"type": "text", "text": text})], false, finish);
         }
-        let mut pieces = self.splitter.push(text);
-        pieces.extend(self.splitter.finish());
+        let mut pieces = crate::thinking::pieces(self.think.as_mut(), &mut self.splitter, text);
+        pieces.extend(crate::thinking::finish(self.think.as_mut(), &mut self.splitter));
         let content = crate::tools::anthropic::content(&blocks(pieces));
         crate::tools::count_calls(Self::API, self.splitter.calls);
         message(&self.id, &self.model, content, self.splitter.calls > 0, finish)

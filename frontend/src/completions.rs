@@ -128,6 +128,7 @@ pub fn parse(body: &Value) -> Result<(GenRequest, Options), ApiError> {
         grammar: None,
         raw: Some(raw),
         prefill: None,
+        thinking: Default::default(),
         logprobs,
     };
     Ok((req, Options { echo, include_usage }))

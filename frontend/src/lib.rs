@@ -29,6 +29,7 @@ pub mod report;
 pub mod request;
 pub mod sanitize;
 pub mod suspects;
+pub mod thinking;
 pub mod tools;
 
 /// The tiers behind the frontend (zl-client's, shared with `zl bench`).

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use zl_client::card::Card;
 
 use crate::events::Logprobs;
-use crate::gateway::{GenEvent, GenRequest, LogprobRequest, Meta, Prepared};
+use crate::gateway::{GenEvent, GenRequest, LogprobRequest, Meta, Prepared, Thinking};
 use crate::ids::{random_id, unix_now};
 use crate::request::{Fields, PartProblem, round4, text_parts};
 use crate::tools::calls::{Splitter, blocks};
@@ -56,6 +56,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
         return Err(ApiError::invalid_param("n", "n: only n=1 is supported"));
     }
     let logprobs = logprob_request(&f)?;
+    let thinking = thinking(&f)?;
     crate::completions::refuse_unapplied(&f)?;
     // vLLM's extra sampling field, which this server applies as the Messages API's `top_k`.
     let top_k = f.integer("top_k", 0, u64::from(u32::MAX))?.unwrap_or(0) as u32;
@@ -197,6 +198,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
             tools,
             raw: None,
             prefill,
+            thinking,
             logprobs,
         },
         include_usage,
@@ -223,6 +225,56 @@ pub(crate) fn include_usage(f: &Fields<'_>, stream: bool) -> Result<bool, ApiErr
         return Err(ApiError::invalid_param("stream_options", "stream_options: only allowed when stream is true"));
     }
     Ok(include_usage)
+}
+
+/// Thinking budgets of `reasoning_effort` levels, in output tokens.
+const EFFORT_BUDGETS: [(&str, u32); 3] = [("low", 512), ("medium", 2048), ("high", 8192)];
+
+/// A reasoning model's thinking section: `reasoning_effort` (`none`/`minimal` switch it off; `low`, `medium` and
+/// `high` bound it to [`EFFORT_BUDGETS`]) or vLLM's `chat_template_kwargs.enable_thinking`; without either, as
+/// the model's template has it.
+fn thinking(f: &Fields<'_>) -> Result<Thinking, ApiError> {
+    let from_kwargs = match f.get("chat_template_kwargs") {
+        None => None,
+        Some(Value::Object(kw)) => {
+            if let Some((k, _)) = kw.iter().find(|(k, v)| k.as_str() != "enable_thinking" && !v.is_null()) {
+                return Err(ApiError::invalid_param(
+                    "chat_template_kwargs",
+                    format!("chat_template_kwargs.{k}: not supported by this server (only enable_thinking is)"),
+                ));
+            }
+            match kw.get("enable_thinking") {
+                None | Some(Value::Null) => None,
+                Some(Value::Bool(true)) => Some(Thinking::Enabled(None)),
+                Some(Value::Bool(false)) => Some(Thinking::Disabled),
+                Some(_) => {
+                    return Err(ApiError::invalid_param(
+                        "chat_template_kwargs",
+                        "chat_template_kwargs.enable_thinking: Input should be a valid boolean",
+                    ));
+                }
+            }
+        }
+        Some(_) => {
+            return Err(ApiError::invalid_param("chat_template_kwargs", "chat_template_kwargs: expected an object"));
+        }
+    };
+    let from_effort = match f.string("reasoning_effort")? {
+        None => None,
+        Some("none" | "minimal") => Some(Thinking::Disabled),
+        Some(level) => match EFFORT_BUDGETS.iter().find(|(name, _)| *name == level) {
+            Some((_, budget)) => Some(Thinking::Enabled(Some(*budget))),
+            None => {
+                return Err(ApiError::invalid_param(
+                    "reasoning_effort",
+                    format!(
+                        "reasoning_effort: Input should be 'none', 'minimal', 'low', 'medium' or 'high', got {level:?}"
+                    ),
+                ));
+            }
+        },
+    };
+    Ok(from_effort.or(from_kwargs).unwrap_or_default())
 }
 
 /// Chat Completions' `logprobs` (a boolean) and `top_logprobs` (0 to 20, with `logprobs` only).
@@ -342,6 +394,8 @@ pub struct ChatCompletions {
     card: Option<Arc<Card>>,
     /// Output tokens' `logprobs.content` entries not sent yet (a stream) or all of them (a complete answer).
     entries: Vec<Value>,
+    /// A reasoning model's thinking section, split off as `reasoning_content`.
+    think: Option<crate::thinking::Splitter>,
 }
 
 impl ChatCompletions {
@@ -372,6 +426,7 @@ impl Dialect for ChatCompletions {
             deltas: CallDeltas::default(),
             card: None,
             entries: Vec::new(),
+            think: None,
         };
         Ok((req, writer))
     }
@@ -383,6 +438,7 @@ impl Dialect for ChatCompletions {
         if prepared.logprobs.is_some() {
             self.card = Some(prepared.card.clone());
         }
+        self.think = prepared.thinking.map(crate::thinking::Splitter::new);
     }
 
     fn routed(&mut self, meta: &Meta) {
@@ -404,11 +460,11 @@ impl Dialect for ChatCompletions {
                 String::new()
             }
             GenEvent::Delta(d) => {
-                let pieces = self.splitter.push(d);
+                let pieces = crate::thinking::pieces(self.think.as_mut(), &mut self.splitter, d);
                 self.deltas.deltas(pieces).into_iter().map(|delta| self.chunk(delta, None)).collect()
             }
             GenEvent::Finish(f) => {
-                let pieces = self.splitter.finish();
+                let pieces = crate::thinking::finish(self.think.as_mut(), &mut self.splitter);
                 let mut out: String =
                     self.deltas.deltas(pieces).into_iter().map(|delta| self.chunk(delta, None)).collect();
                 out += &self.chunk(json!({}), Some(finish_reason(f.stop_reason, self.splitter.calls > 0)));
@@ -432,8 +488,8 @@ impl Dialect for ChatCompletions {
     }
 
     fn final_body(&mut self, text: &str, finish: &FinishInfo) -> Value {
-        let mut pieces = self.splitter.push(text);
-        pieces.extend(self.splitter.finish());
+        let mut pieces = crate::thinking::pieces(self.think.as_mut(), &mut self.splitter, text);
+        pieces.extend(crate::thinking::finish(self.think.as_mut(), &mut self.splitter));
         let message = crate::tools::openai::message(&blocks(pieces));
         let called = self.splitter.calls > 0;
         crate::tools::count_calls(Self::API, self.splitter.calls);

@@ -83,6 +83,7 @@ impl DirectWorker {
                     adapter: None,
                     top_logprobs: 0,
                     prompt_logprobs: false,
+                    think: None,
                 };
                 rec.request_id = Some(request.request_id.clone());
                 rec.worker = Some(self.endpoint.clone());

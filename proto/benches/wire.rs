@@ -148,6 +148,7 @@ async fn quic(calls: usize, frames: u32) {
         adapter: None,
         top_logprobs: 0,
         prompt_logprobs: false,
+        think: None,
     });
     let started = Instant::now();
     let mut stream = client.stream(addr, Role::Worker, generate).await.unwrap();

@@ -162,6 +162,7 @@ fn generate(request_id: &str, max_tokens: u32, prompt: Vec<u32>) -> Message {
         adapter: None,
         top_logprobs: 0,
         prompt_logprobs: false,
+        think: None,
     })
 }
 

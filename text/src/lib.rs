@@ -310,11 +310,28 @@ impl TextTokenizer {
         messages: &[ChatMessage],
         tools: Option<&[serde_json::Value]>,
     ) -> Result<String, TokenizerError> {
+        self.render_chat_thinking(messages, tools, None)
+    }
+
+    /// Whether the chat template has a thinking section (`<think>` ... `</think>`, as Qwen3's).
+    pub fn has_thinking(&self) -> bool {
+        self.template.contains("<think>")
+    }
+
+    /// [`TextTokenizer::render_chat_with_tools`] with the template's thinking switch (`enable_thinking`, as
+    /// Qwen3's templates read it) set, or left to the template's default (`None`).
+    pub fn render_chat_thinking(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        thinking: Option<bool>,
+    ) -> Result<String, TokenizerError> {
         let env = self.compiled.as_ref().as_ref().map_err(|e| TokenizerError::Template(e.clone()))?;
         let tmpl = env.get_template("chat").map_err(|e| TokenizerError::Template(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => messages,
             tools => tools,
+            enable_thinking => thinking,
             add_generation_prompt => true,
             bos_token => self.bos,
             eos_token => self.eos,

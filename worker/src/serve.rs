@@ -250,6 +250,15 @@ impl WorkerService {
             }
             None => None,
         };
+        if let Some(t) = &g.think {
+            let vocab = model.config.vocab as u32;
+            if let Some(bad) = t.close.iter().find(|&&id| id >= vocab) {
+                return Err(WireError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("think_close: token {bad} is not in the model's vocabulary of {vocab}"),
+                ));
+            }
+        }
         let seed = g.sampling.seed.unwrap_or_else(|| self.seeds.fetch_add(0x9e37_79b9, Ordering::Relaxed));
         let req = Request {
             prompt,
@@ -264,6 +273,7 @@ impl WorkerService {
             logprobs: g.logprobs,
             top_logprobs: g.top_logprobs,
             prompt_logprobs: g.prompt_logprobs,
+            think: g.think,
             speculate: model.speculation.drafts_for(g.streaming_predicted),
             constraint,
             cache_salt: (g.cache_salt != 0).then_some(g.cache_salt),

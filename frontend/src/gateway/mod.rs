@@ -25,6 +25,7 @@ use zl_proto::CallError;
 use zl_text::ChatMessage;
 use zl_wire::message::{
     AdapterInfo, ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteRequest, SamplingParams,
+    ThinkBudget,
 };
 
 use crate::cache::{CacheKeyParts, CachedAnswer, FinishInfo, ResponseCache};
@@ -128,8 +129,33 @@ pub struct GenRequest {
     pub raw: Option<RawPrompt>,
     /// The start of the answer (a final assistant turn the client wrote): the model continues it.
     pub prefill: Option<String>,
+    /// A reasoning model's thinking section, as asked for.
+    pub thinking: Thinking,
     /// The log-probabilities asked for.
     pub logprobs: Option<LogprobRequest>,
+}
+
+/// What a request asks of a reasoning model's thinking section.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Thinking {
+    /// As the model's template has it by default.
+    #[default]
+    Default,
+    /// On, with a budget of output tokens for the section (`None`: unbounded).
+    Enabled(Option<u32>),
+    /// Off (the template's switch).
+    Disabled,
+}
+
+impl Thinking {
+    /// The template's `enable_thinking` switch.
+    fn switch(self) -> Option<bool> {
+        match self {
+            Thinking::Default => None,
+            Thinking::Enabled(_) => Some(true),
+            Thinking::Disabled => Some(false),
+        }
+    }
 }
 
 /// A prompt given as is, without the chat template.
@@ -205,6 +231,11 @@ pub struct Prepared {
     pub adapter: Option<AdapterInfo>,
     /// The log-probabilities asked for.
     pub logprobs: Option<LogprobRequest>,
+    /// The answer has a thinking section to split off (a reasoning model, thinking not switched off): `Some(true)`
+    /// when the prompt already opened it.
+    pub thinking: Option<bool>,
+    /// Its budget, closed by force when spent.
+    pub think: Option<ThinkBudget>,
 }
 
 impl Gateway {
@@ -349,6 +380,27 @@ impl Gateway {
         let card_model = adapter.as_ref().map_or(&req.model, |a| &a.base);
         let card = self.cluster.card(self.upstream.as_ref(), card_model, request_id).await?;
         fits_in_bytes(&card, bytes)?;
+        let reasoning = card.tokenizer.has_thinking() && req.raw.is_none();
+        match req.thinking {
+            Thinking::Enabled(_) if !reasoning => {
+                return Err(ApiError::invalid_param(
+                    "thinking",
+                    format!(
+                        "thinking: {} has no thinking section (its chat template has no {})",
+                        card.model,
+                        crate::thinking::OPEN
+                    ),
+                ));
+            }
+            Thinking::Enabled(_) if req.grammar.is_some() => {
+                return Err(ApiError::invalid_param(
+                    "thinking",
+                    "thinking: cannot be combined with constrained output (a strict tool, a forced tool choice or a \
+                     response format) on this server yet",
+                ));
+            }
+            _ => {}
+        }
         let card_for_work = card.clone();
         let (req, prompt, tokens, billing_text) = self
             .off_thread(move || {
@@ -385,6 +437,19 @@ impl Gateway {
                 ),
             ));
         }
+        // The section is split off the answer unless it is switched off; the prompt may have opened it already.
+        let thinking = (reasoning && req.thinking != Thinking::Disabled)
+            .then(|| prompt.trim_end().ends_with(crate::thinking::OPEN) && req.prefill.is_none());
+        let think = match req.thinking {
+            Thinking::Enabled(Some(budget)) => {
+                let close = card
+                    .tokenizer
+                    .encode(crate::thinking::FORCED_CLOSE)
+                    .map_err(|e| ApiError::internal(format!("the thinking section's closing: {e}")))?;
+                Some(ThinkBudget { budget, end: crate::thinking::CLOSE.into(), close })
+            }
+            _ => None,
+        };
         let GenRequest { model, temperature, top_p, top_k, seed, stop, grammar, stream, user, logprobs, .. } = req;
         Ok(Prepared {
             billing_text,
@@ -402,6 +467,8 @@ impl Gateway {
             project: String::new(),
             adapter,
             logprobs,
+            thinking,
+            think,
         })
     }
 
@@ -691,6 +758,7 @@ impl Gateway {
             adapter: None,
             top_logprobs: p.logprobs.map_or(0, |l| l.top),
             prompt_logprobs: p.logprobs.is_some_and(|l| l.prompt),
+            think: p.think.clone(),
         };
         loop {
             attempt += 1;
@@ -818,8 +886,22 @@ pub fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), Api
         .active()
         .then(|| OfferedTools { template: req.tools.template_tools(), default_prompt: req.tools.default_prompt() });
     let invalid = |e: zl_client::prompt::PromptError| ApiError::invalid(e.to_string());
-    let mut prompt =
-        zl_client::prompt::render(&card.tokenizer, req.system.as_deref(), &req.messages, tools).map_err(invalid)?;
+    let mut prompt = zl_client::prompt::render_thinking(
+        &card.tokenizer,
+        req.system.as_deref(),
+        &req.messages,
+        tools,
+        req.thinking.switch(),
+    )
+    .map_err(invalid)?;
+    // Thinking asked for: the answer opens the section (templates that do not open it leave it to the model).
+    if matches!(req.thinking, Thinking::Enabled(_))
+        && card.tokenizer.has_thinking()
+        && !prompt.trim_end().ends_with(crate::thinking::OPEN)
+    {
+        prompt.push_str(crate::thinking::OPEN);
+        prompt.push('\n');
+    }
     // A prefilled answer: the assistant's turn is opened by the template, then begins with the client's text.
     if let Some(prefill) = &req.prefill {
         prompt.push_str(prefill);

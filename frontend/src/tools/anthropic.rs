@@ -221,6 +221,8 @@ pub fn flatten(content: &Value, field: &str, role: &str, called: &[String]) -> R
                 let turn = if ty == "tool_use" { "assistant" } else { "user" };
                 return Err(ApiError::invalid(format!("{at}: {ty} blocks may only appear in {turn} messages")));
             }
+            // An earlier answer's thinking: chat templates drop past reasoning, and so does this server.
+            Some("thinking" | "redacted_thinking") if role == "assistant" => {}
             Some(
                 ty @ ("image" | "document" | "thinking" | "redacted_thinking" | "server_tool_use" | "search_result"),
             ) => {
@@ -240,6 +242,9 @@ pub fn content(blocks: &[Block]) -> Vec<Value> {
     let mut out: Vec<Value> = blocks
         .iter()
         .map(|b| match b {
+            Block::Thinking(t) => {
+                json!({"type": "thinking", "thinking": t, "signature": crate::thinking::signature(t.trim())})
+            }
             Block::Text(t) => json!({"type": "text", "text": t}),
             Block::Call { name, args, valid: true } => json!({
                 "type": "tool_use",
@@ -265,6 +270,8 @@ pub struct BlockStream {
     /// Blocks opened so far.
     pub opened: usize,
     open: bool,
+    /// The open block is a thinking block: its text so far (for the signature sent when it closes).
+    thinking: Option<String>,
 }
 
 impl BlockStream {
@@ -273,7 +280,24 @@ impl BlockStream {
         let mut out = String::new();
         for p in pieces {
             match p {
+                Piece::Thinking(t) => {
+                    if self.thinking.is_none() {
+                        out += &self.close(event);
+                        out += &self.start(json!({"type": "thinking", "thinking": "", "signature": ""}), event);
+                        self.thinking = Some(String::new());
+                    }
+                    if let Some(all) = self.thinking.as_mut() {
+                        all.push_str(&t);
+                    }
+                    out += &event(
+                        "content_block_delta",
+                        &json!({"type": "content_block_delta", "index": self.opened - 1, "delta": {"type": "thinking_delta", "thinking": t}}),
+                    );
+                }
                 Piece::Text(t) => {
+                    if self.thinking.is_some() {
+                        out += &self.close(event);
+                    }
                     if !self.open {
                         out += &self.start(json!({"type": "text", "text": ""}), event);
                     }
@@ -315,7 +339,15 @@ impl BlockStream {
             return String::new();
         }
         self.open = false;
-        event("content_block_stop", &json!({"type": "content_block_stop", "index": self.opened - 1}))
+        let mut out = String::new();
+        if let Some(thought) = self.thinking.take() {
+            let signature = crate::thinking::signature(thought.trim());
+            out += &event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": self.opened - 1, "delta": {"type": "signature_delta", "signature": signature}}),
+            );
+        }
+        out + &event("content_block_stop", &json!({"type": "content_block_stop", "index": self.opened - 1}))
     }
 
     /// The end: the open block closed; an answer with no block at all gets an empty text block.

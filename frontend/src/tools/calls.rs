@@ -12,6 +12,8 @@ use super::{CALL_CLOSE, CALL_OPEN, CallParse};
 /// A piece of the answer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Piece {
+    /// Text of a reasoning model's thinking section (before the answer).
+    Thinking(String),
     /// Text.
     Text(String),
     /// A call of `name` begins.
@@ -244,6 +246,8 @@ impl Splitter {
 /// One block of an answer.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Block {
+    /// A thinking section's text.
+    Thinking(String),
     /// Text.
     Text(String),
     /// A tool call.
@@ -262,6 +266,10 @@ pub fn blocks(pieces: impl IntoIterator<Item = Piece>) -> Vec<Block> {
     let mut out: Vec<Block> = Vec::new();
     for p in pieces {
         match p {
+            Piece::Thinking(t) => match out.last_mut() {
+                Some(Block::Thinking(s)) => s.push_str(&t),
+                _ => out.push(Block::Thinking(t)),
+            },
             Piece::Text(t) => match out.last_mut() {
                 Some(Block::Text(s)) => s.push_str(&t),
                 _ => out.push(Block::Text(t)),
@@ -288,7 +296,7 @@ pub fn unfinished_call(name: &str, args: &str) -> String {
 }
 
 /// How much of the end of `text` could be the start of `tag`.
-fn partial_suffix(text: &str, tag: &str) -> usize {
+pub(crate) fn partial_suffix(text: &str, tag: &str) -> usize {
     (1..tag.len().min(text.len() + 1))
         .rev()
         .find(|&n| text.is_char_boundary(text.len() - n) && tag.starts_with(&text[text.len() - n..]))

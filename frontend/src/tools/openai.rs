@@ -139,9 +139,11 @@ pub fn assistant_calls(calls: &Value, field: &str) -> Result<String, ApiError> {
 /// The `message` of a `chat.completion`: text content (null when the answer is only calls) and `tool_calls`.
 pub fn message(blocks: &[Block]) -> Value {
     let mut text = String::new();
+    let mut reasoning: Option<String> = None;
     let mut calls = Vec::new();
     for b in blocks {
         match b {
+            Block::Thinking(t) => reasoning.get_or_insert_with(String::new).push_str(t),
             Block::Text(t) => text.push_str(t),
             Block::Call { name, args, valid: true } => calls.push(json!({
                 "id": random_id("call_", 24),
@@ -154,6 +156,10 @@ pub fn message(blocks: &[Block]) -> Value {
     let mut m = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) }, "refusal": null});
     if !calls.is_empty() {
         m["tool_calls"] = Value::Array(calls);
+    }
+    // A reasoning model's thinking section, as vLLM and DeepSeek return it.
+    if let Some(r) = reasoning {
+        m["reasoning_content"] = Value::String(r);
     }
     m
 }
@@ -171,6 +177,7 @@ impl CallDeltas {
         let mut out = Vec::new();
         for p in pieces {
             match p {
+                Piece::Thinking(t) => out.push(json!({"reasoning_content": t})),
                 Piece::Text(t) => out.push(json!({"content": t})),
                 Piece::CallStart { name } => {
                     out.push(json!({"tool_calls": [{

@@ -2747,6 +2747,9 @@ impl<'a> GenerateRequest<'a> {
   pub const VT_ADAPTER: ::flatbuffers::VOffsetT = 32;
   pub const VT_TOP_LOGPROBS: ::flatbuffers::VOffsetT = 34;
   pub const VT_PROMPT_LOGPROBS: ::flatbuffers::VOffsetT = 36;
+  pub const VT_THINK_BUDGET: ::flatbuffers::VOffsetT = 38;
+  pub const VT_THINK_END: ::flatbuffers::VOffsetT = 40;
+  pub const VT_THINK_CLOSE: ::flatbuffers::VOffsetT = 42;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2759,6 +2762,9 @@ impl<'a> GenerateRequest<'a> {
   ) -> ::flatbuffers::WIPOffset<GenerateRequest<'bldr>> {
     let mut builder = GenerateRequestBuilder::new(_fbb);
     builder.add_cache_salt(args.cache_salt);
+    if let Some(x) = args.think_close { builder.add_think_close(x); }
+    if let Some(x) = args.think_end { builder.add_think_end(x); }
+    builder.add_think_budget(args.think_budget);
     if let Some(x) = args.adapter { builder.add_adapter(x); }
     if let Some(x) = args.resume_tokens { builder.add_resume_tokens(x); }
     if let Some(x) = args.grammar { builder.add_grammar(x); }
@@ -2925,6 +2931,31 @@ impl<'a> GenerateRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(GenerateRequest::VT_PROMPT_LOGPROBS, Some(false)).unwrap()}
   }
+  /// A thinking budget (protocol 1.11): once this many output tokens are spent and `think_end` has not appeared in
+  /// the answer's text, the worker writes `think_close` (token ids) next, closing the section. 0: no budget.
+  #[inline]
+  pub fn think_budget(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(GenerateRequest::VT_THINK_BUDGET, Some(0)).unwrap()}
+  }
+  /// The text that ends the thinking section (`</think>`), at most 64 bytes.
+  #[inline]
+  pub fn think_end(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(GenerateRequest::VT_THINK_END, None)}
+  }
+  /// The tokens that close it by force (at most 32).
+  #[inline]
+  pub fn think_close(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(GenerateRequest::VT_THINK_CLOSE, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
@@ -2950,6 +2981,9 @@ impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<AdapterRef>>("adapter", Self::VT_ADAPTER, false)?
      .visit_field::<u8>("top_logprobs", Self::VT_TOP_LOGPROBS, false)?
      .visit_field::<bool>("prompt_logprobs", Self::VT_PROMPT_LOGPROBS, false)?
+     .visit_field::<u32>("think_budget", Self::VT_THINK_BUDGET, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("think_end", Self::VT_THINK_END, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("think_close", Self::VT_THINK_CLOSE, false)?
      .finish();
     Ok(())
   }
@@ -2972,6 +3006,9 @@ pub struct GenerateRequestArgs<'a> {
     pub adapter: Option<::flatbuffers::WIPOffset<AdapterRef<'a>>>,
     pub top_logprobs: u8,
     pub prompt_logprobs: bool,
+    pub think_budget: u32,
+    pub think_end: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub think_close: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
 }
 impl<'a> Default for GenerateRequestArgs<'a> {
   #[inline]
@@ -2994,6 +3031,9 @@ impl<'a> Default for GenerateRequestArgs<'a> {
       adapter: None,
       top_logprobs: 0,
       prompt_logprobs: false,
+      think_budget: 0,
+      think_end: None,
+      think_close: None,
     }
   }
 }
@@ -3072,6 +3112,18 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GenerateRequestBuilder<'a, 'b
     self.fbb_.push_slot::<bool>(GenerateRequest::VT_PROMPT_LOGPROBS, prompt_logprobs, false);
   }
   #[inline]
+  pub fn add_think_budget(&mut self, think_budget: u32) {
+    self.fbb_.push_slot::<u32>(GenerateRequest::VT_THINK_BUDGET, think_budget, 0);
+  }
+  #[inline]
+  pub fn add_think_end(&mut self, think_end: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GenerateRequest::VT_THINK_END, think_end);
+  }
+  #[inline]
+  pub fn add_think_close(&mut self, think_close: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GenerateRequest::VT_THINK_CLOSE, think_close);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GenerateRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GenerateRequestBuilder {
@@ -3108,6 +3160,9 @@ impl ::core::fmt::Debug for GenerateRequest<'_> {
       ds.field("adapter", &self.adapter());
       ds.field("top_logprobs", &self.top_logprobs());
       ds.field("prompt_logprobs", &self.prompt_logprobs());
+      ds.field("think_budget", &self.think_budget());
+      ds.field("think_end", &self.think_end());
+      ds.field("think_close", &self.think_close());
       ds.finish()
   }
 }

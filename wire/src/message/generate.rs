@@ -100,7 +100,25 @@ pub struct GenerateRequest {
     pub top_logprobs: u8,
     /// The prompt's log-probabilities too (protocol 1.11), in chunks with `prompt_start` before the first output.
     pub prompt_logprobs: bool,
+    /// A thinking budget (protocol 1.11): `None` for none.
+    pub think: Option<ThinkBudget>,
 }
+
+/// A thinking section closed by force once its budget is spent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ThinkBudget {
+    /// Output tokens the section may take (at least 1).
+    pub budget: u32,
+    /// The text that ends it (`</think>`); once it appears the budget no longer applies.
+    pub end: String,
+    /// The tokens written to close it when the budget is spent.
+    pub close: Vec<u32>,
+}
+
+/// Longest `ThinkBudget::end`, in bytes.
+pub const MAX_THINK_END: usize = 64;
+/// Most `ThinkBudget::close` tokens.
+pub const MAX_THINK_CLOSE: usize = 32;
 
 /// Most alternatives per token a request may ask for (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: u8 = 20;
@@ -152,6 +170,20 @@ impl GenerateRequest {
         if self.top_logprobs > MAX_TOP_LOGPROBS {
             return Err(invalid("GenerateRequest.top_logprobs", format!("at most {MAX_TOP_LOGPROBS}")));
         }
+        if let Some(t) = &self.think
+            && (t.budget == 0
+                || t.end.is_empty()
+                || t.end.len() > MAX_THINK_END
+                || t.close.is_empty()
+                || t.close.len() > MAX_THINK_CLOSE)
+        {
+            return Err(invalid(
+                "GenerateRequest.think_budget",
+                format!(
+                    "a budget of at least 1, an end of 1 to {MAX_THINK_END} bytes and 1 to {MAX_THINK_CLOSE} closing tokens"
+                ),
+            ));
+        }
         if (self.top_logprobs > 0 || self.prompt_logprobs) && !self.logprobs {
             return Err(invalid("GenerateRequest.logprobs", "top_logprobs and prompt_logprobs need logprobs"));
         }
@@ -172,6 +204,8 @@ impl GenerateRequest {
         let grammar = (!self.grammar.is_empty()).then(|| fbb.create_string(&self.grammar));
         let resume_tokens = (!self.resume_tokens.is_empty()).then(|| fbb.create_vector(&self.resume_tokens));
         let adapter = self.adapter.as_ref().map(|a| a.write(fbb));
+        let think_end = self.think.as_ref().map(|t| fbb.create_string(&t.end));
+        let think_close = self.think.as_ref().map(|t| fbb.create_vector(&t.close));
         fb::GenerateRequest::create(
             fbb,
             &fb::GenerateRequestArgs {
@@ -192,6 +226,9 @@ impl GenerateRequest {
                 adapter,
                 top_logprobs: self.top_logprobs,
                 prompt_logprobs: self.prompt_logprobs,
+                think_budget: self.think.as_ref().map_or(0, |t| t.budget),
+                think_end,
+                think_close,
             },
         )
     }
@@ -226,6 +263,18 @@ impl GenerateRequest {
             adapter: AdapterRef::read("GenerateRequest.adapter", t.adapter())?,
             top_logprobs: t.top_logprobs(),
             prompt_logprobs: t.prompt_logprobs(),
+            think: match t.think_budget() {
+                0 => None,
+                budget => {
+                    let close = t.think_close().unwrap_or_default();
+                    check::count("GenerateRequest.think_close", close.len(), MAX_THINK_CLOSE)?;
+                    Some(ThinkBudget {
+                        budget,
+                        end: t.think_end().unwrap_or_default().to_owned(),
+                        close: close.iter().collect(),
+                    })
+                }
+            },
         };
         msg.check()?;
         Ok(msg)

@@ -30,7 +30,10 @@ pub use control::{
 };
 pub use enroll::{CertificateIssued, CertificateRequest, MAX_CERT_PEM_LEN, MAX_CSR_LEN};
 pub use error::{Cancel, ErrorCode, WireError};
-pub use generate::{Finish, GenerateRequest, MAX_TOP_LOGPROBS, Prompt, SamplingParams, StopReason, TokenChunk, Usage};
+pub use generate::{
+    Finish, GenerateRequest, MAX_THINK_CLOSE, MAX_THINK_END, MAX_TOP_LOGPROBS, Prompt, SamplingParams, StopReason,
+    ThinkBudget, TokenChunk, Usage,
+};
 pub use ledger::{
     BudgetAsk, BudgetGrant, FrontendGrant, FrontendReport, MAX_REPORT_ITEMS, RateAsk, RateGrant, UsageDelta,
 };

@@ -101,6 +101,7 @@ pub(crate) fn samples() -> Vec<Message> {
             adapter: None,
             top_logprobs: 2,
             prompt_logprobs: true,
+            think: Some(ThinkBudget { budget: 512, end: "</think>".into(), close: vec![198, 151668, 271] }),
         }),
         Message::GenerateRequest(GenerateRequest {
             request_id: "req_02".into(),
@@ -119,6 +120,7 @@ pub(crate) fn samples() -> Vec<Message> {
             adapter: None,
             top_logprobs: 0,
             prompt_logprobs: false,
+            think: None,
         }),
         Message::TokenChunk(TokenChunk {
             token_ids: vec![504, 3],

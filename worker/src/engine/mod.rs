@@ -4,6 +4,7 @@ pub mod actor;
 pub mod backend;
 pub mod logprobs;
 pub mod state;
+pub mod think;
 
 pub use actor::{EngineGone, EngineHandle, Generation, Published};
 pub use logprobs::Logprob;

@@ -51,6 +51,8 @@ pub struct Request {
     pub resume: Vec<u32>,
     /// The LoRA adapter it runs with (`None`: the base model).
     pub adapter: Option<RequestAdapter>,
+    /// A thinking section closed by force once its budget is spent (`None`: no budget).
+    pub think: Option<zl_wire::message::ThinkBudget>,
 }
 
 /// A LoRA adapter a request runs with.
@@ -75,6 +77,7 @@ impl Request {
             logprobs: false,
             top_logprobs: 0,
             prompt_logprobs: false,
+            think: None,
             speculate: 0,
             constraint: None,
             cache_salt: None,
@@ -188,6 +191,8 @@ struct SeqState {
     closing: std::collections::VecDeque<u32>,
     /// The LoRA adapter its rows add.
     adapter: Option<std::sync::Arc<LoraAdapter>>,
+    /// Its thinking budget, while the section is open.
+    think: Option<crate::engine::think::Think>,
 }
 
 /// Why an engine could not start.
@@ -312,7 +317,8 @@ impl EngineCore {
             None => req.cache_salt,
         };
         let prompt_len = req.prompt.len() as u32;
-        let speculate = if req.constraint.is_some() { 0 } else { req.speculate };
+        // Constrained and budgeted requests do not speculate: every draft would need its own mask.
+        let speculate = if req.constraint.is_some() || req.think.is_some() { 0 } else { req.speculate };
         let mut st = SeqState {
             sampling: req.sampling,
             logprobs: req.logprobs.then(|| LogprobWants {
@@ -330,6 +336,7 @@ impl EngineCore {
             accepted: 0,
             constraint: req.constraint,
             closing: Default::default(),
+            think: req.think.map(crate::engine::think::Think::new),
             adapter: req.adapter.map(|a| a.adapter),
         };
         // A migration: the tokens already produced go through the sequence's state as they did on the worker that
@@ -430,7 +437,7 @@ impl EngineCore {
         let constrained: Vec<SeqId> = plan
             .items
             .iter()
-            .filter(|it| it.sample && self.seqs.get(&it.seq).is_some_and(|st| st.constraint.is_some()))
+            .filter(|it| it.sample && self.seqs.get(&it.seq).is_some_and(forced))
             .map(|it| it.seq)
             .collect();
         let (model, backend, seqs) = (&self.model, &mut self.backend, &mut self.seqs);
@@ -622,6 +629,9 @@ fn advance(st: &mut SeqState, tokenizer: &TextTokenizer, s: u32) -> Advance {
         return Advance { emit: None, end: Some((StopReason::EndTurn, None)) };
     }
     let delta = st.detok.push(tokenizer, s).unwrap_or_default();
+    if let Some(t) = st.think.as_mut() {
+        t.read(&delta);
+    }
     let stop = st.stop.push(&delta);
     let end = if let Some(matched) = stop.stopped {
         Some((StopReason::StopSequence, Some(matched)))
@@ -685,15 +695,25 @@ fn masks(
         let Some(st) = seqs.get_mut(&seq) else { continue };
         let started = std::time::Instant::now();
         closing_for(st);
-        let Some(c) = st.constraint.as_mut() else { continue };
-        let mask = match st.closing.front() {
-            Some(&token) => Ok(zl_grammar::Mask::only(token, vocab)),
-            None => c.mask(),
+        if let Some(close) = st.think.as_mut().and_then(|t| t.due(st.generated)) {
+            metrics::counter!("zl_worker_thinking_closed_total").increment(1);
+            st.closing = close.into();
+        }
+        let mask = match (st.closing.front(), st.constraint.as_mut()) {
+            (Some(&token), _) => Ok(zl_grammar::Mask::only(token, vocab)),
+            (None, Some(c)) => c.mask(),
+            (None, None) => continue,
         };
         out.insert(seq, mask);
         metrics::histogram!("zl_worker_grammar_mask_seconds").record(started.elapsed().as_secs_f64());
     }
     out
+}
+
+/// Whether a sequence's next token may be forced or masked: it has a grammar, a closing to write, or a thinking
+/// budget that is spent.
+fn forced(st: &SeqState) -> bool {
+    st.constraint.is_some() || !st.closing.is_empty() || st.think.as_ref().is_some_and(|t| t.spent(st.generated))
 }
 
 /// Leave only the stop tokens possible.
