@@ -73,8 +73,8 @@ const GRAMMAR_MINOR: u16 = 3;
 const RESUME_MINOR: u16 = 6;
 /// The protocol minor version from which workers apply `GenerateRequest.adapter`.
 const ADAPTER_MINOR: u16 = 8;
-/// The first protocol minor with top log-probabilities and the prompt's.
-const LOGPROBS_MINOR: u16 = 11;
+/// The first protocol minor with top log-probabilities and the prompt's, thinking budgets and penalties.
+const SAMPLING_MINOR: u16 = 11;
 
 /// Per-call deadline for control calls to workers (model cards): a worker loading another model may take a few
 /// seconds to answer, and a card is fetched once per model and cached.
@@ -314,12 +314,15 @@ impl Upstream for QuicUpstream {
             // What the request needs of the worker's protocol: a worker older than 1.3 ignores the grammar and
             // would answer unconstrained; one older than 1.6 ignores the tokens to resume after and would start the
             // answer over (the client would get its beginning twice); one older than 1.8 ignores the LoRA adapter and
-            // would answer from the base; one older than 1.11 ignores top and prompt log-probabilities.
+            // would answer from the base; one older than 1.11 ignores top and prompt log-probabilities, thinking
+            // budgets and penalties.
             let needs = [
                 (!request.grammar.is_empty(), GRAMMAR_MINOR, "constrain decoding"),
                 (!request.resume_tokens.is_empty(), RESUME_MINOR, "resume a migrated request"),
                 (request.adapter.is_some(), ADAPTER_MINOR, "apply a LoRA adapter"),
-                (request.top_logprobs > 0 || request.prompt_logprobs, LOGPROBS_MINOR, "send top or prompt logprobs"),
+                (request.top_logprobs > 0 || request.prompt_logprobs, SAMPLING_MINOR, "send top or prompt logprobs"),
+                (request.think.is_some(), SAMPLING_MINOR, "enforce a thinking budget"),
+                (request.penalties.is_some(), SAMPLING_MINOR, "apply penalties and logit_bias"),
             ];
             let stream = self.client.stream(to, Role::Worker, Message::GenerateRequest(request)).await?;
             // Such a call is dropped (which cancels it) and the request goes to another worker (during a rolling

@@ -195,8 +195,29 @@ def check_openai_completions_and_logprobs():
     assert "suffix" in e.message and e.body["param"] == "suffix", e.body
     e = expect(openai.BadRequestError, lambda: client.completions.create(model=MODEL, prompt=[3, 99999999]))
     assert "vocabulary" in e.message, e.message
-    e = expect(openai.BadRequestError, lambda: client.completions.create(model=MODEL, prompt="x", frequency_penalty=1))
+    e = expect(openai.BadRequestError, lambda: client.completions.create(model=MODEL, prompt="x", frequency_penalty=3))
     assert e.body["param"] == "frequency_penalty", e.body
+
+    # Penalties as specified: with the raw log-probabilities reported, every greedy token is the best of its
+    # alternatives once each is lowered by 1.5 per earlier output and 0.5 once output at all.
+    pen = client.completions.create(
+        model=MODEL, prompt="one one one one one one one", max_tokens=12, temperature=0, logprobs=20,
+        frequency_penalty=1.5, presence_penalty=0.5,
+    )
+    plp, counts = pen.choices[0].logprobs, {}
+    for tok, top in zip(plp.tokens, plp.top_logprobs):
+        adjusted = {t: v - 1.5 * counts.get(t, 0) - (0.5 if counts.get(t) else 0.0) for t, v in top.items()}
+        assert tok in top and adjusted[tok] >= max(adjusted.values()) - 1e-4, (tok, adjusted)
+        counts[tok] = counts.get(tok, 0) + 1
+    unpenalized = client.completions.create(model=MODEL, prompt="one one one one one one one", max_tokens=12, temperature=0)
+    assert unpenalized.choices[0].text != pen.choices[0].text, (unpenalized.choices[0].text, pen.choices[0].text)
+    # A bias of +100 makes one token the whole answer; a token id outside the vocabulary is refused.
+    biased = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=5, temperature=0.9, seed=1, logprobs=1, logit_bias={"1000": 100}
+    )
+    assert len(set(biased.choices[0].logprobs.tokens)) == 1 and len(biased.choices[0].logprobs.tokens) == 5, biased
+    e = expect(openai.BadRequestError, lambda: client.completions.create(model=MODEL, prompt="x", logit_bias={"99999999": 1}))
+    assert "vocabulary" in e.message, e.message
 
     # Chat with logprobs and top_logprobs, complete and streamed.
     messages = [{"role": "system", "content": SYSTEM}] + QUESTION

@@ -139,6 +139,7 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
         top_logprobs: 0,
         prompt_logprobs: false,
         think: None,
+        penalties: None,
     });
     let endpoint: SocketAddr = decision.endpoint.parse().unwrap();
     let mut stream = fe.stream(endpoint, Role::Worker, generate).await.unwrap();

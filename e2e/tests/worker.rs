@@ -38,6 +38,7 @@ fn generate(id: &str, prompt: &str, max_tokens: u32) -> Message {
         top_logprobs: 0,
         prompt_logprobs: false,
         think: None,
+        penalties: None,
     })
 }
 

@@ -159,6 +159,7 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
         raw: None,
         prefill,
         thinking,
+        penalties: None,
         logprobs: None,
     })
 }

@@ -61,26 +61,6 @@ fn prompt(f: &Fields<'_>) -> Result<RawPrompt, ApiError> {
     Ok(one)
 }
 
-/// Fields whose non-default values this server does not apply: refused by name rather than ignored.
-pub(crate) fn refuse_unapplied(f: &Fields<'_>) -> Result<(), ApiError> {
-    for (name, neutral) in [("frequency_penalty", 0.0), ("presence_penalty", 0.0), ("repetition_penalty", 1.0)] {
-        if let Some(v) = f.number(name, -2.0, 2.0)?
-            && v != neutral
-        {
-            return Err(ApiError::invalid_param(name, format!("{name}: not supported by this server yet")));
-        }
-    }
-    if f.number("min_p", 0.0, 1.0)?.is_some_and(|p| p > 0.0) {
-        return Err(ApiError::invalid_param("min_p", "min_p: not supported by this server yet"));
-    }
-    match f.get("logit_bias") {
-        None => {}
-        Some(Value::Object(m)) if m.is_empty() => {}
-        Some(_) => return Err(ApiError::invalid_param("logit_bias", "logit_bias: not supported by this server yet")),
-    }
-    Ok(())
-}
-
 /// Parse a `POST /v1/completions` body.
 pub fn parse(body: &Value) -> Result<(GenRequest, Options), ApiError> {
     let f = Fields::of(body)?;
@@ -97,7 +77,7 @@ pub fn parse(body: &Value) -> Result<(GenRequest, Options), ApiError> {
             return Err(ApiError::invalid_param(name, format!("{name}: only 1 is supported")));
         }
     }
-    refuse_unapplied(&f)?;
+    let penalties = crate::request::penalties(&f)?;
     let max_tokens = f.integer("max_tokens", 1, u64::from(u32::MAX))?.map_or(DEFAULT_MAX_TOKENS, |m| m as u32);
     let temperature = f.number("temperature", 0.0, 2.0)?.unwrap_or(1.0) as f32;
     let top_p = match f.number("top_p", 0.0, 1.0)? {
@@ -129,6 +109,7 @@ pub fn parse(body: &Value) -> Result<(GenRequest, Options), ApiError> {
         raw: Some(raw),
         prefill: None,
         thinking: Default::default(),
+        penalties,
         logprobs,
     };
     Ok((req, Options { echo, include_usage }))
@@ -349,15 +330,25 @@ mod tests {
     }
 
     #[test]
+    fn penalties_and_biases_are_read_as_openai_defines_them() {
+        let (r, _) = with(json!({"frequency_penalty": 0.5, "presence_penalty": -1, "logit_bias": {"50": -100, "7": 3.5}, "min_p": 0.1})).unwrap();
+        let p = r.penalties.unwrap();
+        assert_eq!((p.frequency, p.presence, p.min_p), (0.5, -1.0, 0.1));
+        assert_eq!(p.logit_bias, vec![(7, 3.5), (50, -100.0)]);
+        assert_eq!(with(json!({"frequency_penalty": 0, "logit_bias": {}})).unwrap().0.penalties, None);
+    }
+
+    #[test]
     fn what_it_cannot_honour_is_refused_by_name() {
         let param = |extra: Value| with(extra).unwrap_err().param.unwrap();
         assert_eq!(param(json!({"suffix": "end"})), "suffix");
         assert_eq!(param(json!({"n": 2})), "n");
         assert_eq!(param(json!({"best_of": 3})), "best_of");
-        assert_eq!(param(json!({"frequency_penalty": 0.5})), "frequency_penalty");
-        assert_eq!(param(json!({"presence_penalty": -1})), "presence_penalty");
-        assert_eq!(param(json!({"logit_bias": {"50256": -100}})), "logit_bias");
-        assert_eq!(param(json!({"min_p": 0.1})), "min_p");
+        assert_eq!(param(json!({"frequency_penalty": 2.5})), "frequency_penalty");
+        assert_eq!(param(json!({"repetition_penalty": 1.1})), "repetition_penalty");
+        assert_eq!(param(json!({"logit_bias": {"x": -100}})), "logit_bias");
+        assert_eq!(param(json!({"logit_bias": {"5": -101}})), "logit_bias");
+        assert_eq!(param(json!({"min_p": 1.5})), "min_p");
         assert_eq!(param(json!({"logprobs": 21})), "logprobs");
         assert_eq!(param(json!({"prompt": ["a", "b"]})), "prompt");
         assert_eq!(param(json!({"prompt": ""})), "prompt");

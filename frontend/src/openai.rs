@@ -57,7 +57,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     }
     let logprobs = logprob_request(&f)?;
     let thinking = thinking(&f)?;
-    crate::completions::refuse_unapplied(&f)?;
+    let penalties = crate::request::penalties(&f)?;
     // vLLM's extra sampling field, which this server applies as the Messages API's `top_k`.
     let top_k = f.integer("top_k", 0, u64::from(u32::MAX))?.unwrap_or(0) as u32;
     let messages = match f.get("messages") {
@@ -199,6 +199,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
             raw: None,
             prefill,
             thinking,
+            penalties,
             logprobs,
         },
         include_usage,
@@ -314,23 +315,14 @@ pub(crate) fn usage(f: &FinishInfo) -> Value {
     })
 }
 
-/// The non-streaming `chat.completion`.
-pub fn completion(
-    id: &str,
-    created: u64,
-    model: &str,
-    fingerprint: &str,
-    message: Value,
-    logprobs: Value,
-    called: bool,
-    f: &FinishInfo,
-) -> Value {
+/// The non-streaming `chat.completion` of a response with `head`'s id, time, model and fingerprint.
+pub fn completion(head: &ChatCompletions, message: Value, logprobs: Value, called: bool, f: &FinishInfo) -> Value {
     json!({
-        "id": id,
+        "id": head.id,
         "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "system_fingerprint": fingerprint,
+        "created": head.created,
+        "model": head.model,
+        "system_fingerprint": head.fingerprint,
         "choices": [{
             "index": 0,
             "message": message,
@@ -497,7 +489,7 @@ impl Dialect for ChatCompletions {
             Some(_) => crate::logprobs::chat_object(std::mem::take(&mut self.entries)),
             None => Value::Null,
         };
-        completion(&self.id, self.created, &self.model, &self.fingerprint, message, logprobs, called, finish)
+        completion(self, message, logprobs, called, finish)
     }
 }
 

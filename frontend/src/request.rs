@@ -127,6 +127,43 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// OpenAI's logit adjustments (`frequency_penalty`, `presence_penalty`, `logit_bias`) and vLLM's `min_p`, applied by
+/// the workers; `None` when all are neutral. vLLM's `repetition_penalty` is refused by name unless 1: its
+/// semantics (over the prompt's tokens too) are not served.
+pub(crate) fn penalties(f: &Fields<'_>) -> Result<Option<zl_wire::message::Penalties>, ApiError> {
+    let frequency = f.number("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32;
+    let presence = f.number("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32;
+    let min_p = f.number("min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32;
+    if f.number("repetition_penalty", 0.0, 10.0)?.is_some_and(|r| r != 1.0) {
+        return Err(ApiError::invalid_param(
+            "repetition_penalty",
+            "repetition_penalty: not supported by this server (use frequency_penalty or presence_penalty)",
+        ));
+    }
+    let bad = |m: String| ApiError::invalid_param("logit_bias", format!("logit_bias: {m}"));
+    let mut logit_bias = Vec::new();
+    match f.get("logit_bias") {
+        None => {}
+        Some(Value::Object(map)) => {
+            if map.len() > zl_wire::message::MAX_LOGIT_BIAS {
+                return Err(bad(format!("at most {} entries", zl_wire::message::MAX_LOGIT_BIAS)));
+            }
+            for (k, v) in map {
+                let id: u32 = k.parse().map_err(|_| bad(format!("{k:?} is not a token id")))?;
+                let bias = v
+                    .as_f64()
+                    .filter(|b| (-100.0..=100.0).contains(b))
+                    .ok_or_else(|| bad(format!("the bias of {k} must be a number from -100 to 100")))?;
+                logit_bias.push((id, bias as f32));
+            }
+            logit_bias.sort_by_key(|b| b.0);
+        }
+        Some(_) => return Err(bad("expected an object of token ids to biases".into())),
+    }
+    let p = zl_wire::message::Penalties { frequency, presence, min_p, logit_bias };
+    Ok((!p.is_neutral()).then_some(p))
+}
+
 /// 2^64 as an f64: the first integral float a u64 cannot hold.
 const U64_LIMIT: f64 = 18_446_744_073_709_551_616.0;
 

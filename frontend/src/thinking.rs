@@ -35,8 +35,6 @@ enum State {
 pub struct Splitter {
     state: State,
     held: String,
-    /// Text of the section so far (for its signature).
-    thought: String,
 }
 
 impl Splitter {
@@ -44,7 +42,7 @@ impl Splitter {
     /// that end the generation prompt with `<think>`).
     pub fn new(inside: bool) -> Self {
         let state = if inside { State::Inside } else { State::Before };
-        Splitter { state, held: String::new(), thought: String::new() }
+        Splitter { state, held: String::new() }
     }
 
     /// The parts of the next delta.
@@ -105,15 +103,8 @@ impl Splitter {
 
     fn emit_thinking(&mut self, text: String, out: &mut Vec<Part>) {
         if !text.is_empty() {
-            self.thought.push_str(&text);
             out.push(Part::Thinking(text));
         }
-    }
-
-    /// An opaque signature of the section's text (clients send it back with the block; this server keeps no
-    /// state to check it against and ignores thinking blocks it is sent).
-    pub fn signature(&self) -> String {
-        signature(self.thought.trim())
     }
 }
 
@@ -141,12 +132,6 @@ fn piece(part: Part, calls: &mut crate::tools::calls::Splitter) -> Vec<Piece> {
         Part::Thinking(t) => vec![Piece::Thinking(t)],
         Part::Answer(a) => calls.push(&a),
     }
-}
-
-/// An opaque signature of a thinking text: FNV-1a, hex.
-pub fn signature(text: &str) -> String {
-    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
-    format!("zl1{hash:016x}")
 }
 
 #[cfg(test)]
@@ -189,12 +174,5 @@ mod tests {
         assert_eq!(split(false, &["<think>still going </th"]), ("still going </th".into(), String::new()));
         // A held-back prefix of the opening marker that never completes is answer text.
         assert_eq!(split(false, &["<th"]), (String::new(), "<th".into()));
-    }
-
-    #[test]
-    fn signatures_are_stable_and_differ_by_text() {
-        assert_eq!(signature("a"), signature("a"));
-        assert_ne!(signature("a"), signature("b"));
-        assert!(signature("").starts_with("zl1"));
     }
 }

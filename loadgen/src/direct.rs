@@ -84,6 +84,7 @@ impl DirectWorker {
                     top_logprobs: 0,
                     prompt_logprobs: false,
                     think: None,
+                    penalties: None,
                 };
                 rec.request_id = Some(request.request_id.clone());
                 rec.worker = Some(self.endpoint.clone());

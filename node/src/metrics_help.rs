@@ -150,6 +150,7 @@ pub const HELP: &[(&str, &str)] = &[
     ("zl_worker_resumed_tokens_total", "Output tokens of migrated requests this worker resumed after"),
     ("zl_worker_running_sequences", "Sequences running"),
     ("zl_worker_step_seconds", "Duration of one batched model step, seconds"),
+    ("zl_worker_thinking_closed_total", "Thinking sections closed by their token budget"),
     ("zl_worker_time_per_output_token_seconds", "Time per output token, seconds"),
     ("zl_worker_tokens_per_second", "Output tokens per second over the last report interval"),
     ("zl_workers", "Workers known to the orchestrator, by state"),

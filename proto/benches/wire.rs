@@ -149,6 +149,7 @@ async fn quic(calls: usize, frames: u32) {
         top_logprobs: 0,
         prompt_logprobs: false,
         think: None,
+        penalties: None,
     });
     let started = Instant::now();
     let mut stream = client.stream(addr, Role::Worker, generate).await.unwrap();

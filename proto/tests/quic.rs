@@ -163,6 +163,7 @@ fn generate(request_id: &str, max_tokens: u32, prompt: Vec<u32>) -> Message {
         top_logprobs: 0,
         prompt_logprobs: false,
         think: None,
+        penalties: None,
     })
 }
 

@@ -259,6 +259,15 @@ impl WorkerService {
                 ));
             }
         }
+        if let Some(p) = &g.penalties {
+            let vocab = model.config.vocab as u32;
+            if let Some((bad, _)) = p.logit_bias.iter().find(|(id, _)| *id >= vocab) {
+                return Err(WireError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("logit_bias: token {bad} is not in the model's vocabulary of {vocab}"),
+                ));
+            }
+        }
         let seed = g.sampling.seed.unwrap_or_else(|| self.seeds.fetch_add(0x9e37_79b9, Ordering::Relaxed));
         let req = Request {
             prompt,
@@ -274,6 +283,7 @@ impl WorkerService {
             top_logprobs: g.top_logprobs,
             prompt_logprobs: g.prompt_logprobs,
             think: g.think,
+            penalties: g.penalties,
             speculate: model.speculation.drafts_for(g.streaming_predicted),
             constraint,
             cache_salt: (g.cache_salt != 0).then_some(g.cache_salt),

@@ -41,6 +41,7 @@ fn request(engine: &EngineCore, grammars: &zl_grammar::Engine, user: &str, gramm
         top_logprobs: 0,
         prompt_logprobs: false,
         think: None,
+        penalties: None,
         speculate: 4,
         constraint: Some(grammars.start(grammar).unwrap()),
         cache_salt: None,

@@ -84,6 +84,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
         top_logprobs: 4,
         prompt_logprobs: false,
         think: None,
+        penalties: None,
         speculate: 0,
         constraint: None,
         cache_salt: None,

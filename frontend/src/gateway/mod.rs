@@ -8,21 +8,24 @@ mod admission;
 mod generation;
 mod migration;
 mod options;
+mod prompt;
+mod request;
 
 pub use options::RequestOptions;
+pub use prompt::tokenize;
+use prompt::{billing_text, fits_in_bytes, prompt_bytes};
+pub use request::{GenRequest, LogprobRequest, RawPrompt, Thinking};
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
-use zl_client::prompt::OfferedTools;
 use zl_common::billing;
 use zl_common::block_hash::adapter_key;
 use zl_common::keys::hex;
 use zl_common::sync::lock;
 use zl_proto::CallError;
-use zl_text::ChatMessage;
 use zl_wire::message::{
     AdapterInfo, ErrorCode, GenerateRequest, Message, NodeId, Prompt, RouteDecision, RouteRequest, SamplingParams,
     ThinkBudget,
@@ -96,86 +99,6 @@ impl Default for GatewayConfig {
     }
 }
 
-/// A generation request, whichever API it came from.
-#[derive(Clone, Debug, PartialEq)]
-pub struct GenRequest {
-    /// Model id or alias.
-    pub model: String,
-    /// System prompt.
-    pub system: Option<String>,
-    /// The conversation, oldest first.
-    pub messages: Vec<ChatMessage>,
-    /// Output limit; `None` fills the context window (OpenAI without `max_tokens`).
-    pub max_tokens: Option<u32>,
-    /// In [0, 2]; 0 is greedy.
-    pub temperature: f32,
-    /// In (0, 1].
-    pub top_p: f32,
-    /// 0 is off.
-    pub top_k: u32,
-    /// Stop sequences.
-    pub stop: Vec<String>,
-    /// Sampling seed.
-    pub seed: Option<u64>,
-    /// Stream the answer.
-    pub stream: bool,
-    /// End-user id, for session affinity.
-    pub user: Option<String>,
-    /// Offered tools, the tool choice and the output format.
-    pub tools: crate::tools::ToolUse,
-    /// The grammar the answer must match (built and checked from `tools` when the request was parsed).
-    pub grammar: Option<String>,
-    /// A prompt given as is (`/v1/completions`): no chat template; `system` and `messages` are empty then.
-    pub raw: Option<RawPrompt>,
-    /// The start of the answer (a final assistant turn the client wrote): the model continues it.
-    pub prefill: Option<String>,
-    /// A reasoning model's thinking section, as asked for.
-    pub thinking: Thinking,
-    /// The log-probabilities asked for.
-    pub logprobs: Option<LogprobRequest>,
-}
-
-/// What a request asks of a reasoning model's thinking section.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Thinking {
-    /// As the model's template has it by default.
-    #[default]
-    Default,
-    /// On, with a budget of output tokens for the section (`None`: unbounded).
-    Enabled(Option<u32>),
-    /// Off (the template's switch).
-    Disabled,
-}
-
-impl Thinking {
-    /// The template's `enable_thinking` switch.
-    fn switch(self) -> Option<bool> {
-        match self {
-            Thinking::Default => None,
-            Thinking::Enabled(_) => Some(true),
-            Thinking::Disabled => Some(false),
-        }
-    }
-}
-
-/// A prompt given as is, without the chat template.
-#[derive(Clone, Debug, PartialEq)]
-pub enum RawPrompt {
-    /// Text, tokenized as it stands (after the model's beginning-of-sequence token, where its file asks for one).
-    Text(String),
-    /// Token ids of the model's tokenizer.
-    Tokens(Vec<u32>),
-}
-
-/// What log-probabilities a request asks for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LogprobRequest {
-    /// Alternatives per position, 0 to 20.
-    pub top: u8,
-    /// The prompt's too (`echo`).
-    pub prompt: bool,
-}
-
 /// The frontend's shared state.
 pub struct Gateway {
     upstream: Arc<dyn Upstream>,
@@ -236,6 +159,8 @@ pub struct Prepared {
     pub thinking: Option<bool>,
     /// Its budget, closed by force when spent.
     pub think: Option<ThinkBudget>,
+    /// Logit adjustments before sampling.
+    pub penalties: Option<zl_wire::message::Penalties>,
 }
 
 impl Gateway {
@@ -450,7 +375,9 @@ impl Gateway {
             }
             _ => None,
         };
-        let GenRequest { model, temperature, top_p, top_k, seed, stop, grammar, stream, user, logprobs, .. } = req;
+        let GenRequest {
+            model, temperature, top_p, top_k, seed, stop, grammar, stream, user, logprobs, penalties, ..
+        } = req;
         Ok(Prepared {
             billing_text,
             model,
@@ -469,6 +396,7 @@ impl Gateway {
             logprobs,
             thinking,
             think,
+            penalties,
         })
     }
 
@@ -565,6 +493,7 @@ impl Gateway {
         // Answers with log-probabilities are not stored: the cache keeps text.
         let cacheable = (p.sampling.temperature == 0.0 || p.sampling.seed.is_some())
             && p.logprobs.is_none()
+            && p.penalties.is_none()
             && lock(&self.cache).enabled();
         let cache_key = (cacheable && !opts.bypass_cache).then_some(input_sha256);
         let (limits, quota) = self.limits_for(key);
@@ -759,6 +688,7 @@ impl Gateway {
             top_logprobs: p.logprobs.map_or(0, |l| l.top),
             prompt_logprobs: p.logprobs.is_some_and(|l| l.prompt),
             think: p.think.clone(),
+            penalties: p.penalties.clone(),
         };
         loop {
             attempt += 1;
@@ -838,81 +768,6 @@ fn retry_elsewhere(e: &CallError) -> bool {
     }
 }
 
-/// Refuse, before any tokenizing, a prompt whose text has more bytes than the model's whole context window can
-/// hold (a token stands for at most [`TextTokenizer::max_token_bytes`] bytes), so a huge body costs a
-/// comparison, not seconds of CPU and gigabytes of token offsets.
-///
-/// [`TextTokenizer::max_token_bytes`]: zl_text::TextTokenizer::max_token_bytes
-fn fits_in_bytes(card: &Card, text_bytes: usize) -> Result<(), ApiError> {
-    let per_token = card.tokenizer.max_token_bytes();
-    let most = (card.context_length as usize).saturating_mul(per_token);
-    if text_bytes > most {
-        return Err(ApiError::invalid(format!(
-            "prompt is too long: {text_bytes} bytes of text cannot fit the {}-token context of {} (a token stands \
-             for at most {per_token} bytes, so at most {most} bytes can fit)",
-            card.context_length, card.model
-        )));
-    }
-    Ok(())
-}
-
-/// The rendered prompt and its tokens (CPU-heavy: run it off the async threads), by zl-client's prompt code.
-/// A request's prompt as the model sees it (the chat template applied) and its tokens: what a worker is sent.
-pub fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), ApiError> {
-    match &req.raw {
-        Some(RawPrompt::Text(text)) => {
-            // As llama.cpp and vLLM tokenize a completion prompt: after the beginning-of-sequence token where the
-            // model's file asks for one (unless the text starts with it).
-            let bos = card.tokenizer.bos_text();
-            let text = if bos.is_empty() || text.starts_with(bos) { text.clone() } else { format!("{bos}{text}") };
-            let tokens = card.tokenizer.encode(&text).map_err(|e| ApiError::invalid(e.to_string()))?;
-            return Ok((text, tokens));
-        }
-        Some(RawPrompt::Tokens(tokens)) => {
-            let vocab = card.tokenizer.vocab_size();
-            if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ApiError::invalid_param(
-                    "prompt",
-                    format!("prompt: token id {bad} is not in the model's vocabulary of {vocab}"),
-                ));
-            }
-            let text = card.tokenizer.decode(tokens).map_err(|e| ApiError::invalid(e.to_string()))?;
-            return Ok((text, tokens.clone()));
-        }
-        None => {}
-    }
-    let tools = req
-        .tools
-        .active()
-        .then(|| OfferedTools { template: req.tools.template_tools(), default_prompt: req.tools.default_prompt() });
-    let invalid = |e: zl_client::prompt::PromptError| ApiError::invalid(e.to_string());
-    let mut prompt = zl_client::prompt::render_thinking(
-        &card.tokenizer,
-        req.system.as_deref(),
-        &req.messages,
-        tools,
-        req.thinking.switch(),
-    )
-    .map_err(invalid)?;
-    // Thinking asked for: the answer opens the section (templates that do not open it leave it to the model).
-    if matches!(req.thinking, Thinking::Enabled(_))
-        && card.tokenizer.has_thinking()
-        && !prompt.trim_end().ends_with(crate::thinking::OPEN)
-    {
-        prompt.push_str(crate::thinking::OPEN);
-        prompt.push('\n');
-    }
-    // A prefilled answer: the assistant's turn is opened by the template, then begins with the client's text.
-    if let Some(prefill) = &req.prefill {
-        prompt.push_str(prefill);
-    }
-    let tokens = card
-        .tokenizer
-        .encode(&prompt)
-        .map_err(|e| ApiError::invalid(format!("the prompt cannot be tokenised: {e}")))?;
-    Ok((prompt, tokens))
-}
-
 /// A rate-limit refusal as the 429 the client gets (with its figures), counted.
 #[allow(clippy::boxed_local)] // the limiter returns refusals boxed; taken as they come
 fn refused(refusal: Box<Refusal>) -> Failure {
@@ -920,30 +775,4 @@ fn refused(refusal: Box<Refusal>) -> Failure {
     let err = ApiError::new(ErrorKind::RateLimit, refusal.message)
         .retry_after(refusal.retry_after.as_secs_f64().ceil() as u64);
     Failure::known(err, refusal.figures)
-}
-
-/// Bytes of text the prompt is made of: system prompt, messages and offered tools.
-fn prompt_bytes(req: &GenRequest) -> usize {
-    match &req.raw {
-        Some(RawPrompt::Text(t)) => return t.len(),
-        // At most four bytes of text a token, checked against the context in tokens once known.
-        Some(RawPrompt::Tokens(t)) => return t.len(),
-        None => {}
-    }
-    req.system.as_ref().map_or(0, String::len)
-        + req.prefill.as_ref().map_or(0, String::len)
-        + req.messages.iter().map(|m| m.content.len()).sum::<usize>()
-        + req.tools.prompt_bytes()
-}
-
-/// The text the billing signals read: the system prompt and every message, in order.
-fn billing_text(system: Option<&str>, messages: &[ChatMessage]) -> String {
-    let mut text = system.unwrap_or_default().to_owned();
-    for m in messages {
-        if !text.is_empty() {
-            text.push('\n');
-        }
-        text.push_str(&m.content);
-    }
-    text
 }

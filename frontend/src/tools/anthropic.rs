@@ -237,13 +237,20 @@ pub fn flatten(content: &Value, field: &str, role: &str, called: &[String]) -> R
     Ok((text, ids))
 }
 
+/// An opaque signature of a thinking block's text: FNV-1a, hex (clients send it back with the block; this server
+/// keeps no state to check it against and leaves thinking blocks it is sent out of the prompt).
+pub fn signature(text: &str) -> String {
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("zl1{hash:016x}")
+}
+
 /// The `content` of a `message`: text blocks and `tool_use` blocks.
 pub fn content(blocks: &[Block]) -> Vec<Value> {
     let mut out: Vec<Value> = blocks
         .iter()
         .map(|b| match b {
             Block::Thinking(t) => {
-                json!({"type": "thinking", "thinking": t, "signature": crate::thinking::signature(t.trim())})
+                json!({"type": "thinking", "thinking": t, "signature": signature(t.trim())})
             }
             Block::Text(t) => json!({"type": "text", "text": t}),
             Block::Call { name, args, valid: true } => json!({
@@ -341,7 +348,7 @@ impl BlockStream {
         self.open = false;
         let mut out = String::new();
         if let Some(thought) = self.thinking.take() {
-            let signature = crate::thinking::signature(thought.trim());
+            let signature = signature(thought.trim());
             out += &event(
                 "content_block_delta",
                 &json!({"type": "content_block_delta", "index": self.opened - 1, "delta": {"type": "signature_delta", "signature": signature}}),

@@ -209,3 +209,11 @@ fn a_grammar_too_large_for_the_wire_is_refused_before_it_compiles() {
     let e = messages(json!({"tools": [big], "tool_choice": {"type": "any"}})).unwrap_err();
     assert!(e.message.contains("too large to enforce"), "{}", e.message);
 }
+
+#[test]
+fn thinking_signatures_are_stable_and_differ_by_text() {
+    use super::anthropic::signature;
+    assert_eq!(signature("a"), signature("a"));
+    assert_ne!(signature("a"), signature("b"));
+    assert!(signature("").starts_with("zl1"));
+}

@@ -2750,6 +2750,7 @@ impl<'a> GenerateRequest<'a> {
   pub const VT_THINK_BUDGET: ::flatbuffers::VOffsetT = 38;
   pub const VT_THINK_END: ::flatbuffers::VOffsetT = 40;
   pub const VT_THINK_CLOSE: ::flatbuffers::VOffsetT = 42;
+  pub const VT_PENALTIES: ::flatbuffers::VOffsetT = 44;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2762,6 +2763,7 @@ impl<'a> GenerateRequest<'a> {
   ) -> ::flatbuffers::WIPOffset<GenerateRequest<'bldr>> {
     let mut builder = GenerateRequestBuilder::new(_fbb);
     builder.add_cache_salt(args.cache_salt);
+    if let Some(x) = args.penalties { builder.add_penalties(x); }
     if let Some(x) = args.think_close { builder.add_think_close(x); }
     if let Some(x) = args.think_end { builder.add_think_end(x); }
     builder.add_think_budget(args.think_budget);
@@ -2956,6 +2958,14 @@ impl<'a> GenerateRequest<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(GenerateRequest::VT_THINK_CLOSE, None)}
   }
+  /// Logit adjustments before sampling (protocol 1.11); absent for none.
+  #[inline]
+  pub fn penalties(&self) -> Option<Penalties<'a>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<Penalties>>(GenerateRequest::VT_PENALTIES, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
@@ -2984,6 +2994,7 @@ impl ::flatbuffers::Verifiable for GenerateRequest<'_> {
      .visit_field::<u32>("think_budget", Self::VT_THINK_BUDGET, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("think_end", Self::VT_THINK_END, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("think_close", Self::VT_THINK_CLOSE, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<Penalties>>("penalties", Self::VT_PENALTIES, false)?
      .finish();
     Ok(())
   }
@@ -3009,6 +3020,7 @@ pub struct GenerateRequestArgs<'a> {
     pub think_budget: u32,
     pub think_end: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub think_close: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub penalties: Option<::flatbuffers::WIPOffset<Penalties<'a>>>,
 }
 impl<'a> Default for GenerateRequestArgs<'a> {
   #[inline]
@@ -3034,6 +3046,7 @@ impl<'a> Default for GenerateRequestArgs<'a> {
       think_budget: 0,
       think_end: None,
       think_close: None,
+      penalties: None,
     }
   }
 }
@@ -3124,6 +3137,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> GenerateRequestBuilder<'a, 'b
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(GenerateRequest::VT_THINK_CLOSE, think_close);
   }
   #[inline]
+  pub fn add_penalties(&mut self, penalties: ::flatbuffers::WIPOffset<Penalties<'b >>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<Penalties>>(GenerateRequest::VT_PENALTIES, penalties);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> GenerateRequestBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     GenerateRequestBuilder {
@@ -3163,6 +3180,178 @@ impl ::core::fmt::Debug for GenerateRequest<'_> {
       ds.field("think_budget", &self.think_budget());
       ds.field("think_end", &self.think_end());
       ds.field("think_close", &self.think_close());
+      ds.field("penalties", &self.penalties());
+      ds.finish()
+  }
+}
+pub enum PenaltiesOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// OpenAI's logit adjustments, applied before sampling (after log-probabilities are read), deterministic and
+/// batch-invariant like the rest of sampling.
+pub struct Penalties<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Penalties<'a> {
+  type Inner = Penalties<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Penalties<'a> {
+  pub const VT_FREQUENCY_PENALTY: ::flatbuffers::VOffsetT = 4;
+  pub const VT_PRESENCE_PENALTY: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MIN_P: ::flatbuffers::VOffsetT = 8;
+  pub const VT_LOGIT_BIAS_IDS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_LOGIT_BIAS_VALUES: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Penalties { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args PenaltiesArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<Penalties<'bldr>> {
+    let mut builder = PenaltiesBuilder::new(_fbb);
+    if let Some(x) = args.logit_bias_values { builder.add_logit_bias_values(x); }
+    if let Some(x) = args.logit_bias_ids { builder.add_logit_bias_ids(x); }
+    builder.add_min_p(args.min_p);
+    builder.add_presence_penalty(args.presence_penalty);
+    builder.add_frequency_penalty(args.frequency_penalty);
+    builder.finish()
+  }
+
+
+  /// Subtracted from a token's logit once per time it was output, in [-2, 2].
+  #[inline]
+  pub fn frequency_penalty(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(Penalties::VT_FREQUENCY_PENALTY, Some(0.0)).unwrap()}
+  }
+  /// Subtracted from a token's logit once it was output at all, in [-2, 2].
+  #[inline]
+  pub fn presence_penalty(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(Penalties::VT_PRESENCE_PENALTY, Some(0.0)).unwrap()}
+  }
+  /// Keep only tokens whose probability (after temperature) is at least this share of the likeliest's, in [0, 1].
+  #[inline]
+  pub fn min_p(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(Penalties::VT_MIN_P, Some(0.0)).unwrap()}
+  }
+  /// Token ids with a bias added to their logits (at most 1024, each once).
+  #[inline]
+  pub fn logit_bias_ids(&self) -> Option<::flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(Penalties::VT_LOGIT_BIAS_IDS, None)}
+  }
+  /// The biases, one per id, in [-100, 100].
+  #[inline]
+  pub fn logit_bias_values(&self) -> Option<::flatbuffers::Vector<'a, f32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, f32>>>(Penalties::VT_LOGIT_BIAS_VALUES, None)}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Penalties<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<f32>("frequency_penalty", Self::VT_FREQUENCY_PENALTY, false)?
+     .visit_field::<f32>("presence_penalty", Self::VT_PRESENCE_PENALTY, false)?
+     .visit_field::<f32>("min_p", Self::VT_MIN_P, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("logit_bias_ids", Self::VT_LOGIT_BIAS_IDS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, f32>>>("logit_bias_values", Self::VT_LOGIT_BIAS_VALUES, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct PenaltiesArgs<'a> {
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub min_p: f32,
+    pub logit_bias_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+    pub logit_bias_values: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, f32>>>,
+}
+impl<'a> Default for PenaltiesArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    PenaltiesArgs {
+      frequency_penalty: 0.0,
+      presence_penalty: 0.0,
+      min_p: 0.0,
+      logit_bias_ids: None,
+      logit_bias_values: None,
+    }
+  }
+}
+
+pub struct PenaltiesBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> PenaltiesBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_frequency_penalty(&mut self, frequency_penalty: f32) {
+    self.fbb_.push_slot::<f32>(Penalties::VT_FREQUENCY_PENALTY, frequency_penalty, 0.0);
+  }
+  #[inline]
+  pub fn add_presence_penalty(&mut self, presence_penalty: f32) {
+    self.fbb_.push_slot::<f32>(Penalties::VT_PRESENCE_PENALTY, presence_penalty, 0.0);
+  }
+  #[inline]
+  pub fn add_min_p(&mut self, min_p: f32) {
+    self.fbb_.push_slot::<f32>(Penalties::VT_MIN_P, min_p, 0.0);
+  }
+  #[inline]
+  pub fn add_logit_bias_ids(&mut self, logit_bias_ids: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Penalties::VT_LOGIT_BIAS_IDS, logit_bias_ids);
+  }
+  #[inline]
+  pub fn add_logit_bias_values(&mut self, logit_bias_values: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , f32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Penalties::VT_LOGIT_BIAS_VALUES, logit_bias_values);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> PenaltiesBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    PenaltiesBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Penalties<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Penalties<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Penalties");
+      ds.field("frequency_penalty", &self.frequency_penalty());
+      ds.field("presence_penalty", &self.presence_penalty());
+      ds.field("min_p", &self.min_p());
+      ds.field("logit_bias_ids", &self.logit_bias_ids());
+      ds.field("logit_bias_values", &self.logit_bias_values());
       ds.finish()
   }
 }

@@ -6,6 +6,7 @@ use flatbuffers::{FlatBufferBuilder, WIPOffset};
 
 use super::adapters::AdapterRef;
 use super::check::{self, invalid};
+use super::penalties::Penalties;
 use super::{MessageError, fb};
 
 /// Sampling parameters.
@@ -102,6 +103,8 @@ pub struct GenerateRequest {
     pub prompt_logprobs: bool,
     /// A thinking budget (protocol 1.11): `None` for none.
     pub think: Option<ThinkBudget>,
+    /// Logit adjustments before sampling (protocol 1.11): `None` for none.
+    pub penalties: Option<Penalties>,
 }
 
 /// A thinking section closed by force once its budget is spent.
@@ -184,6 +187,9 @@ impl GenerateRequest {
                 ),
             ));
         }
+        if let Some(p) = &self.penalties {
+            p.check()?;
+        }
         if (self.top_logprobs > 0 || self.prompt_logprobs) && !self.logprobs {
             return Err(invalid("GenerateRequest.logprobs", "top_logprobs and prompt_logprobs need logprobs"));
         }
@@ -204,6 +210,7 @@ impl GenerateRequest {
         let grammar = (!self.grammar.is_empty()).then(|| fbb.create_string(&self.grammar));
         let resume_tokens = (!self.resume_tokens.is_empty()).then(|| fbb.create_vector(&self.resume_tokens));
         let adapter = self.adapter.as_ref().map(|a| a.write(fbb));
+        let penalties = self.penalties.as_ref().map(|p| p.write(fbb));
         let think_end = self.think.as_ref().map(|t| fbb.create_string(&t.end));
         let think_close = self.think.as_ref().map(|t| fbb.create_vector(&t.close));
         fb::GenerateRequest::create(
@@ -229,6 +236,7 @@ impl GenerateRequest {
                 think_budget: self.think.as_ref().map_or(0, |t| t.budget),
                 think_end,
                 think_close,
+                penalties,
             },
         )
     }
@@ -275,6 +283,7 @@ impl GenerateRequest {
                     })
                 }
             },
+            penalties: Penalties::read(t.penalties())?,
         };
         msg.check()?;
         Ok(msg)

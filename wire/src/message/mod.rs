@@ -11,6 +11,7 @@ mod enroll;
 mod error;
 mod generate;
 mod ledger;
+mod penalties;
 mod route;
 mod sync;
 
@@ -37,6 +38,7 @@ pub use generate::{
 pub use ledger::{
     BudgetAsk, BudgetGrant, FrontendGrant, FrontendReport, MAX_REPORT_ITEMS, RateAsk, RateGrant, UsageDelta,
 };
+pub use penalties::{MAX_LOGIT_BIAS, Penalties};
 pub use route::{RouteDecision, RouteHint, RouteRequest};
 pub use sync::{
     ApiKeyEntry, Budget, BudgetMetric, BudgetPeriod, MAX_STOP_TOKEN_IDS, MAX_SYNC_ITEMS, ModelCard, ModelCardRequest,

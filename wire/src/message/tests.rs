@@ -102,6 +102,12 @@ pub(crate) fn samples() -> Vec<Message> {
             top_logprobs: 2,
             prompt_logprobs: true,
             think: Some(ThinkBudget { budget: 512, end: "</think>".into(), close: vec![198, 151668, 271] }),
+            penalties: Some(Penalties {
+                frequency: 0.5,
+                presence: -1.0,
+                min_p: 0.05,
+                logit_bias: vec![(3, -100.0), (9, 2.5)],
+            }),
         }),
         Message::GenerateRequest(GenerateRequest {
             request_id: "req_02".into(),
@@ -121,6 +127,7 @@ pub(crate) fn samples() -> Vec<Message> {
             top_logprobs: 0,
             prompt_logprobs: false,
             think: None,
+            penalties: None,
         }),
         Message::TokenChunk(TokenChunk {
             token_ids: vec![504, 3],

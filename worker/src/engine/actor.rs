@@ -19,7 +19,7 @@ use crate::scheduler::SeqId;
 enum Command {
     Generate {
         seq: SeqId,
-        req: Request,
+        req: Box<Request>,
         out: tokio_mpsc::UnboundedSender<Event>,
         accepted: tokio::sync::oneshot::Sender<Result<(), RequestError>>,
     },
@@ -112,7 +112,7 @@ impl EngineHandle {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let (out, rx) = tokio_mpsc::unbounded_channel();
         let (accepted, verdict) = tokio::sync::oneshot::channel();
-        self.tx.send(Command::Generate { seq, req, out, accepted }).map_err(|_| EngineGone)?;
+        self.tx.send(Command::Generate { seq, req: Box::new(req), out, accepted }).map_err(|_| EngineGone)?;
         match verdict.await.map_err(|_| EngineGone)? {
             Ok(()) => Ok(Ok(Generation { seq, rx, tx: self.tx.clone(), done: false })),
             Err(e) => Ok(Err(e)),
@@ -156,7 +156,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
         for cmd in first.into_iter().chain(rx.try_iter()) {
             match cmd {
                 Command::Generate { seq, req, out, accepted } => {
-                    let verdict = core.add(seq, req);
+                    let verdict = core.add(seq, *req);
                     if verdict.is_ok() {
                         outputs.insert(seq, out);
                     }

@@ -3,6 +3,7 @@
 pub mod actor;
 pub mod backend;
 pub mod logprobs;
+pub mod penalize;
 pub mod state;
 pub mod think;
 

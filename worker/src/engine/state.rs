@@ -53,6 +53,8 @@ pub struct Request {
     pub adapter: Option<RequestAdapter>,
     /// A thinking section closed by force once its budget is spent (`None`: no budget).
     pub think: Option<zl_wire::message::ThinkBudget>,
+    /// Logit adjustments before sampling (`None`: none).
+    pub penalties: Option<zl_wire::message::Penalties>,
 }
 
 /// A LoRA adapter a request runs with.
@@ -78,6 +80,7 @@ impl Request {
             top_logprobs: 0,
             prompt_logprobs: false,
             think: None,
+            penalties: None,
             speculate: 0,
             constraint: None,
             cache_salt: None,
@@ -193,6 +196,8 @@ struct SeqState {
     adapter: Option<std::sync::Arc<LoraAdapter>>,
     /// Its thinking budget, while the section is open.
     think: Option<crate::engine::think::Think>,
+    /// Its logit adjustments and output counts.
+    penalized: Option<crate::engine::penalize::Penalized>,
 }
 
 /// Why an engine could not start.
@@ -318,7 +323,9 @@ impl EngineCore {
         };
         let prompt_len = req.prompt.len() as u32;
         // Constrained and budgeted requests do not speculate: every draft would need its own mask.
-        let speculate = if req.constraint.is_some() || req.think.is_some() { 0 } else { req.speculate };
+        let penalized = req.penalties.filter(|p| !p.is_neutral()).map(crate::engine::penalize::Penalized::new);
+        let speculate =
+            if req.constraint.is_some() || req.think.is_some() || penalized.is_some() { 0 } else { req.speculate };
         let mut st = SeqState {
             sampling: req.sampling,
             logprobs: req.logprobs.then(|| LogprobWants {
@@ -337,6 +344,7 @@ impl EngineCore {
             constraint: req.constraint,
             closing: Default::default(),
             think: req.think.map(crate::engine::think::Think::new),
+            penalized,
             adapter: req.adapter.map(|a| a.adapter),
         };
         // A migration: the tokens already produced go through the sequence's state as they did on the worker that
@@ -473,11 +481,17 @@ impl EngineCore {
         } else {
             logits.chunks_exact(vocab).zip(&rows).map(measure).collect()
         };
-        if !masks.is_empty() {
+        let penalized = plan.items.iter().any(|it| self.seqs.get(&it.seq).is_some_and(|st| st.penalized.is_some()));
+        if !masks.is_empty() || penalized {
             let stop_ids = &self.model.tokenizer.stop_ids;
             for (row, (item, kind)) in logits.chunks_exact_mut(vocab).zip(&rows) {
                 if !matches!(kind, RowKind::Sample(_)) {
                     continue;
+                }
+                if let Some(st) = self.seqs.get(&item.seq)
+                    && let Some(p) = &st.penalized
+                {
+                    p.apply(row, st.sampling.temperature);
                 }
                 match masks.get(&item.seq) {
                     Some(Ok(mask)) => mask.apply(row),
@@ -631,6 +645,9 @@ fn advance(st: &mut SeqState, tokenizer: &TextTokenizer, s: u32) -> Advance {
     let delta = st.detok.push(tokenizer, s).unwrap_or_default();
     if let Some(t) = st.think.as_mut() {
         t.read(&delta);
+    }
+    if let Some(p) = st.penalized.as_mut() {
+        p.saw(s);
     }
     let stop = st.stop.push(&delta);
     let end = if let Some(matched) = stop.stopped {

@@ -312,6 +312,7 @@ fn run_level(
             top_logprobs: 0,
             prompt_logprobs: false,
             think: None,
+            penalties: None,
             speculate: if let Mode::Predicted(drafts) = level.mode { drafts } else { 0 },
             constraint: match &level.grammar {
                 Some((engine, grammar)) => Some(engine.start(grammar)?),
