@@ -119,3 +119,42 @@ async fn a_lone_workers_restart_is_waited_for() {
     let body = text(h.anthropic(hello(json!({"stream": true}))).await).await;
     assert!(body.contains("event: error"), "{body}");
 }
+
+#[tokio::test]
+async fn the_prompts_logprobs_reach_the_client_once_when_a_worker_dies_while_sending_them() {
+    for stream in [false, true] {
+        let h = harness();
+        *h.fake.mode.lock().unwrap() = WorkerMode::FirstWorkerDiesDuringPromptLogprobs;
+        let body = json!({"model": common::MODEL, "prompt": "one two three four five", "max_tokens": 3,
+            "echo": true, "logprobs": 2, "stream": stream});
+        let resp = h.post_json("/v1/completions", body).await;
+        assert_eq!(resp.status(), StatusCode::OK);
+        let columns: Vec<serde_json::Value> = if stream {
+            let body = text(resp).await;
+            body.lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                .filter_map(|v| v["choices"][0]["logprobs"]["token_logprobs"].as_array().cloned())
+                .flatten()
+                .collect()
+        } else {
+            let v = json_of(resp).await;
+            v["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap().clone()
+        };
+        // Read once the answer is whole (a stream's body is the generation).
+        let rec_prompt = {
+            let rec = h.fake.recorded.lock().unwrap();
+            assert_eq!(rec.generates.len(), 2, "moved to w2");
+            // Nothing was output before the failure: w2 is asked for the prompt's log-probabilities again.
+            assert!(rec.generates[1].1.prompt_logprobs && rec.generates[1].1.resume_tokens.is_empty());
+            match &rec.generates[0].1.prompt {
+                zl_wire::message::Prompt::Tokens(t) => t.len(),
+                other => panic!("{other:?}"),
+            }
+        };
+        // Every prompt position once (the first with none), then the three output tokens.
+        assert_eq!(columns.len(), rec_prompt + 3, "stream {stream}: {columns:?}");
+        assert!(columns[0].is_null());
+        assert!(columns[1..].iter().all(|v| v.as_f64() == Some(-0.25)), "{columns:?}");
+    }
+}

@@ -52,6 +52,9 @@ pub enum WorkerMode {
     /// w1 is the only worker: it sends "Hello" and dies, and routes find no worker while it is excluded (its
     /// replacement, under the same id, resumes as a real worker does).
     LoneWorkerRestarts,
+    /// Worker w1 admits the request, sends the log-probabilities of the prompt's first two positions after the
+    /// first token, and dies; others are normal (and send the prompt's from the start, as a real worker does).
+    FirstWorkerDiesDuringPromptLogprobs,
 }
 
 #[derive(Default)]
@@ -241,6 +244,44 @@ impl Upstream for Fake {
                     chunks.into_iter().skip(skip).chain([finish]).collect()
                 }
             };
+            // Log-probabilities when asked: -0.25 a token, its alternatives (ids 0, 1, ...) at -1; the prompt's
+            // positions first, in chunks of two, as a worker computes them.
+            let mut frames = frames;
+            if request.logprobs {
+                let k = usize::from(request.top_logprobs);
+                let with = |mut c: TokenChunk| {
+                    c.logprobs = Some(vec![-0.25; c.token_ids.len()]);
+                    c.top = c.token_ids.iter().flat_map(|_| (0..k as u32).map(|id| (id, -1.0))).collect();
+                    c
+                };
+                frames = frames
+                    .into_iter()
+                    .map(|f| match f {
+                        Ok(Message::TokenChunk(c)) if !c.is_admission() => Ok(Message::TokenChunk(with(c))),
+                        other => other,
+                    })
+                    .collect();
+                if request.prompt_logprobs {
+                    let positions: Vec<usize> = (1..prompt.len()).collect();
+                    let mut prompt_frames: Vec<_> = positions
+                        .chunks(2)
+                        .map(|c| {
+                            Ok(Message::TokenChunk(with(TokenChunk {
+                                token_ids: c.iter().map(|&p| prompt[p]).collect(),
+                                prompt_start: Some(c[0] as u32),
+                                ..Default::default()
+                            })))
+                        })
+                        .collect();
+                    if mode == WorkerMode::FirstWorkerDiesDuringPromptLogprobs && endpoint.starts_with("w1") {
+                        prompt_frames.truncate(1);
+                        prompt_frames.insert(0, Ok(Message::TokenChunk(TokenChunk::admission())));
+                        prompt_frames.push(Err(CallError::ConnectionLost("worker killed".into())));
+                        frames.clear();
+                    }
+                    frames = prompt_frames.into_iter().chain(frames).collect();
+                }
+            }
             let answering = match (endpoint.starts_with("w1"), self.impostor_at_w1.lock().unwrap().clone()) {
                 (true, Some(impostor)) => impostor,
                 _ => endpoint.split('.').next().unwrap_or_default().to_owned(),
@@ -356,6 +397,12 @@ impl Harness {
             .header("anthropic-version", "2023-06-01")
             .body(Body::from(body.to_string()))
             .unwrap();
+        self.send(req).await
+    }
+
+    pub async fn post_json(&self, path: &str, body: Value) -> Response<Body> {
+        let req =
+            post(path, ()).header("authorization", format!("Bearer {KEY}")).body(Body::from(body.to_string())).unwrap();
         self.send(req).await
     }
 
