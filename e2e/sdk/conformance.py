@@ -251,6 +251,87 @@ def check_openai_completions_and_logprobs():
             assert {"message", "type", "param", "code"} <= set(body["error"]), (path, body)
 
 
+# Every field of the SDKs' request types, as this server treats it: applied, refused by name (a request sending the
+# value shown is a 400 naming the field), or accepted without effect on the answer (hints about the hosted service:
+# caching, tiers, storage, identifiers). A field the SDK gains fails here until it is classified.
+APPLIED = {
+    "chat": {"frequency_penalty", "logit_bias", "logprobs", "max_completion_tokens", "max_tokens", "messages", "model",
+             "n", "parallel_tool_calls", "presence_penalty", "reasoning_effort", "response_format", "seed", "stop",
+             "stream_options", "temperature", "tool_choice", "tools", "top_logprobs", "top_p", "user"},
+    "completions": {"echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "model", "n", "best_of",
+                    "presence_penalty", "prompt", "seed", "stop", "stream_options", "temperature", "top_p", "user"},
+    "messages": {"max_tokens", "messages", "metadata", "model", "output_config", "stop_sequences", "system", "thinking",
+                 "tool_choice", "tools"},
+}
+REFUSED = {
+    "chat": {"audio": {"voice": "alloy", "format": "wav"}, "functions": [{"name": "f", "parameters": {}}],
+             "function_call": "auto", "modalities": ["text", "audio"], "moderation": {"model": "omni"},
+             "verbosity": "low", "web_search_options": {}},
+    "completions": {"suffix": "!"},
+    "messages": {"container": "c", "inference_geo": "us"},
+}
+NO_EFFECT = {
+    "chat": {"metadata", "prediction", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
+             "safety_identifier", "service_tier", "store"},
+    "completions": set(),
+    "messages": {"cache_control", "diagnostics", "service_tier", "speed", "user_profile_id", "workspace_id"},
+}
+
+
+def fields_of(typed_dict):
+    names = set()
+    for cls in typed_dict.__mro__:
+        names |= set(getattr(cls, "__annotations__", {}))
+    return names
+
+
+def check_every_sdk_field():
+    from anthropic.types import message_create_params
+    from openai.types import completion_create_params as legacy_params
+    from openai.types.chat import completion_create_params as chat_params
+
+    kinds = {
+        "chat": fields_of(chat_params.CompletionCreateParamsBase),
+        "completions": fields_of(legacy_params.CompletionCreateParamsBase),
+        "messages": fields_of(message_create_params.MessageCreateParamsBase),
+    }
+    for kind, fields in kinds.items():
+        known = APPLIED[kind] | set(REFUSED[kind]) | NO_EFFECT[kind]
+        assert fields <= known, f"{kind}: unclassified SDK fields {sorted(fields - known)}"
+    base = {
+        "chat": ("/v1/chat/completions", {"model": MODEL, "max_tokens": 2, "messages": QUESTION}),
+        "completions": ("/v1/completions", {"model": MODEL, "max_tokens": 2, "prompt": "Hi"}),
+        "messages": ("/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": QUESTION}),
+    }
+    for kind, refused in REFUSED.items():
+        path, body = base[kind]
+        for field, value in refused.items():
+            request = urllib.request.Request(
+                BASE + path, method="POST", data=json.dumps({**body, field: value}).encode(),
+                headers={"authorization": "Bearer " + KEY, "content-type": "application/json"},
+            )
+            try:
+                urllib.request.urlopen(request, timeout=60)
+                raise AssertionError(f"{kind}: {field}={value!r} was accepted")
+            except urllib.error.HTTPError as err:
+                answer = json.loads(err.read())
+                error = answer["error"]
+                assert err.code == 400 and field in error["message"], (kind, field, answer)
+        # The fields without effect are accepted.
+        for field in NO_EFFECT[kind]:
+            sample = {"metadata": {"k": "v"}, "store": False, "service_tier": "auto", "speed": "standard",
+                      "cache_control": {"type": "ephemeral"}, "prediction": {"type": "content", "content": "x"}}
+            if field in sample:
+                request = urllib.request.Request(
+                    BASE + path, method="POST", data=json.dumps({**body, field: sample[field]}).encode(),
+                    headers={"authorization": "Bearer " + KEY, "content-type": "application/json"},
+                )
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    assert response.status == 200, (kind, field)
+
+
+check_every_sdk_field()
+print("sdk fields: ok")
 check_anthropic()
 print("anthropic: ok")
 check_openai()

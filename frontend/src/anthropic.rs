@@ -40,6 +40,13 @@ pub fn parse(body: &Value, count_only: bool) -> Result<GenRequest, ApiError> {
     if model.is_empty() {
         return Err(ApiError::invalid_param("model", "model: String should have at least 1 character"));
     }
+    if f.get("inference_geo").is_some() {
+        return Err(ApiError::invalid_param(
+            "inference_geo",
+            "inference_geo: not supported by this server; a key's regions and the x-zl-region header decide where \
+             a request runs (docs/regions.md)",
+        ));
+    }
     for unsupported in ["mcp_servers", "container"] {
         if f.get(unsupported).is_some_and(|v| !v.as_array().is_some_and(Vec::is_empty)) {
             return Err(ApiError::invalid_param(

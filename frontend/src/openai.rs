@@ -55,6 +55,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
     {
         return Err(ApiError::invalid_param("n", "n: only n=1 is supported"));
     }
+    refuse_unserved(&f)?;
     let logprobs = logprob_request(&f)?;
     let thinking = thinking(&f)?;
     let penalties = crate::request::penalties(&f)?;
@@ -204,6 +205,26 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
         },
         include_usage,
     })
+}
+
+/// Chat Completions fields that would change the answer and are not served: refused by name rather than ignored
+/// (`e2e/sdk/conformance.py` walks the SDK's request type to keep this list whole).
+fn refuse_unserved(f: &Fields<'_>) -> Result<(), ApiError> {
+    let refuse = |name: &str, why: &str| Err(ApiError::invalid_param(name, format!("{name}: {why}")));
+    for name in ["audio", "web_search_options", "moderation"] {
+        if f.get(name).is_some() {
+            return refuse(name, "not supported by this server");
+        }
+    }
+    match f.get("modalities") {
+        None => {}
+        Some(Value::Array(m)) if m.iter().all(|v| v.as_str() == Some("text")) => {}
+        Some(_) => return refuse("modalities", "only [\"text\"] is supported by this server"),
+    }
+    match f.string("verbosity")? {
+        None | Some("medium") => Ok(()),
+        Some(_) => refuse("verbosity", "only \"medium\" (the default) is supported by this server"),
+    }
 }
 
 /// `stream_options.include_usage` (only with `stream`).

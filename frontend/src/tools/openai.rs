@@ -12,11 +12,13 @@ use crate::request::Fields;
 
 /// `tools`, `tool_choice`, `parallel_tool_calls` and `response_format` of a request.
 pub(crate) fn parse(f: &Fields<'_>) -> Result<ToolUse, ApiError> {
-    if f.get("functions").is_some() || f.get("function_call").is_some() {
-        return Err(ApiError::invalid_param(
-            "functions",
-            "functions: the deprecated functions API is not supported; use tools and tool_choice",
-        ));
+    for name in ["functions", "function_call"] {
+        if f.get(name).is_some() {
+            return Err(ApiError::invalid_param(
+                name,
+                format!("{name}: the deprecated functions API is not supported; use tools and tool_choice"),
+            ));
+        }
     }
     let mut use_ = ToolUse::default();
     match f.get("tools") {
