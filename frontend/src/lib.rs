@@ -27,6 +27,7 @@ pub mod openai;
 pub mod regions;
 pub mod report;
 pub mod request;
+pub mod responses;
 pub mod sanitize;
 pub mod suspects;
 pub mod thinking;

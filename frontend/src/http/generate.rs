@@ -419,7 +419,7 @@ async fn parse_request<T: Send + 'static>(
     body: Value,
     parse: impl FnOnce(&Value) -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
-    let grammar = ["tools", "output_format", "output_config", "response_format"]
+    let grammar = ["tools", "output_format", "output_config", "response_format", "text"]
         .iter()
         .any(|k| body.get(k).is_some_and(|v| !v.is_null()));
     if grammar { app.gateway.off_thread(move || parse(&body)).await } else { parse(&body) }

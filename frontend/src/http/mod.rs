@@ -31,6 +31,7 @@ use crate::gateway::{CacheStatus, Gateway, Meta};
 use crate::ids::{random_hex, random_id};
 use crate::limits::{Figures, RateFigures};
 use crate::openai::ChatCompletions;
+use crate::responses::Responses;
 use zl_common::trace::TraceContext;
 
 /// Anthropic's request size limit.
@@ -59,6 +60,9 @@ pub fn router(app: App) -> Router {
         .route("/v1/messages/count_tokens", post(generate::count_tokens))
         .route("/v1/chat/completions", post(generate::generate::<ChatCompletions>))
         .route("/v1/completions", post(generate::generate::<Completions>))
+        .route("/v1/responses", post(generate::generate::<Responses>))
+        .route("/v1/responses/{id}", get(not_stored).delete(not_stored))
+        .route("/v1/responses/{id}/input_items", get(not_stored))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{id}", get(models::get_model))
         .route("/healthz", get(healthz))
@@ -246,6 +250,20 @@ pub fn error_format_for(path: &str) -> ErrorFormat {
     let openai =
         OPENAI.iter().any(|p| path.strip_prefix(p).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')));
     if openai { ErrorFormat::OpenAi } else { ErrorFormat::Anthropic }
+}
+
+/// `GET`/`DELETE /v1/responses/{id}` and its input items: this server stores no responses yet (it refuses `store:
+/// true`), so every id is unknown; the caller must hold a valid key to learn that.
+async fn not_stored(State(app): State<App>, req: Request) -> Response {
+    let rid = request_id(&req);
+    if let Err(e) = app.gateway.authenticate(req.headers()) {
+        return error_response(&app, ErrorFormat::OpenAi, &rid, &e.into());
+    }
+    let e = ApiError::new(
+        ErrorKind::NotFound,
+        "No response found: this server does not store responses yet (requests with store: true are refused)",
+    );
+    error_response(&app, ErrorFormat::OpenAi, &rid, &e.into())
 }
 
 async fn fallback(State(app): State<App>, req: Request) -> Response {

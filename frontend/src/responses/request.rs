@@ -1,0 +1,346 @@
+//! A Responses API request read as the Chat Completions request it amounts to: `input` items become messages
+//! (`function_call` items an assistant turn's tool calls, `function_call_output` items tool results),
+//! `instructions` the system prompt, flat function `tools` chat's nested ones, `text.format` the response format,
+//! `reasoning.effort` the thinking setting. The chat parser then applies every rule of that API once.
+
+use serde_json::{Map, Value, json};
+
+use crate::error::ApiError;
+use crate::request::Fields;
+
+/// Built-in tools of the hosted service, refused by name.
+const HOSTED_TOOLS: [&str; 8] = [
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "computer_use_preview",
+    "code_interpreter",
+    "image_generation",
+    "mcp",
+    "local_shell",
+];
+
+/// What the answer repeats of its request (the response object echoes them).
+#[derive(Clone, Debug, Default)]
+pub struct Echoed {
+    /// `instructions`.
+    pub instructions: Value,
+    /// `tools`, as sent.
+    pub tools: Value,
+    /// `tool_choice`, as sent.
+    pub tool_choice: Value,
+    /// `text`, as sent (or the default).
+    pub text: Value,
+    /// `metadata`.
+    pub metadata: Value,
+    /// `max_output_tokens`.
+    pub max_output_tokens: Value,
+    /// `temperature`, `top_p`.
+    pub temperature: Value,
+    /// `top_p`.
+    pub top_p: Value,
+    /// `parallel_tool_calls`.
+    pub parallel_tool_calls: bool,
+    /// `reasoning`.
+    pub reasoning: Value,
+    /// `user`.
+    pub user: Value,
+}
+
+fn bad(param: &str, message: String) -> ApiError {
+    ApiError::invalid_param(param, format!("{param}{message}"))
+}
+
+/// The text of a message item's `content`: a string, or `input_text`/`output_text` parts.
+fn content_text(content: &Value, at: &str) -> Result<String, ApiError> {
+    match content {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for (i, p) in parts.iter().enumerate() {
+                match p.get("type").and_then(Value::as_str) {
+                    Some("input_text" | "output_text" | "text") => text.push_str(
+                        p.get("text")
+                            .and_then(Value::as_str)
+                            .ok_or_else(|| bad("input", format!("{at}.content[{i}].text: a string is required")))?,
+                    ),
+                    Some(other) => {
+                        return Err(bad(
+                            "input",
+                            format!("{at}.content[{i}]: parts of type {other:?} are not supported by this server yet"),
+                        ));
+                    }
+                    None => return Err(bad("input", format!("{at}.content[{i}].type: required"))),
+                }
+            }
+            Ok(text)
+        }
+        _ => Err(bad("input", format!("{at}.content: expected a string or a list of parts"))),
+    }
+}
+
+/// The chat messages of `input`.
+fn messages(input: &Value) -> Result<Vec<Value>, ApiError> {
+    let items = match input {
+        Value::String(s) => return Ok(vec![json!({"role": "user", "content": s})]),
+        Value::Array(items) if !items.is_empty() => items,
+        Value::Array(_) => return Err(bad("input", ": at least one item is required".into())),
+        _ => return Err(bad("input", ": expected a string or a list of items".into())),
+    };
+    let mut out: Vec<Value> = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("[{i}]");
+        let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+        match kind {
+            "message" => {
+                let role = item.get("role").and_then(Value::as_str).unwrap_or_default();
+                if !matches!(role, "user" | "system" | "developer" | "assistant") {
+                    return Err(bad(
+                        "input",
+                        format!("{at}.role: {role:?} is not one of user, system, developer, assistant"),
+                    ));
+                }
+                let content = item.get("content").ok_or_else(|| bad("input", format!("{at}.content: required")))?;
+                out.push(json!({"role": role, "content": content_text(content, &at)?}));
+            }
+            "function_call" => {
+                let field = |name: &str| {
+                    item.get(name)
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| bad("input", format!("{at}.{name}: a string is required")))
+                };
+                let call = json!({"id": field("call_id")?, "type": "function",
+                    "function": {"name": field("name")?, "arguments": field("arguments")?}});
+                // Calls of one turn go together.
+                match out.last_mut() {
+                    Some(last) if last["role"] == "assistant" && last.get("tool_calls").is_some() => {
+                        if let Some(calls) = last["tool_calls"].as_array_mut() {
+                            calls.push(call);
+                        }
+                    }
+                    _ => out.push(json!({"role": "assistant", "content": null, "tool_calls": [call]})),
+                }
+            }
+            "function_call_output" => {
+                let call_id = item
+                    .get("call_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad("input", format!("{at}.call_id: a string is required")))?;
+                let output = match item.get("output") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v @ Value::Array(_)) => content_text(v, &at)?,
+                    _ => return Err(bad("input", format!("{at}.output: a string is required"))),
+                };
+                out.push(json!({"role": "tool", "tool_call_id": call_id, "content": output}));
+            }
+            // An earlier answer's reasoning: left out, as reasoning models' templates do.
+            "reasoning" => {}
+            other => {
+                return Err(bad(
+                    "input",
+                    format!("{at}.type: items of type {other:?} are not supported by this server"),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Flat function tools as chat's nested ones; hosted tools refused by name.
+fn tools(list: &Value) -> Result<Value, ApiError> {
+    let Value::Array(list) = list else { return Err(bad("tools", ": expected an array".into())) };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        match t.get("type").and_then(Value::as_str) {
+            Some("function") => {
+                let mut f = Map::new();
+                for key in ["name", "description", "parameters", "strict"] {
+                    if let Some(v) = t.get(key).filter(|v| !v.is_null()) {
+                        f.insert(key.into(), v.clone());
+                    }
+                }
+                out.push(json!({"type": "function", "function": f}));
+            }
+            Some(hosted) if HOSTED_TOOLS.contains(&hosted) || hosted.starts_with("web_search") => {
+                return Err(bad(
+                    "tools",
+                    format!(
+                        "[{i}].type: the hosted tool {hosted:?} is not supported by this server; define a function tool"
+                    ),
+                ));
+            }
+            other => return Err(bad("tools", format!("[{i}].type: {other:?} is not a tool type this server knows"))),
+        }
+    }
+    Ok(Value::Array(out))
+}
+
+/// `tool_choice`: strings as chat's; `{"type": "function", "name"}` as chat's nested form.
+fn tool_choice(choice: &Value) -> Result<Value, ApiError> {
+    match choice {
+        Value::String(_) => Ok(choice.clone()),
+        Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            let name = o.get("name").ok_or_else(|| bad("tool_choice", ".name: required".into()))?;
+            Ok(json!({"type": "function", "function": {"name": name}}))
+        }
+        _ => Err(bad(
+            "tool_choice",
+            ": expected \"auto\", \"required\", \"none\" or {\"type\": \"function\", \"name\"}".into(),
+        )),
+    }
+}
+
+/// `text.format` as chat's `response_format`.
+fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
+    let Some(format) = text.get("format").filter(|f| !f.is_null()) else { return Ok(None) };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("json_schema") => {
+            let mut schema = Map::new();
+            for key in ["name", "schema", "strict", "description"] {
+                if let Some(v) = format.get(key).filter(|v| !v.is_null()) {
+                    schema.insert(key.into(), v.clone());
+                }
+            }
+            Ok(Some(json!({"type": "json_schema", "json_schema": schema})))
+        }
+        _ => Err(bad("text", ".format.type: expected \"text\", \"json_object\" or \"json_schema\"".into())),
+    }
+}
+
+/// The Chat Completions body a Responses body amounts to, and what the answer echoes.
+pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
+    let f = Fields::of(body)?;
+    for (name, why) in [
+        ("previous_response_id", "responses are not stored by this server yet; send the whole conversation as input"),
+        ("conversation", "conversations are not stored by this server yet; send the whole conversation as input"),
+        ("prompt", "stored prompts are not supported by this server"),
+        ("background", "background responses are not supported by this server"),
+    ] {
+        if f.get(name).is_some_and(|v| v != &Value::Bool(false)) {
+            return Err(ApiError::invalid_param(name, format!("{name}: {why}")));
+        }
+    }
+    if f.boolean("store")? == Some(true) {
+        return Err(ApiError::invalid_param(
+            "store",
+            "store: responses are not stored by this server yet; send store: false (or leave it out)",
+        ));
+    }
+    if f.get("include").is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
+        return Err(ApiError::invalid_param("include", "include: no extra output is served by this server yet"));
+    }
+    if f.string("truncation")?.is_some_and(|t| t != "disabled") {
+        return Err(ApiError::invalid_param("truncation", "truncation: only \"disabled\" is supported"));
+    }
+    if f.get("top_logprobs").is_some() {
+        return Err(ApiError::invalid_param("top_logprobs", "top_logprobs: not served on /v1/responses yet"));
+    }
+    let model = f.required_string("model")?;
+    let mut messages = messages(f.get("input").ok_or_else(|| bad("input", ": Field required".into()))?)?;
+    let instructions = f.string("instructions")?;
+    if let Some(i) = instructions {
+        messages.insert(0, json!({"role": "system", "content": i}));
+    }
+    let mut chat = json!({"model": model, "messages": messages});
+    let echoed = Echoed {
+        instructions: instructions.map_or(Value::Null, |i| Value::String(i.to_owned())),
+        tools: f.get("tools").cloned().unwrap_or_else(|| json!([])),
+        tool_choice: f.get("tool_choice").cloned().unwrap_or_else(|| json!("auto")),
+        text: f.get("text").cloned().unwrap_or_else(|| json!({"format": {"type": "text"}})),
+        metadata: f.get("metadata").cloned().unwrap_or_else(|| json!({})),
+        max_output_tokens: f.get("max_output_tokens").cloned().unwrap_or(Value::Null),
+        temperature: f.get("temperature").cloned().unwrap_or(json!(1.0)),
+        top_p: f.get("top_p").cloned().unwrap_or(json!(1.0)),
+        parallel_tool_calls: f.boolean("parallel_tool_calls")?.unwrap_or(true),
+        reasoning: f.get("reasoning").cloned().unwrap_or_else(|| json!({"effort": null, "summary": null})),
+        user: f.get("user").cloned().unwrap_or(Value::Null),
+    };
+    if let Some(t) = f.get("tools") {
+        chat["tools"] = tools(t)?;
+    }
+    if let Some(c) = f.get("tool_choice") {
+        chat["tool_choice"] = tool_choice(c)?;
+    }
+    if let Some(text) = f.get("text")
+        && let Some(format) = response_format(text)?
+    {
+        chat["response_format"] = format;
+    }
+    if let Some(effort) = f.get("reasoning").and_then(|r| r.get("effort")).filter(|e| !e.is_null()) {
+        chat["reasoning_effort"] = effort.clone();
+    }
+    for (from, to) in [
+        ("max_output_tokens", "max_tokens"),
+        ("temperature", "temperature"),
+        ("top_p", "top_p"),
+        ("stream", "stream"),
+        ("parallel_tool_calls", "parallel_tool_calls"),
+        ("user", "user"),
+        ("seed", "seed"),
+    ] {
+        if let Some(v) = f.get(from) {
+            chat[to] = v.clone();
+        }
+    }
+    Ok((chat, echoed))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn input_items_become_the_chat_messages_they_are() {
+        let (chat, echoed) = to_chat(&json!({
+            "model": "m", "instructions": "Be brief.", "max_output_tokens": 9, "text": {"format": {"type": "json_object"}},
+            "reasoning": {"effort": "low"},
+            "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": true}],
+            "tool_choice": {"type": "function", "name": "f"},
+            "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {"type": "function_call", "call_id": "c2", "name": "f", "arguments": "{\"a\":1}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "one"},
+                {"type": "reasoning", "id": "rs_1", "summary": []},
+                {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "ok"}]}
+            ]
+        }))
+        .unwrap();
+        let m = chat["messages"].as_array().unwrap();
+        assert_eq!(m[0], json!({"role": "system", "content": "Be brief."}));
+        assert_eq!(m[1], json!({"role": "user", "content": "hi"}));
+        assert_eq!(m[2]["tool_calls"].as_array().unwrap().len(), 2, "calls of one turn together");
+        assert_eq!(m[3], json!({"role": "tool", "tool_call_id": "c1", "content": "one"}));
+        assert_eq!(m[4], json!({"role": "assistant", "content": "ok"}));
+        assert_eq!(chat["max_tokens"], 9);
+        assert_eq!(chat["response_format"], json!({"type": "json_object"}));
+        assert_eq!(chat["reasoning_effort"], "low");
+        assert_eq!(chat["tools"][0]["function"]["name"], "f");
+        assert_eq!(chat["tool_choice"], json!({"type": "function", "function": {"name": "f"}}));
+        assert_eq!(echoed.instructions, "Be brief.");
+    }
+
+    #[test]
+    fn what_is_not_served_is_refused_by_name() {
+        let param = |extra: Value| {
+            let mut body = json!({"model": "m", "input": "hi"});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            to_chat(&body).unwrap_err().param.unwrap()
+        };
+        assert_eq!(param(json!({"store": true})), "store");
+        assert_eq!(param(json!({"previous_response_id": "resp_1"})), "previous_response_id");
+        assert_eq!(param(json!({"background": true})), "background");
+        assert_eq!(param(json!({"tools": [{"type": "file_search"}]})), "tools");
+        assert_eq!(param(json!({"include": ["reasoning.encrypted_content"]})), "include");
+        assert_eq!(param(json!({"truncation": "auto"})), "truncation");
+        assert_eq!(param(json!({"input": [{"type": "input_image"}]})), "input");
+        assert_eq!(param(json!({"input": []})), "input");
+        assert!(to_chat(&json!({"model": "m", "input": "hi", "store": false, "include": []})).is_ok());
+    }
+}
