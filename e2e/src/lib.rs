@@ -19,7 +19,7 @@ pub use docs::code_blocks;
 pub use http::{HttpResponse, HttpStream, ask_messages, http, http_stream, request, serving};
 pub use metrics::{frontend_metrics, gauge, metric_sum, metrics};
 pub use ports::{free_tcp, free_tcp_udp, free_udp};
-pub use process::{Proc, alive, bin, python, signal, zl};
+pub use process::{Proc, alive, bin, python, sdk_script, signal, zl};
 pub use tiers::{
     OrchestratorProc, SmallCluster, Tiers, WorkerProc, admin, admin_as, certs, certs_more, client, small_cluster,
     start_frontend, start_frontend_args, start_orchestrator, start_orchestrator_at, start_tiers, start_worker,

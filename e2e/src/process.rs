@@ -86,6 +86,34 @@ pub fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// Run `e2e/sdk/SCRIPT` (the official SDKs against a frontend at `http`) with `ZL_BASE_URL`, `ZL_API_KEY`,
+/// `ZL_MODEL` and `extra` set; asserts it succeeded and that its last line is `done`; returns what it printed.
+pub fn sdk_script(
+    script: &str,
+    http: std::net::SocketAddr,
+    key: &str,
+    model: &str,
+    extra: &[(&str, &str)],
+    done: &str,
+) -> String {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sdk").join(script);
+    let out = std::process::Command::new(python())
+        .arg(&path)
+        .env("ZL_BASE_URL", format!("http://{http}"))
+        .env("ZL_API_KEY", key)
+        .env("ZL_MODEL", model)
+        .envs(extra.iter().copied())
+        .output()
+        .expect("python runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with(done),
+        "{script} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
 /// The workspace's Python virtualenv interpreter, with the official SDKs (`scripts/test` installs them).
 ///
 /// Panics with instructions when it is missing, since a test that silently skips proves nothing.

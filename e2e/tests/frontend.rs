@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use zl_e2e::{Tiers, admin, gauge, http, python, start_tiers, wait_for_key};
+use zl_e2e::{Tiers, admin, gauge, http, start_tiers, wait_for_key};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const KEY: &str = "sk-zl-e2e-main-key-0123456789";
@@ -22,20 +22,8 @@ fn the_official_sdks_work_against_the_cluster() {
     admin(&["keys", "create", "limited", "--project", "tiny", "--secret", LIMITED]);
     wait_for_key(http_addr, KEY);
 
-    let out = std::process::Command::new(python())
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/conformance.py"))
-        .env("ZL_BASE_URL", format!("http://{http_addr}"))
-        .env("ZL_API_KEY", KEY)
-        .env("ZL_LIMITED_KEY", LIMITED)
-        .env("ZL_MODEL", MODEL)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim_end().ends_with("conformance: ok"),
-        "SDK conformance failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout =
+        zl_e2e::sdk_script("conformance.py", http_addr, KEY, MODEL, &[("ZL_LIMITED_KEY", LIMITED)], "conformance: ok");
     println!("{stdout}");
 
     let text = zl_e2e::frontend_metrics(http_addr);

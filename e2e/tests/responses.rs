@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use zl_e2e::{Tiers, admin, python, start_tiers, wait_for_key};
+use zl_e2e::{Tiers, admin, start_tiers, wait_for_key};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const KEY: &str = "sk-zl-e2e-responses-key-0123456789";
@@ -18,19 +18,7 @@ fn the_responses_api_works_through_the_openai_and_agents_sdks() {
     admin(&["project", "acme"]);
     admin(&["keys", "create", "main", "--project", "acme", "--secret", KEY]);
     wait_for_key(http_addr, KEY);
-    let out = std::process::Command::new(python())
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/responses.py"))
-        .env("ZL_BASE_URL", format!("http://{http_addr}"))
-        .env("ZL_API_KEY", KEY)
-        .env("ZL_MODEL", MODEL)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim_end().ends_with("responses: ok"),
-        "the Responses API through the SDKs failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = zl_e2e::sdk_script("responses.py", http_addr, KEY, MODEL, &[], "responses: ok");
     println!("{stdout}");
     assert!(frontend.terminate(Duration::from_secs(20)), "zl-frontend did not stop cleanly");
     assert!(worker.proc.terminate(Duration::from_secs(60)), "zl-worker did not stop cleanly");

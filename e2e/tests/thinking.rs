@@ -23,17 +23,5 @@ fn thinking_sections_come_out_as_the_apis_blocks_through_the_sdks() {
     assert!(out.status.success(), "arch_models.py: {}", String::from_utf8_lossy(&out.stderr));
     let model = format!("qwen3-thinking={}", models.join("qwen3-thinking.gguf").display());
     let (_up, http, _state) = zl_up(dir.path(), "data", KEY, &["--model", &model], &[]);
-    let out = Command::new(zl_e2e::python())
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/thinking.py"))
-        .env("ZL_BASE_URL", format!("http://{http}"))
-        .env("ZL_API_KEY", KEY)
-        .env("ZL_MODEL", "qwen3-thinking")
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim_end().ends_with("thinking: ok"),
-        "thinking through the SDKs failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    zl_e2e::sdk_script("thinking.py", http, KEY, "qwen3-thinking", &[], "thinking: ok");
 }

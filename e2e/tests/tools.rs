@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use zl_e2e::{Tiers, admin, http, python, start_tiers, wait_for_key};
+use zl_e2e::{Tiers, admin, http, start_tiers, wait_for_key};
 
 const MODEL: &str = "smollm2-135m-instruct";
 const KEY: &str = "sk-zl-e2e-tools-key-0123456789";
@@ -19,19 +19,7 @@ fn the_sdks_call_tools_and_get_schema_valid_json() {
     admin(dir.path(), orch.admin, &["keys", "create", "main", "--project", "acme", "--secret", KEY]);
     wait_for_key(http_addr, KEY);
 
-    let out = std::process::Command::new(python())
-        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/sdk/tools.py"))
-        .env("ZL_BASE_URL", format!("http://{http_addr}"))
-        .env("ZL_API_KEY", KEY)
-        .env("ZL_MODEL", MODEL)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.trim_end().ends_with("tools: ok"),
-        "SDK tool use failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = zl_e2e::sdk_script("tools.py", http_addr, KEY, MODEL, &[], "tools: ok");
     println!("{stdout}");
 
     let text = zl_e2e::frontend_metrics(http_addr);

@@ -39,35 +39,12 @@ fn chat(engine: &EngineCore, user: &str) -> Vec<u32> {
     common::chat_prompt(&engine.model().tokenizer, "You are a helpful assistant.", user)
 }
 
-/// Run until every sequence finishes; returns each sequence's tokens and text.
-fn run_all(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String)> {
-    let mut out: HashMap<u64, (Vec<u32>, String)> = HashMap::new();
-    for _ in 0..10_000 {
-        if !engine.has_work() {
-            break;
-        }
-        for ev in engine.step() {
-            match ev {
-                Event::Token { seq, token, text, .. } => {
-                    let e = out.entry(seq).or_default();
-                    e.0.push(token);
-                    e.1.push_str(&text);
-                }
-                Event::Finished { seq, text, .. } => out.entry(seq).or_default().1.push_str(&text),
-                Event::Prompt { .. } => {}
-            }
-        }
-    }
-    assert!(!engine.has_work(), "engine did not finish");
-    out
-}
-
 #[test]
 fn greedy_answer_names_paris() {
     let mut e = engine();
     let prompt = chat(&e, "What is the capital of France?");
     e.add(1, Request::new(prompt, Sampling::greedy(), 24)).unwrap();
-    let out = run_all(&mut e);
+    let out = common::run_all(&mut e);
     let text = &out[&1].1;
     assert!(text.contains("Paris"), "answer was {text:?}");
 }
@@ -94,7 +71,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
     let mut alone = engine();
     let req = target(&alone);
     alone.add(0, req).unwrap();
-    let solo = run_all(&mut alone).remove(&0).unwrap().0;
+    let solo = common::run_all(&mut alone).remove(&0).unwrap().0;
 
     let mut busy = engine();
     let topics = ["cats", "the moon", "rust", "bread", "rain", "chess", "maps", "tea"];
@@ -105,7 +82,7 @@ fn a_request_gets_the_same_tokens_alone_and_in_a_batch_of_sixteen() {
     }
     let req = target(&busy);
     busy.add(0, req).unwrap();
-    let batched = run_all(&mut busy).remove(&0).unwrap().0;
+    let batched = common::run_all(&mut busy).remove(&0).unwrap().0;
     assert_eq!(solo, batched, "batching changed the tokens");
 }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use zl_wire::message::{Penalties, ThinkBudget};
-use zl_worker::engine::{EngineCore, Event, Request};
+use zl_worker::engine::{EngineCore, Request};
 use zl_worker::fetch;
 use zl_worker::kv::window::KvLayout;
 use zl_worker::model::{LoadedModel, load};
@@ -26,23 +26,7 @@ fn run(requests: Vec<Request>) -> Vec<(Vec<u32>, String)> {
     for (i, r) in requests.into_iter().enumerate() {
         engine.add(i as u64, r).unwrap();
     }
-    let mut out: HashMap<u64, (Vec<u32>, String)> = HashMap::new();
-    for _ in 0..10_000 {
-        if !engine.has_work() {
-            break;
-        }
-        for ev in engine.step() {
-            match ev {
-                Event::Token { seq, token, text, .. } => {
-                    let e = out.entry(seq).or_default();
-                    e.0.push(token);
-                    e.1.push_str(&text);
-                }
-                Event::Finished { seq, text, .. } => out.entry(seq).or_default().1.push_str(&text),
-                Event::Prompt { .. } => {}
-            }
-        }
-    }
+    let mut out = common::run_all(&mut engine);
     (0..n as u64).map(|i| out.remove(&i).unwrap_or_default()).collect()
 }
 

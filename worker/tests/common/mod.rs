@@ -7,9 +7,12 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
+use std::collections::HashMap;
 use tokenizers::models::bpe::{BPE, Vocab};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer};
+
+use zl_worker::engine::{EngineCore, Event};
 use zl_worker::kv::pool::BlockPool;
 use zl_worker::model::llama::{BatchItem, KvStore, Llama};
 use zl_worker::model::lora::LoraAdapter;
@@ -103,4 +106,27 @@ pub(crate) fn chat_prompt(tok: &zl_text::TextTokenizer, system: &str, user: &str
         zl_text::ChatMessage { role: "user".into(), content: user.into() },
     ];
     tok.encode(&tok.render_chat(&messages).unwrap()).unwrap()
+}
+
+/// Run until every sequence finishes; returns each sequence's tokens and text.
+pub(crate) fn run_all(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String)> {
+    let mut out: HashMap<u64, (Vec<u32>, String)> = HashMap::new();
+    for _ in 0..10_000 {
+        if !engine.has_work() {
+            break;
+        }
+        for ev in engine.step() {
+            match ev {
+                Event::Token { seq, token, text, .. } => {
+                    let e = out.entry(seq).or_default();
+                    e.0.push(token);
+                    e.1.push_str(&text);
+                }
+                Event::Finished { seq, text, .. } => out.entry(seq).or_default().1.push_str(&text),
+                Event::Prompt { .. } => {}
+            }
+        }
+    }
+    assert!(!engine.has_work(), "engine did not finish");
+    out
 }
