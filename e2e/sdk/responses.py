@@ -50,6 +50,20 @@ def check_responses():
     streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert streamed == plain.output_text == events[-1].response.output_text, (streamed, plain.output_text)
 
+    # The output text's log-probabilities, with include and top_logprobs: the same in the stream and whole.
+    scored = client.responses.create(
+        model=MODEL, instructions=SYSTEM, input="What is the capital of France?", max_output_tokens=8, temperature=0,
+        store=False, include=["message.output_text.logprobs"], top_logprobs=2,
+    )
+    entries = scored.output[0].content[0].logprobs
+    assert entries and "".join(t.token for t in entries).startswith(scored.output_text), entries
+    assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token and t.logprob <= 0 for t in entries)
+    streamed_scores = [t for e in client.responses.create(
+        model=MODEL, instructions=SYSTEM, input="What is the capital of France?", max_output_tokens=8, temperature=0,
+        store=False, include=["message.output_text.logprobs"], top_logprobs=2, stream=True,
+    ) if e.type == "response.output_text.delta" for t in e.logprobs]
+    assert [(t.token, t.logprob) for t in streamed_scores] == [(t.token, t.logprob) for t in entries], streamed_scores
+
     # A function tool round trip: the call comes back as a function_call item; its output, sent with the whole
     # conversation as input items, gives the answer.
     weather = {

@@ -42,6 +42,12 @@ pub struct Responses {
     /// Output items completed.
     items: Vec<Value>,
     open: Option<Open>,
+    /// The model's card, for naming tokens, when the output text's log-probabilities are asked for.
+    card: Option<std::sync::Arc<zl_client::card::Card>>,
+    /// Log-probability entries not yet sent with a text delta.
+    pending: Vec<Value>,
+    /// Every entry of the open message's text.
+    entries: Vec<Value>,
 }
 
 /// Chat's parameter names as the Responses API calls them.
@@ -110,9 +116,10 @@ impl Responses {
                 json!({"type": "reasoning", "id": id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]})
             }
             Open::Message { id, text } => {
-                let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []});
-                let data =
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text, "logprobs": []});
+                let logprobs = std::mem::take(&mut self.entries);
+                let part = json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs});
+                let data = json!({"item_id": id, "output_index": index, "content_index": 0, "text": text,
+                    "logprobs": logprobs});
                 out += &self.event("response.output_text.done", data);
                 let data = json!({"item_id": id, "output_index": index, "content_index": 0, "part": part});
                 out += &self.event("response.content_part.done", data);
@@ -173,10 +180,12 @@ impl Responses {
                         out += &self.close();
                         out += &self.start(Open::Message { id: random_id("msg_", 24), text: String::new() });
                     }
+                    let logprobs = std::mem::take(&mut self.pending);
+                    self.entries.extend(logprobs.iter().cloned());
                     if let Some(Open::Message { id, text }) = self.open.as_mut() {
                         text.push_str(&t);
                         let data = json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t,
-                            "logprobs": []});
+                            "logprobs": logprobs});
                         out += &self.event("response.output_text.delta", data);
                     }
                 }
@@ -233,12 +242,18 @@ impl Dialect for Responses {
             seq: 0,
             items: Vec::new(),
             open: None,
+            card: None,
+            pending: Vec::new(),
+            entries: Vec::new(),
         };
         Ok((req, writer))
     }
 
     fn prepared(&mut self, prepared: &Prepared) {
         self.think = prepared.thinking.map(crate::thinking::Splitter::new);
+        if prepared.logprobs.is_some() {
+            self.card = Some(prepared.card.clone());
+        }
     }
 
     fn routed(&mut self, meta: &Meta) {
@@ -262,7 +277,10 @@ impl Dialect for Responses {
             self.seq = 2;
         }
         match event {
-            GenEvent::Logprobs(_) => String::new(),
+            GenEvent::Logprobs(l) => {
+                self.logprobs(l);
+                String::new()
+            }
             GenEvent::Delta(d) => {
                 let pieces = crate::thinking::pieces(self.think.as_mut(), &mut self.splitter, d);
                 self.pieces(pieces)
@@ -288,6 +306,12 @@ impl Dialect for Responses {
         crate::anthropic::event("error", &data)
     }
 
+    fn logprobs(&mut self, logprobs: &crate::events::Logprobs) {
+        if let Some(card) = &self.card {
+            self.pending.extend(crate::logprobs::chat_content(card, logprobs));
+        }
+    }
+
     fn final_body(&mut self, text: &str, finish: &FinishInfo) -> Value {
         let mut pieces = crate::thinking::pieces(self.think.as_mut(), &mut self.splitter, text);
         pieces.extend(crate::thinking::finish(self.think.as_mut(), &mut self.splitter));
@@ -311,6 +335,9 @@ impl Responses {
             seq: 0,
             items: Vec::new(),
             open: None,
+            card: None,
+            pending: Vec::new(),
+            entries: Vec::new(),
         }
     }
 }

@@ -228,14 +228,30 @@ pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
             "store: responses are not stored by this server yet; send store: false (or leave it out)",
         ));
     }
-    if f.get("include").is_some_and(|v| v.as_array().is_none_or(|a| !a.is_empty())) {
-        return Err(ApiError::invalid_param("include", "include: no extra output is served by this server yet"));
+    // `include`: the output text's log-probabilities, and the reasoning items this server always returns.
+    let mut logprobs = false;
+    match f.get("include") {
+        None => {}
+        Some(Value::Array(list)) => {
+            for v in list {
+                match v.as_str() {
+                    Some("message.output_text.logprobs") => logprobs = true,
+                    Some("reasoning.encrypted_content") => {}
+                    other => {
+                        return Err(ApiError::invalid_param(
+                            "include",
+                            format!(
+                                "include: {other:?} is not served by this server (message.output_text.logprobs is)"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+        Some(_) => return Err(ApiError::invalid_param("include", "include: expected a list")),
     }
     if f.string("truncation")?.is_some_and(|t| t != "disabled") {
         return Err(ApiError::invalid_param("truncation", "truncation: only \"disabled\" is supported"));
-    }
-    if f.get("top_logprobs").is_some() {
-        return Err(ApiError::invalid_param("top_logprobs", "top_logprobs: not served on /v1/responses yet"));
     }
     let model = f.required_string("model")?;
     let mut messages = messages(f.get("input").ok_or_else(|| bad("input", ": Field required".into()))?)?;
@@ -267,6 +283,17 @@ pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
         && let Some(format) = response_format(text)?
     {
         chat["response_format"] = format;
+    }
+    // Log-probabilities of the output text: with `include`, and `top_logprobs` alternatives (0 to 20).
+    let top = f.integer("top_logprobs", 0, u64::from(zl_wire::message::MAX_TOP_LOGPROBS))?;
+    if logprobs {
+        chat["logprobs"] = json!(true);
+        chat["top_logprobs"] = json!(top.unwrap_or(0));
+    } else if top.is_some_and(|t| t > 0) {
+        return Err(ApiError::invalid_param(
+            "top_logprobs",
+            "top_logprobs: only with include: [\"message.output_text.logprobs\"]",
+        ));
     }
     if let Some(effort) = f.get("reasoning").and_then(|r| r.get("effort")).filter(|e| !e.is_null()) {
         chat["reasoning_effort"] = effort.clone();
@@ -337,10 +364,15 @@ mod tests {
         assert_eq!(param(json!({"previous_response_id": "resp_1"})), "previous_response_id");
         assert_eq!(param(json!({"background": true})), "background");
         assert_eq!(param(json!({"tools": [{"type": "file_search"}]})), "tools");
-        assert_eq!(param(json!({"include": ["reasoning.encrypted_content"]})), "include");
+        assert_eq!(param(json!({"include": ["file_search_call.results"]})), "include");
+        assert_eq!(param(json!({"top_logprobs": 3})), "top_logprobs");
         assert_eq!(param(json!({"truncation": "auto"})), "truncation");
         assert_eq!(param(json!({"input": [{"type": "input_image"}]})), "input");
         assert_eq!(param(json!({"input": []})), "input");
         assert!(to_chat(&json!({"model": "m", "input": "hi", "store": false, "include": []})).is_ok());
+        let (chat, _) = to_chat(&json!({"model": "m", "input": "hi", "include": ["message.output_text.logprobs"],
+            "top_logprobs": 2}))
+        .unwrap();
+        assert_eq!((chat["logprobs"].clone(), chat["top_logprobs"].clone()), (json!(true), json!(2)));
     }
 }
