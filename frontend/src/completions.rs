@@ -134,8 +134,6 @@ pub struct Completions {
     fingerprint: String,
     /// The prompt as the client gave it (for `echo`), once prepared.
     prompt: String,
-    /// The prompt's first token (for `echo` with `logprobs`: it has no log-probability).
-    first_token: Option<u32>,
     /// The model's card, for naming tokens, when log-probabilities are asked for.
     card: Option<Arc<Card>>,
     /// Columns not sent yet (a stream) or all of them (a complete answer).
@@ -194,7 +192,6 @@ impl Dialect for Completions {
             model: String::new(),
             fingerprint: String::new(),
             prompt,
-            first_token: None,
             card: None,
             columns: Columns::default(),
             echo_pending: false,
@@ -209,10 +206,10 @@ impl Dialect for Completions {
             // Given as tokens: their text.
             self.prompt.clone_from(&prepared.prompt);
         }
-        self.first_token = prepared.tokens.first().copied();
         if prepared.logprobs.is_some() {
             self.card = Some(prepared.card.clone());
-            if let (true, Some(first)) = (self.options.echo, self.first_token) {
+            // The prompt's first token has no log-probability (nothing precedes it).
+            if let (true, Some(&first)) = (self.options.echo, prepared.tokens.first()) {
                 self.columns.first(&prepared.card, first);
                 // A stream sends the echoed prompt once its log-probabilities are in, before any output.
                 self.echo_pending = true;

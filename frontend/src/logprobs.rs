@@ -83,11 +83,6 @@ impl Columns {
         self.offset += card.token_bytes(token).len();
     }
 
-    /// Whether no token has been added.
-    pub fn is_empty(&self) -> bool {
-        self.tokens.is_empty()
-    }
-
     /// Bytes of text the tokens added so far stand for, from the first offset.
     pub fn offset(&self) -> usize {
         self.offset

@@ -26,8 +26,9 @@ pub(super) fn fits_in_bytes(card: &Card, text_bytes: usize) -> Result<(), ApiErr
     Ok(())
 }
 
-/// The rendered prompt and its tokens (CPU-heavy: run it off the async threads), by zl-client's prompt code.
-/// A request's prompt as the model sees it (the chat template applied) and its tokens: what a worker is sent.
+/// A request's prompt as the model sees it and its tokens: what a worker is sent (CPU-heavy: run it off the async
+/// threads). A raw prompt is taken as is; a conversation is rendered by zl-client's prompt code, then the thinking
+/// section is opened where it was asked for and a prefill appended.
 pub fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), ApiError> {
     match &req.raw {
         Some(RawPrompt::Text(text)) => {
@@ -87,7 +88,7 @@ pub fn tokenize(card: &Card, req: &GenRequest) -> Result<(String, Vec<u32>), Api
 pub(super) fn prompt_bytes(req: &GenRequest) -> usize {
     match &req.raw {
         Some(RawPrompt::Text(t)) => return t.len(),
-        // At most four bytes of text a token, checked against the context in tokens once known.
+        // Token ids: their count (each stands for at least a byte); the context is checked in tokens later.
         Some(RawPrompt::Tokens(t)) => return t.len(),
         None => {}
     }

@@ -62,12 +62,37 @@ fn renamed(mut e: ApiError) -> ApiError {
     e
 }
 
+/// One server-sent event of the stream, numbered `seq`.
+fn numbered(name: &str, mut data: Value, seq: u64) -> String {
+    data["type"] = json!(name);
+    data["sequence_number"] = json!(seq);
+    crate::anthropic::event(name, &data)
+}
+
+/// Events the stream's head takes (`response.created`, `response.in_progress`): the others are numbered after them.
+const HEAD_EVENTS: u64 = 2;
+
 impl Responses {
-    fn event(&mut self, name: &str, mut data: Value) -> String {
-        data["type"] = json!(name);
-        data["sequence_number"] = json!(self.seq);
+    fn new(echoed: Echoed, splitter: Splitter) -> Self {
+        Responses {
+            echoed,
+            id: String::new(),
+            created: 0,
+            model: String::new(),
+            splitter,
+            think: None,
+            seq: HEAD_EVENTS,
+            items: Vec::new(),
+            open: None,
+            card: None,
+            pending: Vec::new(),
+            entries: Vec::new(),
+        }
+    }
+
+    fn event(&mut self, name: &str, data: Value) -> String {
         self.seq += 1;
-        crate::anthropic::event(name, &data)
+        numbered(name, data, self.seq - 1)
     }
 
     /// The `response` object in `status`, with the items so far and (once known) the usage.
@@ -232,20 +257,7 @@ impl Dialect for Responses {
         let (chat, echoed) = request::to_chat(body)?;
         let req = crate::openai::parse(&chat).map_err(renamed)?.req;
         let names = req.tools.tools.iter().map(|t| t.name.clone()).collect();
-        let writer = Responses {
-            echoed,
-            id: String::new(),
-            created: 0,
-            model: String::new(),
-            splitter: Splitter::new(req.tools.call_parse(), names),
-            think: None,
-            seq: 0,
-            items: Vec::new(),
-            open: None,
-            card: None,
-            pending: Vec::new(),
-            entries: Vec::new(),
-        };
+        let writer = Responses::new(echoed, Splitter::new(req.tools.call_parse(), names));
         Ok((req, writer))
     }
 
@@ -263,19 +275,12 @@ impl Dialect for Responses {
     }
 
     fn stream_head(&self) -> String {
-        // Rendered from a copy: the head is written before any event, from sequence number 0.
-        let mut head = Responses { items: Vec::new(), open: None, seq: 0, ..self.shallow() };
-        let created = head.object("in_progress", None);
-        let mut out = head.event("response.created", json!({"response": created}));
-        out += &head.event("response.in_progress", json!({"response": head.object("in_progress", None)}));
-        out
+        // Written before any other event: numbers 0 and 1 (`HEAD_EVENTS`).
+        let response = json!({"response": self.object("in_progress", None)});
+        numbered("response.created", response.clone(), 0) + &numbered("response.in_progress", response, 1)
     }
 
     fn render_event(&mut self, event: &GenEvent) -> String {
-        if self.seq == 0 {
-            // The head took numbers 0 and 1.
-            self.seq = 2;
-        }
         match event {
             GenEvent::Logprobs(l) => {
                 self.logprobs(l);
@@ -319,25 +324,5 @@ impl Dialect for Responses {
         let _ = self.close();
         crate::tools::count_calls(Self::API, self.splitter.calls);
         self.object(Self::status(finish), Some(finish))
-    }
-}
-
-impl Responses {
-    /// A copy of what the response object repeats (for the stream's head).
-    fn shallow(&self) -> Responses {
-        Responses {
-            echoed: self.echoed.clone(),
-            id: self.id.clone(),
-            created: self.created,
-            model: self.model.clone(),
-            splitter: Splitter::new(crate::tools::CallParse::Off, Vec::new()),
-            think: None,
-            seq: 0,
-            items: Vec::new(),
-            open: None,
-            card: None,
-            pending: Vec::new(),
-            entries: Vec::new(),
-        }
     }
 }

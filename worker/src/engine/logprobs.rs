@@ -17,8 +17,6 @@ pub struct Logprob {
 /// What a sequence asks of its logits rows.
 #[derive(Clone, Debug, Default)]
 pub struct LogprobWants {
-    /// Report each output token's log-probability.
-    pub output: bool,
     /// Alternatives per position.
     pub top: usize,
     /// The prompt, while its log-probabilities are wanted: positions `next..prompt.len()` are still to report.
@@ -97,7 +95,7 @@ mod tests {
     }
 
     fn wants(prompt_len: usize, next: usize) -> LogprobWants {
-        LogprobWants { output: true, top: 2, prompt: Some(vec![7; prompt_len]), next }
+        LogprobWants { top: 2, prompt: Some(vec![7; prompt_len]), next }
     }
 
     #[test]

@@ -329,7 +329,6 @@ impl EngineCore {
         let mut st = SeqState {
             sampling: req.sampling,
             logprobs: req.logprobs.then(|| LogprobWants {
-                output: true,
                 top: usize::from(req.top_logprobs),
                 prompt: req.prompt_logprobs.then(|| req.prompt.clone()),
                 next: 1,
@@ -467,6 +466,9 @@ impl EngineCore {
         // reports them, and the prompt rows' values whole.
         let seqs = &self.seqs;
         let measure = |(row, (item, kind)): (&[f32], &(&StepItem, RowKind))| {
+            if *kind == RowKind::Unused {
+                return None;
+            }
             let wants = seqs.get(&item.seq)?.logprobs.as_ref()?;
             let norm = LogSoftmax::of(row);
             let prompt = match kind {
