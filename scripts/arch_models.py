@@ -87,7 +87,7 @@ THINKING_TEMPLATE = (
 )
 
 
-def write(path, arch, bundled, seed, rope=None, rotary=None, shape=None, template=None):
+def write(path, arch, bundled, seed, rope=None, rotary=None, shape=None, template=None, pooling=None):
     d = dict(hidden=HIDDEN, inter=INTER, layers=LAYERS, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
              experts=EXPERTS, used=USED)
     d.update(shape or {})
@@ -114,6 +114,10 @@ def write(path, arch, bundled, seed, rope=None, rotary=None, shape=None, templat
     w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    if pooling is not None:
+        # An embedding model (Qwen3-Embedding's form): its states pooled, each document ending with EOS.
+        w.add_pooling_type(pooling)
+        w.add_add_eos_token(True)
     if moe:
         w.add_expert_count(experts)
         w.add_expert_used_count(used)

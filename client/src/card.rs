@@ -20,6 +20,8 @@ pub struct Card {
     pub kv_block_size: u32,
     /// The model's tokenizer and chat template.
     pub tokenizer: TextTokenizer,
+    /// An embedding model: the width of its vectors (0: a generative model).
+    pub embedding_dims: u32,
     /// Every token's bytes, built on first use (log-probabilities name their tokens).
     pieces: std::sync::OnceLock<Vec<Vec<u8>>>,
 }
@@ -33,7 +35,7 @@ impl Card {
         kv_block_size: u32,
         tokenizer: TextTokenizer,
     ) -> Self {
-        Card { model, weights, context_length, kv_block_size, tokenizer, pieces: Default::default() }
+        Card { model, weights, context_length, kv_block_size, tokenizer, embedding_dims: 0, pieces: Default::default() }
     }
 
     /// The bytes token `id` stands for (a special token: its name; an unknown id: none). The first call builds
@@ -73,5 +75,8 @@ pub async fn fetch_card(upstream: &dyn Upstream, endpoint: String, model: String
         .await
         .map_err(|e| CardError::Unusable(format!("building the tokenizer failed: {e}")))?
         .map_err(|e| CardError::Unusable(format!("the worker's model card for {model} is unusable: {e}")))?;
-    Ok(Card::new(card.model, hex(&card.weights_sha256), card.context_length, card.kv_block_size, tokenizer))
+    let mut built =
+        Card::new(card.model, hex(&card.weights_sha256), card.context_length, card.kv_block_size, tokenizer);
+    built.embedding_dims = card.embedding_dims;
+    Ok(built)
 }

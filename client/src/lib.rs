@@ -3,12 +3,14 @@
 //!
 //! - [`upstream`]: the tiers behind a client ([`upstream::Upstream`]; [`upstream::QuicUpstream`] speaks the RPC).
 //! - [`card`]: a model's card from a worker, with its tokenizer built.
+//! - [`embed`]: an embeddings answer from a worker, checked frame by frame.
 //! - [`prompt`]: a conversation rendered with the model's chat template and tokenised, exactly as the gateway
 //!   sends it.
 //!
 //! Like TGI's client crate beside its router and its benchmark: no HTTP, no policy, nothing of the gateway.
 
 pub mod card;
+pub mod embed;
 pub mod prompt;
 pub mod upstream;
 

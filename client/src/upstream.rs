@@ -10,12 +10,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
+use crate::embed::{Collector, Embedded};
 use zl_common::sync::{lock, read, write};
 use zl_proto::CallError;
 use zl_proto::quic::{Client, ResponseStream};
 use zl_wire::message::{
-    ErrorCode, FrontendGrant, FrontendReport, GenerateRequest, Message, ModelCard, ModelCardRequest, NodeId, Role,
-    RouteDecision, RouteRequest, StateSync, StateSyncRequest, WireError,
+    EmbedRequest, ErrorCode, FrontendGrant, FrontendReport, GenerateRequest, Message, ModelCard, ModelCardRequest,
+    NodeId, Role, RouteDecision, RouteRequest, StateSync, StateSyncRequest, WireError,
 };
 
 /// A boxed, sendable future.
@@ -47,6 +48,14 @@ pub trait Upstream: Send + Sync + 'static {
         endpoint: String,
         request: GenerateRequest,
     ) -> BoxFuture<'_, Result<Box<dyn TokenSource>, CallError>>;
+    /// Embed a request's inputs on the worker at `endpoint` (an embedding model). Without an implementation no
+    /// worker embeds.
+    fn embed(&self, endpoint: String, request: EmbedRequest) -> BoxFuture<'_, Result<Embedded, CallError>> {
+        let _ = (endpoint, request);
+        Box::pin(async {
+            Err(CallError::Remote(WireError::new(ErrorCode::Unavailable, "no worker embeds behind this upstream")))
+        })
+    }
     /// Send this frontend's report (usage, budget positions, audit head) to some orchestrator. Without an
     /// implementation there are no orchestrators to report to.
     fn report(&self, report: FrontendReport) -> BoxFuture<'_, Result<FrontendGrant, CallError>> {
@@ -75,6 +84,12 @@ const RESUME_MINOR: u16 = 6;
 const ADAPTER_MINOR: u16 = 8;
 /// The first protocol minor with top log-probabilities and the prompt's, thinking budgets and penalties.
 const SAMPLING_MINOR: u16 = 11;
+/// The first protocol minor whose workers embed (`EmbedRequest`).
+const EMBED_MINOR: u16 = 12;
+
+/// The longest an embeddings call may take: a full request (2,048 inputs) of a large model on a CPU worker. A
+/// killed or frozen worker fails its call far sooner (the connection's idle timeout, `rpc_settings`).
+const EMBED_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Per-call deadline for control calls to workers (model cards): a worker loading another model may take a few
 /// seconds to answer, and a card is fetched once per model and cached.
@@ -290,6 +305,41 @@ impl Upstream for QuicUpstream {
                 Message::FrontendGrant(g) => Ok(g),
                 other => Err(unexpected("a frontend grant", &other)),
             }
+        })
+    }
+
+    fn embed(&self, endpoint: String, request: EmbedRequest) -> BoxFuture<'_, Result<Embedded, CallError>> {
+        Box::pin(async move {
+            let to = endpoint_addr(&endpoint).await?;
+            let mut collector = Collector::new(request.inputs.len(), request.tokens());
+            let call = async {
+                let mut stream = self.client.stream(to, Role::Worker, Message::EmbedRequest(request)).await?;
+                let peer = stream.peer();
+                if peer.protocol_minor < EMBED_MINOR {
+                    return Err(CallError::Remote(WireError::new(
+                        ErrorCode::Unavailable,
+                        format!(
+                            "worker {} speaks protocol 1.{} and cannot embed (1.{EMBED_MINOR} can)",
+                            peer.node_id, peer.protocol_minor
+                        ),
+                    )));
+                }
+                loop {
+                    match stream.next().await {
+                        Some(Ok(Message::Embeddings(e))) => collector.push(e).map_err(CallError::Protocol)?,
+                        Some(Ok(Message::Finish(f))) => return collector.finish(&f).map_err(CallError::Protocol),
+                        Some(Ok(other)) => return Err(unexpected("embeddings", &other)),
+                        Some(Err(e)) => return Err(e),
+                        None => return Err(CallError::Protocol("the worker ended the call without a finish".into())),
+                    }
+                }
+            };
+            tokio::time::timeout(EMBED_TIMEOUT, call).await.unwrap_or_else(|_| {
+                Err(CallError::Remote(WireError::new(
+                    ErrorCode::DeadlineExceeded,
+                    format!("the worker did not answer within {} s", EMBED_TIMEOUT.as_secs()),
+                )))
+            })
         })
     }
 

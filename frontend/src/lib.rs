@@ -14,6 +14,7 @@ pub mod cache;
 pub mod cluster;
 pub mod completions;
 pub mod dialect;
+pub mod embeddings;
 pub mod error;
 pub mod events;
 pub mod gateway;

@@ -28,6 +28,7 @@ fn world(workers: usize, now: Instant) -> (RoutingState, LoadView) {
                 context_length: 8192,
                 family: "llama".into(),
                 weights_bytes: 0,
+                embedding_dims: 0,
             }],
             kv_block_size: 16,
             kv_blocks_total: 100_000,

@@ -272,6 +272,7 @@ impl Orchestrator {
                     context_length: m.context_length,
                     family: m.family.clone(),
                     weights_bytes: m.weights_bytes,
+                    embedding_dims: m.embedding_dims,
                 })
                 .collect(),
             kv_block_size: r.kv_block_size,
@@ -520,6 +521,7 @@ impl Orchestrator {
             context_length: m.context_length,
             family: m.family.clone(),
             weights_bytes: m.weights_bytes,
+            embedding_dims: m.embedding_dims,
         };
         // The versions non-draining workers serve first; then the models with no serving worker now, which still
         // exist: their requests get a retryable 529 from routing.

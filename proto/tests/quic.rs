@@ -202,6 +202,7 @@ async fn remote_errors_and_missing_replies_are_typed() {
             context_length: 10,
             family: String::new(),
             weights_bytes: 0,
+            embedding_dims: 0,
         }],
         kv_block_size: 16,
         kv_blocks_total: 1,

@@ -11,10 +11,12 @@ use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, Tokenizer};
 
 mod bytes;
 mod spm;
+mod wpm;
 pub use bytes::SPECIAL_MARKER;
 
 /// ChatML, used when a model ships no template.
@@ -44,7 +46,7 @@ pub struct ChatMessage {
 /// GGUF tokenizer metadata, as read from the file.
 #[derive(Debug, Default)]
 pub struct GgufVocab {
-    /// `tokenizer.ggml.model`: "gpt2" (byte-level BPE) or "llama" (SentencePiece).
+    /// `tokenizer.ggml.model`: "gpt2" (byte-level BPE), "llama" (SentencePiece) or "bert" (WordPiece).
     pub model: String,
     /// `tokenizer.ggml.pre`, e.g. "smollm".
     pub pre: String,
@@ -67,6 +69,14 @@ pub struct GgufVocab {
     pub bos: Option<u32>,
     /// Chat template.
     pub chat_template: Option<String>,
+    /// A document (an embedding input) ends with the end-of-sequence token (`tokenizer.ggml.add_eos_token`).
+    pub add_eos: bool,
+    /// A WordPiece document ends with this separator (BERT's `[SEP]`; it starts with `bos`, BERT's `[CLS]`).
+    pub sep: Option<u32>,
+    /// WordPiece: lowercase the text first (`tokenizer.ggml.normalizer.lowercase`).
+    pub lowercase: bool,
+    /// WordPiece: strip accents (`tokenizer.ggml.normalizer.strip_accents`; `None`: when lowercasing).
+    pub strip_accents: Option<bool>,
 }
 
 /// A tokenizer in portable form: what a worker sends a frontend in a model card, so both tokenise alike.
@@ -141,18 +151,23 @@ impl TextTokenizer {
         TextTokenizer { inner, stop_ids, template, compiled: Arc::new(compiled), bos, eos, max_token_bytes }
     }
 
-    /// Rebuild a tokenizer from GGUF metadata: byte-level BPE ("gpt2") or SentencePiece ("llama").
+    /// Rebuild a tokenizer from GGUF metadata: byte-level BPE ("gpt2"), SentencePiece ("llama") or WordPiece
+    /// ("bert").
     pub fn from_gguf(vocab: &GgufVocab) -> Result<TextTokenizer, TokenizerError> {
         let mut inner = match vocab.model.as_str() {
             "gpt2" => Self::byte_level(vocab)?,
             "llama" => spm::tokenizer(vocab)?,
+            "bert" => wpm::tokenizer(vocab)?,
             other => {
                 return Err(TokenizerError::Tokenizer(format!(
-                    "GGUF tokenizer model {other:?} is not supported (byte-level BPE, \"gpt2\", and SentencePiece, \
-                     \"llama\", are)"
+                    "GGUF tokenizer model {other:?} is not supported (byte-level BPE, \"gpt2\", SentencePiece, \
+                     \"llama\", and WordPiece, \"bert\", are)"
                 )));
             }
         };
+        if let Some(wrap) = document_wrap(vocab)? {
+            inner.with_post_processor(Some(wrap));
+        }
         // Control and user-defined tokens are matched whole in the input (chat markers like <|im_start|>).
         let specials: Vec<AddedToken> = vocab
             .tokens
@@ -277,6 +292,14 @@ impl TextTokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// Token ids of `text` as a document to embed: with the special tokens the model's tokenizer puts around a
+    /// text (BERT's `[CLS]` and `[SEP]`, a file's BOS and EOS where it asks for them), as llama.cpp's and Hugging
+    /// Face's tokenizers add them.
+    pub fn encode_document(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let enc = self.inner.encode(text, true).map_err(|e| TokenizerError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
     /// Text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         self.inner.decode(ids, true).map_err(|e| TokenizerError::Tokenizer(e.to_string()))
@@ -343,6 +366,42 @@ impl TextTokenizer {
     pub fn stream(&self) -> Detokenizer {
         Detokenizer::default()
     }
+}
+
+/// The special tokens a GGUF vocabulary puts around a document, as a post-processor: WordPiece starts with its
+/// BOS (`[CLS]`) and ends with its separator; the others start with BOS where the file adds one and end with EOS
+/// where it says `add_eos_token`. `None`: nothing to add.
+fn document_wrap(vocab: &GgufVocab) -> Result<Option<TemplateProcessing>, TokenizerError> {
+    let bad = |e: String| TokenizerError::Tokenizer(format!("the document template: {e}"));
+    let end = if vocab.model == "bert" { vocab.sep } else { vocab.eos.filter(|_| vocab.add_eos) };
+    let named = |id: Option<u32>| -> Result<Option<(String, u32)>, TokenizerError> {
+        let Some(id) = id else { return Ok(None) };
+        let token = vocab.tokens.get(id as usize).ok_or_else(|| bad(format!("token {id} is not in the vocabulary")))?;
+        // The template language reads `$` and `:` and splits on spaces: such a token cannot be named in it.
+        if token.is_empty() || token.starts_with('$') || token.contains([':', ' ']) {
+            return Err(bad(format!("token {token:?} cannot be written in a template")));
+        }
+        Ok(Some((token.clone(), id)))
+    };
+    let (start, end) = (named(vocab.bos)?, named(end)?);
+    if start.is_none() && end.is_none() {
+        return Ok(None);
+    }
+    let pieces: Vec<String> = start
+        .iter()
+        .map(|(t, _)| t.clone())
+        .chain(std::iter::once("$A".to_owned()))
+        .chain(end.iter().map(|(t, _)| t.clone()))
+        .collect();
+    let mut specials: Vec<(String, u32)> = start.into_iter().chain(end).collect();
+    specials.dedup();
+    TemplateProcessing::builder()
+        .try_single(pieces.join(" "))
+        .map_err(bad)?
+        .special_tokens(specials)
+        .build()
+        .map(Some)
+        .map_err(|e| bad(e.to_string()))
 }
 
 /// Turns a growing list of token ids into text deltas. It decodes only a short window (the tokens since the last

@@ -48,6 +48,7 @@ impl CallShape {
             K::FrontendReport => Some(CallShape::Unary { reply: K::FrontendGrant }),
             K::CertificateRequest => Some(CallShape::Unary { reply: K::CertificateIssued }),
             K::GenerateRequest => Some(CallShape::ServerStreaming { item: K::TokenChunk, terminal: K::Finish }),
+            K::EmbedRequest => Some(CallShape::ServerStreaming { item: K::Embeddings, terminal: K::Finish }),
             K::Ack
             | K::RouteDecision
             | K::TokenChunk
@@ -57,7 +58,8 @@ impl CallShape {
             | K::ModelCard
             | K::StateSync
             | K::FrontendGrant
-            | K::CertificateIssued => None,
+            | K::CertificateIssued
+            | K::Embeddings => None,
         }
     }
 }
@@ -322,6 +324,7 @@ mod tests {
                     | K::StateSync
                     | K::FrontendGrant
                     | K::CertificateIssued
+                    | K::Embeddings
             );
             assert_eq!(opens, expected, "{kind}");
         }

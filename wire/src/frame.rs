@@ -60,11 +60,15 @@ pub enum FrameKind {
     CertificateRequest = 20,
     /// `CertificateIssued`.
     CertificateIssued = 21,
+    /// `EmbedRequest` (protocol 1.12).
+    EmbedRequest = 22,
+    /// `Embeddings` (protocol 1.12).
+    Embeddings = 23,
 }
 
 impl FrameKind {
     /// Every kind, in wire-value order.
-    pub const ALL: [FrameKind; 21] = [
+    pub const ALL: [FrameKind; 23] = [
         FrameKind::Handshake,
         FrameKind::RegisterWorker,
         FrameKind::DeregisterWorker,
@@ -86,6 +90,8 @@ impl FrameKind {
         FrameKind::FrontendGrant,
         FrameKind::CertificateRequest,
         FrameKind::CertificateIssued,
+        FrameKind::EmbedRequest,
+        FrameKind::Embeddings,
     ];
 
     /// The kind with this wire value, if any.
@@ -122,6 +128,8 @@ impl FrameKind {
             FrameKind::FrontendGrant => "frontend_grant",
             FrameKind::CertificateRequest => "certificate_request",
             FrameKind::CertificateIssued => "certificate_issued",
+            FrameKind::EmbedRequest => "embed_request",
+            FrameKind::Embeddings => "embeddings",
         }
     }
 }
@@ -320,7 +328,7 @@ mod tests {
             assert_eq!(FrameKind::from_wire(kind.to_wire()), Some(kind));
         }
         assert_eq!(FrameKind::from_wire(0), None);
-        assert_eq!(FrameKind::from_wire(22), None);
+        assert_eq!(FrameKind::from_wire(24), None);
         assert_eq!(FrameKind::from_wire(u16::MAX), None);
     }
 

@@ -19,6 +19,7 @@ use zl_worker::adapters::{AdapterCache, AdapterSettings};
 use zl_worker::consul_report::{ReportedEngine, WorkerReport};
 use zl_worker::engine::{EngineCore, EngineHandle};
 use zl_worker::fetch;
+use zl_worker::model::embed::{self, EmbeddingModel};
 use zl_worker::model::llama::{KvDtype, KvStore};
 use zl_worker::registration::{DirectDiscovery, Discovery, ReportedModel, run_reporter};
 use zl_worker::scheduler::SchedulerConfig;
@@ -157,9 +158,17 @@ struct ServeArgs {
 
 pub(crate) struct Loaded {
     pub(crate) id: String,
-    pub(crate) core: EngineCore,
+    pub(crate) run: Run,
     pub(crate) sha256: [u8; 32],
     pub(crate) path: PathBuf,
+}
+
+/// What a loaded model runs on.
+pub(crate) enum Run {
+    /// A generative model's engine.
+    Generate(Box<EngineCore>),
+    /// An embedding model.
+    Embed(Box<EmbeddingModel>),
 }
 
 /// The models to load: (id, path), the default model when none is named.
@@ -232,6 +241,25 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
         let started = std::time::Instant::now();
         let digest = fetch::sha256_files(&files)?;
         let hashed = started.elapsed();
+        if embed::is_embedding(&path)? {
+            let mut model = embed::load(&path, zl_worker::model::Precision::Native)
+                .with_context(|| format!("loading {}", path.display()))?;
+            if let embed::Net::Decoder { llama, .. } = &mut model.net {
+                activations(llama, args)?;
+            }
+            eprintln!(
+                "zl-worker: loaded {id} in {:.2} s: an embedding model ({}, {}-wide vectors, {} pooling, inputs up to \
+                 {} tokens), {:.1} MB of weights in memory",
+                started.elapsed().as_secs_f64(),
+                model.family,
+                model.dims,
+                model.pooling.name(),
+                model.context_length,
+                model.weight_bytes() as f64 / 1e6
+            );
+            loaded.push(Loaded { id, run: Run::Embed(Box::new(model)), sha256: digest, path });
+            continue;
+        }
         let mut model = zl_worker::model::load(&path).with_context(|| format!("loading {}", path.display()))?;
         activations(&mut model.llama, args)?;
         eprintln!(
@@ -272,7 +300,7 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
                 total as f64 / (1u64 << 30) as f64
             );
         }
-        loaded.push(Loaded { id, core, sha256: digest, path });
+        loaded.push(Loaded { id, run: Run::Generate(Box::new(core)), sha256: digest, path });
     }
     Ok(loaded)
 }
@@ -320,17 +348,37 @@ async fn serve(args: ServeArgs) -> Result<()> {
     let mut served = Vec::new();
     let mut kv_bytes_per_token = 0;
     for loaded in load(&args.model)? {
-        let cfg = loaded.core.model().llama.config().clone();
+        let core = match loaded.run {
+            Run::Generate(core) => core,
+            Run::Embed(model) => {
+                served.push(ServedModel {
+                    context_length: model.context_length as u32,
+                    family: model.family.clone(),
+                    weights_bytes: model.weight_bytes() as u64,
+                    tokenizer: Arc::new(model.tokenizer.clone()),
+                    grammar: None,
+                    embedding: Some((model.dims as u32, model.pooling.name())),
+                    engine: zl_worker::engine::embedder::spawn(*model, &loaded.id)?,
+                    kv_block_size: args.model.kv_block_size as u32,
+                    speculation: args.model.speculation(),
+                    config: Default::default(),
+                    id: loaded.id,
+                    weights_sha256: loaded.sha256,
+                });
+                continue;
+            }
+        };
+        let cfg = core.model().llama.config().clone();
         let per_token = KvStore::bytes_per_token(&cfg, args.model.kv_dtype) as u64;
         kv_bytes_per_token = kv_bytes_per_token.max(per_token);
         let labels = [("model", loaded.id.clone()), ("dtype", args.model.kv_dtype.name().to_owned())];
         metrics::gauge!("zl_worker_kv_bytes_per_token", &labels).set(per_token as f64);
-        let tokenizer = Arc::new(loaded.core.model().tokenizer.clone());
-        let family = loaded.core.model().family.clone();
-        let weights_bytes = loaded.core.model().llama.weight_bytes_by_format().values().sum::<usize>() as u64;
+        let tokenizer = Arc::new(core.model().tokenizer.clone());
+        let family = core.model().family.clone();
+        let weights_bytes = core.model().llama.weight_bytes_by_format().values().sum::<usize>() as u64;
         let grammar = zl_grammar::Engine::new(&tokenizer)
             .map_err(|e| anyhow::anyhow!("{}: cannot index the vocabulary for constrained decoding: {e}", loaded.id))?;
-        let engine = EngineHandle::spawn(loaded.core, &loaded.id)?;
+        let engine = EngineHandle::spawn(*core, &loaded.id)?;
         served.push(ServedModel {
             id: loaded.id,
             weights_sha256: loaded.sha256,
@@ -338,7 +386,8 @@ async fn serve(args: ServeArgs) -> Result<()> {
             family,
             weights_bytes,
             tokenizer,
-            grammar,
+            grammar: Some(grammar),
+            embedding: None,
             engine,
             kv_block_size: args.model.kv_block_size as u32,
             speculation: args.model.speculation(),
@@ -363,6 +412,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                 context_length: m.context_length,
                 family: m.family.clone(),
                 weights_bytes: m.weights_bytes,
+                embedding_dims: m.embedding.map_or(0, |e| e.0),
             })
             .collect(),
         kv_block_size: args.model.kv_block_size as u32,

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use zl_common::sync::lock;
 use zl_proto::quic::{CallContext, Handler, Responder};
 use zl_wire::message::{
-    ErrorCode, Finish, GenerateRequest, Message, ModelCard, Prompt, StopReason, TokenChunk, Usage, WireError,
+    EmbedRequest, Embeddings, ErrorCode, Finish, GenerateRequest, Message, ModelCard, Prompt, StopReason, TokenChunk,
+    Usage, WireError,
 };
 
 use crate::adapters::{AdapterCache, ForModel};
@@ -33,8 +34,10 @@ pub struct ServedModel {
     pub weights_bytes: u64,
     /// Tokenizer, for text prompts.
     pub tokenizer: Arc<TextTokenizer>,
-    /// Its vocabulary as the grammar engine sees it, for constrained requests.
-    pub grammar: zl_grammar::Engine,
+    /// Its vocabulary as the grammar engine sees it, for constrained requests (none for an embedding model).
+    pub grammar: Option<zl_grammar::Engine>,
+    /// An embedding model: the width of its vectors and how it pools (none: a generative model).
+    pub embedding: Option<(u32, &'static str)>,
     /// The engine running it.
     pub engine: EngineHandle,
     /// Tokens per KV block.
@@ -78,6 +81,8 @@ impl ServedModel {
             eos_token: parts.eos,
             stop_token_ids: parts.stop_ids,
             kv_block_size: self.kv_block_size,
+            embedding_dims: self.embedding.map_or(0, |e| e.0),
+            pooling: self.embedding.map_or("", |e| e.1).to_owned(),
         })
     }
 }
@@ -208,6 +213,9 @@ impl WorkerService {
             .models
             .get(&g.model)
             .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("model {:?} is not served here", g.model)))?;
+        if model.embedding.is_some() {
+            return Err(WireError::new(ErrorCode::InvalidRequest, RequestError::NotGenerative.to_string()));
+        }
         let vocab = model.tokenizer.vocab_size() as u32;
         if let Some(bad) = g.resume_tokens.iter().find(|t| **t >= vocab) {
             return Err(WireError::new(
@@ -235,7 +243,10 @@ impl WorkerService {
             "" => None,
             grammar => {
                 // Compiling a large schema takes milliseconds of CPU: off the async threads.
-                let (engine, grammar) = (model.grammar.clone(), grammar.to_owned());
+                let engine = model.grammar.clone().ok_or_else(|| {
+                    WireError::new(ErrorCode::InvalidRequest, "the model does not take constrained requests")
+                })?;
+                let grammar = grammar.to_owned();
                 let compiled = tokio::task::spawn_blocking(move || engine.start(&grammar))
                     .await
                     .map_err(|e| WireError::new(ErrorCode::Internal, format!("grammar compilation failed: {e}")))?;
@@ -389,6 +400,60 @@ impl WorkerService {
     }
 }
 
+impl WorkerService {
+    /// Embed a request's inputs: one `Embeddings` frame per run of vectors (each under [`EMBED_FRAME_VALUES`]
+    /// values), in input order, then a `Finish` whose usage counts the inputs' tokens.
+    async fn embed(&self, r: EmbedRequest, out: &mut Responder) -> Result<(), WireError> {
+        let _in_progress = CallInProgress::new(&self.calls);
+        if self.draining.load(Ordering::SeqCst) {
+            return Err(WireError::new(ErrorCode::Unavailable, "the worker is draining"));
+        }
+        let model = self
+            .models
+            .get(&r.model)
+            .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("model {:?} is not served here", r.model)))?;
+        let Some((dims, _)) = model.embedding else {
+            return Err(WireError::new(ErrorCode::InvalidRequest, RequestError::NotEmbedding.to_string()));
+        };
+        let vocab = model.tokenizer.vocab_size() as u32;
+        for (i, input) in r.inputs.iter().enumerate() {
+            if let Some(bad) = input.iter().find(|t| **t >= vocab) {
+                return Err(WireError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("input {i}: token id {bad} is outside the vocabulary of {vocab}"),
+                ));
+            }
+        }
+        let input_tokens = r.tokens().min(u32::MAX as usize) as u32;
+        let mut handover = self.handover.subscribe();
+        let vectors = tokio::select! {
+            v = model.engine.embed(r.inputs) => v,
+            _ = handover.wait_for(|h| *h) => {
+                return Err(WireError::new(ErrorCode::Unavailable, "the worker is shutting down"));
+            }
+        };
+        let vectors = vectors
+            .map_err(|_| WireError::new(ErrorCode::Unavailable, "the engine has stopped"))?
+            .map_err(|e| WireError::new(ErrorCode::InvalidRequest, e.to_string()))?;
+        let send_err = |e: zl_proto::CallError| WireError::new(ErrorCode::Cancelled, e.to_string());
+        let per_frame = (EMBED_FRAME_VALUES / dims.max(1) as usize).max(1);
+        for (n, run) in vectors.chunks(per_frame).enumerate() {
+            let values: Vec<f32> = run.iter().flatten().copied().collect();
+            let frame = Embeddings { start: (n * per_frame) as u32, dims, values };
+            out.send(Message::Embeddings(frame)).await.map_err(send_err)?;
+        }
+        let usage = Usage { input_tokens, ..Usage::default() };
+        let finish = Finish { stop_reason: StopReason::EndTurn, stop_sequence: None, usage };
+        out.send(Message::Finish(finish)).await.map_err(send_err)?;
+        tracing::debug!(inputs = vectors.len(), input_tokens, "embedded");
+        Ok(())
+    }
+}
+
+/// Values one `Embeddings` frame carries at most (1 MiB of them), so an answer streams in frames well under any
+/// payload limit.
+const EMBED_FRAME_VALUES: usize = 1 << 18;
+
 impl Handler for WorkerService {
     async fn call(&self, _ctx: CallContext, request: Message, out: &mut Responder) -> Result<(), WireError> {
         match request {
@@ -402,6 +467,16 @@ impl Handler for WorkerService {
                 );
                 zl_node::otlp::adopt(&span, &g.trace_id);
                 tracing::Instrument::instrument(self.generate(g, out), span).await
+            }
+            Message::EmbedRequest(r) => {
+                let span = tracing::debug_span!(
+                    "embed",
+                    request_id = %r.request_id,
+                    trace_id = %zl_common::trace::trace_id_of(&r.trace_id),
+                    model = %r.model,
+                );
+                zl_node::otlp::adopt(&span, &r.trace_id);
+                tracing::Instrument::instrument(self.embed(r, out), span).await
             }
             Message::ModelCardRequest(r) => {
                 let card = self.card(&r.model)?;

@@ -121,6 +121,19 @@ impl Draft {
         }
     }
 
+    /// An embeddings answer was delivered: its vectors (as little-endian f32, in order) are the output the record's
+    /// digest covers.
+    pub fn embedded(&mut self, vectors: &[Vec<f32>], billing_unit: f32) {
+        if self.record.ttft_ms == 0.0 {
+            self.record.ttft_ms = self.started.elapsed().as_secs_f64() * 1e3;
+        }
+        for x in vectors.iter().flatten() {
+            self.output.update(&x.to_le_bytes());
+        }
+        self.record.billing_unit = billing_unit;
+        self.record.stop_reason = "embedded".to_owned();
+    }
+
     /// The answer ended without its finish, after delivering `d` (its usage is billed as it is counted).
     pub fn delivered(&mut self, d: &Delivered) {
         let r = &mut self.record;

@@ -37,20 +37,10 @@ const BUDGET_WAIT: Duration = Duration::from_secs(2);
 impl Gateway {
     /// Apply the degradation level to a request of `key`'s project: refuse it, cap its output, or let it be.
     pub(super) fn degrade(&self, key: &KeyInfo, p: &mut Prepared) -> Result<(), ApiError> {
-        let (level, why) = self.cluster.level(Instant::now());
         let d = self.config.degrade;
-        let refuse = |what: &str| {
-            metrics::counter!("zl_frontend_shed_total", "level" => level.as_str()).increment(1);
-            ApiError::new(ErrorKind::Overloaded, format!("{what}: {why}")).retry_after(d.retry_after)
-        };
-        match level {
-            Level::Healthy => Ok(()),
-            Level::Unavailable => Err(refuse("the cluster is unavailable")),
-            Level::Degraded => {
-                let class = self.cluster.project(&key.project).priority;
-                if class >= d.shed_from_class {
-                    return Err(refuse("the cluster is degraded and sheds this project's priority class first"));
-                }
+        match self.shed(key)? {
+            None => Ok(()),
+            Some(class) => {
                 if d.cap_max_tokens > 0 && class >= 1 && p.max_tokens > d.cap_max_tokens {
                     metrics::counter!("zl_frontend_degraded_capped_total").increment(1);
                     p.max_tokens = d.cap_max_tokens;
@@ -61,10 +51,32 @@ impl Gateway {
         }
     }
 
-    /// The shared per-minute limits a request of `key` needs, with its worst case in each.
-    fn rate_needs(&self, key: &KeyInfo, p: &Prepared) -> Vec<Need> {
+    /// The degradation level's verdict on a request of `key`'s project: refused (unavailable, or degraded and its
+    /// priority class shed), or admitted: `Some(class)` while degraded, `None` while healthy.
+    pub(super) fn shed(&self, key: &KeyInfo) -> Result<Option<u8>, ApiError> {
+        let (level, why) = self.cluster.level(Instant::now());
+        let d = self.config.degrade;
+        let refuse = |what: &str| {
+            metrics::counter!("zl_frontend_shed_total", "level" => level.as_str()).increment(1);
+            ApiError::new(ErrorKind::Overloaded, format!("{what}: {why}")).retry_after(d.retry_after)
+        };
+        match level {
+            Level::Healthy => Ok(None),
+            Level::Unavailable => Err(refuse("the cluster is unavailable")),
+            Level::Degraded => {
+                let class = self.cluster.project(&key.project).priority;
+                if class >= d.shed_from_class {
+                    return Err(refuse("the cluster is degraded and sheds this project's priority class first"));
+                }
+                Ok(Some(class))
+            }
+        }
+    }
+
+    /// The shared per-minute limits a request of `key` needs, with its worst case in each: `input` tokens in and at
+    /// most `max` out.
+    fn rate_needs(&self, key: &KeyInfo, input: u64, max: u64) -> Vec<Need> {
         let (limits, quota) = self.limits_for(key);
-        let (input, max) = (p.tokens.len() as u64, u64::from(p.max_tokens));
         let k = &key.key_id;
         [
             (format!("key/{k}/requests"), Dim::Requests, limits.requests, 1),
@@ -112,11 +124,9 @@ impl Gateway {
 
     /// Reserve the request's worst case in the shared per-minute limits (while they are shared) and against its
     /// project's budget (if it has one), asking the orchestrators for more once if this frontend's leases are short.
-    pub(super) async fn reserve_leases(&self, key: &KeyInfo, p: &Prepared) -> Result<Holds, ApiError> {
-        let needs = if self.limits_shared() { self.rate_needs(key, p) } else { Vec::new() };
+    pub(super) async fn reserve_leases(&self, key: &KeyInfo, input: u64, max: u64) -> Result<Holds, ApiError> {
+        let needs = if self.limits_shared() { self.rate_needs(key, input, max) } else { Vec::new() };
         let budget = self.cluster.project(&key.project).budget;
-        let input = p.tokens.len() as u64;
-        let max = u64::from(p.max_tokens);
         let now = crate::ids::unix_now();
         // Both kinds are asked for together, so one report brings every lease the request lacks. A request that
         // waits for that report is counted as waiting in every bucket and budget it needs (`Held::waiting`) until it

@@ -348,6 +348,6 @@ fn charge(settle: &mut Settle, live: &Live, output_tokens: u32) -> f32 {
 }
 
 /// A billing unit in thousandths.
-fn milli(unit: f32) -> u64 {
+pub(super) fn milli(unit: f32) -> u64 {
     (f64::from(unit.clamp(0.0, 1.0)) * 1000.0).round() as u64
 }

@@ -5,6 +5,7 @@
 //! settle limits, cache and metrics when the generation ends (`generation.rs`).
 
 mod admission;
+mod embed;
 mod generation;
 mod migration;
 mod options;
@@ -43,6 +44,7 @@ use crate::upstream::{TokenSource, Upstream};
 pub use crate::events::{CacheStatus, Delivered, GenEvent, Meta, Tally};
 pub use admission::DegradeConfig;
 use admission::Holds;
+pub use embed::Embedded;
 pub use generation::Generation;
 use generation::{Live, Settle, Source};
 use migration::Migration;
@@ -304,6 +306,12 @@ impl Gateway {
         let adapter = self.cluster.adapter(&req.model);
         let card_model = adapter.as_ref().map_or(&req.model, |a| &a.base);
         let card = self.cluster.card(self.upstream.as_ref(), card_model, request_id).await?;
+        if card.embedding_dims > 0 {
+            return Err(ApiError::invalid_param(
+                "model",
+                format!("model: {} is an embedding model: it answers /v1/embeddings, not generation", card.model),
+            ));
+        }
         fits_in_bytes(&card, bytes)?;
         let reasoning = card.tokenizer.has_thinking() && req.raw.is_none();
         match req.thinking {
@@ -517,7 +525,10 @@ impl Gateway {
             started: false,
         };
         // After the rate limits, so a request they refuse holds no budget; dropping `settle` gives both back.
-        settle.holds = self.reserve_leases(key, &p).await.map_err(|e| Failure::known(e, rate))?;
+        settle.holds = self
+            .reserve_leases(key, p.tokens.len() as u64, u64::from(p.max_tokens))
+            .await
+            .map_err(|e| Failure::known(e, rate))?;
         let rate = self.shared_figures(key, rate);
         if let Some(k) = &cache_key
             && let Some(hit) = lock(&self.cache).get(k)

@@ -34,25 +34,25 @@ fn record(api: &'static str, model: &str, status: u16, started: Instant) {
 
 /// Records a request's status and duration, and appends its audit record, when dropped (for streams: when the
 /// body ends or the client leaves).
-struct Recorder {
+pub(super) struct Recorder {
     api: &'static str,
-    model: String,
+    pub(super) model: String,
     status: u16,
     started: Instant,
-    audit: Option<Audit>,
+    pub(super) audit: Option<Audit>,
     /// Where the generation leaves what it delivered if it ends without a finish.
     tally: Option<Tally>,
 }
 
 /// A request's audit record in the making, and the log it goes to.
-struct Audit {
+pub(super) struct Audit {
     log: Arc<AuditLog>,
-    draft: Draft,
+    pub(super) draft: Draft,
     weights: BillingWeights,
 }
 
 impl Recorder {
-    fn new(app: &App, api: &'static str, started: Instant, audit: Option<Draft>) -> Self {
+    pub(super) fn new(app: &App, api: &'static str, started: Instant, audit: Option<Draft>) -> Self {
         let audit = match (&app.audit, audit) {
             (Some(log), Some(draft)) => {
                 Some(Audit { log: log.clone(), draft, weights: app.gateway.cluster().billing_weights() })
@@ -68,7 +68,7 @@ impl Recorder {
         }
     }
 
-    fn failed(&mut self, e: &ApiError) {
+    pub(super) fn failed(&mut self, e: &ApiError) {
         self.status = e.kind.status().as_u16();
         if let Some(a) = self.audit.as_mut() {
             a.draft.failed(e);
@@ -131,7 +131,7 @@ async fn read_body(app: &App, req: Request) -> Result<Bytes, ApiError> {
 }
 
 /// A request body as JSON.
-async fn parse_json(app: &App, bytes: Bytes) -> Result<Value, ApiError> {
+pub(super) async fn parse_json(app: &App, bytes: Bytes) -> Result<Value, ApiError> {
     let large = bytes.len() > LARGE_BODY;
     let parse = move || {
         serde_json::from_slice(&bytes).map_err(|e| {
@@ -172,14 +172,14 @@ fn json_response(meta: &Meta, health: &str, value: Value, finish: &FinishInfo) -
 
 /// What the handler knows of a request before serving it locally: its caller, options and raw body (kept for a
 /// hop to a peer region).
-struct Received {
-    key: KeyInfo,
-    opts: RequestOptions,
-    body: Bytes,
+pub(super) struct Received {
+    pub(super) key: KeyInfo,
+    pub(super) opts: RequestOptions,
+    pub(super) body: Bytes,
 }
 
 /// Check data residency and the audit log, read the options and the body of an authenticated request.
-async fn receive(app: &App, key: KeyInfo, req: Request) -> Result<Received, Failure> {
+pub(super) async fn receive(app: &App, key: KeyInfo, req: Request) -> Result<Received, Failure> {
     // The caller is known: failures carry its rate-limit figures too.
     let known = |e: ApiError| Failure::known(e, app.gateway.rate_figures(&key));
     if let Some(log) = &app.audit {
@@ -317,7 +317,13 @@ pub(super) async fn generate<D: Dialect>(State(app): State<App>, req: Request) -
 }
 
 /// The audit draft of an authenticated request, when there is an audit log.
-fn draft(app: &App, key: &KeyInfo, headers: &axum::http::HeaderMap, rid: &str, started: Instant) -> Option<Draft> {
+pub(super) fn draft(
+    app: &App,
+    key: &KeyInfo,
+    headers: &axum::http::HeaderMap,
+    rid: &str,
+    started: Instant,
+) -> Option<Draft> {
     app.audit.as_ref()?;
     let trace = headers.get("traceparent").and_then(|v| v.to_str().ok()).map(zl_common::trace::trace_id_of);
     let content =

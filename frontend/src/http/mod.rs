@@ -2,6 +2,7 @@
 //! headers every response carries, error responses, and the small endpoints. The generation endpoints are in
 //! `generate.rs`, the model listing in `models.rs`, the server loop in `server.rs`.
 
+mod embeddings;
 mod generate;
 pub mod hop;
 mod keep_alive;
@@ -61,6 +62,7 @@ pub fn router(app: App) -> Router {
         .route("/v1/chat/completions", post(generate::generate::<ChatCompletions>))
         .route("/v1/completions", post(generate::generate::<Completions>))
         .route("/v1/responses", post(generate::generate::<Responses>))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/v1/responses/{id}", get(not_stored).delete(not_stored))
         .route("/v1/responses/{id}/input_items", get(not_stored))
         .route("/v1/models", get(models::list_models))

@@ -193,6 +193,8 @@ impl Upstream for Fake {
                 eos_token: parts.eos,
                 stop_token_ids: parts.stop_ids,
                 kv_block_size: 4,
+                embedding_dims: 0,
+                pooling: String::new(),
             })
         })
     }
@@ -317,6 +319,7 @@ pub fn sync_state(index: u64) -> StateSync {
             context_length: 64,
             family: "llama".into(),
             weights_bytes: 0,
+            embedding_dims: 0,
         }],
         serving_workers: 1,
         billing_weights: None,

@@ -63,6 +63,9 @@ pub struct ModelVersion {
     /// Memory its weights take on the worker, bytes (0: not reported; absent from states written before it was).
     #[serde(default)]
     pub weights_bytes: u64,
+    /// An embedding model: the width of its vectors (0: a generative model; absent from older states).
+    #[serde(default)]
+    pub embedding_dims: u32,
 }
 
 /// What a worker registers.

@@ -16,6 +16,7 @@ pub(crate) fn spec(id: &str, model: &str, version: u8) -> WorkerSpec {
             context_length: 8192,
             family: "llama".into(),
             weights_bytes: 0,
+            embedding_dims: 0,
         }],
         kv_block_size: 16,
         kv_blocks_total: 1000,

@@ -729,6 +729,7 @@ impl<'a> ModelInfo<'a> {
   pub const VT_CONTEXT_LENGTH: ::flatbuffers::VOffsetT = 8;
   pub const VT_FAMILY: ::flatbuffers::VOffsetT = 10;
   pub const VT_WEIGHTS_BYTES: ::flatbuffers::VOffsetT = 12;
+  pub const VT_EMBEDDING_DIMS: ::flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -741,6 +742,7 @@ impl<'a> ModelInfo<'a> {
   ) -> ::flatbuffers::WIPOffset<ModelInfo<'bldr>> {
     let mut builder = ModelInfoBuilder::new(_fbb);
     builder.add_weights_bytes(args.weights_bytes);
+    builder.add_embedding_dims(args.embedding_dims);
     if let Some(x) = args.family { builder.add_family(x); }
     builder.add_context_length(args.context_length);
     if let Some(x) = args.weights_sha256 { builder.add_weights_sha256(x); }
@@ -789,6 +791,15 @@ impl<'a> ModelInfo<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(ModelInfo::VT_WEIGHTS_BYTES, Some(0)).unwrap()}
   }
+  /// An embedding model (protocol 1.12): the width of its vectors. It answers `EmbedRequest`, never
+  /// `GenerateRequest` (0: a generative model).
+  #[inline]
+  pub fn embedding_dims(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ModelInfo::VT_EMBEDDING_DIMS, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ModelInfo<'_> {
@@ -802,6 +813,7 @@ impl ::flatbuffers::Verifiable for ModelInfo<'_> {
      .visit_field::<u32>("context_length", Self::VT_CONTEXT_LENGTH, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("family", Self::VT_FAMILY, false)?
      .visit_field::<u64>("weights_bytes", Self::VT_WEIGHTS_BYTES, false)?
+     .visit_field::<u32>("embedding_dims", Self::VT_EMBEDDING_DIMS, false)?
      .finish();
     Ok(())
   }
@@ -812,6 +824,7 @@ pub struct ModelInfoArgs<'a> {
     pub context_length: u32,
     pub family: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub weights_bytes: u64,
+    pub embedding_dims: u32,
 }
 impl<'a> Default for ModelInfoArgs<'a> {
   #[inline]
@@ -822,6 +835,7 @@ impl<'a> Default for ModelInfoArgs<'a> {
       context_length: 0,
       family: None,
       weights_bytes: 0,
+      embedding_dims: 0,
     }
   }
 }
@@ -852,6 +866,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ModelInfoBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u64>(ModelInfo::VT_WEIGHTS_BYTES, weights_bytes, 0);
   }
   #[inline]
+  pub fn add_embedding_dims(&mut self, embedding_dims: u32) {
+    self.fbb_.push_slot::<u32>(ModelInfo::VT_EMBEDDING_DIMS, embedding_dims, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ModelInfoBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ModelInfoBuilder {
@@ -876,6 +894,7 @@ impl ::core::fmt::Debug for ModelInfo<'_> {
       ds.field("context_length", &self.context_length());
       ds.field("family", &self.family());
       ds.field("weights_bytes", &self.weights_bytes());
+      ds.field("embedding_dims", &self.embedding_dims());
       ds.finish()
   }
 }
@@ -3848,6 +3867,395 @@ impl ::core::fmt::Debug for Finish<'_> {
       ds.finish()
   }
 }
+pub enum TokenListOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// One input's token ids.
+pub struct TokenList<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for TokenList<'a> {
+  type Inner = TokenList<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> TokenList<'a> {
+  pub const VT_IDS: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    TokenList { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args TokenListArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<TokenList<'bldr>> {
+    let mut builder = TokenListBuilder::new(_fbb);
+    if let Some(x) = args.ids { builder.add_ids(x); }
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn ids(&self) -> ::flatbuffers::Vector<'a, u32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u32>>>(TokenList::VT_IDS, None).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for TokenList<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("ids", Self::VT_IDS, true)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct TokenListArgs<'a> {
+    pub ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
+}
+impl<'a> Default for TokenListArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    TokenListArgs {
+      ids: None, // required field
+    }
+  }
+}
+
+pub struct TokenListBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TokenListBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_ids(&mut self, ids: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TokenList::VT_IDS, ids);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TokenListBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    TokenListBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<TokenList<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, TokenList::VT_IDS,"ids");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for TokenList<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("TokenList");
+      ds.field("ids", &self.ids());
+      ds.finish()
+  }
+}
+pub enum EmbedRequestOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Embed texts with an embedding model (frontend -> worker, protocol 1.12). Answered with a stream of `Embeddings`
+/// in input order, then one `Finish` whose usage counts the inputs' tokens (or `Error`).
+pub struct EmbedRequest<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for EmbedRequest<'a> {
+  type Inner = EmbedRequest<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> EmbedRequest<'a> {
+  pub const VT_REQUEST_ID: ::flatbuffers::VOffsetT = 4;
+  pub const VT_TRACE_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_MODEL: ::flatbuffers::VOffsetT = 8;
+  pub const VT_INPUTS: ::flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    EmbedRequest { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args EmbedRequestArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<EmbedRequest<'bldr>> {
+    let mut builder = EmbedRequestBuilder::new(_fbb);
+    if let Some(x) = args.inputs { builder.add_inputs(x); }
+    if let Some(x) = args.model { builder.add_model(x); }
+    if let Some(x) = args.trace_id { builder.add_trace_id(x); }
+    if let Some(x) = args.request_id { builder.add_request_id(x); }
+    builder.finish()
+  }
+
+
+  /// Request id, for logs and traces.
+  #[inline]
+  pub fn request_id(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(EmbedRequest::VT_REQUEST_ID, None).unwrap()}
+  }
+  /// W3C traceparent of the caller's span (empty: none).
+  #[inline]
+  pub fn trace_id(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(EmbedRequest::VT_TRACE_ID, None)}
+  }
+  /// Concrete model id.
+  #[inline]
+  pub fn model(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(EmbedRequest::VT_MODEL, None).unwrap()}
+  }
+  /// The inputs, tokenized as the model's card says (1 to 2048, each 1 or more tokens, 1,048,576 in all).
+  #[inline]
+  pub fn inputs(&self) -> ::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<TokenList<'a>>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<TokenList>>>>(EmbedRequest::VT_INPUTS, None).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for EmbedRequest<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("request_id", Self::VT_REQUEST_ID, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("trace_id", Self::VT_TRACE_ID, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("model", Self::VT_MODEL, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, ::flatbuffers::ForwardsUOffset<TokenList>>>>("inputs", Self::VT_INPUTS, true)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct EmbedRequestArgs<'a> {
+    pub request_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub trace_id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub model: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub inputs: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, ::flatbuffers::ForwardsUOffset<TokenList<'a>>>>>,
+}
+impl<'a> Default for EmbedRequestArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    EmbedRequestArgs {
+      request_id: None, // required field
+      trace_id: None,
+      model: None, // required field
+      inputs: None, // required field
+    }
+  }
+}
+
+pub struct EmbedRequestBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> EmbedRequestBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_request_id(&mut self, request_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(EmbedRequest::VT_REQUEST_ID, request_id);
+  }
+  #[inline]
+  pub fn add_trace_id(&mut self, trace_id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(EmbedRequest::VT_TRACE_ID, trace_id);
+  }
+  #[inline]
+  pub fn add_model(&mut self, model: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(EmbedRequest::VT_MODEL, model);
+  }
+  #[inline]
+  pub fn add_inputs(&mut self, inputs: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , ::flatbuffers::ForwardsUOffset<TokenList<'b >>>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(EmbedRequest::VT_INPUTS, inputs);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> EmbedRequestBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    EmbedRequestBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<EmbedRequest<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, EmbedRequest::VT_REQUEST_ID,"request_id");
+    self.fbb_.required(o, EmbedRequest::VT_MODEL,"model");
+    self.fbb_.required(o, EmbedRequest::VT_INPUTS,"inputs");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for EmbedRequest<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("EmbedRequest");
+      ds.field("request_id", &self.request_id());
+      ds.field("trace_id", &self.trace_id());
+      ds.field("model", &self.model());
+      ds.field("inputs", &self.inputs());
+      ds.finish()
+  }
+}
+pub enum EmbeddingsOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Vectors of consecutive inputs (worker -> frontend): each L2-normalised, as the model's pooling makes them.
+pub struct Embeddings<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Embeddings<'a> {
+  type Inner = Embeddings<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Embeddings<'a> {
+  pub const VT_START: ::flatbuffers::VOffsetT = 4;
+  pub const VT_DIMS: ::flatbuffers::VOffsetT = 6;
+  pub const VT_VALUES: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Embeddings { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args EmbeddingsArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<Embeddings<'bldr>> {
+    let mut builder = EmbeddingsBuilder::new(_fbb);
+    if let Some(x) = args.values { builder.add_values(x); }
+    builder.add_dims(args.dims);
+    builder.add_start(args.start);
+    builder.finish()
+  }
+
+
+  /// Index of the first input these are for.
+  #[inline]
+  pub fn start(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Embeddings::VT_START, Some(0)).unwrap()}
+  }
+  /// Width of each vector (1 to 65,536).
+  #[inline]
+  pub fn dims(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Embeddings::VT_DIMS, Some(0)).unwrap()}
+  }
+  /// The vectors one after another: a whole number of them, at least one, every value finite.
+  #[inline]
+  pub fn values(&self) -> ::flatbuffers::Vector<'a, f32> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, f32>>>(Embeddings::VT_VALUES, None).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Embeddings<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u32>("start", Self::VT_START, false)?
+     .visit_field::<u32>("dims", Self::VT_DIMS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, f32>>>("values", Self::VT_VALUES, true)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct EmbeddingsArgs<'a> {
+    pub start: u32,
+    pub dims: u32,
+    pub values: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, f32>>>,
+}
+impl<'a> Default for EmbeddingsArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    EmbeddingsArgs {
+      start: 0,
+      dims: 0,
+      values: None, // required field
+    }
+  }
+}
+
+pub struct EmbeddingsBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> EmbeddingsBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_start(&mut self, start: u32) {
+    self.fbb_.push_slot::<u32>(Embeddings::VT_START, start, 0);
+  }
+  #[inline]
+  pub fn add_dims(&mut self, dims: u32) {
+    self.fbb_.push_slot::<u32>(Embeddings::VT_DIMS, dims, 0);
+  }
+  #[inline]
+  pub fn add_values(&mut self, values: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , f32>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Embeddings::VT_VALUES, values);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> EmbeddingsBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    EmbeddingsBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Embeddings<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, Embeddings::VT_VALUES,"values");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Embeddings<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Embeddings");
+      ds.field("start", &self.start());
+      ds.field("dims", &self.dims());
+      ds.field("values", &self.values());
+      ds.finish()
+  }
+}
 pub enum ErrorOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -4206,6 +4614,8 @@ impl<'a> ModelCard<'a> {
   pub const VT_EOS_TOKEN: ::flatbuffers::VOffsetT = 16;
   pub const VT_STOP_TOKEN_IDS: ::flatbuffers::VOffsetT = 18;
   pub const VT_KV_BLOCK_SIZE: ::flatbuffers::VOffsetT = 20;
+  pub const VT_EMBEDDING_DIMS: ::flatbuffers::VOffsetT = 22;
+  pub const VT_POOLING: ::flatbuffers::VOffsetT = 24;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -4217,6 +4627,8 @@ impl<'a> ModelCard<'a> {
     args: &'args ModelCardArgs<'args>
   ) -> ::flatbuffers::WIPOffset<ModelCard<'bldr>> {
     let mut builder = ModelCardBuilder::new(_fbb);
+    if let Some(x) = args.pooling { builder.add_pooling(x); }
+    builder.add_embedding_dims(args.embedding_dims);
     builder.add_kv_block_size(args.kv_block_size);
     if let Some(x) = args.stop_token_ids { builder.add_stop_token_ids(x); }
     if let Some(x) = args.eos_token { builder.add_eos_token(x); }
@@ -4300,6 +4712,22 @@ impl<'a> ModelCard<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(ModelCard::VT_KV_BLOCK_SIZE, Some(0)).unwrap()}
   }
+  /// An embedding model (protocol 1.12): the width of its vectors (0: a generative model).
+  #[inline]
+  pub fn embedding_dims(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(ModelCard::VT_EMBEDDING_DIMS, Some(0)).unwrap()}
+  }
+  /// How an embedding model pools a text's token states into one vector: "mean", "cls" or "last".
+  #[inline]
+  pub fn pooling(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ModelCard::VT_POOLING, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for ModelCard<'_> {
@@ -4317,6 +4745,8 @@ impl ::flatbuffers::Verifiable for ModelCard<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("eos_token", Self::VT_EOS_TOKEN, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u32>>>("stop_token_ids", Self::VT_STOP_TOKEN_IDS, false)?
      .visit_field::<u32>("kv_block_size", Self::VT_KV_BLOCK_SIZE, false)?
+     .visit_field::<u32>("embedding_dims", Self::VT_EMBEDDING_DIMS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("pooling", Self::VT_POOLING, false)?
      .finish();
     Ok(())
   }
@@ -4331,6 +4761,8 @@ pub struct ModelCardArgs<'a> {
     pub eos_token: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub stop_token_ids: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u32>>>,
     pub kv_block_size: u32,
+    pub embedding_dims: u32,
+    pub pooling: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for ModelCardArgs<'a> {
   #[inline]
@@ -4345,6 +4777,8 @@ impl<'a> Default for ModelCardArgs<'a> {
       eos_token: None,
       stop_token_ids: None,
       kv_block_size: 0,
+      embedding_dims: 0,
+      pooling: None,
     }
   }
 }
@@ -4391,6 +4825,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ModelCardBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u32>(ModelCard::VT_KV_BLOCK_SIZE, kv_block_size, 0);
   }
   #[inline]
+  pub fn add_embedding_dims(&mut self, embedding_dims: u32) {
+    self.fbb_.push_slot::<u32>(ModelCard::VT_EMBEDDING_DIMS, embedding_dims, 0);
+  }
+  #[inline]
+  pub fn add_pooling(&mut self, pooling: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ModelCard::VT_POOLING, pooling);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ModelCardBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ModelCardBuilder {
@@ -4421,6 +4863,8 @@ impl ::core::fmt::Debug for ModelCard<'_> {
       ds.field("eos_token", &self.eos_token());
       ds.field("stop_token_ids", &self.stop_token_ids());
       ds.field("kv_block_size", &self.kv_block_size());
+      ds.field("embedding_dims", &self.embedding_dims());
+      ds.field("pooling", &self.pooling());
       ds.finish()
   }
 }

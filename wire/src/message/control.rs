@@ -230,6 +230,8 @@ pub struct ModelInfo {
     pub family: String,
     /// Memory its weights take on the worker, bytes (0: not reported).
     pub weights_bytes: u64,
+    /// An embedding model: the width of its vectors (0: a generative model).
+    pub embedding_dims: u32,
 }
 
 impl ModelInfo {
@@ -238,6 +240,9 @@ impl ModelInfo {
         check::text("ModelInfo.family", &self.family, 0, check::MAX_ID_LEN)?;
         if self.context_length == 0 {
             return Err(invalid("ModelInfo.context_length", "must be at least 1"));
+        }
+        if self.embedding_dims > super::MAX_EMBED_DIMS {
+            return Err(invalid("ModelInfo.embedding_dims", format!("above {}", super::MAX_EMBED_DIMS)));
         }
         Ok(())
     }
@@ -254,6 +259,7 @@ impl ModelInfo {
                 context_length: self.context_length,
                 family: Some(family),
                 weights_bytes: self.weights_bytes,
+                embedding_dims: self.embedding_dims,
             },
         )
     }
@@ -265,6 +271,7 @@ impl ModelInfo {
             context_length: t.context_length(),
             family: t.family().unwrap_or_default().to_owned(),
             weights_bytes: t.weights_bytes(),
+            embedding_dims: t.embedding_dims(),
         };
         msg.check()?;
         Ok(msg)

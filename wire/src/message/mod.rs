@@ -7,6 +7,7 @@
 mod adapters;
 pub(crate) mod check;
 mod control;
+mod embed;
 mod enroll;
 mod error;
 mod generate;
@@ -29,6 +30,7 @@ pub use check::{
 pub use control::{
     Ack, ComputePool, DeregisterWorker, Handshake, KvCacheEvents, LoadReport, ModelInfo, NodeId, RegisterWorker, Role,
 };
+pub use embed::{EmbedRequest, Embeddings, MAX_EMBED_DIMS, MAX_EMBED_INPUTS, MAX_EMBED_TOKENS};
 pub use enroll::{CertificateIssued, CertificateRequest, MAX_CERT_PEM_LEN, MAX_CSR_LEN};
 pub use error::{Cancel, ErrorCode, WireError};
 pub use generate::{
@@ -86,6 +88,8 @@ pub enum Message {
     FrontendGrant(FrontendGrant),
     CertificateRequest(CertificateRequest),
     CertificateIssued(CertificateIssued),
+    EmbedRequest(EmbedRequest),
+    Embeddings(Embeddings),
 }
 
 impl Message {
@@ -113,6 +117,8 @@ impl Message {
             Message::FrontendGrant(_) => FrameKind::FrontendGrant,
             Message::CertificateRequest(_) => FrameKind::CertificateRequest,
             Message::CertificateIssued(_) => FrameKind::CertificateIssued,
+            Message::EmbedRequest(_) => FrameKind::EmbedRequest,
+            Message::Embeddings(_) => FrameKind::Embeddings,
         }
     }
 
@@ -140,6 +146,8 @@ impl Message {
             Message::FrontendGrant(m) => m.check(),
             Message::CertificateRequest(m) => m.check(),
             Message::CertificateIssued(m) => m.check(),
+            Message::EmbedRequest(m) => m.check(),
+            Message::Embeddings(m) => m.check(),
         }
     }
 
@@ -193,6 +201,10 @@ impl Message {
             FrameKind::CertificateIssued => {
                 Message::CertificateIssued(CertificateIssued::read(root::<fb::CertificateIssued<'_>>(&opts, buf)?)?)
             }
+            FrameKind::EmbedRequest => {
+                Message::EmbedRequest(EmbedRequest::read(root::<fb::EmbedRequest<'_>>(&opts, buf)?)?)
+            }
+            FrameKind::Embeddings => Message::Embeddings(Embeddings::read(root::<fb::Embeddings<'_>>(&opts, buf)?)?),
         })
     }
 
@@ -219,6 +231,8 @@ impl Message {
             Message::FrontendGrant(m) => m.write(fbb).as_union_value(),
             Message::CertificateRequest(m) => m.write(fbb).as_union_value(),
             Message::CertificateIssued(m) => m.write(fbb).as_union_value(),
+            Message::EmbedRequest(m) => m.write(fbb).as_union_value(),
+            Message::Embeddings(m) => m.write(fbb).as_union_value(),
         };
         fbb.finish_minimal(root);
     }
@@ -293,4 +307,4 @@ impl Encoder {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -58,6 +58,10 @@ pub struct ModelCard {
     pub stop_token_ids: Vec<u32>,
     /// Tokens per KV block.
     pub kv_block_size: u32,
+    /// An embedding model: the width of its vectors (0: a generative model).
+    pub embedding_dims: u32,
+    /// How an embedding model pools a text's token states: "mean", "cls" or "last" (empty for a generative one).
+    pub pooling: String,
 }
 
 impl ModelCard {
@@ -77,6 +81,10 @@ impl ModelCard {
         }
         check::text("ModelCard.bos_token", &self.bos_token, 0, check::MAX_ID_LEN)?;
         check::text("ModelCard.eos_token", &self.eos_token, 0, check::MAX_ID_LEN)?;
+        if self.embedding_dims > super::MAX_EMBED_DIMS {
+            return Err(invalid("ModelCard.embedding_dims", format!("above {}", super::MAX_EMBED_DIMS)));
+        }
+        check::text("ModelCard.pooling", &self.pooling, 0, 16)?;
         check::count("ModelCard.stop_token_ids", self.stop_token_ids.len(), MAX_STOP_TOKEN_IDS)
     }
 
@@ -88,6 +96,7 @@ impl ModelCard {
         let bos_token = fbb.create_string(&self.bos_token);
         let eos_token = fbb.create_string(&self.eos_token);
         let stop = fbb.create_vector(&self.stop_token_ids);
+        let pooling = fbb.create_string(&self.pooling);
         fb::ModelCard::create(
             fbb,
             &fb::ModelCardArgs {
@@ -100,6 +109,8 @@ impl ModelCard {
                 eos_token: Some(eos_token),
                 stop_token_ids: Some(stop),
                 kv_block_size: self.kv_block_size,
+                embedding_dims: self.embedding_dims,
+                pooling: Some(pooling),
             },
         )
     }
@@ -117,6 +128,8 @@ impl ModelCard {
             eos_token: t.eos_token().unwrap_or_default().to_owned(),
             stop_token_ids: stop.iter().collect(),
             kv_block_size: t.kv_block_size(),
+            embedding_dims: t.embedding_dims(),
+            pooling: t.pooling().unwrap_or_default().to_owned(),
         };
         msg.check()?;
         Ok(msg)

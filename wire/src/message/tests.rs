@@ -26,6 +26,7 @@ pub(crate) fn samples() -> Vec<Message> {
                 context_length: 8192,
                 family: "llama".into(),
                 weights_bytes: 103_546_432,
+                embedding_dims: 0,
             }],
             kv_block_size: 16,
             kv_blocks_total: 4096,
@@ -182,7 +183,16 @@ pub(crate) fn samples() -> Vec<Message> {
             eos_token: "<|im_end|>".into(),
             stop_token_ids: vec![0, 2],
             kv_block_size: 16,
+            embedding_dims: 0,
+            pooling: String::new(),
         }),
+        Message::EmbedRequest(EmbedRequest {
+            request_id: "req_2".into(),
+            trace_id: String::new(),
+            model: "nomic-embed".into(),
+            inputs: vec![vec![101, 7, 102], vec![101, 102]],
+        }),
+        Message::Embeddings(Embeddings { start: 0, dims: 2, values: vec![0.6, 0.8] }),
         Message::StateSyncRequest(StateSyncRequest { known_index: 41 }),
         Message::StateSync(StateSync {
             applied_index: 42,
@@ -209,8 +219,9 @@ pub(crate) fn samples() -> Vec<Message> {
                 id: "smollm2-135m-instruct".into(),
                 weights_sha256: [3; 32],
                 context_length: 8192,
-                family: "llama".into(),
+                family: "bert".into(),
                 weights_bytes: 0,
+                embedding_dims: 768,
             }],
             serving_workers: 1,
             billing_weights: Some([0.3, 0.5, 0.2]),
@@ -296,7 +307,7 @@ fn enrollment_requests_are_bounded_and_only_for_enrolling_roles() {
     assert!(Message::CertificateRequest(orchestrator).check().is_err());
 }
 
-fn decode_one(bytes: &[u8]) -> Result<Message, String> {
+pub(crate) fn decode_one(bytes: &[u8]) -> Result<Message, String> {
     let mut dec = FrameDecoder::new(HARD_MAX_PAYLOAD);
     let mut input = bytes;
     let frame = dec.decode(&mut input).map_err(|e| e.to_string())?.ok_or("incomplete")?;

@@ -16,7 +16,7 @@ use super::state::{EngineCore, EngineStats, Event, Request, RequestError};
 use crate::kv::pool::KvEvent;
 use crate::scheduler::SeqId;
 
-enum Command {
+pub(super) enum Command {
     Generate {
         seq: SeqId,
         req: Box<Request>,
@@ -25,6 +25,11 @@ enum Command {
     },
     Cancel(SeqId),
     Resync,
+    /// Embed these inputs (an embedding model's engine; a generative one refuses).
+    Embed {
+        inputs: Vec<Vec<u32>>,
+        reply: tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>, RequestError>>,
+    },
 }
 
 /// Figures the actor publishes after every step.
@@ -119,6 +124,19 @@ impl EngineHandle {
         }
     }
 
+    /// A handle on an engine thread started elsewhere (an embedding model's, `embedder.rs`).
+    pub(super) fn from_parts(tx: mpsc::Sender<Command>, published: Arc<Mutex<Published>>) -> EngineHandle {
+        EngineHandle { tx, next: Arc::new(AtomicU64::new(1)), published }
+    }
+
+    /// Embed `inputs` (an embedding model): one unit vector each, in order. Refusals (a generative model, an input
+    /// longer than the context) come back as the inner error; dropping the future abandons the work.
+    pub async fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Result<Vec<Vec<f32>>, RequestError>, EngineGone> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.tx.send(Command::Embed { inputs, reply }).map_err(|_| EngineGone)?;
+        answer.await.map_err(|_| EngineGone)
+    }
+
     /// The latest published figures; `take_events` also takes the pending KV events.
     pub fn published(&self, take_events: bool) -> Published {
         let mut p = lock(&self.published);
@@ -169,6 +187,9 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
                     }
                 }
                 Command::Resync => resync(&mut core, &published),
+                Command::Embed { reply, .. } => {
+                    let _ = reply.send(Err(RequestError::NotEmbedding));
+                }
             }
         }
         // Callers that went away without a word.

@@ -2,6 +2,7 @@
 
 pub mod actor;
 pub mod backend;
+pub mod embedder;
 pub mod logprobs;
 pub mod penalize;
 pub mod state;

@@ -168,6 +168,22 @@ pub enum RequestError {
     /// A LoRA adapter on a device whose kernels do not apply them.
     #[error("LoRA adapters run on the CPU in this build; this worker's model is on a GPU")]
     AdapterDevice,
+    /// A generation asked of an embedding model.
+    #[error("the model is an embedding model: it answers embeddings requests (/v1/embeddings), not generation")]
+    NotGenerative,
+    /// Embeddings asked of a generative model.
+    #[error("the model generates text: it does not answer embeddings requests")]
+    NotEmbedding,
+    /// An embedding input empty or longer than the model's context.
+    #[error("input {index} has {tokens} tokens; the model embeds 1 to {context} tokens per input")]
+    InputLength {
+        /// Which input.
+        index: usize,
+        /// Its tokens.
+        tokens: usize,
+        /// The model's context window.
+        context: usize,
+    },
 }
 
 /// What one output token did to its sequence.

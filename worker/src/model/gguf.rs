@@ -15,11 +15,11 @@ use super::llama::{Activation, Llama, LlamaConfig, MoeConfig, RopeScaling, Slidi
 use super::{LayerNames, LoadError, LoadedModel, Precision, TensorSource, load_layers};
 use zl_text::{GgufVocab, TextTokenizer};
 
-fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value, LoadError> {
+pub(crate) fn meta<'a>(content: &'a Content, key: &str) -> Result<&'a Value, LoadError> {
     content.metadata.get(key).ok_or_else(|| LoadError::Format(format!("GGUF metadata {key} is missing")))
 }
 
-fn meta_usize(content: &Content, key: &str) -> Result<usize, LoadError> {
+pub(crate) fn meta_usize(content: &Content, key: &str) -> Result<usize, LoadError> {
     let v = meta(content, key)?;
     let n = match v {
         Value::U8(x) => u64::from(*x),
@@ -33,7 +33,7 @@ fn meta_usize(content: &Content, key: &str) -> Result<usize, LoadError> {
     usize::try_from(n).map_err(|_| LoadError::Format(format!("GGUF metadata {key} is too large")))
 }
 
-fn meta_f32(content: &Content, key: &str) -> Result<f32, LoadError> {
+pub(crate) fn meta_f32(content: &Content, key: &str) -> Result<f32, LoadError> {
     match meta(content, key)? {
         Value::F32(x) => Ok(*x),
         Value::F64(x) => Ok(*x as f32),
@@ -41,7 +41,7 @@ fn meta_f32(content: &Content, key: &str) -> Result<f32, LoadError> {
     }
 }
 
-fn meta_string(content: &Content, key: &str) -> Option<String> {
+pub(crate) fn meta_string(content: &Content, key: &str) -> Option<String> {
     content.metadata.get(key).and_then(|v| v.to_string().ok()).cloned()
 }
 
@@ -66,30 +66,53 @@ fn strings(content: &Content, key: &str) -> Result<Vec<String>, LoadError> {
 
 /// Read the tokenizer metadata.
 pub fn vocab(content: &Content) -> Result<GgufVocab, LoadError> {
+    let id = |key: &str| content.metadata.get(key).and_then(|v| v.to_u32().ok());
+    let flag = |key: &str| match content.metadata.get(key) {
+        Some(Value::Bool(b)) => Some(*b),
+        _ => None,
+    };
+    let model = meta_string(content, "tokenizer.ggml.model").unwrap_or_default();
+    // WordPiece (BERT): a document is [CLS] text [SEP], whatever add_bos says; llama.cpp's defaults are BERT's ids
+    // where the file names none.
+    let wordpiece = model == "bert";
+    let bos = match wordpiece {
+        true => id("tokenizer.ggml.bos_token_id").or(id("tokenizer.ggml.cls_token_id")).or(Some(101)),
+        false => starts_with_bos(content),
+    };
     Ok(GgufVocab {
-        model: meta_string(content, "tokenizer.ggml.model").unwrap_or_default(),
         pre: meta_string(content, "tokenizer.ggml.pre").unwrap_or_default(),
         tokens: strings(content, "tokenizer.ggml.tokens")?,
         merges: strings(content, "tokenizer.ggml.merges").unwrap_or_default(),
         token_types: optional_list(content, "tokenizer.ggml.token_type", Value::to_i32)?,
         scores: optional_list(content, "tokenizer.ggml.scores", Value::to_f32)?,
         // SentencePiece's default; Gemma's files say false.
-        add_space_prefix: !matches!(content.metadata.get("tokenizer.ggml.add_space_prefix"), Some(Value::Bool(false))),
-        unk: content.metadata.get("tokenizer.ggml.unknown_token_id").and_then(|v| v.to_u32().ok()),
-        eos: content.metadata.get("tokenizer.ggml.eos_token_id").and_then(|v| v.to_u32().ok()),
-        bos: starts_with_bos(content),
+        add_space_prefix: flag("tokenizer.ggml.add_space_prefix") != Some(false),
+        unk: id("tokenizer.ggml.unknown_token_id").or(wordpiece.then_some(100)),
+        eos: id("tokenizer.ggml.eos_token_id"),
+        bos,
         chat_template: meta_string(content, "tokenizer.chat_template"),
+        add_eos: flag("tokenizer.ggml.add_eos_token").unwrap_or(false),
+        sep: id("tokenizer.ggml.seperator_token_id").or(wordpiece.then_some(102)),
+        lowercase: flag("tokenizer.ggml.normalizer.lowercase").unwrap_or(false),
+        strip_accents: flag("tokenizer.ggml.normalizer.strip_accents"),
+        model,
     })
 }
 
-struct Reader<'a> {
+/// Reads named tensors from an open GGUF file.
+pub(crate) struct Reader<'a> {
     content: &'a Content,
     file: BufReader<File>,
     /// Dequantize every matrix to f32 (the float reference path).
     float: bool,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// A reader of `file`, whose metadata is `content`; `float`: every matrix dequantized to f32.
+    pub(crate) fn new(content: &'a Content, file: BufReader<File>, precision: Precision) -> Reader<'a> {
+        Reader { content, file, float: precision == Precision::Float }
+    }
+
     fn tensor(&mut self, name: &str) -> Result<QTensor, LoadError> {
         self.content.tensor(&mut self.file, name, &Device::Cpu).map_err(|e| LoadError::Format(format!("{name}: {e}")))
     }
@@ -310,7 +333,7 @@ pub fn load_with(path: &Path, precision: Precision) -> Result<LoadedModel, LoadE
     }
     let gemma = arch == "gemma3";
     let key = |k: &str| format!("{arch}.{k}");
-    let mut r = Reader { content: &content, file, float: precision == Precision::Float };
+    let mut r = Reader::new(&content, file, precision);
     let context_length = meta_usize(&content, &key("context_length")).unwrap_or(4096);
     let rope_scaling = if r.has("rope_freqs.weight") {
         RopeScaling::Factors(r.vector("rope_freqs.weight")?)

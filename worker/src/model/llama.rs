@@ -412,11 +412,18 @@ impl Llama {
     pub fn forward(&self, items: &[BatchItem<'_>], kv: &mut KvStore) -> Vec<f32> {
         // On a pool thread: the serial parts between parallel kernels then share the cores with the pool's other
         // threads instead of competing with them from outside the pool.
-        team::scope(|| with_simd(|| self.forward_inner(items, kv)))
+        team::scope(|| with_simd(|| self.forward_inner(items, kv, true)))
     }
 
+    /// [`Llama::forward`] up to the final norm: the hidden states (rows of `hidden` values) of the rows each item
+    /// asked for, which an embedding model pools.
+    pub fn forward_hidden(&self, items: &[BatchItem<'_>], kv: &mut KvStore) -> Vec<f32> {
+        team::scope(|| with_simd(|| self.forward_inner(items, kv, false)))
+    }
+
+    /// One step; `head`: through the output matrix to logits, else the final norm's output.
     #[inline(always)]
-    fn forward_inner(&self, items: &[BatchItem<'_>], kv: &mut KvStore) -> Vec<f32> {
+    fn forward_inner(&self, items: &[BatchItem<'_>], kv: &mut KvStore, head: bool) -> Vec<f32> {
         let cfg = &self.cfg;
         let (h, hd, kvd) = (cfg.hidden, cfg.head_dim, cfg.kv_dim());
         let qd = cfg.heads * hd;
@@ -597,6 +604,9 @@ impl Llama {
         let mut normed = vec![0f32; m * h];
         for i in 0..m {
             rms_norm(&x[i * h..(i + 1) * h], &self.norm, cfg.rms_eps, &mut normed[i * h..(i + 1) * h]);
+        }
+        if !head {
+            return normed;
         }
         let mut logits = vec![0f32; m * cfg.vocab];
         let output = self.output.as_ref().unwrap_or(&self.embed);

@@ -2,6 +2,7 @@
 //! chat templates are the `zl-text` crate's, shared with the frontend.
 
 pub mod config;
+pub mod embed;
 pub mod gguf;
 pub mod gguf_types;
 pub mod hf;

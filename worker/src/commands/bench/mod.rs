@@ -78,7 +78,9 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
     let mut loaded = crate::load(&args.model)?.swap_remove(0);
-    let core = &mut loaded.core;
+    let crate::Run::Generate(core) = &mut loaded.run else {
+        anyhow::bail!("{} is an embedding model: `zl-worker bench` measures generation", loaded.path.display());
+    };
     println!("model: {}, CPU kernels: {}", loaded.path.display(), zl_worker::model::kernels::Isa::current().name());
     if !args.prefill.is_empty() {
         return prefill(core, &args.prefill, args.max_tokens);
