@@ -16,7 +16,8 @@ use zl_proto::CallError;
 use zl_proto::quic::{Client, ResponseStream};
 use zl_wire::message::{
     EmbedRequest, ErrorCode, FrontendGrant, FrontendReport, GenerateRequest, Message, ModelCard, ModelCardRequest,
-    NodeId, Role, RouteDecision, RouteRequest, StateSync, StateSyncRequest, WireError,
+    NodeId, ResponseFound, ResponseLookup, Role, RouteDecision, RouteRequest, StateSync, StateSyncRequest,
+    StoredResponse, WireError,
 };
 
 /// A boxed, sendable future.
@@ -54,6 +55,21 @@ pub trait Upstream: Send + Sync + 'static {
         let _ = (endpoint, request);
         Box::pin(async {
             Err(CallError::Remote(WireError::new(ErrorCode::Unavailable, "no worker embeds behind this upstream")))
+        })
+    }
+    /// Store a Responses API response with some orchestrator (a Raft write); its applied index. Without an
+    /// implementation nothing is stored.
+    fn store_response(&self, response: StoredResponse) -> BoxFuture<'_, Result<u64, CallError>> {
+        let _ = response;
+        Box::pin(async {
+            Err(CallError::Remote(WireError::new(ErrorCode::Unavailable, "no orchestrator stores responses")))
+        })
+    }
+    /// Read or delete a stored response through some orchestrator.
+    fn lookup_response(&self, lookup: ResponseLookup) -> BoxFuture<'_, Result<ResponseFound, CallError>> {
+        let _ = lookup;
+        Box::pin(async {
+            Err(CallError::Remote(WireError::new(ErrorCode::Unavailable, "no orchestrator stores responses")))
         })
     }
     /// Send this frontend's report (usage, budget positions, audit head) to some orchestrator. Without an
@@ -294,6 +310,26 @@ impl Upstream for QuicUpstream {
             match self.orchestrator_call(Message::StateSyncRequest(StateSyncRequest { known_index })).await? {
                 Message::StateSync(s) => Ok(s),
                 other => Err(unexpected("a state sync", &other)),
+            }
+        })
+    }
+
+    fn store_response(&self, response: StoredResponse) -> BoxFuture<'_, Result<u64, CallError>> {
+        Box::pin(async move {
+            // A Raft write, like a report.
+            match self.orchestrator_round(REPORT_TIMEOUT, &Message::StoredResponse(response)).await.0? {
+                Message::Ack(a) => Ok(a.applied_index),
+                other => Err(unexpected("an ack", &other)),
+            }
+        })
+    }
+
+    fn lookup_response(&self, lookup: ResponseLookup) -> BoxFuture<'_, Result<ResponseFound, CallError>> {
+        Box::pin(async move {
+            // A delete is a Raft write; a read may wait up to a second for its orchestrator to catch up.
+            match self.orchestrator_round(REPORT_TIMEOUT, &Message::ResponseLookup(lookup)).await.0? {
+                Message::ResponseFound(f) => Ok(f),
+                other => Err(unexpected("a stored response", &other)),
             }
         })
     }

@@ -106,12 +106,43 @@ def check_responses():
     assert isinstance(parsed.output_parsed, Capital), parsed.output
     print("responses parse:", parsed.output_parsed)
 
-    # What is not served is refused by name; stored responses are not found.
-    e = expect(openai.BadRequestError, lambda: client.responses.create(model=MODEL, input="hi", store=True))
-    assert e.body["param"] == "store", e.body
-    e = expect(openai.BadRequestError, lambda: client.responses.create(
-        model=MODEL, input="hi", previous_response_id="resp_x", store=False))
+    # Stored (the default): the same tool round trip continued with previous_response_id, which reads the stored
+    # conversation (the question and the call) before the new input: the same answer as sending it all.
+    stored_call = client.responses.create(
+        model=MODEL, input=[question], tools=[weather], tool_choice="required", max_output_tokens=64, temperature=0,
+    )
+    assert stored_call.store is True and stored_call.output[0].type == "function_call", stored_call
+    call_id = stored_call.output[0].call_id
+    continued = client.responses.create(
+        model=MODEL, tools=[weather], max_output_tokens=32, temperature=0, previous_response_id=stored_call.id,
+        input=[{"type": "function_call_output", "call_id": call_id, "output": "Sunny, 24 C"}],
+    )
+    assert continued.previous_response_id == stored_call.id, continued
+    assert continued.output_text == answer.output_text, (continued.output_text, answer.output_text)
+    print("responses previous_response_id round trip:", repr(continued.output_text))
+    got = client.responses.retrieve(stored_call.id)
+    assert got.id == stored_call.id and got.output[0].arguments == stored_call.output[0].arguments, got
+    items = client.responses.input_items.list(continued.id)
+    assert [i.type for i in items.data] == ["function_call_output"], items.data
+    first = client.responses.input_items.list(stored_call.id, order="asc")
+    assert first.data[0].type == "message" and first.data[0].role == "user", first.data
+    # Streamed and stored: the completed event comes once the record is stored, so it reads back at once.
+    events = list(client.responses.create(model=MODEL, input="Say hi.", max_output_tokens=8, temperature=0,
+                                          stream=True))
+    streamed_id = events[-1].response.id
+    assert events[-1].type in ("response.completed", "response.incomplete"), events[-1]
+    assert client.responses.retrieve(streamed_id).output_text == events[-1].response.output_text
+    client.responses.delete(streamed_id)
+    expect(openai.NotFoundError, lambda: client.responses.retrieve(streamed_id))
+    print("stored id:", stored_call.id)
+
+    # What is not served is refused by name; unknown stored responses are not found.
+    e = expect(openai.NotFoundError, lambda: client.responses.create(
+        model=MODEL, input="hi", previous_response_id="resp_x"))
     assert e.body["param"] == "previous_response_id", e.body
+    e = expect(openai.BadRequestError, lambda: client.responses.create(
+        model=MODEL, input="hi", conversation="conv_1", store=False))
+    assert e.body["param"] == "conversation", e.body
     e = expect(openai.BadRequestError, lambda: client.responses.create(
         model=MODEL, input="hi", tools=[{"type": "web_search"}], store=False))
     assert e.body["param"] == "tools" and "web_search" in e.message, e.body

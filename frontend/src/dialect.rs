@@ -40,4 +40,20 @@ pub trait Dialect: Sized + Send + 'static {
 
     /// The whole answer of a request that did not stream.
     fn final_body(&mut self, text: &str, finish: &FinishInfo) -> Value;
+
+    /// Whether this API stores answers (the Responses API): its bodies go through
+    /// `responses::stored::expand` before [`Dialect::parse`], and [`Dialect::to_store`] is asked once the answer is
+    /// complete.
+    const STORES: bool = false;
+
+    /// The record to store now that the answer is complete, before its last event (or its body) is sent: the
+    /// response's id, when it was made and the record. `None`: nothing to store.
+    fn to_store(&mut self) -> Option<(String, u64, Value)> {
+        None
+    }
+
+    /// The stream's last event, held back by [`Dialect::render_event`] until the record is stored.
+    fn held_back(&mut self) -> String {
+        String::new()
+    }
 }

@@ -202,6 +202,10 @@ struct ServeArgs {
     /// that request (a wedged device; a stopped or dead process is noticed sooner by its connection).
     #[arg(long, env = "ZL_STALL_TIMEOUT_MS", default_value_t = 10_000)]
     stall_timeout_ms: u64,
+    /// How long a stored Responses API response (`store`, the default) is kept, in seconds (30 days by default);
+    /// each project keeps at most the orchestrators' `--responses-per-project`, oldest evicted first.
+    #[arg(long, env = "ZL_RESPONSE_TTL_S", default_value_t = 30 * 86_400)]
+    response_ttl_s: u32,
     /// TOML file whose keys are these flags' long names.
     #[arg(long, env = "ZL_CONFIG")]
     config: Option<PathBuf>,
@@ -402,6 +406,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         migration_max_tokens: args.migration_max_tokens,
         migration_wait: Duration::from_millis(args.migration_wait_ms),
         stall_timeout: Duration::from_millis(args.stall_timeout_ms.max(1)),
+        response_ttl_s: args.response_ttl_s.max(1),
     };
     cluster.set_thresholds(degrade(&args)?.1);
     let audit = match audit_config(&args)? {

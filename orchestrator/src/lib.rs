@@ -12,6 +12,7 @@
 //! - [`raft`]: the Raft group that replicates the state (storage, the pure replica, the async driver, and its
 //!   transport and peer service outside the loop);
 //! - [`orchestrator`]: one orchestrator: the state with its group, the load view and the policy;
+//! - [`stored`]: its stored Responses API responses, as frontends store and read them;
 //! - [`api`]: its QUIC face (frontends, workers) and its gRPC admin face (operators).
 
 pub mod api;
@@ -23,6 +24,7 @@ pub mod orchestrator;
 pub mod raft;
 pub mod route;
 pub mod state;
+pub mod stored;
 
 use zl_proto::quic::RpcSettings;
 use zl_wire::message::Role;

@@ -108,6 +108,12 @@ struct ServeArgs {
     /// Applied entries between snapshots of the routing state (and log compactions).
     #[arg(long, env = "ZL_RAFT_SNAPSHOT_EVERY", default_value_t = 1000)]
     raft_snapshot_every: u64,
+    /// Stored Responses API responses kept per project at most (the oldest go first).
+    #[arg(long, env = "ZL_RESPONSES_PER_PROJECT", default_value_t = 1000)]
+    responses_per_project: u32,
+    /// MiB of stored Responses API responses kept per project at most (the oldest go first).
+    #[arg(long, env = "ZL_RESPONSES_MB_PER_PROJECT", default_value_t = 64)]
+    responses_mb_per_project: u64,
     /// host:port workers and frontends dial for --listen (registered in consul; default: the listen address).
     #[arg(long, env = "ZL_ADVERTISE")]
     advertise: Option<String>,
@@ -231,6 +237,10 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
             .with_context(|| format!("opening the Raft storage in {}", raft_dir(&data_dir).display()))?,
     );
     tracing::info!(raft_id = args.raft_id, ?start, empty, "Raft group opened");
+    node.set_response_bounds(zl_orchestrator::state::responses::Bounds {
+        count: args.responses_per_project.max(1),
+        bytes: args.responses_mb_per_project.max(1) << 20,
+    });
     let _ = raft.set(node.group().clone());
     // Bind this member's Raft id to this node, so peers take its messages from this certificate alone.
     tokio::spawn(node.group().clone().bind_self());

@@ -62,6 +62,8 @@ pub struct Orchestrator {
     node_id: String,
     /// The CA it signs enrolled nodes' certificates with, when given one.
     enroller: std::sync::OnceLock<Enroller>,
+    /// Each project's bounds of stored responses, when the operator set them (`stored.rs`).
+    pub(crate) response_bounds: std::sync::OnceLock<crate::state::responses::Bounds>,
 }
 
 impl std::fmt::Debug for Orchestrator {
@@ -92,6 +94,7 @@ impl Orchestrator {
             warm_at,
             node_id: node_id.to_owned(),
             enroller: std::sync::OnceLock::new(),
+            response_bounds: std::sync::OnceLock::new(),
         })
     }
 

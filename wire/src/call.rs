@@ -47,6 +47,8 @@ impl CallShape {
             K::StateSyncRequest => Some(CallShape::Unary { reply: K::StateSync }),
             K::FrontendReport => Some(CallShape::Unary { reply: K::FrontendGrant }),
             K::CertificateRequest => Some(CallShape::Unary { reply: K::CertificateIssued }),
+            K::StoredResponse => Some(CallShape::Unary { reply: K::Ack }),
+            K::ResponseLookup => Some(CallShape::Unary { reply: K::ResponseFound }),
             K::GenerateRequest => Some(CallShape::ServerStreaming { item: K::TokenChunk, terminal: K::Finish }),
             K::EmbedRequest => Some(CallShape::ServerStreaming { item: K::Embeddings, terminal: K::Finish }),
             K::Ack
@@ -59,7 +61,8 @@ impl CallShape {
             | K::StateSync
             | K::FrontendGrant
             | K::CertificateIssued
-            | K::Embeddings => None,
+            | K::Embeddings
+            | K::ResponseFound => None,
         }
     }
 }
@@ -325,6 +328,7 @@ mod tests {
                     | K::FrontendGrant
                     | K::CertificateIssued
                     | K::Embeddings
+                    | K::ResponseFound
             );
             assert_eq!(opens, expected, "{kind}");
         }

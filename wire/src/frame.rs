@@ -64,11 +64,17 @@ pub enum FrameKind {
     EmbedRequest = 22,
     /// `Embeddings` (protocol 1.12).
     Embeddings = 23,
+    /// `StoredResponse` (protocol 1.12).
+    StoredResponse = 24,
+    /// `ResponseLookup` (protocol 1.12).
+    ResponseLookup = 25,
+    /// `ResponseFound` (protocol 1.12).
+    ResponseFound = 26,
 }
 
 impl FrameKind {
     /// Every kind, in wire-value order.
-    pub const ALL: [FrameKind; 23] = [
+    pub const ALL: [FrameKind; 26] = [
         FrameKind::Handshake,
         FrameKind::RegisterWorker,
         FrameKind::DeregisterWorker,
@@ -92,6 +98,9 @@ impl FrameKind {
         FrameKind::CertificateIssued,
         FrameKind::EmbedRequest,
         FrameKind::Embeddings,
+        FrameKind::StoredResponse,
+        FrameKind::ResponseLookup,
+        FrameKind::ResponseFound,
     ];
 
     /// The kind with this wire value, if any.
@@ -130,6 +139,9 @@ impl FrameKind {
             FrameKind::CertificateIssued => "certificate_issued",
             FrameKind::EmbedRequest => "embed_request",
             FrameKind::Embeddings => "embeddings",
+            FrameKind::StoredResponse => "stored_response",
+            FrameKind::ResponseLookup => "response_lookup",
+            FrameKind::ResponseFound => "response_found",
         }
     }
 }
@@ -328,7 +340,7 @@ mod tests {
             assert_eq!(FrameKind::from_wire(kind.to_wire()), Some(kind));
         }
         assert_eq!(FrameKind::from_wire(0), None);
-        assert_eq!(FrameKind::from_wire(24), None);
+        assert_eq!(FrameKind::from_wire(27), None);
         assert_eq!(FrameKind::from_wire(u16::MAX), None);
     }
 

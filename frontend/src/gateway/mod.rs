@@ -5,6 +5,7 @@
 //! settle limits, cache and metrics when the generation ends (`generation.rs`).
 
 mod admission;
+mod config;
 mod embed;
 mod generation;
 mod migration;
@@ -44,62 +45,11 @@ use crate::upstream::{TokenSource, Upstream};
 pub use crate::events::{CacheStatus, Delivered, GenEvent, Meta, Tally};
 pub use admission::DegradeConfig;
 use admission::Holds;
+pub use config::GatewayConfig;
 pub use embed::Embedded;
 pub use generation::Generation;
 use generation::{Live, Settle, Source};
 use migration::Migration;
-
-/// Frontend behaviour that does not come from the routing state.
-#[derive(Clone, Debug)]
-pub struct GatewayConfig {
-    /// Require an API key (off only for local experiments).
-    pub require_auth: bool,
-    /// Limits for keys whose project sets none; 0 is unlimited.
-    pub default_limits: KeyLimits,
-    /// This replica's share of every limit.
-    pub limit_share: f64,
-    /// Response cache size in bytes (0 disables it).
-    pub cache_bytes: usize,
-    /// Refuse prompts whose text exceeds this many UTF-8 bytes (0: no limit).
-    pub max_prompt_bytes: usize,
-    /// Strip BOMs and invisible bidi/zero-width characters before tokenising.
-    pub sanitize: bool,
-    /// Share of a budget a frontend leases at a time.
-    pub lease_fraction: f64,
-    /// How long leases hold without another report.
-    pub lease: Duration,
-    /// What `degraded` does.
-    pub degrade: DegradeConfig,
-    /// Times one request may move to another worker when its worker fails mid-answer (0: never).
-    pub migration_limit: u32,
-    /// Output tokens held per request for a migration; a longer answer is not moved.
-    pub migration_max_tokens: usize,
-    /// How long a migration waits for a worker when none can take the request (the only worker died and its
-    /// supervisor or the kubelet is restarting it): the answer goes on once one is back (0: fail at once).
-    pub migration_wait: Duration,
-    /// A worker that sends nothing for this long once tokens have started is treated as failed for the request.
-    pub stall_timeout: Duration,
-}
-
-impl Default for GatewayConfig {
-    fn default() -> Self {
-        GatewayConfig {
-            require_auth: true,
-            default_limits: KeyLimits { requests: 4_000, input_tokens: 2_000_000, output_tokens: 400_000 },
-            limit_share: 1.0,
-            cache_bytes: 256 * 1024 * 1024,
-            max_prompt_bytes: 4 * 1024 * 1024,
-            sanitize: false,
-            lease_fraction: 0.05,
-            lease: Duration::from_secs(15),
-            degrade: DegradeConfig::default(),
-            migration_limit: 2,
-            migration_max_tokens: 32_768,
-            migration_wait: Duration::from_secs(5),
-            stall_timeout: Duration::from_secs(10),
-        }
-    }
-}
 
 /// The frontend's shared state.
 pub struct Gateway {
@@ -193,6 +143,11 @@ impl Gateway {
     /// The cached cluster state.
     pub fn cluster(&self) -> &Arc<Cluster> {
         &self.cluster
+    }
+
+    /// How long stored responses are kept, seconds.
+    pub fn response_ttl_s(&self) -> u32 {
+        self.config.response_ttl_s
     }
 
     /// The tiers behind this frontend.

@@ -197,23 +197,36 @@ pub(super) async fn receive(app: &App, key: KeyInfo, req: Request) -> Result<Rec
 async fn parsed_and_prepared<D: Dialect>(app: &App, r: &Received, rid: &str) -> Result<(Prepared, D), Failure> {
     let known = |e: ApiError| Failure::known(e, app.gateway.rate_figures(&r.key));
     let body = parse_json(app, r.body.clone()).await.map_err(known)?;
+    // A stored conversation this one continues (the Responses API's `previous_response_id`).
+    let body = match D::STORES {
+        true => crate::responses::stored::expand(&app.gateway, &r.key.project, body).await.map_err(known)?,
+        false => body,
+    };
     let (gen_req, mut dialect) = parse_request(app, body, D::parse).await.map_err(known)?;
     let prepared = app.gateway.prepare(gen_req, rid).await.map_err(known)?;
     dialect.prepared(&prepared);
     Ok((prepared, dialect))
 }
 
-/// A body that pulls events from a generation and renders each in `D`; ends after the finish or an error.
-fn event_body<D: Dialect>(generation: Generation, dialect: D, recorder: Recorder) -> Body {
+/// A body that pulls events from a generation and renders each in `D`; ends after the finish or an error. With
+/// `store` (the gateway and the caller's project), a `D` that stores answers has its record stored before the
+/// last event goes out (an `error` event instead when storing fails).
+fn event_body<D: Dialect>(
+    generation: Generation,
+    dialect: D,
+    recorder: Recorder,
+    store: Option<(Arc<crate::gateway::Gateway>, String)>,
+) -> Body {
     struct S<D> {
         generation: Generation,
         head: Option<String>,
         done: bool,
         recorder: Recorder,
         dialect: D,
+        store: Option<(Arc<crate::gateway::Gateway>, String)>,
     }
     let head = Some(dialect.stream_head());
-    let state = S { generation, head, done: false, recorder, dialect };
+    let state = S { generation, head, done: false, recorder, dialect, store };
     let stream = futures_util::stream::unfold(state, |mut s| async move {
         if let Some(head) = s.head.take().filter(|h| !h.is_empty()) {
             return Some((Ok::<_, std::convert::Infallible>(Bytes::from(head)), s));
@@ -227,7 +240,19 @@ fn event_body<D: Dialect>(generation: Generation, dialect: D, recorder: Recorder
                 Some(Ok(ev)) => {
                     s.done = matches!(ev, GenEvent::Finish(_));
                     s.recorder.event(&ev);
-                    s.dialect.render_event(&ev)
+                    let mut text = s.dialect.render_event(&ev);
+                    if let (true, Some((gateway, project))) = (s.done, &s.store)
+                        && let Some((id, created, record)) = s.dialect.to_store()
+                    {
+                        match crate::responses::stored::store(gateway, project, &id, created, &record).await {
+                            Ok(()) => text += &s.dialect.held_back(),
+                            Err(e) => {
+                                s.recorder.failed(&e);
+                                text += &D::render_error(&e);
+                            }
+                        }
+                    }
+                    text
                 }
                 Some(Err(e)) => {
                     s.done = true;
@@ -362,7 +387,8 @@ async fn serve<D: Dialect>(
     let health = app.gateway.cluster().health(Instant::now());
     dialect.routed(&meta);
     if stream && let Some(recorder) = slot.take() {
-        return Ok(sse_response(&meta, health, event_body(generation, dialect, recorder)));
+        let store = D::STORES.then(|| (app.gateway.clone(), r.key.project.clone()));
+        return Ok(sse_response(&meta, health, event_body(generation, dialect, recorder, store)));
     }
     let collected = generation.collect().await.map_err(|e| Failure::known(e, meta.rate))?;
     for l in &collected.logprobs {
@@ -373,7 +399,13 @@ async fn serve<D: Dialect>(
         recorder.event(&GenEvent::Delta(text.clone()));
         recorder.event(&GenEvent::Finish(finish.clone()));
     }
-    Ok(json_response(&meta, health, dialect.final_body(&text, &finish), &finish))
+    let body = dialect.final_body(&text, &finish);
+    if let Some((id, created, record)) = dialect.to_store() {
+        crate::responses::stored::store(&app.gateway, &r.key.project, &id, created, &record)
+            .await
+            .map_err(|e| Failure::known(e, meta.rate))?;
+    }
+    Ok(json_response(&meta, health, body, &finish))
 }
 
 /// `POST /v1/messages/count_tokens`: the same admission as a generation (the audit log's state, data residency,

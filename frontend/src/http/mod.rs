@@ -11,6 +11,7 @@ pub mod peer_pool;
 mod per_client;
 mod server;
 pub mod spill;
+mod stored;
 
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -63,8 +64,8 @@ pub fn router(app: App) -> Router {
         .route("/v1/completions", post(generate::generate::<Completions>))
         .route("/v1/responses", post(generate::generate::<Responses>))
         .route("/v1/embeddings", post(embeddings::embeddings))
-        .route("/v1/responses/{id}", get(not_stored).delete(not_stored))
-        .route("/v1/responses/{id}/input_items", get(not_stored))
+        .route("/v1/responses/{id}", get(stored::get_response).delete(stored::delete_response))
+        .route("/v1/responses/{id}/input_items", get(stored::input_items))
         .route("/v1/models", get(models::list_models))
         .route("/v1/models/{id}", get(models::get_model))
         .route("/healthz", get(healthz))
@@ -252,20 +253,6 @@ pub fn error_format_for(path: &str) -> ErrorFormat {
     let openai =
         OPENAI.iter().any(|p| path.strip_prefix(p).is_some_and(|rest| rest.is_empty() || rest.starts_with('/')));
     if openai { ErrorFormat::OpenAi } else { ErrorFormat::Anthropic }
-}
-
-/// `GET`/`DELETE /v1/responses/{id}` and its input items: this server stores no responses yet (it refuses `store:
-/// true`), so every id is unknown; the caller must hold a valid key to learn that.
-async fn not_stored(State(app): State<App>, req: Request) -> Response {
-    let rid = request_id(&req);
-    if let Err(e) = app.gateway.authenticate(req.headers()) {
-        return error_response(&app, ErrorFormat::OpenAi, &rid, &e.into());
-    }
-    let e = ApiError::new(
-        ErrorKind::NotFound,
-        "No response found: this server does not store responses yet (requests with store: true are refused)",
-    );
-    error_response(&app, ErrorFormat::OpenAi, &rid, &e.into())
 }
 
 async fn fallback(State(app): State<App>, req: Request) -> Response {

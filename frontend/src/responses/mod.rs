@@ -5,9 +5,11 @@
 //! (`response.content_part.added`, `response.output_text.delta`/`.done`, `response.content_part.done`;
 //! `response.reasoning_text.delta`/`.done`; `response.function_call_arguments.delta`/`.done`) and
 //! `response.output_item.done`, then `response.completed` (or `response.incomplete`), each with its
-//! `sequence_number`. Responses are not stored (yet): `store: true` and `previous_response_id` are refused.
+//! `sequence_number`. A response is stored once complete (`store`, the default; `stored.rs`), before its body or
+//! its last event is sent, and `previous_response_id` continues a stored one.
 
 pub mod request;
+pub mod stored;
 
 use serde_json::{Value, json};
 use zl_wire::message::StopReason;
@@ -48,6 +50,10 @@ pub struct Responses {
     pending: Vec<Value>,
     /// Every entry of the open message's text.
     entries: Vec<Value>,
+    /// The finished response object, while its record waits to be stored.
+    finished: Option<Value>,
+    /// The stream's last event, held back until the record is stored.
+    held: String,
 }
 
 /// Chat's parameter names as the Responses API calls them.
@@ -87,6 +93,8 @@ impl Responses {
             card: None,
             pending: Vec::new(),
             entries: Vec::new(),
+            finished: None,
+            held: String::new(),
         }
     }
 
@@ -114,9 +122,9 @@ impl Responses {
             "model": self.model,
             "output": self.items,
             "parallel_tool_calls": e.parallel_tool_calls,
-            "previous_response_id": null,
+            "previous_response_id": e.previous_response_id,
             "reasoning": e.reasoning,
-            "store": false,
+            "store": e.store,
             "temperature": e.temperature,
             "text": e.text,
             "tool_choice": e.tool_choice,
@@ -298,7 +306,14 @@ impl Dialect for Responses {
                 let status = Self::status(f);
                 let name = if status == "completed" { "response.completed" } else { "response.incomplete" };
                 let response = self.object(status, Some(f));
-                out + &self.event(name, json!({"response": response}))
+                let last = self.event(name, json!({"response": response.clone()}));
+                if self.echoed.store {
+                    // Sent once the record is stored (`to_store`, `held_back`).
+                    self.finished = Some(response);
+                    self.held = last;
+                    return out;
+                }
+                out + &last
             }
         }
     }
@@ -323,6 +338,21 @@ impl Dialect for Responses {
         let _events = self.pieces(pieces);
         let _ = self.close();
         crate::tools::count_calls(Self::API, self.splitter.calls);
-        self.object(Self::status(finish), Some(finish))
+        let response = self.object(Self::status(finish), Some(finish));
+        if self.echoed.store {
+            self.finished = Some(response.clone());
+        }
+        response
+    }
+
+    const STORES: bool = true;
+
+    fn to_store(&mut self) -> Option<(String, u64, Value)> {
+        let response = self.finished.take()?;
+        Some((self.id.clone(), self.created, stored::record(&response, &self.echoed)))
+    }
+
+    fn held_back(&mut self) -> String {
+        std::mem::take(&mut self.held)
     }
 }

@@ -45,6 +45,14 @@ pub struct Echoed {
     pub reasoning: Value,
     /// `user`.
     pub user: Value,
+    /// `store` (default true): the response is stored once complete.
+    pub store: bool,
+    /// `previous_response_id`.
+    pub previous_response_id: Value,
+    /// This request's `input` as items, each with an id (what `GET .../input_items` lists).
+    pub input_items: Vec<Value>,
+    /// The stored conversation `previous_response_id` continues (`super::stored::expand`).
+    pub history: Vec<Value>,
 }
 
 fn bad(param: &str, message: String) -> ApiError {
@@ -213,8 +221,7 @@ fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
 pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
     let f = Fields::of(body)?;
     for (name, why) in [
-        ("previous_response_id", "responses are not stored by this server yet; send the whole conversation as input"),
-        ("conversation", "conversations are not stored by this server yet; send the whole conversation as input"),
+        ("conversation", "conversations are not served by this server; continue one with previous_response_id"),
         ("prompt", "stored prompts are not supported by this server"),
         ("background", "background responses are not supported by this server"),
     ] {
@@ -222,12 +229,8 @@ pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
             return Err(ApiError::invalid_param(name, format!("{name}: {why}")));
         }
     }
-    if f.boolean("store")? == Some(true) {
-        return Err(ApiError::invalid_param(
-            "store",
-            "store: responses are not stored by this server yet; send store: false (or leave it out)",
-        ));
-    }
+    let store = f.boolean("store")?.unwrap_or(true);
+    let previous = f.string("previous_response_id")?;
     // `include`: the output text's log-probabilities, and the reasoning items this server always returns.
     let mut logprobs = false;
     match f.get("include") {
@@ -254,7 +257,15 @@ pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
         return Err(ApiError::invalid_param("truncation", "truncation: only \"disabled\" is supported"));
     }
     let model = f.required_string("model")?;
-    let mut messages = messages(f.get("input").ok_or_else(|| bad("input", ": Field required".into()))?)?;
+    let input = f.get("input").ok_or_else(|| bad("input", ": Field required".into()))?;
+    // Checked as sent (a string, or a non-empty list), then read after the conversation it continues.
+    messages(input)?;
+    let input_items = super::stored::input_items(input);
+    let history: Vec<Value> = match body.get(super::stored::HISTORY) {
+        Some(Value::Array(h)) => h.clone(),
+        _ => Vec::new(),
+    };
+    let mut messages = messages(&Value::Array(history.iter().chain(&input_items).cloned().collect()))?;
     let instructions = f.string("instructions")?;
     if let Some(i) = instructions {
         messages.insert(0, json!({"role": "system", "content": i}));
@@ -272,6 +283,10 @@ pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
         parallel_tool_calls: f.boolean("parallel_tool_calls")?.unwrap_or(true),
         reasoning: f.get("reasoning").cloned().unwrap_or_else(|| json!({"effort": null, "summary": null})),
         user: f.get("user").cloned().unwrap_or(Value::Null),
+        store,
+        previous_response_id: previous.map_or(Value::Null, |p| Value::String(p.to_owned())),
+        input_items,
+        history,
     };
     if let Some(t) = f.get("tools") {
         chat["tools"] = tools(t)?;
@@ -360,8 +375,8 @@ mod tests {
             }
             to_chat(&body).unwrap_err().param.unwrap()
         };
-        assert_eq!(param(json!({"store": true})), "store");
-        assert_eq!(param(json!({"previous_response_id": "resp_1"})), "previous_response_id");
+        assert_eq!(param(json!({"store": "yes"})), "store");
+        assert_eq!(param(json!({"conversation": "conv_1"})), "conversation");
         assert_eq!(param(json!({"background": true})), "background");
         assert_eq!(param(json!({"tools": [{"type": "file_search"}]})), "tools");
         assert_eq!(param(json!({"include": ["file_search_call.results"]})), "include");

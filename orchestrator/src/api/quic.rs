@@ -101,6 +101,23 @@ impl Handler for Orchestrator {
                 let node = ctx.peer.node_id.clone();
                 Message::FrontendGrant(self.frontend_report(&node, r, now).await.map_err(command_error)?)
             }
+            Message::StoredResponse(r) => {
+                if ctx.peer.role != Role::Frontend {
+                    return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends store responses"));
+                }
+                self.check_serving(now)?;
+                Message::Ack(Ack {
+                    applied_index: self.store_response(r).await.map_err(command_error)?,
+                    hand_over: false,
+                })
+            }
+            Message::ResponseLookup(r) => {
+                if ctx.peer.role != Role::Frontend {
+                    return Err(WireError::new(ErrorCode::PermissionDenied, "only frontends read stored responses"));
+                }
+                self.check_serving(now)?;
+                Message::ResponseFound(self.lookup_response(r).await.map_err(command_error)?)
+            }
             Message::CertificateRequest(r) => {
                 Message::CertificateIssued(self.enroll(ctx.peer.role, ctx.peer.node_id.as_str(), &r).await?)
             }

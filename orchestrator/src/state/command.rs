@@ -233,6 +233,29 @@ pub enum Command {
         /// The report, in the ledger's own persisted form (`ledger/report.rs`).
         report: ReportEntry,
     },
+    /// Store a Responses API response for a project (`state/responses.rs`); the bounds and `now_ms` are the
+    /// proposer's, so every replica evicts alike.
+    StoreResponse {
+        /// The project.
+        project: String,
+        /// The response id.
+        id: String,
+        /// The response.
+        stored: super::responses::Stored,
+        /// The project's bounds.
+        bounds: super::responses::Bounds,
+        /// Unix ms at the proposer.
+        now_ms: u64,
+    },
+    /// Forget a project's stored response.
+    DeleteResponse {
+        /// The project.
+        project: String,
+        /// The response id.
+        id: String,
+        /// Unix ms at the proposer.
+        now_ms: u64,
+    },
 }
 
 impl Command {
@@ -255,6 +278,9 @@ impl Command {
             | Command::SetDataKey { project, .. }
             | Command::ShredDataKey { project } => project.clone(),
             Command::ResetAuditHead { frontend, .. } | Command::FrontendReport { frontend, .. } => frontend.clone(),
+            Command::StoreResponse { project, id, .. } | Command::DeleteResponse { project, id, .. } => {
+                format!("{project}/{id}")
+            }
             Command::Enroll(e) => format!("{}/{}", e.role, e.node_id),
             Command::ForgetNode { role, node_id } => format!("{role}/{node_id}"),
             Command::BindMember { raft_id, node_id } => format!("{raft_id}/{node_id}"),
@@ -297,6 +323,8 @@ impl Command {
             Command::RemoveAdapter { .. } => "remove_adapter",
             Command::Admin { command, .. } => command.kind(),
             Command::AdminRead { .. } => "admin_read",
+            Command::StoreResponse { .. } => "store_response",
+            Command::DeleteResponse { .. } => "delete_response",
         }
     }
 }

@@ -13,6 +13,7 @@ mod adapters;
 mod admin_log;
 mod command;
 mod enrolled;
+pub mod responses;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -199,6 +200,9 @@ pub struct RoutingState {
     pool_thresholds: PoolThresholds,
     #[serde(default)]
     ledger: Ledger,
+    /// Stored Responses API responses.
+    #[serde(default)]
+    responses: responses::Responses,
     #[serde(skip)]
     index: RouteIndex,
     /// Key id by secret hash, so verifying a secret is one lookup, not a scan.
@@ -512,8 +516,21 @@ impl RoutingState {
                 self.ledger.report(frontend, *now_ms, report);
                 self.enrolled.saw("frontend", frontend, self.applied_index);
             }
+            Command::StoreResponse { project, id, stored, bounds, now_ms } => {
+                self.responses.put(project, id, stored.clone(), *bounds, *now_ms).map_err(|e| invalid("body", e))?;
+            }
+            Command::DeleteResponse { project, id, now_ms } => {
+                if !self.responses.delete(project, id, *now_ms) {
+                    return Err(CommandError::NotFound(format!("response {id}")));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The stored Responses API responses.
+    pub fn responses(&self) -> &responses::Responses {
+        &self.responses
     }
 
     fn project_exists(&self, project: &str) -> Result<(), CommandError> {

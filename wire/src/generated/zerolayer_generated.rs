@@ -4256,6 +4256,449 @@ impl ::core::fmt::Debug for Embeddings<'_> {
       ds.finish()
   }
 }
+pub enum StoredResponseOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Store a Responses API response for its project (frontend -> orchestrator, protocol 1.12), replicated with the
+/// routing state so every frontend can read it. Answered with `Ack`.
+pub struct StoredResponse<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for StoredResponse<'a> {
+  type Inner = StoredResponse<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> StoredResponse<'a> {
+  pub const VT_PROJECT: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_CREATED_AT: ::flatbuffers::VOffsetT = 8;
+  pub const VT_TTL_S: ::flatbuffers::VOffsetT = 10;
+  pub const VT_BODY: ::flatbuffers::VOffsetT = 12;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    StoredResponse { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args StoredResponseArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<StoredResponse<'bldr>> {
+    let mut builder = StoredResponseBuilder::new(_fbb);
+    builder.add_created_at(args.created_at);
+    if let Some(x) = args.body { builder.add_body(x); }
+    builder.add_ttl_s(args.ttl_s);
+    if let Some(x) = args.id { builder.add_id(x); }
+    if let Some(x) = args.project { builder.add_project(x); }
+    builder.finish()
+  }
+
+
+  /// The project it belongs to (only its keys read it).
+  #[inline]
+  pub fn project(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(StoredResponse::VT_PROJECT, None).unwrap()}
+  }
+  /// Its id, `resp_...` (1 to 256 bytes).
+  #[inline]
+  pub fn id(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(StoredResponse::VT_ID, None).unwrap()}
+  }
+  /// When it was made, Unix seconds.
+  #[inline]
+  pub fn created_at(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(StoredResponse::VT_CREATED_AT, Some(0)).unwrap()}
+  }
+  /// How long it is kept, seconds (at least 1).
+  #[inline]
+  pub fn ttl_s(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(StoredResponse::VT_TTL_S, Some(0)).unwrap()}
+  }
+  /// The record: a JSON document (the response, its input items, the conversation so far), at most 8 MiB.
+  #[inline]
+  pub fn body(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(StoredResponse::VT_BODY, None).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for StoredResponse<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("id", Self::VT_ID, true)?
+     .visit_field::<u64>("created_at", Self::VT_CREATED_AT, false)?
+     .visit_field::<u32>("ttl_s", Self::VT_TTL_S, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("body", Self::VT_BODY, true)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct StoredResponseArgs<'a> {
+    pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub created_at: u64,
+    pub ttl_s: u32,
+    pub body: Option<::flatbuffers::WIPOffset<&'a str>>,
+}
+impl<'a> Default for StoredResponseArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    StoredResponseArgs {
+      project: None, // required field
+      id: None, // required field
+      created_at: 0,
+      ttl_s: 0,
+      body: None, // required field
+    }
+  }
+}
+
+pub struct StoredResponseBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> StoredResponseBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_project(&mut self, project: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(StoredResponse::VT_PROJECT, project);
+  }
+  #[inline]
+  pub fn add_id(&mut self, id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(StoredResponse::VT_ID, id);
+  }
+  #[inline]
+  pub fn add_created_at(&mut self, created_at: u64) {
+    self.fbb_.push_slot::<u64>(StoredResponse::VT_CREATED_AT, created_at, 0);
+  }
+  #[inline]
+  pub fn add_ttl_s(&mut self, ttl_s: u32) {
+    self.fbb_.push_slot::<u32>(StoredResponse::VT_TTL_S, ttl_s, 0);
+  }
+  #[inline]
+  pub fn add_body(&mut self, body: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(StoredResponse::VT_BODY, body);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> StoredResponseBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    StoredResponseBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<StoredResponse<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, StoredResponse::VT_PROJECT,"project");
+    self.fbb_.required(o, StoredResponse::VT_ID,"id");
+    self.fbb_.required(o, StoredResponse::VT_BODY,"body");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for StoredResponse<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("StoredResponse");
+      ds.field("project", &self.project());
+      ds.field("id", &self.id());
+      ds.field("created_at", &self.created_at());
+      ds.field("ttl_s", &self.ttl_s());
+      ds.field("body", &self.body());
+      ds.finish()
+  }
+}
+pub enum ResponseLookupOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// Read or delete a stored response of a project (frontend -> orchestrator, protocol 1.12). Answered with
+/// `ResponseFound`.
+pub struct ResponseLookup<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ResponseLookup<'a> {
+  type Inner = ResponseLookup<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ResponseLookup<'a> {
+  pub const VT_PROJECT: ::flatbuffers::VOffsetT = 4;
+  pub const VT_ID: ::flatbuffers::VOffsetT = 6;
+  pub const VT_DELETE: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ResponseLookup { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ResponseLookupArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ResponseLookup<'bldr>> {
+    let mut builder = ResponseLookupBuilder::new(_fbb);
+    if let Some(x) = args.id { builder.add_id(x); }
+    if let Some(x) = args.project { builder.add_project(x); }
+    builder.add_delete(args.delete);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn project(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ResponseLookup::VT_PROJECT, None).unwrap()}
+  }
+  #[inline]
+  pub fn id(&self) -> &'a str {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ResponseLookup::VT_ID, None).unwrap()}
+  }
+  /// Delete it instead of reading it.
+  #[inline]
+  pub fn delete(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ResponseLookup::VT_DELETE, Some(false)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ResponseLookup<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("project", Self::VT_PROJECT, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("id", Self::VT_ID, true)?
+     .visit_field::<bool>("delete", Self::VT_DELETE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ResponseLookupArgs<'a> {
+    pub project: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub id: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub delete: bool,
+}
+impl<'a> Default for ResponseLookupArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ResponseLookupArgs {
+      project: None, // required field
+      id: None, // required field
+      delete: false,
+    }
+  }
+}
+
+pub struct ResponseLookupBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ResponseLookupBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_project(&mut self, project: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ResponseLookup::VT_PROJECT, project);
+  }
+  #[inline]
+  pub fn add_id(&mut self, id: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ResponseLookup::VT_ID, id);
+  }
+  #[inline]
+  pub fn add_delete(&mut self, delete: bool) {
+    self.fbb_.push_slot::<bool>(ResponseLookup::VT_DELETE, delete, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ResponseLookupBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ResponseLookupBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ResponseLookup<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    self.fbb_.required(o, ResponseLookup::VT_PROJECT,"project");
+    self.fbb_.required(o, ResponseLookup::VT_ID,"id");
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ResponseLookup<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ResponseLookup");
+      ds.field("project", &self.project());
+      ds.field("id", &self.id());
+      ds.field("delete", &self.delete());
+      ds.finish()
+  }
+}
+pub enum ResponseFoundOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+/// The answer to a `ResponseLookup`.
+pub struct ResponseFound<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for ResponseFound<'a> {
+  type Inner = ResponseFound<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> ResponseFound<'a> {
+  pub const VT_FOUND: ::flatbuffers::VOffsetT = 4;
+  pub const VT_BODY: ::flatbuffers::VOffsetT = 6;
+  pub const VT_CREATED_AT: ::flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    ResponseFound { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ResponseFoundArgs<'args>
+  ) -> ::flatbuffers::WIPOffset<ResponseFound<'bldr>> {
+    let mut builder = ResponseFoundBuilder::new(_fbb);
+    builder.add_created_at(args.created_at);
+    if let Some(x) = args.body { builder.add_body(x); }
+    builder.add_found(args.found);
+    builder.finish()
+  }
+
+
+  /// Whether the project holds (held, for a delete) a live response of that id.
+  #[inline]
+  pub fn found(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(ResponseFound::VT_FOUND, Some(false)).unwrap()}
+  }
+  /// Its record (empty for a delete or when not found).
+  #[inline]
+  pub fn body(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(ResponseFound::VT_BODY, None)}
+  }
+  /// When it was made, Unix seconds.
+  #[inline]
+  pub fn created_at(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(ResponseFound::VT_CREATED_AT, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for ResponseFound<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<bool>("found", Self::VT_FOUND, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("body", Self::VT_BODY, false)?
+     .visit_field::<u64>("created_at", Self::VT_CREATED_AT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ResponseFoundArgs<'a> {
+    pub found: bool,
+    pub body: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub created_at: u64,
+}
+impl<'a> Default for ResponseFoundArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ResponseFoundArgs {
+      found: false,
+      body: None,
+      created_at: 0,
+    }
+  }
+}
+
+pub struct ResponseFoundBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ResponseFoundBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_found(&mut self, found: bool) {
+    self.fbb_.push_slot::<bool>(ResponseFound::VT_FOUND, found, false);
+  }
+  #[inline]
+  pub fn add_body(&mut self, body: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(ResponseFound::VT_BODY, body);
+  }
+  #[inline]
+  pub fn add_created_at(&mut self, created_at: u64) {
+    self.fbb_.push_slot::<u64>(ResponseFound::VT_CREATED_AT, created_at, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ResponseFoundBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ResponseFoundBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<ResponseFound<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for ResponseFound<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("ResponseFound");
+      ds.field("found", &self.found());
+      ds.field("body", &self.body());
+      ds.field("created_at", &self.created_at());
+      ds.finish()
+  }
+}
 pub enum ErrorOffset {}
 #[derive(Copy, Clone, PartialEq)]
 

@@ -13,6 +13,7 @@ mod error;
 mod generate;
 mod ledger;
 mod penalties;
+mod responses;
 mod route;
 mod sync;
 
@@ -41,6 +42,7 @@ pub use ledger::{
     BudgetAsk, BudgetGrant, FrontendGrant, FrontendReport, MAX_REPORT_ITEMS, RateAsk, RateGrant, UsageDelta,
 };
 pub use penalties::{MAX_LOGIT_BIAS, Penalties};
+pub use responses::{MAX_STORED_RESPONSE, ResponseFound, ResponseLookup, StoredResponse};
 pub use route::{RouteDecision, RouteHint, RouteRequest};
 pub use sync::{
     ApiKeyEntry, Budget, BudgetMetric, BudgetPeriod, MAX_STOP_TOKEN_IDS, MAX_SYNC_ITEMS, ModelCard, ModelCardRequest,
@@ -90,6 +92,9 @@ pub enum Message {
     CertificateIssued(CertificateIssued),
     EmbedRequest(EmbedRequest),
     Embeddings(Embeddings),
+    StoredResponse(StoredResponse),
+    ResponseLookup(ResponseLookup),
+    ResponseFound(ResponseFound),
 }
 
 impl Message {
@@ -119,6 +124,9 @@ impl Message {
             Message::CertificateIssued(_) => FrameKind::CertificateIssued,
             Message::EmbedRequest(_) => FrameKind::EmbedRequest,
             Message::Embeddings(_) => FrameKind::Embeddings,
+            Message::StoredResponse(_) => FrameKind::StoredResponse,
+            Message::ResponseLookup(_) => FrameKind::ResponseLookup,
+            Message::ResponseFound(_) => FrameKind::ResponseFound,
         }
     }
 
@@ -148,6 +156,9 @@ impl Message {
             Message::CertificateIssued(m) => m.check(),
             Message::EmbedRequest(m) => m.check(),
             Message::Embeddings(m) => m.check(),
+            Message::StoredResponse(m) => m.check(),
+            Message::ResponseLookup(m) => m.check(),
+            Message::ResponseFound(m) => m.check(),
         }
     }
 
@@ -205,6 +216,15 @@ impl Message {
                 Message::EmbedRequest(EmbedRequest::read(root::<fb::EmbedRequest<'_>>(&opts, buf)?)?)
             }
             FrameKind::Embeddings => Message::Embeddings(Embeddings::read(root::<fb::Embeddings<'_>>(&opts, buf)?)?),
+            FrameKind::StoredResponse => {
+                Message::StoredResponse(StoredResponse::read(root::<fb::StoredResponse<'_>>(&opts, buf)?)?)
+            }
+            FrameKind::ResponseLookup => {
+                Message::ResponseLookup(ResponseLookup::read(root::<fb::ResponseLookup<'_>>(&opts, buf)?)?)
+            }
+            FrameKind::ResponseFound => {
+                Message::ResponseFound(ResponseFound::read(root::<fb::ResponseFound<'_>>(&opts, buf)?)?)
+            }
         })
     }
 
@@ -233,6 +253,9 @@ impl Message {
             Message::CertificateIssued(m) => m.write(fbb).as_union_value(),
             Message::EmbedRequest(m) => m.write(fbb).as_union_value(),
             Message::Embeddings(m) => m.write(fbb).as_union_value(),
+            Message::StoredResponse(m) => m.write(fbb).as_union_value(),
+            Message::ResponseLookup(m) => m.write(fbb).as_union_value(),
+            Message::ResponseFound(m) => m.write(fbb).as_union_value(),
         };
         fbb.finish_minimal(root);
     }

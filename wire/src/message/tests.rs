@@ -193,6 +193,15 @@ pub(crate) fn samples() -> Vec<Message> {
             inputs: vec![vec![101, 7, 102], vec![101, 102]],
         }),
         Message::Embeddings(Embeddings { start: 0, dims: 2, values: vec![0.6, 0.8] }),
+        Message::StoredResponse(StoredResponse {
+            project: "acme".into(),
+            id: "resp_1".into(),
+            created_at: 1_800_000_000,
+            ttl_s: 86_400,
+            body: "{\"response\":{}}".into(),
+        }),
+        Message::ResponseLookup(ResponseLookup { project: "acme".into(), id: "resp_1".into(), delete: false }),
+        Message::ResponseFound(ResponseFound { found: true, body: "{}".into(), created_at: 1_800_000_000 }),
         Message::StateSyncRequest(StateSyncRequest { known_index: 41 }),
         Message::StateSync(StateSync {
             applied_index: 42,
@@ -344,6 +353,7 @@ fn payload_under_another_kinds_header_is_refused() {
                 | FrameKind::StateSync
                 | FrameKind::FrontendReport
                 | FrameKind::FrontendGrant
+                | FrameKind::ResponseFound
         ) {
             continue; // Tables without required fields can legitimately read an Ack's bytes as empty.
         }
