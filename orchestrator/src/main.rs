@@ -112,8 +112,12 @@ struct ServeArgs {
     #[arg(long, env = "ZL_RESPONSES_PER_PROJECT", default_value_t = 1000)]
     responses_per_project: u32,
     /// MiB of stored Responses API responses kept per project at most (the oldest go first).
-    #[arg(long, env = "ZL_RESPONSES_MB_PER_PROJECT", default_value_t = 64)]
+    #[arg(long, env = "ZL_RESPONSES_MB_PER_PROJECT", default_value_t = 2)]
     responses_mb_per_project: u64,
+    /// MiB of stored Responses API responses kept over every project together (the oldest go first). The store
+    /// travels in Raft snapshots, one message of at most 16 MiB with the rest of the state: at most 8.
+    #[arg(long, env = "ZL_RESPONSES_MB_TOTAL", default_value_t = 6, value_parser = clap::value_parser!(u64).range(1..=8))]
+    responses_mb_total: u64,
     /// host:port workers and frontends dial for --listen (registered in consul; default: the listen address).
     #[arg(long, env = "ZL_ADVERTISE")]
     advertise: Option<String>,
@@ -240,6 +244,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
     node.set_response_bounds(zl_orchestrator::state::responses::Bounds {
         count: args.responses_per_project.max(1),
         bytes: args.responses_mb_per_project.max(1) << 20,
+        total: args.responses_mb_total << 20,
     });
     let _ = raft.set(node.group().clone());
     // Bind this member's Raft id to this node, so peers take its messages from this certificate alone.

@@ -11,8 +11,9 @@ use crate::raft::CommitError;
 use crate::state::responses::{Bounds, Stored};
 use crate::state::{Command, CommandError};
 
-/// A project's bounds where the operator set none: 1,000 responses, 64 MiB of records.
-pub const DEFAULT_BOUNDS: Bounds = Bounds { count: 1_000, bytes: 64 << 20 };
+/// The bounds where the operator set none: 1,000 responses and 2 MiB of records a project, 6 MiB in all (the
+/// store travels in Raft snapshots, single messages of at most 16 MiB with the rest of the state).
+pub const DEFAULT_BOUNDS: Bounds = Bounds { count: 1_000, bytes: 2 << 20, total: 6 << 20 };
 
 /// How long a read waits for this node to apply what was committed when it arrived.
 const CATCH_UP: Duration = Duration::from_secs(1);

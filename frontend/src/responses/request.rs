@@ -6,6 +6,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
+use crate::ids::random_id;
 use crate::request::Fields;
 
 /// Built-in tools of the hosted service, refused by name.
@@ -217,6 +218,43 @@ fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
     }
 }
 
+/// The body key `stored::expand` puts the continued conversation under (one a client sends is dropped first).
+pub const HISTORY: &str = "_zl_history";
+
+/// `input` as items, each with an id: a string is one user message; a message's string content becomes one
+/// `input_text` (`output_text` for the assistant's) part.
+pub fn input_items(input: &Value) -> Vec<Value> {
+    let items = match input {
+        Value::String(s) => vec![json!({"type": "message", "role": "user", "content": s})],
+        Value::Array(items) => items.clone(),
+        _ => Vec::new(),
+    };
+    items
+        .into_iter()
+        .map(|mut item| {
+            if item.get("type").is_none() {
+                item["type"] = json!("message");
+            }
+            let kind = item["type"].as_str().unwrap_or_default().to_owned();
+            if kind == "message"
+                && let Some(text) = item.get("content").and_then(Value::as_str).map(str::to_owned)
+            {
+                let part = if item["role"] == "assistant" { "output_text" } else { "input_text" };
+                item["content"] = json!([{"type": part, "text": text}]);
+            }
+            if item.get("id").is_none_or(Value::is_null) {
+                let prefix = match kind.as_str() {
+                    "function_call" => "fc_",
+                    "function_call_output" => "fco_",
+                    _ => "msg_",
+                };
+                item["id"] = json!(random_id(prefix, 24));
+            }
+            item
+        })
+        .collect()
+}
+
 /// The Chat Completions body a Responses body amounts to, and what the answer echoes.
 pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
     let f = Fields::of(body)?;
@@ -260,8 +298,8 @@ pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
     let input = f.get("input").ok_or_else(|| bad("input", ": Field required".into()))?;
     // Checked as sent (a string, or a non-empty list), then read after the conversation it continues.
     messages(input)?;
-    let input_items = super::stored::input_items(input);
-    let history: Vec<Value> = match body.get(super::stored::HISTORY) {
+    let input_items = input_items(input);
+    let history: Vec<Value> = match body.get(HISTORY) {
         Some(Value::Array(h)) => h.clone(),
         _ => Vec::new(),
     };
@@ -334,6 +372,20 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+
+    #[test]
+    fn input_becomes_items_with_ids_and_parts() {
+        let items = input_items(&json!("hi"));
+        assert_eq!(items[0]["type"], "message");
+        assert_eq!(items[0]["content"], json!([{"type": "input_text", "text": "hi"}]));
+        assert!(items[0]["id"].as_str().unwrap().starts_with("msg_"));
+        let items = input_items(&json!([
+            {"role": "assistant", "content": "ok"},
+            {"type": "function_call_output", "call_id": "c", "output": "1", "id": "mine"},
+        ]));
+        assert_eq!(items[0]["content"][0]["type"], "output_text");
+        assert_eq!(items[1]["id"], "mine");
+    }
 
     #[test]
     fn input_items_become_the_chat_messages_they_are() {

@@ -7,47 +7,9 @@
 use serde_json::{Value, json};
 use zl_wire::message::{MAX_STORED_RESPONSE, ResponseLookup, StoredResponse};
 
-use super::request::Echoed;
+use super::request::{Echoed, HISTORY};
 use crate::error::{ApiError, ErrorKind};
 use crate::gateway::Gateway;
-use crate::ids::random_id;
-
-/// The body key `expand` puts the continued conversation under (one a client sends is dropped first).
-pub const HISTORY: &str = "_zl_history";
-
-/// `input` as items, each with an id: a string is one user message; a message's string content becomes one
-/// `input_text` (`output_text` for the assistant's) part.
-pub fn input_items(input: &Value) -> Vec<Value> {
-    let items = match input {
-        Value::String(s) => vec![json!({"type": "message", "role": "user", "content": s})],
-        Value::Array(items) => items.clone(),
-        _ => Vec::new(),
-    };
-    items
-        .into_iter()
-        .map(|mut item| {
-            if item.get("type").is_none() {
-                item["type"] = json!("message");
-            }
-            let kind = item["type"].as_str().unwrap_or_default().to_owned();
-            if kind == "message"
-                && let Some(text) = item.get("content").and_then(Value::as_str).map(str::to_owned)
-            {
-                let part = if item["role"] == "assistant" { "output_text" } else { "input_text" };
-                item["content"] = json!([{"type": part, "text": text}]);
-            }
-            if item.get("id").is_none_or(Value::is_null) {
-                let prefix = match kind.as_str() {
-                    "function_call" => "fc_",
-                    "function_call_output" => "fco_",
-                    _ => "msg_",
-                };
-                item["id"] = json!(random_id(prefix, 24));
-            }
-            item
-        })
-        .collect()
-}
 
 /// The record stored for `response`: it, the request's input items, and the conversation so far.
 pub fn record(response: &Value, echoed: &Echoed) -> Value {
@@ -131,20 +93,6 @@ pub async fn store(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn input_becomes_items_with_ids_and_parts() {
-        let items = input_items(&json!("hi"));
-        assert_eq!(items[0]["type"], "message");
-        assert_eq!(items[0]["content"], json!([{"type": "input_text", "text": "hi"}]));
-        assert!(items[0]["id"].as_str().unwrap().starts_with("msg_"));
-        let items = input_items(&json!([
-            {"role": "assistant", "content": "ok"},
-            {"type": "function_call_output", "call_id": "c", "output": "1", "id": "mine"},
-        ]));
-        assert_eq!(items[0]["content"][0]["type"], "output_text");
-        assert_eq!(items[1]["id"], "mine");
-    }
 
     #[test]
     fn a_record_holds_the_whole_conversation_in_order() {

@@ -1,6 +1,9 @@
 //! Stored Responses API responses, replicated with the routing state: per project, bounded in count and bytes,
-//! each kept until its expiry. Pure: every decision (what expires, what is evicted) reads the time the proposing
-//! orchestrator put in the command, so every replica applies it alike.
+//! and all projects together in bytes, each kept until its expiry. The whole store travels in the state's Raft
+//! snapshots (one message of at most 16 MiB), so sizes are counted as a snapshot writes them (the record as a JSON
+//! string, escapes included) and the total bound keeps it well inside that. Pure: every decision (what expires,
+//! what is evicted) reads the time and bounds the proposing orchestrator put in the command, so every replica
+//! applies it alike.
 
 use std::collections::BTreeMap;
 
@@ -17,13 +20,20 @@ pub struct Stored {
     pub body: String,
 }
 
-/// A project's bounds.
+/// The store's bounds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Bounds {
-    /// Responses kept at most.
+    /// Responses a project keeps at most.
     pub count: u32,
-    /// Bytes of records kept at most.
+    /// Bytes of records a project keeps at most.
     pub bytes: u64,
+    /// Bytes of records every project together keeps at most.
+    pub total: u64,
+}
+
+/// A record's size as a snapshot holds it: a JSON string, quotes and escapes included.
+fn size(body: &str) -> u64 {
+    serde_json::to_string(body).map_or(body.len(), |s| s.len()) as u64
 }
 
 /// One project's responses.
@@ -37,7 +47,7 @@ impl Project {
     fn remove(&mut self, id: &str) -> bool {
         match self.by_id.remove(id) {
             Some(s) => {
-                self.bytes -= s.body.len() as u64;
+                self.bytes -= size(&s.body);
                 true
             }
             None => false,
@@ -53,11 +63,13 @@ pub struct Responses {
 
 impl Responses {
     /// Store `stored` as `project`'s `id` at `now_ms`: first its expired responses go, then its oldest until the
-    /// new one fits `bounds`. A record larger than the project's whole byte bound is refused.
+    /// new one fits the project's bounds, then the oldest of any project until it fits the total. A record larger
+    /// than a project's whole byte bound is refused.
     pub fn put(&mut self, project: &str, id: &str, stored: Stored, bounds: Bounds, now_ms: u64) -> Result<(), String> {
-        let size = stored.body.len() as u64;
-        if size > bounds.bytes || bounds.count == 0 {
-            return Err(format!("a {size}-byte response does not fit the {}-byte store of a project", bounds.bytes));
+        let size = size(&stored.body);
+        let room = bounds.bytes.min(bounds.total);
+        if size > room || bounds.count == 0 {
+            return Err(format!("a {size}-byte response does not fit the {room}-byte store of a project"));
         }
         let p = self.projects.entry(project.to_owned()).or_default();
         p.remove(id);
@@ -77,6 +89,17 @@ impl Responses {
         }
         p.bytes += size;
         p.by_id.insert(id.to_owned(), stored);
+        while self.totals().1 > bounds.total {
+            // The oldest of any project (ties by project, then id).
+            let oldest = self
+                .projects
+                .iter()
+                .flat_map(|(name, p)| p.by_id.iter().map(move |(id, s)| (s.created_at, name.clone(), id.clone())))
+                .filter(|(_, name, other)| !(name == project && other == id))
+                .min();
+            let Some((_, name, other)) = oldest else { break };
+            self.delete(&name, &other, now_ms);
+        }
         Ok(())
     }
 
@@ -108,10 +131,11 @@ mod tests {
     use super::*;
 
     fn stored(created_at: u64, expires_ms: u64, bytes: usize) -> Stored {
-        Stored { created_at, expires_ms, body: "x".repeat(bytes) }
+        // Two bytes of quotes around the text: `bytes` in all, as a snapshot holds it.
+        Stored { created_at, expires_ms, body: "x".repeat(bytes - 2) }
     }
 
-    const BOUNDS: Bounds = Bounds { count: 3, bytes: 100 };
+    const BOUNDS: Bounds = Bounds { count: 3, bytes: 102, total: 1_000 };
 
     #[test]
     fn projects_are_apart_and_expired_responses_are_gone() {
@@ -147,6 +171,21 @@ mod tests {
         r.put("b", "resp_x", stored(100, 100_000, 10), BOUNDS, 1_000).unwrap();
         r.put("b", "resp_y", stored(101, 100_000, 10), BOUNDS, 3_000).unwrap();
         assert!(r.get("b", "resp_old", 3_000).is_some());
-        assert!(r.put("b", "resp_big", stored(1, 100_000, 101), BOUNDS, 3_000).is_err());
+        assert!(r.put("b", "resp_big", stored(1, 100_000, 103), BOUNDS, 3_000).is_err());
+    }
+
+    #[test]
+    fn the_total_bound_evicts_the_oldest_of_any_project_and_sizes_count_escapes() {
+        let mut r = Responses::default();
+        let bounds = Bounds { count: 10, bytes: 50, total: 60 };
+        r.put("a", "resp_1", stored(1, 100_000, 30), bounds, 0).unwrap();
+        r.put("b", "resp_2", stored(2, 100_000, 20), bounds, 0).unwrap();
+        r.put("b", "resp_3", stored(3, 100_000, 20), bounds, 0).unwrap();
+        assert!(r.get("a", "resp_1", 0).is_none(), "another project's oldest made room");
+        assert_eq!(r.totals(), (2, 40));
+        // A quote is two bytes in a snapshot.
+        let quoted = Stored { created_at: 4, expires_ms: 100_000, body: "\"".repeat(10) };
+        r.put("c", "resp_4", quoted, bounds, 0).unwrap();
+        assert_eq!(r.totals(), (2, 42), "22 bytes stored, the oldest (20) evicted");
     }
 }

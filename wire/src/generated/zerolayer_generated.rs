@@ -4331,7 +4331,7 @@ impl<'a> StoredResponse<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(StoredResponse::VT_TTL_S, Some(0)).unwrap()}
   }
-  /// The record: a JSON document (the response, its input items, the conversation so far), at most 8 MiB.
+  /// The record: a JSON document (the response, its input items, the conversation so far), at most 1 MiB.
   #[inline]
   pub fn body(&self) -> &'a str {
     // Safety:

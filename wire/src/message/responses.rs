@@ -6,8 +6,8 @@ use flatbuffers::{FlatBufferBuilder, WIPOffset};
 use super::check::{self, invalid};
 use super::{MessageError, fb};
 
-/// The largest stored record.
-pub const MAX_STORED_RESPONSE: usize = 8 << 20;
+/// The largest stored record (the store lives in the orchestrators' Raft snapshots: docs/api.md).
+pub const MAX_STORED_RESPONSE: usize = 1 << 20;
 
 /// A response to store.
 #[derive(Clone, Debug, PartialEq, Eq)]
