@@ -204,15 +204,19 @@ impl WorkerService {
         Ok(card)
     }
 
-    async fn generate(&self, g: GenerateRequest, out: &mut Responder) -> Result<(), WireError> {
-        let _in_progress = CallInProgress::new(&self.calls);
+    /// The served model a new request names, while this worker takes requests.
+    fn taking(&self, model: &str) -> Result<&ServedModel, WireError> {
         if self.draining.load(Ordering::SeqCst) {
             return Err(WireError::new(ErrorCode::Unavailable, "the worker is draining"));
         }
-        let model = self
-            .models
-            .get(&g.model)
-            .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("model {:?} is not served here", g.model)))?;
+        self.models
+            .get(model)
+            .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("model {model:?} is not served here")))
+    }
+
+    async fn generate(&self, g: GenerateRequest, out: &mut Responder) -> Result<(), WireError> {
+        let _in_progress = CallInProgress::new(&self.calls);
+        let model = self.taking(&g.model)?;
         if model.embedding.is_some() {
             return Err(WireError::new(ErrorCode::InvalidRequest, RequestError::NotGenerative.to_string()));
         }
@@ -405,13 +409,7 @@ impl WorkerService {
     /// values), in input order, then a `Finish` whose usage counts the inputs' tokens.
     async fn embed(&self, r: EmbedRequest, out: &mut Responder) -> Result<(), WireError> {
         let _in_progress = CallInProgress::new(&self.calls);
-        if self.draining.load(Ordering::SeqCst) {
-            return Err(WireError::new(ErrorCode::Unavailable, "the worker is draining"));
-        }
-        let model = self
-            .models
-            .get(&r.model)
-            .ok_or_else(|| WireError::new(ErrorCode::NotFound, format!("model {:?} is not served here", r.model)))?;
+        let model = self.taking(&r.model)?;
         let Some((dims, _)) = model.embedding else {
             return Err(WireError::new(ErrorCode::InvalidRequest, RequestError::NotEmbedding.to_string()));
         };

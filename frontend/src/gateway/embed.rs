@@ -193,7 +193,7 @@ impl Gateway {
         settle.spent.milli_units = milli(billing_unit);
         metrics::counter!("zl_frontend_embedded_inputs_total", "model" => decision.model.clone())
             .increment(answer.vectors.len() as u64);
-        metrics::counter!("zl_frontend_input_tokens_total", "model" => decision.model.clone())
+        metrics::counter!("zl_frontend_embedded_tokens_total", "model" => decision.model.clone())
             .increment(u64::from(input_tokens));
         let meta = Meta {
             model: decision.model.clone(),
