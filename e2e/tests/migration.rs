@@ -209,9 +209,10 @@ fn wait_serving(http_addr: SocketAddr, n: u64) {
 #[test]
 fn a_rolling_restart_of_every_worker_under_load_harms_no_request() {
     let dir = tempfile::tempdir().unwrap();
-    // A short drain (2 s): requests still running then are handed over, which is what this test is about.
+    // No drain wait: the requests running when a worker is stopped are handed over at once, which is what this
+    // test is about (with a wait, a request might finish within it, and nothing would move).
     let (mut up, http_addr, state) =
-        zl_up(dir.path(), "data", KEY, &["--workers", "3", "--kv-memory-mb", "96"], &[("ZL_DRAIN_TIMEOUT_S", "2")]);
+        zl_up(dir.path(), "data", KEY, &["--workers", "3", "--kv-memory-mb", "96"], &[("ZL_DRAIN_TIMEOUT_S", "0")]);
     let data = dir.path().join("data");
     let cases = cases();
     let (tx, _rx) = std::sync::mpsc::channel();
@@ -236,6 +237,17 @@ fn a_rolling_restart_of_every_worker_under_load_harms_no_request() {
     let migrations_before = metric_sum(&zl_e2e::frontend_metrics(http_addr), "zl_frontend_migrations_total");
     std::thread::sleep(Duration::from_secs(2));
     for (name, pid) in pids(&state).into_iter().filter(|(n, _)| n.starts_with("worker-")) {
+        // Stopped while it runs a request (bounded wait), so that one is handed over.
+        let addr: SocketAddr = read_state(&data)["workers"]
+            .as_array()
+            .and_then(|w| w.iter().find(|w| w["name"] == name.as_str()))
+            .and_then(|w| w["metrics"].as_str()?.parse().ok())
+            .expect("cluster.json names each worker's metrics address");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while zl_e2e::metrics(addr).is_none_or(|m| metric_sum(&m, "zl_worker_running_sequences") < 1.0) {
+            assert!(Instant::now() < deadline, "{name} never ran a request");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         signal(pid, "-TERM");
         let new = wait_restarted(&data, &name, pid);
         wait_serving(http_addr, 3);
