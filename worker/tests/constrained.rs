@@ -2,11 +2,12 @@
 //! constrained request gives the same tokens alone and in a batch of sixteen.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use std::collections::HashMap;
+mod common;
 
+use common::run_ended;
 use serde_json::{Value, json};
 use zl_text::ChatMessage;
-use zl_worker::engine::{EngineCore, Event, Request};
+use zl_worker::engine::{EngineCore, Request};
 use zl_worker::fetch;
 use zl_worker::kv::window::KvLayout;
 use zl_worker::model::gguf;
@@ -50,33 +51,6 @@ fn request(engine: &EngineCore, grammars: &zl_grammar::Engine, user: &str, gramm
     }
 }
 
-/// Run to the end: each sequence's tokens, text and whether it ended on its own (not at `max_tokens`).
-fn run_all(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String, bool)> {
-    let mut out: HashMap<u64, (Vec<u32>, String, bool)> = HashMap::new();
-    for _ in 0..100_000 {
-        if !engine.has_work() {
-            break;
-        }
-        for ev in engine.step() {
-            match ev {
-                Event::Token { seq, token, text, .. } => {
-                    let e = out.entry(seq).or_default();
-                    e.0.push(token);
-                    e.1.push_str(&text);
-                }
-                Event::Finished { seq, text, reason, .. } => {
-                    let e = out.entry(seq).or_default();
-                    e.1.push_str(&text);
-                    e.2 = reason == zl_wire::message::StopReason::EndTurn;
-                }
-                Event::Prompt { .. } => {}
-            }
-        }
-    }
-    assert!(!engine.has_work(), "engine did not finish");
-    out
-}
-
 #[test]
 fn json_schema_output_parses_and_matches_across_seeds() {
     let (mut e, g) = engine();
@@ -95,7 +69,7 @@ fn json_schema_output_parses_and_matches_across_seeds() {
     for seed in 0..8u64 {
         e.add(seed, request(&e, &g, "Describe Paris as a JSON object.", &grammar, seed)).unwrap();
     }
-    for (seed, (_, text, ended)) in run_all(&mut e) {
+    for (seed, (_, text, ended)) in run_ended(&mut e) {
         assert!(ended, "seed {seed} ran out of tokens: {text}");
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|err| panic!("seed {seed}: {err}: {text}"));
         eprintln!("seed {seed}: {text}");
@@ -115,7 +89,7 @@ fn a_forced_tool_call_is_well_formed() {
     }];
     let grammar = zl_grammar::tool_calls(&tools, false, false).unwrap();
     e.add(1, request(&e, &g, "What is the weather in Paris?", &grammar, 0)).unwrap();
-    let out = run_all(&mut e);
+    let out = run_ended(&mut e);
     let text = &out[&1].1;
     eprintln!("{text}");
     let body = text.strip_prefix("<tool_call>\n").and_then(|t| t.strip_suffix("\n</tool_call>")).expect(text);
@@ -130,7 +104,7 @@ fn constrained_tokens_are_the_same_alone_and_in_a_batch_of_sixteen() {
     let (mut e, g) = engine();
     let grammar = zl_grammar::json_schema(&json!({"type": "object", "properties": {"answer": {"type": "string", "maxLength": 60}}, "required": ["answer"]})).unwrap();
     e.add(1, request(&e, &g, "What is the capital of France?", &grammar, 7)).unwrap();
-    let alone = run_all(&mut e).remove(&1).unwrap();
+    let alone = run_ended(&mut e).remove(&1).unwrap();
     for seq in 0..16u64 {
         // Others differ in prompt, seed and grammar; sequence 5 is the one run alone.
         let (user, seed) = if seq == 5 { ("What is the capital of France?", 7) } else { ("Name a colour.", seq + 100) };
@@ -142,6 +116,6 @@ fn constrained_tokens_are_the_same_alone_and_in_a_batch_of_sixteen() {
         };
         e.add(seq, request(&e, &g, user, &grammar, seed)).unwrap();
     }
-    let batch = run_all(&mut e);
+    let batch = run_ended(&mut e);
     assert_eq!(batch[&5].0, alone.0, "alone: {} / batched: {}", alone.1, batch[&5].1);
 }

@@ -110,8 +110,13 @@ pub(crate) fn chat_prompt(tok: &zl_text::TextTokenizer, system: &str, user: &str
 
 /// Run until every sequence finishes; returns each sequence's tokens and text.
 pub(crate) fn run_all(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String)> {
-    let mut out: HashMap<u64, (Vec<u32>, String)> = HashMap::new();
-    for _ in 0..10_000 {
+    run_ended(engine).into_iter().map(|(seq, (tokens, text, _))| (seq, (tokens, text))).collect()
+}
+
+/// [`run_all`], with whether each sequence ended on its own (its end of turn, not `max_tokens` or a stop).
+pub(crate) fn run_ended(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String, bool)> {
+    let mut out: HashMap<u64, (Vec<u32>, String, bool)> = HashMap::new();
+    for _ in 0..100_000 {
         if !engine.has_work() {
             break;
         }
@@ -122,7 +127,11 @@ pub(crate) fn run_all(engine: &mut EngineCore) -> HashMap<u64, (Vec<u32>, String
                     e.0.push(token);
                     e.1.push_str(&text);
                 }
-                Event::Finished { seq, text, .. } => out.entry(seq).or_default().1.push_str(&text),
+                Event::Finished { seq, text, reason, .. } => {
+                    let e = out.entry(seq).or_default();
+                    e.1.push_str(&text);
+                    e.2 = reason == zl_wire::message::StopReason::EndTurn;
+                }
                 Event::Prompt { .. } => {}
             }
         }
