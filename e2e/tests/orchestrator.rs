@@ -76,11 +76,20 @@ async fn workers_register_heartbeat_get_routed_to_and_deregister() {
     assert_eq!(decision.endpoint, worker_addr.to_string());
     // The probes Kubernetes asks, on each node's metrics address: alive, and ready (a group with a leader; the
     // model loaded and the registration taken).
+    // Readiness is looked at again every 100 ms until ready (a read point can take up to a second to confirm on a
+    // loaded machine), so it may trail the first route by that much: bounded wait.
     for (addr, needle) in [(orch_metrics, "leader 1"), (worker_metrics, "registered with 1 orchestrator")] {
         let live = zl_e2e::request(addr, "GET", "/healthz", &[], "").unwrap();
         assert_eq!(live.status, 200, "{}", live.body);
-        let ready = zl_e2e::request(addr, "GET", "/readyz", &[], "").unwrap();
-        assert!(ready.status == 200 && ready.body.contains(needle), "{addr}: {} {}", ready.status, ready.body);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let ready = zl_e2e::request(addr, "GET", "/readyz", &[], "").unwrap();
+            if ready.status == 200 && ready.body.contains(needle) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{addr}: {} {}", ready.status, ready.body);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
     assert_eq!(decision.model, MODEL);
     assert_eq!(decision.compute_pool, ComputePool::Cpu);

@@ -241,6 +241,7 @@ async fn serve(mut args: ServeArgs) -> Result<()> {
             .with_context(|| format!("opening the Raft storage in {}", raft_dir(&data_dir).display()))?,
     );
     tracing::info!(raft_id = args.raft_id, ?start, empty, "Raft group opened");
+    *zl_common::sync::write(&readiness) = Err("Raft storage open: waiting for a leader's read point".to_owned());
     node.set_response_bounds(zl_orchestrator::state::responses::Bounds {
         count: args.responses_per_project.max(1),
         bytes: args.responses_mb_per_project.max(1) << 20,
