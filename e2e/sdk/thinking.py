@@ -9,6 +9,7 @@ import sys
 
 import anthropic
 import openai
+import pydantic
 
 BASE = os.environ["ZL_BASE_URL"]
 KEY = os.environ["ZL_API_KEY"]
@@ -62,6 +63,17 @@ def check_anthropic():
     except anthropic.BadRequestError as err:
         e = err
     assert e is not None and "budget_tokens" in e.message, e
+
+    # With an output format: the section is the model's, the answer after it the schema's (parsed by the SDK).
+    class Capital(pydantic.BaseModel):
+        city: str
+        population: int
+
+    parsed = client.messages.parse(
+        model=MODEL, max_tokens=96, extra_body=seeded, thinking=thinking, messages=QUESTION, output_format=Capital
+    )
+    assert [b.type for b in parsed.content] == ["thinking", "text"], parsed.content
+    assert isinstance(parsed.parsed_output, Capital) and clean(parsed.content[1].text), parsed
 
 
 def check_openai():

@@ -172,9 +172,19 @@ impl Constraint {
         const PREFERRED: &[u8] = b"\"}],01abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ23456789 :-.[{";
         let mut m = self.matcher.clone();
         let mut out = Vec::new();
-        for _ in 0..limit {
+        while out.len() < limit {
             if m.is_accepting().ok()? {
                 return Some(out);
+            }
+            // A stretch the grammar forces (a required key and its colon) is allowed only as its canonical
+            // tokens: its bytes are taken as they are.
+            let forced = m.compute_ff_bytes();
+            if !forced.is_empty() {
+                for b in forced {
+                    m.consume_token(self.shared.byte_tokens[usize::from(b)]?).ok()?;
+                    out.push(b);
+                }
+                continue;
             }
             let mask = m.compute_mask().ok()?;
             let allowed = |b: u8| {

@@ -105,3 +105,37 @@ fn a_thinking_budget_closes_the_section_once_and_only_when_spent() {
     let plain = run(vec![Request::new(p.clone(), Sampling::greedy(), 20)]).remove(0);
     assert_eq!(run(vec![budget(100)]).remove(0), plain);
 }
+
+#[test]
+fn a_grammar_constrains_only_the_answer_after_the_thinking_section() {
+    let m = model();
+    let grammars = zl_grammar::Engine::new(&m.tokenizer).unwrap();
+    let close = m.tokenizer.encode("\n</think>\n\n").unwrap();
+    let mut p = prompt("Think about France, then answer in JSON.");
+    p.extend(m.tokenizer.encode("<think>\n").unwrap());
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
+        "required": ["city", "population"],
+        "additionalProperties": false
+    });
+    let grammar = zl_grammar::json_schema(&schema).unwrap();
+    let constrained = |sampling| Request {
+        think: Some(ThinkBudget { budget: 6, end: "</think>".into(), close: close.clone() }),
+        constraint: Some(grammars.start(&grammar).unwrap()),
+        ..Request::new(p.clone(), sampling, 96)
+    };
+    let plain = run(vec![Request::new(p.clone(), Sampling::greedy(), 96)]).remove(0);
+    // Sampled hot, the string runs on until the grammar's closing ends it, required key included.
+    let hot = Sampling { temperature: 2.0, top_p: 1.0, top_k: 0, seed: 3 };
+    for (tokens, text) in run(vec![constrained(Sampling::greedy()), constrained(hot)]) {
+        // The section is the model's own until its budget closes it (greedy: as unconstrained decoding writes it).
+        assert_eq!(&tokens[6..6 + close.len()], &close[..], "{text:?}");
+        // The answer after it is the grammar's: the schema's object, complete.
+        let (_, answer) = text.split_once("</think>\n\n").unwrap();
+        let v: serde_json::Value = serde_json::from_str(answer).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(v["city"].is_string() && v["population"].is_number(), "{text:?}");
+    }
+    let greedy = run(vec![constrained(Sampling::greedy())]).remove(0);
+    assert_eq!(&greedy.0[..6], &plain.0[..6], "{:?}", greedy.1);
+}

@@ -7,6 +7,7 @@
 mod common;
 
 use serde_json::json;
+use zl_wire::message::ThinkBudget;
 use zl_worker::engine::{EngineCore, Event, Request};
 use zl_worker::fetch;
 use zl_worker::kv::window::KvLayout;
@@ -65,6 +66,9 @@ fn a_request_resumed_after_any_of_its_tokens_continues_byte_for_byte() {
         "required": ["city", "population"]});
     let grammar = zl_grammar::json_schema(&schema).unwrap();
     let city = chat(&e, "Give a city and its population as JSON.");
+    let mut thinking = city.clone();
+    thinking.extend(e.model().tokenizer.encode("<think>\n").unwrap());
+    let close = e.model().tokenizer.encode("\n</think>\n\n").unwrap();
     let base = Request {
         stop_sequences: vec!["warm sun".into()],
         speculate: 4,
@@ -91,6 +95,20 @@ fn a_request_resumed_after_any_of_its_tokens_continues_byte_for_byte() {
                 stop_sequences: vec![],
                 max_tokens: 20,
                 speculate: 0,
+                constraint: Some(g.start(&grammar).unwrap()),
+                ..base.clone()
+            }),
+        ),
+        // A thinking section closed by its budget, then the schema: the replay wakes the grammar where it woke.
+        (
+            "a thinking budget, then a JSON schema",
+            Box::new(|g| Request {
+                prompt: thinking.clone(),
+                sampling: Sampling { temperature: 1.0, top_p: 1.0, top_k: 0, seed: 7 },
+                stop_sequences: vec![],
+                max_tokens: 40,
+                speculate: 0,
+                think: Some(ThinkBudget { budget: 5, end: "</think>".into(), close: close.clone() }),
                 constraint: Some(g.start(&grammar).unwrap()),
                 ..base.clone()
             }),

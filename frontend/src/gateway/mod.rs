@@ -74,7 +74,7 @@ impl std::fmt::Debug for Gateway {
 /// A prepared request: rendered, tokenised, checked. Only resolved values travel on from here (the raw
 /// [`GenRequest`] is consumed by [`Gateway::prepare`]), each under the name the wire gives it, so `max_tokens`
 /// means the same number from here to the worker's scheduler.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Prepared {
     /// The model as the client named it (an id or an alias; the route resolves it).
     pub model: String,
@@ -280,13 +280,6 @@ impl Gateway {
                     ),
                 ));
             }
-            Thinking::Enabled(_) if req.grammar.is_some() => {
-                return Err(ApiError::invalid_param(
-                    "thinking",
-                    "thinking: cannot be combined with constrained output (a strict tool, a forced tool choice or a \
-                     response format) on this server yet",
-                ));
-            }
             _ => {}
         }
         let card_for_work = card.clone();
@@ -328,8 +321,17 @@ impl Gateway {
         // The section is split off the answer unless it is switched off; the prompt may have opened it already.
         let thinking = (reasoning && req.thinking != Thinking::Disabled)
             .then(|| prompt.trim_end().ends_with(crate::thinking::OPEN) && req.prefill.is_none());
-        let think = match req.thinking {
-            Thinking::Enabled(Some(budget)) => {
+        // With constrained output the grammar applies to the answer after the section, so a section that is asked
+        // for (or that the prompt opened) needs an end: without a budget of the client's, half the output limit.
+        let budget = match req.thinking {
+            Thinking::Enabled(Some(budget)) => Some(budget),
+            ask if req.grammar.is_some() && (ask == Thinking::Enabled(None) || thinking == Some(true)) => {
+                Some((max_tokens / 2).max(1))
+            }
+            _ => None,
+        };
+        let think = match budget {
+            Some(budget) => {
                 let close = card
                     .tokenizer
                     .encode(crate::thinking::FORCED_CLOSE)

@@ -366,8 +366,8 @@ impl EngineCore {
         // produced them (the sampler's step, the grammar and its closing, the detokenizer, the stop matcher), their
         // text unsent: it was sent. Their KV is computed with the prompt's.
         for &token in &req.resume {
-            if st.constraint.is_some() {
-                closing_for(&mut st);
+            if forced(&st) {
+                before_step(&mut st, false);
             }
             if let Some((reason, stop_sequence)) = advance(&mut st, &self.model.tokenizer, token).end {
                 // It ended there (its finish was lost with the worker): finish again, nothing to compute.
@@ -650,7 +650,10 @@ impl EngineCore {
 /// sampled here and for one another worker produced (a migration's replay), so both leave the same state.
 fn advance(st: &mut SeqState, tokenizer: &TextTokenizer, s: u32) -> Advance {
     st.generated += 1;
-    let off_grammar = st.constraint.as_mut().map(|c| c.advance(s)).and_then(Result::err);
+    let off_grammar = match dormant(st) {
+        true => None,
+        false => st.constraint.as_mut().map(|c| c.advance(s)).and_then(Result::err),
+    };
     if st.closing.front() == Some(&s) {
         st.closing.pop_front();
     }
@@ -663,6 +666,7 @@ fn advance(st: &mut SeqState, tokenizer: &TextTokenizer, s: u32) -> Advance {
     let delta = st.detok.push(tokenizer, s).unwrap_or_default();
     if let Some(t) = st.think.as_mut() {
         t.read(&delta);
+        t.wrote();
     }
     if let Some(p) = st.penalized.as_mut() {
         p.saw(s);
@@ -696,6 +700,12 @@ fn finished(seq: SeqId, st: &mut SeqState, reason: StopReason, stop_sequence: Op
     }
 }
 
+/// Whether a sequence's grammar waits for its thinking section to end: a grammar constrains the answer, which
+/// begins after the section (and after all of a forced closing).
+fn dormant(st: &SeqState) -> bool {
+    st.think.as_ref().is_some_and(|t| !t.answering())
+}
+
 /// How close to its token limit a constrained sequence starts checking how it would end.
 const CLOSING_WINDOW: u32 = 64;
 /// The most bytes of closing text looked for.
@@ -717,6 +727,24 @@ fn closing_for(st: &mut SeqState) {
     }
 }
 
+/// What a constrained or budgeted sequence does before each sampling step, and a migration's replay before each
+/// token it replays: near its limit, the grammar's closing (once the grammar is awake); once its thinking budget
+/// is spent, the section's closing (`count`ed in the metrics where it is written, not where it is replayed).
+/// Whether the grammar still waits for the section to end.
+fn before_step(st: &mut SeqState, count: bool) -> bool {
+    let dormant = dormant(st);
+    if !dormant {
+        closing_for(st);
+    }
+    if let Some(close) = st.think.as_mut().and_then(|t| t.due(st.generated)) {
+        if count {
+            metrics::counter!("zl_worker_thinking_closed_total").increment(1);
+        }
+        st.closing = close.into();
+    }
+    dormant
+}
+
 /// Each constrained sequence's mask for this step. A sequence that would otherwise run out of tokens inside its
 /// grammar (a string, an object with fields still required) is given the shortest closing found while it still
 /// has the tokens for it, and writes it; its answer is then complete and valid, if cut short.
@@ -729,15 +757,11 @@ fn masks(
     for &seq in constrained {
         let Some(st) = seqs.get_mut(&seq) else { continue };
         let started = std::time::Instant::now();
-        closing_for(st);
-        if let Some(close) = st.think.as_mut().and_then(|t| t.due(st.generated)) {
-            metrics::counter!("zl_worker_thinking_closed_total").increment(1);
-            st.closing = close.into();
-        }
+        let dormant = before_step(st, true);
         let mask = match (st.closing.front(), st.constraint.as_mut()) {
             (Some(&token), _) => Ok(zl_grammar::Mask::only(token, vocab)),
-            (None, Some(c)) => c.mask(),
-            (None, None) => continue,
+            (None, Some(c)) if !dormant => c.mask(),
+            _ => continue,
         };
         out.insert(seq, mask);
         metrics::histogram!("zl_worker_grammar_mask_seconds").record(started.elapsed().as_secs_f64());

@@ -1,6 +1,7 @@
 //! A thinking budget: a reasoning model's section (`<think>` ... `</think>`) closed by force once the request's
 //! budget of output tokens is spent and the model has not closed it itself. Pure: it reads the answer's text as
-//! it is produced and says when to write the closing tokens.
+//! it is produced, says when to write the closing tokens, and when the answer after the section has begun (a
+//! request's grammar constrains only that).
 
 use zl_wire::message::ThinkBudget;
 
@@ -10,14 +11,18 @@ pub struct Think {
     budget: ThinkBudget,
     /// The end of the text so far, as long as the end marker (it may arrive split across tokens).
     tail: String,
-    /// The section is closed (by the model, or the closing was queued).
+    /// The section's end marker was written (by the model, or as the forced closing).
     closed: bool,
+    /// The forced closing was queued.
+    queued: bool,
+    /// Tokens of the forced closing not written yet.
+    pending: usize,
 }
 
 impl Think {
     /// A budget not spent yet.
     pub fn new(budget: ThinkBudget) -> Self {
-        Think { budget, tail: String::new(), closed: false }
+        Think { budget, tail: String::new(), closed: false, queued: false, pending: 0 }
     }
 
     /// More of the answer's text.
@@ -41,9 +46,14 @@ impl Think {
         }
     }
 
+    /// One more output token was written (after its text was read).
+    pub fn wrote(&mut self) {
+        self.pending = self.pending.saturating_sub(1);
+    }
+
     /// Whether the section is open past its budget after `generated` output tokens.
     pub fn spent(&self, generated: u32) -> bool {
-        !self.closed && generated >= self.budget.budget
+        !self.closed && !self.queued && generated >= self.budget.budget
     }
 
     /// The tokens to write now, once: when the budget is spent and the section still open.
@@ -51,8 +61,15 @@ impl Think {
         if !self.spent(generated) {
             return None;
         }
-        self.closed = true;
+        self.queued = true;
+        self.pending = self.budget.close.len();
         Some(self.budget.close.clone())
+    }
+
+    /// Whether the answer after the section has begun: the end marker is written and so is all of a forced
+    /// closing (what it writes after the marker is still the section's).
+    pub fn answering(&self) -> bool {
+        self.closed && self.pending == 0
     }
 }
 
@@ -72,6 +89,12 @@ mod tests {
         assert_eq!(t.due(3), Some(vec![7, 8]));
         assert_eq!(t.due(4), None, "once");
         assert!(!t.spent(9));
+        // The answer begins once the closing is written and its marker read.
+        t.wrote();
+        assert!(!t.answering());
+        t.read("\n</think>");
+        t.wrote();
+        assert!(t.answering());
     }
 
     #[test]
