@@ -141,7 +141,8 @@ def check_openai():
     bad = openai.OpenAI(base_url=BASE + "/v1", api_key="sk-wrong", max_retries=0)
     expect(openai.AuthenticationError, lambda: bad.chat.completions.create(model=MODEL, messages=QUESTION))
     expect(openai.NotFoundError, lambda: client.chat.completions.create(model="no-such-model", messages=QUESTION))
-    expect(openai.BadRequestError, lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, n=2))
+    e = expect(openai.BadRequestError, lambda: client.chat.completions.create(model=MODEL, messages=QUESTION, n=129))
+    assert e.body["param"] == "n", e.body
     limited = openai.OpenAI(base_url=BASE + "/v1", api_key=LIMITED, max_retries=0)
     expect(openai.RateLimitError, lambda: limited.chat.completions.create(model=MODEL, max_tokens=2, messages=QUESTION))
 
@@ -330,6 +331,54 @@ def check_every_sdk_field():
                     assert response.status == 200, (kind, field)
 
 
+def check_openai_choices():
+    """`n` answers, and several prompts in one completions request: every choice, in index order."""
+    client = openai.OpenAI(base_url=BASE + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    ask = dict(model=MODEL, max_tokens=12, temperature=1.0, seed=11, messages=QUESTION)
+    one = client.chat.completions.create(**ask)
+    three = client.chat.completions.create(n=3, **ask)
+    assert [c.index for c in three.choices] == [0, 1, 2], three
+    texts = [c.message.content for c in three.choices]
+    # The first answer is the one n=1 gives for the seed; the others are seeded apart from it.
+    assert texts[0] == one.choices[0].message.content, (texts, one)
+    assert len(set(texts)) >= 2, texts
+    assert three.usage.prompt_tokens == one.usage.prompt_tokens, three.usage
+    assert three.usage.completion_tokens >= 3 and three.usage.total_tokens == (
+        three.usage.prompt_tokens + three.usage.completion_tokens), three.usage
+    # Streamed: the choices' chunks interleave, each with its index; one usage chunk, totalled, at the end.
+    chunks = list(client.chat.completions.create(n=3, stream=True, stream_options={"include_usage": True}, **ask))
+    streamed = {}
+    for c in chunks:
+        for ch in c.choices:
+            streamed[ch.index] = streamed.get(ch.index, "") + (ch.delta.content or "")
+    assert [streamed[i] for i in range(3)] == texts, (streamed, texts)
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == three.usage.completion_tokens, chunks[-1]
+    assert sum(1 for c in chunks if c.usage is not None) == 1
+    finished = [ch.index for c in chunks for ch in c.choices if ch.finish_reason]
+    assert sorted(finished) == [0, 1, 2], finished
+    assert len({c.id for c in chunks}) == 1, {c.id for c in chunks}
+
+    # Legacy completions: two prompts, two answers each; prompt p's answer i is choice p * 2 + i.
+    prompts = ["The capital of France is", "Water boils at"]
+    both = client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=6, temperature=0.8, seed=3, echo=True)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3], both
+    assert all(c.text.startswith(prompts[c.index // 2]) for c in both.choices), both
+    alone = client.completions.create(model=MODEL, prompt=prompts[1], max_tokens=6, temperature=0.8, seed=3)
+    assert both.choices[2].text == prompts[1] + alone.choices[0].text, (both.choices[2], alone)
+    singles = [client.completions.create(model=MODEL, prompt=p, max_tokens=6, temperature=0) for p in prompts]
+    assert both.usage.prompt_tokens == sum(x.usage.prompt_tokens for x in singles), both.usage
+    streamed = {}
+    for c in client.completions.create(model=MODEL, prompt=prompts, n=2, max_tokens=6, temperature=0.8, seed=3,
+                                       stream=True):
+        for ch in c.choices:
+            streamed[ch.index] = streamed.get(ch.index, "") + ch.text
+    assert [prompts[i // 2] + streamed[i] for i in range(4)] == [c.text for c in both.choices], streamed
+    e = expect(openai.BadRequestError, lambda: client.completions.create(model=MODEL, prompt=["a"] * 65, n=2))
+    assert e.body["param"] == "n", e.body
+    e = expect(openai.BadRequestError, lambda: client.completions.create(model=MODEL, prompt="a", best_of=3))
+    assert e.body["param"] == "best_of", e.body
+
+
 check_every_sdk_field()
 print("sdk fields: ok")
 check_anthropic()
@@ -338,5 +387,7 @@ check_openai()
 print("openai: ok")
 check_openai_completions_and_logprobs()
 print("openai completions and logprobs: ok")
+check_openai_choices()
+print("openai choices: ok")
 print("conformance: ok")
 sys.stdout.flush()

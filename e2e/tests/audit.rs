@@ -148,6 +148,39 @@ fn the_chain_verifies_after_traffic_and_catches_every_tampering() {
     assert!(!text.contains("tangerine"));
     let (ok, text) = audit(&data, &["verify", chain.to_str().unwrap()]);
     assert!(ok && text.contains("ok:"), "shredding leaves the chain valid: {text}");
+
+    // Several choices (`n`): a record for each, the first under the request's id, the others under `<id>-<k>`.
+    let body = serde_json::json!({"model": model, "max_tokens": 4, "n": 3, "seed": 1,
+        "messages": [{"role": "user", "content": "Name a colour."}]})
+    .to_string();
+    let r =
+        request(http, "POST", "/v1/chat/completions", &[("authorization", &format!("Bearer {KEY}"))], &body).unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let rid = r.header("request-id").unwrap().to_owned();
+    let ids = [rid.clone(), format!("{rid}-1"), format!("{rid}-2")];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_, export) = audit(&data, &["export", chain.to_str().unwrap()]);
+        let records: Vec<serde_json::Value> = export
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .filter(|r| r["request_id"].as_str().is_some_and(|id| id.starts_with(&rid)))
+            .collect();
+        if records.len() == 3 {
+            let got: Vec<&str> = records.iter().map(|r| r["request_id"].as_str().unwrap()).collect();
+            assert_eq!(
+                got.iter().copied().collect::<std::collections::BTreeSet<_>>(),
+                ids.iter().map(String::as_str).collect()
+            );
+            assert!(
+                records.iter().all(|r| r["status"] == 200 && r["output_tokens"].as_u64().unwrap() > 0),
+                "{records:?}"
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "three records never appeared: {export}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
     assert!(up.terminate(Duration::from_secs(30)));
 }
 

@@ -15,15 +15,15 @@ use crate::events::Logprobs;
 use crate::gateway::{GenEvent, GenRequest, LogprobRequest, Meta, Prepared, RawPrompt};
 use crate::ids::{random_id, unix_now};
 use crate::logprobs::Columns;
-use crate::openai::{DONE, finish_reason, stream_error, usage};
+use crate::openai::{MAX_CHOICES, finish_reason, stream_error, usage};
 use crate::request::Fields;
 
 /// OpenAI's default output limit for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
 
-/// The prompt of a completions request: one string or one token array (a list holding one of either is the
-/// same).
-fn prompt(f: &Fields<'_>) -> Result<RawPrompt, ApiError> {
+/// The prompts of a completions request: one string or one token array, or a list of either (each its own
+/// choices, in order).
+fn prompts(f: &Fields<'_>) -> Result<Vec<RawPrompt>, ApiError> {
     let bad = |m: &str| ApiError::invalid_param("prompt", format!("prompt: {m}"));
     let tokens = |items: &[Value]| -> Result<Vec<u32>, ApiError> {
         items
@@ -32,50 +32,64 @@ fn prompt(f: &Fields<'_>) -> Result<RawPrompt, ApiError> {
             .collect::<Option<Vec<u32>>>()
             .ok_or_else(|| bad("a token array holds non-negative integer token ids"))
     };
-    let one = match f.get("prompt") {
+    let shape = || bad("expected a string, a list of strings, or token arrays");
+    let all = match f.get("prompt") {
         None => return Err(bad("Field required")),
-        Some(Value::String(s)) => RawPrompt::Text(s.clone()),
+        Some(Value::String(s)) => vec![RawPrompt::Text(s.clone())],
         Some(Value::Array(items)) if items.is_empty() => return Err(bad("must not be empty")),
-        Some(Value::Array(items)) if items.iter().all(Value::is_number) => RawPrompt::Tokens(tokens(items)?),
-        Some(Value::Array(items)) if items.len() == 1 => match &items[0] {
-            Value::String(s) => RawPrompt::Text(s.clone()),
-            Value::Array(t) => RawPrompt::Tokens(tokens(t)?),
-            _ => return Err(bad("expected a string, a list of strings, or token arrays")),
-        },
-        Some(Value::Array(items)) => {
-            return Err(bad(&format!(
-                "{} prompts in one request: this server completes one prompt per request (send them as \
-                 separate requests, which it batches)",
-                items.len()
-            )));
+        Some(Value::Array(items)) if items.iter().all(Value::is_number) => vec![RawPrompt::Tokens(tokens(items)?)],
+        Some(Value::Array(items)) if items.len() > MAX_CHOICES as usize => {
+            return Err(bad(&format!("at most {MAX_CHOICES} prompts in one request, got {}", items.len())));
         }
-        Some(_) => return Err(bad("expected a string, a list of strings, or token arrays")),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) => Ok(RawPrompt::Text(s.clone())),
+                Value::Array(t) => Ok(RawPrompt::Tokens(tokens(t)?)),
+                _ => Err(shape()),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(shape()),
     };
-    let empty = match &one {
-        RawPrompt::Text(t) => t.is_empty(),
-        RawPrompt::Tokens(t) => t.is_empty(),
-    };
-    if empty {
-        return Err(bad("must not be empty"));
+    for (i, one) in all.iter().enumerate() {
+        let empty = match one {
+            RawPrompt::Text(t) => t.is_empty(),
+            RawPrompt::Tokens(t) => t.is_empty(),
+        };
+        if empty {
+            return Err(match all.len() {
+                1 => bad("must not be empty"),
+                _ => bad(&format!("prompt {i} must not be empty")),
+            });
+        }
     }
-    Ok(one)
+    Ok(all)
 }
 
-/// Parse a `POST /v1/completions` body.
-pub fn parse(body: &Value) -> Result<(GenRequest, Options), ApiError> {
+/// Parse a `POST /v1/completions` body: one request per prompt (in order), and the options they share.
+pub fn parse(body: &Value) -> Result<(Vec<GenRequest>, Options), ApiError> {
     let f = Fields::of(body)?;
     let model = f.required_string("model")?;
     if model.is_empty() {
         return Err(ApiError::invalid_param("model", "model: must not be empty"));
     }
-    let raw = prompt(&f)?;
+    let raws = prompts(&f)?;
     if f.string("suffix")?.is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid_param("suffix", "suffix: insertion (fill-in-the-middle) is not supported"));
     }
-    for name in ["n", "best_of"] {
-        if f.integer(name, 1, 128)?.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid_param(name, format!("{name}: only 1 is supported")));
-        }
+    let n = f.integer("n", 1, u64::from(MAX_CHOICES))?.unwrap_or(1) as u32;
+    if raws.len() as u64 * u64::from(n) > u64::from(MAX_CHOICES) {
+        return Err(ApiError::invalid_param(
+            "n",
+            format!("n: {} prompts times n={n} is more than {MAX_CHOICES} choices in one request", raws.len()),
+        ));
+    }
+    // Choosing the best of several by their log-probability is not done here: each choice is returned.
+    if f.integer("best_of", 1, u64::from(MAX_CHOICES))?.is_some_and(|b| b != u64::from(n)) {
+        return Err(ApiError::invalid_param(
+            "best_of",
+            "best_of: picking the best of more answers than are returned is not supported (ask for n answers)",
+        ));
     }
     let penalties = crate::request::penalties(&f)?;
     let max_tokens = f.integer("max_tokens", 1, u64::from(u32::MAX))?.map_or(DEFAULT_MAX_TOKENS, |m| m as u32);
@@ -106,13 +120,14 @@ pub fn parse(body: &Value) -> Result<(GenRequest, Options), ApiError> {
         user: f.string("user")?.filter(|u| !u.is_empty()).map(str::to_owned),
         tools: Default::default(),
         grammar: None,
-        raw: Some(raw),
+        raw: None,
         prefill: None,
         thinking: Default::default(),
         penalties,
         logprobs,
     };
-    Ok((req, Options { echo, include_usage }))
+    let options = Options { echo, include_usage, n };
+    Ok((raws.into_iter().map(|raw| GenRequest { raw: Some(raw), ..req.clone() }).collect(), options))
 }
 
 /// The completions-only options of a request.
@@ -122,12 +137,18 @@ pub struct Options {
     pub echo: bool,
     /// Send a usage chunk before `[DONE]`.
     pub include_usage: bool,
+    /// Answers to make of each prompt (`n`).
+    pub n: u32,
 }
 
 /// `POST /v1/completions` as a [`Dialect`].
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Completions {
     options: Options,
+    /// Which choice this writer writes.
+    index: u32,
+    /// One of several choices: the stream's end is the fan-out's.
+    trailer_later: bool,
     id: String,
     created: u64,
     model: String,
@@ -143,6 +164,28 @@ pub struct Completions {
 }
 
 impl Completions {
+    /// A request for one prompt, with its writer.
+    fn writer(req: GenRequest, options: Options) -> (GenRequest, Self) {
+        let prompt = match &req.raw {
+            Some(RawPrompt::Text(t)) => t.clone(),
+            _ => String::new(),
+        };
+        let writer = Completions {
+            options,
+            index: 0,
+            trailer_later: false,
+            id: String::new(),
+            created: 0,
+            model: String::new(),
+            fingerprint: String::new(),
+            prompt,
+            card: None,
+            columns: Columns::default(),
+            echo_pending: false,
+        };
+        (req, writer)
+    }
+
     fn chunk(&self, text: &str, logprobs: Value, finish: Option<&'static str>) -> String {
         let data = json!({
             "id": self.id,
@@ -150,7 +193,7 @@ impl Completions {
             "created": self.created,
             "model": self.model,
             "system_fingerprint": self.fingerprint,
-            "choices": [{"text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish}],
+            "choices": [{"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish}],
         });
         format!("data: {data}\n\n")
     }
@@ -180,23 +223,46 @@ impl Dialect for Completions {
     const ERRORS: ErrorFormat = ErrorFormat::OpenAi;
 
     fn parse(body: &Value) -> Result<(GenRequest, Self), ApiError> {
-        let (req, options) = parse(body)?;
-        let prompt = match &req.raw {
-            Some(RawPrompt::Text(t)) => t.clone(),
-            _ => String::new(),
-        };
-        let writer = Completions {
-            options,
-            id: String::new(),
-            created: 0,
-            model: String::new(),
-            fingerprint: String::new(),
-            prompt,
-            card: None,
-            columns: Columns::default(),
-            echo_pending: false,
-        };
-        Ok((req, writer))
+        let (mut reqs, options) = parse(body)?;
+        match (reqs.len(), options.n) {
+            (1, 1) => Ok(Completions::writer(reqs.remove(0), options)),
+            _ => Err(ApiError::invalid_param("n", "n: this path serves one choice")),
+        }
+    }
+
+    fn parse_choices(body: &Value) -> Result<Vec<(GenRequest, Vec<Self>)>, ApiError> {
+        let (reqs, options) = parse(body)?;
+        Ok(reqs
+            .into_iter()
+            .map(|req| {
+                let (req, writer) = Completions::writer(req, options);
+                (req, vec![writer; options.n as usize])
+            })
+            .collect())
+    }
+
+    fn as_choice(&mut self, index: u32, first: Option<&Self>) {
+        self.index = index;
+        if let Some(first) = first {
+            self.id.clone_from(&first.id);
+            self.created = first.created;
+        }
+        self.trailer_later = true;
+    }
+
+    fn trailer(&self, total: &FinishInfo) -> String {
+        let usage = self.options.include_usage.then(|| {
+            let data = json!({
+                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": [], "usage": usage(total),
+            });
+            format!("data: {data}\n\n")
+        });
+        crate::openai::stream_end(usage)
+    }
+
+    fn merge(bodies: Vec<Value>, total: &FinishInfo) -> Value {
+        crate::openai::merge_choices(bodies, total)
     }
 
     fn prepared(&mut self, prepared: &Prepared) {
@@ -252,14 +318,10 @@ impl Dialect for Completions {
                 let mut out = self.flush_echo();
                 let logprobs = self.take_columns();
                 out += &self.chunk("", logprobs, Some(finish_reason(f.stop_reason, false)));
-                if self.options.include_usage {
-                    let data = json!({
-                        "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                        "system_fingerprint": self.fingerprint, "choices": [], "usage": usage(f),
-                    });
-                    out += &format!("data: {data}\n\n");
+                if self.trailer_later {
+                    return out;
                 }
-                out + DONE
+                out + &self.trailer(f)
             }
         }
     }
@@ -287,7 +349,7 @@ impl Dialect for Completions {
             "system_fingerprint": self.fingerprint,
             "choices": [{
                 "text": text,
-                "index": 0,
+                "index": self.index,
                 "logprobs": logprobs,
                 "finish_reason": finish_reason(finish.stop_reason, false),
             }],
@@ -302,7 +364,7 @@ mod tests {
 
     use super::*;
 
-    fn with(extra: Value) -> Result<(GenRequest, Options), ApiError> {
+    fn many(extra: Value) -> Result<(Vec<GenRequest>, Options), ApiError> {
         let mut body = json!({"model": "m", "prompt": "Once upon a time"});
         for (k, v) in extra.as_object().unwrap() {
             body[k] = v.clone();
@@ -310,11 +372,15 @@ mod tests {
         parse(&body)
     }
 
+    fn with(extra: Value) -> Result<(GenRequest, Options), ApiError> {
+        many(extra).map(|(mut reqs, o)| (reqs.remove(0), o))
+    }
+
     #[test]
     fn prompts_in_every_accepted_shape() {
         let (r, o) = with(json!({})).unwrap();
         assert_eq!(r.raw, Some(RawPrompt::Text("Once upon a time".into())));
-        assert_eq!((r.max_tokens, r.logprobs, o), (Some(16), None, Options::default()));
+        assert_eq!((r.max_tokens, r.logprobs, o), (Some(16), None, Options { n: 1, ..Options::default() }));
         assert_eq!(with(json!({"prompt": ["x"]})).unwrap().0.raw, Some(RawPrompt::Text("x".into())));
         assert_eq!(with(json!({"prompt": [1, 2]})).unwrap().0.raw, Some(RawPrompt::Tokens(vec![1, 2])));
         assert_eq!(with(json!({"prompt": [[3]]})).unwrap().0.raw, Some(RawPrompt::Tokens(vec![3])));
@@ -322,8 +388,16 @@ mod tests {
             with(json!({"logprobs": 5, "echo": true, "stream": true, "stream_options": {"include_usage": true}}))
                 .unwrap();
         assert_eq!(r.logprobs, Some(LogprobRequest { top: 5, prompt: true }));
-        assert_eq!(o, Options { echo: true, include_usage: true });
+        assert_eq!(o, Options { echo: true, include_usage: true, n: 1 });
         assert_eq!(with(json!({"logprobs": 0})).unwrap().0.logprobs, Some(LogprobRequest { top: 0, prompt: false }));
+        // Several prompts are several requests alike but for their prompt, in order; n answers each.
+        let (reqs, o) = many(json!({"prompt": ["a", [7, 8]], "n": 3, "best_of": 3, "seed": 4})).unwrap();
+        let raws: Vec<_> = reqs.iter().map(|r| r.raw.clone().unwrap()).collect();
+        assert_eq!(raws, [RawPrompt::Text("a".into()), RawPrompt::Tokens(vec![7, 8])]);
+        assert!(reqs.iter().all(|r| r.seed == Some(4) && r.max_tokens == Some(16)));
+        assert_eq!(o.n, 3);
+        let prompts = Completions::parse_choices(&json!({"model": "m", "prompt": ["a", "b"], "n": 2})).unwrap();
+        assert_eq!(prompts.iter().map(|(_, w)| w.len()).collect::<Vec<_>>(), [2, 2]);
     }
 
     #[test]
@@ -339,15 +413,19 @@ mod tests {
     fn what_it_cannot_honour_is_refused_by_name() {
         let param = |extra: Value| with(extra).unwrap_err().param.unwrap();
         assert_eq!(param(json!({"suffix": "end"})), "suffix");
-        assert_eq!(param(json!({"n": 2})), "n");
+        assert_eq!(param(json!({"n": 129})), "n");
+        assert_eq!(param(json!({"n": 65, "prompt": ["a", "b"]})), "n");
         assert_eq!(param(json!({"best_of": 3})), "best_of");
+        assert_eq!(param(json!({"best_of": 3, "n": 2})), "best_of");
         assert_eq!(param(json!({"frequency_penalty": 2.5})), "frequency_penalty");
         assert_eq!(param(json!({"repetition_penalty": 1.1})), "repetition_penalty");
         assert_eq!(param(json!({"logit_bias": {"x": -100}})), "logit_bias");
         assert_eq!(param(json!({"logit_bias": {"5": -101}})), "logit_bias");
         assert_eq!(param(json!({"min_p": 1.5})), "min_p");
         assert_eq!(param(json!({"logprobs": 21})), "logprobs");
-        assert_eq!(param(json!({"prompt": ["a", "b"]})), "prompt");
+        assert_eq!(param(json!({"prompt": ["a", ""]})), "prompt");
+        assert_eq!(param(json!({"prompt": ["a", 5]})), "prompt");
+        assert_eq!(param(json!({"prompt": vec!["a"; 129]})), "prompt");
         assert_eq!(param(json!({"prompt": ""})), "prompt");
         assert_eq!(param(json!({"prompt": [-1]})), "prompt");
         assert_eq!(param(json!({"prompt": [1.5]})), "prompt");

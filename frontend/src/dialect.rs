@@ -56,4 +56,27 @@ pub trait Dialect: Sized + Send + 'static {
     fn held_back(&mut self) -> String {
         String::new()
     }
+
+    /// Parse a request body that may ask for several choices (OpenAI's `n`, several prompts in one completions
+    /// request): each prompt's request, in order, with a writer for each answer it gets (as many for every
+    /// prompt). An API without either has one prompt and one answer.
+    fn parse_choices(body: &Value) -> Result<Vec<(GenRequest, Vec<Self>)>, ApiError> {
+        Self::parse(body).map(|(req, writer)| vec![(req, vec![writer])])
+    }
+
+    /// This writer writes choice `index` of a response with several, under the id and time of `first` (choice 0's
+    /// writer, routed; `None` for choice 0 itself): its stream's end (usage, `[DONE]`) is left to
+    /// [`Dialect::trailer`].
+    fn as_choice(&mut self, _index: u32, _first: Option<&Self>) {}
+
+    /// The end of a stream with several choices, their usage totalled.
+    fn trailer(&self, _total: &FinishInfo) -> String {
+        String::new()
+    }
+
+    /// The body of a complete answer with several choices, from each choice's [`Dialect::final_body`] in index
+    /// order, their usage totalled.
+    fn merge(bodies: Vec<Value>, _total: &FinishInfo) -> Value {
+        bodies.into_iter().next().unwrap_or(Value::Null)
+    }
 }

@@ -42,7 +42,7 @@ pub fn chat_object(content: Vec<Value>) -> Value {
 }
 
 /// The legacy Completions `logprobs` object, built a run at a time.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Columns {
     tokens: Vec<Value>,
     token_logprobs: Vec<Value>,

@@ -26,6 +26,8 @@ pub struct ChatRequest {
     pub req: GenRequest,
     /// Send a usage chunk before `[DONE]`.
     pub include_usage: bool,
+    /// Answers to make (`n`), each its own choice.
+    pub n: u32,
 }
 
 fn text_of(value: &Value, field: &str) -> Result<String, ApiError> {
@@ -50,11 +52,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
         return Err(ApiError::invalid_param("model", "model: must not be empty"));
     }
     let tools = crate::tools::openai::parse(&f)?;
-    if let Some(n) = f.integer("n", 1, 128)?
-        && n != 1
-    {
-        return Err(ApiError::invalid_param("n", "n: only n=1 is supported"));
-    }
+    let n = f.integer("n", 1, u64::from(MAX_CHOICES))?.unwrap_or(1) as u32;
     refuse_unserved(&f)?;
     let logprobs = logprob_request(&f)?;
     let thinking = thinking(&f)?;
@@ -204,6 +202,7 @@ pub fn parse(body: &Value) -> Result<ChatRequest, ApiError> {
             logprobs,
         },
         include_usage,
+        n,
     })
 }
 
@@ -336,6 +335,9 @@ pub(crate) fn usage(f: &FinishInfo) -> Value {
     })
 }
 
+/// The most choices one request may ask for (`n` times the prompts of a completions request), as OpenAI's `n`.
+pub const MAX_CHOICES: u32 = 128;
+
 /// The non-streaming `chat.completion` of a response with `head`'s id, time, model and fingerprint.
 pub fn completion(head: &ChatCompletions, message: Value, logprobs: Value, called: bool, f: &FinishInfo) -> Value {
     json!({
@@ -345,7 +347,7 @@ pub fn completion(head: &ChatCompletions, message: Value, logprobs: Value, calle
         "model": head.model,
         "system_fingerprint": head.fingerprint,
         "choices": [{
-            "index": 0,
+            "index": head.index,
             "message": message,
             "logprobs": logprobs,
             "finish_reason": finish_reason(f.stop_reason, called),
@@ -354,25 +356,27 @@ pub fn completion(head: &ChatCompletions, message: Value, logprobs: Value, calle
     })
 }
 
-/// One `chat.completion.chunk` as a server-sent event.
-pub fn chunk(
-    id: &str,
-    created: u64,
-    model: &str,
-    fingerprint: &str,
-    delta: Value,
-    logprobs: Value,
-    finish: Option<&'static str>,
-) -> String {
-    let data = json!({
-        "id": id,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "system_fingerprint": fingerprint,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
-    });
-    format!("data: {data}\n\n")
+/// The end of a stream: the usage chunk when asked for, then `[DONE]`.
+pub(crate) fn stream_end(usage_chunk: Option<String>) -> String {
+    usage_chunk.unwrap_or_default() + DONE
+}
+
+/// One body of several choices' complete bodies (each holding its one choice, in index order): the first's fields,
+/// every choice, and the usage totalled.
+pub(crate) fn merge_choices(bodies: Vec<Value>, total: &FinishInfo) -> Value {
+    let mut bodies = bodies.into_iter();
+    let Some(mut merged) = bodies.next() else { return Value::Null };
+    let rest: Vec<Value> = bodies
+        .flat_map(|mut b| match b.get_mut("choices").map(Value::take) {
+            Some(Value::Array(choices)) => choices,
+            _ => vec![],
+        })
+        .collect();
+    if let Some(Value::Array(choices)) = merged.get_mut("choices") {
+        choices.extend(rest);
+    }
+    merged["usage"] = usage(total);
+    merged
 }
 
 /// The usage chunk (`choices` empty) sent before `[DONE]` when `stream_options.include_usage` is set.
@@ -393,9 +397,15 @@ pub fn stream_error(e: &ApiError) -> String {
 }
 
 /// `POST /v1/chat/completions` as a [`Dialect`]: one `chat.completion`, or its chunks ending with `[DONE]`.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct ChatCompletions {
     include_usage: bool,
+    /// Answers asked for (`n`).
+    n: u32,
+    /// Which choice this writer writes.
+    index: u32,
+    /// One of several choices: the stream's end is the fan-out's.
+    trailer_later: bool,
     fingerprint: String,
     id: String,
     created: u64,
@@ -418,7 +428,20 @@ impl ChatCompletions {
             Some(_) => crate::logprobs::chat_object(std::mem::take(&mut self.entries)),
             None => Value::Null,
         };
-        chunk(&self.id, self.created, &self.model, &self.fingerprint, delta, logprobs, finish)
+        self.event(delta, logprobs, finish)
+    }
+
+    /// One `chat.completion.chunk` of this writer's choice as a server-sent event.
+    fn event(&self, delta: Value, logprobs: Value, finish: Option<&'static str>) -> String {
+        let data = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": [{"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+        });
+        format!("data: {data}\n\n")
     }
 }
 
@@ -427,10 +450,13 @@ impl Dialect for ChatCompletions {
     const ERRORS: ErrorFormat = ErrorFormat::OpenAi;
 
     fn parse(body: &Value) -> Result<(GenRequest, Self), ApiError> {
-        let ChatRequest { req, include_usage } = parse(body)?;
+        let ChatRequest { req, include_usage, n } = parse(body)?;
         let names = req.tools.tools.iter().map(|t| t.name.clone()).collect();
         let writer = ChatCompletions {
             include_usage,
+            n,
+            index: 0,
+            trailer_later: false,
             fingerprint: String::new(),
             id: String::new(),
             created: 0,
@@ -463,7 +489,7 @@ impl Dialect for ChatCompletions {
     fn stream_head(&self) -> String {
         let logprobs = if self.card.is_some() { crate::logprobs::chat_object(vec![]) } else { Value::Null };
         let delta = json!({"role": "assistant", "content": ""});
-        chunk(&self.id, self.created, &self.model, &self.fingerprint, delta, logprobs, None)
+        self.event(delta, logprobs, None)
     }
 
     fn render_event(&mut self, event: &GenEvent) -> String {
@@ -482,10 +508,10 @@ impl Dialect for ChatCompletions {
                     self.deltas.deltas(pieces).into_iter().map(|delta| self.chunk(delta, None)).collect();
                 out += &self.chunk(json!({}), Some(finish_reason(f.stop_reason, self.splitter.calls > 0)));
                 crate::tools::count_calls(Self::API, self.splitter.calls);
-                if self.include_usage {
-                    out += &usage_chunk(&self.id, self.created, &self.model, &self.fingerprint, f);
+                if self.trailer_later {
+                    return out;
                 }
-                out + DONE
+                out + &self.trailer(f)
             }
         }
     }
@@ -511,6 +537,31 @@ impl Dialect for ChatCompletions {
             None => Value::Null,
         };
         completion(self, message, logprobs, called, finish)
+    }
+
+    fn parse_choices(body: &Value) -> Result<Vec<(GenRequest, Vec<Self>)>, ApiError> {
+        let (req, writer) = Self::parse(body)?;
+        let n = writer.n as usize;
+        Ok(vec![(req, vec![writer; n])])
+    }
+
+    fn as_choice(&mut self, index: u32, first: Option<&Self>) {
+        self.index = index;
+        if let Some(first) = first {
+            self.id.clone_from(&first.id);
+            self.created = first.created;
+        }
+        self.trailer_later = true;
+    }
+
+    fn trailer(&self, total: &FinishInfo) -> String {
+        stream_end(
+            self.include_usage.then(|| usage_chunk(&self.id, self.created, &self.model, &self.fingerprint, total)),
+        )
+    }
+
+    fn merge(bodies: Vec<Value>, total: &FinishInfo) -> Value {
+        merge_choices(bodies, total)
     }
 }
 
@@ -548,7 +599,8 @@ mod tests {
             }
             parse(&base).unwrap_err()
         };
-        assert_eq!(m(json!({"n": 2})).param.as_deref(), Some("n"));
+        assert_eq!(m(json!({"n": 129})).param.as_deref(), Some("n"));
+        assert_eq!(m(json!({"n": 0})).param.as_deref(), Some("n"));
         assert_eq!(m(json!({"temperature": 3})).message, "temperature: Input should be between 0 and 2, got 3");
         assert_eq!(m(json!({"messages": []})).message, "messages: at least one message is required");
         assert!(m(json!({"stream_options": {"include_usage": true}})).message.contains("only allowed when stream"));
@@ -578,9 +630,31 @@ mod tests {
 
     #[test]
     fn chunks_are_byte_exact() {
+        let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let (_, mut w) = ChatCompletions::parse(&body).unwrap();
+        (w.id, w.created, w.model, w.fingerprint) = ("c1".into(), 5, "m".into(), "fp".into());
         assert_eq!(
-            chunk("c1", 5, "m", "fp", json!({"content": "Hi"}), Value::Null, None),
+            w.event(json!({"content": "Hi"}), Value::Null, None),
             "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":5,\"model\":\"m\",\"system_fingerprint\":\"fp\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
         );
+        // Choice 2 of several: its index, and its end left to the fan-out's trailer (usage totalled, [DONE]).
+        let first = w.clone();
+        let mut third = w.clone();
+        third.as_choice(2, Some(&first));
+        assert!(third.event(json!({}), Value::Null, None).contains("\"index\":2"));
+        let f = FinishInfo {
+            stop_reason: StopReason::MaxTokens,
+            stop_sequence: None,
+            input_tokens: 3,
+            output_tokens: 2,
+            cached_input_tokens: 0,
+            billing_unit: 0.5,
+            draft_tokens: 0,
+            accepted_draft_tokens: 0,
+            migrated_to: vec![],
+        };
+        let end = third.render_event(&GenEvent::Finish(f.clone()));
+        assert!(end.contains("\"finish_reason\":\"length\"") && !end.contains("[DONE]"), "{end}");
+        assert_eq!(third.trailer(&f), DONE);
     }
 }

@@ -57,6 +57,18 @@ impl Draft {
         }
     }
 
+    /// The record of another choice of the same request (OpenAI's `n`, several prompts), under `request_id`: who
+    /// asked and when, as this one says; nothing of its answer yet.
+    pub fn choice(&self, request_id: &str) -> Draft {
+        let record = AuditRecord { request_id: request_id.to_owned(), ..self.record.clone() };
+        Draft {
+            record,
+            started: self.started,
+            output: ring::digest::Context::new(&ring::digest::SHA256),
+            content: self.content.as_ref().map(|(k, _, _)| (k.clone(), String::new(), String::new())),
+        }
+    }
+
     /// The model the client asked for (a refusal names it; a routed request names the concrete model).
     pub fn requested(&mut self, model: &str) {
         if self.record.model.is_empty() {

@@ -6,7 +6,8 @@ use std::time::Instant;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 
-use super::generate::{Recorder, draft, parse_json, receive};
+use super::generate::{draft, parse_json, receive};
+use super::recorder::Recorder;
 use super::{App, error_response, request_id, set, zl_headers};
 use crate::embeddings;
 use crate::error::{ErrorFormat, Failure};

@@ -1,93 +1,27 @@
 //! The generation endpoints, `POST /v1/messages` and `POST /v1/chat/completions`, as one handler over a
 //! [`Dialect`]: authenticate, read and parse the body, prepare (render, tokenize, check the context), start (cache
-//! or route, admission), then answer as one JSON body or as server-sent events. `count_tokens` shares the first
-//! steps.
+//! or route, admission), then answer as one JSON body or as server-sent events (a request for several choices is
+//! served by `choices.rs`). `count_tokens` shares the first steps.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::HeaderValue;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{App, error_response, request_id, set, spill, zl_headers};
-use zl_common::billing::BillingWeights;
+use super::recorder::Recorder;
+use super::respond::{Received, json_response, sse_response};
+use super::{App, error_response, request_id, spill, zl_headers};
 
 use crate::anthropic;
-use crate::audit::{AuditLog, ContentKey, Draft};
-use crate::cache::FinishInfo;
+use crate::audit::{ContentKey, Draft};
 use crate::cluster::KeyInfo;
 use crate::dialect::Dialect;
 use crate::error::{ApiError, ErrorFormat, ErrorKind, Failure};
-use crate::gateway::{GenEvent, Generation, Meta, Prepared, RequestOptions, Tally};
-
-fn record(api: &'static str, model: &str, status: u16, started: Instant) {
-    let status = status.to_string();
-    metrics::counter!("zl_frontend_requests_total", "api" => api, "model" => model.to_owned(), "status" => status.clone())
-        .increment(1);
-    metrics::histogram!("zl_frontend_request_duration_seconds", "api" => api, "model" => model.to_owned(), "status" => status)
-        .record(started.elapsed().as_secs_f64());
-}
-
-/// Records a request's status and duration, and appends its audit record, when dropped (for streams: when the
-/// body ends or the client leaves).
-pub(super) struct Recorder {
-    api: &'static str,
-    pub(super) model: String,
-    status: u16,
-    started: Instant,
-    pub(super) audit: Option<Audit>,
-    /// Where the generation leaves what it delivered if it ends without a finish.
-    tally: Option<Tally>,
-}
-
-/// A request's audit record in the making, and the log it goes to.
-pub(super) struct Audit {
-    log: Arc<AuditLog>,
-    pub(super) draft: Draft,
-    weights: BillingWeights,
-}
-
-impl Recorder {
-    pub(super) fn new(app: &App, api: &'static str, started: Instant, audit: Option<Draft>) -> Self {
-        let audit = match (&app.audit, audit) {
-            (Some(log), Some(draft)) => {
-                Some(Audit { log: log.clone(), draft, weights: app.gateway.cluster().billing_weights() })
-            }
-            _ => None,
-        };
-        Recorder { api, model: "-".into(), status: 200, started, audit, tally: None }
-    }
-
-    fn event(&mut self, ev: &GenEvent) {
-        if let Some(a) = self.audit.as_mut() {
-            a.draft.event(ev);
-        }
-    }
-
-    pub(super) fn failed(&mut self, e: &ApiError) {
-        self.status = e.kind.status().as_u16();
-        if let Some(a) = self.audit.as_mut() {
-            a.draft.failed(e);
-        }
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        record(self.api, &self.model, self.status, self.started);
-        if let Some(mut a) = self.audit.take() {
-            // The generation (dropped before its recorder) left what it delivered if it ended without a finish.
-            if let Some(delivered) = self.tally.take().and_then(|t| t.take()) {
-                a.draft.delivered(&delivered);
-            }
-            a.draft.finish(&a.log, self.status, &a.weights);
-        }
-    }
-}
+use crate::gateway::{GenEvent, Generation, Prepared, RequestOptions};
 
 async fn read_json(app: &App, req: Request) -> Result<Value, ApiError> {
     let bytes = read_body(app, req).await?;
@@ -149,35 +83,6 @@ pub(super) async fn parse_json(app: &App, bytes: Bytes) -> Result<Value, ApiErro
 /// Bodies larger than this are parsed on a blocking thread.
 const LARGE_BODY: usize = 256 * 1024;
 
-fn sse_response(meta: &Meta, health: &str, body: Body) -> Response {
-    let mut resp = Response::new(body);
-    let headers = resp.headers_mut();
-    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8"));
-    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    zl_headers(headers, Some(meta), None, health);
-    resp
-}
-
-fn json_response(meta: &Meta, health: &str, value: Value, finish: &FinishInfo) -> Response {
-    let mut resp = axum::Json(value).into_response();
-    let headers = resp.headers_mut();
-    zl_headers(headers, Some(meta), None, health);
-    // The final unit and predictive streaming's figures are known for a complete answer (a stream carries them in
-    // its final usage).
-    set(headers, "x-zl-billing-unit", &format!("{:.4}", finish.billing_unit));
-    set(headers, "x-zl-predicted-draft-tokens", &finish.draft_tokens.to_string());
-    set(headers, "x-zl-predicted-accepted-tokens", &finish.accepted_draft_tokens.to_string());
-    resp
-}
-
-/// What the handler knows of a request before serving it locally: its caller, options and raw body (kept for a
-/// hop to a peer region).
-pub(super) struct Received {
-    pub(super) key: KeyInfo,
-    pub(super) opts: RequestOptions,
-    pub(super) body: Bytes,
-}
-
 /// Check data residency and the audit log, read the options and the body of an authenticated request.
 pub(super) async fn receive(app: &App, key: KeyInfo, req: Request) -> Result<Received, Failure> {
     // The caller is known: failures carry its rate-limit figures too.
@@ -193,8 +98,13 @@ pub(super) async fn receive(app: &App, key: KeyInfo, req: Request) -> Result<Rec
     Ok(Received { key, opts, body })
 }
 
-/// Parse a received body as `D` and prepare the request (admission, with its limits, comes later in the gateway).
-async fn parsed_and_prepared<D: Dialect>(app: &App, r: &Received, rid: &str) -> Result<(Prepared, D), Failure> {
+/// Parse a received body as `D` and prepare its requests, one per prompt, each with a writer for each of its
+/// answers (admission, with its limits, comes later in the gateway).
+async fn parsed_and_prepared<D: Dialect>(
+    app: &App,
+    r: &Received,
+    rid: &str,
+) -> Result<Vec<(Prepared, Vec<D>)>, Failure> {
     let known = |e: ApiError| Failure::known(e, app.gateway.rate_figures(&r.key));
     let body = parse_json(app, r.body.clone()).await.map_err(known)?;
     // A stored conversation this one continues (the Responses API's `previous_response_id`).
@@ -202,10 +112,16 @@ async fn parsed_and_prepared<D: Dialect>(app: &App, r: &Received, rid: &str) -> 
         true => crate::responses::stored::expand(&app.gateway, &r.key.project, body).await.map_err(known)?,
         false => body,
     };
-    let (gen_req, mut dialect) = parse_request(app, body, D::parse).await.map_err(known)?;
-    let prepared = app.gateway.prepare(gen_req, rid).await.map_err(known)?;
-    dialect.prepared(&prepared);
-    Ok((prepared, dialect))
+    let requests = parse_request(app, body, D::parse_choices).await.map_err(known)?;
+    let mut prompts = Vec::with_capacity(requests.len());
+    for (gen_req, mut writers) in requests {
+        let prepared = app.gateway.prepare(gen_req, rid).await.map_err(known)?;
+        for w in &mut writers {
+            w.prepared(&prepared);
+        }
+        prompts.push((prepared, writers));
+    }
+    Ok(prompts)
 }
 
 /// A body that pulls events from a generation and renders each in `D`; ends after the finish or an error. With
@@ -371,7 +287,12 @@ async fn serve<D: Dialect>(
     rid: &str,
     slot: &mut Option<Recorder>,
 ) -> Result<Response, Failure> {
-    let (prepared, mut dialect) = parsed_and_prepared::<D>(app, r, rid).await?;
+    let mut prompts = parsed_and_prepared::<D>(app, r, rid).await?;
+    if prompts.len() != 1 || prompts[0].1.len() != 1 {
+        return super::choices::serve(app, r, rid, slot, prompts).await;
+    }
+    let (prepared, mut writers) = prompts.remove(0);
+    let Some(mut dialect) = writers.pop() else { return Err(ApiError::internal("a request without a writer").into()) };
     let Some(recorder) = slot.as_mut() else { return Err(ApiError::internal("request recorded twice").into()) };
     let stream = prepared.stream;
     recorder.model = prepared.model.clone();

@@ -2,6 +2,7 @@
 //! headers every response carries, error responses, and the small endpoints. The generation endpoints are in
 //! `generate.rs`, the model listing in `models.rs`, the server loop in `server.rs`.
 
+mod choices;
 mod embeddings;
 mod generate;
 pub mod hop;
@@ -9,6 +10,8 @@ mod keep_alive;
 mod models;
 pub mod peer_pool;
 mod per_client;
+mod recorder;
+mod respond;
 mod server;
 pub mod spill;
 mod stored;

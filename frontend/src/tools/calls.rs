@@ -30,7 +30,7 @@ pub enum Piece {
     },
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 enum State {
     /// Text; calls may begin.
     Text,
@@ -43,7 +43,7 @@ enum State {
 }
 
 /// Splits one answer.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Splitter {
     parse: CallParse,
     names: Vec<String>,

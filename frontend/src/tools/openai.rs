@@ -168,7 +168,7 @@ pub fn message(blocks: &[Block]) -> Value {
 
 /// Streamed deltas of pieces: `content`, or `tool_calls` entries with their index (the id, type and name with a
 /// call's first delta, then its arguments).
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct CallDeltas {
     calls: usize,
 }
