@@ -15,7 +15,7 @@ use crate::events::Logprobs;
 use crate::gateway::{GenEvent, GenRequest, LogprobRequest, Meta, Prepared, RawPrompt};
 use crate::ids::{random_id, unix_now};
 use crate::logprobs::Columns;
-use crate::openai::{MAX_CHOICES, finish_reason, stream_error, usage};
+use crate::openai::{Head, MAX_CHOICES, finish_reason, stream_error, usage};
 use crate::request::Fields;
 
 /// OpenAI's default output limit for completions.
@@ -145,14 +145,7 @@ pub struct Options {
 #[derive(Clone, Debug)]
 pub struct Completions {
     options: Options,
-    /// Which choice this writer writes.
-    index: u32,
-    /// One of several choices: the stream's end is the fan-out's.
-    trailer_later: bool,
-    id: String,
-    created: u64,
-    model: String,
-    fingerprint: String,
+    head: Head,
     /// The prompt as the client gave it (for `echo`), once prepared.
     prompt: String,
     /// The model's card, for naming tokens, when log-probabilities are asked for.
@@ -172,12 +165,7 @@ impl Completions {
         };
         let writer = Completions {
             options,
-            index: 0,
-            trailer_later: false,
-            id: String::new(),
-            created: 0,
-            model: String::new(),
-            fingerprint: String::new(),
+            head: Head::default(),
             prompt,
             card: None,
             columns: Columns::default(),
@@ -188,12 +176,12 @@ impl Completions {
 
     fn chunk(&self, text: &str, logprobs: Value, finish: Option<&'static str>) -> String {
         let data = json!({
-            "id": self.id,
+            "id": self.head.id,
             "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.fingerprint,
-            "choices": [{"text": text, "index": self.index, "logprobs": logprobs, "finish_reason": finish}],
+            "created": self.head.created,
+            "model": self.head.model,
+            "system_fingerprint": self.head.fingerprint,
+            "choices": [{"text": text, "index": self.head.index, "logprobs": logprobs, "finish_reason": finish}],
         });
         format!("data: {data}\n\n")
     }
@@ -242,23 +230,11 @@ impl Dialect for Completions {
     }
 
     fn as_choice(&mut self, index: u32, first: Option<&Self>) {
-        self.index = index;
-        if let Some(first) = first {
-            self.id.clone_from(&first.id);
-            self.created = first.created;
-        }
-        self.trailer_later = true;
+        self.head.as_choice(index, first.map(|f| &f.head));
     }
 
     fn trailer(&self, total: &FinishInfo) -> String {
-        let usage = self.options.include_usage.then(|| {
-            let data = json!({
-                "id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
-                "system_fingerprint": self.fingerprint, "choices": [], "usage": usage(total),
-            });
-            format!("data: {data}\n\n")
-        });
-        crate::openai::stream_end(usage)
+        self.head.end("text_completion", self.options.include_usage, total)
     }
 
     fn merge(bodies: Vec<Value>, total: &FinishInfo) -> Value {
@@ -267,7 +243,7 @@ impl Dialect for Completions {
 
     fn prepared(&mut self, prepared: &Prepared) {
         let weights = &prepared.card.weights;
-        self.fingerprint = format!("zl-{}", &weights[..weights.len().min(12)]);
+        self.head.fingerprint = format!("zl-{}", &weights[..weights.len().min(12)]);
         if self.prompt.is_empty() {
             // Given as tokens: their text.
             self.prompt.clone_from(&prepared.prompt);
@@ -284,9 +260,9 @@ impl Dialect for Completions {
     }
 
     fn routed(&mut self, meta: &Meta) {
-        self.id = random_id("cmpl-", 24);
-        self.created = unix_now();
-        self.model.clone_from(&meta.model);
+        self.head.id = random_id("cmpl-", 24);
+        self.head.created = unix_now();
+        self.head.model.clone_from(&meta.model);
     }
 
     fn stream_head(&self) -> String {
@@ -318,7 +294,7 @@ impl Dialect for Completions {
                 let mut out = self.flush_echo();
                 let logprobs = self.take_columns();
                 out += &self.chunk("", logprobs, Some(finish_reason(f.stop_reason, false)));
-                if self.trailer_later {
+                if self.head.trailer_later {
                     return out;
                 }
                 out + &self.trailer(f)
@@ -342,14 +318,14 @@ impl Dialect for Completions {
         let text = if self.options.echo { format!("{}{text}", self.prompt) } else { text.to_owned() };
         let logprobs = self.take_columns();
         json!({
-            "id": self.id,
+            "id": self.head.id,
             "object": "text_completion",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.fingerprint,
+            "created": self.head.created,
+            "model": self.head.model,
+            "system_fingerprint": self.head.fingerprint,
             "choices": [{
                 "text": text,
-                "index": self.index,
+                "index": self.head.index,
                 "logprobs": logprobs,
                 "finish_reason": finish_reason(finish.stop_reason, false),
             }],

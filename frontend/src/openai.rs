@@ -338,8 +338,49 @@ pub(crate) fn usage(f: &FinishInfo) -> Value {
 /// The most choices one request may ask for (`n` times the prompts of a completions request), as OpenAI's `n`.
 pub const MAX_CHOICES: u32 = 128;
 
+/// What every object of one response repeats, and which of its choices a writer writes.
+#[derive(Clone, Debug, Default)]
+pub struct Head {
+    /// The response's id.
+    pub id: String,
+    /// When it was made (Unix seconds).
+    pub created: u64,
+    /// The concrete model.
+    pub model: String,
+    /// `system_fingerprint`: the weights' build.
+    pub fingerprint: String,
+    /// Which choice this writer writes.
+    pub index: u32,
+    /// One of several choices: the stream's end (usage, `[DONE]`) is the fan-out's.
+    pub trailer_later: bool,
+}
+
+impl Head {
+    /// Choice `index` of a response with several, under `first`'s id and time (`None`: this is the first).
+    pub fn as_choice(&mut self, index: u32, first: Option<&Head>) {
+        self.index = index;
+        if let Some(first) = first {
+            self.id.clone_from(&first.id);
+            self.created = first.created;
+        }
+        self.trailer_later = true;
+    }
+
+    /// The end of a stream of `object`s: the usage chunk when asked for, then `[DONE]`.
+    pub fn end(&self, object: &str, include_usage: bool, usage_of: &FinishInfo) -> String {
+        let chunk = include_usage.then(|| {
+            let data = json!({
+                "id": self.id, "object": object, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint, "choices": [], "usage": usage(usage_of),
+            });
+            format!("data: {data}\n\n")
+        });
+        chunk.unwrap_or_default() + DONE
+    }
+}
+
 /// The non-streaming `chat.completion` of a response with `head`'s id, time, model and fingerprint.
-pub fn completion(head: &ChatCompletions, message: Value, logprobs: Value, called: bool, f: &FinishInfo) -> Value {
+pub fn completion(head: &Head, message: Value, logprobs: Value, called: bool, f: &FinishInfo) -> Value {
     json!({
         "id": head.id,
         "object": "chat.completion",
@@ -354,11 +395,6 @@ pub fn completion(head: &ChatCompletions, message: Value, logprobs: Value, calle
         }],
         "usage": usage(f),
     })
-}
-
-/// The end of a stream: the usage chunk when asked for, then `[DONE]`.
-pub(crate) fn stream_end(usage_chunk: Option<String>) -> String {
-    usage_chunk.unwrap_or_default() + DONE
 }
 
 /// One body of several choices' complete bodies (each holding its one choice, in index order): the first's fields,
@@ -379,15 +415,6 @@ pub(crate) fn merge_choices(bodies: Vec<Value>, total: &FinishInfo) -> Value {
     merged
 }
 
-/// The usage chunk (`choices` empty) sent before `[DONE]` when `stream_options.include_usage` is set.
-pub fn usage_chunk(id: &str, created: u64, model: &str, fingerprint: &str, f: &FinishInfo) -> String {
-    let data = json!({
-        "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-        "system_fingerprint": fingerprint, "choices": [], "usage": usage(f),
-    });
-    format!("data: {data}\n\n")
-}
-
 /// The end of a stream.
 pub const DONE: &str = "data: [DONE]\n\n";
 
@@ -403,13 +430,7 @@ pub struct ChatCompletions {
     /// Answers asked for (`n`).
     n: u32,
     /// Which choice this writer writes.
-    index: u32,
-    /// One of several choices: the stream's end is the fan-out's.
-    trailer_later: bool,
-    fingerprint: String,
-    id: String,
-    created: u64,
-    model: String,
+    head: Head,
     /// The answer split into text and tool calls (when tools are offered).
     splitter: Splitter,
     deltas: CallDeltas,
@@ -434,12 +455,12 @@ impl ChatCompletions {
     /// One `chat.completion.chunk` of this writer's choice as a server-sent event.
     fn event(&self, delta: Value, logprobs: Value, finish: Option<&'static str>) -> String {
         let data = json!({
-            "id": self.id,
+            "id": self.head.id,
             "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": self.fingerprint,
-            "choices": [{"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
+            "created": self.head.created,
+            "model": self.head.model,
+            "system_fingerprint": self.head.fingerprint,
+            "choices": [{"index": self.head.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         });
         format!("data: {data}\n\n")
     }
@@ -455,12 +476,7 @@ impl Dialect for ChatCompletions {
         let writer = ChatCompletions {
             include_usage,
             n,
-            index: 0,
-            trailer_later: false,
-            fingerprint: String::new(),
-            id: String::new(),
-            created: 0,
-            model: String::new(),
+            head: Head::default(),
             splitter: Splitter::new(req.tools.call_parse(), names),
             deltas: CallDeltas::default(),
             card: None,
@@ -473,7 +489,7 @@ impl Dialect for ChatCompletions {
     fn prepared(&mut self, prepared: &Prepared) {
         // The weights' hash names the exact model build, which is what `system_fingerprint` promises.
         let weights = &prepared.card.weights;
-        self.fingerprint = format!("zl-{}", &weights[..weights.len().min(12)]);
+        self.head.fingerprint = format!("zl-{}", &weights[..weights.len().min(12)]);
         if prepared.logprobs.is_some() {
             self.card = Some(prepared.card.clone());
         }
@@ -481,9 +497,9 @@ impl Dialect for ChatCompletions {
     }
 
     fn routed(&mut self, meta: &Meta) {
-        self.id = random_id("chatcmpl-", 24);
-        self.created = unix_now();
-        self.model.clone_from(&meta.model);
+        self.head.id = random_id("chatcmpl-", 24);
+        self.head.created = unix_now();
+        self.head.model.clone_from(&meta.model);
     }
 
     fn stream_head(&self) -> String {
@@ -508,7 +524,7 @@ impl Dialect for ChatCompletions {
                     self.deltas.deltas(pieces).into_iter().map(|delta| self.chunk(delta, None)).collect();
                 out += &self.chunk(json!({}), Some(finish_reason(f.stop_reason, self.splitter.calls > 0)));
                 crate::tools::count_calls(Self::API, self.splitter.calls);
-                if self.trailer_later {
+                if self.head.trailer_later {
                     return out;
                 }
                 out + &self.trailer(f)
@@ -536,7 +552,7 @@ impl Dialect for ChatCompletions {
             Some(_) => crate::logprobs::chat_object(std::mem::take(&mut self.entries)),
             None => Value::Null,
         };
-        completion(self, message, logprobs, called, finish)
+        completion(&self.head, message, logprobs, called, finish)
     }
 
     fn parse_choices(body: &Value) -> Result<Vec<(GenRequest, Vec<Self>)>, ApiError> {
@@ -546,18 +562,11 @@ impl Dialect for ChatCompletions {
     }
 
     fn as_choice(&mut self, index: u32, first: Option<&Self>) {
-        self.index = index;
-        if let Some(first) = first {
-            self.id.clone_from(&first.id);
-            self.created = first.created;
-        }
-        self.trailer_later = true;
+        self.head.as_choice(index, first.map(|f| &f.head));
     }
 
     fn trailer(&self, total: &FinishInfo) -> String {
-        stream_end(
-            self.include_usage.then(|| usage_chunk(&self.id, self.created, &self.model, &self.fingerprint, total)),
-        )
+        self.head.end("chat.completion.chunk", self.include_usage, total)
     }
 
     fn merge(bodies: Vec<Value>, total: &FinishInfo) -> Value {
@@ -632,7 +641,7 @@ mod tests {
     fn chunks_are_byte_exact() {
         let body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         let (_, mut w) = ChatCompletions::parse(&body).unwrap();
-        (w.id, w.created, w.model, w.fingerprint) = ("c1".into(), 5, "m".into(), "fp".into());
+        (w.head.id, w.head.created, w.head.model, w.head.fingerprint) = ("c1".into(), 5, "m".into(), "fp".into());
         assert_eq!(
             w.event(json!({"content": "Hi"}), Value::Null, None),
             "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"created\":5,\"model\":\"m\",\"system_fingerprint\":\"fp\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"

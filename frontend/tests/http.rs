@@ -327,7 +327,14 @@ async fn openai_completions_streams_and_errors() {
     let body = json_of(resp).await;
     assert_eq!(body["error"]["code"], "model_not_found");
     assert!(body["error"]["message"].as_str().unwrap().contains("nope"));
+    // Several choices: one body with each, in index order, usage totalled.
     let resp = h.openai(json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 3})).await;
+    assert_eq!(resp.status(), 200);
+    let body = json_of(resp).await;
+    let indexes: Vec<_> = body["choices"].as_array().unwrap().iter().map(|c| c["index"].as_u64().unwrap()).collect();
+    assert_eq!(indexes, [0, 1, 2], "{body}");
+    assert_eq!(body["usage"]["completion_tokens"], 9, "{body}");
+    let resp = h.openai(json!({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "n": 129})).await;
     assert_eq!(resp.status(), 400);
     assert_eq!(json_of(resp).await["error"]["param"], "n");
 }

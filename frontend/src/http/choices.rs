@@ -33,15 +33,15 @@ pub(crate) fn choice_seed(seed: Option<u64>, i: u32) -> Option<u64> {
     })
 }
 
-/// The usage of several choices: output counted for each, the prompt once per prompt (`firsts` says which
-/// choices are a prompt's first answer), the billing units summed; the stop reason is the first choice's.
+/// The usage of several choices, in index order with `n` answers a prompt: output counted for each, the prompt
+/// once per prompt (with its first answer), the billing units summed; the stop reason is the first choice's.
 fn total(finishes: &[FinishInfo], n: u32) -> FinishInfo {
     let mut t = finishes[0].clone();
     t.migrated_to.clear();
     (t.input_tokens, t.output_tokens, t.cached_input_tokens, t.billing_unit) = (0, 0, 0, 0.0);
     (t.draft_tokens, t.accepted_draft_tokens) = (0, 0);
     for (i, f) in finishes.iter().enumerate() {
-        if i as u32 % n.max(1) == 0 {
+        if (i as u32).is_multiple_of(n.max(1)) {
             t.input_tokens += f.input_tokens;
             t.cached_input_tokens += f.cached_input_tokens;
         }
@@ -53,6 +53,9 @@ fn total(finishes: &[FinishInfo], n: u32) -> FinishInfo {
     }
     t
 }
+
+/// An event of choice `.0`; `None` once its generation has ended.
+type ChoiceEvent = (usize, Option<Result<GenEvent, ApiError>>);
 
 /// One started choice.
 struct Choice<D> {
@@ -182,7 +185,7 @@ pub(super) async fn serve<D: Dialect>(
 /// finished (or with the error of the first that fails).
 fn body<D: Dialect>(choices: Vec<Choice<D>>, n: u32) -> Body {
     struct S<D> {
-        events: futures_util::stream::SelectAll<BoxStream<'static, (usize, Option<Result<GenEvent, ApiError>>)>>,
+        events: futures_util::stream::SelectAll<BoxStream<'static, ChoiceEvent>>,
         writers: Vec<D>,
         recorders: Vec<Recorder>,
         finishes: Vec<Option<FinishInfo>>,

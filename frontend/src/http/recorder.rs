@@ -57,7 +57,7 @@ impl Recorder {
         let audit = self.audit.as_ref().map(|a| Audit {
             log: a.log.clone(),
             draft: a.draft.choice(request_id),
-            weights: a.weights.clone(),
+            weights: a.weights,
         });
         Recorder {
             api: self.api,
