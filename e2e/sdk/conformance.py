@@ -263,6 +263,9 @@ APPLIED = {
                     "presence_penalty", "prompt", "seed", "stop", "stream_options", "temperature", "top_p", "user"},
     "messages": {"max_tokens", "messages", "metadata", "model", "output_config", "stop_sequences", "system", "thinking",
                  "tool_choice", "tools"},
+    "responses": {"include", "input", "instructions", "max_output_tokens", "max_tool_calls", "metadata", "model",
+                  "parallel_tool_calls", "previous_response_id", "reasoning", "store", "temperature", "text",
+                  "tool_choice", "tools", "top_logprobs", "top_p", "truncation", "user"},
 }
 REFUSED = {
     "chat": {"audio": {"voice": "alloy", "format": "wav"}, "functions": [{"name": "f", "parameters": {}}],
@@ -270,12 +273,17 @@ REFUSED = {
              "verbosity": "low", "web_search_options": {}},
     "completions": {"suffix": "!"},
     "messages": {"container": "c", "inference_geo": "us"},
+    "responses": {"access_programs": ["p"], "background": True, "background_options": {}, "conversation": "conv_1",
+                  "context_management": [{"type": "compaction"}], "image": {"size": "auto"}, "max_tool_calls": 3,
+                  "moderation": {"model": "omni"}, "prompt": {"id": "pmpt_1"}, "truncation": "auto"},
 }
 NO_EFFECT = {
     "chat": {"metadata", "prediction", "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention",
              "safety_identifier", "service_tier", "store"},
     "completions": set(),
     "messages": {"cache_control", "diagnostics", "service_tier", "speed", "user_profile_id", "workspace_id"},
+    "responses": {"prompt_cache_key", "prompt_cache_options", "prompt_cache_retention", "safety_identifier",
+                  "service_tier", "stream_options"},
 }
 
 
@@ -290,11 +298,13 @@ def check_every_sdk_field():
     from anthropic.types import message_create_params
     from openai.types import completion_create_params as legacy_params
     from openai.types.chat import completion_create_params as chat_params
+    from openai.types.responses import response_create_params as responses_params
 
     kinds = {
         "chat": fields_of(chat_params.CompletionCreateParamsBase),
         "completions": fields_of(legacy_params.CompletionCreateParamsBase),
         "messages": fields_of(message_create_params.MessageCreateParamsBase),
+        "responses": fields_of(responses_params.ResponseCreateParamsBase),
     }
     for kind, fields in kinds.items():
         known = APPLIED[kind] | set(REFUSED[kind]) | NO_EFFECT[kind]
@@ -303,6 +313,7 @@ def check_every_sdk_field():
         "chat": ("/v1/chat/completions", {"model": MODEL, "max_tokens": 2, "messages": QUESTION}),
         "completions": ("/v1/completions", {"model": MODEL, "max_tokens": 2, "prompt": "Hi"}),
         "messages": ("/v1/messages", {"model": MODEL, "max_tokens": 2, "messages": QUESTION}),
+        "responses": ("/v1/responses", {"model": MODEL, "max_output_tokens": 2, "input": "Hi", "store": False}),
     }
     for kind, refused in REFUSED.items():
         path, body = base[kind]
@@ -321,7 +332,8 @@ def check_every_sdk_field():
         # The fields without effect are accepted.
         for field in NO_EFFECT[kind]:
             sample = {"metadata": {"k": "v"}, "store": False, "service_tier": "auto", "speed": "standard",
-                      "cache_control": {"type": "ephemeral"}, "prediction": {"type": "content", "content": "x"}}
+                      "cache_control": {"type": "ephemeral"}, "prediction": {"type": "content", "content": "x"},
+                      "prompt_cache_key": "k", "safety_identifier": "u1"}
             if field in sample:
                 request = urllib.request.Request(
                     BASE + path, method="POST", data=json.dumps({**body, field: sample[field]}).encode(),

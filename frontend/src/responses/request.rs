@@ -262,11 +262,26 @@ pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
         ("conversation", "conversations are not served by this server; continue one with previous_response_id"),
         ("prompt", "stored prompts are not supported by this server"),
         ("background", "background responses are not supported by this server"),
+        ("background_options", "background responses are not supported by this server"),
+        ("context_management", "server-side context management (compaction) is not supported by this server"),
+        ("moderation", "moderation is not supported by this server"),
+        ("image", "image generation is not supported by this server"),
+        ("access_programs", "access programs are not supported by this server"),
     ] {
-        if f.get(name).is_some_and(|v| v != &Value::Bool(false)) {
+        if f.get(name).is_some_and(|v| !v.is_null() && v != &Value::Bool(false)) {
             return Err(ApiError::invalid_param(name, format!("{name}: {why}")));
         }
     }
+    // At most one call a response is what turning parallel calls off gives; a larger cap is only honoured then.
+    let parallel = f.boolean("parallel_tool_calls")?.unwrap_or(true);
+    let max_calls = f.integer("max_tool_calls", 1, u64::from(u32::MAX))?;
+    if parallel && max_calls.is_some_and(|m| m > 1) {
+        return Err(ApiError::invalid_param(
+            "max_tool_calls",
+            "max_tool_calls: a cap above 1 is not enforced by this server; send 1, or parallel_tool_calls: false",
+        ));
+    }
+    let parallel = parallel && max_calls.is_none();
     let store = f.boolean("store")?.unwrap_or(true);
     let previous = f.string("previous_response_id")?;
     // `include`: the output text's log-probabilities, and the reasoning items this server always returns.
@@ -318,7 +333,7 @@ pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
         max_output_tokens: f.get("max_output_tokens").cloned().unwrap_or(Value::Null),
         temperature: f.get("temperature").cloned().unwrap_or(json!(1.0)),
         top_p: f.get("top_p").cloned().unwrap_or(json!(1.0)),
-        parallel_tool_calls: f.boolean("parallel_tool_calls")?.unwrap_or(true),
+        parallel_tool_calls: parallel,
         reasoning: f.get("reasoning").cloned().unwrap_or_else(|| json!({"effort": null, "summary": null})),
         user: f.get("user").cloned().unwrap_or(Value::Null),
         store,
@@ -356,13 +371,15 @@ pub fn to_chat(body: &Value) -> Result<(Value, Echoed), ApiError> {
         ("temperature", "temperature"),
         ("top_p", "top_p"),
         ("stream", "stream"),
-        ("parallel_tool_calls", "parallel_tool_calls"),
         ("user", "user"),
         ("seed", "seed"),
     ] {
         if let Some(v) = f.get(from) {
             chat[to] = v.clone();
         }
+    }
+    if f.get("parallel_tool_calls").is_some() || max_calls.is_some() {
+        chat["parallel_tool_calls"] = json!(parallel);
     }
     Ok((chat, echoed))
 }
@@ -430,6 +447,14 @@ mod tests {
         assert_eq!(param(json!({"store": "yes"})), "store");
         assert_eq!(param(json!({"conversation": "conv_1"})), "conversation");
         assert_eq!(param(json!({"background": true})), "background");
+        assert_eq!(param(json!({"context_management": [{"type": "compaction"}]})), "context_management");
+        assert_eq!(param(json!({"max_tool_calls": 3})), "max_tool_calls");
+        // One call at most: what parallel calls off gives.
+        let (chat, echoed) = to_chat(&json!({"model": "m", "input": "hi", "max_tool_calls": 1})).unwrap();
+        assert_eq!((chat["parallel_tool_calls"].clone(), echoed.parallel_tool_calls), (json!(false), false));
+        let (chat, _) =
+            to_chat(&json!({"model": "m", "input": "hi", "max_tool_calls": 5, "parallel_tool_calls": false})).unwrap();
+        assert_eq!(chat["parallel_tool_calls"], json!(false));
         assert_eq!(param(json!({"tools": [{"type": "file_search"}]})), "tools");
         assert_eq!(param(json!({"include": ["file_search_call.results"]})), "include");
         assert_eq!(param(json!({"top_logprobs": 3})), "top_logprobs");
