@@ -74,6 +74,17 @@ fn a_request_resumed_after_any_of_its_tokens_continues_byte_for_byte() {
         speculate: 4,
         ..Request::new(story.clone(), Sampling { temperature: 0.8, top_p: 0.95, top_k: 40, seed: 99 }, 48)
     };
+    // A sampled request constrained by the schema, with no speculation (constrained requests do not draft).
+    let schema = |g: &zl_grammar::Engine, prompt: &[u32], seed, max_tokens, think| Request {
+        prompt: prompt.to_vec(),
+        sampling: Sampling { temperature: 1.0, top_p: 1.0, top_k: 0, seed },
+        stop_sequences: vec![],
+        max_tokens,
+        speculate: 0,
+        think,
+        constraint: Some(g.start(&grammar).unwrap()),
+        ..base.clone()
+    };
     let cases: Vec<(&str, MakeRequest<'_>)> = vec![
         // Seeded sampling, speculation, a stop sequence that may end it mid-text.
         ("seeded with a stop sequence", Box::new(|_| base.clone())),
@@ -87,30 +98,13 @@ fn a_request_resumed_after_any_of_its_tokens_continues_byte_for_byte() {
             }),
         ),
         // A JSON schema with few tokens to spare: the closing the grammar forces near the end must be the same.
-        (
-            "a JSON schema near its limit",
-            Box::new(|g| Request {
-                prompt: city.clone(),
-                sampling: Sampling { temperature: 1.0, top_p: 1.0, top_k: 0, seed: 5 },
-                stop_sequences: vec![],
-                max_tokens: 20,
-                speculate: 0,
-                constraint: Some(g.start(&grammar).unwrap()),
-                ..base.clone()
-            }),
-        ),
+        ("a JSON schema near its limit", Box::new(|g| schema(g, &city, 5, 20, None))),
         // A thinking section closed by its budget, then the schema: the replay wakes the grammar where it woke.
         (
             "a thinking budget, then a JSON schema",
-            Box::new(|g| Request {
-                prompt: thinking.clone(),
-                sampling: Sampling { temperature: 1.0, top_p: 1.0, top_k: 0, seed: 7 },
-                stop_sequences: vec![],
-                max_tokens: 40,
-                speculate: 0,
-                think: Some(ThinkBudget { budget: 5, end: "</think>".into(), close: close.clone() }),
-                constraint: Some(g.start(&grammar).unwrap()),
-                ..base.clone()
+            Box::new(|g| {
+                let budget = ThinkBudget { budget: 5, end: "</think>".into(), close: close.clone() };
+                schema(g, &thinking, 7, 40, Some(budget))
             }),
         ),
     ];

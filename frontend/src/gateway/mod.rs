@@ -47,7 +47,7 @@ pub use admission::DegradeConfig;
 use admission::Holds;
 pub use config::GatewayConfig;
 pub use embed::Embedded;
-pub use generation::Generation;
+pub use generation::{Collected, Generation};
 use generation::{Live, Settle, Source};
 use migration::Migration;
 

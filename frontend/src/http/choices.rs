@@ -18,7 +18,7 @@ use futures_util::stream::BoxStream;
 
 use super::App;
 use super::recorder::Recorder;
-use super::respond::{Received, json_response, sse_response};
+use super::respond::{Received, complete, json_response, sse_response};
 use crate::cache::FinishInfo;
 use crate::dialect::Dialect;
 use crate::error::{ApiError, Failure};
@@ -158,13 +158,9 @@ pub(super) async fn serve<D: Dialect>(
     for ((writer, recorder), result) in parts.iter_mut().zip(collected) {
         match result {
             Ok(got) => {
-                for l in &got.logprobs {
-                    writer.logprobs(l);
-                }
-                recorder.event(&GenEvent::Delta(got.text.clone()));
-                recorder.event(&GenEvent::Finish(got.finish.clone()));
-                bodies.push(writer.final_body(&got.text, &got.finish));
-                finishes.push(got.finish);
+                let (body, finish) = complete(writer, Some(recorder), got);
+                bodies.push(body);
+                finishes.push(finish);
             }
             Err(e) => {
                 failed.get_or_insert(e);

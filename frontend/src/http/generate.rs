@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
 use super::recorder::Recorder;
-use super::respond::{Received, json_response, sse_response};
+use super::respond::{Received, complete, json_response, sse_response};
 use super::{App, error_response, request_id, spill, zl_headers};
 
 use crate::anthropic;
@@ -312,15 +312,7 @@ async fn serve<D: Dialect>(
         return Ok(sse_response(&meta, health, event_body(generation, dialect, recorder, store)));
     }
     let collected = generation.collect().await.map_err(|e| Failure::known(e, meta.rate))?;
-    for l in &collected.logprobs {
-        dialect.logprobs(l);
-    }
-    let (text, finish) = (collected.text, collected.finish);
-    if let Some(recorder) = slot.as_mut() {
-        recorder.event(&GenEvent::Delta(text.clone()));
-        recorder.event(&GenEvent::Finish(finish.clone()));
-    }
-    let body = dialect.final_body(&text, &finish);
+    let (body, finish) = complete(&mut dialect, slot.as_mut(), collected);
     if let Some((id, created, record)) = dialect.to_store() {
         crate::responses::stored::store(&app.gateway, &r.key.project, &id, created, &record)
             .await

@@ -6,10 +6,12 @@ use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
 
+use super::recorder::Recorder;
 use super::{set, zl_headers};
 use crate::cache::FinishInfo;
 use crate::cluster::KeyInfo;
-use crate::gateway::{Meta, RequestOptions};
+use crate::dialect::Dialect;
+use crate::gateway::{Collected, GenEvent, Meta, RequestOptions};
 
 /// What the handler knows of a request before serving it locally: its caller, options and raw body (kept for a
 /// hop to a peer region).
@@ -38,4 +40,21 @@ pub(super) fn json_response(meta: &Meta, health: &str, value: Value, finish: &Fi
     set(headers, "x-zl-predicted-draft-tokens", &finish.draft_tokens.to_string());
     set(headers, "x-zl-predicted-accepted-tokens", &finish.accepted_draft_tokens.to_string());
     resp
+}
+
+/// A complete answer as `writer` writes it (its log-probabilities first, then its body), noted by its recorder:
+/// the body, and how it ended.
+pub(super) fn complete<D: Dialect>(
+    writer: &mut D,
+    recorder: Option<&mut Recorder>,
+    got: Collected,
+) -> (Value, FinishInfo) {
+    for l in &got.logprobs {
+        writer.logprobs(l);
+    }
+    if let Some(recorder) = recorder {
+        recorder.event(&GenEvent::Delta(got.text.clone()));
+        recorder.event(&GenEvent::Finish(got.finish.clone()));
+    }
+    (writer.final_body(&got.text, &got.finish), got.finish)
 }
