@@ -19,6 +19,8 @@ use zl_worker::adapters::{AdapterCache, AdapterSettings};
 use zl_worker::consul_report::{ReportedEngine, WorkerReport};
 use zl_worker::engine::{EngineCore, EngineHandle};
 use zl_worker::fetch;
+use zl_worker::kv::tier::Namespace;
+use zl_worker::kv::tier::store::{TierConfig, Tiers};
 use zl_worker::model::embed::{self, EmbeddingModel};
 use zl_worker::model::llama::{KvDtype, KvStore};
 use zl_worker::registration::{DirectDiscovery, Discovery, ReportedModel, run_reporter};
@@ -64,6 +66,18 @@ pub(crate) struct ModelArgs {
     /// tokens per MiB; CPU only).
     #[arg(long, env = "ZL_KV_DTYPE", value_enum, default_value_t = KvDtype::F16)]
     kv_dtype: KvDtype,
+    /// Host memory in MiB for KV blocks evicted from the KV cache (the hot pool), shared equally by the models: a
+    /// prompt whose cached prefix continues there takes it back instead of computing it again. 0 (the default)
+    /// turns the KV tiers off.
+    #[arg(long, env = "ZL_KV_HOST_MB", default_value_t = 0)]
+    kv_host_mb: usize,
+    /// A directory for the KV cache's disk tier (needs --kv-host-mb): full blocks are written through as they
+    /// fill, read back into host memory while their request waits, and found again after a restart.
+    #[arg(long, env = "ZL_KV_DISK_DIR")]
+    kv_disk_dir: Option<PathBuf>,
+    /// The disk tier's bound in MiB, shared equally by the models.
+    #[arg(long, env = "ZL_KV_DISK_MB", default_value_t = 4096)]
+    kv_disk_mb: usize,
     /// Bits of the CPU kernels' activations: auto (8 for the formats where the rule in docs/worker.md, "8-bit
     /// activations", held: Q4_K, Q6_K, Q5_0, Q5_1; 16 for the others: Q4_0, Q4_1, Q8_0, ...), 8 (every format
     /// with 8-bit kernels: llama.cpp's width, twice the products per instruction) or 16 (every matrix: the float
@@ -91,6 +105,18 @@ pub(crate) struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// The KV tiers' sizes for each of `models` models.
+    pub(crate) fn tiers(&self, models: usize) -> Result<TierConfig> {
+        if self.kv_disk_dir.is_some() && self.kv_host_mb == 0 {
+            bail!("--kv-disk-dir needs --kv-host-mb: blocks read from disk are taken back through host memory");
+        }
+        let per = |mb: usize| mb as u64 * 1024 * 1024 / models.max(1) as u64;
+        Ok(TierConfig {
+            host_bytes: per(self.kv_host_mb) as usize,
+            disk: self.kv_disk_dir.clone().map(|dir| (dir, per(self.kv_disk_mb))),
+        })
+    }
+
     /// The speculation settings these flags ask for.
     pub(crate) fn speculation(&self) -> Speculation {
         Speculation { by_default: self.streaming_predicted, max_draft: self.max_draft_tokens }
@@ -229,6 +255,7 @@ fn activations(llama: &mut zl_worker::model::llama::Llama, args: &ModelArgs) -> 
 
 pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
     let specs = model_specs(args)?;
+    let tiers = args.tiers(specs.len())?;
     let budget = args.kv_memory_mb * 1024 * 1024 / specs.len();
     let mut loaded = Vec::new();
     for (id, path) in specs {
@@ -291,7 +318,8 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
                 w.blocks, w.window, layout.blocks
             );
         }
-        let core = EngineCore::on_device(model, args.device, layout, args.kv_block_size, config)?;
+        let mut core = EngineCore::on_device(model, args.device, layout, args.kv_block_size, config)?;
+        attach_tiers(&mut core, args, &tiers, &id, &digest)?;
         if let Some((free, total)) = core.device_memory() {
             eprintln!(
                 "zl-worker: {id} on {}: {:.1} of {:.1} GiB of device memory free",
@@ -303,6 +331,43 @@ pub(crate) fn load(args: &ModelArgs) -> Result<Vec<Loaded>> {
         loaded.push(Loaded { id, run: Run::Generate(Box::new(core)), sha256: digest, path });
     }
     Ok(loaded)
+}
+
+/// Give `core` its KV tiers, when `tiers` asks for them and its blocks can go there.
+fn attach_tiers(
+    core: &mut EngineCore,
+    args: &ModelArgs,
+    tiers: &TierConfig,
+    id: &str,
+    digest: &[u8; 32],
+) -> Result<()> {
+    if !tiers.enabled() {
+        return Ok(());
+    }
+    let Some(payload) = core.tier_block_bytes() else {
+        eprintln!("zl-worker: {id}: its sliding-window layers keep KV blocks of their own: it runs without KV tiers");
+        return Ok(());
+    };
+    let kernels = format!("{}/{}", zl_worker::model::kernels::Isa::current().name(), args.activations);
+    let ns = Namespace::new(digest, args.kv_dtype, args.kv_block_size, &kernels);
+    let (t, opened) = Tiers::open(ns, args.kv_block_size, payload, tiers, id)
+        .with_context(|| format!("{id}: opening the KV disk tier"))?;
+    core.attach_tiers(t).map_err(|e| anyhow::anyhow!("{id}: {e}"))?;
+    eprintln!(
+        "zl-worker: {id}: KV tiers: {} MiB of host memory{}",
+        tiers.host_bytes >> 20,
+        match (&tiers.disk, opened) {
+            (Some((dir, cap)), Some(o)) => format!(
+                ", {} MiB on disk in {} ({} blocks found, {} files removed)",
+                cap >> 20,
+                dir.join(ns.hex()).display(),
+                o.kept,
+                o.removed
+            ),
+            _ => String::new(),
+        }
+    );
+    Ok(())
 }
 
 /// The settings' checks that need no file; returns the node id and the address orchestrators hand out.
@@ -324,6 +389,7 @@ fn check(args: &ServeArgs) -> Result<(NodeId, String)> {
     if !args.model.models.is_empty() {
         model_specs(&args.model)?;
     }
+    args.model.tiers(1)?;
     Ok((node_id, advertise))
 }
 
@@ -364,6 +430,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
                     config: Default::default(),
                     id: loaded.id,
                     weights_sha256: loaded.sha256,
+                    tiers: None,
                 });
                 continue;
             }
@@ -378,8 +445,10 @@ async fn serve(args: ServeArgs) -> Result<()> {
         let weights_bytes = core.model().llama.weight_bytes_by_format().values().sum::<usize>() as u64;
         let grammar = zl_grammar::Engine::new(&tokenizer)
             .map_err(|e| anyhow::anyhow!("{}: cannot index the vocabulary for constrained decoding: {e}", loaded.id))?;
+        let tiers = core.tiers().cloned();
         let engine = EngineHandle::spawn(*core, &loaded.id)?;
         served.push(ServedModel {
+            tiers,
             id: loaded.id,
             weights_sha256: loaded.sha256,
             context_length: cfg.context_length as u32,

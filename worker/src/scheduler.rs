@@ -96,7 +96,13 @@ pub struct StepPlan {
     pub preempted: Vec<SeqId>,
     /// Tokens of prefill chunks in `items` (prompts, and sequences recomputed after preemption).
     pub prefill_tokens: usize,
+    /// Blocks admitted sequences took back from the lower tiers: their keys and values must be written into these
+    /// blocks before the step's forward pass.
+    pub restores: Vec<(BlockId, zl_common::block_hash::BlockHash)>,
 }
+
+/// Whether a lower tier holds a block (its hash and tokens), for [`Scheduler::schedule_with`].
+pub type TierLookup<'a> = &'a mut dyn FnMut(zl_common::block_hash::BlockHash, &[u32]) -> bool;
 
 impl StepPlan {
     /// Tokens computed in this step.
@@ -359,6 +365,12 @@ impl Scheduler {
 
     /// Plan the next step.
     pub fn schedule(&mut self) -> StepPlan {
+        self.schedule_with(None)
+    }
+
+    /// [`Scheduler::schedule`], an admitted prompt's cached prefix continued from the lower tiers where `tiers`
+    /// holds it (not with sliding-window layers kept apart, whose blocks the tiers do not keep).
+    pub fn schedule_with(&mut self, mut tiers: Option<TierLookup<'_>>) -> StepPlan {
         let mut plan = StepPlan::default();
         let mut budget = self.config.max_step_tokens;
 
@@ -418,6 +430,9 @@ impl Scheduler {
             // What the pool may match cached blocks against: nothing for a sequence computed whole.
             let lookup: &[u32] = if seq.uncached { &[] } else { &seq.tokens };
             let mut blocks = self.pool.start_salted(lookup, seq.salt);
+            if let (Some(held), None) = (tiers.as_mut(), &self.window) {
+                plan.restores.extend(self.pool.restore(&mut blocks, lookup, *held));
+            }
             seq.window_blocks = self
                 .window
                 .as_mut()

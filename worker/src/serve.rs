@@ -19,6 +19,9 @@ use crate::model::llama::LlamaConfig;
 use crate::sampling::Sampling;
 use zl_text::TextTokenizer;
 
+/// How long a request waits at most for its prompt's blocks to be read from the disk tier.
+const PREFETCH_LIMIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// One model this worker serves.
 #[derive(Clone, Debug)]
 pub struct ServedModel {
@@ -46,6 +49,8 @@ pub struct ServedModel {
     pub speculation: Speculation,
     /// Its shape, which adapters are checked against.
     pub config: LlamaConfig,
+    /// Its KV cache's lower tiers, when on: a prompt's blocks on disk are read back while the request waits.
+    pub tiers: Option<Arc<crate::kv::tier::store::Tiers>>,
 }
 
 /// A worker's predictive-streaming settings.
@@ -305,6 +310,15 @@ impl WorkerService {
             resume: g.resume_tokens,
             adapter,
         };
+        if let Some(t) = model.tiers.as_ref().filter(|t| t.has_disk() && !req.prompt_logprobs) {
+            // The prompt's blocks that continue on disk, into host memory before the engine looks (bounded: a slow
+            // disk costs a recomputation, never a stall).
+            let (t, salt) = (t.clone(), req.chain_salt());
+            let tokens: Vec<u32> = req.prompt.iter().chain(&req.resume).copied().collect();
+            let read = tokio::task::spawn_blocking(move || t.prefetch(&tokens, salt));
+            let span = tracing::debug_span!("kv_prefetch");
+            let _ = tracing::Instrument::instrument(tokio::time::timeout(PREFETCH_LIMIT, read), span).await;
+        }
         let mut generation = model
             .engine
             .generate(req)

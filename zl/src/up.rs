@@ -53,6 +53,13 @@ pub(crate) struct UpArgs {
     /// KV-cache memory per worker, in MiB.
     #[arg(long, default_value_t = 512)]
     kv_memory_mb: usize,
+    /// Host memory per worker for KV blocks evicted from the cache, in MiB (0: no KV tiers).
+    #[arg(long, default_value_t = 0)]
+    kv_host_mb: usize,
+    /// A disk tier per worker, in MiB, under the data dir's `kv/WORKER` (0: none; needs --kv-host-mb). It
+    /// survives a restart of the cluster.
+    #[arg(long, default_value_t = 0)]
+    kv_disk_mb: usize,
     /// Where the workers run their models: cpu, or cuda (worker N on GPU N) or cuda:N (every worker on GPU N);
     /// a GPU needs zl-worker built with `--features cuda`.
     #[arg(long, default_value = "cpu")]
@@ -345,6 +352,14 @@ pub(crate) fn run(args: UpArgs) -> Result<()> {
         }
         let device = if args.device == "cuda" { format!("cuda:{i}") } else { args.device.clone() };
         argv.extend(["--device".to_owned(), device]);
+        if args.kv_host_mb > 0 {
+            argv.extend(["--kv-host-mb".to_owned(), args.kv_host_mb.to_string()]);
+            if args.kv_disk_mb > 0 {
+                let dir = data.join("kv").join(&name);
+                argv.extend(["--kv-disk-dir".to_owned(), dir.display().to_string()]);
+                argv.extend(["--kv-disk-mb".to_owned(), args.kv_disk_mb.to_string()]);
+            }
+        }
         cluster.spawn(&name, &worker_bin, &argv, &logs)?;
         workers.push((name, quic, metrics));
     }

@@ -74,9 +74,10 @@ impl Kept {
     }
 }
 
-/// The parts of `data` a new cluster replaces: certificates, Raft state, the audit chain and `up.json` (logs stay).
+/// The parts of `data` a new cluster replaces: certificates, Raft state, the audit chain, the workers' KV disk
+/// tiers (a new cluster's project of an old one's name must not find its blocks) and `up.json` (logs stay).
 fn clear(data: &Path) -> Result<()> {
-    let mut doomed = vec![data.join("tls"), data.join("audit"), data.join(UP_FILE)];
+    let mut doomed = vec![data.join("tls"), data.join("audit"), data.join("kv"), data.join(UP_FILE)];
     for entry in fs::read_dir(data).with_context(|| format!("reading {}", data.display()))?.flatten() {
         if entry.file_name().to_string_lossy().starts_with("orchestrator-") {
             doomed.push(entry.path());
@@ -210,6 +211,7 @@ mod tests {
         assert!(first.resumed_from.is_none());
         fs::create_dir_all(data.join("orchestrator-0")).unwrap();
         fs::write(data.join("orchestrator-0/log"), "raft").unwrap();
+        fs::create_dir_all(data.join("kv/worker-0")).unwrap();
         let pepper = fs::read_to_string(&first.pepper).unwrap();
         let (first_key, first_ca) = (first.api_key.clone(), first.ca.cert_pem().to_owned());
         drop(first); // as the first `zl up` stops
@@ -220,6 +222,7 @@ mod tests {
         assert_eq!(fs::read_to_string(&again.pepper).unwrap(), pepper);
         assert!(again.resumed_from.is_some() && !again.ca_renewed);
         assert!(data.join("orchestrator-0/log").exists());
+        assert!(data.join("kv/worker-0").exists(), "a restart keeps the KV disk tiers");
         assert!(again.describe(&data).contains("--fresh"));
         drop(again);
         // A key given on the command line wins (the cluster rotates `local` to it) and is kept for next time.
@@ -235,6 +238,7 @@ mod tests {
         assert!(fresh.resumed_from.is_none());
         assert_ne!(fresh.ca.cert_pem(), first_ca);
         assert!(!data.join("orchestrator-0").exists(), "--fresh drops the Raft state");
+        assert!(!data.join("kv").exists(), "--fresh drops the workers' KV disk tiers");
         assert_ne!(fs::read_to_string(&fresh.pepper).unwrap(), pepper);
     }
 

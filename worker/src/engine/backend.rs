@@ -2,6 +2,7 @@
 //! the weights and the KV cache. The scheduler, block pool, sampling and grammar masks are the same either way.
 
 use crate::device::Device;
+use crate::kv::pool::BlockId;
 use crate::kv::window::KvLayout;
 use crate::model::LoadedModel;
 use crate::model::llama::{BatchItem, KvStore};
@@ -59,16 +60,39 @@ impl Backend {
         match self {
             Backend::Cpu(kv) => model.llama.forward(items, kv),
             #[cfg(feature = "cuda")]
-            Backend::Cuda(gpu) => match gpu.forward(&model.llama, items) {
-                Ok(logits) => logits,
-                // A device that fails mid-step (lost, out of memory) leaves the batch's KV state unknown: the
-                // worker exits so that its supervisor restarts it, and frontends retry its requests elsewhere.
-                Err(e) => {
-                    tracing::error!(error = %e, device = gpu.name(), "the GPU failed; exiting");
-                    eprintln!("zl-worker: the GPU failed: {e}");
-                    std::process::exit(70);
+            Backend::Cuda(gpu) => gpu.forward(&model.llama, items).unwrap_or_else(|e| fail(gpu, &e)),
+        }
+    }
+
+    /// Bytes one block's keys and values take across every layer, as the lower tiers keep them; `None` when the
+    /// layers' blocks differ (sliding-window layers kept apart), which the tiers do not keep.
+    pub fn block_bytes(&self) -> Option<usize> {
+        match self {
+            Backend::Cpu(kv) => kv.block_bytes(),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(gpu) => gpu.block_bytes(),
+        }
+    }
+
+    /// Block `block`'s keys and values, for a lower tier.
+    pub fn export(&self, block: BlockId) -> Vec<u8> {
+        match self {
+            Backend::Cpu(kv) => kv.export(block),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(gpu) => gpu.export_block(block).unwrap_or_else(|e| fail(gpu, &e)),
+        }
+    }
+
+    /// Write a lower tier's copy of a block into block `block`.
+    pub fn import(&mut self, block: BlockId, payload: &[u8]) {
+        match self {
+            Backend::Cpu(kv) => kv.import(block, payload),
+            #[cfg(feature = "cuda")]
+            Backend::Cuda(gpu) => {
+                if let Err(e) = gpu.import_block(block, payload) {
+                    fail(gpu, &e)
                 }
-            },
+            }
         }
     }
 
@@ -80,4 +104,13 @@ impl Backend {
             Backend::Cuda(gpu) => gpu.memory().ok().map(|m| (m.free, m.total)),
         }
     }
+}
+
+/// A device that fails mid-step (lost, out of memory) leaves the batch's KV state unknown: the worker exits so that
+/// its supervisor restarts it, and frontends retry its requests elsewhere.
+#[cfg(feature = "cuda")]
+fn fail(gpu: &crate::gpu::GpuModel, e: &crate::gpu::GpuError) -> ! {
+    tracing::error!(error = %e, device = gpu.name(), "the GPU failed; exiting");
+    eprintln!("zl-worker: the GPU failed: {e}");
+    std::process::exit(70);
 }

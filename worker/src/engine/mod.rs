@@ -7,6 +7,7 @@ pub mod logprobs;
 pub mod penalize;
 pub mod state;
 pub mod think;
+mod tiering;
 
 pub use actor::{EngineGone, EngineHandle, Generation, Published};
 pub use logprobs::Logprob;

@@ -11,7 +11,9 @@ use zl_wire::message::StopReason;
 use crate::device::Device;
 use crate::engine::backend::{Backend, DeviceError};
 use crate::engine::logprobs::{self, Logprob, LogprobWants, RowKind};
+use crate::engine::tiering;
 use crate::kv::pool::BlockPool;
+use crate::kv::tier::store::Tiers;
 use crate::kv::window::{KvLayout, WindowKv};
 use crate::model::LoadedModel;
 use crate::model::llama::{BatchItem, KvStore, PARALLEL_ROWS};
@@ -68,6 +70,14 @@ pub struct RequestAdapter {
 }
 
 impl Request {
+    /// The salt its prefix blocks' chain starts from: the cache scope's, and the adapter's within it.
+    pub fn chain_salt(&self) -> Option<u64> {
+        match &self.adapter {
+            Some(a) => Some(zl_common::block_hash::adapter_salt(self.cache_salt, a.key)),
+            None => self.cache_salt,
+        }
+    }
+
     /// A request for `max_tokens` after `prompt`, sampled as `sampling`: no stop sequences, logprobs, speculation,
     /// grammar, cache scope or tokens to resume after (set the fields for those).
     pub fn new(prompt: Vec<u32>, sampling: Sampling, max_tokens: u32) -> Self {
@@ -254,6 +264,8 @@ pub struct EngineCore {
     /// Events of sequences that ended before running (a resumed one whose last produced token ended it), sent
     /// with the next step's.
     pending: Vec<Event>,
+    /// The lower tiers evicted blocks go down to, when on.
+    tiers: Option<Arc<Tiers>>,
 }
 
 impl std::fmt::Debug for EngineCore {
@@ -300,7 +312,45 @@ impl EngineCore {
         if let Some(window) = layout.window {
             sched = sched.with_window(WindowKv::new(window, block_size, max_item));
         }
-        Ok(EngineCore { model, backend, sched, seqs: HashMap::new(), prefill_tokens: 0, pending: Vec::new() })
+        Ok(EngineCore {
+            model,
+            backend,
+            sched,
+            seqs: HashMap::new(),
+            prefill_tokens: 0,
+            pending: Vec::new(),
+            tiers: None,
+        })
+    }
+
+    /// Bytes one block's keys and values take in the lower tiers; `None` when this engine's blocks cannot go there
+    /// (sliding-window layers kept apart).
+    pub fn tier_block_bytes(&self) -> Option<usize> {
+        self.sched.window().is_none().then(|| self.backend.block_bytes()).flatten()
+    }
+
+    /// Send evicted blocks down to `tiers` and take prompts' prefixes back from them (see `crate::kv::tier`).
+    pub fn attach_tiers(&mut self, tiers: Arc<Tiers>) -> Result<(), String> {
+        let payload = self.tier_block_bytes().ok_or(
+            "KV tiers keep blocks of every layer: this model's sliding-window layers keep blocks of their own, so \
+             it runs without tiers",
+        )?;
+        if (payload, self.sched.pool().block_size()) != (tiers.payload(), tiers.block_size()) {
+            return Err(format!(
+                "the tiers keep blocks of {} tokens and {} bytes; this engine's are {} and {payload}",
+                tiers.block_size(),
+                tiers.payload(),
+                self.sched.pool().block_size()
+            ));
+        }
+        self.sched.pool_mut().set_tiered();
+        self.tiers = Some(tiers);
+        Ok(())
+    }
+
+    /// The tiers attached, if any.
+    pub fn tiers(&self) -> Option<&Arc<Tiers>> {
+        self.tiers.as_ref()
     }
 
     /// Blocks the sliding-window layers' own pool holds now and in all, when it has one.
@@ -333,10 +383,7 @@ impl EngineCore {
         if req.adapter.is_some() && !matches!(self.backend, Backend::Cpu(_)) {
             return Err(RequestError::AdapterDevice);
         }
-        let salt = match &req.adapter {
-            Some(a) => Some(zl_common::block_hash::adapter_salt(req.cache_salt, a.key)),
-            None => req.cache_salt,
-        };
+        let salt = req.chain_salt();
         let prompt_len = req.prompt.len() as u32;
         // Constrained and budgeted requests do not speculate: every draft would need its own mask.
         let penalized = req.penalties.filter(|p| !p.is_neutral()).map(crate::engine::penalize::Penalized::new);
@@ -417,17 +464,37 @@ impl EngineCore {
     /// worker sends the orchestrators to resynchronise their picture of its cache.
     pub fn kv_snapshot(&mut self) -> Vec<zl_common::block_hash::BlockHash> {
         self.sched.pool_mut().drain_events();
-        self.sched.pool().indexed_hashes()
+        let mut hashes = self.sched.pool().indexed_hashes();
+        if let Some(t) = &self.tiers {
+            t.drain_left();
+            hashes.extend(t.hashes());
+            hashes.sort_unstable();
+            hashes.dedup();
+        }
+        hashes
     }
 
-    /// Block-pool events since the last call (for the orchestrators).
+    /// Block-pool events since the last call (for the orchestrators): with tiers, a block leaves only when neither
+    /// the pool nor a tier holds it.
     pub fn drain_kv_events(&mut self) -> Vec<crate::kv::pool::KvEvent> {
-        self.sched.pool_mut().drain_events()
+        match &self.tiers {
+            Some(t) => tiering::events(t, self.sched.pool_mut()),
+            None => self.sched.pool_mut().drain_events(),
+        }
     }
 
     /// Run one step: schedule, run the model over the batch, sample, verify drafts, detokenize, check stops.
     pub fn step(&mut self) -> Vec<Event> {
-        let plan = self.sched.schedule();
+        let mut found = Vec::new();
+        let plan = match &self.tiers {
+            Some(t) => {
+                let mut held = |h, tokens: &[u32]| t.take_back(h, tokens).map(|b| found.push(b)).is_some();
+                let plan = self.sched.schedule_with(Some(&mut held));
+                tiering::exchange(t, &mut self.backend, self.sched.pool_mut(), &plan.restores, &found);
+                plan
+            }
+            None => self.sched.schedule(),
+        };
         if plan.items.is_empty() {
             return std::mem::take(&mut self.pending);
         }
@@ -570,6 +637,9 @@ impl EngineCore {
             }
         }
         self.sched.complete(&plan, &sampled);
+        if let Some(t) = &self.tiers {
+            tiering::write_through(t, &self.backend, self.sched.pool_mut());
+        }
         for seq in finished {
             self.cancel(seq);
         }

@@ -104,6 +104,8 @@ pub struct GpuModel {
     k_cache: Vec<CudaSlice<u16>>,
     v_cache: Vec<CudaSlice<u16>>,
     block_size: usize,
+    /// Width of a row of keys (kv heads x head size).
+    kv_dim: usize,
     /// The last memory figures and when they were read: the engine publishes its stats every step, and the
     /// figures only need the report interval's freshness.
     memory: std::cell::Cell<Option<(std::time::Instant, Memory)>>,
@@ -223,11 +225,51 @@ impl GpuModel {
             stream,
             ctx,
             block_size,
+            kv_dim: cfg.kv_dim(),
             memory: std::cell::Cell::new(None),
             hidden: cfg.hidden,
             eps: cfg.rms_eps,
             name,
         })
+    }
+
+    /// Bytes one block's keys and values take across every layer, when every layer has the same blocks (no
+    /// sliding-window layers kept apart); the lower tiers keep blocks of this size.
+    pub fn block_bytes(&self) -> Option<usize> {
+        let len = self.k_cache.first()?.len();
+        self.k_cache.iter().all(|c| c.len() == len).then(|| 2 * 2 * self.k_cache.len() * self.block_size * self.kv_dim)
+    }
+
+    /// Block `block`'s keys and values of every layer, copied to host memory in the CPU store's f16 export layout
+    /// (each layer's keys, then its values; f16 bits, little-endian), so a block moves between the tiers alike.
+    pub fn export_block(&self, block: u32) -> Result<Vec<u8>, GpuError> {
+        let per = self.block_size * self.kv_dim;
+        let range = block as usize * per..(block as usize + 1) * per;
+        let mut out = Vec::with_capacity(self.block_bytes().unwrap_or(0));
+        for (k, v) in self.k_cache.iter().zip(&self.v_cache) {
+            for plane in [k, v] {
+                let host = self.stream.clone_dtoh(&plane.slice(range.clone())).map_err(err)?;
+                host.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+            }
+        }
+        self.stream.synchronize().map_err(err)?;
+        Ok(out)
+    }
+
+    /// Write what [`GpuModel::export_block`] gave into block `block`.
+    pub fn import_block(&mut self, block: u32, payload: &[u8]) -> Result<(), GpuError> {
+        let per = self.block_size * self.kv_dim;
+        let range = block as usize * per..(block as usize + 1) * per;
+        let values: Vec<u16> = payload.chunks_exact(2).map(|b| u16::from_le_bytes([b[0], b[1]])).collect();
+        assert_eq!(values.len(), 2 * per * self.k_cache.len(), "a block payload of another shape");
+        let mut planes = values.chunks_exact(per);
+        for (k, v) in self.k_cache.iter_mut().zip(&mut self.v_cache) {
+            for plane in [k, v] {
+                let src = planes.next().expect("two planes a layer");
+                self.stream.memcpy_htod(src, &mut plane.slice_mut(range.clone())).map_err(err)?;
+            }
+        }
+        self.stream.synchronize().map_err(err)
     }
 
     /// The device's name.

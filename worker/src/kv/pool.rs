@@ -143,6 +143,24 @@ pub struct BlockPool {
     /// Slots written in referenced blocks (kept incrementally for the fragmentation figure).
     used_filled: u64,
     used: usize,
+    /// Whether evicted and newly full blocks are noted for the lower tiers (`crate::kv::tier`).
+    tiered: bool,
+    /// Blocks evicted since the last [`BlockPool::take_spilled`], whose storage still holds their keys and values
+    /// until the next forward pass writes over them.
+    spilled: Vec<Spilled>,
+    /// Blocks that became full and indexed since the last [`BlockPool::take_filled`].
+    filled: Vec<(BlockId, BlockHash)>,
+}
+
+/// A block evicted from the pool whose keys and values a lower tier may keep.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Spilled {
+    /// Where its keys and values still are (until the next forward pass).
+    pub id: BlockId,
+    /// Its chained hash.
+    pub hash: BlockHash,
+    /// Its tokens.
+    pub tokens: Box<[u32]>,
 }
 
 impl BlockPool {
@@ -164,7 +182,21 @@ impl BlockPool {
             hits: 0,
             used_filled: 0,
             used: 0,
+            tiered: false,
+            spilled: Vec::new(),
+            filled: Vec::new(),
         }
+    }
+
+    /// The same pool noting the blocks it evicts and the blocks that fill, for lower tiers to keep.
+    pub fn tiered(mut self) -> Self {
+        self.set_tiered();
+        self
+    }
+
+    /// Note the blocks evicted and filled from now on ([`BlockPool::tiered`]).
+    pub fn set_tiered(&mut self) {
+        self.tiered = true;
     }
 
     /// The same pool keeping no events: one whose blocks nobody is told about.
@@ -259,13 +291,96 @@ impl BlockPool {
         let (_, id) = self.lru.pop_first().expect("caller checked availability");
         let block = &mut self.blocks[id as usize];
         let hash = block.hash.take();
-        block.tokens = None;
+        let tokens = block.tokens.take();
         block.filled = 0;
         if let Some(hash) = hash {
             self.index.remove(&hash);
             self.event(KvEvent::Evicted(hash));
+            if let (true, Some(tokens)) = (self.tiered, tokens) {
+                self.spilled.push(Spilled { id, hash, tokens });
+            }
         }
         id
+    }
+
+    /// Continue `seq` (just started: its cached run found) with the blocks of `prompt` that the lower tiers hold
+    /// (`held` says, for a block's hash and tokens), as far as the chain goes there, when the pool can also take the
+    /// rest of the prompt: each gets a block of its own, full and indexed as if computed. Returns them, for the
+    /// caller to write their keys and values into before the next forward pass; nothing when there is no room.
+    pub fn restore(
+        &mut self,
+        seq: &mut SeqBlocks,
+        prompt: &[u32],
+        held: &mut dyn FnMut(BlockHash, &[u32]) -> bool,
+    ) -> Vec<(BlockId, BlockHash)> {
+        let bs = self.block_size;
+        let shareable = prompt.len().saturating_sub(1) / bs;
+        let first = seq.len / bs;
+        if seq.len != seq.reserved || !seq.partial.is_empty() || first >= shareable {
+            return Vec::new();
+        }
+        let mut parent = seq.parent;
+        let mut found = Vec::new();
+        for chunk in prompt[first * bs..shareable * bs].chunks_exact(bs) {
+            let hash = chain_hash(parent, chunk);
+            if self.index.contains_key(&hash) || !held(hash, chunk) {
+                break;
+            }
+            found.push(hash);
+            parent = Some(hash);
+        }
+        let rest = (prompt.len() - (first + found.len()) * bs).div_ceil(bs);
+        if found.is_empty() || found.len() + rest > self.available() {
+            return Vec::new();
+        }
+        // The miss `start` counted was a hit here, and the chain may have gone on to a miss of its own.
+        let n = found.len();
+        self.lookups += (n - 1 + usize::from(first + n < shareable)) as u64;
+        self.hits += n as u64;
+        let mut out = Vec::with_capacity(n);
+        for (i, hash) in found.into_iter().enumerate() {
+            let id = self.take_block();
+            let chunk = &prompt[(first + i) * bs..(first + i + 1) * bs];
+            let block = &mut self.blocks[id as usize];
+            block.refs = 1;
+            block.filled = bs as u32;
+            block.hash = Some(hash);
+            block.tokens = Some(chunk.into());
+            self.used += 1;
+            self.used_filled += bs as u64;
+            self.index.insert(hash, id);
+            self.event(KvEvent::Stored(hash));
+            seq.blocks.push(id);
+            seq.parent = Some(hash);
+            out.push((id, hash));
+        }
+        seq.len += n * bs;
+        seq.reserved = seq.len;
+        seq.cached_tokens = seq.len;
+        out
+    }
+
+    /// The blocks evicted since the last call (noted only by a [`BlockPool::tiered`] pool).
+    pub fn take_spilled(&mut self) -> Vec<Spilled> {
+        std::mem::take(&mut self.spilled)
+    }
+
+    /// The blocks that became full and indexed since the last call (noted only by a [`BlockPool::tiered`] pool),
+    /// with their tokens.
+    pub fn take_filled(&mut self) -> Vec<(BlockId, BlockHash, Box<[u32]>)> {
+        let filled = std::mem::take(&mut self.filled);
+        filled
+            .into_iter()
+            .filter_map(|(id, hash)| {
+                let b = &self.blocks[id as usize];
+                (b.hash == Some(hash)).then(|| (id, hash, b.tokens.clone().unwrap_or_default()))
+            })
+            .collect()
+    }
+
+    /// Whether the pool holds block `hash`, in use or cached.
+    pub fn holds(&self, hash: BlockHash) -> bool {
+        self.index.contains_key(&hash)
     }
 
     /// Reserve slots for `tokens` more tokens, allocating blocks as needed. All or nothing.
@@ -312,6 +427,9 @@ impl BlockPool {
                     block.hash = Some(hash);
                     block.tokens = Some(full);
                     self.event(KvEvent::Stored(hash));
+                    if self.tiered {
+                        self.filled.push((id, hash));
+                    }
                 }
             }
         }
@@ -442,230 +560,5 @@ impl BlockPool {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn run(pool: &mut BlockPool, prompt: &[u32]) -> SeqBlocks {
-        let mut seq = pool.start(prompt);
-        let rest = &prompt[seq.len()..];
-        pool.reserve(&mut seq, rest.len()).unwrap();
-        pool.commit(&mut seq, rest);
-        seq
-    }
-
-    #[test]
-    fn blocks_fill_in_order_and_slots_map_positions() {
-        let mut pool = BlockPool::new(8, 4);
-        let seq = run(&mut pool, &[1, 2, 3, 4, 5, 6]);
-        assert_eq!(seq.table().len(), 2);
-        assert_eq!(pool.slot(&seq, 0), (seq.table()[0], 0));
-        assert_eq!(pool.slot(&seq, 5), (seq.table()[1], 1));
-        let s = pool.stats();
-        assert_eq!((s.used, s.free, s.cached), (2, 6, 0));
-        assert!((s.fragmentation - 0.25).abs() < 1e-6, "2 of 8 slots unused: {}", s.fragmentation);
-    }
-
-    #[test]
-    fn a_shared_prefix_is_reused_and_counted() {
-        let mut pool = BlockPool::new(16, 4);
-        let a = run(&mut pool, &[1, 2, 3, 4, 5, 6, 7, 8, 9]);
-        assert_eq!(a.cached_tokens(), 0);
-        let b = pool.start(&[1, 2, 3, 4, 5, 6, 7, 8, 100, 101]);
-        assert_eq!(b.cached_tokens(), 8);
-        assert_eq!(b.table(), &a.table()[..2]);
-        let s = pool.stats();
-        // The first sequence stopped looking at its first miss; the second found both blocks.
-        assert_eq!((s.prefix_lookups, s.prefix_hits), (3, 2));
-        assert_eq!(s.used, 3, "shared blocks count once");
-    }
-
-    #[test]
-    fn a_prefix_is_shared_within_its_cache_scope_only() {
-        use zl_common::block_hash::{cache_salt, salted_block_hashes};
-        let mut pool = BlockPool::new(16, 4);
-        let (a, b) = (Some(cache_salt("project:a")), Some(cache_salt("project:b")));
-        let prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9];
-        let mut first = pool.start_salted(&prompt, a);
-        pool.reserve(&mut first, prompt.len()).unwrap();
-        pool.commit(&mut first, &prompt);
-        // Another scope, and the unsalted chain, find nothing of it; the same scope finds both full blocks.
-        assert_eq!(pool.start_salted(&prompt, b).cached_tokens(), 0);
-        assert_eq!(pool.start(&prompt).cached_tokens(), 0);
-        assert_eq!(pool.start_salted(&prompt, a).cached_tokens(), 8);
-        // What the pool reports (and prefix-aware routing matches) is the scope's salted chain, as a frontend
-        // computes it for the route.
-        let stored: Vec<_> = pool
-            .drain_events()
-            .into_iter()
-            .filter_map(|e| if let KvEvent::Stored(h) = e { Some(h) } else { None })
-            .collect();
-        assert_eq!(stored, salted_block_hashes(&prompt, 4, a));
-    }
-
-    #[test]
-    fn the_last_prompt_token_is_always_computed() {
-        let mut pool = BlockPool::new(16, 4);
-        let a = run(&mut pool, &[1, 2, 3, 4, 5, 6, 7, 8]);
-        pool.release(a);
-        let b = pool.start(&[1, 2, 3, 4, 5, 6, 7, 8]);
-        assert_eq!(b.cached_tokens(), 4, "the second block holds the last token, so it is recomputed");
-    }
-
-    #[test]
-    fn released_prefixes_stay_cached_until_evicted_lru_first() {
-        let mut pool = BlockPool::new(3, 2);
-        let a = run(&mut pool, &[1, 2, 3]); // blocks: [1,2] full+hashed, [3] partial
-        let a_first = a.table()[0];
-        pool.release(a);
-        assert_eq!(pool.stats().cached, 1);
-        assert_eq!(pool.stats().free, 2);
-        let first_events = pool.drain_events();
-        assert_eq!(first_events.len(), 1);
-        // A second sequence reuses the cached block.
-        let b = pool.start(&[1, 2, 9]);
-        assert_eq!(b.table(), &[a_first]);
-        pool.release(b);
-        // Filling the pool with unrelated tokens evicts the cached block and reports it.
-        let c = run(&mut pool, &[7, 7, 8, 8, 9]);
-        assert_eq!(c.table().len(), 3);
-        let events = pool.drain_events();
-        assert!(events.contains(&KvEvent::Evicted(match first_events[0] {
-            KvEvent::Stored(h) => h,
-            other => panic!("{other:?}"),
-        })));
-        assert_eq!(pool.start(&[1, 2, 9]).cached_tokens(), 0);
-    }
-
-    #[test]
-    fn reservation_is_all_or_nothing() {
-        let mut pool = BlockPool::new(2, 4);
-        let mut seq = pool.start(&[1]);
-        assert_eq!(pool.reserve(&mut seq, 9), Err(OutOfBlocks { needed: 3, available: 2 }));
-        assert_eq!(pool.stats().free, 2);
-        pool.reserve(&mut seq, 8).unwrap();
-        assert_eq!(pool.available(), 0);
-        pool.release(seq);
-        assert_eq!(pool.stats().free, 2);
-        assert_eq!(pool.stats().used, 0);
-    }
-
-    #[test]
-    fn decode_appends_one_token_at_a_time() {
-        let mut pool = BlockPool::new(4, 2);
-        let mut seq = run(&mut pool, &[1, 2, 3]);
-        for t in 10..14 {
-            if pool.blocks_needed(&seq, 1) > 0 {
-                pool.reserve(&mut seq, 1).unwrap();
-            } else {
-                pool.reserve(&mut seq, 1).unwrap(); // reserving within the last block allocates nothing
-            }
-            pool.commit(&mut seq, &[t]);
-        }
-        assert_eq!(seq.len(), 7);
-        assert_eq!(seq.table().len(), 4);
-        // The generated tokens' full blocks are shareable too.
-        pool.release(seq);
-        let again = pool.start(&[1, 2, 3, 10, 11, 12, 13, 99]);
-        assert_eq!(again.cached_tokens(), 6);
-    }
-
-    #[test]
-    fn everything_returns_to_the_pool() {
-        let mut pool = BlockPool::new(64, 4);
-        let mut seqs = Vec::new();
-        for i in 0..10u32 {
-            let prompt: Vec<u32> = (0..(i * 3 + 5)).map(|t| t % 7 + i % 3).collect();
-            seqs.push(run(&mut pool, &prompt));
-        }
-        for seq in seqs {
-            pool.release(seq);
-        }
-        let s = pool.stats();
-        assert_eq!(s.used, 0);
-        assert_eq!(s.free + s.cached, s.total);
-        assert_eq!(s.fragmentation, 0.0);
-    }
-
-    #[test]
-    fn a_window_hands_back_the_blocks_no_row_attends_to_and_they_stay_cached() {
-        let (bs, window) = (2, 5);
-        let mut pool = BlockPool::new(64, bs).unreported();
-        let prompt: Vec<u32> = (1..=6).collect();
-        let mut seq = pool.start_window(&prompt, None, 0, window);
-        pool.reserve(&mut seq, prompt.len()).unwrap();
-        pool.commit(&mut seq, &prompt);
-        for t in 100..120u32 {
-            // The next row (at position len) attends back to len + 1 - window.
-            let from = (seq.len() + 1).saturating_sub(window);
-            pool.slide(&mut seq, from);
-            assert!(seq.held() <= (window + 1).div_ceil(bs) + 1, "{} blocks held at {}", seq.held(), seq.len());
-            let first = seq.len() + 1 - window;
-            assert!(seq.table()[first / bs] != GONE, "a block the next row reads was handed back");
-            assert!(seq.table()[..first / bs].iter().all(|&b| b == GONE));
-            pool.reserve(&mut seq, 1).unwrap();
-            pool.commit(&mut seq, &[t]);
-        }
-        assert!(pool.drain_events().is_empty(), "an unreported pool keeps no events");
-        let full: Vec<u32> = prompt.iter().copied().chain(100..120).collect();
-        let held = seq.held();
-        pool.release(seq);
-        let s = pool.stats();
-        assert_eq!(s.used, 0);
-        assert_eq!(s.cached, full.len() / bs, "every full block, handed back early or late, stays cached");
-        // Only the first row's window is needed to resume: the blocks before it are not pinned.
-        let again = pool.start_window(&full, None, 24, window);
-        assert_eq!(again.len(), 24);
-        assert_eq!(again.held(), 24 / bs - (24 + 1 - window) / bs);
-        assert!(again.held() <= held);
-    }
-
-    #[test]
-    fn a_window_resumes_only_where_all_of_it_is_still_cached() {
-        let (bs, window) = (2, 4);
-        let mut pool = BlockPool::new(9, bs).unreported();
-        let prompt: Vec<u32> = (1..=12).collect();
-        let mut seq = pool.start_window(&prompt, None, 0, window);
-        pool.reserve(&mut seq, 12).unwrap();
-        pool.commit(&mut seq, &prompt);
-        let table = seq.table().to_vec();
-        pool.release(seq); // released tail first: block 5 is evicted first, block 0 last
-        // Take 4 blocks: the 3 free ones and the least recently used cached one (block 5 of the prompt).
-        let mut other = pool.start(&[9]);
-        pool.reserve(&mut other, 8).unwrap();
-        assert!(!other.table().contains(&table[4]) && other.table().contains(&table[5]));
-        // Evict block 4 (next in the cache's order: 4, 3, 2, 1, 0).
-        pool.reserve(&mut other, 2).unwrap();
-        assert!(other.table().contains(&table[4]) && !other.table().contains(&table[3]));
-        // Resuming at 10 would need block 4: the longest resume whose window is whole is 8 (blocks 2 and 3).
-        let seq = pool.start_window(&prompt, None, 10, window);
-        assert_eq!((seq.len(), seq.held()), (8, 2));
-        assert_eq!(&seq.table()[2..], &table[2..4]);
-        assert_eq!(&seq.table()[..2], &[GONE; 2], "nothing before the window is pinned");
-        pool.release(seq);
-        let salted = pool.start_window(&prompt, Some(7), 10, window);
-        assert_eq!(salted.len(), 0, "another scope's chain finds nothing");
-        pool.release(salted);
-        pool.release(other);
-        assert_eq!(pool.stats().used, 0);
-    }
-
-    #[test]
-    fn a_truncated_start_continues_the_chain_from_where_it_was_cut() {
-        let mut pool = BlockPool::new(16, 4);
-        let prompt: Vec<u32> = (1..=17).collect();
-        let first = run(&mut pool, &prompt);
-        pool.release(first);
-        let mut seq = pool.start_salted(&prompt, None);
-        assert_eq!(seq.len(), 16);
-        pool.truncate_cached(&mut seq, 8);
-        assert_eq!((seq.len(), seq.cached_tokens(), seq.table().len()), (8, 8, 2));
-        pool.reserve(&mut seq, 9).unwrap();
-        pool.commit(&mut seq, &prompt[8..]);
-        pool.release(seq);
-        // The recomputed blocks hash as the originals did (same chain): still one cached copy of each.
-        assert_eq!(pool.stats().cached, 4);
-        let mut again = pool.start(&prompt);
-        pool.truncate_cached(&mut again, 0);
-        assert_eq!(pool.stats().used, 0);
-    }
-}
+#[path = "pool_tests.rs"]
+mod tests;

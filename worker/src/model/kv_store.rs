@@ -38,6 +38,15 @@ impl Plane {
         }
     }
 
+    /// Values it holds.
+    fn values(&self) -> usize {
+        match self {
+            Plane::F16(b) => b.len(),
+            Plane::Q8 { q, .. } => q.len(),
+            Plane::Q4 { q, .. } => 2 * q.len(),
+        }
+    }
+
     fn bytes(&self) -> usize {
         match self {
             Plane::F16(b) => 2 * b.len(),
@@ -61,6 +70,49 @@ impl Plane {
                 for ((x, q), d) in row.chunks(Q8_BLOCK).zip(q.chunks_mut(Q8_BLOCK / 2)).zip(d.iter_mut()) {
                     *d = quantize_q4(x, q);
                 }
+            }
+        }
+    }
+
+    /// The byte ranges of values `[from, to)` (whole 32-value blocks): the values', then the scales'.
+    fn append(&self, from: usize, to: usize, out: &mut Vec<u8>) {
+        let scales = |d: &[u16], out: &mut Vec<u8>| {
+            d[from / Q8_BLOCK..to / Q8_BLOCK].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()))
+        };
+        match self {
+            Plane::F16(b) => b[from..to].iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            Plane::Q8 { q, d } => {
+                out.extend(q[from..to].iter().map(|&x| x as u8));
+                scales(d, out);
+            }
+            Plane::Q4 { q, d } => {
+                out.extend_from_slice(&q[from / 2..to / 2]);
+                scales(d, out);
+            }
+        }
+    }
+
+    /// Overwrite values `[from, to)` from `src` as [`Plane::append`] wrote them; returns the bytes read.
+    fn load(&mut self, from: usize, to: usize, src: &[u8]) -> usize {
+        let u16s = |dst: &mut [u16], src: &[u8]| {
+            for (x, b) in dst.iter_mut().zip(src.chunks_exact(2)) {
+                *x = u16::from_le_bytes([b[0], b[1]]);
+            }
+            2 * dst.len()
+        };
+        match self {
+            Plane::F16(b) => u16s(&mut b[from..to], src),
+            Plane::Q8 { q, d } => {
+                let n = to - from;
+                for (x, &b) in q[from..to].iter_mut().zip(&src[..n]) {
+                    *x = b as i8;
+                }
+                n + u16s(&mut d[from / Q8_BLOCK..to / Q8_BLOCK], &src[n..])
+            }
+            Plane::Q4 { q, d } => {
+                let n = (to - from) / 2;
+                q[from / 2..to / 2].copy_from_slice(&src[..n]);
+                n + u16s(&mut d[from / Q8_BLOCK..to / Q8_BLOCK], &src[n..])
             }
         }
     }
@@ -178,6 +230,46 @@ impl KvStore {
         self.v[li].write(slot, value);
     }
 
+    /// Bytes one block's keys and values take across every layer ([`KvStore::export`]'s length), when every layer
+    /// has the same blocks (no sliding-window layers kept apart); `None` otherwise.
+    pub fn block_bytes(&self) -> Option<usize> {
+        let per = self.block_size * self.kv_dim;
+        let blocks = self.k.first().map(|p| p.values() / per)?;
+        self.k.iter().all(|p| p.values() == blocks * per).then(|| {
+            let mut out = Vec::new();
+            for p in self.k.iter().chain(&self.v) {
+                p.append(0, per, &mut out);
+            }
+            out.len()
+        })
+    }
+
+    /// Block `block`'s keys and values of every layer, as bytes (the lower tiers keep them): each layer's keys,
+    /// then its values; each plane's values, then their scales.
+    pub fn export(&self, block: BlockId) -> Vec<u8> {
+        let per = self.block_size * self.kv_dim;
+        let (from, to) = (block as usize * per, (block as usize + 1) * per);
+        let mut out = Vec::new();
+        for (k, v) in self.k.iter().zip(&self.v) {
+            k.append(from, to, &mut out);
+            v.append(from, to, &mut out);
+        }
+        out
+    }
+
+    /// Overwrite block `block` with what [`KvStore::export`] gave (of a store of the same model, type and block
+    /// size). Panics on a payload of another length: the caller checked it ([`KvStore::block_bytes`]).
+    pub fn import(&mut self, block: BlockId, payload: &[u8]) {
+        let per = self.block_size * self.kv_dim;
+        let (from, to) = (block as usize * per, (block as usize + 1) * per);
+        let mut at = 0;
+        for (k, v) in self.k.iter_mut().zip(&mut self.v) {
+            at += k.load(from, to, &payload[at..]);
+            at += v.load(from, to, &payload[at..]);
+        }
+        assert_eq!(at, payload.len(), "a block payload of another shape");
+    }
+
     /// Layer `li`'s keys and values, for attention.
     pub(crate) fn layer(&self, li: usize) -> (KvPlane<'_>, KvPlane<'_>) {
         (self.k[li].view(), self.v[li].view())
@@ -233,5 +325,54 @@ mod tests {
         assert!(KvDtype::Q8.check(192).is_ok());
         assert!(KvDtype::Q8.check(72).unwrap_err().contains("--kv-dtype f16"));
         assert!(KvDtype::F16.check(72).is_ok());
+    }
+
+    #[test]
+    fn a_block_exported_and_imported_elsewhere_holds_the_same_values_in_every_type() {
+        let cfg = LlamaConfig {
+            hidden: 64,
+            intermediate: 16,
+            layers: 2,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 32,
+            attn_scale: None,
+            rotary_dims: None,
+            vocab: 4,
+            rms_eps: 1e-5,
+            rope_theta: 10000.0,
+            context_length: 64,
+            rope_interleaved: false,
+            rope_scaling: super::super::rope::RopeScaling::None,
+            activation: super::super::config::Activation::Silu,
+            embed_scale: None,
+            sliding: None,
+            moe: None,
+        };
+        for dtype in [KvDtype::F16, KvDtype::Q8, KvDtype::Q4] {
+            let layout = KvLayout::full(3).with_dtype(dtype);
+            let (mut a, mut b) = (KvStore::with_layout(&cfg, &layout, 4), KvStore::with_layout(&cfg, &layout, 4));
+            let row =
+                |t: usize, li: usize| -> Vec<f32> { (0..32).map(|i| (i * 3 + t * 7 + li) as f32 * 0.01).collect() };
+            // Block 1 of `a`, positions 4..8, every layer.
+            for t in 0..4 {
+                for li in 0..2 {
+                    a.write(li, a.slot(&[0, 1], 4 + t), &row(t, li), &row(t + 9, li));
+                }
+            }
+            let payload = a.export(1);
+            assert_eq!(Some(payload.len()), a.block_bytes(), "{dtype:?}");
+            assert_eq!(payload.len(), KvStore::sizing(&cfg, 4, 1, 1, dtype).full_block_bytes, "{dtype:?}");
+            // Into block 2 of `b`: the same values read back, and the export of it is the same bytes.
+            b.import(2, &payload);
+            assert_eq!(b.export(2), payload);
+            for li in 0..2 {
+                let ((ak, av), (bk, bv)) = (a.layer(li), b.layer(li));
+                for i in 0..4 * 32 {
+                    assert_eq!(plane_value(ak, 4 * 32 + i), plane_value(bk, 8 * 32 + i), "{dtype:?}");
+                    assert_eq!(plane_value(av, 4 * 32 + i), plane_value(bv, 8 * 32 + i), "{dtype:?}");
+                }
+            }
+        }
     }
 }

@@ -11,6 +11,7 @@
 mod adapters;
 mod bandwidth;
 mod json;
+mod tiers;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -38,10 +39,24 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     rounds: u32,
     /// What the requests ask: `stories` (free text, no speculation), `overlap` (edit a given text: the output
-    /// repeats the input; each level runs without and with predictive streaming) or `json` (describe a city as
-    /// JSON; each level runs free and then constrained by a JSON Schema).
-    #[arg(long, default_value = "stories", value_parser = ["stories", "overlap", "json"])]
+    /// repeats the input; each level runs without and with predictive streaming), `json` (describe a city as
+    /// JSON; each level runs free and then constrained by a JSON Schema) or `tiers` (multi-turn chat on a small hot
+    /// KV pool with the KV tiers off, in host memory and on disk, then a restart on a disk tier: see
+    /// `--conversations`).
+    #[arg(long, default_value = "stories", value_parser = ["stories", "overlap", "json", "tiers"])]
     workload: String,
+    /// `--workload tiers`: conversations, taken in turns.
+    #[arg(long, default_value_t = 8)]
+    conversations: usize,
+    /// `--workload tiers`: user turns per conversation.
+    #[arg(long, default_value_t = 6)]
+    turns: usize,
+    /// `--workload tiers`: words per user turn.
+    #[arg(long, default_value_t = 60)]
+    turn_words: usize,
+    /// `--workload tiers`: the restart measurement's prompt, in tokens.
+    #[arg(long, default_value_t = 4096)]
+    restart_tokens: usize,
     /// Instead: time the prefill of one prompt of each of these lengths in tokens, alone (e.g. 1024,4096,8192;
     /// capped below the context window), as the time to its first token, then its decoding of `--max-tokens`
     /// tokens at that context.
@@ -77,6 +92,16 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 }
 
 pub(crate) fn run(args: &BenchArgs) -> Result<()> {
+    if args.workload == "tiers" {
+        let shape = tiers::Shape {
+            conversations: args.conversations,
+            turns: args.turns,
+            words: args.turn_words,
+            max_tokens: args.max_tokens,
+            restart_tokens: args.restart_tokens,
+        };
+        return tiers::run(&args.model, &shape);
+    }
     let mut loaded = crate::load(&args.model)?.swap_remove(0);
     let crate::Run::Generate(core) = &mut loaded.run else {
         anyhow::bail!("{} is an embedding model: `zl-worker bench` measures generation", loaded.path.display());

@@ -1,0 +1,72 @@
+//! How a step moves blocks between the hot pool and the lower tiers (`crate::kv::tier`): blocks the step's
+//! scheduling evicted are copied to host memory before the forward pass writes over them (unless host memory holds
+//! them already), blocks admitted sequences took back are written into their new places, and blocks that filled
+//! are written through to the disk tier (by its writer thread). Also what the orchestrators are told: a block
+//! leaves the worker's picture only when neither the hot pool nor a tier holds it.
+
+use std::time::Instant;
+
+use zl_common::block_hash::BlockHash;
+
+use crate::engine::backend::Backend;
+use crate::kv::pool::{BlockId, BlockPool, KvEvent};
+use crate::kv::tier::store::Tiers;
+use crate::kv::tier::{Shared, TierBlock};
+
+/// Before the forward pass: keep the evicted blocks, then write the restored ones (`found` holds their copies).
+pub(super) fn exchange(
+    tiers: &Tiers,
+    backend: &mut Backend,
+    pool: &mut BlockPool,
+    restores: &[(BlockId, BlockHash)],
+    found: &[Shared],
+) {
+    for s in pool.take_spilled() {
+        if !tiers.in_host(s.hash) {
+            let payload = backend.export(s.id).into_boxed_slice();
+            tiers.keep(TierBlock { hash: s.hash, tokens: s.tokens, payload });
+        }
+    }
+    if restores.is_empty() {
+        return;
+    }
+    let started = Instant::now();
+    for &(id, hash) in restores {
+        let copy = found.iter().rev().find(|b| b.hash == hash).expect("a restored block was found in a tier");
+        backend.import(id, &copy.payload);
+    }
+    tiers.restored(restores.len(), started.elapsed().as_secs_f64());
+}
+
+/// After the step: the blocks that filled, written through to the disk tier (those it does not hold already).
+pub(super) fn write_through(tiers: &Tiers, backend: &Backend, pool: &mut BlockPool) {
+    let filled = pool.take_filled();
+    if !tiers.has_disk() {
+        return;
+    }
+    for (id, hash, tokens) in filled {
+        if !tiers.on_disk(hash) {
+            tiers.persist(TierBlock { hash, tokens, payload: backend.export(id).into_boxed_slice() });
+        }
+    }
+}
+
+/// The pool's events as the orchestrators should see them with tiers: an eviction from the hot pool of a block a
+/// tier keeps is no eviction from the worker; a block that left a tier is, once nothing holds it.
+pub(super) fn events(tiers: &Tiers, pool: &mut BlockPool) -> Vec<KvEvent> {
+    let mut events: Vec<KvEvent> = pool
+        .drain_events()
+        .into_iter()
+        .filter(|e| match e {
+            KvEvent::Evicted(h) => !tiers.holds(*h),
+            KvEvent::Stored(_) => true,
+        })
+        .collect();
+    for h in tiers.drain_left() {
+        if !pool.holds(h) && !tiers.holds(h) {
+            events.push(KvEvent::Evicted(h));
+        }
+    }
+    tiers.record();
+    events
+}
