@@ -118,7 +118,7 @@ fn the_disk_tier_outlives_its_engine_and_a_flipped_byte_is_recomputed_not_served
     assert_eq!(tiers.prefetch(&p, Some(11)), shareable(&p) as usize / BS);
     let (answer_second, cached) = answer(&mut second, &p, Some(11), 8);
     assert_eq!((answer_second.as_slice(), cached), (answer_first.as_slice(), shareable(&p)));
-    drop(second);
+    drop((second, tiers));
     // Flip one byte in the third block's file: the first two come back, the rest is computed, the answer the same.
     let hashes = zl_common::block_hash::salted_block_hashes(&p, BS, Some(11));
     let ns = Namespace::new(&[7; 32], KvDtype::F16, BS, "test");

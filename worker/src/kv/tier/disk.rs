@@ -15,6 +15,9 @@ use zl_common::block_hash::BlockHash;
 use super::file::{self, BadFile};
 use super::{Namespace, TierBlock};
 
+/// The lock file in a namespace's directory.
+const LOCK: &str = ".lock";
+
 /// Which blocks the disk tier holds, in LRU order, within its bound.
 #[derive(Debug)]
 pub struct DiskIndex {
@@ -135,9 +138,22 @@ impl DiskDir {
         self.dir.join(format!("{hash:016x}.kvb"))
     }
 
-    /// Create the directory if needed and index what it holds, within `cap` bytes (oldest first out).
-    pub fn open(&self, cap: u64) -> std::io::Result<(DiskIndex, Opened)> {
+    /// Create the directory if needed, lock it (the returned file holds the lock: keep it while the tier is in
+    /// use; another process's lock is an error naming the directory) and index what it holds, within `cap` bytes
+    /// (oldest first out).
+    pub fn open(&self, cap: u64) -> std::io::Result<(DiskIndex, Opened, std::fs::File)> {
         std::fs::create_dir_all(&self.dir)?;
+        let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(self.dir.join(LOCK))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(std::io::Error::other(format!(
+                    "{} is in use by another worker: give each worker a KV disk directory of its own",
+                    self.dir.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+        }
         let mut found = Vec::new();
         let mut opened = Opened::default();
         for entry in std::fs::read_dir(&self.dir)? {
@@ -149,6 +165,9 @@ impl DiskDir {
                 .filter(|h| h.len() == 16)
                 .and_then(|h| u64::from_str_radix(h, 16).ok());
             let meta = entry.metadata()?;
+            if name == LOCK {
+                continue;
+            }
             match hash {
                 Some(hash) if meta.is_file() && meta.len() == self.file_bytes() => {
                     found.push((meta.modified().ok(), hash));
@@ -177,7 +196,7 @@ impl DiskDir {
             }
         }
         opened.kept = index.len();
-        Ok((index, opened))
+        Ok((index, opened, lock))
     }
 
     /// Write `block`'s file (a temporary file renamed into place, so a reader never sees half of one).
@@ -228,8 +247,11 @@ mod tests {
     fn files_survive_a_reopen_and_bad_ones_are_refused_or_removed() {
         let root = tempfile::tempdir().unwrap();
         let d = DiskDir::new(root.path(), Namespace(5), 4, 64);
-        let (mut ix, opened) = d.open(10 * d.file_bytes()).unwrap();
+        let (mut ix, opened, lock) = d.open(10 * d.file_bytes()).unwrap();
         assert_eq!(opened, Opened::default());
+        let taken = d.open(10 * d.file_bytes()).unwrap_err().to_string();
+        assert!(taken.contains("in use by another worker"), "{taken}");
+        drop(lock);
         for h in 1..=3 {
             ix.admit(h).unwrap();
             d.write(&block(h)).unwrap();
@@ -237,8 +259,9 @@ mod tests {
         // A torn temporary file and a truncated block are removed on reopening; the rest are indexed again.
         std::fs::write(d.dir.join("0000000000000009.tmp"), b"half").unwrap();
         std::fs::write(d.dir.join("0000000000000008.kvb"), b"short").unwrap();
-        let (ix, opened) = d.open(10 * d.file_bytes()).unwrap();
+        let (ix, opened, lock) = d.open(10 * d.file_bytes()).unwrap();
         assert_eq!(opened, Opened { kept: 3, removed: 2 });
+        drop(lock);
         assert!(ix.contains(1) && ix.contains(3));
         assert_eq!(d.read(2).unwrap(), Some(block(2)));
         assert_eq!(d.read(7).unwrap(), None, "no file");
@@ -251,7 +274,7 @@ mod tests {
         // Another namespace's directory sees none of them; a smaller bound drops the oldest on reopening.
         let other = DiskDir::new(root.path(), Namespace(6), 4, 64);
         assert_eq!(other.open(1 << 20).unwrap().1.kept, 0);
-        let (ix, opened) = d.open(2 * d.file_bytes()).unwrap();
+        let (ix, opened, _lock) = d.open(2 * d.file_bytes()).unwrap();
         assert_eq!((opened.kept, opened.removed, ix.bytes()), (2, 1, 2 * d.file_bytes()));
     }
 }

@@ -37,6 +37,8 @@ impl TierConfig {
 struct Disk {
     dir: DiskDir,
     index: Mutex<DiskIndex>,
+    /// Holds the directory's lock while the tier is open.
+    _lock: std::fs::File,
 }
 
 /// An engine's tiers.
@@ -47,6 +49,8 @@ pub struct Tiers {
     host: Mutex<HostTier>,
     disk: Option<Arc<Disk>>,
     writer: Option<SyncSender<Shared>>,
+    /// The writer thread, joined when the tiers close (so the directory's lock is free when they are gone).
+    thread: Option<std::thread::JoinHandle<()>>,
     /// Blocks queued for the writer or being written.
     pending: Arc<AtomicUsize>,
     /// Hashes that left a tier since the engine last asked (it reports those no tier or hot block holds).
@@ -79,21 +83,22 @@ impl Tiers {
         let (disk, writer, opened) = match &config.disk {
             Some((root, cap)) => {
                 let dir = DiskDir::new(root, ns, block_size, payload);
-                let (index, opened) = dir.open(*cap)?;
-                let disk = Arc::new(Disk { dir, index: Mutex::new(index) });
+                let (index, opened, lock) = dir.open(*cap)?;
+                let disk = Arc::new(Disk { dir, index: Mutex::new(index), _lock: lock });
                 let (tx, rx) = sync_channel::<Shared>(WRITE_QUEUE);
                 let (d, left, labels) = (disk.clone(), left.clone(), labels(model, Tier::Disk));
                 let queued = pending.clone();
-                std::thread::Builder::new().name("kv-disk".into()).spawn(move || {
+                let thread = std::thread::Builder::new().name("kv-disk".into()).spawn(move || {
                     for block in rx {
                         write(&d, &block, &left, &labels);
                         queued.fetch_sub(1, Ordering::AcqRel);
                     }
                 })?;
-                (Some(disk), Some(tx), Some(opened))
+                (Some(disk), Some((tx, thread)), Some(opened))
             }
             None => (None, None, None),
         };
+        let (writer, thread) = writer.map_or((None, None), |(tx, t)| (Some(tx), Some(t)));
         let tiers = Tiers {
             ns,
             block_size,
@@ -101,6 +106,7 @@ impl Tiers {
             host: Mutex::new(HostTier::new(config.host_bytes)),
             disk,
             writer,
+            thread,
             pending,
             left,
             model: model.to_owned(),
@@ -267,6 +273,16 @@ impl Tiers {
         metrics::counter!("zl_worker_kv_tier_hits_total", &labels).increment(blocks as u64);
         metrics::counter!("zl_worker_kv_tier_bytes_out_total", &labels).increment((blocks * self.payload) as u64);
         metrics::histogram!("zl_worker_kv_tier_load_seconds", &labels).record(seconds);
+    }
+}
+
+impl Drop for Tiers {
+    fn drop(&mut self) {
+        // The queue's end stops the writer once it has written what was queued.
+        self.writer.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 
