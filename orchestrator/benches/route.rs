@@ -1,5 +1,7 @@
-//! Route-decision latency with 10, 100 and 1,000 registered workers (all serving the model, so every one is a
-//! candidate) and 100,000 cached prefix blocks spread over them, for each policy.
+//! Route-decision latency with 10, 100, 1,000 and 10,000 registered workers (all serving the model, so every one
+//! is a candidate) and 100,000 cached prefix blocks spread over them, for each policy; then 10,000 workers holding
+//! 10 million blocks across their KV tiers (a third each in the KV cache, host memory and on disk), with the
+//! orchestrator's index memory per block (resident memory before and after indexing them).
 //! `cargo bench -p zl-orchestrator --bench route`
 
 use std::time::{Duration, Instant};
@@ -10,9 +12,16 @@ use zl_orchestrator::state::{Command, ModelVersion, RoutingState, WorkerSpec, he
 use zl_wire::message::{ComputePool, KvCacheEvents, LoadReport, NodeId, RouteHint, RouteRequest};
 
 const CACHED_BLOCKS: usize = 100_000;
+const FLEET_BLOCKS: usize = 10_000_000;
 const DECISIONS: usize = 20_000;
 
-fn world(workers: usize, now: Instant) -> (RoutingState, LoadView) {
+/// This process's resident memory in bytes (Linux).
+fn resident() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    statm.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()).unwrap_or(0) * 4096
+}
+
+fn world_with(workers: usize, cached: usize, now: Instant) -> (RoutingState, LoadView) {
     let mut state = RoutingState::default();
     let mut load = LoadView::new(LoadSettings::default());
     let pools = [ComputePool::Cpu, ComputePool::Hybrid, ComputePool::Gpu];
@@ -53,16 +62,21 @@ fn world(workers: usize, now: Instant) -> (RoutingState, LoadView) {
         };
         load.report(report, now);
         // Each worker caches a chain of blocks; chains share their first blocks with neighbours.
-        let per = CACHED_BLOCKS / workers;
-        let stored: Vec<u64> =
+        let per = cached / workers;
+        let blocks: Vec<u64> =
             (0..per).map(|b| if b < 8 { (i / 4 * 1000 + b) as u64 } else { (i * per + b) as u64 | 1 << 40 }).collect();
+        // Beyond the first million blocks, a third each hot, in host memory and on disk.
+        let tiered = cached > 1_000_000;
+        let third = |k: usize| blocks.iter().enumerate().filter(move |(b, _)| !tiered || b % 3 == k).map(|(_, &h)| h);
         let ev = KvCacheEvents {
             worker_id: id,
             sequence: 1,
             model: "llama".into(),
-            stored,
+            stored: third(0).collect(),
             evicted: vec![],
             cleared: false,
+            host: if tiered { third(1).collect() } else { vec![] },
+            disk: if tiered { third(2).collect() } else { vec![] },
         };
         load.kv_events(&ev, now);
     }
@@ -75,9 +89,22 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn main() {
     println!("{:>8} {:>18} {:>10} {:>10} {:>10}", "workers", "policy", "p50 us", "p99 us", "max us");
-    for workers in [10usize, 100, 1000] {
+    for (workers, cached) in
+        [(10usize, CACHED_BLOCKS), (100, CACHED_BLOCKS), (1000, CACHED_BLOCKS), (10_000, CACHED_BLOCKS)]
+            .into_iter()
+            .chain([(10_000, FLEET_BLOCKS)])
+    {
         let now = Instant::now();
-        let (state, load) = world(workers, now);
+        let before = resident();
+        let (state, load) = world_with(workers, cached, now);
+        if cached == FLEET_BLOCKS {
+            let per_block = (resident() - before) as f64 / load.cached_blocks() as f64;
+            println!(
+                "{workers} workers, {} blocks indexed across tiers: {per_block:.0} bytes of resident memory per block \
+                 (routing state and load view included)",
+                load.cached_blocks()
+            );
+        }
         for name in POLICY_NAMES {
             let policy = policy_by_name(name).expect("policy");
             let mut scratch = Scratch::default();
@@ -112,5 +139,5 @@ fn main() {
             );
         }
     }
-    println!("cached prefix blocks: {CACHED_BLOCKS}, decisions per row: {DECISIONS}");
+    println!("cached prefix blocks: {CACHED_BLOCKS} (the last rows: {FLEET_BLOCKS}), decisions per row: {DECISIONS}");
 }

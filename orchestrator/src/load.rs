@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use zl_wire::message::{KvCacheEvents, LoadReport, NodeId};
 
-use crate::hash::{FxHashMap, FxHashSet, model_tag};
+use crate::hash::{FxHashMap, model_tag};
 
 /// Health and size settings.
 #[derive(Clone, Copy, Debug)]
@@ -51,8 +51,8 @@ struct Soft {
     load: Option<LoadReport>,
     load_at: Option<Instant>,
     kv_sequence: Option<u64>,
-    /// (model tag, block hash) pairs held.
-    blocks: FxHashSet<(u64, u64)>,
+    /// (model tag, block hash) pairs held, each with the best place it is held ([`HOT`], [`HOST`], [`DISK`]).
+    blocks: FxHashMap<(u64, u64), u8>,
     /// Discovery lists it as not passing (its Consul check critical, or in maintenance): no routes.
     held: bool,
     /// When this orchestrator routed requests to it that its newest report may not count yet (in-flight), oldest
@@ -100,11 +100,29 @@ pub struct LoadView {
     free_slots: Vec<u32>,
     /// Changes whenever a worker gains or loses a slot, so callers may cache id-to-slot lookups.
     generation: u64,
-    /// (model tag, block hash) to the slots of workers holding it.
-    prefix: FxHashMap<(u64, u64), Vec<u32>>,
+    /// (model tag, block hash) to the slots of workers holding it, each with where it holds it.
+    prefix: FxHashMap<(u64, u64), Vec<(u32, u8)>>,
     /// Discovery's newest list of workers (`--discovery consul`): id to whether every check passes. `None`
     /// without such a list.
     discovered: Option<FxHashMap<NodeId, bool>>,
+}
+
+/// A block held in a worker's KV cache (or predicted to be).
+pub const HOT: u8 = 0;
+/// A block a worker keeps in its host-memory tier: taken back at a copy's cost.
+pub const HOST: u8 = 1;
+/// A block a worker keeps on its disk tier only: read back, then taken back.
+pub const DISK: u8 = 2;
+
+/// How much of a prompt's leading blocks a worker holds, and where.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Overlap {
+    /// Leading blocks held anywhere.
+    pub blocks: u32,
+    /// Of those, in its host-memory tier.
+    pub host: u32,
+    /// Of those, on its disk tier only.
+    pub disk: u32,
 }
 
 /// A process-wide unique generation number.
@@ -139,7 +157,7 @@ impl LoadView {
                     load: None,
                     load_at: None,
                     kv_sequence: None,
-                    blocks: FxHashSet::default(),
+                    blocks: FxHashMap::default(),
                     held: self.discovered.as_ref().is_some_and(|d| d.get(id) == Some(&false)),
                     routed: Default::default(),
                     adapters_routed: Default::default(),
@@ -224,7 +242,7 @@ impl LoadView {
         let mut added = Vec::new();
         for &h in hashes {
             let key = (tag, h);
-            if soft.blocks.contains(&key) || soft.blocks.len() + soft.predicted.len() >= cap {
+            if soft.blocks.contains_key(&key) || soft.blocks.len() + soft.predicted.len() >= cap {
                 continue;
             }
             soft.predicted_order.push_back((now, key));
@@ -233,7 +251,7 @@ impl LoadView {
             }
         }
         for key in added {
-            self.prefix.entry(key).or_default().push(slot);
+            self.prefix.entry(key).or_default().push((slot, HOT));
         }
     }
 
@@ -281,7 +299,7 @@ impl LoadView {
         let slot = soft.slot;
         let mut removed = Vec::new();
         if events.cleared {
-            soft.blocks.retain(|&(t, h)| {
+            soft.blocks.retain(|&(t, h), _| {
                 let keep = t != tag;
                 if !keep {
                     removed.push((t, h));
@@ -298,33 +316,42 @@ impl LoadView {
         }
         for &h in &events.evicted {
             // An evicted block is gone whether it was reported or predicted.
-            if soft.blocks.remove(&(tag, h)) | soft.predicted.remove(&(tag, h)).is_some() {
+            if soft.blocks.remove(&(tag, h)).is_some() | soft.predicted.remove(&(tag, h)).is_some() {
                 removed.push((tag, h));
             }
         }
-        let mut added = Vec::new();
-        for &h in &events.stored {
-            if soft.blocks.len() >= cap {
-                break;
-            }
-            // A predicted block confirmed: held, and already indexed.
-            let was_predicted = soft.predicted.remove(&(tag, h)).is_some();
-            if soft.blocks.insert((tag, h)) && !was_predicted {
-                added.push((tag, h));
+        // Where each block stands now: held (or predicted) already, only its place changes.
+        let mut placed = Vec::new();
+        let lists = [(&events.stored, HOT), (&events.host, HOST), (&events.disk, DISK)];
+        for (hashes, tier) in lists {
+            for &h in hashes {
+                let key = (tag, h);
+                let was_predicted = soft.predicted.remove(&key).is_some();
+                let known = soft.blocks.contains_key(&key) || was_predicted;
+                if !known && soft.blocks.len() >= cap {
+                    continue;
+                }
+                if soft.blocks.insert(key, tier) != Some(tier) {
+                    placed.push((key, tier));
+                }
             }
         }
         for key in removed {
             self.unindex(key, slot);
         }
-        for key in added {
-            self.prefix.entry(key).or_default().push(slot);
+        for (key, tier) in placed {
+            let holders = self.prefix.entry(key).or_default();
+            match holders.iter_mut().find(|(s, _)| *s == slot) {
+                Some(holder) => holder.1 = tier,
+                None => holders.push((slot, tier)),
+            }
         }
         Accepted::Yes
     }
 
     fn unindex(&mut self, key: (u64, u64), slot: u32) {
         if let Some(holders) = self.prefix.get_mut(&key) {
-            holders.retain(|&s| s != slot);
+            holders.retain(|&(s, _)| s != slot);
             if holders.is_empty() {
                 self.prefix.remove(&key);
             }
@@ -335,7 +362,7 @@ impl LoadView {
     pub fn forget(&mut self, id: &NodeId) {
         if let Some(slot) = self.by_id.remove(id) {
             if let Some(soft) = self.slots[slot as usize].take() {
-                for key in soft.blocks.into_iter().chain(soft.predicted.into_keys()) {
+                for key in soft.blocks.into_keys().chain(soft.predicted.into_keys()) {
                     self.unindex(key, slot);
                 }
             }
@@ -427,18 +454,21 @@ impl LoadView {
     }
 
     /// For each worker slot, how many leading blocks of `hashes` (a prompt's chained block hashes for `model`) it
-    /// holds; only slots with at least one are set. Walks the prompt once, stopping when no worker holds the next
-    /// block: cost proportional to the matched prefix times its holders, not to the number of workers.
-    pub fn prefix_overlap(&self, model: &str, hashes: &[u64], out: &mut FxHashMap<u32, u32>) {
+    /// holds, and how many of those in its lower tiers; only slots with at least one are set. Walks the prompt once,
+    /// stopping when no worker holds the next block: cost proportional to the matched prefix times its holders, not
+    /// to the number of workers.
+    pub fn prefix_overlap(&self, model: &str, hashes: &[u64], out: &mut FxHashMap<u32, Overlap>) {
         out.clear();
         let tag = model_tag(model);
         for (i, &h) in hashes.iter().enumerate() {
             let Some(holders) = self.prefix.get(&(tag, h)) else { break };
             let mut advanced = false;
-            for &slot in holders {
-                let depth = out.entry(slot).or_insert(0);
-                if *depth == i as u32 {
-                    *depth += 1;
+            for &(slot, tier) in holders {
+                let o = out.entry(slot).or_default();
+                if o.blocks == i as u32 {
+                    o.blocks += 1;
+                    o.host += u32::from(tier == HOST);
+                    o.disk += u32::from(tier == DISK);
                     advanced = true;
                 }
             }
@@ -446,7 +476,7 @@ impl LoadView {
                 break;
             }
         }
-        out.retain(|_, d| *d > 0);
+        out.retain(|_, o| o.blocks > 0);
     }
 
     /// Workers with any soft state.
@@ -498,6 +528,8 @@ mod tests {
             stored: stored.to_vec(),
             evicted: evicted.to_vec(),
             cleared,
+            host: vec![],
+            disk: vec![],
         }
     }
 
@@ -511,7 +543,7 @@ mod tests {
         let overlap = |v: &LoadView, hashes: &[u64]| {
             let mut out = FxHashMap::default();
             v.prefix_overlap("m", hashes, &mut out);
-            out
+            out.into_iter().map(|(s, o): (u32, Overlap)| (s, o.blocks)).collect::<FxHashMap<u32, u32>>()
         };
         // w1 holds block 1 by its events; a prompt 1, 2, 3 routed there: all three count as held at once.
         v.kv_events(&events("w1", 1, &[1], &[], false), t0);
@@ -529,7 +561,7 @@ mod tests {
         v.report(load("w2", 2, 0), t0 + PREDICTION_KEPT_FOR);
         v.sweep(t0 + PREDICTION_KEPT_FOR);
         assert_eq!(overlap(&v, &[1, 2, 3]), FxHashMap::from_iter([(slot(&v, "w1"), 2)]));
-        assert_eq!(v.prefix[&(model_tag("m"), 2)], vec![slot(&v, "w1")]);
+        assert_eq!(v.prefix[&(model_tag("m"), 2)], vec![(slot(&v, "w1"), HOT)]);
         // w2's prediction is younger: still there, until it too expires.
         assert_eq!(overlap(&v, &[7, 8]), FxHashMap::from_iter([(slot(&v, "w2"), 2)]));
         v.sweep(t0 + Duration::from_secs(5) + PREDICTION_KEPT_FOR);
@@ -569,14 +601,14 @@ mod tests {
         let s2 = v.soft(&id("w2"), t0).slot;
         let mut out = FxHashMap::default();
         v.prefix_overlap("m", &[10, 11, 12, 13], &mut out);
-        assert_eq!(out.get(&s1), Some(&3));
-        assert_eq!(out.get(&s2), Some(&1), "w2 lacks block 11, so block 12 does not count");
+        assert_eq!(out.get(&s1).map(|o| o.blocks), Some(3));
+        assert_eq!(out.get(&s2).map(|o| o.blocks), Some(1), "w2 lacks block 11, so block 12 does not count");
         v.prefix_overlap("other-model", &[10], &mut out);
         assert!(out.is_empty(), "blocks of another model never match");
         // Evictions and a clear remove blocks from the index.
         v.kv_events(&events("w1", 2, &[], &[11], false), t0);
         v.prefix_overlap("m", &[10, 11], &mut out);
-        assert_eq!(out.get(&s1), Some(&1));
+        assert_eq!(out.get(&s1).map(|o| o.blocks), Some(1));
         v.kv_events(&events("w2", 2, &[20], &[], true), t0);
         v.prefix_overlap("m", &[10], &mut out);
         assert_eq!(out.get(&s2), None);

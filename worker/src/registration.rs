@@ -9,7 +9,7 @@
 //! orchestrator's soft state for it (a restarted worker numbers its reports from 1 again), and a re-registration
 //! is idempotent. Load and KV events are soft state kept per orchestrator, so they always go to every one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -22,6 +22,7 @@ use zl_wire::message::{DeregisterWorker, ErrorCode, KvCacheEvents, LoadReport, M
 
 use crate::engine::{EngineHandle, Published};
 use crate::kv::pool::KvEvent;
+use crate::kv::tier::Tier;
 
 /// Where a worker announces itself.
 pub trait Discovery: Send + Sync + 'static {
@@ -279,19 +280,30 @@ pub fn kv_message(worker: &NodeId, sequence: u64, model: &str, published: &Publi
     if published.kv_events.is_empty() && !published.resync {
         return None;
     }
-    let mut stored = Vec::new();
-    let mut evicted = Vec::new();
-    for ev in &published.kv_events {
-        match *ev {
-            KvEvent::Stored(h) => stored.push(h),
-            KvEvent::Evicted(h) => {
-                // A block stored and evicted within one batch never needs to reach the orchestrator.
-                if let Some(pos) = stored.iter().rposition(|&s| s == h) {
-                    stored.swap_remove(pos);
-                } else {
-                    evicted.push(h);
-                }
+    // Each block's last event in the batch is where it stands (the lists are applied as sets); a block first
+    // stored and finally evicted within one batch never needs to reach the orchestrator.
+    let mut last: HashMap<u64, (bool, KvEvent)> = HashMap::new();
+    let mut order = Vec::new();
+    for &ev in &published.kv_events {
+        let h = match ev {
+            KvEvent::Stored(h) | KvEvent::Evicted(h) | KvEvent::Offloaded(h, _) => h,
+        };
+        match last.get_mut(&h) {
+            Some(entry) => entry.1 = ev,
+            None => {
+                last.insert(h, (matches!(ev, KvEvent::Stored(_)), ev));
+                order.push(h);
             }
+        }
+    }
+    let (mut stored, mut evicted, mut host, mut disk) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for h in order {
+        match last[&h] {
+            (_, KvEvent::Stored(_)) => stored.push(h),
+            (true, KvEvent::Evicted(_)) => {}
+            (false, KvEvent::Evicted(_)) => evicted.push(h),
+            (_, KvEvent::Offloaded(_, Tier::Host)) => host.push(h),
+            (_, KvEvent::Offloaded(_, Tier::Disk)) => disk.push(h),
         }
     }
     Some(KvCacheEvents {
@@ -301,6 +313,8 @@ pub fn kv_message(worker: &NodeId, sequence: u64, model: &str, published: &Publi
         stored,
         evicted,
         cleared: published.resync,
+        host,
+        disk,
     })
 }
 
@@ -418,6 +432,18 @@ mod tests {
         p.kv_events = vec![KvEvent::Stored(1), KvEvent::Stored(2), KvEvent::Evicted(1), KvEvent::Evicted(9)];
         let m = kv_message(&id, 2, "m", &p).unwrap();
         assert_eq!((m.stored, m.evicted, m.cleared), (vec![2], vec![9], false));
+        // Offloaded to a tier: where each block stands last.
+        p.kv_events = vec![
+            KvEvent::Offloaded(2, Tier::Host),
+            KvEvent::Offloaded(2, Tier::Disk),
+            KvEvent::Offloaded(3, Tier::Host),
+            KvEvent::Stored(4),
+            KvEvent::Offloaded(4, Tier::Disk),
+            KvEvent::Offloaded(5, Tier::Disk),
+            KvEvent::Evicted(5),
+        ];
+        let m = kv_message(&id, 3, "m", &p).unwrap();
+        assert_eq!((m.stored, m.evicted, m.host, m.disk), (vec![], vec![5], vec![3], vec![2, 4]));
         p.kv_events.clear();
         p.resync = true;
         let m = kv_message(&id, 3, "m", &p).unwrap();

@@ -93,10 +93,22 @@ fn evicted_prefixes_come_back_from_host_memory_and_answers_stay_byte_identical()
         }
     }
     assert!(tiers.bytes().0 > 0 && tiers.bytes().0 <= 64 << 20);
-    // The worker's picture for the orchestrators: every prefix block, hot or in host memory.
+    // The worker's picture for the orchestrators: every prefix block, hot or (offloaded) in host memory.
+    use zl_worker::kv::pool::KvEvent;
+    use zl_worker::kv::tier::Tier;
     let snapshot = tiered.kv_snapshot();
+    let held = |h: &u64| {
+        snapshot.iter().find_map(|e| match *e {
+            KvEvent::Stored(s) if s == *h => Some(None),
+            KvEvent::Offloaded(s, tier) if s == *h => Some(Some(tier)),
+            _ => None,
+        })
+    };
     let first = zl_common::block_hash::block_hashes(&prompts[0], BS);
-    assert!(first.iter().all(|h| snapshot.contains(h)), "a block kept in host memory is still announced");
+    assert!(first.iter().all(|h| held(h).is_some()), "a block kept in host memory is still announced");
+    let last = zl_common::block_hash::block_hashes(&prompts[3], BS);
+    assert!(first.iter().any(|h| held(h) == Some(Some(Tier::Host))), "the oldest history was offloaded to host memory");
+    assert!(last.iter().all(|h| held(h) == Some(None)), "the newest history is still hot");
 }
 
 fn disk_config(dir: &Path, disk_mb: u64) -> Option<TierConfig> {

@@ -41,8 +41,11 @@ pub struct Candidate<'a> {
     pub model: &'a ModelVersion,
     /// Its newest load report.
     pub load: &'a LoadReport,
-    /// Leading blocks of the prompt it holds in its KV cache.
+    /// Leading blocks of the prompt it holds: in its KV cache or its lower tiers.
     pub prefix_blocks: u32,
+    /// Of those, how many it keeps in host memory and how many on disk only (taken back at a copy's or a read's
+    /// cost rather than free).
+    pub prefix_tiers: (u32, u32),
     /// Requests routed to it that its newest report does not count yet (this orchestrator's routes since).
     pub in_flight: u32,
     /// Their prompt blocks to compute there.
@@ -238,7 +241,7 @@ fn versions(state: &RoutingState, model: &str, request_id: &str) -> Vec<Option<S
 /// Reusable scratch space, so a decision allocates little.
 #[derive(Debug, Default)]
 pub struct Scratch {
-    overlap: FxHashMap<u32, u32>,
+    overlap: FxHashMap<u32, crate::load::Overlap>,
     /// Load-view slot of each worker in the state's index, valid for the two generations below: rebuilt only when
     /// a worker is registered, removed, or gains or loses soft state, so a decision does no string hashing.
     slots: Vec<Option<u32>>,
@@ -320,7 +323,7 @@ pub fn decide(
                         saturated = true;
                         continue;
                     }
-                    let prefix_blocks = scratch.overlap.get(&slot).copied().unwrap_or(0);
+                    let overlap = scratch.overlap.get(&slot).copied().unwrap_or_default();
                     let id_hash = index.id_hashes[wi];
                     let fit = match adapter {
                         None => AdapterFit::None,
@@ -332,7 +335,8 @@ pub fn decide(
                         worker,
                         model: mv,
                         load: report,
-                        prefix_blocks,
+                        prefix_blocks: overlap.blocks,
+                        prefix_tiers: (overlap.host, overlap.disk),
                         in_flight,
                         in_flight_blocks,
                         id_hash,

@@ -3,11 +3,20 @@
 //! cheaper. Cost, in blocks of work (lower is better):
 //!
 //! ```text
-//! cost = prefill_weight * (own * (prompt_blocks - cached_prefix_blocks) + queued_prefill_blocks + in_flight_blocks)
+//! cost = prefill_weight * (own * new_blocks + queued_prefill_blocks + in_flight_blocks)
 //!      + load_weight * (queue_depth + running_sequences + in_flight)
 //!      + adapter_load_weight * (1 if the request's LoRA adapter is cold there, else 0)
+//! new_blocks = prompt_blocks - cached_prefix_blocks + host_block_weight * host + disk_block_weight * disk
 //! own = 2 where prompt work is waiting (queued prefill or in-flight blocks), else 1
 //! ```
+//!
+//! `host` and `disk` are the prefix blocks the worker keeps in its KV tiers rather than its KV cache (its events
+//! say where each block is, docs/worker.md, "Lower tiers"): taking one back costs a copy from host memory or a read
+//! from disk, not a recomputation. Measured on the bundled model (docs/benchmarks.md, "KV tiers", AVX2, 2 cores):
+//! a block computed at a 4,096-token context takes about 51 ms, read back from disk (page cache) and copied in
+//! 0.29 ms, copied from host memory in tens of microseconds (a 360 KiB copy); the weights are those ratios rounded
+//! up generously (a cold drive, a GPU whose prefill is far faster): `host_block_weight` 0.02, `disk_block_weight`
+//! 0.1. A prefix in a tier still beats recomputing it anywhere, and a hot copy beats a tier's.
 //!
 //! A request on a LoRA adapter goes to the workers that hold it (or were just sent a request on it, so it is
 //! loading there) while one of them has nothing queued (`route::decide`, for every policy). Once they queue, every
@@ -51,18 +60,31 @@ pub struct PrefixAware {
     pub predicted_work: bool,
     /// Cost, in blocks, of loading the request's adapter where it is cold (with `predicted_work`).
     pub adapter_load_weight: f64,
+    /// Cost of taking back one prefix block a worker keeps in host memory, against computing it (1).
+    pub host_block_weight: f64,
+    /// Cost of reading back and taking back one prefix block a worker keeps on disk.
+    pub disk_block_weight: f64,
 }
 
 impl Default for PrefixAware {
     fn default() -> Self {
-        PrefixAware { prefill_weight: 1.0, load_weight: 4.0, predicted_work: true, adapter_load_weight: 16.0 }
+        PrefixAware {
+            prefill_weight: 1.0,
+            load_weight: 4.0,
+            predicted_work: true,
+            adapter_load_weight: 16.0,
+            host_block_weight: 0.02,
+            disk_block_weight: 0.1,
+        }
     }
 }
 
 impl PrefixAware {
     /// A candidate's cost for a prompt of `prompt_blocks` full blocks.
     pub fn cost(&self, c: &Candidate<'_>, prompt_blocks: usize) -> f64 {
-        let new_blocks = prompt_blocks.saturating_sub(c.prefix_blocks as usize) as f64;
+        let missing = prompt_blocks.saturating_sub(c.prefix_blocks as usize) as f64;
+        let (host, disk) = (f64::from(c.prefix_tiers.0), f64::from(c.prefix_tiers.1));
+        let new_blocks = missing + self.host_block_weight * host + self.disk_block_weight * disk;
         if !self.predicted_work {
             let sequences = f64::from(c.load.queue_depth) + f64::from(c.load.running_sequences);
             return self.prefill_weight * new_blocks + self.load_weight * sequences;
@@ -101,9 +123,13 @@ impl Policy for PrefixAware {
         Pick {
             index: best,
             reason: format!(
-                "{} of {blocks} prompt blocks cached, {} prefill blocks waiting, queue {} + running {} + in flight {}, \
-                 cost {best_cost:.1}",
+                "{} of {blocks} prompt blocks cached{}, {} prefill blocks waiting, queue {} + running {} + in flight \
+                 {}, cost {best_cost:.1}",
                 c.prefix_blocks,
+                match c.prefix_tiers {
+                    (0, 0) => String::new(),
+                    (host, disk) => format!(" ({host} in host memory, {disk} on disk)"),
+                },
                 c.load.queued_prefill_blocks + c.in_flight_blocks,
                 c.load.queue_depth,
                 c.load.running_sequences,

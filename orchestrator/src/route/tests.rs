@@ -83,14 +83,21 @@ impl World {
     }
 
     fn cache(&mut self, name: &str, model: &str, blocks: &[u64]) {
+        self.cache_in(name, model, blocks, &[], &[]);
+    }
+
+    /// KV events saying `name` holds `hot` in its KV cache, `host` in its host-memory tier, `disk` on disk.
+    fn cache_in(&mut self, name: &str, model: &str, hot: &[u64], host: &[u64], disk: &[u64]) {
         self.seq += 1;
         let ev = KvCacheEvents {
             worker_id: id(name),
             sequence: self.seq,
             model: model.into(),
-            stored: blocks.to_vec(),
+            stored: hot.to_vec(),
             evicted: vec![],
             cleared: false,
+            host: host.to_vec(),
+            disk: disk.to_vec(),
         };
         self.load.kv_events(&ev, self.now);
     }
@@ -546,4 +553,49 @@ fn an_adapter_routes_to_its_base_where_it_is_resident_until_that_queues_and_only
     w.report_with("w2", 2, 3, 0, &["tuned"]);
     let d = w.route(&ask("acme", "tuned"), &LeastLoaded).unwrap();
     assert_eq!(d.worker_id, id("w1"));
+}
+
+#[test]
+fn a_prefix_in_a_workers_lower_tiers_is_priced_between_a_hot_hit_and_a_recomputation() {
+    let mut w = World::new();
+    for name in ["w1", "w2", "w3"] {
+        w.worker(name, "m", 1, ComputePool::Cpu);
+    }
+    let prompt: Vec<u64> = (1..=40).collect();
+    // w1 keeps the whole prefix on disk, w2 nothing: the disk's copy beats recomputing 40 blocks.
+    w.cache_in("w1", "m", &[], &[], &prompt);
+    let mut r = req("m");
+    r.block_hashes = prompt.clone();
+    let d = w.route(&r, &PrefixAware::default()).unwrap();
+    assert_eq!(d.worker_id, id("w1"), "{}", d.reason);
+    assert!(d.reason.contains("40 on disk"), "{}", d.reason);
+    // w3 keeps it in host memory: cheaper than a read from disk.
+    w.cache_in("w3", "m", &[], &prompt, &[]);
+    assert_eq!(w.route(&r, &PrefixAware::default()).unwrap().worker_id, id("w3"));
+    // w2 takes it into its KV cache (hot): cheapest of all.
+    w.cache("w2", "m", &prompt);
+    assert_eq!(w.route(&r, &PrefixAware::default()).unwrap().worker_id, id("w2"));
+    // The same block moving down w2's tiers changes its place, not whether it is held; evicted, it is gone.
+    w.cache_in("w2", "m", &[], &[], &prompt);
+    assert_eq!(w.route(&r, &PrefixAware::default()).unwrap().worker_id, id("w3"));
+    let costs = |w: &World| {
+        let mut out = FxHashMap::default();
+        w.load.prefix_overlap("m", &prompt, &mut out);
+        let slot = w.load.slot_of(&id("w2")).unwrap();
+        out.get(&slot).copied().unwrap_or_default()
+    };
+    assert_eq!((costs(&w).blocks, costs(&w).disk), (40, 40));
+    w.seq += 1;
+    let gone = KvCacheEvents {
+        worker_id: id("w2"),
+        sequence: w.seq,
+        model: "m".into(),
+        stored: vec![],
+        evicted: prompt.clone(),
+        cleared: false,
+        host: vec![],
+        disk: vec![],
+    };
+    w.load.kv_events(&gone, w.now);
+    assert_eq!(costs(&w).blocks, 0);
 }

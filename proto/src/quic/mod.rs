@@ -26,7 +26,7 @@ pub use server::{CallContext, Handler, Responder, Server};
 /// Protocol major version: peers with different majors refuse each other.
 pub const PROTOCOL_MAJOR: u16 = 1;
 /// Protocol minor version: raised when optional fields are added.
-pub const PROTOCOL_MINOR: u16 = 12;
+pub const PROTOCOL_MINOR: u16 = 13;
 
 /// Timeouts and limits of an RPC endpoint. Defaults suit a cluster inside one region or across nearby regions.
 #[derive(Clone, Debug)]

@@ -1836,6 +1836,8 @@ impl<'a> KvCacheEvents<'a> {
   pub const VT_STORED: ::flatbuffers::VOffsetT = 10;
   pub const VT_EVICTED: ::flatbuffers::VOffsetT = 12;
   pub const VT_CLEARED: ::flatbuffers::VOffsetT = 14;
+  pub const VT_HOST: ::flatbuffers::VOffsetT = 16;
+  pub const VT_DISK: ::flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1848,6 +1850,8 @@ impl<'a> KvCacheEvents<'a> {
   ) -> ::flatbuffers::WIPOffset<KvCacheEvents<'bldr>> {
     let mut builder = KvCacheEventsBuilder::new(_fbb);
     builder.add_sequence(args.sequence);
+    if let Some(x) = args.disk { builder.add_disk(x); }
+    if let Some(x) = args.host { builder.add_host(x); }
     if let Some(x) = args.evicted { builder.add_evicted(x); }
     if let Some(x) = args.stored { builder.add_stored(x); }
     if let Some(x) = args.model { builder.add_model(x); }
@@ -1904,6 +1908,23 @@ impl<'a> KvCacheEvents<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(KvCacheEvents::VT_CLEARED, Some(false)).unwrap()}
   }
+  /// Chained block hashes no longer in the worker's KV cache but kept in its host-memory tier (taken back at a
+  /// memcpy's cost instead of computed).
+  #[inline]
+  pub fn host(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(KvCacheEvents::VT_HOST, None)}
+  }
+  /// Chained block hashes kept only in the worker's disk tier now (read back before they are taken back).
+  #[inline]
+  pub fn disk(&self) -> Option<::flatbuffers::Vector<'a, u64>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'a, u64>>>(KvCacheEvents::VT_DISK, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for KvCacheEvents<'_> {
@@ -1918,6 +1939,8 @@ impl ::flatbuffers::Verifiable for KvCacheEvents<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("stored", Self::VT_STORED, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("evicted", Self::VT_EVICTED, false)?
      .visit_field::<bool>("cleared", Self::VT_CLEARED, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("host", Self::VT_HOST, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<::flatbuffers::Vector<'_, u64>>>("disk", Self::VT_DISK, false)?
      .finish();
     Ok(())
   }
@@ -1929,6 +1952,8 @@ pub struct KvCacheEventsArgs<'a> {
     pub stored: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
     pub evicted: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
     pub cleared: bool,
+    pub host: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
+    pub disk: Option<::flatbuffers::WIPOffset<::flatbuffers::Vector<'a, u64>>>,
 }
 impl<'a> Default for KvCacheEventsArgs<'a> {
   #[inline]
@@ -1940,6 +1965,8 @@ impl<'a> Default for KvCacheEventsArgs<'a> {
       stored: None,
       evicted: None,
       cleared: false,
+      host: None,
+      disk: None,
     }
   }
 }
@@ -1974,6 +2001,14 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> KvCacheEventsBuilder<'a, 'b, 
     self.fbb_.push_slot::<bool>(KvCacheEvents::VT_CLEARED, cleared, false);
   }
   #[inline]
+  pub fn add_host(&mut self, host: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(KvCacheEvents::VT_HOST, host);
+  }
+  #[inline]
+  pub fn add_disk(&mut self, disk: ::flatbuffers::WIPOffset<::flatbuffers::Vector<'b , u64>>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(KvCacheEvents::VT_DISK, disk);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> KvCacheEventsBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     KvCacheEventsBuilder {
@@ -1999,6 +2034,8 @@ impl ::core::fmt::Debug for KvCacheEvents<'_> {
       ds.field("stored", &self.stored());
       ds.field("evicted", &self.evicted());
       ds.field("cleared", &self.cleared());
+      ds.field("host", &self.host());
+      ds.field("disk", &self.disk());
       ds.finish()
   }
 }

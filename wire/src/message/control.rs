@@ -519,6 +519,10 @@ pub struct KvCacheEvents {
     pub evicted: Vec<u64>,
     /// Forget every cached block before applying `stored`.
     pub cleared: bool,
+    /// Block hashes no longer in the worker's KV cache but kept in its host-memory tier.
+    pub host: Vec<u64>,
+    /// Block hashes kept only on its disk tier now.
+    pub disk: Vec<u64>,
 }
 
 impl KvCacheEvents {
@@ -531,6 +535,8 @@ impl KvCacheEvents {
         let model = fbb.create_string(&self.model);
         let stored = fbb.create_vector(&self.stored);
         let evicted = fbb.create_vector(&self.evicted);
+        let host = fbb.create_vector(&self.host);
+        let disk = fbb.create_vector(&self.disk);
         fb::KvCacheEvents::create(
             fbb,
             &fb::KvCacheEventsArgs {
@@ -540,6 +546,8 @@ impl KvCacheEvents {
                 stored: Some(stored),
                 evicted: Some(evicted),
                 cleared: self.cleared,
+                host: Some(host),
+                disk: Some(disk),
             },
         )
     }
@@ -552,6 +560,8 @@ impl KvCacheEvents {
             stored: t.stored().map(|v| v.iter().collect()).unwrap_or_default(),
             evicted: t.evicted().map(|v| v.iter().collect()).unwrap_or_default(),
             cleared: t.cleared(),
+            host: t.host().map(|v| v.iter().collect()).unwrap_or_default(),
+            disk: t.disk().map(|v| v.iter().collect()).unwrap_or_default(),
         };
         msg.check()?;
         Ok(msg)

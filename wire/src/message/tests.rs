@@ -57,6 +57,8 @@ pub(crate) fn samples() -> Vec<Message> {
             stored: vec![1, u64::MAX, 3],
             evicted: vec![4],
             cleared: false,
+            host: vec![5, 6],
+            disk: vec![7],
         }),
         Message::RouteRequest(RouteRequest {
             request_id: "req_01".into(),

@@ -282,7 +282,7 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
 }
 
 fn resync(core: &mut EngineCore, published: &Mutex<Published>) {
-    let snapshot: Vec<KvEvent> = core.kv_snapshot().into_iter().map(KvEvent::Stored).collect();
+    let snapshot: Vec<KvEvent> = core.kv_snapshot();
     let mut p = lock(published);
     p.kv_events = snapshot;
     p.resync = true;

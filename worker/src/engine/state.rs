@@ -462,16 +462,12 @@ impl EngineCore {
 
     /// Every block hash the pool holds or caches, dropping pending events (the snapshot supersedes them): what a
     /// worker sends the orchestrators to resynchronise their picture of its cache.
-    pub fn kv_snapshot(&mut self) -> Vec<zl_common::block_hash::BlockHash> {
+    pub fn kv_snapshot(&mut self) -> Vec<crate::kv::pool::KvEvent> {
         self.sched.pool_mut().drain_events();
-        let mut hashes = self.sched.pool().indexed_hashes();
-        if let Some(t) = &self.tiers {
-            t.drain_left();
-            hashes.extend(t.hashes());
-            hashes.sort_unstable();
-            hashes.dedup();
+        match &self.tiers {
+            Some(t) => tiering::snapshot(t, self.sched.pool()),
+            None => self.sched.pool().indexed_hashes().into_iter().map(crate::kv::pool::KvEvent::Stored).collect(),
         }
-        hashes
     }
 
     /// Block-pool events since the last call (for the orchestrators): with tiers, a block leaves only when neither

@@ -11,7 +11,7 @@ use zl_common::block_hash::BlockHash;
 use crate::engine::backend::Backend;
 use crate::kv::pool::{BlockId, BlockPool, KvEvent};
 use crate::kv::tier::store::Tiers;
-use crate::kv::tier::{Shared, TierBlock};
+use crate::kv::tier::{Shared, Tier, TierBlock};
 
 /// Before the forward pass: keep the evicted blocks, then write the restored ones (`found` holds their copies).
 pub(super) fn exchange(
@@ -51,22 +51,54 @@ pub(super) fn write_through(tiers: &Tiers, backend: &Backend, pool: &mut BlockPo
     }
 }
 
-/// The pool's events as the orchestrators should see them with tiers: an eviction from the hot pool of a block a
-/// tier keeps is no eviction from the worker; a block that left a tier is, once nothing holds it.
+/// The best place a block is held: the pool, host memory, disk; `None` when nothing holds it.
+fn best(tiers: &Tiers, pool: &BlockPool, h: BlockHash) -> Option<Option<Tier>> {
+    if pool.holds(h) {
+        Some(None)
+    } else if tiers.in_host(h) {
+        Some(Some(Tier::Host))
+    } else if tiers.on_disk(h) {
+        Some(Some(Tier::Disk))
+    } else {
+        None
+    }
+}
+
+/// The pool's events as the orchestrators should see them with tiers: a block evicted from the pool that a tier
+/// keeps is offloaded there (routing prices it between a hit and a recomputation); a block that left a tier is
+/// offloaded to the next one, or evicted once nothing holds it.
 pub(super) fn events(tiers: &Tiers, pool: &mut BlockPool) -> Vec<KvEvent> {
     let mut events: Vec<KvEvent> = pool
         .drain_events()
         .into_iter()
-        .filter(|e| match e {
-            KvEvent::Evicted(h) => !tiers.holds(*h),
-            KvEvent::Stored(_) => true,
+        .map(|e| match e {
+            KvEvent::Evicted(h) => match best(tiers, pool, h) {
+                Some(Some(tier)) => KvEvent::Offloaded(h, tier),
+                _ => e,
+            },
+            other => other,
         })
         .collect();
     for h in tiers.drain_left() {
-        if !pool.holds(h) && !tiers.holds(h) {
-            events.push(KvEvent::Evicted(h));
+        match best(tiers, pool, h) {
+            None => events.push(KvEvent::Evicted(h)),
+            Some(Some(Tier::Disk)) => events.push(KvEvent::Offloaded(h, Tier::Disk)),
+            // Still in the pool or in host memory: the best place it is held has not changed.
+            Some(_) => {}
         }
     }
     tiers.record();
+    events
+}
+
+/// Every block the worker holds, each at the best place it is held, for a full snapshot.
+pub(super) fn snapshot(tiers: &Tiers, pool: &BlockPool) -> Vec<KvEvent> {
+    let mut events: Vec<KvEvent> = pool.indexed_hashes().into_iter().map(KvEvent::Stored).collect();
+    tiers.drain_left();
+    for h in tiers.hashes() {
+        if let Some(Some(tier)) = best(tiers, pool, h) {
+            events.push(KvEvent::Offloaded(h, tier));
+        }
+    }
     events
 }

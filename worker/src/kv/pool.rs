@@ -22,6 +22,8 @@ pub enum KvEvent {
     Stored(BlockHash),
     /// The block with this hash was evicted.
     Evicted(BlockHash),
+    /// The block left the pool, but a lower tier keeps it (`crate::kv::tier`): the best place it is held now.
+    Offloaded(BlockHash, crate::kv::tier::Tier),
 }
 
 /// Not enough free blocks for the request; nothing was allocated.
