@@ -5,7 +5,8 @@
 //!    from the request id (a retry of the same request lands on the same version), with the split's other
 //!    versions after it; else any version.
 //! 3. **Candidates**: workers serving that model version that are registered, not draining, healthy (reported
-//!    within the heartbeat timeout) and not excluded by the request (workers that already failed it).
+//!    within the heartbeat timeout) and not excluded by the request (workers that already failed it); above
+//!    1,024 workers of a model, a sample of them (`sample.rs`).
 //! 4. **Pool**: the request's predicted cost picks a pool (see [`predicted_cost`]); an operator pin or a client
 //!    hint reorders the pools tried; a pool whose candidates are all saturated (queue at least a full batch) is
 //!    skipped for the next.
@@ -16,6 +17,7 @@
 mod least_loaded;
 mod prefix_aware;
 mod round_robin;
+mod sample;
 mod session_affinity;
 
 use std::time::Instant;
@@ -245,7 +247,11 @@ pub struct Scratch {
     /// Load-view slot of each worker in the state's index, valid for the two generations below: rebuilt only when
     /// a worker is registered, removed, or gains or loses soft state, so a decision does no string hashing.
     slots: Vec<Option<u32>>,
+    /// The inverse: each load slot's worker index.
+    slot_worker: FxHashMap<u32, usize>,
     generations: (u64, u64),
+    /// The workers a decision over a large fleet visits ([`sample::visit`]).
+    visit: Vec<(usize, usize)>,
 }
 
 impl Scratch {
@@ -253,6 +259,7 @@ impl Scratch {
         let generations = (state.index().generation, load.generation());
         if self.generations != generations || self.slots.len() != state.index().workers.len() {
             self.slots = state.index().workers.iter().map(|w| load.slot_of(&w.spec.id)).collect();
+            self.slot_worker = self.slots.iter().enumerate().filter_map(|(wi, s)| Some(((*s)?, wi))).collect();
             self.generations = generations;
         }
         &self.slots
@@ -294,54 +301,68 @@ pub fn decide(
         known = true;
         load.prefix_overlap(model, &request.block_hashes, &mut scratch.overlap);
         scratch.slots(state, load);
+        let key = match (&request.session_id, request.block_hashes.first()) {
+            (Some(s), _) => stable_hash(s),
+            (None, Some(&h)) => h,
+            (None, None) => stable_hash(&request.request_id),
+        };
+        sample::visit(servers, &scratch.overlap, &scratch.slot_worker, key, &mut scratch.visit);
+        // A sample first (large fleets only); a pool it has no candidate in is scanned whole.
+        let lists: [&[(usize, usize)]; 2] =
+            if scratch.visit.is_empty() { [servers, &[]] } else { [&scratch.visit, servers] };
         let fresh = load.fresh_since(now);
         for version in versions(state, model, &request.request_id) {
             // One pass over the model's workers per pool tried (usually one): the pool test comes first, so workers
             // of other pools cost a comparison. Candidates stay in worker-id order.
-            let mut in_pool: Vec<Candidate<'_>> = Vec::with_capacity(servers.len());
+            let mut in_pool: Vec<Candidate<'_>> = Vec::with_capacity(lists[0].len());
             for pool in pool_order(preferred, request.hint, state.pool_pin(model)) {
                 in_pool.clear();
-                for &(wi, mi) in servers {
-                    let worker = &index.workers[wi];
-                    if worker.spec.device_class != pool || worker.draining {
-                        continue;
+                for list in lists {
+                    if !in_pool.is_empty() {
+                        break;
                     }
-                    // Adapters run on the CPU kernels: a GPU or hybrid worker would refuse the request.
-                    if adapter.is_some() && pool != ComputePool::Cpu {
-                        continue;
+                    for &(wi, mi) in list {
+                        let worker = &index.workers[wi];
+                        if worker.spec.device_class != pool || worker.draining {
+                            continue;
+                        }
+                        // Adapters run on the CPU kernels: a GPU or hybrid worker would refuse the request.
+                        if adapter.is_some() && pool != ComputePool::Cpu {
+                            continue;
+                        }
+                        let mv = &worker.spec.models[mi];
+                        if version.as_ref().is_some_and(|v| *v != mv.weights_sha256)
+                            || request.excluded_workers.contains(&worker.spec.id)
+                        {
+                            continue;
+                        }
+                        let Some(slot) = scratch.slots[wi] else { continue };
+                        let Some(report) = load.healthy_since(slot, fresh) else { continue };
+                        let (in_flight, in_flight_blocks) = load.in_flight(slot, now);
+                        if !has_capacity(worker, report, in_flight) {
+                            saturated = true;
+                            continue;
+                        }
+                        let overlap = scratch.overlap.get(&slot).copied().unwrap_or_default();
+                        let id_hash = index.id_hashes[wi];
+                        let fit = match adapter {
+                            None => AdapterFit::None,
+                            Some(a) if report.adapters.contains(&a.name) => AdapterFit::Resident,
+                            Some(a) if load.adapter_routed(slot, stable_hash(&a.name), now) => AdapterFit::Routed,
+                            Some(_) => AdapterFit::Cold,
+                        };
+                        in_pool.push(Candidate {
+                            worker,
+                            model: mv,
+                            load: report,
+                            prefix_blocks: overlap.blocks,
+                            prefix_tiers: (overlap.host, overlap.disk),
+                            in_flight,
+                            in_flight_blocks,
+                            id_hash,
+                            adapter: fit,
+                        });
                     }
-                    let mv = &worker.spec.models[mi];
-                    if version.as_ref().is_some_and(|v| *v != mv.weights_sha256)
-                        || request.excluded_workers.contains(&worker.spec.id)
-                    {
-                        continue;
-                    }
-                    let Some(slot) = scratch.slots[wi] else { continue };
-                    let Some(report) = load.healthy_since(slot, fresh) else { continue };
-                    let (in_flight, in_flight_blocks) = load.in_flight(slot, now);
-                    if !has_capacity(worker, report, in_flight) {
-                        saturated = true;
-                        continue;
-                    }
-                    let overlap = scratch.overlap.get(&slot).copied().unwrap_or_default();
-                    let id_hash = index.id_hashes[wi];
-                    let fit = match adapter {
-                        None => AdapterFit::None,
-                        Some(a) if report.adapters.contains(&a.name) => AdapterFit::Resident,
-                        Some(a) if load.adapter_routed(slot, stable_hash(&a.name), now) => AdapterFit::Routed,
-                        Some(_) => AdapterFit::Cold,
-                    };
-                    in_pool.push(Candidate {
-                        worker,
-                        model: mv,
-                        load: report,
-                        prefix_blocks: overlap.blocks,
-                        prefix_tiers: (overlap.host, overlap.disk),
-                        in_flight,
-                        in_flight_blocks,
-                        id_hash,
-                        adapter: fit,
-                    });
                 }
                 if in_pool.is_empty() {
                     continue;
