@@ -2,7 +2,8 @@
 //! prompt, computed once, is read back from the worker's disk tier after the worker is killed and restarted (its
 //! hot pool empty), for that project only; another project sending the same document reads nothing of it; and once
 //! every block file of the tier has a flipped byte, the restarted worker computes the prompt again (the same greedy
-//! answer) and counts the bad files instead of serving them.
+//! answer) and counts the bad files instead of serving them. Once an admin puts A in a cache group with C, C reads
+//! the group's prefix from the restarted worker's disk and B, outside the group, still reads nothing.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::net::SocketAddr;
@@ -14,6 +15,7 @@ use zl_e2e::{metric_sum, metrics, pids, read_state, request, signal, up_projects
 const KEY: &str = "sk-zl-kv-tiers-admin-key-0123456789";
 const KEY_A: &str = "sk-zl-kv-tiers-alpha-0123456789abcd";
 const KEY_B: &str = "sk-zl-kv-tiers-beta-0123456789abcdef";
+const KEY_C: &str = "sk-zl-kv-tiers-gamma-0123456789abcde";
 
 /// A's document: a system prompt of several hundred tokens.
 fn document() -> String {
@@ -69,7 +71,7 @@ fn a_restarted_worker_serves_a_project_its_prefix_from_disk_and_recomputes_a_dam
     let dir = tempfile::tempdir().unwrap();
     let (_up, http, _) = zl_up(dir.path(), "data", KEY, &["--kv-host-mb", "64", "--kv-disk-mb", "256"], &[]);
     let data = dir.path().join("data");
-    up_projects(&data, http, &[("alpha", "ka", KEY_A), ("beta", "kb", KEY_B)]);
+    up_projects(&data, http, &[("alpha", "ka", KEY_A), ("beta", "kb", KEY_B), ("gamma", "kc", KEY_C)]);
 
     let (first, cached) = ask(http, KEY_A, "How many crates did entry 3 unload?");
     assert_eq!(cached, 0, "nothing cached yet");
@@ -107,4 +109,23 @@ fn a_restarted_worker_serves_a_project_its_prefix_from_disk_and_recomputes_a_dam
     let worker = state["workers"][0]["metrics"].as_str().unwrap().parse().unwrap();
     let bad = metric_sum(&metrics(worker).unwrap_or_default(), "zl_worker_kv_tier_corrupt_total");
     assert!(bad >= 1.0, "the bad file was counted: {bad}");
+
+    // A and C in one cache group (a new question each round until the frontend applies it, C reading A's prefix).
+    zl_e2e::up_admin(&data, &["cache-group", "alpha", "partners"]);
+    zl_e2e::up_admin(&data, &["cache-group", "gamma", "partners"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for n in 0.. {
+        let question = format!("How many crates did entry {n} unload?");
+        ask(http, KEY_A, &question);
+        if ask(http, KEY_C, &question).1 >= 300 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the cache group never took effect");
+    }
+    // After a restart, the group's prefix is on disk only: C reads it, B (outside the group) nothing.
+    restart_worker(&data);
+    let (_, cached) = ask(http, KEY_B, "Which ship came last?");
+    assert_eq!(cached, 0, "B read {cached} of the group's cached prompt tokens");
+    let (_, cached) = ask(http, KEY_C, "Which ship came last?");
+    assert!(cached >= 300, "C reads the group's prefix from the disk tier: {cached} tokens");
 }

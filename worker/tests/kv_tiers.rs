@@ -140,10 +140,16 @@ fn the_disk_tier_outlives_its_engine_and_a_flipped_byte_is_recomputed_not_served
     bytes[at] ^= 0x40;
     std::fs::write(&file, bytes).unwrap();
     let (mut third, tiers) = engine(256, disk_config(dir.path(), 256));
-    assert_eq!(tiers.unwrap().prefetch(&p, Some(11)), 2);
+    let tiers = tiers.unwrap();
+    assert_eq!(tiers.prefetch(&p, Some(11)), 2);
     assert!(!file.exists(), "the bad file is removed");
     let (answer_third, cached) = answer(&mut third, &p, Some(11), 8);
     assert_eq!((answer_third.as_slice(), cached), (answer_first.as_slice(), 2 * BS as u32));
+    // The blocks computed again were written again: the next restart finds the whole prefix.
+    assert!(tiers.flush(Duration::from_secs(30)));
+    drop((third, tiers));
+    let (_, tiers) = engine(256, disk_config(dir.path(), 256));
+    assert_eq!(tiers.unwrap().prefetch(&p, Some(11)), shareable(&p) as usize / BS, "the tier mended itself");
 }
 
 #[test]

@@ -5,6 +5,7 @@ pub mod backend;
 pub mod embedder;
 pub mod logprobs;
 pub mod penalize;
+mod seq;
 pub mod state;
 pub mod think;
 mod tiering;

@@ -38,16 +38,16 @@ pub(super) fn exchange(
     tiers.restored(restores.len(), started.elapsed().as_secs_f64());
 }
 
-/// After the step: the blocks that filled, written through to the disk tier (those it does not hold already).
+/// After the step: the blocks that filled (computed, not taken back from a tier), written through to the disk tier.
+/// One the disk tier holds already was computed because its copy could not be used (a bad file, a read that took
+/// too long): it is written again, which mends a damaged file.
 pub(super) fn write_through(tiers: &Tiers, backend: &Backend, pool: &mut BlockPool) {
     let filled = pool.take_filled();
     if !tiers.has_disk() {
         return;
     }
     for (id, hash, tokens) in filled {
-        if !tiers.on_disk(hash) {
-            tiers.persist(TierBlock { hash, tokens, payload: backend.export(id).into_boxed_slice() });
-        }
+        tiers.persist(TierBlock { hash, tokens, payload: backend.export(id).into_boxed_slice() });
     }
 }
 

@@ -70,11 +70,14 @@ impl DiskIndex {
     }
 
     /// Record `hash` as held (the most recently used), evicting the least recently used as the bound needs: returns
-    /// the evicted hashes, whose files the caller removes. `None` when it is held already or a file is larger than
-    /// the whole bound.
+    /// the evicted hashes, whose files the caller removes (none when it was held already: its file is written
+    /// again). `None` when a file is larger than the whole bound.
     pub fn admit(&mut self, hash: BlockHash) -> Option<Vec<BlockHash>> {
-        if self.map.contains_key(&hash) || self.file_bytes > self.cap {
+        if self.file_bytes > self.cap {
             return None;
+        }
+        if self.touch(hash) {
+            return Some(Vec::new());
         }
         let mut evicted = Vec::new();
         while self.bytes() + self.file_bytes > self.cap {
@@ -235,7 +238,7 @@ mod tests {
         assert_eq!(ix.admit(1), Some(vec![]));
         assert_eq!(ix.admit(2), Some(vec![]));
         assert_eq!(ix.admit(3), Some(vec![]));
-        assert_eq!(ix.admit(3), None, "held already");
+        assert_eq!(ix.admit(3), Some(vec![]), "held already: written again, nothing evicted");
         assert!(ix.touch(1));
         assert_eq!(ix.admit(4), Some(vec![2]));
         assert_eq!(ix.bytes(), 300);
