@@ -89,6 +89,32 @@ pub struct SlidingWindow {
 }
 
 impl LlamaConfig {
+    /// A plain Llama shape for unit tests: `layers` layers of `heads` query heads and `kv_heads` KV heads of
+    /// `head_dim`, a hidden width of `heads * head_dim`, a vocabulary of 4, no window, no experts.
+    #[cfg(test)]
+    pub(crate) fn tiny(layers: usize, heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        LlamaConfig {
+            hidden: heads * head_dim,
+            intermediate: 16,
+            layers,
+            heads,
+            kv_heads,
+            head_dim,
+            attn_scale: None,
+            rotary_dims: None,
+            vocab: 4,
+            rms_eps: 1e-5,
+            rope_theta: 10000.0,
+            context_length: 64,
+            rope_interleaved: false,
+            rope_scaling: RopeScaling::None,
+            activation: Activation::Silu,
+            embed_scale: None,
+            sliding: None,
+            moe: None,
+        }
+    }
+
     /// Whether layer `layer` attends over a sliding window.
     pub fn is_local(&self, layer: usize) -> bool {
         self.sliding.is_some_and(|s| !(layer + 1).is_multiple_of(s.every))

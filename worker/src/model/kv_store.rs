@@ -329,26 +329,7 @@ mod tests {
 
     #[test]
     fn a_block_exported_and_imported_elsewhere_holds_the_same_values_in_every_type() {
-        let cfg = LlamaConfig {
-            hidden: 64,
-            intermediate: 16,
-            layers: 2,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 32,
-            attn_scale: None,
-            rotary_dims: None,
-            vocab: 4,
-            rms_eps: 1e-5,
-            rope_theta: 10000.0,
-            context_length: 64,
-            rope_interleaved: false,
-            rope_scaling: super::super::rope::RopeScaling::None,
-            activation: super::super::config::Activation::Silu,
-            embed_scale: None,
-            sliding: None,
-            moe: None,
-        };
+        let cfg = LlamaConfig::tiny(2, 2, 1, 32);
         for dtype in [KvDtype::F16, KvDtype::Q8, KvDtype::Q4] {
             let layout = KvLayout::full(3).with_dtype(dtype);
             let (mut a, mut b) = (KvStore::with_layout(&cfg, &layout, 4), KvStore::with_layout(&cfg, &layout, 4));

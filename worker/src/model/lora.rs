@@ -355,26 +355,7 @@ mod tests {
 
     #[test]
     fn rows_without_an_adapter_keep_the_bases_output_and_each_row_gets_its_own() {
-        let cfg = LlamaConfig {
-            hidden: 8,
-            intermediate: 16,
-            layers: 1,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 4,
-            attn_scale: None,
-            rotary_dims: None,
-            vocab: 4,
-            rms_eps: 1e-5,
-            rope_theta: 10000.0,
-            context_length: 16,
-            rope_interleaved: false,
-            rope_scaling: super::super::rope::RopeScaling::None,
-            activation: super::super::config::Activation::Silu,
-            embed_scale: None,
-            sliding: None,
-            moe: None,
-        };
+        let cfg = LlamaConfig::tiny(1, 2, 1, 4);
         let make = |seed| {
             let mut layer: [Option<LoraPair>; 7] = Default::default();
             layer[Target::Up.index()] =

@@ -7,12 +7,12 @@
 //! indexed (oldest first out, by modification time), anything else there (a torn temporary file, a truncated block)
 //! is removed. A file's contents are checked when it is read; one that fails is removed and its block recomputed.
 
-use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use zl_common::block_hash::BlockHash;
 
 use super::file::{self, BadFile};
+use super::lru::Lru;
 use super::{Namespace, TierBlock};
 
 /// The lock file in a namespace's directory.
@@ -21,86 +21,41 @@ const LOCK: &str = ".lock";
 /// Which blocks the disk tier holds, in LRU order, within its bound.
 #[derive(Debug)]
 pub struct DiskIndex {
-    cap: u64,
     file_bytes: u64,
-    tick: u64,
-    map: HashMap<BlockHash, u64>,
-    lru: BTreeSet<(u64, BlockHash)>,
+    lru: Lru<()>,
 }
 
 impl DiskIndex {
     /// An empty index of at most `cap` bytes of files of `file_bytes` bytes each.
     pub fn new(cap: u64, file_bytes: u64) -> Self {
-        DiskIndex { cap, file_bytes, tick: 0, map: HashMap::new(), lru: BTreeSet::new() }
-    }
-
-    /// Bytes its files take.
-    pub fn bytes(&self) -> u64 {
-        self.map.len() as u64 * self.file_bytes
-    }
-
-    /// Its bound.
-    pub fn capacity(&self) -> u64 {
-        self.cap
-    }
-
-    /// Blocks held.
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    /// True when it holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    /// Whether it holds (or is about to hold) `hash`.
-    pub fn contains(&self, hash: BlockHash) -> bool {
-        self.map.contains_key(&hash)
+        DiskIndex { file_bytes, lru: Lru::new(cap) }
     }
 
     /// Mark `hash` the most recently used, if held.
     pub fn touch(&mut self, hash: BlockHash) -> bool {
-        let Some(tick) = self.map.get_mut(&hash) else { return false };
-        self.lru.remove(&(*tick, hash));
-        self.tick += 1;
-        *tick = self.tick;
-        self.lru.insert((self.tick, hash));
-        true
+        self.lru.touch(hash)
     }
 
     /// Record `hash` as held (the most recently used), evicting the least recently used as the bound needs: returns
     /// the evicted hashes, whose files the caller removes (none when it was held already: its file is written
     /// again). `None` when a file is larger than the whole bound.
     pub fn admit(&mut self, hash: BlockHash) -> Option<Vec<BlockHash>> {
-        if self.file_bytes > self.cap {
-            return None;
-        }
-        if self.touch(hash) {
-            return Some(Vec::new());
-        }
-        let mut evicted = Vec::new();
-        while self.bytes() + self.file_bytes > self.cap {
-            let Some((_, old)) = self.lru.pop_first() else { break };
-            self.map.remove(&old);
-            evicted.push(old);
-        }
-        self.tick += 1;
-        self.map.insert(hash, self.tick);
-        self.lru.insert((self.tick, hash));
-        Some(evicted)
+        let evicted = self.lru.insert(hash, (), self.file_bytes)?;
+        Some(evicted.into_iter().map(|(h, ())| h).collect())
     }
 
     /// Forget `hash` (its file is gone or bad).
     pub fn remove(&mut self, hash: BlockHash) -> bool {
-        let Some(tick) = self.map.remove(&hash) else { return false };
-        self.lru.remove(&(tick, hash));
-        true
+        self.lru.remove(hash).is_some()
     }
+}
 
-    /// Every hash held.
-    pub fn hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.map.keys().copied()
+/// Its sizes and what it holds (or is about to hold), read through the order it keeps ([`Lru`]'s figures).
+impl std::ops::Deref for DiskIndex {
+    type Target = Lru<()>;
+
+    fn deref(&self) -> &Lru<()> {
+        &self.lru
     }
 }
 

@@ -1,105 +1,45 @@
 //! The host-memory tier: blocks evicted from the hot pool (and blocks read back from disk), least recently used
 //! first out, never more than its byte bound. Pure: no clock (recency is a logical tick), no I/O.
 
-use std::collections::{BTreeSet, HashMap};
-
 use zl_common::block_hash::BlockHash;
 
 use super::Shared;
-
-#[derive(Debug)]
-struct Entry {
-    block: Shared,
-    tick: u64,
-}
+use super::lru::Lru;
 
 /// The host tier.
 #[derive(Debug)]
 pub struct HostTier {
-    cap: usize,
-    bytes: usize,
-    tick: u64,
-    map: HashMap<BlockHash, Entry>,
-    lru: BTreeSet<(u64, BlockHash)>,
+    lru: Lru<Shared>,
 }
 
 impl HostTier {
     /// A tier of at most `cap` bytes (0: it keeps nothing).
     pub fn new(cap: usize) -> Self {
-        HostTier { cap, bytes: 0, tick: 0, map: HashMap::new(), lru: BTreeSet::new() }
-    }
-
-    /// Its bound in bytes.
-    pub fn capacity(&self) -> usize {
-        self.cap
-    }
-
-    /// Bytes held now (never above the bound).
-    pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    /// Blocks held now.
-    pub fn len(&self) -> usize {
-        self.map.len()
-    }
-
-    /// True when it holds nothing.
-    pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
-    }
-
-    /// Whether it holds `hash`.
-    pub fn contains(&self, hash: BlockHash) -> bool {
-        self.map.contains_key(&hash)
+        HostTier { lru: Lru::new(cap as u64) }
     }
 
     /// The block `hash` of `tokens` (a hash whose tokens differ is a collision: not a hit), now the most recently
     /// used.
     pub fn get(&mut self, hash: BlockHash, tokens: &[u32]) -> Option<Shared> {
-        let e = self.map.get_mut(&hash)?;
-        if *e.block.tokens != *tokens {
-            return None;
-        }
-        self.tick += 1;
-        self.lru.remove(&(e.tick, hash));
-        e.tick = self.tick;
-        self.lru.insert((e.tick, hash));
-        Some(e.block.clone())
+        let block = self.lru.peek(hash).filter(|b| *b.tokens == *tokens)?.clone();
+        self.lru.touch(hash);
+        Some(block)
     }
 
     /// Keep `block` (the most recently used), evicting the least recently used blocks as its bound needs; returns
     /// the hashes evicted. A block larger than the whole bound is not kept. A block already held is only touched.
     pub fn insert(&mut self, block: Shared) -> Vec<BlockHash> {
-        let hash = block.hash;
-        if let Some(e) = self.map.get_mut(&hash) {
-            self.tick += 1;
-            self.lru.remove(&(e.tick, hash));
-            e.tick = self.tick;
-            self.lru.insert((e.tick, hash));
-            return Vec::new();
-        }
-        let size = block.bytes();
-        if size > self.cap {
-            return Vec::new();
-        }
-        let mut evicted = Vec::new();
-        while self.bytes + size > self.cap {
-            let Some((_, old)) = self.lru.pop_first() else { break };
-            let e = self.map.remove(&old).expect("the LRU order and the map agree");
-            self.bytes -= e.block.bytes();
-            evicted.push(old);
-        }
-        self.tick += 1;
-        self.bytes += size;
-        self.lru.insert((self.tick, hash));
-        self.map.insert(hash, Entry { block, tick: self.tick });
-        evicted
+        let (hash, size) = (block.hash, block.bytes() as u64);
+        self.lru.insert(hash, block, size).unwrap_or_default().into_iter().map(|(h, _)| h).collect()
     }
+}
 
-    /// Every hash held, for a full snapshot of what the worker can serve.
-    pub fn hashes(&self) -> impl Iterator<Item = BlockHash> + '_ {
-        self.map.keys().copied()
+/// Its sizes and what it holds, read through the order it keeps ([`Lru`]'s figures: `bytes`, `len`, `contains`, ...).
+impl std::ops::Deref for HostTier {
+    type Target = Lru<Shared>;
+
+    fn deref(&self) -> &Lru<Shared> {
+        &self.lru
     }
 }
 

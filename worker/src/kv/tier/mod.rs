@@ -1,6 +1,6 @@
 //! The KV cache's lower tiers: full blocks that leave the hot pool (the model's KV storage) are kept in host RAM
-//! (`host`) and on disk (`disk`, in files whose format is `file`'s) and brought back when a prompt's cached prefix
-//! continues there, instead of being computed again. `store` is the thin shell that shares them between the
+//! (`host`) and on disk (`disk`, in files whose format is `file`'s), each in `lru`'s order, and brought back when a
+//! prompt's cached prefix continues there, instead of being computed again. `store` is the thin shell that shares them between the
 //! engine's thread, the disk writer and the requests' prefetches.
 //!
 //! A block is keyed by its chained hash (which already carries the cache scope's salt and the LoRA adapter's), and
@@ -10,6 +10,7 @@
 pub mod disk;
 pub mod file;
 pub mod host;
+pub mod lru;
 pub mod store;
 
 use std::sync::Arc;

@@ -228,7 +228,7 @@ impl Tiers {
                     metrics::histogram!("zl_worker_kv_tier_load_seconds", &labels)
                         .record(started.elapsed().as_secs_f64());
                     metrics::counter!("zl_worker_kv_tier_bytes_out_total", &labels).increment(block.bytes() as u64);
-                    bytes += block.bytes();
+                    bytes += block.bytes() as u64;
                     read += 1;
                     self.keep(block);
                 }
@@ -263,7 +263,7 @@ impl Tiers {
     }
 
     /// (host bytes, disk bytes) held now.
-    pub fn bytes(&self) -> (usize, u64) {
+    pub fn bytes(&self) -> (u64, u64) {
         (lock(&self.host).bytes(), self.disk.as_ref().map_or(0, |d| lock(&d.index).bytes()))
     }
 
