@@ -267,13 +267,15 @@ fn run(mut core: EngineCore, rx: mpsc::Receiver<Command>, published: Arc<Mutex<P
         metrics::gauge!("zl_worker_running_sequences", &labels).set(stats.running as f64);
         metrics::gauge!("zl_worker_tokens_per_second", &labels).set(f64::from(rate));
         let new_events = core.drain_kv_events();
+        let snapshot_size = core.kv_snapshot_size();
         let overflow = {
             let mut p = lock(&published);
             p.stats = stats;
             p.tokens_per_second = rate;
             p.kv_events.extend(new_events);
-            // A snapshot is as large as the pool, so the bound leaves room for one plus as many events again.
-            p.kv_events.len() > MAX_PENDING_EVENTS.max(2 * stats.kv.map_or(0, |kv| kv.total))
+            // A snapshot is as large as the pool and the tiers, so the bound leaves room for one plus as many events
+            // again (a snapshot never trips it by itself, so one is not rebuilt every step).
+            p.kv_events.len() > MAX_PENDING_EVENTS.max(2 * snapshot_size)
         };
         if overflow {
             resync(&mut core, &published);

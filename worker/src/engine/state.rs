@@ -441,6 +441,12 @@ impl EngineCore {
         }
     }
 
+    /// Blocks a full snapshot ([`EngineCore::kv_snapshot`]) names at most now: the pool's, and the tiers'.
+    pub fn kv_snapshot_size(&self) -> usize {
+        let pool = self.sched.pool().stats().total;
+        self.tiers.as_ref().map_or(pool, |t| tiering::snapshot_size(t, pool))
+    }
+
     /// Block-pool events since the last call (for the orchestrators): with tiers, a block leaves only when neither
     /// the pool nor a tier holds it.
     pub fn drain_kv_events(&mut self) -> Vec<crate::kv::pool::KvEvent> {

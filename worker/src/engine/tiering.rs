@@ -91,14 +91,31 @@ pub(super) fn events(tiers: &Tiers, pool: &mut BlockPool) -> Vec<KvEvent> {
     events
 }
 
-/// Every block the worker holds, each at the best place it is held, for a full snapshot.
+/// The most blocks a snapshot names: what one orchestrator indexes per worker (its `max_blocks_per_worker`), 8 MiB
+/// of hashes, inside a frame. A disk tier holding more is served whole but announced in part.
+pub(super) const SNAPSHOT_MAX: usize = 1 << 20;
+
+/// Every block the worker holds, each at the best place it is held, for a full snapshot: the pool's, then host
+/// memory's, then the disk's, at most [`SNAPSHOT_MAX`].
 pub(super) fn snapshot(tiers: &Tiers, pool: &BlockPool) -> Vec<KvEvent> {
     let mut events: Vec<KvEvent> = pool.indexed_hashes().into_iter().map(KvEvent::Stored).collect();
     tiers.drain_left();
+    let (mut host, mut disk) = (Vec::new(), Vec::new());
     for h in tiers.hashes() {
-        if let Some(Some(tier)) = best(tiers, pool, h) {
-            events.push(KvEvent::Offloaded(h, tier));
+        match best(tiers, pool, h) {
+            Some(Some(Tier::Host)) => host.push(KvEvent::Offloaded(h, Tier::Host)),
+            Some(Some(Tier::Disk)) => disk.push(KvEvent::Offloaded(h, Tier::Disk)),
+            _ => {}
         }
     }
+    events.extend(host);
+    events.extend(disk);
+    events.truncate(SNAPSHOT_MAX);
     events
+}
+
+/// Blocks a snapshot would name now (the pool's size counts whole).
+pub(super) fn snapshot_size(tiers: &Tiers, pool_blocks: usize) -> usize {
+    let (host, disk) = tiers.blocks();
+    (pool_blocks + host + disk).min(SNAPSHOT_MAX)
 }
