@@ -6,10 +6,11 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use zl_common::block_hash::{BlockHash, chain_hash};
+use zl_common::sync::lock;
 
 use super::disk::{DiskDir, DiskIndex, Opened};
 use super::host::HostTier;
@@ -62,10 +63,6 @@ impl std::fmt::Debug for Tiers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tiers").field("namespace", &self.ns.hex()).finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Tiers {
@@ -137,11 +134,6 @@ impl Tiers {
     /// Whether the disk tier holds (or is writing) `hash`; false without one.
     pub fn on_disk(&self, hash: BlockHash) -> bool {
         self.disk.as_ref().is_some_and(|d| lock(&d.index).contains(hash))
-    }
-
-    /// Whether any tier holds `hash`.
-    pub fn holds(&self, hash: BlockHash) -> bool {
-        self.in_host(hash) || self.on_disk(hash)
     }
 
     /// Whether a disk tier is on (blocks are written through to it as they fill).
